@@ -1,0 +1,101 @@
+"""Refuse model sets that cannot be grafted together, naming the first difference."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from weightgraft.architectures import adapter_for
+
+# Config keys that describe bookkeeping, not the computation of a forward pass.
+_IGNORED_CONFIG_KEYS = frozenset(
+    {
+        "_name_or_path",
+        "name_or_path",
+        "_commit_hash",
+        "transformers_version",
+        "architectures",
+        "torch_dtype",
+        "dtype",
+        "quantization_config",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "_attn_implementation_internal",
+        "id2label",
+        "label2id",
+        "tie_word_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "task_specific_params",
+        "problem_type",
+        "tokenizer_class",
+        "prefix",
+        "finetuning_task",
+        "chunk_size_feed_forward",
+        "use_return_dict",
+        "output_scores",
+        "_experts_implementation",
+    }
+)
+
+
+class ModelMismatchError(ValueError):
+    """Models that were asked to be grafted together do not match."""
+
+
+def _config_items(model: nn.Module) -> dict[str, Any]:
+    return {k: v for k, v in model.config.to_dict().items() if k not in _IGNORED_CONFIG_KEYS}
+
+
+def check_compatible(models: Sequence[nn.Module]) -> None:
+    """Raise ``ModelMismatchError`` unless every model matches ``models[0]`` in architecture,
+    config, parameter names, shapes, dtypes and device."""
+    base = models[0]
+    adapter_for(base.config)
+    base_params = list(base.named_parameters(remove_duplicate=False))
+    base_cfg = _config_items(base)
+    for i, other in enumerate(models[1:], start=1):
+        if other is base:
+            continue
+        bt, ot = base.config.model_type, getattr(other.config, "model_type", None)
+        if bt != ot:
+            raise ModelMismatchError(f"models[{i}] is a {ot!r} model but the base is {bt!r}")
+        other_params = dict(other.named_parameters(remove_duplicate=False))
+        for name, p in base_params:
+            q = other_params.pop(name, None)
+            if q is None:
+                raise ModelMismatchError(f"models[{i}] has no tensor {name!r} (the base has)")
+            if q.shape != p.shape:
+                raise ModelMismatchError(
+                    f"tensor {name!r} has shape {list(q.shape)} in models[{i}] but "
+                    f"{list(p.shape)} in the base (different size or vocabulary)"
+                )
+            if q.dtype != p.dtype:
+                raise ModelMismatchError(
+                    f"tensor {name!r} is {q.dtype} in models[{i}] but {p.dtype} in the base; "
+                    "load all models in one dtype"
+                )
+            if q.device != p.device:
+                raise ModelMismatchError(
+                    f"tensor {name!r} is on {q.device} in models[{i}] but on {p.device} in "
+                    "the base; put all models on one device"
+                )
+        if other_params:
+            extra = next(iter(other_params))
+            raise ModelMismatchError(f"models[{i}] has a tensor {extra!r} the base lacks")
+        other_cfg = _config_items(other)
+        for key in sorted(set(base_cfg) | set(other_cfg)):
+            if base_cfg.get(key) != other_cfg.get(key):
+                raise ModelMismatchError(
+                    f"config.{key} is {other_cfg.get(key)!r} in models[{i}] but "
+                    f"{base_cfg.get(key)!r} in the base"
+                )

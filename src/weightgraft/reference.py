@@ -1,0 +1,109 @@
+"""The definition of dynamic weight grafting, run literally (the paper's Appendix B).
+
+Token by token with a KV cache: position t is processed by a model whose weights, slot by
+slot, are copied from the model that ``source`` names for t. It is slow on purpose and
+shares no code path with ``weightgraft.engine`` beyond the slot table, so that it can serve
+as the oracle the engine is tested (and ``weightgraft check``-ed) against.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.pytorch_utils import Conv1D
+
+from weightgraft.architectures import Slot, model_slots
+from weightgraft.compat import check_compatible
+
+__all__ = ["per_token_forward", "CompositeModel"]
+
+
+class CompositeModel:
+    """A private copy of the base model whose slots can be reloaded from any model."""
+
+    def __init__(self, models: Sequence[nn.Module]) -> None:
+        check_compatible(models)
+        self.models = list(models)
+        self.model = copy.deepcopy(models[0])
+        for mod in self.model.modules():  # deepcopy copies forward hooks too: drop them
+            mod._forward_hooks.clear()
+            mod._forward_pre_hooks.clear()
+        self.model.eval()
+        self.slots: list[Slot] = model_slots(self.model)
+        self._untie()
+        self.current = [-1] * len(self.slots)
+
+    def _untie(self) -> None:
+        """Give every slot its own tensors: with tied embeddings, loading ``embed`` from a donor
+        must not move ``unembed``."""
+        owner: dict[int, str] = {}  # parameter -> the module path that first held it
+        for slot in self.slots:
+            for part in slot.parts:
+                module = self.model.get_submodule(part.path)
+                for pname, param in list(module.named_parameters(recurse=False)):
+                    if owner.setdefault(id(param), part.path) != part.path:
+                        setattr(module, pname, nn.Parameter(param.detach().clone()))
+
+    @torch.no_grad()
+    def load(self, sources: Sequence[int]) -> None:
+        """Copy every slot's weights from ``models[sources[s]]`` (only slots that change)."""
+        for s, (slot, m) in enumerate(zip(self.slots, sources)):
+            if self.current[s] == m:
+                continue
+            for part in slot.parts:
+                dst = self.model.get_submodule(part.path)
+                src = self.models[m].get_submodule(part.path)
+                if part.columns is None:
+                    src_params = dict(src.named_parameters(remove_duplicate=False))
+                    for name, p in dst.named_parameters(remove_duplicate=False):
+                        p.copy_(src_params[name])
+                else:
+                    _copy_columns(dst, src, part.columns)
+            self.current[s] = m
+
+
+def _copy_columns(dst: nn.Module, src: nn.Module, cols: torch.Tensor) -> None:
+    if isinstance(dst, Conv1D):  # weight [in, out]
+        dst.weight[:, cols] = src.weight[:, cols]
+    else:  # nn.Linear, weight [out, in]
+        dst.weight[cols] = src.weight[cols]
+    if dst.bias is not None:
+        dst.bias[cols] = src.bias[cols]
+
+
+@torch.no_grad()
+def per_token_forward(
+    models: Sequence[nn.Module],
+    input_ids: torch.Tensor,
+    source: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    composite: CompositeModel | None = None,
+) -> torch.Tensor:
+    """Logits ``[batch, seq, vocab]`` by the per-token definition. Each row is run alone
+    without its padding; padded positions of the result are zero."""
+    composite = composite or CompositeModel(models)
+    model = composite.model
+    batch, seq = input_ids.shape
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    device = input_ids.device
+    out = torch.zeros(batch, seq, vocab, dtype=model.dtype, device=device)
+    for b in range(batch):
+        real = attention_mask[b].bool().nonzero().flatten()
+        cache = DynamicCache(config=model.config)
+        for step, t in enumerate(real.tolist()):
+            composite.load(source[b, t].tolist())
+            logits = model(
+                input_ids=input_ids[b : b + 1, t : t + 1],
+                position_ids=torch.tensor([[step]], device=device),
+                attention_mask=torch.ones(1, step + 1, dtype=torch.long, device=device),
+                past_key_values=cache,
+                use_cache=True,
+            ).logits
+            out[b, t] = logits[0, -1]
+    return out

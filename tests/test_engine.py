@@ -1,0 +1,215 @@
+"""The fast engine against the per-token KV-cache definition, on every architecture."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers as T
+
+import weightgraft as wg
+from weightgraft.architectures import UnsupportedArchitectureError, model_slots
+from weightgraft.compat import ModelMismatchError
+from weightgraft.reference import per_token_forward
+from tiny_models import TINY_CONFIGS, make_donor, make_tiny
+
+ARCHS = sorted(TINY_CONFIGS)
+TOL = 1e-4
+
+
+def _models(model_type: str, n: int) -> list[torch.nn.Module]:
+    base = make_tiny(model_type, seed=0)
+    return [base] + [make_donor(base, seed=i) for i in range(1, n)]
+
+
+def _ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 64, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def _random_source(models, batch, seq, seed) -> torch.Tensor:
+    n_slots = len(wg.slots(models[0]))
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, len(models), (batch, seq, n_slots), generator=gen)
+
+
+@pytest.mark.parametrize("n_models", [2, 3])
+@pytest.mark.parametrize("model_type", ARCHS)
+@torch.no_grad()
+def test_random_source_maps_match_the_per_token_definition(model_type, n_models):
+    models = _models(model_type, n_models)
+    ids = _ids(2, 9)
+    for seed in range(2):
+        source = _random_source(models, 2, 9, seed)
+        fast = wg.graft_forward(models, ids, source)
+        ref = per_token_forward(models, ids, source)
+        assert (fast - ref).abs().max().item() <= TOL
+        # The comparison means something: grafting moved the logits far from the base's.
+        assert (ref - models[0](ids).logits).abs().max().item() > 100 * TOL
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+@torch.no_grad()
+def test_uniform_sources_reproduce_each_model(model_type):
+    models = _models(model_type, 3)
+    ids = _ids(2, 7)
+    shape = (2, 7, len(wg.slots(models[0])))
+    for m, model in enumerate(models):
+        got = wg.graft_forward(models, ids, torch.full(shape, m))
+        assert (got - model(ids).logits).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+@pytest.mark.parametrize("model_type", ARCHS)
+@torch.no_grad()
+def test_padded_batch_equals_one_sequence_at_a_time(model_type, padding_side):
+    models = _models(model_type, 3)
+    lengths = [9, 5, 7]
+    seq = max(lengths)
+    ids = torch.zeros(len(lengths), seq, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    source = _random_source(models, len(lengths), seq, seed=3)
+    rows = []
+    for b, n in enumerate(lengths):
+        row = _ids(1, n, seed=10 + b)[0]
+        span = slice(0, n) if padding_side == "right" else slice(seq - n, seq)
+        ids[b, span], mask[b, span] = row, 1
+        rows.append(span)
+    batched = wg.graft_forward(models, ids, source, attention_mask=mask)
+    oracle = per_token_forward(models, ids, source, attention_mask=mask)
+    for b, span in enumerate(rows):
+        alone = wg.graft_forward(models, ids[b : b + 1, span], source[b : b + 1, span])
+        assert (batched[b, span] - alone[0]).abs().max().item() <= TOL
+        assert (batched[b, span] - oracle[b, span]).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+@torch.no_grad()
+def test_fused_and_separate_qkv_graft_the_right_projection(model_type):
+    """Independent of the slot table: with the donor's q at position 0 only, nothing changes
+    (position 0 attends to one key; later positions never read q_0); with k at position 0 only,
+    position 0 is unchanged but later positions move; with v at position 0, position 0 moves."""
+    models = _models(model_type, 2)
+    base = models[0]
+    names = wg.slots(base)
+    ids = _ids(1, 6)
+    plain = base(ids).logits
+    for comp in ("q", "k", "v"):
+        source = torch.zeros(1, 6, len(names), dtype=torch.long)
+        for i, name in enumerate(names):
+            if name.endswith(f".{comp}"):
+                source[0, 0, i] = 1
+        delta = (wg.graft_forward(models, ids, source) - plain).abs().amax(-1)[0]
+        if comp == "q":
+            assert delta.max().item() <= TOL
+        elif comp == "k":
+            assert delta[0].item() <= TOL and delta[1:].max().item() > 100 * TOL
+        else:
+            assert delta[0].item() > 100 * TOL
+
+
+@pytest.mark.parametrize("model_type", [m for m in ARCHS if TINY_CONFIGS[m].tie_word_embeddings])
+@torch.no_grad()
+def test_embed_graft_on_tied_model_leaves_unembedding(model_type):
+    base = make_tiny(model_type)
+    donor = make_donor(base, seed=1)
+    assert base.get_input_embeddings().weight is base.get_output_embeddings().weight
+    ids = _ids(2, 6)
+    names = wg.slots(base)
+    source = torch.zeros(2, 6, len(names), dtype=torch.long)
+    source[..., names.index("embed")] = 1
+    got = wg.graft_forward([base, donor], ids, source)
+
+    # Built by hand: donor input embedding, base output embedding (untied).
+    expected_model = copy.deepcopy(base)
+    expected_model.lm_head.weight = torch.nn.Parameter(base.lm_head.weight.detach().clone())
+    for part in model_slots(base)[0].parts:  # the embed slot (GPT-2: wte and wpe)
+        expected_model.get_submodule(part.path).weight.copy_(donor.get_submodule(part.path).weight)
+    expected = expected_model(ids).logits
+    assert (got - expected).abs().max().item() <= TOL
+    # What the tied-weights trap would give (the unembedding swapped too) is far away.
+    trapped = copy.deepcopy(base)
+    trapped.get_input_embeddings().weight.copy_(donor.get_input_embeddings().weight)
+    assert (got - trapped(ids).logits).abs().max().item() > 100 * TOL
+    # And the base's weights were not touched.
+    assert base.get_input_embeddings().weight is base.get_output_embeddings().weight
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_every_parameter_belongs_to_exactly_one_slot_name(model_type):
+    model = make_tiny(model_type)
+    names = wg.slots(model)
+    assert names[0] == "embed" and names[-1] == "unembed"
+    assert len(names) == len(set(names))
+    n_layers = model.config.num_hidden_layers
+    for i in range(n_layers):
+        assert f"layers.{i}.q" in names and f"layers.{i}.o" in names
+
+
+@torch.no_grad()
+def test_source_is_not_modified_and_models_stay_untouched():
+    models = _models("llama", 2)
+    before = [p.clone() for p in models[1].parameters()]
+    ids = _ids(1, 5)
+    source = _random_source(models, 1, 5, seed=0)
+    keep = source.clone()
+    wg.graft_forward(models, ids, source)
+    assert torch.equal(source, keep)
+    assert all(torch.equal(a, b) for a, b in zip(before, models[1].parameters()))
+    assert all(not m._forward_hooks for m in models[0].modules())
+
+
+def test_unknown_architecture_is_refused_with_the_supported_list():
+    model = T.AutoModelForCausalLM.from_config(
+        T.OPTConfig(hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2,
+                    vocab_size=32, word_embed_proj_dim=16)
+    )
+    with pytest.raises(UnsupportedArchitectureError, match="'opt' is not supported.*llama"):
+        wg.slots(model)
+
+
+def test_unsupported_config_option_is_refused():
+    config = copy.deepcopy(TINY_CONFIGS["gpt2"])
+    config.add_cross_attention = True
+    model = T.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(UnsupportedArchitectureError, match="add_cross_attention"):
+        wg.slots(model)
+
+
+def test_mismatched_models_are_refused_naming_the_tensor():
+    base = make_tiny("llama")
+    wider = copy.deepcopy(TINY_CONFIGS["llama"])
+    wider.intermediate_size = 64
+    other = T.AutoModelForCausalLM.from_config(wider)
+    ids = _ids(1, 4)
+    source = torch.zeros(1, 4, len(wg.slots(base)), dtype=torch.long)
+    with pytest.raises(ModelMismatchError, match=r"model\.layers\.0\.mlp\.gate_proj\.weight"):
+        wg.graft_forward([base, other], ids, source)
+    bigger_vocab = copy.deepcopy(TINY_CONFIGS["llama"])
+    bigger_vocab.vocab_size = 80
+    with pytest.raises(ModelMismatchError, match=r"embed_tokens\.weight"):
+        wg.graft_forward([base, T.AutoModelForCausalLM.from_config(bigger_vocab)], ids, source)
+    with pytest.raises(ModelMismatchError, match="'gpt2' model"):
+        wg.graft_forward([base, make_tiny("gpt2")], ids, source)
+
+
+def test_bad_source_is_refused():
+    models = _models("llama", 2)
+    ids = _ids(1, 4)
+    n = len(wg.slots(models[0]))
+    with pytest.raises(ValueError, match="shape"):
+        wg.graft_forward(models, ids, torch.zeros(1, 4, n - 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="index the 2 models"):
+        wg.graft_forward(models, ids, torch.full((1, 4, n), 2))
+    with pytest.raises(TypeError, match="integer"):
+        wg.graft_forward(models, ids, torch.zeros(1, 4, n))
+
+
+def test_slot_table_is_bound_to_real_modules():
+    model = make_tiny("gpt_neox")
+    slot = {s.name: s for s in model_slots(model)}
+    q = slot["layers.0.q"].parts[0].columns
+    # GPT-NeoX interleaves per head: head 0 is [q0 | k0 | v0], so q's columns are not contiguous.
+    head_dim = 32 // 4
+    assert q[:head_dim].tolist() == list(range(head_dim))
+    assert q[head_dim].item() == 3 * head_dim

@@ -1,0 +1,63 @@
+"""Tiny random models of every supported architecture, built from HF configs (no downloads)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import transformers as T
+
+_COMMON = dict(vocab_size=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+_LLAMA = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+
+TINY_CONFIGS: dict[str, T.PretrainedConfig] = {
+    "gpt2": T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **_COMMON),
+    "gpt_neox": T.GPTNeoXConfig(**_LLAMA, **_COMMON),
+    "llama": T.LlamaConfig(**_LLAMA, num_key_value_heads=2, **_COMMON),  # GQA
+    "gemma": T.GemmaConfig(  # tied embeddings, multi-query attention
+        **_LLAMA, num_key_value_heads=1, head_dim=8, **_COMMON
+    ),
+    "gemma2": T.Gemma2Config(  # tied, four norms, soft-capping, sliding window
+        **_LLAMA, num_key_value_heads=2, head_dim=8, sliding_window=3, **_COMMON
+    ),
+    "gemma3_text": T.Gemma3TextConfig(  # tied, q/k norms on [b, h, t, d], sliding window
+        **_LLAMA, num_key_value_heads=2, head_dim=8, sliding_window=3, **_COMMON
+    ),
+    "qwen2": T.Qwen2Config(**_LLAMA, num_key_value_heads=2, **_COMMON),  # q/k/v biases
+    "qwen3": T.Qwen3Config(**_LLAMA, num_key_value_heads=2, head_dim=8, **_COMMON),
+    "mistral": T.MistralConfig(**_LLAMA, num_key_value_heads=2, sliding_window=3, **_COMMON),
+    "olmo": T.OlmoConfig(**_LLAMA, **_COMMON),
+    "olmo2": T.Olmo2Config(**_LLAMA, num_key_value_heads=2, **_COMMON),
+    "phi3": T.Phi3Config(**_LLAMA, num_key_value_heads=2, **_COMMON),  # fused qkv, gate_up
+    "stablelm": T.StableLmConfig(**_LLAMA, num_key_value_heads=2, **_COMMON),
+    "granite": T.GraniteConfig(**_LLAMA, num_key_value_heads=2, **_COMMON),
+}
+
+
+@torch.no_grad()
+def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """Large random weights, so that grafting any slot visibly changes the logits."""
+    for name, p in model.named_parameters():
+        noise = torch.randn(p.shape, generator=gen)
+        if p.dim() == 1:
+            p.copy_(1 + 0.3 * noise if name.endswith("weight") else 0.3 * noise)
+        else:
+            p.copy_(noise / p.shape[-1] ** 0.5 if p.shape[-1] > 1 else noise)
+
+
+def make_tiny(model_type: str, seed: int = 0) -> torch.nn.Module:
+    config = copy.deepcopy(TINY_CONFIGS[model_type])
+    model = T.AutoModelForCausalLM.from_config(config)
+    _randomize(model, torch.Generator().manual_seed(seed))
+    return model.eval()
+
+
+@torch.no_grad()
+def make_donor(base: torch.nn.Module, seed: int, scale: float = 0.5) -> torch.nn.Module:
+    """A 'finetuned' copy: every tensor moved by noise of ``scale`` times its spread."""
+    donor = copy.deepcopy(base)
+    gen = torch.Generator().manual_seed(seed)
+    for p in donor.parameters():
+        spread = p.std() if p.numel() > 1 else p.abs()
+        p.add_(scale * spread * torch.randn(p.shape, generator=gen))
+    return donor.eval()
