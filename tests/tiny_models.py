@@ -45,8 +45,10 @@ def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
             p.copy_(noise / p.shape[-1] ** 0.5 if p.shape[-1] > 1 else noise)
 
 
-def make_tiny(model_type: str, seed: int = 0) -> torch.nn.Module:
+def make_tiny(model_type: str, seed: int = 0, vocab_size: int | None = None) -> torch.nn.Module:
     config = copy.deepcopy(TINY_CONFIGS[model_type])
+    if vocab_size is not None:
+        config.vocab_size = vocab_size
     model = T.AutoModelForCausalLM.from_config(config)
     _randomize(model, torch.Generator().manual_seed(seed))
     return model.eval()
@@ -61,3 +63,23 @@ def make_donor(base: torch.nn.Module, seed: int, scale: float = 0.5) -> torch.nn
         spread = p.std() if p.numel() > 1 else p.abs()
         p.add_(scale * spread * torch.randn(p.shape, generator=gen))
     return donor.eval()
+
+
+_CHARS = (
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,?:;'-!\"()&$"
+    "éèáíóúñçöüÉ"
+)
+
+
+def tiny_tokenizer() -> T.PreTrainedTokenizerFast:
+    """A character-level fast tokenizer (real offset mapping), built offline."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {tok: i for i, tok in enumerate(specials + list(dict.fromkeys(_CHARS)))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return T.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        unk_token="<unk>",
+    )

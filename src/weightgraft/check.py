@@ -1,0 +1,101 @@
+"""Self-check on the user's own models: the fast engine against the per-token definition."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from weightgraft.engine import graft_forward, slots
+from weightgraft.reference import CompositeModel, per_token_forward
+
+DEFAULT_PROMPTS = (
+    "Keanu Reeves starred in a movie with",
+    "Q: Who starred in a movie alongside Meryl Streep? A: An actor named",
+    "The capital of France is",
+)
+
+
+@dataclass(frozen=True)
+class CheckCase:
+    """One source map checked on all prompts."""
+
+    name: str
+    max_abs_diff: float
+    logit_scale: float
+    top1_agree: float  # fraction of real positions whose top token agrees
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    cases: list[CheckCase]
+    atol: float
+    rtol: float
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max(c.max_abs_diff for c in self.cases)
+
+    def passed_case(self, case: CheckCase) -> bool:
+        return case.max_abs_diff <= self.atol + self.rtol * case.logit_scale and case.top1_agree == 1.0
+
+    @property
+    def passed(self) -> bool:
+        return all(self.passed_case(c) for c in self.cases)
+
+
+def _source_maps(
+    n_models: int, mask: torch.Tensor, n_slots: int, n_random: int, gen: torch.Generator
+) -> list[tuple[str, torch.Tensor]]:
+    batch, seq = mask.shape
+    shape = (batch, seq, n_slots)
+    maps = [(f"all from model {m}", torch.full(shape, m, dtype=torch.long)) for m in range(n_models)]
+    for i in range(n_random):
+        maps.append((f"random cells #{i}", torch.randint(0, n_models, shape, generator=gen)))
+        # A structured map like the paper's: a few positions, a block of slots, one donor.
+        src = torch.zeros(shape, dtype=torch.long)
+        lo = int(torch.randint(0, n_slots, (1,), generator=gen))
+        hi = int(torch.randint(lo + 1, n_slots + 1, (1,), generator=gen))
+        positions = torch.rand(batch, seq, generator=gen) < 0.4
+        donor = int(torch.randint(1, max(n_models, 2), (1,), generator=gen)) % n_models
+        src[..., lo:hi][positions] = donor
+        maps.append((f"positions x slots[{lo}:{hi}] #{i}", src))
+    return maps
+
+
+@torch.no_grad()
+def check_engine(
+    models: Sequence[nn.Module],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    n_random: int = 2,
+    seed: int = 0,
+    atol: float = 1e-4,
+    rtol: float = 1e-5,
+) -> CheckReport:
+    """Compare ``graft_forward`` with ``per_token_forward`` on uniform and random source maps.
+
+    A case passes when ``max|Δ logit| <= atol + rtol * max|logit|`` and the top-1 token agrees
+    at every real position.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    composite = CompositeModel(models)
+    n_slots = len(slots(models[0]))
+    real = attention_mask.bool()
+    cases = []
+    for name, source in _source_maps(len(models), attention_mask, n_slots, n_random, gen):
+        fast = graft_forward(models, input_ids, source, attention_mask=attention_mask)
+        ref = per_token_forward(models, input_ids, source, attention_mask, composite=composite)
+        fast, ref = fast[real].float(), ref[real].float()
+        cases.append(
+            CheckCase(
+                name=name,
+                max_abs_diff=(fast - ref).abs().max().item(),
+                logit_scale=ref.abs().max().item(),
+                top1_agree=(fast.argmax(-1) == ref.argmax(-1)).float().mean().item(),
+            )
+        )
+    return CheckReport(cases=cases, atol=atol, rtol=rtol)

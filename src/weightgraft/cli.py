@@ -1,0 +1,99 @@
+"""The ``weightgraft`` command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    help="Exact, fast dynamic weight grafting for HF decoder language models.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+console = Console()
+
+
+@app.callback()
+def _root() -> None:
+    """Exact, fast dynamic weight grafting for HF decoder language models."""
+
+
+def _dtype(name: str):
+    import torch
+
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in table:
+        raise typer.BadParameter(f"dtype must be one of {', '.join(table)}")
+    return table[name]
+
+
+@app.command()
+def check(
+    base: str = typer.Argument(..., help="Base model: directory, .gguf file or embedded name."),
+    donor: list[str] = typer.Argument(..., help="One or more donor models (same architecture)."),
+    prompts: Path | None = typer.Option(None, help="Text file, one prompt per line."),
+    maps: int = typer.Option(2, help="Random source maps of each kind to check."),
+    seed: int = typer.Option(0),
+    atol: float = typer.Option(1e-4, help="Absolute tolerance on logits."),
+    rtol: float = typer.Option(1e-5, help="Tolerance relative to the largest |logit|."),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
+    device: str = typer.Option("cpu"),
+    allow_pickle: bool = typer.Option(False, help="Allow pickle (.bin) checkpoints."),
+) -> None:
+    """Check the fast engine against the per-token KV-cache definition on YOUR models."""
+    from weightgraft.check import DEFAULT_PROMPTS, check_engine
+    from weightgraft.models import load_model
+    from weightgraft.tokenization import batch_encode, check_same_tokenizer
+
+    loaded = [
+        load_model(spec, device=device, dtype=_dtype(dtype), allow_pickle=allow_pickle)
+        for spec in [base, *donor]
+    ]
+    for other in loaded[1:]:
+        check_same_tokenizer(loaded[0].tokenizer, other.tokenizer, other.source)
+    if prompts is not None:
+        texts = [t for t in prompts.read_text(encoding="utf-8").splitlines() if t.strip()]
+        if not texts:
+            raise typer.BadParameter(f"{prompts} holds no prompt")
+    else:
+        texts = list(DEFAULT_PROMPTS)
+    input_ids, mask = batch_encode(loaded[0].tokenizer, texts, device=device)
+    with console.status("running the per-token reference and the engine..."):
+        report = check_engine(
+            [lm.model for lm in loaded], input_ids, mask,
+            n_random=maps, seed=seed, atol=atol, rtol=rtol,
+        )
+    table = Table(title=f"engine vs per-token definition ({len(texts)} prompts)")
+    for col in ("source map", "max |Δ logit|", "max |logit|", "top-1 agree", "result"):
+        table.add_column(col)
+    for case in report.cases:
+        ok = report.passed_case(case)
+        table.add_row(
+            case.name, f"{case.max_abs_diff:.2e}", f"{case.logit_scale:.1f}",
+            f"{case.top1_agree:.0%}", "[green]pass[/]" if ok else "[red]FAIL[/]",
+        )
+    console.print(table)
+    verdict = "PASS" if report.passed else "FAIL"
+    console.print(f"{verdict}: max |Δ logit| = {report.max_abs_diff:.3e} (atol {atol}, rtol {rtol})")
+    raise typer.Exit(0 if report.passed else 1)
+
+
+def main() -> None:
+    """Entry point: known user errors print one clear line instead of a traceback
+    (set WEIGHTGRAFT_DEBUG=1 for the traceback)."""
+    import os
+
+    try:
+        app(standalone_mode=True)
+    except (ValueError, RuntimeError, FileNotFoundError, TypeError) as exc:
+        if os.environ.get("WEIGHTGRAFT_DEBUG"):
+            raise
+        Console(stderr=True).print(f"[red]error:[/] {type(exc).__name__}: {exc}")
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

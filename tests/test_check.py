@@ -1,0 +1,78 @@
+"""`weightgraft check` on two tiny local models saved with save_pretrained."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import weightgraft.check as check_mod
+from weightgraft.cli import app
+from tiny_models import make_donor, make_tiny, tiny_tokenizer
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    tok = tiny_tokenizer()
+    root = tmp_path_factory.mktemp("models")
+    dirs = {}
+    base = make_tiny("llama", vocab_size=len(tok))
+    for name, model in {"base": base, "donor": make_donor(base, 1), "donor2": make_donor(base, 2)}.items():
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        dirs[name] = str(root / name)
+    other = make_tiny("gpt2", vocab_size=len(tok))
+    other.save_pretrained(root / "gpt2")
+    tok.save_pretrained(root / "gpt2")
+    dirs["gpt2"] = str(root / "gpt2")
+    return dirs
+
+
+def test_check_passes_on_a_local_pair(model_dirs, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Keanu Reeves starred in a movie with\nQ: Who? A:\n\nshort\n")
+    result = runner.invoke(
+        app, ["check", model_dirs["base"], model_dirs["donor"], "--prompts", str(prompts)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "PASS: max |Δ logit|" in result.output
+    assert "random cells" in result.output
+
+
+def test_check_takes_several_donors(model_dirs):
+    result = runner.invoke(
+        app, ["check", model_dirs["base"], model_dirs["donor"], model_dirs["donor2"], "--maps", "1"]
+    )
+    assert result.exit_code == 0, result.output
+
+
+def test_check_fails_when_the_engine_is_wrong(model_dirs, monkeypatch):
+    real = check_mod.graft_forward
+
+    def off_by_a_little(*args, **kwargs):
+        return real(*args, **kwargs) + 1e-3
+
+    monkeypatch.setattr(check_mod, "graft_forward", off_by_a_little)
+    result = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])
+    assert result.exit_code == 1
+    assert "FAIL" in result.output
+
+
+def test_check_refuses_models_that_do_not_match(model_dirs):
+    result = runner.invoke(app, ["check", model_dirs["base"], model_dirs["gpt2"]])
+    assert result.exit_code != 0
+    assert "'gpt2' model" in str(result.exception)
+
+
+def test_report_tolerance_is_relative_to_logit_scale():
+    report = check_mod.CheckReport(
+        cases=[check_mod.CheckCase("x", max_abs_diff=2e-4, logit_scale=30.0, top1_agree=1.0)],
+        atol=1e-4, rtol=1e-5,
+    )
+    assert report.passed  # 2e-4 <= 1e-4 + 3e-4
+    worse = check_mod.CheckCase("y", max_abs_diff=5e-4, logit_scale=30.0, top1_agree=1.0)
+    assert not report.passed_case(worse)
+    flipped = check_mod.CheckCase("z", max_abs_diff=0.0, logit_scale=30.0, top1_agree=0.9)
+    assert not report.passed_case(flipped)
