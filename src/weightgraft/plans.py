@@ -1,0 +1,312 @@
+"""Graft schemes: named lists of rules (positions, layers, components, from-model) over a base
+model, compiled per tokenized prompt into the engine's ``source`` tensor."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from weightgraft.architectures import GLOBAL_SLOTS
+from weightgraft.selectors import (
+    SelectorError,
+    SpanNotFound,
+    select_components,
+    select_layers,
+    select_positions,
+)
+
+
+class Rule(BaseModel):
+    """Slots ``components`` of layers ``layers`` at ``positions`` come from role ``model``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    positions: str = "all"
+    layers: str = "all"
+    components: str = "body"
+    layer_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    seed: int = 0
+
+
+class Scheme(BaseModel):
+    """A graft plan. Slots no rule claims come from ``base``; later rules win over earlier."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    base: str = "pre"
+    rules: list[Rule] = Field(default_factory=list)
+    family: str = "custom"
+    # Free labels for reports (e.g. components="O+FFN", layers="last_quarter").
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    def roles(self) -> set[str]:
+        return {self.base, *(r.model for r in self.rules)}
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    positions: str
+    slots: torch.Tensor  # slot indices
+    model: int
+
+
+@dataclass(frozen=True)
+class CompiledScheme:
+    """A scheme bound to one model's slot list and a role -> model-index mapping."""
+
+    name: str
+    base: int
+    rules: tuple[CompiledRule, ...]
+    n_slots: int
+
+    def source(
+        self,
+        offsets: Sequence[tuple[int, int]],
+        spans: Mapping[str, tuple[int, int]],
+        answer_field: str | None = None,
+    ) -> torch.Tensor:
+        """``[n_tokens, n_slots]`` model indices for one prompt; ``SpanNotFound`` if a rule's
+        positions cannot be located or come out empty."""
+        src = torch.full((len(offsets), self.n_slots), self.base, dtype=torch.long)
+        for rule in self.rules:
+            positions = select_positions(rule.positions, offsets, spans, answer_field)
+            if not positions:
+                raise SpanNotFound(f"positions {rule.positions!r} select no token here")
+            rows = torch.tensor(positions)
+            src[rows[:, None], rule.slots[None, :]] = rule.model
+        return src
+
+
+def _slot_index(slot_names: Sequence[str]) -> tuple[dict[tuple[int, str], int], dict[str, int], int]:
+    per_layer: dict[tuple[int, str], int] = {}
+    globals_: dict[str, int] = {}
+    n_layers = 0
+    for i, name in enumerate(slot_names):
+        if name in GLOBAL_SLOTS:
+            globals_[name] = i
+        else:
+            _, layer, comp = name.split(".", 2)
+            per_layer[(int(layer), comp)] = i
+            n_layers = max(n_layers, int(layer) + 1)
+    return per_layer, globals_, n_layers
+
+
+def compile_scheme(
+    scheme: Scheme, slot_names: Sequence[str], roles: Mapping[str, int]
+) -> CompiledScheme:
+    """Bind ``scheme`` to a model's slots; errors name the scheme and the bad selector."""
+    per_layer, globals_, n_layers = _slot_index(slot_names)
+    available = {c for _, c in per_layer} | set(globals_)
+
+    def role(name: str) -> int:
+        if name not in roles:
+            raise SelectorError(
+                f"scheme {scheme.name!r} uses model role {name!r}; the model set has "
+                f"{', '.join(sorted(roles))}"
+            )
+        return roles[name]
+
+    rules = []
+    for k, rule in enumerate(scheme.rules):
+        try:
+            comps = select_components(rule.components, available)
+            layers = select_layers(rule.layers, n_layers)
+        except SelectorError as exc:
+            raise SelectorError(f"scheme {scheme.name!r}, rule {k}: {exc}") from exc
+        if rule.layer_dropout:
+            rng = random.Random(rule.seed)
+            layers = [layer for layer in layers if rng.random() >= rule.layer_dropout]
+        idx = sorted(
+            [per_layer[(layer, c)] for layer in layers for c in comps if (layer, c) in per_layer]
+            + [globals_[c] for c in comps if c in globals_]
+        )
+        rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.model)))
+    return CompiledScheme(scheme.name, role(scheme.base), tuple(rules), len(slot_names))
+
+
+# ---------------------------------------------------------------- presets (the paper's)
+
+POSITION_SETS: dict[str, str] = {
+    "FE": "first_entity",
+    "LT": "last",
+    "FE+LT": "first_entity+last",
+    "(FE+LT)^C": "~(first_entity+last)",
+    "FE^C": "~first_entity",
+    "LT^C": "~last",
+}
+SPAN_SETS: dict[str, str] = {
+    "MOVIE": "movie_title",
+    "REL": "relation",
+    "PREP": "preposition",
+    "REL+PREP": "relation+preposition",
+}
+COMPONENT_SETS: dict[str, str] = {
+    "ATTN+FFN": "attn+o+ffn",
+    "O+FFN": "o+ffn",
+    "FFN": "ffn",
+    "O": "o",
+    "up+O": "up+o",
+    "down+O": "down+o",
+}
+LAYER_GROUPS: tuple[str, ...] = (
+    "all", "first_half", "last_half",
+    "first_quarter", "second_quarter", "third_quarter", "last_quarter",
+)
+
+
+def baselines(base: str = "pre", donor: str = "sft") -> list[Scheme]:
+    """The two ends: the base model alone and the donor model alone (unembedding included)."""
+    return [
+        Scheme(name=base.upper(), base=base, family="baseline", labels={"model": base}),
+        Scheme(name=donor.upper(), base=donor, family="baseline", labels={"model": donor}),
+    ]
+
+
+def position_schemes(base: str = "pre", donor: str = "sft", spans: bool = False) -> list[Scheme]:
+    """Position grafting (Fig. 2): every slot but the unembedding at the chosen positions.
+
+    As in the paper, grafted positions use the donor's embeddings and the base's unembedding.
+    """
+    sets = dict(POSITION_SETS, **(SPAN_SETS if spans else {}))
+    return baselines(base, donor) + [
+        Scheme(
+            name=name, base=base, family="position", labels={"positions": name},
+            rules=[Rule(model=donor, positions=expr, components="body")],
+        )
+        for name, expr in sets.items()
+    ]
+
+
+def component_schemes(
+    base: str = "pre", donor: str = "sft", positions: str = "last",
+    layer_groups: Sequence[str] = LAYER_GROUPS,
+) -> list[Scheme]:
+    """Component grafting at the last token by layer group (Figs. 4, 14, 15)."""
+    out = baselines(base, donor)
+    for cname, comps in COMPONENT_SETS.items():
+        for group in layer_groups:
+            out.append(
+                Scheme(
+                    name=f"{cname}@{group}", base=base, family="component",
+                    labels={"components": cname, "layers": group, "positions": positions},
+                    rules=[Rule(model=donor, positions=positions, layers=group, components=comps)],
+                )
+            )
+    return out
+
+
+HYBRID_FE_COMPONENTS: dict[str, str | None] = {
+    "none": None, "ATTN": "attn", "O": "o", "FFN": "ffn", "ATTN+O": "attn+o",
+    "ATTN+FFN": "attn+ffn", "O+FFN": "o+ffn", "ALL": "body",
+}
+
+
+def hybrid_schemes(
+    base: str = "pre", task: str = "task", relation: str = "relation",
+    last_layers: str = "last_half",
+) -> list[Scheme]:
+    """Three-model hybrid (Fig. 5): at the last token the task model's ATTN and the relation
+    model's O+FFN on ``last_layers``; at the first entity, task components on all layers."""
+    lt_rules = [
+        Rule(model=task, positions="last", layers=last_layers, components="attn"),
+        Rule(model=relation, positions="last", layers=last_layers, components="o+ffn"),
+    ]
+    out = [
+        Scheme(name=base.upper(), base=base, family="baseline"),
+        Scheme(name=relation.upper(), base=relation, family="baseline"),
+    ]
+    for label, comps in HYBRID_FE_COMPONENTS.items():
+        fe = [] if comps is None else [Rule(model=task, positions="first_entity", components=comps)]
+        out.append(
+            Scheme(
+                name=f"FE:{label}", base=base, family="hybrid",
+                labels={"fe_components": label}, rules=fe + lt_rules,
+            )
+        )
+    return out
+
+
+def unembed_schemes(base: str = "pre", donor: str = "sft", positions: str = "first_entity+last") -> list[Scheme]:
+    """Where the unembedding comes from: base (the paper's default), donor, donor at LT only."""
+    body = Rule(model=donor, positions=positions, components="body")
+    return [
+        Scheme(name="unembed:base", base=base, family="unembed", rules=[body]),
+        Scheme(name="unembed:donor", base=base, family="unembed",
+               rules=[body, Rule(model=donor, positions="all", components="unembed")]),
+        Scheme(name="unembed:donor@LT", base=base, family="unembed",
+               rules=[body, Rule(model=donor, positions="last", components="unembed")]),
+    ]
+
+
+def layer_dropout_schemes(
+    base: str = "pre", donor: str = "sft", positions: str = "first_entity+last",
+    rates: Sequence[float] = (0.25, 0.5), seeds: Sequence[int] = (0, 1, 2),
+) -> list[Scheme]:
+    """Position grafting with a seeded random subset of layers left ungrafted."""
+    return [
+        Scheme(
+            name=f"dropout{rate:g}#{seed}", base=base, family="layer_dropout",
+            labels={"rate": f"{rate:g}", "seed": str(seed)},
+            rules=[Rule(model=donor, positions=positions, components="layer",
+                        layer_dropout=rate, seed=seed),
+                   Rule(model=donor, positions=positions, components="embed+final_norm")],
+        )
+        for rate in rates for seed in seeds
+    ]
+
+
+def layer_window_schemes(
+    base: str = "pre", donor: str = "sft", positions: Sequence[str] = ("first_entity", "last"),
+    window: int = 1, n_layers: int = 0,
+) -> list[Scheme]:
+    """Sliding windows of ``window`` layers at each position set (layer x position heatmaps)."""
+    if n_layers <= 0:
+        raise SelectorError("layer_window needs the model depth (n_layers)")
+    out = []
+    for pos in positions:
+        for start in range(0, n_layers - window + 1):
+            out.append(
+                Scheme(
+                    name=f"{pos}@L{start}", base=base, family="layer_window",
+                    labels={"positions": pos, "layer_start": str(start), "window": str(window)},
+                    rules=[Rule(model=donor, positions=pos, layers=f"{start}:{start + window}",
+                                components="layer")],
+                )
+            )
+    return out
+
+
+PRESETS = {
+    "position": position_schemes,
+    "component": component_schemes,
+    "hybrid": hybrid_schemes,
+    "unembed": unembed_schemes,
+    "layer_dropout": layer_dropout_schemes,
+    "layer_window": layer_window_schemes,
+}
+DIRECTIONS: dict[str, dict[str, str]] = {
+    "sft2pre": {"base": "pre", "donor": "sft"},
+    "pre2sft": {"base": "sft", "donor": "pre"},
+    "both2one": {"base": "one", "donor": "both"},
+}
+
+
+def preset(name: str, **params: object) -> list[Scheme]:
+    """A preset family of schemes by name; ``direction=`` sets base and donor roles."""
+    if name not in PRESETS:
+        raise SelectorError(f"unknown scheme preset {name!r}; presets: {', '.join(PRESETS)}")
+    direction = params.pop("direction", None)
+    if direction is not None:
+        if direction not in DIRECTIONS:
+            raise SelectorError(f"unknown direction {direction!r}; use {', '.join(DIRECTIONS)}")
+        params = {**DIRECTIONS[direction], **params}
+    try:
+        return PRESETS[name](**params)
+    except TypeError as exc:
+        raise SelectorError(f"preset {name!r}: {exc}") from exc

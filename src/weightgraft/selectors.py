@@ -1,0 +1,251 @@
+"""Selector expressions: which token positions, which layers, which components.
+
+Positions: ``first_actor``, ``last``, ``all``, ``first_entity``, token indices (``0``, ``-2``),
+unions ``a+b``, intersections ``a&b``, complements ``~a``, parentheses.
+Layers: ``all``, ``3``, ``-1``, ``2..5`` (inclusive), ``2:6`` (half-open), ``first_half``,
+``last_quarter``, ``quarter:2``, ``eighth:7``, ``k/n`` (the k-th of n equal groups), unions ``+``.
+Components: names and groups joined by ``+`` and ``-`` (``attn+o``, ``all-unembed``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+
+from weightgraft.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS
+
+
+class SelectorError(ValueError):
+    """A selector expression that cannot be parsed or does not fit the model."""
+
+
+class SpanNotFound(LookupError):
+    """A position selector names a span this example does not have (the example is excluded)."""
+
+
+# ---------------------------------------------------------------- positions
+
+_POS_TOKEN = re.compile(r"\s*(?:(?P<num>-?\d+)|(?P<name>[A-Za-z_]\w*)|(?P<op>[+&~()]))")
+LITERAL_SPANS = frozenset({"relation", "relation_preposition", "preposition"})
+
+
+def _tokenize(expr: str, pattern: re.Pattern[str], what: str) -> list[tuple[str, str]]:
+    out, pos, text = [], 0, expr.strip()
+    while pos < len(text):
+        m = pattern.match(text, pos)
+        if not m or m.end() == pos:
+            raise SelectorError(f"cannot parse {what} selector {expr!r} at {text[pos:]!r}")
+        kind = next(k for k, v in m.groupdict().items() if v is not None)
+        out.append((kind, m.group(kind)))
+        pos = m.end()
+    if not out:
+        raise SelectorError(f"empty {what} selector")
+    return out
+
+
+class _Parser:
+    """Recursive descent over ``+`` (lowest), ``&``, prefix ``~``, atoms."""
+
+    def __init__(self, tokens: list[tuple[str, str]], expr: str, atom: Callable[[str, str], set[int]],
+                 universe: set[int]) -> None:
+        self.tokens, self.i, self.expr, self.atom, self.universe = tokens, 0, expr, atom, universe
+
+    def _peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def _take(self) -> tuple[str, str]:
+        tok = self._peek()
+        if tok is None:
+            raise SelectorError(f"selector {self.expr!r} ends too early")
+        self.i += 1
+        return tok
+
+    def parse(self) -> set[int]:
+        result = self._union()
+        if self._peek() is not None:
+            raise SelectorError(f"unexpected {self._peek()[1]!r} in selector {self.expr!r}")
+        return result
+
+    def _union(self) -> set[int]:
+        result = self._inter()
+        while self._peek() == ("op", "+"):
+            self._take()
+            result = result | self._inter()
+        return result
+
+    def _inter(self) -> set[int]:
+        result = self._unary()
+        while self._peek() == ("op", "&"):
+            self._take()
+            result = result & self._unary()
+        return result
+
+    def _unary(self) -> set[int]:
+        kind, value = self._take()
+        if (kind, value) == ("op", "~"):
+            return self.universe - self._unary()
+        if (kind, value) == ("op", "("):
+            result = self._union()
+            if self._take() != ("op", ")"):
+                raise SelectorError(f"missing ')' in selector {self.expr!r}")
+            return result
+        if kind == "op":
+            raise SelectorError(f"unexpected {value!r} in selector {self.expr!r}")
+        return self.atom(kind, value)
+
+
+def token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:
+    """Token indices whose characters overlap ``[start, end)`` (special tokens have none)."""
+    return [i for i, (s, e) in enumerate(offsets) if e > s and s < end and e > start]
+
+
+def first_entity(spans: Mapping[str, tuple[int, int]], answer_field: str | None) -> str | None:
+    """The earliest field span of the prompt that is an entity (not a literal relation word)."""
+    fields = [(s[0], k) for k, s in spans.items() if k not in LITERAL_SPANS and k != answer_field]
+    return min(fields)[1] if fields else None
+
+
+def select_positions(
+    expr: str,
+    offsets: Sequence[tuple[int, int]],
+    spans: Mapping[str, tuple[int, int]],
+    answer_field: str | None = None,
+) -> list[int]:
+    """Token positions (0-based, over the real tokens) that ``expr`` selects for one prompt.
+
+    Raises ``SpanNotFound`` when a named span is missing or covers no token, or an index falls
+    outside the prompt; ``SelectorError`` for a malformed expression.
+    """
+    n = len(offsets)
+    universe = set(range(n))
+
+    def atom(kind: str, value: str) -> set[int]:
+        if kind == "num":
+            i = int(value)
+            if not -n <= i < n:
+                raise SpanNotFound(f"token index {i} is outside a {n}-token prompt")
+            return {i % n}
+        if value == "all":
+            return set(universe)
+        if value == "last":
+            return {n - 1}
+        name = value
+        if value == "first_entity":
+            name = first_entity(spans, answer_field)
+            if name is None:
+                raise SpanNotFound("the prompt has no entity span for 'first_entity'")
+        if name not in spans:
+            raise SpanNotFound(f"span {name!r} is not marked in this prompt (has: {sorted(spans)})")
+        start, end = spans[name]
+        found = token_span(offsets, start, end)
+        if not found:
+            raise SpanNotFound(f"span {name!r} [{start}, {end}) covers no token")
+        return set(found)
+
+    return sorted(_Parser(_tokenize(expr, _POS_TOKEN, "position"), expr, atom, universe).parse())
+
+
+# ---------------------------------------------------------------- layers
+
+_FRACTIONS = {
+    "first_half": (1, 2), "last_half": (2, 2), "second_half": (2, 2),
+    "first_third": (1, 3), "second_third": (2, 3), "last_third": (3, 3),
+    "first_quarter": (1, 4), "second_quarter": (2, 4), "third_quarter": (3, 4),
+    "last_quarter": (4, 4), "fourth_quarter": (4, 4),
+}
+_GROUP_WORDS = {"half": 2, "third": 3, "quarter": 4, "eighth": 8}
+
+
+def layer_group(k: int, n_groups: int, n_layers: int) -> list[int]:
+    """Layers of the k-th (1-based) of ``n_groups`` near-equal groups; works for any depth."""
+    if not 1 <= k <= n_groups:
+        raise SelectorError(f"group {k} of {n_groups} does not exist")
+    if n_groups > n_layers:
+        raise SelectorError(f"cannot split {n_layers} layers into {n_groups} groups")
+    lo, hi = (k - 1) * n_layers // n_groups, k * n_layers // n_groups
+    return list(range(lo, hi))
+
+
+def select_layers(expr: str, n_layers: int) -> list[int]:
+    """Layer indices that ``expr`` selects in a model of depth ``n_layers``."""
+    out: set[int] = set()
+    for term in (t.strip() for t in str(expr).split("+")):
+        out.update(_layer_term(term, n_layers, expr))
+    return sorted(out)
+
+
+def _layer_index(text: str, n_layers: int, expr: str) -> int:
+    i = int(text)
+    if not -n_layers <= i < n_layers:
+        raise SelectorError(f"layer {i} in {expr!r} is beyond the model's depth ({n_layers} layers)")
+    return i % n_layers
+
+
+def _layer_term(term: str, n: int, expr: str) -> list[int]:
+    if term == "all":
+        return list(range(n))
+    if term in _FRACTIONS:
+        return layer_group(*_FRACTIONS[term], n)
+    if m := re.fullmatch(r"(half|third|quarter|eighth):(\d+)", term):
+        return layer_group(int(m.group(2)), _GROUP_WORDS[m.group(1)], n)
+    if m := re.fullmatch(r"(\d+)/(\d+)", term):
+        return layer_group(int(m.group(1)), int(m.group(2)), n)
+    if m := re.fullmatch(r"(-?\d+)\.\.(-?\d+)", term):
+        lo, hi = _layer_index(m.group(1), n, expr), _layer_index(m.group(2), n, expr)
+        return list(range(lo, hi + 1))
+    if m := re.fullmatch(r"(-?\d*):(-?\d*)", term):
+        lo = _layer_index(m.group(1), n, expr) if m.group(1) else 0
+        hi = n if not m.group(2) else (int(m.group(2)) % n if int(m.group(2)) < 0 else int(m.group(2)))
+        if hi > n:
+            raise SelectorError(f"layer range {term!r} goes beyond the model's depth ({n} layers)")
+        return list(range(lo, hi))
+    if re.fullmatch(r"-?\d+", term):
+        return [_layer_index(term, n, expr)]
+    raise SelectorError(
+        f"cannot parse layer selector {expr!r} (term {term!r}); use all, 3, -1, 2..5, 2:6, "
+        f"{', '.join(sorted(_FRACTIONS))}, quarter:K, eighth:K or K/N"
+    )
+
+
+# ---------------------------------------------------------------- components
+
+COMPONENT_GROUPS: dict[str, tuple[str, ...]] = {
+    "attn": ("q", "k", "v", "q_norm", "k_norm"),
+    "ffn": ("gate", "up", "down"),
+    "mlp": ("gate", "up", "down"),
+    "norms": ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"),
+    "layer": LAYER_COMPONENTS,
+    "body": ("embed", *LAYER_COMPONENTS, "final_norm"),
+    "all": ("embed", *LAYER_COMPONENTS, "final_norm", "unembed"),
+}
+_KNOWN = set(LAYER_COMPONENTS) | set(GLOBAL_SLOTS)
+_COMPONENT_EXPR = re.compile(r"\s*[+-]?\s*[A-Za-z_]+(\s*[+-]\s*[A-Za-z_]+)*\s*")
+
+
+def select_components(expr: str, available: set[str]) -> set[str]:
+    """Canonical component names selected by ``expr`` among those the model has.
+
+    A group keeps what the architecture has (``ffn`` on GPT-2 is up+down); a single component
+    the architecture lacks is an error.
+    """
+    if not _COMPONENT_EXPR.fullmatch(str(expr)):
+        raise SelectorError(f"cannot parse component selector {expr!r} (e.g. 'attn+o', 'all-unembed')")
+    terms = re.findall(r"([+-]?)\s*([A-Za-z_]+)", str(expr))
+    out: set[str] = set()
+    for sign, name in terms:
+        name = name.lower()
+        if name in COMPONENT_GROUPS:
+            chosen = set(COMPONENT_GROUPS[name]) & available
+        elif name in _KNOWN:
+            if name not in available:
+                raise SelectorError(f"this architecture has no component {name!r}")
+            chosen = {name}
+        else:
+            raise SelectorError(
+                f"unknown component {name!r}; known: {', '.join(sorted(_KNOWN))}; "
+                f"groups: {', '.join(COMPONENT_GROUPS)}"
+            )
+        out = out - chosen if sign == "-" else out | chosen
+    if not out:
+        raise SelectorError(f"component selector {expr!r} selects nothing on this architecture")
+    return out

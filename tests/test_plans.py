@@ -1,0 +1,154 @@
+"""Scheme compilation: spans via offsets, set algebra, layer fractions, components."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import weightgraft as wg
+from weightgraft.plans import Rule, Scheme, compile_scheme, preset
+from weightgraft.selectors import (
+    SelectorError, SpanNotFound, layer_group, select_components, select_layers, select_positions,
+)
+from tiny_models import make_tiny, tiny_tokenizer
+
+PROMPT = "Keanu Reeves starred in a movie with"
+SPANS = {"first_actor": (0, 12), "relation": (13, 30), "preposition": (31, 35)}
+
+
+@pytest.fixture(scope="module")
+def offsets():
+    enc = tiny_tokenizer()(PROMPT, return_offsets_mapping=True)
+    return enc["offset_mapping"]
+
+
+def test_spans_are_located_through_offsets(offsets):
+    assert select_positions("first_actor", offsets, SPANS) == list(range(12))
+    assert select_positions("first_entity", offsets, SPANS) == list(range(12))
+    assert select_positions("last", offsets, SPANS) == [len(PROMPT) - 1]
+    assert select_positions("preposition", offsets, SPANS) == [31, 32, 33, 34]
+
+
+def test_set_algebra(offsets):
+    n = len(offsets)
+    fe_lt = select_positions("first_actor+last", offsets, SPANS)
+    assert fe_lt == list(range(12)) + [n - 1]
+    assert select_positions("~(first_actor+last)", offsets, SPANS) == list(range(12, n - 1))
+    assert select_positions("~first_actor & ~last", offsets, SPANS) == list(range(12, n - 1))
+    assert select_positions("0 + -1 + -2", offsets, SPANS) == [0, n - 2, n - 1]
+    assert select_positions("all", offsets, SPANS) == list(range(n))
+
+
+def test_missing_spans_and_bad_expressions(offsets):
+    with pytest.raises(SpanNotFound, match="movie_title"):
+        select_positions("movie_title", offsets, SPANS)
+    with pytest.raises(SpanNotFound, match="outside"):
+        select_positions("99", offsets, SPANS)
+    with pytest.raises(SpanNotFound, match="covers no token"):
+        select_positions("first_actor", offsets, {"first_actor": (200, 210)})
+    with pytest.raises(SelectorError, match="parse"):
+        select_positions("first_actor $ last", offsets, SPANS)
+    with pytest.raises(SelectorError, match="ends too early"):
+        select_positions("first_actor +", offsets, SPANS)
+
+
+def test_special_tokens_never_belong_to_a_span():
+    offsets = [(0, 0), (0, 5), (5, 12)]  # a BOS token has the empty offset (0, 0)
+    assert select_positions("first_actor", offsets, {"first_actor": (0, 12)}) == [1, 2]
+
+
+@pytest.mark.parametrize("n_layers", [2, 6, 12, 18, 30, 32])
+def test_layer_fractions_partition_any_depth(n_layers):
+    halves = select_layers("first_half", n_layers) + select_layers("last_half", n_layers)
+    assert halves == list(range(n_layers))
+    if n_layers >= 4:
+        quarters = sum((select_layers(f"quarter:{k}", n_layers) for k in range(1, 5)), [])
+        assert quarters == list(range(n_layers))
+        assert select_layers("last_quarter", n_layers)[-1] == n_layers - 1
+        assert select_layers("last_quarter", n_layers) == select_layers("4/4", n_layers)
+    if n_layers >= 8:
+        eighths = [select_layers(f"eighth:{k}", n_layers) for k in range(1, 9)]
+        assert sum(eighths, []) == list(range(n_layers))
+        assert max(map(len, eighths)) - min(map(len, eighths)) <= 1
+
+
+def test_layer_lists_ranges_and_errors():
+    assert select_layers("0+3+-1", 8) == [0, 3, 7]
+    assert select_layers("2..4", 8) == [2, 3, 4]
+    assert select_layers("2:4", 8) == [2, 3]
+    assert select_layers("first_half+last_quarter", 8) == [0, 1, 2, 3, 6, 7]
+    with pytest.raises(SelectorError, match="beyond the model's depth"):
+        select_layers("12", 8)
+    with pytest.raises(SelectorError, match="cannot split"):
+        layer_group(1, 8, 4)
+    with pytest.raises(SelectorError, match="cannot parse"):
+        select_layers("middle", 8)
+
+
+def test_component_groups():
+    llama = {"attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down", "embed", "final_norm", "unembed"}
+    assert select_components("attn+o", llama) == {"q", "k", "v", "o"}
+    assert select_components("ffn", llama - {"gate"}) == {"up", "down"}  # GPT-2 has no gate
+    assert "unembed" not in select_components("all-unembed", llama)
+    assert select_components("body", llama) == llama - {"unembed"}
+    with pytest.raises(SelectorError, match="no component 'gate'"):
+        select_components("gate", llama - {"gate"})
+    with pytest.raises(SelectorError, match="unknown component 'mlpp'"):
+        select_components("mlpp", llama)
+
+
+def test_compiled_source_for_fe_plus_lt(offsets):
+    model = make_tiny("llama", vocab_size=len(tiny_tokenizer()))
+    names = wg.slots(model)
+    scheme = preset("position")[4]  # FE+LT
+    assert scheme.name == "FE+LT"
+    compiled = compile_scheme(scheme, names, {"pre": 0, "sft": 1})
+    src = compiled.source(offsets, SPANS)
+    assert src.shape == (len(offsets), len(names))
+    unembed = names.index("unembed")
+    grafted_rows = (src[:, :unembed] == 1).all(dim=1)
+    assert grafted_rows.nonzero().flatten().tolist() == list(range(12)) + [len(offsets) - 1]
+    assert (src[~grafted_rows] == 0).all()
+    assert (src[:, unembed] == 0).all()  # the paper keeps the base's unembedding
+
+
+def test_component_scheme_touches_only_its_layers_and_components(offsets):
+    model = make_tiny("llama")  # 2 layers
+    names = wg.slots(model)
+    scheme = Scheme(name="x", rules=[Rule(model="sft", positions="last", layers="last_half", components="o+up")])
+    src = compile_scheme(scheme, names, {"pre": 0, "sft": 1}).source(offsets, SPANS)
+    grafted = {names[i] for i in (src[-1] == 1).nonzero().flatten().tolist()}
+    assert grafted == {"layers.1.o", "layers.1.up"}
+    assert (src[:-1] == 0).all()
+
+
+def test_later_rules_win_and_unknown_roles_are_refused(offsets):
+    names = wg.slots(make_tiny("llama"))
+    scheme = Scheme(name="y", rules=[Rule(model="sft", components="all"), Rule(model="task", positions="0", components="all")])
+    src = compile_scheme(scheme, names, {"pre": 0, "sft": 1, "task": 2}).source(offsets, SPANS)
+    assert (src[0] == 2).all() and (src[1:] == 1).all()
+    with pytest.raises(SelectorError, match="role 'task'"):
+        compile_scheme(scheme, names, {"pre": 0, "sft": 1})
+
+
+def test_presets_cover_the_paper():
+    names = [s.name for s in preset("position")]
+    assert names == ["PRE", "SFT", "FE", "LT", "FE+LT", "(FE+LT)^C", "FE^C", "LT^C"]
+    comp = {s.name for s in preset("component", direction="both2one")}
+    for c in ("ATTN+FFN", "O+FFN", "FFN", "O", "up+O", "down+O"):
+        assert f"{c}@last_quarter" in comp
+    hybrid = preset("hybrid")
+    assert all(s.roles() == {"pre", "task", "relation"} for s in hybrid[2:])
+    assert [s.name for s in hybrid[2:]][:2] == ["FE:none", "FE:ATTN"]
+    assert preset("position", direction="pre2sft")[2].base == "sft"
+    with pytest.raises(SelectorError, match="unknown scheme preset"):
+        preset("nope")
+
+
+def test_layer_dropout_is_seeded(offsets):
+    names = wg.slots(make_tiny("llama"))
+    a = [compile_scheme(s, names, {"pre": 0, "sft": 1}).source(offsets, SPANS) for s in preset("layer_dropout", rates=[0.5], seeds=[0, 0, 1])]
+    assert torch.equal(a[0], a[1])
+    assert not torch.equal(a[0], a[2])
+    with pytest.raises(ValueError, match="layer_dropout"):
+        preset("layer_dropout", rates=[1.5])
