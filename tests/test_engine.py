@@ -213,3 +213,21 @@ def test_slot_table_is_bound_to_real_modules():
     head_dim = 32 // 4
     assert q[:head_dim].tolist() == list(range(head_dim))
     assert q[head_dim].item() == 3 * head_dim
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "gemma2", "llama"])
+@torch.no_grad()
+def test_logits_at_chosen_positions_equal_the_full_logits(model_type):
+    models = _models(model_type, 3)
+    ids = _ids(3, 8)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0  # right padding: row 1 ends at position 5
+    source = _random_source(models, 3, 8, seed=5)
+    positions = torch.tensor([[7, 3], [5, 0], [2, 7]])
+    full = wg.graft_forward(models, ids, source, attention_mask=mask)
+    some = wg.graft_forward(models, ids, source, attention_mask=mask, logit_positions=positions)
+    assert some.shape == (3, 2, full.shape[-1])
+    expected = full.gather(1, positions[:, :, None].expand(-1, -1, full.shape[-1]))
+    assert (some - expected).abs().max().item() <= TOL
+    with pytest.raises(ValueError, match="logit_positions"):
+        wg.graft_forward(models, ids, source, logit_positions=torch.tensor([[8], [0], [0]]))

@@ -95,13 +95,16 @@ def _make_hook(grafts: list[_Graft]):
 
 
 def _plan_grafts(
-    models: Sequence[nn.Module], slot_list: list[Slot], source: torch.Tensor
+    models: Sequence[nn.Module], slot_list: list[Slot], columns: list[torch.Tensor]
 ) -> dict[str, list[_Graft]]:
-    """Group the grafted (slot, donor) row sets by the base module they patch."""
+    """Group the grafted (slot, donor) row sets by the base module they patch.
+
+    ``columns[s]`` is the ``[batch, rows]`` model-index map of slot ``s``.
+    """
     by_module: dict[str, list[_Graft]] = defaultdict(list)
-    grafted = (source != 0).any(dim=(0, 1)).nonzero().flatten().tolist()
-    for s in grafted:
-        column = source[:, :, s]
+    for s, column in enumerate(columns):
+        if not bool((column != 0).any()):
+            continue
         for m in column.unique().tolist():
             if m == 0:
                 continue
@@ -109,11 +112,22 @@ def _plan_grafts(
             for part in slot_list[s].parts:
                 cols = _as_index(part.columns)
                 if isinstance(cols, torch.Tensor):
-                    cols = cols.to(source.device)
+                    cols = cols.to(column.device)
                 by_module[part.path].append(
                     _Graft(models[m].get_submodule(part.path), cols, part.pos_axis, b, t)
                 )
     return by_module
+
+
+def _gather_rows(positions: torch.Tensor):
+    """Pre-hook for the unembedding: keep only the hidden states at ``positions``."""
+
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        hidden = args[0]
+        index = positions[:, :, None].expand(-1, -1, hidden.shape[-1])
+        return (hidden.gather(1, index), *args[1:])
+
+    return hook
 
 
 @contextlib.contextmanager
@@ -133,12 +147,15 @@ def graft_forward(
     input_ids: torch.Tensor,
     source: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
+    logit_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` of one batched forward pass in which slot ``s`` at
     position ``t`` of row ``b`` uses the weights of ``models[source[b, t, s]]``.
 
     ``models[0]`` is the base; all models must share architecture and shapes. Padding (left
-    or right) is handled through ``attention_mask``.
+    or right) is handled through ``attention_mask``. With ``logit_positions`` (``[batch, k]``
+    position indices) only those logits are computed and ``[batch, k, vocab]`` is returned:
+    the unembedding, usually the largest matrix, then runs on k rows instead of seq.
     """
     if len(models) == 0:
         raise ValueError("graft_forward needs at least one model (the base)")
@@ -171,9 +188,20 @@ def graft_forward(
         raise ValueError("attention_mask must have the shape of input_ids")
     position_ids = position_ids_from_mask(attention_mask)
 
+    columns = [source[:, :, s] for s in range(len(slot_list))]
     handles = []
     try:
-        for path, grafts in _plan_grafts(models, slot_list, source).items():
+        if logit_positions is not None:
+            logit_positions = logit_positions.to(device=device, dtype=torch.long)
+            if logit_positions.dim() != 2 or logit_positions.shape[0] != batch:
+                raise ValueError("logit_positions must be [batch, k] position indices")
+            if int(logit_positions.min()) < 0 or int(logit_positions.max()) >= seq:
+                raise ValueError(f"logit_positions must lie in 0..{seq - 1}")
+            unembed = len(slot_list) - 1  # "unembed" is always the last slot
+            columns[unembed] = columns[unembed].gather(1, logit_positions)
+            head = base.get_submodule(slot_list[unembed].parts[0].path)
+            handles.append(head.register_forward_pre_hook(_gather_rows(logit_positions)))
+        for path, grafts in _plan_grafts(models, slot_list, columns).items():
             module = base.get_submodule(path)
             handles.append(
                 module.register_forward_hook(_make_hook(grafts), with_kwargs=True)

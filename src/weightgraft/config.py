@@ -1,0 +1,168 @@
+"""Experiment configs: YAML validated with pydantic, ``key=value`` overrides, scheme presets
+expanded before any model is loaded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from weightgraft.plans import Scheme, preset
+
+
+class ConfigError(ValueError):
+    """A broken experiment config; the message names the path of the bad key."""
+
+
+class PresetRef(BaseModel):
+    """``{preset: position, direction: sft2pre, ...params}`` expands to a family of schemes."""
+
+    model_config = ConfigDict(extra="allow")
+
+    preset: str
+    direction: str | None = None
+    only: list[str] | None = None  # keep only these scheme names of the family
+
+    def expand(self) -> list[Scheme]:
+        params = dict(self.model_extra or {})
+        if self.direction is not None:
+            params["direction"] = self.direction
+        schemes = preset(self.preset, **params)
+        if self.only is not None:
+            names = {s.name for s in schemes}
+            unknown = [n for n in self.only if n not in names]
+            if unknown:
+                raise ConfigError(f"preset {self.preset!r} has no scheme {unknown}; it has {sorted(names)}")
+            schemes = [s for s in schemes if s.name in self.only]
+        return schemes
+
+
+class ExperimentConfig(BaseModel):
+    """One sweep: a dataset's test prompts x schemes x model sets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "experiment"
+    data: Path
+    # role -> model spec (directory, .gguf, embedded name); or several named model sets.
+    models: dict[str, str] | None = None
+    model_sets: dict[str, dict[str, str]] | None = None
+    schemes: list[PresetRef | Scheme] = Field(min_length=1)
+    templates: list[str] | None = None
+    directions: list[Literal["a2b", "b2a"]] | None = None
+    groups: list[str] | None = None
+    limit: int | None = Field(None, ge=1, description="max examples per template")
+    score_answer: bool = True  # also the log-probability of every answer token
+    batch_size: int = Field(64, ge=1)
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    seed: int = 0
+    out: Path | None = None
+    report: bool = True
+
+    @model_validator(mode="after")
+    def _one_kind_of_models(self) -> ExperimentConfig:
+        if (self.models is None) == (self.model_sets is None):
+            raise ValueError("give exactly one of 'models' (role -> spec) or 'model_sets'")
+        return self
+
+    def sets(self) -> dict[str, dict[str, str]]:
+        return self.model_sets if self.model_sets is not None else {"default": dict(self.models or {})}
+
+    def resolved_schemes(self) -> list[Scheme]:
+        out: list[Scheme] = []
+        for i, entry in enumerate(self.schemes):
+            try:
+                out.extend(entry.expand() if isinstance(entry, PresetRef) else [entry])
+            except ValueError as exc:
+                raise ConfigError(f"schemes.{i}: {exc}") from exc
+        seen: set[str] = set()
+        for s in out:
+            if s.name in seen:
+                raise ConfigError(f"scheme name {s.name!r} appears twice; scheme names must be unique")
+            seen.add(s.name)
+        for set_name, roles in self.sets().items():
+            for s in out:
+                missing = s.roles() - set(roles)
+                if missing:
+                    raise ConfigError(
+                        f"scheme {s.name!r} needs model role(s) {sorted(missing)} that model set "
+                        f"{set_name!r} does not define (it has {sorted(roles)})"
+                    )
+        return out
+
+    def identity(self) -> str:
+        """Hash of what determines the results (not batch size, device or output place)."""
+        data = self.model_dump(mode="json", exclude={"batch_size", "out", "report", "device"})
+        data["schemes"] = [s.model_dump(mode="json") for s in self.resolved_schemes()]
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node: Any = tree
+    keys = dotted.split(".")
+    for key in keys[:-1]:
+        if isinstance(node, list):
+            node = node[int(key)]
+        else:
+            node = node.setdefault(key, {})
+    last = keys[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``a.b=value`` (value parsed as YAML) onto a raw config dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. limit=10)")
+        key, value = item.split("=", 1)
+        try:
+            _set_path(raw, key.strip(), yaml.safe_load(value))
+        except (IndexError, ValueError, TypeError) as exc:
+            raise ConfigError(f"cannot apply override {item!r}: {exc}") from exc
+    return raw
+
+
+def _format_validation(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid experiment config {source}:"]
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith(("PresetRef", "Scheme")))
+        lines.append(f"  at {loc or '<root>'}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:
+    """Validate a raw dict; relative paths are taken from ``base_dir`` (the YAML's folder)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: an experiment config must be a mapping, got {type(raw).__name__}")
+    try:
+        config = ExperimentConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation(exc, source)) from None
+    if base_dir is not None:
+        if not config.data.is_absolute():
+            config.data = base_dir / config.data
+        if config.out is not None and not config.out.is_absolute():
+            config.out = base_dir / config.out
+    config.resolved_schemes()
+    return config
+
+
+def load_config(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read, override and validate an experiment YAML."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment config {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    raw = apply_overrides(raw, overrides or [])
+    return parse_config(raw, str(path))
