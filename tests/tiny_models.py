@@ -83,3 +83,22 @@ def tiny_tokenizer() -> T.PreTrainedTokenizerFast:
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
         unk_token="<unk>",
     )
+
+
+def tiny_word_tokenizer(texts: list[str]) -> T.PreTrainedTokenizerFast:
+    """A word-level fast tokenizer over the words of ``texts`` (splits on spaces/punctuation)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words: dict[str, None] = {}
+    pre = pre_tokenizers.Whitespace()
+    for text in texts:
+        for word, _ in pre.pre_tokenize_str(text):
+            words.setdefault(word, None)
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {tok: i for i, tok in enumerate(specials + list(words))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre
+    return T.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        unk_token="<unk>",
+    )

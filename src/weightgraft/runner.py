@@ -1,0 +1,295 @@
+"""Run an experiment: test prompts x schemes x model sets -> results store -> summary.
+
+Data flows one way: config -> compiled schemes -> per-example source tensors -> batched
+``graft_forward`` -> metrics rows -> store -> summary (-> report).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from weightgraft.config import ExperimentConfig
+from weightgraft.engine import graft_forward, slots
+from weightgraft.evaluate import TOP_K, answer_logprob, score_next_token, summarize
+from weightgraft.plans import CompiledScheme, compile_scheme
+from weightgraft.selectors import SpanNotFound
+from weightgraft.store import ResultsStore, write_atomic
+from weightgraft.tokenization import check_same_tokenizer
+
+
+class DatasetError(ValueError):
+    """Test prompts that cannot be read or are empty."""
+
+
+@dataclass(frozen=True)
+class TestPrompt:
+    """One test prompt record (``test_prompts.jsonl``)."""
+
+    id: str
+    relation_id: str
+    template: str
+    prompt: str
+    answer: str
+    spans: dict[str, tuple[int, int]]
+    answer_field: str | None = None
+    direction: str | None = None
+    group: str | None = None
+
+
+def load_test_prompts(data_dir: Path) -> list[TestPrompt]:
+    """Read ``test_prompts.jsonl``; a malformed line is an error naming file and line."""
+    path = Path(data_dir) / "test_prompts.jsonl"
+    if not path.is_file():
+        raise DatasetError(f"{path} does not exist; build a dataset with `weightgraft data build`")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            out.append(
+                TestPrompt(
+                    id=str(rec["id"]), relation_id=str(rec.get("relation_id", rec["id"])),
+                    template=str(rec["template"]), prompt=rec["prompt"], answer=rec["answer"],
+                    spans={k: (int(v[0]), int(v[1])) for k, v in rec.get("spans", {}).items()},
+                    answer_field=rec.get("answer_field"), direction=rec.get("direction"),
+                    group=rec.get("group"),
+                )
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            raise DatasetError(f"{path}:{n}: not a valid test prompt record ({type(exc).__name__}: {exc})") from exc
+    return out
+
+
+def select_prompts(prompts: list[TestPrompt], config: ExperimentConfig) -> list[TestPrompt]:
+    chosen = [
+        p for p in prompts
+        if (config.templates is None or p.template in config.templates)
+        and (config.directions is None or p.direction in config.directions)
+        and (config.groups is None or p.group in config.groups)
+    ]
+    if config.templates is not None:
+        present = {p.template for p in prompts}
+        missing = [t for t in config.templates if t not in present]
+        if missing:
+            raise DatasetError(f"templates {missing} are not in the dataset (it has {sorted(present)})")
+    if config.limit is not None:
+        per_template: Counter[str] = Counter()
+        limited = []
+        for p in chosen:
+            if per_template[p.template] < config.limit:
+                limited.append(p)
+                per_template[p.template] += 1
+        chosen = limited
+    if not chosen:
+        raise DatasetError("no test prompt is left after the template/direction/group filters")
+    return chosen
+
+
+@dataclass
+class Prepared:
+    """A tokenized example with one source map per scheme."""
+
+    prompt: TestPrompt
+    input_ids: list[int]
+    answer_ids: list[int]
+    sources: dict[str, torch.Tensor]
+
+
+@dataclass
+class Exclusions:
+    """Examples left out of every scheme of a comparison, with the reason (never silent)."""
+
+    rows: list[dict[str, str]] = field(default_factory=list)
+
+    def add(self, model_set: str, prompt: TestPrompt, reason: str) -> None:
+        self.rows.append({"model_set": model_set, "template": prompt.template, "example_id": prompt.id, "reason": reason})
+
+    def summary(self) -> dict[str, Any]:
+        by_reason = Counter(r["reason"].split(":")[0] for r in self.rows)
+        return {"total": len(self.rows), "by_reason": dict(by_reason), "examples": self.rows}
+
+
+def prepare(
+    prompts: Sequence[TestPrompt], tokenizer: Any, compiled: Sequence[CompiledScheme],
+    model_set: str, exclusions: Exclusions,
+) -> list[Prepared]:
+    """Tokenize each prompt, locate spans, build every scheme's source; an example any scheme
+    cannot place is excluded from all of them."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise DatasetError("span location needs a fast tokenizer (offset mapping); this one is slow")
+    out = []
+    for p in prompts:
+        enc = tokenizer(p.prompt, return_offsets_mapping=True, add_special_tokens=True)
+        answer_ids = tokenizer(" " + p.answer, add_special_tokens=False)["input_ids"]
+        if not answer_ids:
+            exclusions.add(model_set, p, f"answer tokenizes to nothing: {p.answer!r}")
+            continue
+        try:
+            sources = {c.name: c.source(enc["offset_mapping"], p.spans, p.answer_field) for c in compiled}
+        except SpanNotFound as exc:
+            exclusions.add(model_set, p, f"span not found: {exc}")
+            continue
+        out.append(Prepared(p, list(enc["input_ids"]), list(answer_ids), sources))
+    return out
+
+
+def _batch(items: Sequence[tuple[Prepared, str]], score_answer: bool, pad_id: int):
+    """Right-padded inputs (prompt + answer[:-1] when scoring the answer), sources and the
+    positions whose logits are needed."""
+    seqs, srcs, n_logits = [], [], []
+    for ex, scheme in items:
+        extra = ex.answer_ids[:-1] if score_answer else []
+        src = ex.sources[scheme]
+        if extra:  # continuation positions take the last prompt token's weights
+            src = torch.cat([src, src[-1:].expand(len(extra), -1)], dim=0)
+        seqs.append(ex.input_ids + extra)
+        srcs.append(src)
+        n_logits.append(1 + len(extra))
+    seq = max(map(len, seqs))
+    k = max(n_logits)
+    n_slots = srcs[0].shape[1]
+    ids = torch.full((len(items), seq), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), seq), dtype=torch.long)
+    source = torch.zeros((len(items), seq, n_slots), dtype=torch.long)
+    positions = torch.zeros((len(items), k), dtype=torch.long)
+    for b, (s, src, (ex, _)) in enumerate(zip(seqs, srcs, items)):
+        ids[b, : len(s)] = torch.tensor(s)
+        mask[b, : len(s)] = 1
+        source[b, : len(s)] = src
+        start = len(ex.input_ids) - 1
+        pos = list(range(start, start + n_logits[b]))
+        positions[b] = torch.tensor(pos + [pos[-1]] * (k - len(pos)))
+    return ids, mask, source, positions, n_logits
+
+
+def _rows(items, logits, n_logits, tokenizer, model_set, scheme_meta) -> list[dict[str, Any]]:
+    rows = []
+    for b, (ex, scheme) in enumerate(items):
+        p = ex.prompt
+        pred = score_next_token(logits[b, 0], ex.answer_ids[0])
+        row = {
+            "model_set": model_set, "template": p.template, "scheme": scheme,
+            "family": scheme_meta[scheme]["family"], "labels": scheme_meta[scheme]["labels"],
+            "example_id": p.id, "relation_id": p.relation_id, "prompt": p.prompt, "answer": p.answer,
+            "target_token_id": pred.target_token_id, "target_token": tokenizer.decode([pred.target_token_id]),
+            "rank": pred.rank, "prob": pred.prob,
+            "answer_logprob": answer_logprob(logits[b, : n_logits[b]], ex.answer_ids[: n_logits[b]])
+            if pred.finite else float("nan"),
+            "n_answer_tokens": n_logits[b],
+            **{f"top{k}": pred.hits[k] for k in TOP_K},
+            "top_tokens": [tokenizer.decode([i]) for i in pred.top_ids],
+            "top_probs": pred.top_probs, "finite": pred.finite,
+        }
+        rows.append(row)
+    return rows
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    results: pd.DataFrame
+    summary: pd.DataFrame
+    exclusions: dict[str, Any]
+    computed: int  # items computed by this invocation (0 when everything was already done)
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for dist in ("weightgraft", "torch", "transformers", "safetensors", "pandas", "pyarrow"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    load: Callable[[str, ExperimentConfig], Any] | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Run (or resume) ``config``; returns the consolidated results and the summary.
+
+    ``load(spec, config)`` returns an object with ``model``, ``tokenizer``, ``source`` and
+    ``weights_sha256`` (default: ``weightgraft.models.load_model``).
+    """
+    from rich.progress import Progress
+
+    started = time.time()
+    schemes = config.resolved_schemes()
+    scheme_meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
+    run_dir = Path(config.out or Path("runs") / config.name)
+    store = ResultsStore(run_dir, config.identity(), config.model_dump(mode="json"))
+    prompts = select_prompts(load_test_prompts(config.data), config)
+    done = store.done()
+    load = load or _default_loader
+    exclusions = Exclusions()
+    order: list[tuple] = []
+    model_info: dict[str, dict[str, dict[str, str]]] = {}
+    computed = 0
+    for set_name, roles_spec in config.sets().items():
+        used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
+        loaded = {role: load(roles_spec[role], config) for role in used}
+        model_info[set_name] = {r: {"spec": roles_spec[r], "source": lm.source, "weights_sha256": lm.weights_sha256} for r, lm in loaded.items()}
+        first = loaded[used[0]]
+        for role in used[1:]:
+            check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
+        models = [loaded[r].model for r in used]
+        roles = {r: i for i, r in enumerate(used)}
+        names = slots(models[0])
+        compiled = [compile_scheme(s, names, roles) for s in schemes]
+        prepared = prepare(prompts, first.tokenizer, compiled, set_name, exclusions)
+        items = [(ex, s.name) for ex in prepared for s in schemes]
+        order.extend((set_name, ex.prompt.template, s, ex.prompt.id) for ex, s in items)
+        todo = [it for it in items if (set_name, it[0].prompt.template, it[1], it[0].prompt.id) not in done]
+        pad_id = first.tokenizer.pad_token_id if first.tokenizer.pad_token_id is not None else 0
+        with Progress(disable=not progress, transient=False) as bar:
+            task = bar.add_task(f"[{set_name}] grafting", total=len(items), completed=len(items) - len(todo))
+            for start in range(0, len(todo), config.batch_size):
+                chunk = todo[start : start + config.batch_size]
+                ids, mask, source, positions, n_logits = _batch(chunk, config.score_answer, pad_id)
+                with torch.no_grad():
+                    logits = graft_forward(models, ids, source, attention_mask=mask, logit_positions=positions)
+                store.append(_rows(chunk, logits.float().cpu(), n_logits, first.tokenizer, set_name, scheme_meta))
+                computed += len(chunk)
+                bar.advance(task, len(chunk))
+        del models, loaded
+    results = store.consolidate(order)
+    if results.empty:
+        raise DatasetError("every example was excluded; nothing to summarize (see exclusions)")
+    summary = summarize(results, seed=config.seed)
+    write_atomic(run_dir / "summary.csv", summary.to_csv(index=False).encode())
+    exclusion_summary = exclusions.summary()
+    pd.DataFrame(exclusion_summary["examples"], columns=["model_set", "template", "example_id", "reason"]).to_csv(
+        run_dir / "exclusions.csv", index=False
+    )
+    manifest = {
+        "name": config.name, "identity": config.identity(), "config": config.model_dump(mode="json"),
+        "schemes": [s.model_dump(mode="json") for s in schemes], "versions": _versions(),
+        "models": model_info, "device": config.device, "dtype": config.dtype, "seed": config.seed,
+        "exclusions": exclusion_summary, "n_rows": len(results), "computed_this_run": computed,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": round(time.time() - started, 2),
+    }
+    write_atomic(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str).encode())
+    return RunResult(run_dir, results, summary, exclusion_summary, computed)
+
+
+def _default_loader(spec: str, config: ExperimentConfig) -> Any:
+    from weightgraft.models import load_model
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config.dtype]
+    return load_model(spec, device=config.device, dtype=dtype)

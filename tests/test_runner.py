@@ -1,0 +1,125 @@
+"""End-to-end runs on a tiny world: results, exclusions, resume after SIGKILL, refusals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from weightgraft.config import ConfigError, load_config, parse_config
+from weightgraft.runner import run_experiment
+from weightgraft.store import ResultsDirConflict
+from tiny_world import loader, write_world
+
+TESTS = Path(__file__).parent
+
+
+def _config(tmp_path, **extra) -> dict:
+    raw = {
+        "name": "tiny", "data": str(write_world(tmp_path / "data", broken=2)),
+        "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
+        "schemes": [{"preset": "position"}], "out": str(tmp_path / "run"), "batch_size": 7,
+    }
+    raw.update(extra)
+    return raw
+
+
+def test_position_sweep_end_to_end(tmp_path):
+    config = parse_config(_config(tmp_path))
+    result = run_experiment(config, load=loader, progress=False)
+    schemes = ["PRE", "SFT", "FE", "LT", "FE+LT", "(FE+LT)^C", "FE^C", "LT^C"]
+    # 6 relations x 2 templates, minus the broken example in both templates, x 8 schemes
+    assert len(result.results) == 10 * 8
+    assert result.exclusions["total"] == 2
+    assert set(result.results["example_id"]) .isdisjoint({"r0002/headline", "r0002/qa"})
+    summary = pd.read_csv(tmp_path / "run" / "summary.csv")
+    assert {"template", "scheme", "n", "top1", "top5", "mean_rank"} <= set(summary.columns)
+    assert summary[summary.template == "headline"].scheme.tolist() == schemes
+    assert (summary.n == 5).all()
+
+    # PRE rows are the base model's own prediction; SFT rows the donor's.
+    pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
+    tok = pre.tokenizer
+    for _, row in result.results[result.results.scheme.isin(["PRE", "SFT"])].iterrows():
+        model = pre.model if row.scheme == "PRE" else sft.model
+        ids = torch.tensor([tok(row.prompt)["input_ids"]])
+        with torch.no_grad():
+            logits = model(ids).logits[0, -1]
+        target = tok(" " + row.answer, add_special_tokens=False)["input_ids"][0]
+        assert row.target_token_id == target
+        assert row["rank"] == int((logits > logits[target]).sum())
+        assert abs(row.prob - torch.softmax(logits, -1)[target].item()) < 1e-5
+
+    manifest = (tmp_path / "run" / "manifest.json").read_text()
+    assert "sha-tiny-llama:sft" in manifest and "transformers" in manifest
+
+
+def test_rerun_skips_done_work(tmp_path):
+    config = parse_config(_config(tmp_path))
+    first = run_experiment(config, load=loader, progress=False)
+    again = run_experiment(config, load=loader, progress=False)
+    assert again.computed == 0
+    pd.testing.assert_frame_equal(first.results, again.results)
+
+
+def test_other_config_in_same_dir_is_refused(tmp_path):
+    run_experiment(parse_config(_config(tmp_path)), load=loader, progress=False)
+    other = parse_config(_config(tmp_path, limit=3))
+    with pytest.raises(ResultsDirConflict, match="another experiment config"):
+        run_experiment(other, load=loader, progress=False)
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    raw = _config(tmp_path, batch_size=1)
+    killed_cfg = tmp_path / "killed.yaml"
+    killed_cfg.write_text(yaml.safe_dump(raw))
+    env = dict(os.environ, PYTHONPATH=str(TESTS))
+    parts = tmp_path / "run" / "parts"
+    kills = 0
+    for attempt in range(3):
+        proc = subprocess.Popen([sys.executable, str(TESTS / "tiny_world.py"), str(killed_cfg)], env=env)
+        target = 5 * (attempt + 1)
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if parts.exists() and len(list(parts.glob("part-*.parquet"))) >= target:
+                break
+            time.sleep(0.02)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    assert kills >= 1 and not (tmp_path / "run" / "results.parquet").exists()
+    subprocess.run([sys.executable, str(TESTS / "tiny_world.py"), str(killed_cfg)], env=env, check=True)
+    resumed = pd.read_parquet(tmp_path / "run" / "results.parquet")
+
+    clean = parse_config(_config(tmp_path, batch_size=1, out=str(tmp_path / "clean")))
+    reference = run_experiment(clean, load=loader, progress=False).results
+    assert not resumed.duplicated(["model_set", "template", "scheme", "example_id"]).any()
+    pd.testing.assert_frame_equal(resumed, reference)
+
+
+def test_config_errors_name_the_bad_key(tmp_path):
+    raw = _config(tmp_path)
+    raw["schemes"] = [{"name": "x", "rules": [{"model": "sft", "positionz": "last"}]}]
+    with pytest.raises(ConfigError, match=r"schemes\.0.*positionz"):
+        parse_config(raw)
+    with pytest.raises(ConfigError, match="batch_sise"):
+        parse_config(_config(tmp_path, batch_sise=3))
+    with pytest.raises(ConfigError, match="role"):
+        parse_config(_config(tmp_path, schemes=[{"preset": "hybrid"}]))
+    with pytest.raises(ConfigError, match="unknown scheme preset"):
+        parse_config(_config(tmp_path, schemes=[{"preset": "positon"}]))
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(_config(tmp_path)))
+    cfg = load_config(path, ["limit=2", "schemes.0.direction=pre2sft"])
+    assert cfg.limit == 2 and cfg.resolved_schemes()[2].base == "sft"
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(path, ["limit"])

@@ -1,0 +1,71 @@
+"""A tiny relation world on disk plus tiny models, for end-to-end runs without downloads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from tiny_models import make_donor, make_tiny, tiny_word_tokenizer
+
+FIRST = ["Keanu Reeves", "Meryl Streep", "Tom Hanks", "Viola Davis", "Brad Pitt", "Emma Stone",
+         "Denzel Washington", "Cate Blanchett", "Ryan Gosling", "Julia Roberts", "Matt Damon", "Amy Adams"]
+SECOND = ["Nicole Kidman", "Will Smith", "Halle Berry", "Jude Law", "Sandra Bullock", "Idris Elba",
+          "Naomi Watts", "Colin Firth", "Emma Thompson", "Ethan Hawke", "Uma Thurman", "Owen Wilson"]
+TEMPLATES = {
+    "headline": "{first_actor} starred in a movie with",
+    "qa": "Q: Who starred in a movie alongside {first_actor}? A: An actor named",
+}
+
+
+def _record(i: int, template: str, first: str, second: str, drop_span: bool = False) -> dict:
+    text = TEMPLATES[template]
+    start = text.index("{first_actor}")
+    prompt = text.format(first_actor=first)
+    spans = {"first_actor": [start, start + len(first)]}
+    rel = prompt.index("starred in a movie")
+    spans["relation"] = [rel, rel + len("starred in a movie")]
+    if drop_span:
+        del spans["first_actor"]
+    return {"id": f"r{i:04d}/{template}", "relation_id": f"r{i:04d}", "template": template,
+            "direction": "a2b", "prompt": prompt, "answer": second, "answer_field": "second_actor",
+            "spans": spans, "group": "relation"}
+
+
+def write_world(data_dir: Path, n: int = 6, broken: int | None = None) -> Path:
+    """``test_prompts.jsonl`` with ``n`` relations x 2 templates; example ``broken`` lacks its
+    first_actor span (it must be excluded from every scheme)."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lines = [
+        json.dumps(_record(i, t, FIRST[i], SECOND[i], drop_span=(i == broken)))
+        for t in TEMPLATES for i in range(n)
+    ]
+    (data_dir / "test_prompts.jsonl").write_text("\n".join(lines) + "\n")
+    return data_dir
+
+
+def tokenizer():
+    return tiny_word_tokenizer(list(TEMPLATES.values()) + FIRST + SECOND)
+
+
+def loader(spec: str, config=None) -> SimpleNamespace:
+    """Deterministic tiny models by spec: 'tiny-llama:pre' (base), 'tiny-llama:sft' (donor)."""
+    arch, role = spec.split(":")
+    tok = tokenizer()
+    base = make_tiny(arch.removeprefix("tiny-"), seed=0, vocab_size=len(tok))
+    seeds = {"pre": None, "sft": 1, "task": 2, "relation": 3}
+    model = base if seeds[role] is None else make_donor(base, seeds[role])
+    return SimpleNamespace(model=model, tokenizer=tok, source=spec, weights_sha256=f"sha-{spec}")
+
+
+def main(config_path: str) -> None:
+    from weightgraft.config import load_config
+    from weightgraft.runner import run_experiment
+
+    run_experiment(load_config(Path(config_path)), load=loader, progress=False)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
