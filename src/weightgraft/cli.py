@@ -81,6 +81,40 @@ def check(
     raise typer.Exit(0 if report.passed else 1)
 
 
+def print_summary(summary, title: str = "summary") -> None:
+    """The summary as a rich table: top-1 / top-5 (%) and mean rank per template and scheme."""
+    table = Table(title=title)
+    for col in ("model set", "template", "scheme", "n", "top-1 %", "top-5 %", "mean rank"):
+        table.add_column(col, justify="right" if col in ("n", "top-1 %", "top-5 %", "mean rank") else "left")
+    for row in summary.to_dict("records"):
+        table.add_row(
+            row["model_set"], row["template"], row["scheme"], str(row["n"]),
+            f"{100 * row['top1']:.1f}", f"{100 * row['top5']:.1f}", f"{row['mean_rank']:.1f}",
+        )
+    console.print(table)
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="Experiment YAML."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. limit=20 models.sft=DIR"),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+) -> None:
+    """Run (or resume) an experiment sweep; writes results.parquet, summary.csv, manifest.json."""
+    from weightgraft.config import load_config
+    from weightgraft.runner import run_experiment
+
+    cfg = load_config(config, overrides or [])
+    result = run_experiment(cfg, progress=progress)
+    print_summary(result.summary, title=f"{cfg.name}: {len(result.results)} rows")
+    if result.exclusions["total"]:
+        console.print(
+            f"[yellow]{result.exclusions['total']} example(s) excluded from every scheme:[/] "
+            f"{result.exclusions['by_reason']} (see {result.run_dir / 'exclusions.csv'})"
+        )
+    console.print(f"results in {result.run_dir}")
+
+
 def main() -> None:
     """Entry point: known user errors print one clear line instead of a traceback
     (set WEIGHTGRAFT_DEBUG=1 for the traceback)."""

@@ -1,10 +1,12 @@
 """The batched grafting forward pass.
 
-One forward pass of the base model in which every grafted module's output, at the grafted
-positions only, is replaced by the donor module applied to the same input. Keys and values
-at position t are then computed with the weights chosen for t, exactly as in the per-token
-KV-cache definition (``weightgraft.reference``), but for a whole batch at once and with
-donor work done only on grafted rows.
+One forward pass of the base model in which every grafted module computes each (row,
+position) with the module of the model that serves it: rows are split by source model (and
+fused projections by output columns), each group runs through its own model's module, and
+the outputs are put back in place. Keys and values at position t are thus computed with the
+weights chosen for t, exactly as in the per-token KV-cache definition
+(``weightgraft.reference``), for a whole batch at once, and every row is computed once, by the
+model that serves it (not by the base and then again by the donor).
 """
 
 from __future__ import annotations
@@ -38,14 +40,11 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class _Graft:
-    """Rows (b, t) of one part whose output comes from one donor module."""
+class _Group:
+    """One slot's share of a module: its output columns and its ``[batch, rows]`` model map."""
 
-    donor: nn.Module
     columns: torch.Tensor | slice | None
-    pos_axis: int
-    b: torch.Tensor
-    t: torch.Tensor
+    models: torch.Tensor
 
 
 def _as_index(columns: torch.Tensor | None) -> torch.Tensor | slice | None:
@@ -58,14 +57,10 @@ def _as_index(columns: torch.Tensor | None) -> torch.Tensor | slice | None:
     return columns
 
 
-def _donor_output(g: _Graft, x: torch.Tensor) -> torch.Tensor:
-    module = g.donor
-    if g.columns is None:
-        return module(x)
-    cols = g.columns
+def _columns_output(module: nn.Module, x: torch.Tensor, cols: torch.Tensor | slice) -> torch.Tensor:
+    """Output columns ``cols`` of a Linear / GPT-2 Conv1D, computing only those columns."""
     if isinstance(module, Conv1D):  # GPT-2: weight is [in, out]
-        w = module.weight[:, cols]
-        b = module.bias[cols]
+        w, b = module.weight[:, cols], module.bias[cols]
         return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
     if isinstance(module, nn.Linear):
         bias = module.bias[cols] if module.bias is not None else None
@@ -73,49 +68,76 @@ def _donor_output(g: _Graft, x: torch.Tensor) -> torch.Tensor:
     raise TypeError(f"column grafting on {type(module).__name__} is not supported")
 
 
-def _make_hook(grafts: list[_Graft]):
-    def hook(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
-        x = args[0] if args else next(iter(kwargs.values()))
-        if not isinstance(output, torch.Tensor):
-            raise TypeError(f"cannot graft {type(module).__name__}: its output is not a tensor")
-        y = output.clone() if output.requires_grad else output
-        for g in grafts:
-            xv = x if g.pos_axis == 1 else x.movedim(g.pos_axis, 1)
-            yv = y if g.pos_axis == 1 else y.movedim(g.pos_axis, 1)
-            value = _donor_output(g, xv[g.b, g.t]).to(yv.dtype)
-            if g.columns is None:
-                yv[g.b, g.t] = value
-            elif isinstance(g.columns, slice):
-                yv[g.b, g.t, g.columns] = value
-            else:
-                yv[g.b[:, None], g.t[:, None], g.columns[None, :]] = value
-        return y
-
-    return hook
+def _module_fn(module: nn.Module, is_base: bool):
+    """Call a module's own forward; the base module's is patched, so use its class's."""
+    if is_base:
+        return lambda x, *a, **k: type(module).forward(module, x, *a, **k)
+    return module
 
 
-def _plan_grafts(
-    models: Sequence[nn.Module], slot_list: list[Slot], columns: list[torch.Tensor]
-) -> dict[str, list[_Graft]]:
-    """Group the grafted (slot, donor) row sets by the base module they patch.
+def _dispatch_forward(path: str, modules: Sequence[nn.Module], groups: list[_Group], pos_axis: int):
+    """A forward for the base module at ``path`` that computes every row once, with the
+    weights of the model that serves it (rows split by model; fused modules by columns)."""
+    fns = [_module_fn(m.get_submodule(path), i == 0) for i, m in enumerate(modules)]
+    targets = [m.get_submodule(path) for m in modules]
+    stacked = torch.stack([g.models for g in groups], dim=-1)  # [batch, rows, groups]
+    uniform = (stacked == stacked[..., :1]).all(dim=-1)
+    whole = stacked[..., 0]
+    single = whole.unique() if bool(uniform.all()) else None
+    row_sets = [(int(m), *(whole == m).logical_and(uniform).nonzero(as_tuple=True)) for m in whole.unique()]
+    mixed = (~uniform).nonzero(as_tuple=True)
 
-    ``columns[s]`` is the ``[batch, rows]`` model-index map of slot ``s``.
-    """
-    by_module: dict[str, list[_Graft]] = defaultdict(list)
-    for s, column in enumerate(columns):
-        if not bool((column != 0).any()):
-            continue
-        for m in column.unique().tolist():
-            if m == 0:
+    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if single is not None and single.numel() == 1:
+            return fns[int(single)](x, *args, **kwargs)
+        xv = x if pos_axis == 1 else x.movedim(pos_axis, 1)
+        out = None
+        for m, b, t in row_sets:
+            if b.numel() == 0:
                 continue
-            b, t = (column == m).nonzero(as_tuple=True)
-            for part in slot_list[s].parts:
-                cols = _as_index(part.columns)
-                if isinstance(cols, torch.Tensor):
-                    cols = cols.to(column.device)
-                by_module[part.path].append(
-                    _Graft(models[m].get_submodule(part.path), cols, part.pos_axis, b, t)
-                )
+            y = fns[m](xv[b, t], *args, **kwargs)
+            if out is None:
+                out = y.new_empty(*xv.shape[:2], *y.shape[1:])
+            out[b, t] = y
+        if mixed[0].numel():
+            b_mix, t_mix = mixed
+            x_mix = xv[b_mix, t_mix]
+            for g in groups:
+                chosen = g.models[b_mix, t_mix]
+                for m in chosen.unique().tolist():
+                    sel = (chosen == m).nonzero().flatten()
+                    y = _columns_output(targets[m], x_mix[sel], g.columns)
+                    if out is None:
+                        out = y.new_empty(*xv.shape[:2], _out_width(targets[0]))
+                    if isinstance(g.columns, slice):
+                        out[b_mix[sel], t_mix[sel], g.columns] = y
+                    else:
+                        out[b_mix[sel][:, None], t_mix[sel][:, None], g.columns[None, :]] = y
+        return out if pos_axis == 1 else out.movedim(1, pos_axis)
+
+    return forward
+
+
+def _out_width(module: nn.Module) -> int:
+    return int(module.weight.shape[1] if isinstance(module, Conv1D) else module.out_features)
+
+
+def _plan(slot_list: list[Slot], columns: list[torch.Tensor]) -> dict[str, tuple[list[_Group], int]]:
+    """Per base module that some slot grafts: the column groups of all its slots."""
+    by_module: dict[str, tuple[list[_Group], int]] = {}
+    grafted_paths = {
+        part.path for s, column in enumerate(columns) if bool((column != 0).any())
+        for part in slot_list[s].parts
+    }
+    for s, slot in enumerate(slot_list):
+        for part in slot.parts:
+            if part.path not in grafted_paths:
+                continue
+            groups, _ = by_module.setdefault(part.path, ([], part.pos_axis))
+            cols = _as_index(part.columns)
+            if isinstance(cols, torch.Tensor):
+                cols = cols.to(columns[s].device)
+            groups.append(_Group(cols, columns[s]))
     return by_module
 
 
@@ -189,7 +211,8 @@ def graft_forward(
     position_ids = position_ids_from_mask(attention_mask)
 
     columns = [source[:, :, s] for s in range(len(slot_list))]
-    handles = []
+    handles: list = []
+    patched: list[nn.Module] = []
     try:
         if logit_positions is not None:
             logit_positions = logit_positions.to(device=device, dtype=torch.long)
@@ -201,11 +224,10 @@ def graft_forward(
             columns[unembed] = columns[unembed].gather(1, logit_positions)
             head = base.get_submodule(slot_list[unembed].parts[0].path)
             handles.append(head.register_forward_pre_hook(_gather_rows(logit_positions)))
-        for path, grafts in _plan_grafts(models, slot_list, columns).items():
+        for path, (groups, pos_axis) in _plan(slot_list, columns).items():
             module = base.get_submodule(path)
-            handles.append(
-                module.register_forward_hook(_make_hook(grafts), with_kwargs=True)
-            )
+            module.forward = _dispatch_forward(path, models, groups, pos_axis)
+            patched.append(module)
         with _eval_mode(models):
             out = base(
                 input_ids=input_ids,
@@ -216,4 +238,6 @@ def graft_forward(
     finally:
         for h in handles:
             h.remove()
+        for module in patched:
+            del module.forward  # back to the class's forward
     return out.logits
