@@ -123,3 +123,23 @@ def test_config_errors_name_the_bad_key(tmp_path):
     assert cfg.limit == 2 and cfg.resolved_schemes()[2].base == "sft"
     with pytest.raises(ConfigError, match="key=value"):
         load_config(path, ["limit"])
+
+
+def test_cli_run_with_saved_models_writes_summary_and_report(tmp_path):
+    from typer.testing import CliRunner
+
+    from weightgraft.cli import app
+
+    for role in ("pre", "sft"):
+        lm = loader(f"tiny-gpt2:{role}")
+        lm.model.save_pretrained(tmp_path / role)
+        lm.tokenizer.save_pretrained(tmp_path / role)
+    raw = _config(tmp_path, models={"pre": str(tmp_path / "pre"), "sft": str(tmp_path / "sft")})
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["run", str(path), "templates=[headline]", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "FE+LT" in result.output and "excluded from every scheme" in result.output
+    summary = pd.read_csv(tmp_path / "run" / "summary.csv")
+    assert summary.template.unique().tolist() == ["headline"]
+    assert (tmp_path / "run" / "report" / "report.html").stat().st_size > 1000

@@ -112,7 +112,21 @@ def run(
             f"[yellow]{result.exclusions['total']} example(s) excluded from every scheme:[/] "
             f"{result.exclusions['by_reason']} (see {result.run_dir / 'exclusions.csv'})"
         )
+    if cfg.report:
+        from weightgraft.report import write_report
+
+        paths = write_report(result.run_dir)
+        console.print(f"report: {paths.html}")
     console.print(f"results in {result.run_dir}")
+
+
+def _register_subcommands() -> None:
+    from weightgraft.report import report_command
+
+    app.command("report", help="Write tables, figures and an HTML page for a run directory.")(report_command)
+
+
+_register_subcommands()
 
 
 def main() -> None:

@@ -1,0 +1,205 @@
+"""Benchmark: the per-token method vs the one-pass engine vs plain forward passes.
+
+In ONE run, on the same model, prompts and schemes, times
+  (a) the per-token definition (``weightgraft.reference.per_token_forward``: per position a
+      model holding that position's weights, one-token forward with the KV cache),
+  (b) ``graft_forward`` batched over examples x schemes,
+  (c) plain batched forward passes of the base model over the same sequences,
+and prints wall times, ratios and peak memory. The per-token method is slow, so it is timed
+on a subset and compared per (example, scheme) item. The last line reads
+``speedup_vs_per_token=<a/b> overhead_vs_plain=<b/c>``.
+
+    python benchmarks/bench_engine.py                      # embedded SmolLM2-135M, CPU
+    python benchmarks/bench_engine.py --n 20 --per-token-items 8 --device cuda --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from weightgraft.engine import graft_forward, slots
+from weightgraft.models import load_model
+from weightgraft.plans import compile_scheme, preset
+from weightgraft.reference import CompositeModel, per_token_forward
+from weightgraft.runner import load_test_prompts, prepare, Exclusions
+
+
+class PeakMemory:
+    """Peak resident memory (CPU, sampled) or peak allocated memory (CUDA) during a block."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.peak = 0
+
+    @staticmethod
+    def _rss() -> int:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        else:
+            self.base = self._rss()
+            self.peak = self.base
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.005)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated()
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self.peak, self._rss())
+
+    @property
+    def extra_mib(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def perturbed_copy(model: torch.nn.Module, scale: float = 0.02, seed: int = 0) -> torch.nn.Module:
+    """A stand-in for a finetuned donor when none is given (same shapes, other weights)."""
+    donor = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    for p in donor.parameters():
+        p.add_(scale * p.float().std() * torch.randn(p.shape, generator=gen).to(p.dtype).to(p.device))
+    return donor
+
+
+def left_padded(items, pad_id: int):
+    seq = max(len(ex.input_ids) for ex, _ in items)
+    n_slots = next(iter(items[0][0].sources.values())).shape[1]
+    ids = torch.full((len(items), seq), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    source = torch.zeros((len(items), seq, n_slots), dtype=torch.long)
+    for b, (ex, scheme) in enumerate(items):
+        n = len(ex.input_ids)
+        ids[b, seq - n :] = torch.tensor(ex.input_ids)
+        mask[b, seq - n :] = 1
+        source[b, seq - n :] = ex.sources[scheme]
+    return ids, mask, source
+
+
+def build_prompts(n: int, seed: int, template: str):
+    from weightgraft.data import build_dataset
+
+    out = Path(tempfile.mkdtemp(prefix="wg-bench-"))
+    build_dataset("fake_movies_real_actors", n=n, seed=seed, out=out)
+    return [p for p in load_test_prompts(out) if p.template == template and p.direction == "a2b"][:n]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="base model spec")
+    ap.add_argument("--donor", default=None, help="donor spec (default: a perturbed copy of the base)")
+    ap.add_argument("--data", type=Path, default=None, help="dataset dir (default: build fake_movies_real_actors)")
+    ap.add_argument("--n", type=int, default=100, help="relations (examples)")
+    ap.add_argument("--template", default="headline")
+    ap.add_argument("--preset", default="position")
+    ap.add_argument("--per-token-items", type=int, default=16, help="(example, scheme) items timed per token")
+    ap.add_argument("--batch-size", type=int, default=200)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+
+    base_lm = load_model(args.model, device=args.device, dtype=dtype)
+    donor = (load_model(args.donor, device=args.device, dtype=dtype).model if args.donor
+             else perturbed_copy(base_lm.model))
+    models = [base_lm.model, donor]
+    tok = base_lm.tokenizer
+    if args.data is not None:
+        prompts = [p for p in load_test_prompts(args.data) if p.template == args.template][: args.n]
+    else:
+        prompts = build_prompts(args.n, 0, args.template)
+    schemes = preset(args.preset)
+    compiled = [compile_scheme(s, slots(models[0]), {"pre": 0, "sft": 1}) for s in schemes]
+    excl = Exclusions()
+    examples = prepare(prompts, tok, compiled, "bench", excl)
+    items = [(ex, s.name) for ex in examples for s in schemes]
+    lengths = [len(ex.input_ids) for ex in examples]
+    print(f"model={args.model} device={args.device} dtype={args.dtype} threads={torch.get_num_threads()}")
+    print(f"examples={len(examples)} (excluded {excl.summary()['total']}) schemes={len(schemes)} "
+          f"items={len(items)} tokens/prompt={min(lengths)}-{max(lengths)} batch={args.batch_size}")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    batches = [left_padded(items[i : i + args.batch_size], pad) for i in range(0, len(items), args.batch_size)]
+
+    with torch.no_grad():  # warm-up (allocator, kernels)
+        ids, mask, source = batches[0]
+        graft_forward(models, ids[:2], source[:2], attention_mask=mask[:2])
+
+    # (a) per-token definition on a subset, spread over schemes
+    subset = items[: args.per_token_items]
+    composite = CompositeModel(models)
+    with PeakMemory(args.device) as mem_a:
+        _sync(args.device)
+        t0 = time.perf_counter()
+        for ex, scheme in subset:
+            ids = torch.tensor([ex.input_ids], device=args.device)
+            per_token_forward(models, ids, ex.sources[scheme][None].to(args.device), composite=composite)
+        _sync(args.device)
+        time_a = time.perf_counter() - t0
+    per_item_a = time_a / len(subset)
+
+    def timed(fn):
+        with PeakMemory(args.device) as mem, torch.no_grad():
+            _sync(args.device)
+            t0 = time.perf_counter()
+            for ids, mask, source in batches:
+                fn(ids, mask, source)
+            _sync(args.device)
+            return time.perf_counter() - t0, mem
+
+    last = lambda ids: torch.full((ids.shape[0], 1), ids.shape[1] - 1, dtype=torch.long)
+    # (b) the engine, logits only where they are scored (the last position)
+    time_b, mem_b = timed(lambda ids, mask, source: graft_forward(
+        models, ids, source, attention_mask=mask, logit_positions=last(ids)))
+    # (c) plain forward passes of the base model over the same sequences
+    def plain(ids, mask, source):
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        models[0](input_ids=ids.to(args.device), attention_mask=mask.to(args.device),
+                  position_ids=pos.to(args.device), logits_to_keep=1, use_cache=False)
+    time_c, mem_c = timed(plain)
+
+    per_item_b, per_item_c = time_b / len(items), time_c / len(items)
+    a_over_b, b_over_c = per_item_a / per_item_b, time_b / time_c
+    print(f"(a) per-token definition: {time_a:8.2f} s for {len(subset)} items  = {per_item_a:.4f} s/item  "
+          f"peak +{mem_a.extra_mib:.0f} MiB")
+    print(f"(b) graft_forward batched: {time_b:8.2f} s for {len(items)} items = {per_item_b:.4f} s/item  "
+          f"peak +{mem_b.extra_mib:.0f} MiB")
+    print(f"(c) plain forward:         {time_c:8.2f} s for {len(items)} items = {per_item_c:.4f} s/item  "
+          f"peak +{mem_c.extra_mib:.0f} MiB")
+    print(f"ratios compare time per (example, scheme) item; (a) timed on {len(subset)} of {len(items)} items")
+    print(f"speedup_vs_per_token={a_over_b:.1f} overhead_vs_plain={b_over_c:.2f}")
+
+
+if __name__ == "__main__":
+    main()
