@@ -120,8 +120,25 @@ def run(
     console.print(f"results in {result.run_dir}")
 
 
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), help="Output directory."),
+    relations: int = typer.Option(40, help="Relations in the demo world."),
+    seed: int = typer.Option(0),
+    preset: str = typer.Option("cpu-quick", help="Finetuning preset."),
+    retrain: bool = typer.Option(False, help="Finetune again even if a cached model exists."),
+) -> None:
+    """The whole workflow on the embedded SmolLM2-135M: data, finetune (cached), sweep, report."""
+    from weightgraft.demo import run_demo
+
+    run_demo(out=out, n_relations=relations, seed=seed, preset=preset, retrain=retrain, console=console)
+
+
 def _register_subcommands() -> None:
+    from weightgraft.data.cli import app as data_app
     from weightgraft.report import report_command
+
+    app.add_typer(data_app, name="data", help="Build relation datasets (worlds, templates, test prompts).")
 
     app.command("report", help="Write tables, figures and an HTML page for a run directory.")(report_command)
 

@@ -1,0 +1,134 @@
+"""``weightgraft data``: build relation datasets from the command line."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from .builder import build_dataset
+from .errors import DataError
+from .templates import builtin_template_names
+from .worlds import WORLDS
+
+app = typer.Typer(
+    help="Relation datasets: the paper's movie worlds, templates and test prompts.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _data() -> None:
+    """Relation datasets: the paper's movie worlds, templates and test prompts."""
+
+
+class _RichProgress:
+    """Adapter from the builder's ``progress(stage, done, total)`` calls to a rich bar."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.tasks: dict[str, int] = {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(stage, total=total)
+        self.progress.update(self.tasks[stage], completed=done, total=total)
+
+
+def _split_names(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+@app.command()
+def build(
+    out: Path = typer.Option(..., "--out", help="Directory to write the dataset into."),
+    world: str | None = typer.Option(
+        None,
+        "--world",
+        help=f"Built-in world ({', '.join(WORLDS)}) or a name for a custom world "
+        "[default: fake_movies_real_actors, or 'custom' with --metadata].",
+    ),
+    n: int | None = typer.Option(
+        None, "--n", help="Number of relations [default: 1000; all rows of --metadata]."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of every random draw."),
+    metadata: Path | None = typer.Option(
+        None, "--metadata", help="Custom metadata JSONL (one relation per line)."
+    ),
+    templates: str | None = typer.Option(
+        None,
+        "--templates",
+        help=f"Template YAML file or built-in set ({', '.join(builtin_template_names())}).",
+    ),
+    directions: str = typer.Option("both", "--directions", help="Training text: a2b, b2a or both."),
+    test_directions: str = typer.Option(
+        "both", "--test-directions", help="Test prompts: a2b, b2a or both."
+    ),
+    relation_fraction: float = typer.Option(
+        0.5, "--relation-fraction", help="Fraction of relations in group 'relation' (rest: 'task')."
+    ),
+    validation_templates: str | None = typer.Option(
+        None,
+        "--validation-templates",
+        help="Comma-separated training templates held out for validation [default: the YAML's].",
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
+) -> None:
+    """Build a dataset: metadata, train / validation text, test prompts and a manifest."""
+    err = Console(stderr=True)
+    name = world or ("custom" if metadata is not None else "fake_movies_real_actors")
+    start = time.perf_counter()
+    show = not quiet and sys.stderr.isatty()
+    try:
+        with Progress(
+            TextColumn("{task.description:>10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err,
+            transient=True,
+            disable=not show,
+        ) as bar:
+            ds = build_dataset(
+                name,
+                n,
+                seed,
+                out,
+                directions=directions,
+                test_directions=test_directions,
+                relation_fraction=relation_fraction,
+                metadata=metadata,
+                templates=templates,
+                validation_templates=_split_names(validation_templates),
+                progress=_RichProgress(bar) if show else None,
+            )
+    except DataError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(code=2) from None
+    if not quiet:
+        c = ds.manifest["counts"]
+        Console().print(
+            f"{name}: {c['relations']} relations, {c['train']} train lines, "
+            f"{c['validation']} validation lines, {c['test_prompts']} test prompts "
+            f"-> {out} ({time.perf_counter() - start:.1f} s)",
+            highlight=False,
+        )
+
+
+@app.command("worlds")
+def worlds() -> None:
+    """List the built-in worlds."""
+    console = Console()
+    for w in WORLDS.values():
+        limit = w.max_n()
+        console.print(
+            f"{w.name}: {w.description} (templates: {w.templates}; "
+            f"max n: {'no fixed limit' if limit is None else limit})",
+            highlight=False,
+        )

@@ -1,0 +1,52 @@
+"""Errors raised while building or loading relation datasets.
+
+Every error derives from :class:`DataError`, itself a :class:`ValueError`, so callers can
+catch one class and print its message: each message names the offending world, template,
+field or metadata row.
+"""
+
+from __future__ import annotations
+
+
+class DataError(ValueError):
+    """Base class for all dataset errors."""
+
+
+class UnknownWorldError(DataError):
+    """The requested world is neither built in nor given as custom metadata + templates."""
+
+
+class TemplateError(DataError):
+    """A template file or template string is malformed."""
+
+
+class TemplateFieldError(TemplateError):
+    """A template names a field that the metadata does not have."""
+
+    def __init__(self, field: str, template: str, source: str | None = None) -> None:
+        self.field = field
+        self.template = template
+        self.source = source
+        where = f" in {source}" if source else ""
+        super().__init__(
+            f"template '{template}'{where} uses field '{field}', "
+            f"but the metadata has no field '{field}'"
+        )
+
+
+class MetadataRowError(DataError):
+    """A metadata row is malformed (bad JSON, missing or empty required field, ...)."""
+
+    def __init__(self, row: int, message: str, row_id: str | None = None) -> None:
+        self.row = row
+        self.row_id = row_id
+        ident = f" (id {row_id!r})" if row_id is not None else ""
+        super().__init__(f"metadata row {row}{ident}: {message}")
+
+
+class NotEnoughDataError(DataError):
+    """More relations were requested than the world's source data can supply."""
+
+
+class AmbiguousPromptError(DataError):
+    """A test prompt would have more than one correct answer."""
