@@ -231,3 +231,14 @@ def test_logits_at_chosen_positions_equal_the_full_logits(model_type):
     assert (some - expected).abs().max().item() <= TOL
     with pytest.raises(ValueError, match="logit_positions"):
         wg.graft_forward(models, ids, source, logit_positions=torch.tensor([[8], [0], [0]]))
+
+
+@pytest.mark.parametrize("model_type", ["gemma", "gpt_neox"])
+@torch.no_grad()
+def test_papers_copy_per_position_procedure_equals_the_incremental_oracle(model_type):
+    models = _models(model_type, 3)
+    ids = _ids(2, 6)
+    source = _random_source(models, 2, 6, seed=7)
+    fresh = per_token_forward(models, ids, source, copy_per_position=True)
+    incremental = per_token_forward(models, ids, source)
+    assert (fresh - incremental).abs().max().item() <= 1e-6

@@ -263,23 +263,20 @@ def layer_dropout_schemes(
 
 def layer_window_schemes(
     base: str = "pre", donor: str = "sft", positions: Sequence[str] = ("first_entity", "last"),
-    window: int = 1, n_layers: int = 0,
+    n_windows: int = 8, components: str = "layer",
 ) -> list[Scheme]:
-    """Sliding windows of ``window`` layers at each position set (layer x position heatmaps)."""
-    if n_layers <= 0:
-        raise SelectorError("layer_window needs the model depth (n_layers)")
-    out = []
-    for pos in positions:
-        for start in range(0, n_layers - window + 1):
-            out.append(
-                Scheme(
-                    name=f"{pos}@L{start}", base=base, family="layer_window",
-                    labels={"positions": pos, "layer_start": str(start), "window": str(window)},
-                    rules=[Rule(model=donor, positions=pos, layers=f"{start}:{start + window}",
-                                components="layer")],
-                )
-            )
-    return out
+    """Windows of layers (the k-th of ``n_windows`` equal groups, so any depth works) at each
+    position set: the data of layer x position heatmaps."""
+    if n_windows < 1:
+        raise SelectorError("n_windows must be at least 1")
+    return [
+        Scheme(
+            name=f"{pos}@{k}/{n_windows}", base=base, family="layer_window",
+            labels={"positions": pos, "layer_start": str(k - 1), "window": f"1/{n_windows}"},
+            rules=[Rule(model=donor, positions=pos, layers=f"{k}/{n_windows}", components=components)],
+        )
+        for pos in positions for k in range(1, n_windows + 1)
+    ]
 
 
 PRESETS = {

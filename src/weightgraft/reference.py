@@ -35,7 +35,7 @@ class CompositeModel:
         self.model.eval()
         self.slots: list[Slot] = model_slots(self.model)
         self._untie()
-        self.current = [-1] * len(self.slots)
+        self.current = [0] * len(self.slots)  # the copy holds the base's weights
 
     def _untie(self) -> None:
         """Give every slot its own tensors: with tied embeddings, loading ``embed`` from a donor
@@ -82,9 +82,15 @@ def per_token_forward(
     source: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     composite: CompositeModel | None = None,
+    copy_per_position: bool = False,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` by the per-token definition. Each row is run alone
-    without its padding; padded positions of the result are zero."""
+    without its padding; padded positions of the result are zero.
+
+    ``copy_per_position=True`` is the authors' procedure verbatim: a fresh copy of the base
+    model, with the grafted weights swapped in, for every position (slow; for benchmarks).
+    By default one private copy is kept and only the slots that change are reloaded.
+    """
     composite = composite or CompositeModel(models)
     model = composite.model
     batch, seq = input_ids.shape
@@ -97,6 +103,9 @@ def per_token_forward(
         real = attention_mask[b].bool().nonzero().flatten()
         cache = DynamicCache(config=model.config)
         for step, t in enumerate(real.tolist()):
+            if copy_per_position:
+                composite = CompositeModel(models)
+                model = composite.model
             composite.load(source[b, t].tolist())
             logits = model(
                 input_ids=input_ids[b : b + 1, t : t + 1],

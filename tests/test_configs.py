@@ -1,0 +1,36 @@
+"""The shipped experiment configs (the paper's sweeps) validate and compile on a model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import weightgraft as wg
+from weightgraft.config import load_config
+from weightgraft.plans import compile_scheme
+import copy
+
+import transformers as T
+
+from tiny_models import TINY_CONFIGS
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+def test_there_are_configs():
+    assert len(CONFIGS) >= 6
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_config_validates_and_compiles(path, model_type):
+    config = load_config(path)
+    schemes = config.resolved_schemes()
+    deep = copy.deepcopy(TINY_CONFIGS[model_type])
+    deep.num_hidden_layers = 8  # quarters and eighths need a few layers
+    names = wg.slots(T.AutoModelForCausalLM.from_config(deep))
+    (roles,) = config.sets().values()
+    index = {r: i for i, r in enumerate(roles)}
+    for scheme in schemes:
+        compile_scheme(scheme, names, index)
