@@ -232,8 +232,8 @@ def run_experiment(
     schemes = config.resolved_schemes()
     scheme_meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
     run_dir = Path(config.out or Path("runs") / config.name)
+    prompts = select_prompts(load_test_prompts(config.data), config)  # fail before claiming run_dir
     store = ResultsStore(run_dir, config.identity(), config.model_dump(mode="json"))
-    prompts = select_prompts(load_test_prompts(config.data), config)
     done = store.done()
     load = load or _default_loader
     exclusions = Exclusions()
@@ -267,15 +267,18 @@ def run_experiment(
                 computed += len(chunk)
                 bar.advance(task, len(chunk))
         del models, loaded
+    exclusion_summary = exclusions.summary()
+    columns = ["model_set", "template", "example_id", "reason"]
+    write_atomic(run_dir / "exclusions.csv",
+                 pd.DataFrame(exclusion_summary["examples"], columns=columns).to_csv(index=False).encode())
     results = store.consolidate(order)
     if results.empty:
-        raise DatasetError("every example was excluded; nothing to summarize (see exclusions)")
+        raise DatasetError(
+            f"every example was excluded, nothing to summarize: {exclusion_summary['by_reason']} "
+            f"(details in {run_dir / 'exclusions.csv'})"
+        )
     summary = summarize(results, seed=config.seed)
     write_atomic(run_dir / "summary.csv", summary.to_csv(index=False).encode())
-    exclusion_summary = exclusions.summary()
-    pd.DataFrame(exclusion_summary["examples"], columns=["model_set", "template", "example_id", "reason"]).to_csv(
-        run_dir / "exclusions.csv", index=False
-    )
     manifest = {
         "name": config.name, "identity": config.identity(), "config": config.model_dump(mode="json"),
         "schemes": [s.model_dump(mode="json") for s in schemes], "versions": _versions(),
