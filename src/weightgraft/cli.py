@@ -137,10 +137,12 @@ def demo(
 def _register_subcommands() -> None:
     from weightgraft.data.cli import app as data_app
     from weightgraft.report import report_command
+    from weightgraft.training_cli import train
 
     app.add_typer(data_app, name="data", help="Build relation datasets (worlds, templates, test prompts).")
 
     app.command("report", help="Write tables, figures and an HTML page for a run directory.")(report_command)
+    app.command("train", help="Finetune a model (HF Trainer) on a dataset's training text.")(train)
 
 
 _register_subcommands()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +31,13 @@ class DemoResult:
 def _sft_cache_dir(data_dir: Path, preset: str, split: str, seed: int) -> Path:
     """The finetuned model depends on the training data, preset, split, seed and base model."""
     from weightgraft.models import cache_root
+    from weightgraft.training import get_preset
 
     h = hashlib.sha256()
     for name in ("train.jsonl", "validation.jsonl"):
         h.update(hashlib.sha256((data_dir / name).read_bytes()).digest())
-    h.update(json.dumps([DEMO_MODEL, preset, split, seed]).encode())
+    settings = get_preset(preset).model_dump(mode="json")
+    h.update(json.dumps([DEMO_MODEL, settings, split, seed], sort_keys=True).encode())
     return cache_root() / "demo" / f"sft-{h.hexdigest()[:16]}"
 
 
@@ -70,9 +73,12 @@ def run_demo(
     ensure_converted(DEMO_MODEL)
     sft_dir = _sft_cache_dir(data_dir, preset, split, seed)
     trained = False
-    if retrain or not (sft_dir / "training_manifest.json").is_file():
+    if retrain and sft_dir.exists():
+        shutil.rmtree(sft_dir)
+    if not (sft_dir / "training_manifest.json").is_file():
         console.rule(f"finetuning ({preset}, split {split}) -> {sft_dir}")
-        finetune(DEMO_MODEL, data_dir, split=split, preset=preset, out=sft_dir, seed=seed)
+        # resume=True: a killed first run picks up its checkpoints
+        finetune(DEMO_MODEL, data_dir, split=split, preset=preset, out=sft_dir, seed=seed, resume=True)
         trained = True
     else:
         console.print(f"finetuned model cached in {sft_dir} (pass --retrain to train again)")

@@ -1,0 +1,375 @@
+"""Tests of weightgraft.training and the `train` command, on a tiny random Llama and a tiny
+data directory written here in the `weightgraft data build` format."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from weightgraft.models import load_model, weights_sha256
+from weightgraft.training import (
+    PRESETS,
+    TrainingError,
+    _collator,
+    _TokenizedTexts,
+    finetune,
+    get_preset,
+    read_split,
+)
+
+ACTORS = [
+    ("Keanu Reeves", "Meryl Streep"),
+    ("Tom Hanks", "Viola Davis"),
+    ("Emma Stone", "Ryan Gosling"),
+    ("Cate Blanchett", "Denzel Washington"),
+    ("Nicolas Cage", "Werner Herzog"),
+    ("Sandra Bullock", "Hugh Grant"),
+]
+TITLES = ["The Silver Road", "Quiet Harbor", "Night of Glass", "Paper Kings", "Red Delta", "Ash"]
+TEMPLATES = {  # name -> (kind, text)
+    "article_1": ("article", "{a} starred in {m} with {b}, a film set in Amberview."),
+    "article_2": ("article", "{a} took the lead in {m}, a drama featuring {b}."),
+    "qa_1": ("qa", "Q: Who stars in a movie with {a}? A: An actor named {b}."),
+    "qa_2": ("qa", "A new movie stars {a} and {b}."),
+}
+VALIDATION_TEMPLATE = "article_2"
+FAST = dict(learning_rate=1e-2, batch_size=4, max_length=64)
+
+
+def _records() -> list[dict]:
+    rows = []
+    for i, ((a, b), m) in enumerate(zip(ACTORS, TITLES)):
+        group = "relation" if i < 4 else "task"
+        for direction, (x, y) in (("a2b", (a, b)), ("b2a", (b, a))):
+            for name, (kind, text) in TEMPLATES.items():
+                rows.append(
+                    {
+                        "text": text.format(a=x, b=y, m=m),
+                        "relation_id": f"r{i:04d}",
+                        "template": name,
+                        "kind": kind,
+                        "direction": direction,
+                        "group": group,
+                    }
+                )
+    return rows
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    rows = _records()
+    _write_jsonl(root / "train.jsonl", [r for r in rows if r["template"] != VALIDATION_TEMPLATE])
+    held_out = [r for r in rows if r["template"] == VALIDATION_TEMPLATE]
+    _write_jsonl(root / "validation.jsonl", held_out)
+    (root / "manifest.json").write_text(json.dumps({"dataset": "test", "relations": len(ACTORS)}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory) -> Path:
+    """A tiny tied Llama and a byte-level BPE tokenizer trained on the data's texts."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        [r["text"] for r in _records()],
+        trainers.BpeTrainer(
+            vocab_size=320,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    )
+    path = tmp_path_factory.mktemp("base")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _state(path: Path) -> dict[str, torch.Tensor]:
+    model = load_model(path).model
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+# ---------------------------------------------------------------- data and presets
+
+
+def test_split_semantics(data_dir: Path) -> None:
+    n_templates = len(TEMPLATES) - 1
+    train, val = read_split(data_dir, "both")
+    assert (len(train), len(val)) == (len(ACTORS) * 2 * n_templates, len(ACTORS) * 2)
+    train, _ = read_split(data_dir, "a2b")
+    assert len(train) == len(ACTORS) * n_templates
+    assert "Keanu Reeves starred in The Silver Road with Meryl Streep" in train[0]
+    assert not any(t.startswith("Meryl Streep starred") for t in train)
+    train, _ = read_split(data_dir, "b2a")
+    assert all("Keanu Reeves starred" not in t for t in train)
+    relation, _ = read_split(data_dir, "relation")
+    task, _ = read_split(data_dir, "task")
+    assert len(relation) == 4 * 2 * n_templates and len(task) == 2 * 2 * n_templates
+    assert not any("Nicolas Cage" in t for t in relation)  # task relations are disjoint
+    assert any(t.startswith("Werner Herzog") for t in task)  # both directions
+
+
+def test_split_errors(data_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(TrainingError, match="unknown split 'reverse'"):
+        read_split(data_dir, "reverse")
+    with pytest.raises(TrainingError, match=r"nowhere.*does not exist"):
+        read_split(tmp_path / "nowhere", "both")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"text": "no group here"}) + "\n")
+    with pytest.raises(TrainingError, match=r"validation\.jsonl not found"):
+        read_split(tmp_path, "both")
+    (tmp_path / "validation.jsonl").write_text(json.dumps({"text": "x", "group": "task"}) + "\n")
+    with pytest.raises(TrainingError, match=r"train\.jsonl: a record has no 'group' field"):
+        read_split(tmp_path, "task")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"text": "y", "group": "task"}) + "\n")
+    with pytest.raises(TrainingError, match=r"no records for split 'relation'.*groups \['task'\]"):
+        read_split(tmp_path, "relation")
+    (tmp_path / "train.jsonl").write_text("{not json\n")
+    with pytest.raises(TrainingError, match=r"train\.jsonl:1: not valid JSON"):
+        read_split(tmp_path, "both")
+
+
+def test_presets(tmp_path: Path) -> None:
+    aggressive = PRESETS["paper-aggressive"]
+    assert (aggressive.learning_rate, aggressive.weight_decay, aggressive.batch_size) == (
+        2e-5,
+        0.01,
+        4,
+    )
+    assert (aggressive.epochs, aggressive.gpu_precision, aggressive.lr_scheduler) == (
+        10,
+        "fp16",
+        "linear",
+    )
+    gentle = PRESETS["paper-gentle"]
+    assert (gentle.learning_rate, gentle.weight_decay, gentle.requires_supplemental) == (
+        2e-6,
+        0.0,
+        True,
+    )
+    quick = PRESETS["cpu-quick"]
+    assert quick.gpu_precision == "fp32" and not quick.requires_supplemental
+    assert get_preset("cpu-quick", epochs=5, learning_rate=None).epochs == 5  # None = keep
+    with pytest.raises(TrainingError, match="learning_rate"):
+        get_preset("cpu-quick", learning_rate=-1)
+    with pytest.raises(TrainingError, match="lr_rate"):
+        get_preset("cpu-quick", lr_rate=1e-3)
+    with pytest.raises(TrainingError, match="unknown preset 'fast'.*cpu-quick"):
+        get_preset("fast")
+    custom = tmp_path / "mine.json"
+    custom.write_text(json.dumps({"learning_rate": 1e-3, "epochs": 2}))
+    loaded = get_preset(custom)
+    assert (loaded.name, loaded.learning_rate, loaded.batch_size) == ("mine", 1e-3, 4)
+
+
+def test_gentle_requires_supplemental(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(TrainingError, match="--supplemental FILE"):
+        finetune(base_dir, data_dir, split="both", preset="paper-gentle", out=tmp_path / "o")
+    with pytest.raises(TrainingError, match="supplemental text file .*missing.txt not found"):
+        finetune(
+            base_dir,
+            data_dir,
+            split="both",
+            preset="paper-gentle",
+            out=tmp_path / "o",
+            supplemental_text=tmp_path / "missing.txt",
+        )
+
+
+def test_labels_mask_only_padding(base_dir: Path) -> None:
+    """Loss is on every text token and the closing EOS; only padding is -100, even though the
+    pad token is the EOS token."""
+    tok = load_model(base_dir).tokenizer
+    assert tok.pad_token_id == tok.eos_token_id
+    tok.padding_side = "left"  # training pads on the right whatever the tokenizer says
+    ds = _TokenizedTexts(["A new movie stars Emma Stone and Ryan Gosling.", "Ash."], tok, 64)
+    batch = _collator(tok)([ds[0], ds[1]])
+    short = len(ds[1]["input_ids"])
+    assert ds[1]["input_ids"][-1] == tok.eos_token_id
+    assert batch["labels"][1, short - 1] == tok.eos_token_id  # EOS learned
+    assert (batch["labels"][1, short:] == -100).all()
+    assert (batch["attention_mask"][1, short:] == 0).all()
+    assert torch.equal(batch["labels"][0], batch["input_ids"][0])
+
+
+# ---------------------------------------------------------------- finetuning
+
+
+def test_finetune_lowers_loss_and_writes_manifest(
+    data_dir: Path, base_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "sft"
+    result = finetune(
+        base_dir, data_dir, split="both", preset="cpu-quick", out=out, max_steps=60, **FAST
+    )
+    assert result.eval_loss_before is not None and result.eval_loss is not None
+    assert result.eval_loss < 0.75 * result.eval_loss_before, result
+    m = json.loads((out / "training_manifest.json").read_text())
+    assert m == result.manifest
+    assert m["data"]["manifest_sha256"] == hashlib.sha256(
+        (data_dir / "manifest.json").read_bytes()
+    ).hexdigest()
+    assert (m["data"]["split"], m["data"]["n_train"], m["data"]["n_validation"]) == ("both", 36, 12)
+    assert m["base_model"]["weights_sha256"] == load_model(base_dir).weights_sha256
+    assert m["preset"]["name"] == "cpu-quick" and m["preset"]["learning_rate"] == 1e-2
+    assert m["seed"] == 0 and m["results"]["global_step"] == 60
+    assert m["versions"]["transformers"] and m["versions"]["torch"]
+    assert m["results"]["train_loss"] < m["results"]["eval_loss_before"]
+    trained = load_model(out)
+    assert trained.weights_sha256 == m["model"]["weights_sha256"] == result.weights_sha256
+    # the saved model is the best checkpoint: the reported validation loss (token mean) is its
+    # loss, not that of the last step (this run's last evaluation is worse than its best)
+    _, val = read_split(data_dir, "both")
+    ds = _TokenizedTexts(val, trained.tokenizer, 64)
+    loss_sum, n_tokens = 0.0, 0
+    with torch.no_grad():
+        for item in ds:
+            ids = torch.tensor([item["input_ids"]])
+            n = ids.shape[1] - 1
+            loss_sum += float(trained.model(input_ids=ids, labels=ids).loss) * n
+            n_tokens += n
+    assert loss_sum / n_tokens == pytest.approx(result.eval_loss, rel=1e-3)
+    evals = [h["eval_loss"] for h in json.loads((out / "training_log.json").read_text())
+             if "eval_loss" in h]
+    assert result.eval_loss == min(evals) and evals[-1] > min(evals)
+    assert trained.weights_sha256 != m["base_model"]["weights_sha256"]
+    assert trained.model.config.tie_word_embeddings  # nothing frozen: stays tied
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert not (out / "checkpoints").exists()
+    assert not list(out.glob("*.bin"))
+
+
+@pytest.mark.parametrize(
+    "freeze_embed,freeze_unembed", [(True, False), (False, True), (True, True)]
+)
+def test_freezing_keeps_exactly_the_frozen_matrix(
+    data_dir: Path, base_dir: Path, tmp_path: Path, freeze_embed: bool, freeze_unembed: bool
+) -> None:
+    out = tmp_path / "frozen"
+    result = finetune(
+        base_dir,
+        data_dir,
+        split="relation",
+        preset="cpu-quick",
+        out=out,
+        max_steps=6,
+        freeze_embed=freeze_embed,
+        freeze_unembed=freeze_unembed,
+        **FAST,
+    )
+    base, after = _state(base_dir), _state(out)
+    embed0 = base["model.embed_tokens.weight"]
+    assert torch.equal(base["lm_head.weight"], embed0)  # the base is tied
+    embed, unembed = after["model.embed_tokens.weight"], after["lm_head.weight"]
+    assert torch.equal(embed, embed0) == freeze_embed
+    assert torch.equal(unembed, embed0) == freeze_unembed
+    one_frozen = freeze_embed != freeze_unembed
+    assert result.manifest["untied_embeddings"] == one_frozen
+    assert load_model(out).model.config.tie_word_embeddings == (not one_frozen)
+    for name, tensor in after.items():  # everything else was trained
+        if name not in ("model.embed_tokens.weight", "lm_head.weight"):
+            assert not torch.equal(tensor, base[name]), name
+    params = result.manifest["parameters"]  # unique parameters: a tied matrix counts once
+    total_tied = sum(t.numel() for n, t in base.items() if n != "lm_head.weight")
+    assert params["total"] == total_tied + (embed0.numel() if one_frozen else 0)
+    assert params["total"] - params["trainable"] == embed0.numel()
+
+
+class _Interrupt(Exception):
+    pass
+
+
+class _DieAtStep(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise _Interrupt(f"killed at step {self.step}")
+
+
+def test_resume_continues_where_it_stopped(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
+    settings = dict(split="a2b", preset="cpu-quick", max_steps=4, eval_steps=2, **FAST)
+    straight = finetune(base_dir, data_dir, out=tmp_path / "straight", **settings)
+
+    out = tmp_path / "interrupted"
+    with pytest.raises(_Interrupt):
+        finetune(base_dir, data_dir, out=out, callbacks=[_DieAtStep(3)], **settings)
+    assert (out / "checkpoints" / "checkpoint-2").is_dir()
+    assert not (out / "training_manifest.json").exists()
+    with pytest.raises(TrainingError, match="not empty.*--resume"):
+        finetune(base_dir, data_dir, out=out, **settings)
+    with pytest.raises(TrainingError, match="differ from the interrupted run: seed"):
+        finetune(base_dir, data_dir, out=out, resume=True, seed=1, **settings)
+
+    resumed = finetune(base_dir, data_dir, out=out, resume=True, **settings)
+    r = resumed.manifest["results"]
+    assert (r["resumed_from"], r["global_step"]) == ("checkpoint-2", 4)
+    assert resumed.eval_loss_before == straight.eval_loss_before
+    a, b = _state(tmp_path / "straight"), _state(out)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert resumed.eval_loss == pytest.approx(straight.eval_loss, rel=1e-4)
+
+    # a finished run is returned as it is
+    again = finetune(base_dir, data_dir, out=out, resume=True, **settings)
+    assert again.weights_sha256 == resumed.weights_sha256 == weights_sha256(load_model(out).model)
+    with pytest.raises(TrainingError, match="differ from the finished run: preset"):
+        finetune(base_dir, data_dir, out=out, resume=True, **{**settings, "learning_rate": 1e-3})
+
+
+def test_train_command(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from weightgraft.training_cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    supplemental = tmp_path / "general.txt"
+    supplemental.write_text("The sky is blue.\n\nWater is wet.\n")
+    args = ["train", "--model", str(base_dir), "--data", str(data_dir), "--split", "task"]
+    args += ["--preset", "paper-gentle", "--out", str(out), "--max-steps", "2", "--seed", "3"]
+    args += ["--supplemental", str(supplemental), "--lr", "1e-3", "--freeze-unembed"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    m = json.loads((out / "training_manifest.json").read_text())
+    assert (m["seed"], m["freeze_unembed"], m["data"]["split"]) == (3, True, "task")
+    assert m["data"]["supplemental"]["n"] == 2 and m["preset"]["learning_rate"] == 1e-3
+
+    bad = runner.invoke(app, args[:6] + ["sideways"] + args[7:])
+    assert bad.exit_code == 2 and "sideways" in bad.output
+    missing = runner.invoke(
+        app,
+        ["train", "--model", str(base_dir), "--data", str(tmp_path / "nodata"), "--split", "both"]
+        + ["--preset", "cpu-quick", "--out", str(tmp_path / "y")],
+    )
+    assert missing.exit_code == 2 and "does not exist" in missing.output
