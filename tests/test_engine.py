@@ -242,3 +242,79 @@ def test_papers_copy_per_position_procedure_equals_the_incremental_oracle(model_
     fresh = per_token_forward(models, ids, source, copy_per_position=True)
     incremental = per_token_forward(models, ids, source)
     assert (fresh - incremental).abs().max().item() <= 1e-6
+
+
+def _random_heads(models, batch, seq, seed) -> dict[str, torch.Tensor]:
+    """Per-head maps for a few q/k/v/o slots (all of layer 0, o and v of the last layer)."""
+    slot_list = model_slots(models[0])
+    last = max(int(s.name.split(".")[1]) for s in slot_list if s.name.startswith("layers."))
+    wanted = {f"layers.0.{c}" for c in "qkvo"} | {f"layers.{last}.o", f"layers.{last}.v"}
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        s.name: torch.randint(0, len(models), (batch, seq, s.heads), generator=gen)
+        for s in slot_list if s.name in wanted
+    }
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+@torch.no_grad()
+def test_per_head_maps_match_the_per_token_definition(model_type):
+    models = _models(model_type, 3)
+    ids = _ids(2, 8)
+    source = _random_source(models, 2, 8, seed=5)
+    heads = _random_heads(models, 2, 8, seed=6)
+    assert set(heads) >= {"layers.0.q", "layers.0.o"}
+    fast = wg.graft_forward(models, ids, source, head_source=heads)
+    ref = per_token_forward(models, ids, source, head_source=heads)
+    assert (fast - ref).abs().max().item() <= TOL
+    # The head maps matter: without them the result is another one.
+    plain = per_token_forward(models, ids, source)
+    assert (ref - plain).abs().max().item() > 100 * TOL
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2", "gpt_neox"])
+@torch.no_grad()
+def test_one_donor_head_changes_only_through_that_head(model_type):
+    """Grafting one head of o at the last position equals grafting o with a donor whose other
+    heads' input columns were set to the base's: the head is the unit, nothing leaks."""
+    base = make_tiny(model_type, seed=0)
+    donor = make_donor(base, seed=1)
+    slot = next(s for s in model_slots(base) if s.name == "layers.1.o")
+    path = slot.parts[0].path
+    module = base.get_submodule(path)
+    cols = slot.head_columns(module)
+    hybrid = copy.deepcopy(donor)
+    target = hybrid.get_submodule(path)
+    for h in range(slot.heads):
+        if h == 1:
+            continue
+        if isinstance(target, T.pytorch_utils.Conv1D):
+            target.weight[cols[h]] = module.weight[cols[h]]
+        else:
+            target.weight[:, cols[h]] = module.weight[:, cols[h]]
+    if target.bias is not None:
+        target.bias.copy_(module.bias)
+    ids = _ids(1, 6)
+    names = wg.slots(base)
+    source = torch.zeros(1, 6, len(names), dtype=torch.long)
+    head_map = torch.zeros(1, 6, slot.heads, dtype=torch.long)
+    head_map[0, -1, 1] = 1
+    per_head = wg.graft_forward([base, donor], ids, source, head_source={"layers.1.o": head_map})
+    whole = source.clone()
+    whole[0, -1, names.index("layers.1.o")] = 1
+    via_hybrid = wg.graft_forward([base, hybrid], ids, whole)
+    assert (per_head - via_hybrid).abs().max().item() <= TOL
+    assert (per_head - base(ids).logits).abs().max().item() > 100 * TOL
+
+
+def test_bad_head_source_is_refused():
+    models = _models("llama", 2)
+    ids = _ids(1, 4)
+    source = torch.zeros(1, 4, len(wg.slots(models[0])), dtype=torch.long)
+    with pytest.raises(ValueError, match="cannot be grafted per head"):
+        wg.graft_forward(models, ids, source, head_source={"layers.0.up": torch.zeros(1, 4, 4, dtype=torch.long)})
+    with pytest.raises(ValueError, match="not a slot"):
+        wg.graft_forward(models, ids, source, head_source={"layers.99.q": torch.zeros(1, 4, 4, dtype=torch.long)})
+    heads = next(s for s in model_slots(models[0]) if s.name == "layers.0.q").heads
+    with pytest.raises(ValueError, match=r"shape \[batch, seq, heads\]"):
+        wg.graft_forward(models, ids, source, head_source={"layers.0.q": torch.zeros(1, 4, heads + 1, dtype=torch.long)})

@@ -254,12 +254,37 @@ def _has_parameters(module: nn.Module) -> bool:
     return any(True for _ in module.parameters())
 
 
+# Components that can be grafted head by head, and which side of the module the heads are on:
+# q/k/v heads are groups of output columns, o's heads are groups of its input columns.
+HEAD_COMPONENTS: dict[str, Literal["out", "in"]] = {"q": "out", "k": "out", "v": "out", "o": "in"}
+
+
 @dataclass(frozen=True)
 class Slot:
-    """A graftable slot of a concrete model: its name and the module parts it consists of."""
+    """A graftable slot of a concrete model: its name and the module parts it consists of.
+
+    ``heads`` is the number of attention heads the slot can be split into (0: not per-head),
+    ``head_side`` whether a head is a group of output (q/k/v) or input (o) columns.
+    """
 
     name: str
     parts: tuple[Part, ...]
+    heads: int = 0
+    head_side: Literal["out", "in"] | None = None
+
+    def head_columns(self, module: nn.Module) -> list[torch.Tensor]:
+        """Per head, the columns of ``module`` (output side for q/k/v, input side for o)."""
+        part = self.parts[0]
+        if self.head_side == "in":
+            width = _in_features(module)
+            cols = torch.arange(width)
+        else:
+            cols = part.columns if part.columns is not None else torch.arange(_out_features(module))
+        if not self.heads or cols.numel() % self.heads:
+            raise UnsupportedArchitectureError(
+                f"slot {self.name} cannot be split into {self.heads} heads ({cols.numel()} columns)"
+            )
+        return list(cols.view(self.heads, -1))
 
 
 def model_slots(model: nn.Module) -> list[Slot]:
@@ -286,6 +311,8 @@ def model_slots(model: nn.Module) -> list[Slot]:
             ) from exc
         return Part(path=path, columns=columns, pos_axis=pos_axis)
 
+    n_heads = int(config.num_attention_heads)
+    n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
     out = [Slot("embed", tuple(part(p) for p in adapter.embed))]
     for i in range(len(layers)):
         prefix = f"{adapter.layers}.{i}"
@@ -294,16 +321,18 @@ def model_slots(model: nn.Module) -> list[Slot]:
             if spec is None:
                 continue
             axis = adapter.pos_axis.get(comp, 1)
+            heads = {"k": n_kv, "v": n_kv}.get(comp, n_heads) if comp in HEAD_COMPONENTS else 0
+            side = HEAD_COMPONENTS.get(comp)
             if isinstance(spec, Fused):
                 path = f"{prefix}.{spec.module}"
                 module = model.get_submodule(path)
                 cols = fused_columns(spec, config, _out_features(module))
-                out.append(Slot(f"layers.{i}.{comp}", (part(path, axis, cols),)))
+                out.append(Slot(f"layers.{i}.{comp}", (part(path, axis, cols),), heads, side))
             else:
                 path = f"{prefix}.{spec}"
                 bound = part(path, axis)
                 if _has_parameters(model.get_submodule(path)):
-                    out.append(Slot(f"layers.{i}.{comp}", (bound,)))
+                    out.append(Slot(f"layers.{i}.{comp}", (bound,), heads, side))
     if adapter.final_norm is not None and _has_parameters(model.get_submodule(adapter.final_norm)):
         out.append(Slot("final_norm", (part(adapter.final_norm),)))
     out.append(Slot("unembed", (part(adapter.unembed),)))
@@ -320,6 +349,18 @@ def _out_features(module: nn.Module) -> int:
         return int(module.out_features)
     raise UnsupportedArchitectureError(
         f"fused component on a {type(module).__name__}; only Linear and Conv1D are supported"
+    )
+
+
+def _in_features(module: nn.Module) -> int:
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(module, Conv1D):
+        return int(module.weight.shape[0])
+    if isinstance(module, nn.Linear):
+        return int(module.in_features)
+    raise UnsupportedArchitectureError(
+        f"per-head o on a {type(module).__name__}; only Linear and Conv1D are supported"
     )
 
 

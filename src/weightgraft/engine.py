@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -118,15 +118,73 @@ def _dispatch_forward(path: str, modules: Sequence[nn.Module], groups: list[_Gro
     return forward
 
 
+def _in_head_forward(
+    path: str, modules: Sequence[nn.Module], head_models: torch.Tensor, bias_models: torch.Tensor,
+    head_width: int, pos_axis: int,
+):
+    """A forward for an output projection grafted head by head: its input columns (one group
+    per head) are multiplied by the weights of the model serving that head and summed; the
+    bias, which belongs to no head, comes from ``bias_models``."""
+    fns = [_module_fn(m.get_submodule(path), i == 0) for i, m in enumerate(modules)]
+    targets = [m.get_submodule(path) for m in modules]
+    stacked = torch.cat([head_models, bias_models[..., None]], dim=-1)  # [batch, rows, heads+1]
+    uniform = (stacked == stacked[..., :1]).all(dim=-1)
+    whole = stacked[..., 0]
+    row_sets = [(int(m), *(whole == m).logical_and(uniform).nonzero(as_tuple=True)) for m in whole.unique()]
+    b_mix, t_mix = (~uniform).nonzero(as_tuple=True)
+    mix_heads = head_models[b_mix, t_mix]  # [n, heads]
+    mix_bias = bias_models[b_mix, t_mix]
+
+    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        xv = x if pos_axis == 1 else x.movedim(pos_axis, 1)
+        out = None
+        for m, b, t in row_sets:
+            if b.numel():
+                y = fns[m](xv[b, t], *args, **kwargs)
+                if out is None:
+                    out = y.new_empty(*xv.shape[:2], *y.shape[1:])
+                out[b, t] = y
+        if b_mix.numel():
+            x_mix = xv[b_mix, t_mix]
+            y = None
+            for m in mix_heads.unique().tolist():
+                keep = (mix_heads == m).repeat_interleave(head_width, dim=1).to(x_mix.dtype)
+                part = _matmul_no_bias(targets[m], x_mix * keep)
+                y = part if y is None else y + part
+            for m in mix_bias.unique().tolist():
+                bias = targets[m].bias
+                if bias is not None:
+                    rows = mix_bias == m
+                    y[rows] = y[rows] + bias
+            if out is None:
+                out = y.new_empty(*xv.shape[:2], y.shape[-1])
+            out[b_mix, t_mix] = y
+        return out if pos_axis == 1 else out.movedim(1, pos_axis)
+
+    return forward
+
+
+def _matmul_no_bias(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(module, Conv1D):
+        return x @ module.weight
+    if isinstance(module, nn.Linear):
+        return F.linear(x, module.weight)
+    raise TypeError(f"per-head grafting on {type(module).__name__} is not supported")
+
+
 def _out_width(module: nn.Module) -> int:
     return int(module.weight.shape[1] if isinstance(module, Conv1D) else module.out_features)
 
 
-def _plan(slot_list: list[Slot], columns: list[torch.Tensor]) -> dict[str, tuple[list[_Group], int]]:
-    """Per base module that some slot grafts: the column groups of all its slots."""
+def _plan(
+    base: nn.Module, slot_list: list[Slot], columns: list[torch.Tensor], heads: dict[int, torch.Tensor]
+) -> dict[str, tuple[list[_Group], int]]:
+    """Per base module that some slot grafts: the column groups of all its slots (one group
+    per head for q/k/v grafted head by head)."""
     by_module: dict[str, tuple[list[_Group], int]] = {}
     grafted_paths = {
-        part.path for s, column in enumerate(columns) if bool((column != 0).any())
+        part.path for s, column in enumerate(columns)
+        if bool((column != 0).any()) or (s in heads and bool((heads[s] != 0).any()))
         for part in slot_list[s].parts
     }
     for s, slot in enumerate(slot_list):
@@ -134,11 +192,47 @@ def _plan(slot_list: list[Slot], columns: list[torch.Tensor]) -> dict[str, tuple
             if part.path not in grafted_paths:
                 continue
             groups, _ = by_module.setdefault(part.path, ([], part.pos_axis))
+            if s in heads:
+                head_cols = slot.head_columns(base.get_submodule(part.path))
+                for h, cols in enumerate(head_cols):
+                    groups.append(_Group(_as_index(cols.to(columns[s].device)), heads[s][..., h]))
+                continue
             cols = _as_index(part.columns)
             if isinstance(cols, torch.Tensor):
                 cols = cols.to(columns[s].device)
             groups.append(_Group(cols, columns[s]))
     return by_module
+
+
+def _check_heads(
+    head_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
+    n_models: int, device: torch.device,
+) -> dict[int, torch.Tensor]:
+    """``head_source`` keyed by slot index, validated: per-head slots only, right shapes."""
+    index = {slot.name: s for s, slot in enumerate(slot_list)}
+    out: dict[int, torch.Tensor] = {}
+    for name, tensor in head_source.items():
+        if name not in index:
+            raise ValueError(f"head_source names {name!r}, which is not a slot of this model")
+        slot = slot_list[index[name]]
+        if not slot.heads:
+            per_head = [s.name for s in slot_list if s.heads][:4]
+            raise ValueError(
+                f"slot {name!r} cannot be grafted per head; only q, k, v and o can "
+                f"(e.g. {', '.join(per_head)})"
+            )
+        if tuple(tensor.shape) != (batch, seq, slot.heads):
+            raise ValueError(
+                f"head_source[{name!r}] must have shape [batch, seq, heads] = "
+                f"{[batch, seq, slot.heads]}, got {list(tensor.shape)}"
+            )
+        if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
+            raise TypeError(f"head_source[{name!r}] must be an integer tensor, got {tensor.dtype}")
+        tensor = tensor.to(device=device, dtype=torch.long)
+        if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= n_models):
+            raise ValueError(f"head_source[{name!r}] values must index the {n_models} models")
+        out[index[name]] = tensor
+    return out
 
 
 def _gather_rows(positions: torch.Tensor):
@@ -170,6 +264,7 @@ def graft_forward(
     source: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     logit_positions: torch.Tensor | None = None,
+    head_source: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` of one batched forward pass in which slot ``s`` at
     position ``t`` of row ``b`` uses the weights of ``models[source[b, t, s]]``.
@@ -178,6 +273,11 @@ def graft_forward(
     or right) is handled through ``attention_mask``. With ``logit_positions`` (``[batch, k]``
     position indices) only those logits are computed and ``[batch, k, vocab]`` is returned:
     the unembedding, usually the largest matrix, then runs on k rows instead of seq.
+
+    ``head_source`` grafts attention head by head: ``{"layers.3.o": [batch, seq, heads]}``
+    names, per head, the model whose weights serve it, and overrides ``source`` for that slot
+    (q/k/v: the head's output columns, bias included; o: the head's input columns, while o's
+    bias, which belongs to no head, comes from ``source``).
     """
     if len(models) == 0:
         raise ValueError("graft_forward needs at least one model (the base)")
@@ -210,6 +310,7 @@ def graft_forward(
         raise ValueError("attention_mask must have the shape of input_ids")
     position_ids = position_ids_from_mask(attention_mask)
 
+    heads = _check_heads(head_source or {}, slot_list, batch, seq, len(models), device)
     columns = [source[:, :, s] for s in range(len(slot_list))]
     handles: list = []
     patched: list[nn.Module] = []
@@ -224,7 +325,20 @@ def graft_forward(
             columns[unembed] = columns[unembed].gather(1, logit_positions)
             head = base.get_submodule(slot_list[unembed].parts[0].path)
             handles.append(head.register_forward_pre_hook(_gather_rows(logit_positions)))
-        for path, (groups, pos_axis) in _plan(slot_list, columns).items():
+        for s, head_models in heads.items():
+            slot = slot_list[s]
+            if slot.head_side != "in" or not bool((head_models != columns[s][..., None]).any()):
+                continue
+            (part,) = slot.parts
+            module = base.get_submodule(part.path)
+            width = len(slot.head_columns(module)[0])
+            module.forward = _in_head_forward(part.path, models, head_models, columns[s], width, part.pos_axis)
+            patched.append(module)
+        in_head = {slot_list[s].parts[0].path for s in heads if slot_list[s].head_side == "in"}
+        out_heads = {s: h for s, h in heads.items() if slot_list[s].head_side == "out"}
+        for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_heads).items():
+            if path in in_head and any(m is base.get_submodule(path) for m in patched):
+                continue
             module = base.get_submodule(path)
             module.forward = _dispatch_forward(path, models, groups, pos_axis)
             patched.append(module)

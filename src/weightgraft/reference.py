@@ -9,7 +9,7 @@ as the oracle the engine is tested (and ``weightgraft check``-ed) against.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -49,9 +49,15 @@ class CompositeModel:
                         setattr(module, pname, nn.Parameter(param.detach().clone()))
 
     @torch.no_grad()
-    def load(self, sources: Sequence[int]) -> None:
-        """Copy every slot's weights from ``models[sources[s]]`` (only slots that change)."""
+    def load(self, sources: Sequence[int], heads: Mapping[int, Sequence[int]] | None = None) -> None:
+        """Copy every slot's weights from ``models[sources[s]]`` (only slots that change);
+        ``heads[s]`` (per head model indices) then overrides slot ``s`` head by head."""
+        heads = heads or {}
         for s, (slot, m) in enumerate(zip(self.slots, sources)):
+            if s in heads:
+                self._load_heads(slot, m, list(heads[s]))
+                self.current[s] = -1  # mixed: reload next time
+                continue
             if self.current[s] == m:
                 continue
             for part in slot.parts:
@@ -64,6 +70,24 @@ class CompositeModel:
                 else:
                     _copy_columns(dst, src, part.columns)
             self.current[s] = m
+
+
+    def _load_heads(self, slot: Slot, whole: int, head_models: list[int]) -> None:
+        """q/k/v: each head's output columns (and bias) from its model; o: each head's input
+        columns from its model, the bias from ``whole``."""
+        (part,) = slot.parts
+        dst = self.model.get_submodule(part.path)
+        cols = slot.head_columns(dst)
+        for h, m in enumerate(head_models):
+            src = self.models[m].get_submodule(part.path)
+            if slot.head_side == "out":
+                _copy_columns(dst, src, cols[h])
+            elif isinstance(dst, Conv1D):  # weight [in, out]: input columns are rows
+                dst.weight[cols[h]] = src.weight[cols[h]]
+            else:
+                dst.weight[:, cols[h]] = src.weight[:, cols[h]]
+        if slot.head_side == "in" and dst.bias is not None:
+            dst.bias.copy_(self.models[whole].get_submodule(part.path).bias)
 
 
 def _copy_columns(dst: nn.Module, src: nn.Module, cols: torch.Tensor) -> None:
@@ -83,6 +107,7 @@ def per_token_forward(
     attention_mask: torch.Tensor | None = None,
     composite: CompositeModel | None = None,
     copy_per_position: bool = False,
+    head_source: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` by the per-token definition. Each row is run alone
     without its padding; padded positions of the result are zero.
@@ -99,6 +124,8 @@ def per_token_forward(
     vocab = model.get_output_embeddings().weight.shape[0]
     device = input_ids.device
     out = torch.zeros(batch, seq, vocab, dtype=model.dtype, device=device)
+    index = {slot.name: s for s, slot in enumerate(composite.slots)}
+    heads = {index[name]: h for name, h in (head_source or {}).items()}
     for b in range(batch):
         real = attention_mask[b].bool().nonzero().flatten()
         cache = DynamicCache(config=model.config)
@@ -106,7 +133,7 @@ def per_token_forward(
             if copy_per_position:
                 composite = CompositeModel(models)
                 model = composite.model
-            composite.load(source[b, t].tolist())
+            composite.load(source[b, t].tolist(), {s: h[b, t].tolist() for s, h in heads.items()})
             logits = model(
                 input_ids=input_ids[b : b + 1, t : t + 1],
                 position_ids=torch.tensor([[step]], device=device),
