@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import weightgraft as wg
+from weightgraft.architectures import model_slots
 from weightgraft.config import load_config
 from weightgraft.plans import compile_scheme
 import copy
@@ -29,8 +30,13 @@ def test_config_validates_and_compiles(path, model_type):
     schemes = config.resolved_schemes()
     deep = copy.deepcopy(TINY_CONFIGS[model_type])
     deep.num_hidden_layers = 8  # quarters and eighths need a few layers
-    names = wg.slots(T.AutoModelForCausalLM.from_config(deep))
+    deep.hidden_size, deep.num_attention_heads = 36, 9  # SmolLM2's 9 heads (configs/heads.yaml)
+    if model_type == "llama":
+        deep.num_key_value_heads, deep.head_dim = 3, 4
+    model = T.AutoModelForCausalLM.from_config(deep)
+    names = wg.slots(model)
+    slot_heads = {s.name: s.heads for s in model_slots(model) if s.heads}
     (roles,) = config.sets().values()
     index = {r: i for i, r in enumerate(roles)}
     for scheme in schemes:
-        compile_scheme(scheme, names, index)
+        compile_scheme(scheme, names, index, slot_heads)

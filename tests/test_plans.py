@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import weightgraft as wg
+from weightgraft.architectures import model_slots
 from weightgraft.plans import Rule, Scheme, compile_scheme, preset
 from weightgraft.selectors import (
     SelectorError, SpanNotFound, layer_group, select_components, select_layers, select_positions,
@@ -152,3 +153,42 @@ def test_layer_dropout_is_seeded(offsets):
     assert not torch.equal(a[0], a[2])
     with pytest.raises(ValueError, match="layer_dropout"):
         preset("layer_dropout", rates=[1.5])
+
+
+def test_head_rules_compile_to_head_maps(offsets):
+    model = make_tiny("llama")  # 4 heads, 2 KV heads, 2 layers
+    names = wg.slots(model)
+    slot_heads = {s.name: s.heads for s in model_slots(model) if s.heads}
+    assert slot_heads["layers.0.q"] == 4 and slot_heads["layers.0.k"] == 2
+    scheme = Scheme(name="h", rules=[
+        Rule(model="sft", positions="last", layers="1", components="o", heads="1,3"),
+        Rule(model="sft", positions="0", components="o"),  # a later whole-slot rule wins
+    ])
+    compiled = compile_scheme(scheme, names, {"pre": 0, "sft": 1}, slot_heads)
+    src, heads = compiled.sources(offsets, SPANS)
+    assert set(heads) == {"layers.1.o"}
+    o = heads["layers.1.o"]
+    assert o.shape == (len(offsets), 4)
+    assert o[-1].tolist() == [0, 1, 0, 1] and (o[1:-1] == 0).all()
+    assert (o[0] == 1).all() and src[0, names.index("layers.1.o")] == 1
+    assert src[-1, names.index("layers.1.o")] == 0  # the whole slot (o's bias) stays the base's
+
+
+def test_head_selection_errors(offsets):
+    model = make_tiny("llama")
+    names = wg.slots(model)
+    slot_heads = {s.name: s.heads for s in model_slots(model) if s.heads}
+    roles = {"pre": 0, "sft": 1}
+    bad_comp = Scheme(name="a", rules=[Rule(model="sft", components="o+up", heads="0")])
+    with pytest.raises(SelectorError, match="q, k, v and o only.*up"):
+        compile_scheme(bad_comp, names, roles, slot_heads)
+    too_far = Scheme(name="b", rules=[Rule(model="sft", components="k", heads="3")])
+    with pytest.raises(SelectorError, match="'k' has 2 heads"):
+        compile_scheme(too_far, names, roles, slot_heads)
+    with pytest.raises(SelectorError, match="needs slot_heads"):
+        compile_scheme(Scheme(name="c", rules=[Rule(model="sft", components="q", heads="0")]), names, roles)
+    with pytest.raises(SelectorError, match="cannot parse head selector"):
+        compile_scheme(Scheme(name="d", rules=[Rule(model="sft", components="q", heads="x")]), names, roles, slot_heads)
+    assert [s.name for s in preset("heads", n_heads=3)][2:] == ["o[0]@last_quarter", "o[1]@last_quarter", "o[2]@last_quarter"]
+    with pytest.raises(SelectorError, match="needs n_heads"):
+        preset("heads")

@@ -143,3 +143,29 @@ def test_cli_run_with_saved_models_writes_summary_and_report(tmp_path):
     summary = pd.read_csv(tmp_path / "run" / "summary.csv")
     assert summary.template.unique().tolist() == ["headline"]
     assert (tmp_path / "run" / "report" / "report.html").stat().st_size > 1000
+
+
+def test_per_head_sweep_matches_the_per_token_definition(tmp_path):
+    """The heads preset end to end: each row equals the oracle run with that one head of o
+    (last layer, last token) from the donor."""
+    import weightgraft as wg
+    from weightgraft.reference import per_token_forward
+
+    config = parse_config(_config(tmp_path, schemes=[{"preset": "heads", "n_heads": 4, "layers": "-1"}]))
+    result = run_experiment(config, load=loader, progress=False)
+    pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
+    models = [pre.model, sft.model]
+    names = wg.slots(pre.model)
+    rows = result.results[result.results.family == "head"]
+    assert sorted(set(rows.scheme)) == [f"o[{h}]@-1" for h in range(4)]
+    assert len(set(rows["prob"].round(6))) > len(rows) // 2  # heads give different answers
+    for _, row in rows.head(8).iterrows():
+        h = int(row.scheme[2])
+        ids = torch.tensor([pre.tokenizer(row.prompt)["input_ids"]])
+        source = torch.zeros(1, ids.shape[1], len(names), dtype=torch.long)
+        head_map = torch.zeros(1, ids.shape[1], 4, dtype=torch.long)
+        head_map[0, -1, h] = 1
+        logits = per_token_forward(models, ids, source, head_source={"layers.1.o": head_map})[0, -1]
+        target = int(row.target_token_id)
+        assert row["rank"] == int((logits > logits[target]).sum())
+        assert abs(row.prob - torch.softmax(logits, -1)[target].item()) < 1e-5

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from weightgraft.architectures import GLOBAL_SLOTS
+from weightgraft.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
 from weightgraft.selectors import (
     SelectorError,
     SpanNotFound,
     select_components,
+    select_heads,
     select_layers,
     select_positions,
 )
@@ -31,6 +32,8 @@ class Rule(BaseModel):
     components: str = "body"
     layer_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     seed: int = 0
+    # Per-head selection (``"0,3"``, ``"0..3"``, ``"all"``) of the q/k/v/o components chosen.
+    heads: str | None = None
 
 
 class Scheme(BaseModel):
@@ -54,6 +57,7 @@ class CompiledRule:
     positions: str
     slots: torch.Tensor  # slot indices
     model: int
+    heads: dict[int, torch.Tensor] | None = None  # per-head rule: slot index -> head indices
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class CompiledScheme:
     base: int
     rules: tuple[CompiledRule, ...]
     n_slots: int
+    slot_names: tuple[str, ...] = ()
+    slot_heads: tuple[int, ...] = ()
 
     def source(
         self,
@@ -73,14 +79,39 @@ class CompiledScheme:
     ) -> torch.Tensor:
         """``[n_tokens, n_slots]`` model indices for one prompt; ``SpanNotFound`` if a rule's
         positions cannot be located or come out empty."""
+        return self.sources(offsets, spans, answer_field)[0]
+
+    @property
+    def per_head(self) -> bool:
+        return any(rule.heads for rule in self.rules)
+
+    def sources(
+        self,
+        offsets: Sequence[tuple[int, int]],
+        spans: Mapping[str, tuple[int, int]],
+        answer_field: str | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The ``source`` tensor and the engine's ``head_source`` (slot name ->
+        ``[n_tokens, heads]``) for one prompt. Rules apply in order, later ones win, whether
+        they graft whole slots or single heads."""
         src = torch.full((len(offsets), self.n_slots), self.base, dtype=torch.long)
+        heads: dict[int, torch.Tensor] = {}
         for rule in self.rules:
             positions = select_positions(rule.positions, offsets, spans, answer_field)
             if not positions:
                 raise SpanNotFound(f"positions {rule.positions!r} select no token here")
             rows = torch.tensor(positions)
-            src[rows[:, None], rule.slots[None, :]] = rule.model
-        return src
+            if rule.heads is None:
+                src[rows[:, None], rule.slots[None, :]] = rule.model
+                for s in rule.slots.tolist():
+                    if s in heads:
+                        heads[s][rows] = rule.model
+                continue
+            for s, chosen in rule.heads.items():
+                if s not in heads:
+                    heads[s] = src[:, s : s + 1].repeat(1, self.slot_heads[s])
+                heads[s][rows[:, None], chosen[None, :]] = rule.model
+        return src, {self.slot_names[s]: h for s, h in heads.items()}
 
 
 def _slot_index(slot_names: Sequence[str]) -> tuple[dict[tuple[int, str], int], dict[str, int], int]:
@@ -98,9 +129,13 @@ def _slot_index(slot_names: Sequence[str]) -> tuple[dict[tuple[int, str], int], 
 
 
 def compile_scheme(
-    scheme: Scheme, slot_names: Sequence[str], roles: Mapping[str, int]
+    scheme: Scheme, slot_names: Sequence[str], roles: Mapping[str, int],
+    slot_heads: Mapping[str, int] | None = None,
 ) -> CompiledScheme:
-    """Bind ``scheme`` to a model's slots; errors name the scheme and the bad selector."""
+    """Bind ``scheme`` to a model's slots; errors name the scheme and the bad selector.
+
+    ``slot_heads`` (slot name -> number of heads, from ``model_slots``) is needed by rules
+    that select heads."""
     per_layer, globals_, n_layers = _slot_index(slot_names)
     available = {c for _, c in per_layer} | set(globals_)
 
@@ -126,8 +161,36 @@ def compile_scheme(
             [per_layer[(layer, c)] for layer in layers for c in comps if (layer, c) in per_layer]
             + [globals_[c] for c in comps if c in globals_]
         )
-        rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.model)))
-    return CompiledScheme(scheme.name, role(scheme.base), tuple(rules), len(slot_names))
+        heads = None
+        if rule.heads is not None:
+            heads = _compile_heads(scheme.name, k, rule, comps, idx, slot_names, slot_heads)
+        rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.model), heads))
+    counts = tuple((slot_heads or {}).get(name, 0) for name in slot_names)
+    return CompiledScheme(scheme.name, role(scheme.base), tuple(rules), len(slot_names), tuple(slot_names), counts)
+
+
+def _compile_heads(
+    scheme: str, k: int, rule: Rule, comps: set[str], idx: list[int],
+    slot_names: Sequence[str], slot_heads: Mapping[str, int] | None,
+) -> dict[int, torch.Tensor]:
+    where = f"scheme {scheme!r}, rule {k}"
+    not_heads = sorted(comps - set(HEAD_COMPONENTS))
+    if not_heads:
+        raise SelectorError(
+            f"{where}: heads={rule.heads!r} applies to q, k, v and o only, but components "
+            f"{rule.components!r} include {', '.join(not_heads)}"
+        )
+    if slot_heads is None:
+        raise SelectorError(f"{where}: selects heads, so compile_scheme needs slot_heads")
+    out = {}
+    for s in idx:
+        name = slot_names[s]
+        try:
+            chosen = select_heads(rule.heads or "", slot_heads[name], name.rsplit(".", 1)[-1])
+        except SelectorError as exc:
+            raise SelectorError(f"{where}: {exc}") from exc
+        out[s] = torch.tensor(chosen, dtype=torch.long)
+    return out
 
 
 # ---------------------------------------------------------------- presets (the paper's)
@@ -279,6 +342,25 @@ def layer_window_schemes(
     ]
 
 
+def head_schemes(
+    base: str = "pre", donor: str = "sft", n_heads: int | None = None, positions: str = "last",
+    layers: str = "last_quarter", components: str = "o",
+) -> list[Scheme]:
+    """One scheme per attention head: that head of ``components`` (q/k/v/o) on ``layers`` at
+    ``positions`` from the donor, everything else from the base. ``n_heads`` is the model's
+    number of heads (``k``/``v`` with fewer KV heads refuse head indices they lack)."""
+    if not n_heads or n_heads < 1:
+        raise SelectorError("preset 'heads' needs n_heads (the model's number of attention heads)")
+    return baselines(base, donor) + [
+        Scheme(
+            name=f"{components}[{h}]@{layers}", base=base, family="head",
+            labels={"components": components, "head": str(h), "layers": layers, "positions": positions},
+            rules=[Rule(model=donor, positions=positions, layers=layers, components=components, heads=str(h))],
+        )
+        for h in range(n_heads)
+    ]
+
+
 PRESETS = {
     "position": position_schemes,
     "component": component_schemes,
@@ -286,6 +368,7 @@ PRESETS = {
     "unembed": unembed_schemes,
     "layer_dropout": layer_dropout_schemes,
     "layer_window": layer_window_schemes,
+    "heads": head_schemes,
 }
 DIRECTIONS: dict[str, dict[str, str]] = {
     "sft2pre": {"base": "pre", "donor": "sft"},

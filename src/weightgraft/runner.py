@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from weightgraft.architectures import model_slots
 from weightgraft.config import ExperimentConfig
 from weightgraft.engine import graft_forward, slots
 from weightgraft.evaluate import TOP_K, answer_logprob, score_next_token, summarize
@@ -104,6 +105,7 @@ class Prepared:
     input_ids: list[int]
     answer_ids: list[int]
     sources: dict[str, torch.Tensor]
+    heads: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # per-head schemes
 
 
 @dataclass
@@ -136,11 +138,38 @@ def prepare(
             exclusions.add(model_set, p, f"answer tokenizes to nothing: {p.answer!r}")
             continue
         try:
-            sources = {c.name: c.source(enc["offset_mapping"], p.spans, p.answer_field) for c in compiled}
+            both = {c.name: c.sources(enc["offset_mapping"], p.spans, p.answer_field) for c in compiled}
         except SpanNotFound as exc:
             exclusions.add(model_set, p, f"span not found: {exc}")
             continue
-        out.append(Prepared(p, list(enc["input_ids"]), list(answer_ids), sources))
+        sources = {name: src for name, (src, _) in both.items()}
+        heads = {name: h for name, (_, h) in both.items() if h}
+        out.append(Prepared(p, list(enc["input_ids"]), list(answer_ids), sources, heads))
+    return out
+
+
+def _extend(src: torch.Tensor, n: int) -> torch.Tensor:
+    """Continuation positions (answer tokens) take the last prompt token's weights."""
+    return torch.cat([src, src[-1:].expand(n, *src.shape[1:])], dim=0) if n else src
+
+
+def _head_batch(
+    items: Sequence[tuple[Prepared, str]], source: torch.Tensor, slot_names: Sequence[str],
+    n_extra: Sequence[int],
+) -> dict[str, torch.Tensor]:
+    """The engine's ``head_source`` for a batch: rows of schemes without a head map for a
+    slot are served by that slot's ``source`` (every head from the same model)."""
+    wanted = {name: h.shape[1] for ex, scheme in items for name, h in ex.heads.get(scheme, {}).items()}
+    out = {}
+    for name, n_heads in wanted.items():
+        s = slot_names.index(name)
+        tensor = source[:, :, s, None].repeat(1, 1, n_heads)
+        for b, (ex, scheme) in enumerate(items):
+            h = ex.heads.get(scheme, {}).get(name)
+            if h is not None:
+                h = _extend(h, n_extra[b])
+                tensor[b, : h.shape[0]] = h
+        out[name] = tensor
     return out
 
 
@@ -150,9 +179,7 @@ def _batch(items: Sequence[tuple[Prepared, str]], score_answer: bool, pad_id: in
     seqs, srcs, n_logits = [], [], []
     for ex, scheme in items:
         extra = ex.answer_ids[:-1] if score_answer else []
-        src = ex.sources[scheme]
-        if extra:  # continuation positions take the last prompt token's weights
-            src = torch.cat([src, src[-1:].expand(len(extra), -1)], dim=0)
+        src = _extend(ex.sources[scheme], len(extra))
         seqs.append(ex.input_ids + extra)
         srcs.append(src)
         n_logits.append(1 + len(extra))
@@ -250,7 +277,8 @@ def run_experiment(
         models = [loaded[r].model for r in used]
         roles = {r: i for i, r in enumerate(used)}
         names = slots(models[0])
-        compiled = [compile_scheme(s, names, roles) for s in schemes]
+        slot_heads = {s.name: s.heads for s in model_slots(models[0]) if s.heads}
+        compiled = [compile_scheme(s, names, roles, slot_heads) for s in schemes]
         prepared = prepare(prompts, first.tokenizer, compiled, set_name, exclusions)
         items = [(ex, s.name) for ex in prepared for s in schemes]
         order.extend((set_name, ex.prompt.template, s, ex.prompt.id) for ex, s in items)
@@ -261,8 +289,12 @@ def run_experiment(
             for start in range(0, len(todo), config.batch_size):
                 chunk = todo[start : start + config.batch_size]
                 ids, mask, source, positions, n_logits = _batch(chunk, config.score_answer, pad_id)
+                heads = _head_batch(chunk, source, names, [n - 1 for n in n_logits])
                 with torch.no_grad():
-                    logits = graft_forward(models, ids, source, attention_mask=mask, logit_positions=positions)
+                    logits = graft_forward(
+                        models, ids, source, attention_mask=mask, logit_positions=positions,
+                        head_source=heads or None,
+                    )
                 store.append(_rows(chunk, logits.float().cpu(), n_logits, first.tokenizer, set_name, scheme_meta))
                 computed += len(chunk)
                 bar.advance(task, len(chunk))

@@ -207,6 +207,28 @@ def _layer_term(term: str, n: int, expr: str) -> list[int]:
     )
 
 
+def select_heads(expr: str, n_heads: int, component: str) -> list[int]:
+    """Head indices of one attention component: ``all``, ``3``, ``-1``, ``0..3``, ``0,5,7``
+    (``,`` or ``+`` joins terms)."""
+    out: set[int] = set()
+    for term in (t.strip() for t in re.split(r"[,+]", str(expr))):
+        if term == "all":
+            out.update(range(n_heads))
+            continue
+        m = re.fullmatch(r"(-?\d+)(?:\.\.(-?\d+))?", term)
+        if not m:
+            raise SelectorError(f"cannot parse head selector {expr!r} (term {term!r}); use all, 3, -1, 0..3 or 0,5,7")
+        ends = [int(g) for g in m.groups() if g is not None]
+        for i in ends:
+            if not -n_heads <= i < n_heads:
+                raise SelectorError(f"head {i} in {expr!r}: component {component!r} has {n_heads} heads")
+        lo, hi = ends[0] % n_heads, ends[-1] % n_heads
+        out.update(range(lo, hi + 1))
+    if not out:
+        raise SelectorError(f"head selector {expr!r} selects no head")
+    return sorted(out)
+
+
 # ---------------------------------------------------------------- components
 
 COMPONENT_GROUPS: dict[str, tuple[str, ...]] = {
