@@ -58,6 +58,8 @@ class ExperimentConfig(BaseModel):
     limit: int | None = Field(None, ge=1, description="max examples per template")
     score_answer: bool = True  # also the log-probability of every answer token
     batch_size: int = Field(64, ge=1)
+    # donors hold only the tensors some scheme grafts (read lazily from safetensors)
+    lean_donors: bool = True
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
@@ -97,7 +99,7 @@ class ExperimentConfig(BaseModel):
 
     def identity(self) -> str:
         """Hash of what determines the results (not batch size, device or output place)."""
-        data = self.model_dump(mode="json", exclude={"batch_size", "out", "report", "device"})
+        data = self.model_dump(mode="json", exclude={"batch_size", "out", "report", "device", "lean_donors"})
         data["schemes"] = [s.model_dump(mode="json") for s in self.resolved_schemes()]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

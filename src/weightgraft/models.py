@@ -667,3 +667,53 @@ def load_model(
         source=source,
         weights_sha256=digest,
     )
+
+
+# --------------------------------------------------------------------------------------
+# Lean donors
+# --------------------------------------------------------------------------------------
+
+
+def safetensors_dir(spec: str | os.PathLike[str]) -> Path | None:
+    """The safetensors model directory ``spec`` names (embedded names are converted first),
+    or None when it is something else (a GGUF file, a pickle checkpoint, a hub id)."""
+    text = os.fspath(spec)
+    if text.strip().lower() in EMBEDDED_MODELS:
+        return ensure_converted(text)
+    path = Path(text).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        if any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file():
+            _check_model_dir(path, allow_pickle=False)
+            return path.resolve()
+    return None
+
+
+def load_lean_donor(
+    spec: str | os.PathLike[str], base: LoadedModel, needed: set[str]
+) -> LoadedModel | None:
+    """Load a donor holding only the ``needed`` parameters (read lazily from its
+    safetensors), sharing every other tensor with ``base``; None where ``spec`` is not a
+    safetensors directory or its names do not map onto the base's (load it in full then)."""
+    from transformers import AutoTokenizer
+
+    from weightgraft.lean import lean_from_safetensors
+
+    directory = safetensors_dir(spec)
+    if directory is None:
+        return None
+    built = lean_from_safetensors(base.model, directory, needed)
+    if built is None:
+        return None
+    model, digest = built
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except Exception as exc:
+        raise CorruptCheckpointError(
+            f"no usable tokenizer in {directory} ({type(exc).__name__}: {exc}); save it next "
+            "to the weights with tokenizer.save_pretrained(DIR)"
+        ) from exc
+    name = os.fspath(spec)
+    source = (f"embedded:{_embedded(name).name} ({directory})" if name.strip().lower() in EMBEDDED_MODELS
+              else f"dir:{directory}")
+    return LoadedModel(model=model, tokenizer=_finish_tokenizer(tokenizer), source=source,
+                       weights_sha256=digest)

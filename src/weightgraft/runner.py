@@ -21,6 +21,7 @@ import torch
 from weightgraft.architectures import model_slots
 from weightgraft.config import ExperimentConfig
 from weightgraft.engine import graft_forward, slots
+from weightgraft.lean import memory_report
 from weightgraft.evaluate import TOP_K, answer_logprob, score_next_token, summarize
 from weightgraft.plans import CompiledScheme, compile_scheme
 from weightgraft.selectors import SpanNotFound
@@ -269,17 +270,26 @@ def run_experiment(
     computed = 0
     for set_name, roles_spec in config.sets().items():
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
-        loaded = {role: load(roles_spec[role], config) for role in used}
-        model_info[set_name] = {r: {"spec": roles_spec[r], "source": lm.source, "weights_sha256": lm.weights_sha256} for r, lm in loaded.items()}
-        first = loaded[used[0]]
-        for role in used[1:]:
-            check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
-        models = [loaded[r].model for r in used]
+        first = load(roles_spec[used[0]], config)
         roles = {r: i for i, r in enumerate(used)}
-        names = slots(models[0])
-        slot_heads = {s.name: s.heads for s in model_slots(models[0]) if s.heads}
+        names = slots(first.model)
+        slot_heads = {s.name: s.heads for s in model_slots(first.model) if s.heads}
         compiled = [compile_scheme(s, names, roles, slot_heads) for s in schemes]
         prepared = prepare(prompts, first.tokenizer, compiled, set_name, exclusions)
+        served = served_slots(prepared, names)
+        loaded = {used[0]: first}
+        for role in used[1:]:
+            loaded[role] = _load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
+            check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
+        models = [loaded[r].model for r in used]
+        memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
+        model_info[set_name] = {
+            r: {"spec": roles_spec[r], "source": lm.source, "weights_sha256": lm.weights_sha256, **memory[r]}
+            for r, lm in loaded.items()
+        }
+        if progress:
+            held = ", ".join(f"{r} {m['bytes_held'] / 2**20:.1f} MiB" for r, m in memory.items())
+            print(f"[{set_name}] weights held: {held}")
         items = [(ex, s.name) for ex in prepared for s in schemes]
         order.extend((set_name, ex.prompt.template, s, ex.prompt.id) for ex, s in items)
         todo = [it for it in items if (set_name, it[0].prompt.template, it[1], it[0].prompt.id) not in done]
@@ -321,6 +331,50 @@ def run_experiment(
     }
     write_atomic(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str).encode())
     return RunResult(run_dir, results, summary, exclusion_summary, computed)
+
+
+def served_slots(prepared: Sequence[Prepared], slot_names: Sequence[str]) -> dict[int, set[str]]:
+    """Model index -> the slots it serves somewhere in the sweep (what a donor must hold)."""
+    hits: dict[int, torch.Tensor] = {}
+    for ex in prepared:
+        for src in ex.sources.values():
+            for m in src.unique().tolist():
+                row = (src == m).any(dim=0)
+                hits[m] = hits[m] | row if m in hits else row
+    out = {m: {slot_names[i] for i in row.nonzero().flatten().tolist()} for m, row in hits.items()}
+    for ex in prepared:
+        for head_maps in ex.heads.values():
+            for name, h in head_maps.items():
+                for m in h.unique().tolist():
+                    out.setdefault(m, set()).add(name)
+    return out
+
+
+def _load_donor(load: Callable[[str, ExperimentConfig], Any], spec: str, config: ExperimentConfig,
+                base: Any, slots_served: set[str]) -> Any:
+    """A donor holding only what it serves (``config.lean_donors``), sharing the rest with
+    the base: read lazily from safetensors where the default loader would read a directory,
+    else loaded in full and then thinned."""
+    import copy
+
+    from weightgraft.lean import donor_view, needed_parameters
+    from weightgraft.models import load_lean_donor
+
+    if not config.lean_donors:
+        return load(spec, config)
+    needed = needed_parameters(base.model, slots_served)
+    if load is _default_loader:
+        lean = load_lean_donor(spec, base, needed)
+        if lean is not None:
+            return lean
+    full = load(spec, config)
+    params = dict(full.model.named_parameters(remove_duplicate=False))
+    missing = sorted(needed - set(params))
+    if missing:
+        return full  # the engine's compatibility check names the mismatch
+    thin = copy.copy(full)
+    thin.model = donor_view(base.model, {n: params[n] for n in needed}, full.model.config)
+    return thin
 
 
 def _default_loader(spec: str, config: ExperimentConfig) -> Any:

@@ -1,0 +1,236 @@
+"""Lean donors: a donor holds only the tensors that some scheme grafts from it.
+
+The engine calls a donor's module only where the donor serves a slot, so every other tensor
+of the donor is dead weight. A *donor view* is a structural copy of the base model that
+shares all of the base's tensors and holds its own tensor only where (a) some scheme grafts
+that slot from the donor and (b) the donor's tensor differs from the base's. Those tensors
+are read one by one from the donor's safetensors files (nothing else is loaded), or taken
+from an already loaded donor.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from weightgraft.architectures import model_slots
+from weightgraft.compat import ModelMismatchError
+
+__all__ = [
+    "MemoryReport",
+    "donor_view",
+    "lean_from_safetensors",
+    "memory_report",
+    "needed_parameters",
+    "slot_parameters",
+]
+
+
+def slot_parameters(model: nn.Module) -> dict[str, list[str]]:
+    """Slot name -> the parameter names (as in ``named_parameters``) its modules hold."""
+    out: dict[str, list[str]] = {}
+    for slot in model_slots(model):
+        names: list[str] = []
+        for part in slot.parts:
+            module = model.get_submodule(part.path)
+            names += [f"{part.path}.{n}" for n, _ in module.named_parameters(remove_duplicate=False)]
+        out[slot.name] = names
+    return out
+
+
+def needed_parameters(model: nn.Module, slot_names: Iterable[str]) -> set[str]:
+    """The parameter names a donor must hold to serve ``slot_names``."""
+    table = slot_parameters(model)
+    return {p for s in slot_names for p in table[s]}
+
+
+def _aliases(model: nn.Module) -> dict[str, list[str]]:
+    """Parameter name -> every name of the same tensor (tied embeddings have two)."""
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return {name: names for names in by_id.values() for name in names}
+
+
+def _set_parameter(model: nn.Module, name: str, param: nn.Parameter) -> None:
+    path, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(path) if path else model, attr, param)
+
+
+def _structural_copy(base: nn.Module) -> nn.Module:
+    """A copy of ``base``'s module tree that shares every parameter and buffer with it."""
+    memo: dict[int, object] = {id(t): t for t in base.parameters()}
+    memo.update({id(t): t for t in base.buffers()})
+    view = copy.deepcopy(base, memo)
+    for module in view.modules():  # deepcopy copies hooks too: a view must not run them
+        module._forward_hooks.clear()
+        module._forward_pre_hooks.clear()
+    return view
+
+
+@torch.no_grad()
+def donor_view(
+    base: nn.Module, tensors: Mapping[str, torch.Tensor], config: object | None = None
+) -> nn.Module:
+    """A model that is ``base`` except for ``tensors`` (parameter name -> donor tensor).
+
+    A tensor equal to the base's is not held: the base's is shared. Names that are tied in
+    the base (one tensor, two names) share one donor tensor when the donor gives them equal
+    values, as a tied donor does. ``config`` (the donor's) replaces the base's on the view,
+    so that the engine's compatibility check compares the donor's own config."""
+    params = dict(base.named_parameters(remove_duplicate=False))
+    view = _structural_copy(base)
+    if config is not None:
+        view.config = config
+    made: dict[int, nn.Parameter] = {}
+    for name, tensor in tensors.items():
+        if name not in params:
+            raise KeyError(f"{name!r} is not a parameter of the base model")
+        ref = params[name]
+        if tuple(tensor.shape) != tuple(ref.shape):
+            raise ModelMismatchError(
+                f"tensor {name!r} has shape {list(tensor.shape)} in the donor but "
+                f"{list(ref.shape)} in the base: the models do not match"
+            )
+        tensor = tensor.to(device=ref.device, dtype=ref.dtype)
+        if torch.equal(tensor, ref):
+            continue
+        key = id(tensors[name])
+        if key not in made:
+            made[key] = nn.Parameter(tensor, requires_grad=False)
+        _set_parameter(view, name, made[key])
+    return view.eval()
+
+
+class _SafetensorsFiles:
+    """The tensors of a model directory's safetensors file(s), read one at a time."""
+
+    def __init__(self, directory: Path) -> None:
+        from safetensors import safe_open
+
+        index = directory / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        else:
+            files = [p.name for p in sorted(directory.glob("*.safetensors"))]
+            if not files:
+                raise FileNotFoundError(f"no safetensors file in {directory}")
+        self.handles = {f: safe_open(str(directory / f), framework="pt") for f in files}
+        self.where = {k: f for f, h in self.handles.items() for k in h.keys()}
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.handles[self.where[name]].get_tensor(name)
+
+
+def _file_key(name: str, aliases: Mapping[str, list[str]], keys: Mapping[str, str]) -> str | None:
+    for candidate in [name, *aliases.get(name, [])]:
+        if candidate in keys:
+            return candidate
+    return None
+
+
+def _hash_update(digest, name: str, tensor: torch.Tensor) -> None:
+    t = tensor.detach().to("cpu").contiguous()
+    digest.update(f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{tuple(t.shape)}\0".encode())
+    if t.numel():
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+@torch.no_grad()
+def lean_from_safetensors(
+    base: nn.Module, directory: Path, needed: Iterable[str]
+) -> tuple[nn.Module, str] | None:
+    """A donor view of ``base`` reading only ``needed`` tensors from ``directory``, and the
+    donor's ``weights_sha256`` (computed by streaming its tensors one at a time).
+
+    Returns None when the checkpoint's tensor names do not map onto the base's (older key
+    layouts): the caller then loads the donor in full, which is never wrong, only heavier."""
+    import hashlib
+
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    files = _SafetensorsFiles(Path(directory))
+    aliases = _aliases(base)
+    state = base.state_dict(keep_vars=True)
+    # weights_sha256 covers state_dict entries (persistent buffers included), name-sorted
+    digest = hashlib.sha256()
+    params = dict(base.named_parameters(remove_duplicate=False))
+    for name in sorted(state):
+        ref = state[name]
+        if not isinstance(ref, torch.Tensor):
+            continue
+        key = _file_key(name, aliases, files.where)
+        if key is None:
+            if name in params:
+                return None
+            tensor = ref  # a buffer the checkpoint does not store: the config defines it
+        else:
+            tensor = files.get(key)
+            if tuple(tensor.shape) != tuple(ref.shape):
+                raise ModelMismatchError(
+                    f"tensor {name!r} has shape {list(tensor.shape)} in {directory} but "
+                    f"{list(ref.shape)} in the base model: the models do not match"
+                )
+            tensor = tensor.to(ref.dtype)
+        _hash_update(digest, name, tensor)
+    loaded: dict[str, torch.Tensor] = {}
+    by_key: dict[str, torch.Tensor] = {}
+    for name in sorted(set(needed)):
+        key = _file_key(name, aliases, files.where)
+        if key is None:
+            return None
+        if key not in by_key:
+            by_key[key] = files.get(key)
+        loaded[name] = by_key[key]
+    return donor_view(base, loaded, config), digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """What a model holds of its own, apart from the base's tensors it shares."""
+
+    bytes_held: int
+    tensors_held: int
+    tensors_shared: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"bytes_held": self.bytes_held, "tensors_held": self.tensors_held,
+                "tensors_shared": self.tensors_shared}
+
+
+def memory_report(model: nn.Module, base: nn.Module | None = None) -> MemoryReport:
+    """Bytes of parameters ``model`` holds that are not storage shared with ``base``."""
+    base_ptrs = set() if base is None or base is model else {
+        p.untyped_storage().data_ptr() for p in base.parameters()
+    }
+    held = shared = n_bytes = 0
+    seen: set[int] = set()
+    for p in model.parameters():
+        ptr = p.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        if ptr in base_ptrs:
+            shared += 1
+        else:
+            held += 1
+            n_bytes += p.numel() * p.element_size()
+    return MemoryReport(n_bytes, held, shared)
+
+
+def model_slots_served(sources: Sequence[torch.Tensor], model_index: int) -> set[int]:
+    """Slot indices that ``model_index`` serves anywhere in the given source tensors
+    (``[..., n_slots]``)."""
+    served: set[int] = set()
+    for src in sources:
+        hit = (src == model_index).reshape(-1, src.shape[-1]).any(dim=0)
+        served.update(hit.nonzero().flatten().tolist())
+    return served
