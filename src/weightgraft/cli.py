@@ -106,6 +106,8 @@ def run(
 
     cfg = load_config(config, overrides or [])
     result = run_experiment(cfg, progress=progress)
+    if not result.is_main:  # other ranks of a torchrun / accelerate launch: rank 0 reports
+        return
     print_summary(result.summary, title=f"{cfg.name}: {len(result.results)} rows")
     if result.exclusions["total"]:
         console.print(

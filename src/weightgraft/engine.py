@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.cache_utils import Cache
 from transformers.pytorch_utils import Conv1D
 
 from weightgraft.architectures import Slot, model_slots
@@ -265,6 +266,7 @@ def graft_forward(
     attention_mask: torch.Tensor | None = None,
     logit_positions: torch.Tensor | None = None,
     head_source: Mapping[str, torch.Tensor] | None = None,
+    past_key_values: Cache | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` of one batched forward pass in which slot ``s`` at
     position ``t`` of row ``b`` uses the weights of ``models[source[b, t, s]]``.
@@ -278,6 +280,12 @@ def graft_forward(
     names, per head, the model whose weights serve it, and overrides ``source`` for that slot
     (q/k/v: the head's output columns, bias included; o: the head's input columns, while o's
     bias, which belongs to no head, comes from ``source``).
+
+    ``past_key_values`` (a ``transformers.DynamicCache``) continues rows whose earlier
+    positions an earlier call computed (prefix sharing, ``weightgraft.prefix``): the cache is
+    filled or extended in place, ``source`` covers only the new positions, and
+    ``attention_mask`` covers cached and new ones (``[batch, cached + seq]``), so that
+    positions continue from the cached ones.
     """
     if len(models) == 0:
         raise ValueError("graft_forward needs at least one model (the base)")
@@ -303,12 +311,16 @@ def graft_forward(
             f"found range {int(source.min())}..{int(source.max())}"
         )
     input_ids = input_ids.to(device)
+    cached = past_key_values.get_seq_length() if past_key_values is not None else 0
     if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
+        attention_mask = torch.ones(batch, cached + seq, dtype=torch.long, device=device)
     attention_mask = attention_mask.to(device)
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError("attention_mask must have the shape of input_ids")
-    position_ids = position_ids_from_mask(attention_mask)
+    if attention_mask.shape != (batch, cached + seq):
+        raise ValueError(
+            "attention_mask must have the shape of input_ids"
+            + (f" plus the {cached} cached positions" if cached else "")
+        )
+    position_ids = position_ids_from_mask(attention_mask)[:, cached:]
 
     heads = _check_heads(head_source or {}, slot_list, batch, seq, len(models), device)
     columns = [source[:, :, s] for s in range(len(slot_list))]
@@ -347,7 +359,8 @@ def graft_forward(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                use_cache=False,
+                past_key_values=past_key_values,
+                use_cache=past_key_values is not None,
             )
     finally:
         for h in handles:

@@ -21,6 +21,7 @@ import torch
 from weightgraft.architectures import model_slots
 from weightgraft.config import ExperimentConfig
 from weightgraft.engine import graft_forward, slots
+from weightgraft.distributed import Ranks, start
 from weightgraft.lean import memory_report
 from weightgraft.evaluate import TOP_K, answer_logprob, score_next_token, summarize
 from weightgraft.plans import CompiledScheme, compile_scheme
@@ -230,6 +231,7 @@ class RunResult:
     summary: pd.DataFrame
     exclusions: dict[str, Any]
     computed: int  # items computed by this invocation (0 when everything was already done)
+    is_main: bool = True  # False on the other ranks of a multi-process run
 
 
 def _versions() -> dict[str, str]:
@@ -261,7 +263,11 @@ def run_experiment(
     scheme_meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
     run_dir = Path(config.out or Path("runs") / config.name)
     prompts = select_prompts(load_test_prompts(config.data), config)  # fail before claiming run_dir
-    store = ResultsStore(run_dir, config.identity(), config.model_dump(mode="json"))
+    ranks = start(config.device)
+    if ranks.world > 1:
+        config = config.model_copy(update={"device": ranks.device(config.device)})
+        progress = progress and ranks.is_main
+    store = _open_store(run_dir, config, ranks)
     done = store.done()
     load = load or _default_loader
     exclusions = Exclusions()
@@ -296,19 +302,83 @@ def run_experiment(
         pad_id = first.tokenizer.pad_token_id if first.tokenizer.pad_token_id is not None else 0
         with Progress(disable=not progress, transient=False) as bar:
             task = bar.add_task(f"[{set_name}] grafting", total=len(items), completed=len(items) - len(todo))
-            for start in range(0, len(todo), config.batch_size):
-                chunk = todo[start : start + config.batch_size]
-                ids, mask, source, positions, n_logits = _batch(chunk, config.score_answer, pad_id)
-                heads = _head_batch(chunk, source, names, [n - 1 for n in n_logits])
-                with torch.no_grad():
-                    logits = graft_forward(
-                        models, ids, source, attention_mask=mask, logit_positions=positions,
-                        head_source=heads or None,
-                    )
-                store.append(_rows(chunk, logits.float().cpu(), n_logits, first.tokenizer, set_name, scheme_meta))
+            for chunk in _my_batches(items, todo, config.batch_size, ranks):
+                logits, n_logits = _compute(models, chunk, names, config, pad_id)
+                store.append(_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta))
                 computed += len(chunk)
-                bar.advance(task, len(chunk))
+                bar.advance(task, len(chunk) * ranks.world)
         del models, loaded
+    computed = ranks.total(computed)
+    if not ranks.is_main:
+        return _follow_main(run_dir, ranks, computed)
+    try:
+        return _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks)
+    finally:
+        ranks.barrier()  # the other ranks read what the main rank merged
+        ranks.close()
+
+
+def _open_store(run_dir: Path, config: ExperimentConfig, ranks: Ranks) -> ResultsStore:
+    """The main rank claims the directory first; the others then join it, each writing its
+    own parts."""
+    writer = f"r{ranks.rank}" if ranks.world > 1 else ""
+    if ranks.world == 1:
+        return ResultsStore(run_dir, config.identity(), config.model_dump(mode="json"))
+    store, error = None, None
+    if ranks.is_main:
+        try:
+            store = ResultsStore(run_dir, config.identity(), config.model_dump(mode="json"), writer)
+        except Exception as exc:  # tell the other ranks before raising
+            error = exc
+    failed = ranks.total(int(error is not None))
+    if error is not None:
+        ranks.close()
+        raise error
+    if failed:
+        ranks.close()
+        raise RuntimeError(f"rank 0 could not open the results directory {run_dir}; see its error")
+    return store or ResultsStore(run_dir, config.identity(), config.model_dump(mode="json"), writer)
+
+
+def _my_batches(items: list, todo: list, batch_size: int, ranks: Ranks) -> list[list]:
+    """This rank's batches. One process packs what is left to do; several deal out the
+    sweep's batches whole, in order, so each row is computed as one process would."""
+    if ranks.world == 1:
+        return [todo[i : i + batch_size] for i in range(0, len(todo), batch_size)]
+    left = {id(it) for it in todo}
+    out = []
+    for j, i in enumerate(range(0, len(items), batch_size)):
+        chunk = [it for it in items[i : i + batch_size] if id(it) in left]
+        if ranks.mine(j) and chunk:
+            out.append(chunk)
+    return out
+
+
+def _compute(models, chunk, names, config: ExperimentConfig, pad_id: int) -> tuple[torch.Tensor, list[int]]:
+    """Logits at the scored positions of one batch of (example, scheme) items."""
+    ids, mask, source, positions, n_logits = _batch(chunk, config.score_answer, pad_id)
+    heads = _head_batch(chunk, source, names, [n - 1 for n in n_logits])
+    with torch.no_grad():
+        logits = graft_forward(
+            models, ids, source, attention_mask=mask, logit_positions=positions, head_source=heads or None,
+        )
+    return logits.float().cpu(), n_logits
+
+
+def _follow_main(run_dir: Path, ranks: Ranks, computed: int) -> RunResult:
+    """A non-main rank: wait until the main rank has merged, then read what it wrote."""
+    ranks.barrier()
+    ranks.close()
+    merged = run_dir / "results.parquet"
+    if not merged.is_file():
+        raise RuntimeError(f"rank 0 did not write {merged}; see its error")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return RunResult(run_dir, pd.read_parquet(merged), pd.read_csv(run_dir / "summary.csv"),
+                     manifest["exclusions"], computed, is_main=False)
+
+
+def _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks) -> RunResult:
+    """Merge the parts into ``results.parquet``, then the summary, exclusions and manifest."""
     exclusion_summary = exclusions.summary()
     columns = ["model_set", "template", "example_id", "reason"]
     write_atomic(run_dir / "exclusions.csv",
@@ -326,6 +396,7 @@ def run_experiment(
         "schemes": [s.model_dump(mode="json") for s in schemes], "versions": _versions(),
         "models": model_info, "device": config.device, "dtype": config.dtype, "seed": config.seed,
         "exclusions": exclusion_summary, "n_rows": len(results), "computed_this_run": computed,
+        "processes": ranks.world,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": round(time.time() - started, 2),
     }

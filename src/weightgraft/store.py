@@ -50,8 +50,9 @@ def write_atomic(path: Path, data: bytes) -> None:
 class ResultsStore:
     """Parts under ``run_dir/parts``; the identity of the config that owns the directory."""
 
-    def __init__(self, run_dir: Path, identity: str, config: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, identity: str, config: dict[str, Any], writer: str = "") -> None:
         self.run_dir = Path(run_dir)
+        self.writer = writer  # several processes write parts side by side, each its own
         self.parts = self.run_dir / "parts"
         try:
             self.parts.mkdir(parents=True, exist_ok=True)
@@ -89,8 +90,10 @@ class ResultsStore:
     def append(self, rows: Sequence[dict[str, Any]]) -> None:
         if not rows:
             return
-        number = len(self._part_files())
-        path = self.parts / f"part-{number:06d}.parquet"
+        stem = f"part-{self.writer}-" if self.writer else "part-"
+        pattern = f"{stem}*.parquet" if self.writer else "part-[0-9]*.parquet"
+        number = len(list(self.parts.glob(pattern)))
+        path = self.parts / f"{stem}{number:06d}.parquet"
         write_atomic(path, pd.DataFrame(rows).to_parquet(index=False))
 
     def consolidate(self, order: Iterable[tuple]) -> pd.DataFrame:
