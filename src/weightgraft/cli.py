@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -37,8 +38,8 @@ def check(
     prompts: Path | None = typer.Option(None, help="Text file, one prompt per line."),
     maps: int = typer.Option(2, help="Random source maps of each kind to check."),
     seed: int = typer.Option(0),
-    atol: float = typer.Option(1e-4, help="Absolute tolerance on logits."),
-    rtol: float = typer.Option(1e-5, help="Tolerance relative to the largest |logit|."),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance on logits (default: per dtype, 1e-4 in float32)."),
+    rtol: Optional[float] = typer.Option(None, help="Tolerance relative to the largest |logit| (default: per dtype)."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
     device: str = typer.Option("cpu"),
     allow_pickle: bool = typer.Option(False, help="Allow pickle (.bin) checkpoints."),
@@ -77,7 +78,7 @@ def check(
         )
     console.print(table)
     verdict = "PASS" if report.passed else "FAIL"
-    console.print(f"{verdict}: max |Δ logit| = {report.max_abs_diff:.3e} (atol {atol}, rtol {rtol})")
+    console.print(f"{verdict}: max |Δ logit| = {report.max_abs_diff:.3e} (atol {report.atol}, rtol {report.rtol})")
     raise typer.Exit(0 if report.passed else 1)
 
 

@@ -1,0 +1,41 @@
+"""Half precision: the engine against the per-token definition in the same dtype, within the
+tolerance stated per dtype in ``weightgraft.check.ORACLE_TOLERANCE``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import weightgraft as wg
+from weightgraft.check import ORACLE_TOLERANCE, check_engine
+from weightgraft.reference import per_token_forward
+from tiny_models import TINY_CONFIGS, make_donor, make_tiny
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
+@torch.no_grad()
+def test_half_precision_engine_matches_the_definition(model_type, dtype):
+    base = make_tiny(model_type, seed=0)
+    models = [m.to(dtype) for m in (base, make_donor(base, 1), make_donor(base, 2))]
+    ids = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    source = torch.randint(0, 3, (2, 9, len(wg.slots(base))), generator=gen)
+    fast = wg.graft_forward(models, ids, source)
+    assert fast.dtype == dtype
+    ref = per_token_forward(models, ids, source)
+    atol, rtol = ORACLE_TOLERANCE[dtype]
+    scale = ref.float().abs().max().item()
+    assert (fast.float() - ref.float()).abs().max().item() <= atol + rtol * scale
+    # and half precision stays close to float32 (what the tolerance is not hiding)
+    ref32 = per_token_forward([m.float() for m in models], ids, source)
+    assert (ref.float() - ref32).abs().max().item() <= 0.1 * scale
+
+
+def test_check_uses_the_dtype_tolerance():
+    base = make_tiny("llama", seed=0)
+    models = [m.to(torch.float16) for m in (base, make_donor(base, 1))]
+    ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(0))
+    report = check_engine(models, ids, torch.ones_like(ids))
+    assert (report.atol, report.rtol) == ORACLE_TOLERANCE[torch.float16]
+    assert report.passed
