@@ -41,6 +41,12 @@ def test_check_passes_on_a_local_pair(model_dirs, tmp_path):
     assert "random cells" in result.output
 
 
+def test_check_in_float32_uses_its_tolerance(model_dirs):
+    result = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--dtype", "float32", "--maps", "1"])
+    assert result.exit_code == 0, result.output
+    assert "atol 0.0001, rtol 0.001" in result.output
+
+
 def test_check_takes_several_donors(model_dirs):
     result = runner.invoke(
         app, ["check", model_dirs["base"], model_dirs["donor"], model_dirs["donor2"], "--maps", "1"]

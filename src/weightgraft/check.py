@@ -65,12 +65,16 @@ def _source_maps(
     return maps
 
 
-# (atol, rtol) of the engine against the per-token definition in the same dtype: both run the
-# same operations in another order and batching, so they differ by rounding only. float32:
-# <= 2.4e-7 seen on tiny models, 1.1e-4 at logit scale ~30 on SmolLM2; half precision on CPU:
-# bfloat16 bit-identical, float16 <= 7.3e-4 of the logit scale on the 14 tiny architectures.
+# (atol, rtol) of the engine against the per-token definition in the same dtype. Both run the
+# same operations, batched and ordered differently, so they differ by rounding only, and a
+# deep model amplifies rounding, most of all under random per-cell source maps (a chimera of
+# two models). Seen: float64 6.4e-14 on SmolLM2-135M (30 layers) under random maps; float32
+# <= 1.6e-5 on the tiny models, 1.1e-2 at logit scale 33 (3.3e-4 relative) on SmolLM2 under
+# random maps (plain HF forward passes of one prompt alone vs in a padded batch already differ
+# by 1e-3 there); bfloat16 bit-identical and float16 <= 7.3e-4 relative on CPU (tiny models).
 ORACLE_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
-    torch.float32: (1e-4, 1e-5),
+    torch.float64: (1e-9, 1e-9),
+    torch.float32: (1e-4, 1e-3),
     torch.bfloat16: (0.0, 3e-2),
     torch.float16: (0.0, 5e-3),
 }

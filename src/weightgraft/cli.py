@@ -25,7 +25,8 @@ def _root() -> None:
 def _dtype(name: str):
     import torch
 
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    table = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}
     if name not in table:
         raise typer.BadParameter(f"dtype must be one of {', '.join(table)}")
     return table[name]
@@ -38,9 +39,13 @@ def check(
     prompts: Path | None = typer.Option(None, help="Text file, one prompt per line."),
     maps: int = typer.Option(2, help="Random source maps of each kind to check."),
     seed: int = typer.Option(0),
-    atol: Optional[float] = typer.Option(None, help="Absolute tolerance on logits (default: per dtype, 1e-4 in float32)."),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance on logits (default: per dtype, see weightgraft.check.ORACLE_TOLERANCE)."),
     rtol: Optional[float] = typer.Option(None, help="Tolerance relative to the largest |logit| (default: per dtype)."),
-    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
+    dtype: str = typer.Option(
+        "float64",
+        help="float64 (default: rounding is then ~1e-13, so any real difference stands out) | "
+        "float32 | bfloat16 | float16 (the engine as you run it; tolerances per dtype)",
+    ),
     device: str = typer.Option("cpu"),
     allow_pickle: bool = typer.Option(False, help="Allow pickle (.bin) checkpoints."),
 ) -> None:
