@@ -27,7 +27,9 @@ def _tokens(n: int, seed: int) -> list[int]:
 def _sweep_items(models) -> list[GraftItem]:
     """A small sweep: per example, the base, the last token grafted, a 3-model map and the same
     map re-drawn on its last two (answer) positions, one per-head map that equals the base
-    before its last position, and one item grafted early (it shares one position only)."""
+    before its last position, one item grafted early (it shares one position only), and the
+    donor alone next to "donor body everywhere but the last token" (their prefixes differ only
+    in the unembedding, which no prefix uses)."""
     slot_list = model_slots(models[0])
     n_slots = len(slot_list)
     q_first = next(s for s in slot_list if s.name == "layers.0.q")
@@ -46,6 +48,9 @@ def _sweep_items(models) -> list[GraftItem]:
         heads[-1, 1], heads[-1, 2] = 1, 2
         early = base.clone()
         early[1] = 2
+        donor = torch.ones(n, n_slots, dtype=torch.long)
+        donor_body = donor.clone()
+        donor_body[-1], donor_body[:, -1] = 0, 0  # "unembed" is the last slot
         items += [
             GraftItem(ids, base),
             GraftItem(ids, last),
@@ -53,6 +58,8 @@ def _sweep_items(models) -> list[GraftItem]:
             GraftItem(ids, answer, logit_start=-2, n_logits=2),
             GraftItem(ids, base, head_source={q_first.name: base[:, :q_first.heads], o_last.name: heads}),
             GraftItem(ids, early),
+            GraftItem(ids, donor),
+            GraftItem(ids, donor_body),
         ]
     ids = _tokens(4, seed=7)  # a short example: its prefix is left-padded the most
     short = torch.zeros(4, n_slots, dtype=torch.long)
@@ -86,6 +93,7 @@ def test_prefix_forward_equals_each_item_alone_and_the_per_token_definition(mode
     items = _sweep_items(models)
     plan = shared_prefix_groups(items, slot_names=wg.slots(models[0]))
     assert plan.groups and plan.unshared  # both paths run
+    assert PrefixGroup(8, (6, 7)) in plan.groups  # the donor and its body share
     got = prefix_forward(models, items, pad_id=0)
     k = max(item.n_logits for item in items)
     assert got.shape == (len(items), k, TINY_CONFIGS[model_type].vocab_size)
@@ -130,6 +138,12 @@ def test_grouping_compares_head_maps_with_the_source_they_replace():
     assert shared_prefix_groups(items, slot_names=["a", "b", "c"]).groups == (PrefixGroup(5, (0, 1)),)
     # ...which grouping can only know with the slot table; without it, it shares nothing.
     assert shared_prefix_groups(items).unshared == (0, 1)
+    # The unembedding (and final norm) of a prefix position serve no logit anyone reads.
+    output_differs = [_item("abcdef", "111111"), _item("abcdef", "111110")]
+    output_differs[1].source[:, 2] = 0  # base unembedding everywhere
+    shared = shared_prefix_groups(output_differs, slot_names=["a", "b", "unembed"])
+    assert shared.groups == (PrefixGroup(5, (0, 1)),)
+    assert shared_prefix_groups(output_differs, slot_names=["a", "b", "c"]).groups == ()
     other_heads = {"b": torch.tensor([[0, 1]] * 6)}
     items = [_item("abcdef", "000000"), _item("abcdef", "000000", heads=other_heads)]
     assert shared_prefix_groups(items, slot_names=["a", "b", "c"]).unshared == (0, 1)
@@ -190,7 +204,10 @@ def test_answer_continuation_logits_are_padded_with_the_last_wanted():
     base = torch.zeros(8, n_slots, dtype=torch.long)
     answer = base.clone()
     answer[5:] = 1
-    items = [GraftItem(ids, base, logit_start=4, n_logits=3), GraftItem(ids, answer, logit_start=5, n_logits=2)]
+    items = [
+        GraftItem(ids, base, logit_start=4, n_logits=3),
+        GraftItem(ids, answer, logit_start=5, n_logits=2),
+    ]
     assert shared_prefix_groups(items).groups == (PrefixGroup(4, (0, 1)),)
     got = prefix_forward(models, items, pad_id=0)
     assert got.shape[:2] == (2, 3)
@@ -213,7 +230,9 @@ def test_graft_forward_continues_from_a_cache():
     second = wg.graft_forward(models, ids[:, 5:], source[:, 5:], past_key_values=cache)
     assert (torch.cat([first, second], dim=1) - whole).abs().max().item() <= TOL
     with pytest.raises(ValueError, match="9 cached positions"):
-        wg.graft_forward(models, ids[:, :2], source[:, :2], attention_mask=torch.ones(1, 2), past_key_values=cache)
+        wg.graft_forward(
+            models, ids[:, :2], source[:, :2], attention_mask=torch.ones(1, 2), past_key_values=cache
+        )
 
 
 def test_bad_items_are_refused():
@@ -226,5 +245,29 @@ def test_bad_items_are_refused():
         prefix_forward(models, [GraftItem([5, 6, 7], source)], pad_id=0)
     with pytest.raises(ValueError, match="not a slot"):
         prefix_forward(models, [GraftItem([5, 6, 7, 8], source, {"layers.9.q": source[:, :4]})], pad_id=0)
+    with pytest.raises(ValueError, match="cannot be grafted per head"):
+        prefix_forward(models, [GraftItem([5, 6, 7, 8], source, {"layers.0.up": source[:, :4]})], pad_id=0)
     with pytest.raises(ValueError, match="at least one item"):
         prefix_forward(models, [], pad_id=0)
+
+
+@torch.no_grad()
+def test_an_unchecked_cache_kind_falls_back_to_running_whole(monkeypatch):
+    from transformers.cache_utils import DynamicLayer
+
+    class _OtherLayer(DynamicLayer):
+        pass
+
+    models = _models("llama", 2)
+    items = _sweep_items(models)[:4]
+    expected = prefix_forward(models, items, pad_id=0)
+    other_cache = type("OtherCache", (), {"layers": [_OtherLayer()]})
+    monkeypatch.setattr("weightgraft.prefix.DynamicCache", lambda config: other_cache())
+    calls = _EmbeddingCalls(models[0])
+    try:
+        with pytest.warns(UserWarning, match="_OtherLayer cache layers; running every item whole"):
+            got = prefix_forward(models, items, pad_id=0)
+    finally:
+        calls.handle.remove()
+    assert calls.shapes == [(4, 9)]
+    assert (got - expected).abs().max().item() <= TOL

@@ -13,6 +13,7 @@ cache rows of their group), and the items that share nothing (plain ``graft_forw
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ from weightgraft.architectures import model_slots
 from weightgraft.engine import graft_forward
 
 __all__ = ["GraftItem", "PrefixGroup", "PrefixPlan", "shared_prefix_groups", "prefix_forward"]
+
+# Slots that act on a position's logits only (after the last layer): no key or value depends on
+# them, so two prefixes that differ only there are the same prefix.
+OUTPUT_SLOTS: tuple[str, ...] = ("final_norm", "unembed")
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,8 @@ def _full_heads(
 def _position_keys(
     item: GraftItem, widths: Mapping[str, int], slot_index: Mapping[str, int] | None
 ) -> list[bytes]:
-    """One hashable key per position: its token, source row and (normalized) head rows."""
+    """One hashable key per position: its token, source row (less the output-only slots, when
+    the slot table is known) and (normalized) head rows."""
     ids = torch.as_tensor(list(item.input_ids), dtype=torch.long)
     source = item.source.to(device="cpu", dtype=torch.long)
     if source.dim() != 2 or source.shape[0] != len(ids):
@@ -125,6 +131,9 @@ def _position_keys(
             f"got {list(source.shape)}"
         )
     heads = _full_heads(item, widths, slot_index)
+    if slot_index is not None:
+        output = {slot_index[name] for name in OUTPUT_SLOTS if name in slot_index}
+        source = source[:, [s for s in range(source.shape[1]) if s not in output]]
     rows = torch.cat([ids[:, None], source, *heads.values()], dim=1).numpy()
     return [row.tobytes() for row in rows]
 
@@ -152,9 +161,13 @@ def shared_prefix_groups(
     rows) it has in common with some other item that can use it too: L never reaches a position
     whose logits either item wants, so every wanted logit (and at least one position) stays in
     the suffix. Items with the same L and the same prefix form a group. Items with
-    L < ``min_shared``, or alone in their group, run whole. ``slot_names`` (``slots(model)``)
-    lets a slot absent from an item's ``head_source`` equal a head map filled with that slot's
-    source column; without it such maps count as different.
+    L < ``min_shared``, or alone in their group, run whole.
+
+    ``slot_names`` (``slots(model)``) lets a slot absent from an item's ``head_source`` equal a
+    head map filled with that slot's source column, and leaves the output-only slots
+    (``final_norm``, ``unembed``) out of the comparison: a prefix's logits are never used, so
+    e.g. the donor alone shares its prefix with "donor everywhere but the last token". Without
+    it, such maps count as different.
     """
     widths = _head_widths(items, _head_slot_names(items))
     slot_index = {name: s for s, name in enumerate(slot_names)} if slot_names is not None else None
@@ -219,7 +232,10 @@ def _pad(segments: Sequence[_Segment], pad_id: int, left: bool) -> _Batch:
     ids = torch.full((batch, seq), pad_id, dtype=torch.long)
     mask = torch.zeros(batch, seq, dtype=torch.long)
     source = torch.zeros(batch, seq, n_slots, dtype=torch.long)
-    heads = {name: torch.zeros(batch, seq, h.shape[1], dtype=torch.long) for name, h in segments[0].heads.items()}
+    heads = {
+        name: torch.zeros(batch, seq, h.shape[1], dtype=torch.long)
+        for name, h in segments[0].heads.items()
+    }
     for b, seg in enumerate(segments):
         n = len(seg.input_ids)
         span = slice(seq - n, seq) if left else slice(0, n)
@@ -241,11 +257,18 @@ def _logit_positions(items: Sequence[GraftItem], offsets: Sequence[int], k: int)
 
 
 def _shareable_cache(model: nn.Module) -> DynamicCache | None:
-    """An empty cache for ``model``, or None when its cache layers are of a kind whose rows
-    prefix sharing has not been checked to copy and extend exactly."""
+    """An empty cache for ``model``, or None (with a warning) when its cache layers are of a
+    kind whose rows prefix sharing has not been checked to select and extend exactly; full and
+    sliding-window attention layers are (Gemma 2/3, Mistral: tests/test_prefix.py)."""
     cache = DynamicCache(config=model.config)
-    if all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers):
+    known = (DynamicLayer, DynamicSlidingWindowLayer)
+    other = sorted({type(x).__name__ for x in cache.layers if type(x) not in known})
+    if not other:
         return cache
+    warnings.warn(
+        f"prefix sharing is not supported with {', '.join(other)} cache layers; "
+        "running every item whole", stacklevel=3,
+    )
     return None
 
 
@@ -300,6 +323,21 @@ def _run_suffixes(
     return members, logits
 
 
+def _checked_head_widths(
+    items: Sequence[GraftItem], slot_list: Sequence, slot_index: Mapping[str, int]
+) -> dict[str, int]:
+    """Heads per head-mapped slot, from the slot table; names that cannot be head-mapped are
+    refused here, before padding would fail on them less clearly."""
+    widths = {}
+    for name in _head_slot_names(items):
+        if name not in slot_index:
+            raise ValueError(f"head_source names {name!r}, which is not a slot of this model")
+        widths[name] = slot_list[slot_index[name]].heads
+        if not widths[name]:
+            raise ValueError(f"slot {name!r} cannot be grafted per head; only q, k, v and o can")
+    return widths
+
+
 @torch.no_grad()
 def prefix_forward(
     models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, min_shared: int = 2
@@ -318,10 +356,7 @@ def prefix_forward(
     slot_list = model_slots(models[0])
     names = [s.name for s in slot_list]
     slot_index = {name: s for s, name in enumerate(names)}
-    unknown = [n for n in _head_slot_names(items) if n not in slot_index]
-    if unknown:
-        raise ValueError(f"head_source names {unknown[0]!r}, which is not a slot of this model")
-    widths = {n: slot_list[slot_index[n]].heads for n in _head_slot_names(items)}
+    widths = _checked_head_widths(items, slot_list, slot_index)
     k = max(item.n_logits for item in items)
     cache = _shareable_cache(models[0])
     plan = (
