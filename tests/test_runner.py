@@ -169,3 +169,16 @@ def test_per_head_sweep_matches_the_per_token_definition(tmp_path):
         target = int(row.target_token_id)
         assert row["rank"] == int((logits > logits[target]).sum())
         assert abs(row.prob - torch.softmax(logits, -1)[target].item()) < 1e-5
+
+
+def test_prefix_sharing_changes_no_result(tmp_path):
+    """Sharing prefixes within a batch (the default) gives the rows of running each whole."""
+    schemes = [{"preset": "position"}, {"name": "o[1]@-1", "rules": [
+        {"model": "sft", "positions": "last", "layers": "-1", "components": "o", "heads": "1"}]}]
+    shared = run_experiment(parse_config(_config(tmp_path, schemes=schemes)), load=loader, progress=False)
+    whole = run_experiment(parse_config(_config(tmp_path, schemes=schemes, prefix_sharing=False,
+                                                out=str(tmp_path / "whole"))), load=loader, progress=False)
+    cols = ["scheme", "example_id", "target_token_id", "rank", "top1", "top5"]
+    pd.testing.assert_frame_equal(shared.results[cols], whole.results[cols])
+    for col in ("prob", "answer_logprob"):
+        assert (shared.results[col] - whole.results[col]).abs().max() < 1e-5

@@ -60,6 +60,8 @@ class ExperimentConfig(BaseModel):
     batch_size: int = Field(64, ge=1)
     # donors hold only the tensors some scheme grafts (read lazily from safetensors)
     lean_donors: bool = True
+    # positions that several rows of a batch share are computed once (a KV cache per prefix)
+    prefix_sharing: bool = True
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
@@ -99,7 +101,7 @@ class ExperimentConfig(BaseModel):
 
     def identity(self) -> str:
         """Hash of what determines the results (not batch size, device or output place)."""
-        data = self.model_dump(mode="json", exclude={"batch_size", "out", "report", "device", "lean_donors"})
+        data = self.model_dump(mode="json", exclude={"batch_size", "out", "report", "device", "lean_donors", "prefix_sharing"})
         data["schemes"] = [s.model_dump(mode="json") for s in self.resolved_schemes()]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

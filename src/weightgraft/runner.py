@@ -20,11 +20,12 @@ import torch
 
 from weightgraft.architectures import model_slots
 from weightgraft.config import ExperimentConfig
-from weightgraft.engine import graft_forward, slots
 from weightgraft.distributed import Ranks, start
-from weightgraft.lean import memory_report
+from weightgraft.engine import graft_forward, slots
 from weightgraft.evaluate import TOP_K, answer_logprob, score_next_token, summarize
+from weightgraft.lean import memory_report
 from weightgraft.plans import CompiledScheme, compile_scheme
+from weightgraft.prefix import GraftItem, prefix_forward
 from weightgraft.selectors import SpanNotFound
 from weightgraft.store import ResultsStore, write_atomic
 from weightgraft.tokenization import check_same_tokenizer
@@ -356,6 +357,9 @@ def _my_batches(items: list, todo: list, batch_size: int, ranks: Ranks) -> list[
 
 def _compute(models, chunk, names, config: ExperimentConfig, pad_id: int) -> tuple[torch.Tensor, list[int]]:
     """Logits at the scored positions of one batch of (example, scheme) items."""
+    if config.prefix_sharing:
+        items, n_logits = _graft_items(chunk, config.score_answer)
+        return prefix_forward(models, items, pad_id).float().cpu(), n_logits
     ids, mask, source, positions, n_logits = _batch(chunk, config.score_answer, pad_id)
     heads = _head_batch(chunk, source, names, [n - 1 for n in n_logits])
     with torch.no_grad():
@@ -363,6 +367,21 @@ def _compute(models, chunk, names, config: ExperimentConfig, pad_id: int) -> tup
             models, ids, source, attention_mask=mask, logit_positions=positions, head_source=heads or None,
         )
     return logits.float().cpu(), n_logits
+
+
+def _graft_items(chunk, score_answer: bool) -> tuple[list[GraftItem], list[int]]:
+    """The batch as ``prefix_forward`` items: answer tokens after the prompt take the last
+    prompt token's weights; logits from the last prompt token on."""
+    items, n_logits = [], []
+    for ex, scheme in chunk:
+        extra = ex.answer_ids[:-1] if score_answer else []
+        heads = {name: _extend(h, len(extra)) for name, h in ex.heads.get(scheme, {}).items()}
+        items.append(GraftItem(
+            input_ids=ex.input_ids + extra, source=_extend(ex.sources[scheme], len(extra)),
+            head_source=heads or None, logit_start=len(ex.input_ids) - 1, n_logits=1 + len(extra),
+        ))
+        n_logits.append(1 + len(extra))
+    return items, n_logits
 
 
 def _follow_main(run_dir: Path, ranks: Ranks, computed: int) -> RunResult:
