@@ -28,6 +28,7 @@ import torch
 from weightgraft.engine import graft_forward, slots
 from weightgraft.models import load_model
 from weightgraft.plans import compile_scheme, preset
+from weightgraft.prefix import GraftItem, prefix_forward
 from weightgraft.reference import CompositeModel, per_token_forward
 from weightgraft.runner import load_test_prompts, prepare, Exclusions
 
@@ -189,6 +190,16 @@ def main() -> None:
     # (b) the engine, logits only where they are scored (the last position)
     time_b, mem_b = timed(lambda ids, mask, source: graft_forward(
         models, ids, source, attention_mask=mask, logit_positions=last(ids)))
+    # (b') the runner's default: prefix_forward, positions shared by a batch's rows computed once
+    graft_items = [GraftItem(ex.input_ids, ex.sources[scheme]) for ex, scheme in items]
+    item_batches = [graft_items[i : i + args.batch_size] for i in range(0, len(graft_items), args.batch_size)]
+    with PeakMemory(args.device) as mem_b2, torch.no_grad():
+        _sync(args.device)
+        t0 = time.perf_counter()
+        for chunk in item_batches:
+            prefix_forward(models, chunk, pad)
+        _sync(args.device)
+        time_b2 = time.perf_counter() - t0
     # (c) plain forward passes of the base model over the same sequences
     def plain(ids, mask, source):
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -205,6 +216,9 @@ def main() -> None:
           f"(speedup of (b) over it: {time_a2 / len(subset) / (time_b / len(items)):.1f})")
     print(f"(b) graft_forward batched:    {time_b:8.2f} s for {len(items)} items = {per_item_b:.4f} s/item  "
           f"peak +{mem_b.extra_mib:.0f} MiB")
+    print(f"(b') prefix_forward batched:  {time_b2:8.2f} s for {len(items)} items = {time_b2 / len(items):.4f} s/item  "
+          f"peak +{mem_b2.extra_mib:.0f} MiB  (speedup over (a): {per_item_a / (time_b2 / len(items)):.1f}, "
+          f"vs plain: {time_b2 / time_c:.2f}; the runner's default)")
     print(f"(c) plain forward:            {time_c:8.2f} s for {len(items)} items = {per_item_c:.4f} s/item  "
           f"peak +{mem_c.extra_mib:.0f} MiB")
     print(f"ratios compare time per (example, scheme) item; (a) timed on {len(subset)} of {len(items)} items")
