@@ -63,6 +63,9 @@ class ExperimentConfig(BaseModel):
     # positions that several rows of a batch share are computed once (a KV cache per prefix)
     prefix_sharing: bool = True
     device: str = "cpu"
+    # spread each model's layers over several GPUs ("auto", as in from_pretrained); donors
+    # then load in full with the same placement
+    device_map: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
     out: Path | None = None
@@ -101,7 +104,7 @@ class ExperimentConfig(BaseModel):
 
     def identity(self) -> str:
         """Hash of what determines the results (not batch size, device or output place)."""
-        data = self.model_dump(mode="json", exclude={"batch_size", "out", "report", "device", "lean_donors", "prefix_sharing"})
+        data = self.model_dump(mode="json", exclude={"batch_size", "out", "report", "device", "device_map", "lean_donors", "prefix_sharing"})
         data["schemes"] = [s.model_dump(mode="json") for s in self.resolved_schemes()]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -70,10 +70,36 @@ def _columns_output(module: nn.Module, x: torch.Tensor, cols: torch.Tensor | sli
 
 
 def _module_fn(module: nn.Module, is_base: bool):
-    """Call a module's own forward; the base module's is patched, so use its class's."""
+    """Call a module's own forward; the base module's is about to be patched, so keep what
+    it was: an instance-level forward (accelerate's device hooks wrap it) or the class's."""
     if is_base:
-        return lambda x, *a, **k: type(module).forward(module, x, *a, **k)
+        own = module.__dict__.get("forward")
+        return own if own is not None else (lambda x, *a, **k: type(module).forward(module, x, *a, **k))
     return module
+
+
+class _OnDevice:
+    """Index tensors moved once to each device a module runs on (``device_map`` placement
+    puts layers on several GPUs; the source map lives on the embedding's)."""
+
+    def __init__(self, tensors: dict[str, object]) -> None:
+        self.by_device = {None: tensors}
+
+    def get(self, device: torch.device) -> dict[str, object]:
+        if device not in self.by_device:
+            first = next(iter(self.by_device.values()))
+            self.by_device[device] = {k: _move(v, device) for k, v in first.items()}
+        return self.by_device[device]
+
+
+def _move(value: object, device: torch.device) -> object:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_move(v, device) for v in value)
+    if isinstance(value, _Group):
+        return _Group(_move(value.columns, device), value.models.to(device))
+    return value
 
 
 def _dispatch_forward(path: str, modules: Sequence[nn.Module], groups: list[_Group], pos_axis: int):
@@ -88,9 +114,13 @@ def _dispatch_forward(path: str, modules: Sequence[nn.Module], groups: list[_Gro
     row_sets = [(int(m), *(whole == m).logical_and(uniform).nonzero(as_tuple=True)) for m in whole.unique()]
     mixed = (~uniform).nonzero(as_tuple=True)
 
+    placed = _OnDevice({"row_sets": row_sets, "mixed": mixed, "groups": groups})
+
     def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if single is not None and single.numel() == 1:
             return fns[int(single)](x, *args, **kwargs)
+        here = placed.get(x.device)
+        row_sets, mixed, groups = here["row_sets"], here["mixed"], here["groups"]
         xv = x if pos_axis == 1 else x.movedim(pos_axis, 1)
         out = None
         for m, b, t in row_sets:
@@ -136,7 +166,13 @@ def _in_head_forward(
     mix_heads = head_models[b_mix, t_mix]  # [n, heads]
     mix_bias = bias_models[b_mix, t_mix]
 
+    placed = _OnDevice({"row_sets": row_sets, "b_mix": b_mix, "t_mix": t_mix,
+                        "mix_heads": mix_heads, "mix_bias": mix_bias})
+
     def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        here = placed.get(x.device)
+        row_sets, b_mix, t_mix = here["row_sets"], here["b_mix"], here["t_mix"]
+        mix_heads, mix_bias = here["mix_heads"], here["mix_bias"]
         xv = x if pos_axis == 1 else x.movedim(pos_axis, 1)
         out = None
         for m, b, t in row_sets:
@@ -241,7 +277,7 @@ def _gather_rows(positions: torch.Tensor):
 
     def hook(module: nn.Module, args: tuple) -> tuple:
         hidden = args[0]
-        index = positions[:, :, None].expand(-1, -1, hidden.shape[-1])
+        index = positions.to(hidden.device)[:, :, None].expand(-1, -1, hidden.shape[-1])
         return (hidden.gather(1, index), *args[1:])
 
     return hook
@@ -325,7 +361,7 @@ def graft_forward(
     heads = _check_heads(head_source or {}, slot_list, batch, seq, len(models), device)
     columns = [source[:, :, s] for s in range(len(slot_list))]
     handles: list = []
-    patched: list[nn.Module] = []
+    patched: list[tuple[nn.Module, object]] = []  # module, the instance forward it had
     try:
         if logit_positions is not None:
             logit_positions = logit_positions.to(device=device, dtype=torch.long)
@@ -344,16 +380,16 @@ def graft_forward(
             (part,) = slot.parts
             module = base.get_submodule(part.path)
             width = len(slot.head_columns(module)[0])
+            patched.append((module, module.__dict__.get("forward")))
             module.forward = _in_head_forward(part.path, models, head_models, columns[s], width, part.pos_axis)
-            patched.append(module)
         in_head = {slot_list[s].parts[0].path for s in heads if slot_list[s].head_side == "in"}
         out_heads = {s: h for s, h in heads.items() if slot_list[s].head_side == "out"}
         for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_heads).items():
-            if path in in_head and any(m is base.get_submodule(path) for m in patched):
+            if path in in_head and any(m is base.get_submodule(path) for m, _ in patched):
                 continue
             module = base.get_submodule(path)
+            patched.append((module, module.__dict__.get("forward")))
             module.forward = _dispatch_forward(path, models, groups, pos_axis)
-            patched.append(module)
         with _eval_mode(models):
             out = base(
                 input_ids=input_ids,
@@ -365,6 +401,9 @@ def graft_forward(
     finally:
         for h in handles:
             h.remove()
-        for module in patched:
-            del module.forward  # back to the class's forward
+        for module, own in reversed(patched):
+            if own is None:
+                del module.forward  # back to the class's forward
+            else:
+                module.forward = own  # e.g. accelerate's device hook
     return out.logits

@@ -528,7 +528,8 @@ def _finish_tokenizer(tokenizer: Any) -> Any:
 
 
 def _load_dir(
-    path: Path, dtype: torch.dtype, allow_pickle: bool, trust_remote_code: bool
+    path: Path, dtype: torch.dtype, allow_pickle: bool, trust_remote_code: bool,
+    device_map: str | dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -540,6 +541,7 @@ def _load_dir(
             local_files_only=True,
             use_safetensors=use_safetensors,
             trust_remote_code=trust_remote_code,
+            **({"device_map": device_map} if device_map is not None else {}),
         )
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
@@ -562,6 +564,28 @@ def _load_dir(
     return model, tokenizer
 
 
+def _no_device_map_for_gguf(device_map: Any, path: Path) -> None:
+    if device_map is not None:
+        raise ModelLoadError(
+            f"device_map is not available for GGUF file {path}: load it once and save a model "
+            "directory with save_pretrained, then pass that directory"
+        )
+
+
+def _refuse_offload(model: Any, source: str) -> None:
+    """Weights offloaded by a device_map live on the meta device until a hook loads them;
+    grafting reads weights directly, so such a placement would fail mid-run."""
+    offloaded = [n for n, p in model.named_parameters() if p.device.type in ("meta", "disk")]
+    placement = getattr(model, "hf_device_map", {}) or {}
+    if offloaded or any(str(d) in ("cpu", "disk") for d in placement.values()) and any(
+        str(d) not in ("cpu", "disk") for d in placement.values()
+    ):
+        raise ModelLoadError(
+            f"the device_map of {source} offloads weights ({(offloaded or list(placement))[0]} ...); "
+            "grafting reads every weight directly: give it GPUs with room for all layers"
+        )
+
+
 def _looks_like_path(spec: str) -> bool:
     """A spec that cannot be a hub id ("name" or "org/name") is meant as a path."""
     return (
@@ -573,13 +597,15 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _load_hub_cache(
-    spec: str, dtype: torch.dtype, trust_remote_code: bool
+    spec: str, dtype: torch.dtype, trust_remote_code: bool,
+    device_map: str | dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            spec, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
+            spec, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code,
+            **({"device_map": device_map} if device_map is not None else {}),
         )
         tokenizer = AutoTokenizer.from_pretrained(
             spec, local_files_only=True, trust_remote_code=trust_remote_code
@@ -601,6 +627,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    device_map: str | dict[str, Any] | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer from an embedded name, a path or a cached hub id.
 
@@ -612,6 +639,10 @@ def load_model(
         dtype: parameter dtype (GGUF weights are dequantized to it).
         allow_pickle: allow ``.bin``/``.pt`` pickle checkpoints (they can run code on load).
         trust_remote_code: allow a model directory's custom Python code to run.
+        device_map: place the layers of a model too large for one GPU over several
+            (``"auto"`` or a dict, as in ``from_pretrained``; needs a model directory or an
+            embedded name). Donors must be loaded with the same map. Offloading weights to
+            CPU or disk is refused: grafting reads the weights directly.
 
     Raises:
         ModelNotFoundError: nothing by that name/path exists locally.
@@ -621,7 +652,7 @@ def load_model(
     text = os.fspath(spec)
     if text.strip().lower() in EMBEDDED_MODELS:
         directory = ensure_converted(text)
-        model, tokenizer = _load_dir(directory, dtype, False, False)
+        model, tokenizer = _load_dir(directory, dtype, False, False, device_map)
         source = f"embedded:{_embedded(text).name} ({directory})"
     else:
         path = Path(text).expanduser()
@@ -638,15 +669,17 @@ def load_model(
                         f"{path} is a file but not a .gguf file; pass the model directory "
                         f"that holds config.json and the weights instead{hint}"
                     )
+                _no_device_map_for_gguf(device_map, path)
                 model, tokenizer = _from_gguf(path, dtype)
                 source = f"gguf:{path}"
             else:
                 ggufs = sorted(path.glob("*.gguf"))
                 if not (path / "config.json").exists() and len(ggufs) == 1:
+                    _no_device_map_for_gguf(device_map, ggufs[0])
                     model, tokenizer = _from_gguf(ggufs[0], dtype)
                     source = f"gguf:{ggufs[0]}"
                 else:
-                    model, tokenizer = _load_dir(path, dtype, allow_pickle, trust_remote_code)
+                    model, tokenizer = _load_dir(path, dtype, allow_pickle, trust_remote_code, device_map)
                     source = f"dir:{path}"
         elif _looks_like_path(text):
             raise ModelNotFoundError(
@@ -655,12 +688,15 @@ def load_model(
                 "save_pretrained, a .gguf file, or a hub id in the local HF cache)"
             )
         else:
-            model, tokenizer = _load_hub_cache(text, dtype, trust_remote_code)
+            model, tokenizer = _load_hub_cache(text, dtype, trust_remote_code, device_map)
             source = f"hub-cache:{text}"
 
     model.eval()
     digest = weights_sha256(model)
-    model.to(device)
+    if device_map is None:
+        model.to(device)
+    else:
+        _refuse_offload(model, source)
     return LoadedModel(
         model=model,
         tokenizer=_finish_tokenizer(tokenizer),

@@ -450,7 +450,7 @@ def _load_donor(load: Callable[[str, ExperimentConfig], Any], spec: str, config:
     from weightgraft.lean import donor_view, needed_parameters
     from weightgraft.models import load_lean_donor
 
-    if not config.lean_donors:
+    if not config.lean_donors or config.device_map is not None:
         return load(spec, config)
     needed = needed_parameters(base.model, slots_served)
     if load is _default_loader:
@@ -471,4 +471,4 @@ def _default_loader(spec: str, config: ExperimentConfig) -> Any:
     from weightgraft.models import load_model
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config.dtype]
-    return load_model(spec, device=config.device, dtype=dtype)
+    return load_model(spec, device=config.device, dtype=dtype, device_map=config.device_map)
