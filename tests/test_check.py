@@ -82,3 +82,12 @@ def test_report_tolerance_is_relative_to_logit_scale():
     assert not report.passed_case(worse)
     flipped = check_mod.CheckCase("z", max_abs_diff=0.0, logit_scale=30.0, top1_agree=0.9)
     assert not report.passed_case(flipped)
+
+
+def test_check_covers_the_runners_prefix_sharing(model_dirs, monkeypatch):
+    ok = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])
+    assert ok.exit_code == 0 and "prefix sharing (runner)" in ok.output
+    real = check_mod.prefix_forward
+    monkeypatch.setattr(check_mod, "prefix_forward", lambda *a, **k: real(*a, **k) + 1e-3)
+    bad = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])
+    assert bad.exit_code == 1 and "FAIL" in bad.output

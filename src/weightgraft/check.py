@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine import graft_forward, slots
+from weightgraft.prefix import GraftItem, prefix_forward
 from weightgraft.reference import CompositeModel, per_token_forward
 
 DEFAULT_PROMPTS = (
@@ -110,7 +111,8 @@ def check_engine(
     n_slots = len(slots(models[0]))
     real = attention_mask.bool()
     cases = []
-    for name, source in _source_maps(len(models), attention_mask, n_slots, n_random, gen):
+    maps = _source_maps(len(models), attention_mask, n_slots, n_random, gen)
+    for name, source in maps:
         fast = graft_forward(models, input_ids, source, attention_mask=attention_mask)
         ref = per_token_forward(models, input_ids, source, attention_mask, composite=composite)
         fast, ref = fast[real].float(), ref[real].float()
@@ -122,4 +124,36 @@ def check_engine(
                 top1_agree=(fast.argmax(-1) == ref.argmax(-1)).float().mean().item(),
             )
         )
+    cases.append(_prefix_case(models, input_ids, attention_mask, maps, gen))
     return CheckReport(cases=cases, atol=atol, rtol=rtol)
+
+
+def _prefix_case(
+    models: Sequence[nn.Module], input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    maps: list[tuple[str, torch.Tensor]], gen: torch.Generator,
+) -> CheckCase:
+    """The runner's path, ``prefix_forward``: every map's rows, each beside a twin that
+    differs at its last position only (so the two share a prefix through the KV cache),
+    against ``graft_forward`` on each row alone (which the cases above held to the
+    definition)."""
+    items: list[GraftItem] = []
+    for _, source in maps:
+        for b in range(input_ids.shape[0]):
+            n = int(attention_mask[b].sum())
+            ids = input_ids[b][attention_mask[b].bool()].tolist()
+            src = source[b][attention_mask[b].bool()]
+            twin = src.clone()
+            twin[-1] = torch.randint(0, len(models), twin[-1].shape, generator=gen)
+            items += [GraftItem(ids, src, logit_start=n - 1), GraftItem(ids, twin, logit_start=n - 1)]
+    pad = 0
+    shared = prefix_forward(models, items, pad)[:, 0].float()
+    alone = torch.stack([
+        graft_forward(models, torch.tensor([it.input_ids], device=input_ids.device), it.source[None])[0, -1]
+        for it in items
+    ]).float()
+    return CheckCase(
+        name="prefix sharing (runner)",
+        max_abs_diff=(shared - alone).abs().max().item(),
+        logit_scale=alone.abs().max().item(),
+        top1_agree=(shared.argmax(-1) == alone.argmax(-1)).float().mean().item(),
+    )
