@@ -82,14 +82,15 @@ class _OnDevice:
     """Index tensors moved once to each device a module runs on (``device_map`` placement
     puts layers on several GPUs; the source map lives on the embedding's)."""
 
-    def __init__(self, tensors: dict[str, object]) -> None:
-        self.by_device = {None: tensors}
+    def __init__(self, tensors: dict[str, object], device: torch.device) -> None:
+        self.by_device = {device: tensors}
 
     def get(self, device: torch.device) -> dict[str, object]:
-        if device not in self.by_device:
+        found = self.by_device.get(device)
+        if found is None:
             first = next(iter(self.by_device.values()))
-            self.by_device[device] = {k: _move(v, device) for k, v in first.items()}
-        return self.by_device[device]
+            found = self.by_device[device] = {k: _move(v, device) for k, v in first.items()}
+        return found
 
 
 def _move(value: object, device: torch.device) -> object:
@@ -102,23 +103,44 @@ def _move(value: object, device: torch.device) -> object:
     return value
 
 
-def _dispatch_forward(path: str, modules: Sequence[nn.Module], groups: list[_Group], pos_axis: int):
+class _Lookup:
+    """Per call: module by path in each model, and the row split of each distinct model map
+    (most grafted modules share a few maps, e.g. every slot of a layer in a position scheme),
+    so that planning costs per distinct map, not per module."""
+
+    def __init__(self, models: Sequence[nn.Module]) -> None:
+        self.modules = [dict(m.named_modules()) for m in models]
+        self.splits: dict[tuple, tuple] = {}
+
+    def targets(self, path: str) -> list[nn.Module]:
+        return [named[path] for named in self.modules]
+
+    def split(self, groups: list[_Group]) -> tuple:
+        """``(single model or None, [(model, rows b, rows t)], mixed rows)`` for ``groups``."""
+        key = tuple(g.models.cpu().numpy().tobytes() for g in groups)
+        if key not in self.splits:
+            stacked = torch.stack([g.models for g in groups], dim=-1)  # [batch, rows, groups]
+            uniform = (stacked == stacked[..., :1]).all(dim=-1)
+            whole = stacked[..., 0]
+            present = whole.unique().tolist()
+            single = present[0] if len(present) == 1 and bool(uniform.all()) else None
+            row_sets = [(m, *(whole == m).logical_and(uniform).nonzero(as_tuple=True)) for m in present]
+            self.splits[key] = (single, row_sets, (~uniform).nonzero(as_tuple=True))
+        return self.splits[key]
+
+
+def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis: int):
     """A forward for the base module at ``path`` that computes every row once, with the
     weights of the model that serves it (rows split by model; fused modules by columns)."""
-    fns = [_module_fn(m.get_submodule(path), i == 0) for i, m in enumerate(modules)]
-    targets = [m.get_submodule(path) for m in modules]
-    stacked = torch.stack([g.models for g in groups], dim=-1)  # [batch, rows, groups]
-    uniform = (stacked == stacked[..., :1]).all(dim=-1)
-    whole = stacked[..., 0]
-    single = whole.unique() if bool(uniform.all()) else None
-    row_sets = [(int(m), *(whole == m).logical_and(uniform).nonzero(as_tuple=True)) for m in whole.unique()]
-    mixed = (~uniform).nonzero(as_tuple=True)
+    targets = lookup.targets(path)
+    fns = [_module_fn(t, i == 0) for i, t in enumerate(targets)]
+    single, row_sets, mixed = lookup.split(groups)
 
-    placed = _OnDevice({"row_sets": row_sets, "mixed": mixed, "groups": groups})
+    placed = _OnDevice({"row_sets": row_sets, "mixed": mixed, "groups": groups}, groups[0].models.device)
 
     def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if single is not None and single.numel() == 1:
-            return fns[int(single)](x, *args, **kwargs)
+        if single is not None:
+            return fns[single](x, *args, **kwargs)
         here = placed.get(x.device)
         row_sets, mixed, groups = here["row_sets"], here["mixed"], here["groups"]
         xv = x if pos_axis == 1 else x.movedim(pos_axis, 1)
@@ -167,7 +189,7 @@ def _in_head_forward(
     mix_bias = bias_models[b_mix, t_mix]
 
     placed = _OnDevice({"row_sets": row_sets, "b_mix": b_mix, "t_mix": t_mix,
-                        "mix_heads": mix_heads, "mix_bias": mix_bias})
+                        "mix_heads": mix_heads, "mix_bias": mix_bias}, head_models.device)
 
     def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         here = placed.get(x.device)
@@ -285,13 +307,14 @@ def _gather_rows(positions: torch.Tensor):
 
 @contextlib.contextmanager
 def _eval_mode(models: Sequence[nn.Module]) -> Iterator[None]:
-    modes = [m.training for m in models]
+    """Eval mode for the call (no dropout); models already in it are left untouched."""
+    changed = [(m, m.training) for m in models if any(x.training for x in m.modules())]
     try:
-        for m in models:
+        for m, _ in changed:
             m.eval()
         yield
     finally:
-        for m, mode in zip(models, modes):
+        for m, mode in changed:
             m.train(mode)
 
 
@@ -382,6 +405,7 @@ def graft_forward(
             width = len(slot.head_columns(module)[0])
             patched.append((module, module.__dict__.get("forward")))
             module.forward = _in_head_forward(part.path, models, head_models, columns[s], width, part.pos_axis)
+        lookup = _Lookup(models)
         in_head = {slot_list[s].parts[0].path for s in heads if slot_list[s].head_side == "in"}
         out_heads = {s: h for s, h in heads.items() if slot_list[s].head_side == "out"}
         for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_heads).items():
@@ -389,7 +413,7 @@ def graft_forward(
                 continue
             module = base.get_submodule(path)
             patched.append((module, module.__dict__.get("forward")))
-            module.forward = _dispatch_forward(path, models, groups, pos_axis)
+            module.forward = _dispatch_forward(path, lookup, groups, pos_axis)
         with _eval_mode(models):
             out = base(
                 input_ids=input_ids,
