@@ -9,6 +9,8 @@ module (``"mlp.down_proj"``) or a set of output columns of a fused projection
 
 from __future__ import annotations
 
+import weakref
+
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -287,12 +289,26 @@ class Slot:
         return list(cols.view(self.heads, -1))
 
 
+_SLOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (config json, slots)
+
+
 def model_slots(model: nn.Module) -> list[Slot]:
     """All graftable slots of ``model`` in the canonical order, bound to module paths.
 
     Components whose module has no parameters (OLMo's LayerNorms) are not slots: grafting
-    them could change nothing.
+    them could change nothing. Remembered per model while its config stays the same (every
+    ``graft_forward`` call asks for them).
     """
+    key = model.config.to_json_string()
+    cached = _SLOTS.get(model)
+    if cached is not None and cached[0] == key:
+        return list(cached[1])
+    slots = _build_slots(model)
+    _SLOTS[model] = (key, slots)
+    return list(slots)
+
+
+def _build_slots(model: nn.Module) -> list[Slot]:
     config = model.config
     adapter = adapter_for(config)
     try:
