@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -182,3 +183,23 @@ def test_prefix_sharing_changes_no_result(tmp_path):
     pd.testing.assert_frame_equal(shared.results[cols], whole.results[cols])
     for col in ("prob", "answer_logprob"):
         assert (shared.results[col] - whole.results[col]).abs().max() < 1e-5
+
+
+def test_per_layer_head_sweep_draws_a_layer_by_head_grid(tmp_path):
+    from weightgraft.report import head_figures, load_run, write_report
+
+    schemes = [{"preset": "heads", "n_heads": 4, "layers": ["0", "1"], "components": "o"}]
+    result = run_experiment(parse_config(_config(tmp_path, schemes=schemes)), load=loader, progress=False)
+    heads = list(dict.fromkeys(s for s in result.results.scheme if s.startswith("o[")))
+    assert heads == [f"o[{h}]@{layer}" for layer in ("0", "1") for h in range(4)]
+    write_report(tmp_path / "run")
+    names = {p.name for p in (tmp_path / "run" / "report" / "figures").iterdir()}
+    assert any("heads_o_last_mean_rank" in n for n in names) and any("heads_o_last_top5" in n for n in names)
+    summary = result.summary[(result.summary.template == "headline")].set_index("scheme")
+    run = load_run(tmp_path / "run")
+    group = summary.reset_index()
+    labels = {s: run.labels.get(("default", "headline", s), {}) for s in group["scheme"]}
+    [(_, fig)] = head_figures(group, labels, "t", metric="mean_rank")
+    grid = np.asarray(fig.axes[0].images[0].get_array())
+    expected = [[summary.loc[f"o[{h}]@{layer}", "mean_rank"] + 1 for h in range(4)] for layer in ("0", "1")]
+    assert np.allclose(grid, expected)

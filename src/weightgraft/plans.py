@@ -344,19 +344,25 @@ def layer_window_schemes(
 
 def head_schemes(
     base: str = "pre", donor: str = "sft", n_heads: int | None = None, positions: str = "last",
-    layers: str = "last_quarter", components: str = "o",
+    layers: str | Sequence[str] = "last_quarter", components: str = "o",
 ) -> list[Scheme]:
     """One scheme per attention head: that head of ``components`` (q/k/v/o) on ``layers`` at
     ``positions`` from the donor, everything else from the base. ``n_heads`` is the model's
-    number of heads (``k``/``v`` with fewer KV heads refuse head indices they lack)."""
+    number of heads (``k``/``v`` with fewer KV heads refuse head indices they lack). A list of
+    layer selectors (``["-4", "-3", "-2", "-1"]``) gives one scheme per (layers, head), which
+    the report draws as a layer x head grid."""
     if not n_heads or n_heads < 1:
         raise SelectorError("preset 'heads' needs n_heads (the model's number of attention heads)")
+    layer_sets = [layers] if isinstance(layers, str) else [str(x) for x in layers]
+    if not layer_sets:
+        raise SelectorError("preset 'heads' got an empty list of layers")
     return baselines(base, donor) + [
         Scheme(
-            name=f"{components}[{h}]@{layers}", base=base, family="head",
-            labels={"components": components, "head": str(h), "layers": layers, "positions": positions},
-            rules=[Rule(model=donor, positions=positions, layers=layers, components=components, heads=str(h))],
+            name=f"{components}[{h}]@{where}", base=base, family="head",
+            labels={"components": components, "head": str(h), "layers": where, "positions": positions},
+            rules=[Rule(model=donor, positions=positions, layers=where, components=components, heads=str(h))],
         )
+        for where in layer_sets
         for h in range(n_heads)
     ]
 

@@ -438,6 +438,26 @@ def layer_position_figures(group: pd.DataFrame, labels: dict[str, dict[str, str]
     return out
 
 
+def head_figures(group: pd.DataFrame, labels: dict[str, dict[str, str]], head: str,
+                 metric: str = "top5") -> list[tuple[str, Figure]]:
+    """Per-head sweeps over several layer sets: layer set (rows) x head (columns), one grid
+    per grafted component and position set."""
+    rows = _labelled(group[group["family"] == "head"], labels, ("components", "head", "layers"))
+    if rows.empty or rows["label_layers"].nunique() < 2:
+        return []
+    rows["label_positions"] = [labels[s].get("positions", "") for s in rows["scheme"]]
+    base = _baseline_note(group)
+    out = []
+    for (comp, pos), sub in rows.groupby(["label_components", "label_positions"], sort=False):
+        layer_sets = list(dict.fromkeys(sub["label_layers"]))
+        heads = sorted(dict.fromkeys(sub["label_head"]), key=_natural_key)
+        sub = sub.assign(row_key=sub["label_layers"], col_key=sub["label_head"])
+        title = f"{head}: head {comp} grafted at {pos}\nbaselines (top-5 %): {base or 'none'}"
+        out.append((f"heads_{comp}_{pos}_{metric}", heatmap_figure(
+            _grid(sub, layer_sets, heads, metric), layer_sets, heads, metric, title, "head", "layers")))
+    return out
+
+
 def _natural_key(text: str) -> tuple[int, float, str]:
     try:
         return (0, float(text), "")
@@ -468,6 +488,8 @@ def bar_figures(group: pd.DataFrame, head: str) -> list[tuple[str, Figure]]:
     for family in dict.fromkeys(group["family"]):
         if family in (*POSITION_FAMILIES, "hybrid"):
             continue
+        if family == "head" and (group["family"] == "head").sum() > 40:
+            continue  # a layer x head grid shows these (head_figures)
         rows = pd.concat([base, group[group["family"] == family]])
         out.append((family, accuracy_bar_figure(rows, f"{head}: {family} schemes")))
     return out
@@ -482,6 +504,8 @@ def group_figures(run: Run, model_set: str, template: str, group: pd.DataFrame,
     for metric in heatmap_metrics:
         out += component_figures(group, labels, head, metric)
         out += layer_position_figures(group, labels, head, metric)
+    for metric in dict.fromkeys([*heatmap_metrics, "mean_rank"]):  # single heads rarely reach top-5
+        out += head_figures(group, labels, head, metric)
     return out + hybrid_figure(group, labels, head)
 
 
