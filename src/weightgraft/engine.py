@@ -109,7 +109,7 @@ class _Lookup:
     so that planning costs per distinct map, not per module."""
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
-        self.modules = [dict(m.named_modules()) for m in models]
+        self.modules = [dict(m.named_modules(remove_duplicate=False)) for m in models]
         self.splits: dict[tuple, tuple] = {}
 
     def targets(self, path: str) -> list[nn.Module]:
