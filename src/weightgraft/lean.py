@@ -111,7 +111,7 @@ def donor_view(
 class _SafetensorsFiles:
     """The tensors of a model directory's safetensors file(s), read one at a time."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, model: nn.Module | None = None) -> None:
         from safetensors import safe_open
 
         index = directory / "model.safetensors.index.json"
@@ -123,10 +123,35 @@ class _SafetensorsFiles:
             if not files:
                 raise FileNotFoundError(f"no safetensors file in {directory}")
         self.handles = {f: safe_open(str(directory / f), framework="pt") for f in files}
-        self.where = {k: f for f, h in self.handles.items() for k in h.keys()}
+        stored = {k: f for f, h in self.handles.items() for k in h.keys()}
+        renamed = _renamings(model, stored) if model is not None else {}
+        # model name -> (file, name in the file): legacy names renamed as from_pretrained does
+        self.where = {renamed.get(k, k): (f, k) for k, f in stored.items()}
 
     def get(self, name: str) -> torch.Tensor:
-        return self.handles[self.where[name]].get_tensor(name)
+        file, key = self.where[name]
+        return self.handles[file].get_tensor(key)
+
+
+def _renamings(model: nn.Module, keys: Iterable[str]) -> dict[str, str]:
+    """Stored name -> model name under the plain renamings transformers applies on load (e.g.
+    GPT-NeoX's ``embed_out`` -> ``lm_head``). Other conversions (merged or split tensors) are
+    not followed: their names then do not map, and the caller loads the donor in full."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+
+        rules = [r for r in get_model_conversion_mapping(model) if type(r) is WeightRenaming]
+    except Exception:  # an internal API of transformers: without it, names are taken as stored
+        return {}
+    out = {}
+    for key in keys:
+        name = key
+        for rule in rules:
+            name, _ = rule.rename_source_key(name)
+        if name != key:
+            out[key] = name
+    return out
 
 
 def _file_key(name: str, aliases: Mapping[str, list[str]], keys: Mapping[str, str]) -> str | None:
@@ -157,7 +182,7 @@ def lean_from_safetensors(
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
-    files = _SafetensorsFiles(Path(directory))
+    files = _SafetensorsFiles(Path(directory), base)
     aliases = _aliases(base)
     state = base.state_dict(keep_vars=True)
     # weights_sha256 covers state_dict entries (persistent buffers included), name-sorted
