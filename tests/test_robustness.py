@@ -184,3 +184,21 @@ def test_same_seed_twice_gives_identical_results(tmp_path):
     b = _run(_raw(tmp_path, out=str(tmp_path / "b")))
     pd.testing.assert_frame_equal(a.results, b.results)
     assert (tmp_path / "a" / "summary.csv").read_bytes() == (tmp_path / "b" / "summary.csv").read_bytes()
+
+
+def test_checkpoint_missing_a_tensor_is_refused_not_filled_at_random(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from weightgraft.models import CorruptCheckpointError, load_model
+    from tiny_models import make_tiny, tiny_tokenizer
+
+    for arch in ("llama", "gemma"):  # gemma: tied embeddings are not "missing"
+        directory = tmp_path / arch
+        make_tiny(arch).save_pretrained(directory)
+        tiny_tokenizer().save_pretrained(directory)
+        assert load_model(directory).source.startswith("dir:")
+    tensors = load_file(tmp_path / "llama" / "model.safetensors")
+    del tensors["model.layers.0.mlp.up_proj.weight"]
+    save_file(tensors, tmp_path / "llama" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CorruptCheckpointError, match="missing.*layers.0.mlp.up_proj.weight.*random"):
+        load_model(tmp_path / "llama")

@@ -542,6 +542,7 @@ def _load_dir(
             use_safetensors=use_safetensors,
             trust_remote_code=trust_remote_code,
             **({"device_map": device_map} if device_map is not None else {}),
+            output_loading_info=True,
         )
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
@@ -552,6 +553,8 @@ def _load_dir(
         raise ModelLoadError(f"could not load the model in {path}: {exc}") from exc
     except OSError as exc:
         raise CorruptCheckpointError(f"could not load the model in {path}: {exc}") from exc
+    model, info = model
+    _refuse_incomplete(info, str(path))
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             str(path), local_files_only=True, trust_remote_code=trust_remote_code
@@ -562,6 +565,25 @@ def _load_dir(
             "the weights with tokenizer.save_pretrained(DIR)"
         ) from exc
     return model, tokenizer
+
+
+def _refuse_incomplete(info: dict[str, Any], where: str) -> None:
+    """transformers fills tensors a checkpoint lacks (or has in another shape) with fresh random
+    values and only logs it; a grafted donor like that would give silently wrong numbers."""
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = sorted(str(k[0]) if isinstance(k, (tuple, list)) else str(k)
+                        for k in info.get("mismatched_keys") or [])
+    if missing or mismatched:
+        what = []
+        if missing:
+            what.append(f"{len(missing)} tensor(s) missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+        if mismatched:
+            what.append(f"{len(mismatched)} of another shape ({', '.join(mismatched[:3])})")
+        raise CorruptCheckpointError(
+            f"the checkpoint in {where} does not hold the whole model: {'; '.join(what)}. "
+            "transformers would fill them with random values; save the model again with "
+            "save_pretrained, or check that it is the architecture its config.json says"
+        )
 
 
 def _no_device_map_for_gguf(device_map: Any, path: Path) -> None:
@@ -606,7 +628,10 @@ def _load_hub_cache(
         model = AutoModelForCausalLM.from_pretrained(
             spec, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code,
             **({"device_map": device_map} if device_map is not None else {}),
+            output_loading_info=True,
         )
+        model, info = model
+        _refuse_incomplete(info, spec)
         tokenizer = AutoTokenizer.from_pretrained(
             spec, local_files_only=True, trust_remote_code=trust_remote_code
         )
