@@ -311,7 +311,7 @@ def _run_suffixes(
     members = sorted(group_of)
     lengths = [plan.groups[group_of[i]].length for i in members]
     rows = torch.tensor([group_of[i] for i in members], dtype=torch.long)
-    cache.batch_select_indices(rows.to(models[0].get_input_embeddings().weight.device))
+    cache.batch_select_indices(rows)  # CPU indices serve cache layers on any device (device_map)
     segments = [_segment(items[i], n, len(items[i]), widths, slot_index) for i, n in zip(members, lengths)]
     batch = _pad(segments, pad_id, left=False)
     logits = graft_forward(
