@@ -145,8 +145,7 @@ def _prefix_case(
             twin = src.clone()
             twin[-1] = torch.randint(0, len(models), twin[-1].shape, generator=gen)
             items += [GraftItem(ids, src, logit_start=n - 1), GraftItem(ids, twin, logit_start=n - 1)]
-    pad = 0
-    shared = prefix_forward(models, items, pad)[:, 0].float()
+    shared = prefix_forward(models, items, pad_id=0)[:, 0].float()  # padding is masked out
     alone = torch.stack([
         graft_forward(models, torch.tensor([it.input_ids], device=input_ids.device), it.source[None])[0, -1]
         for it in items

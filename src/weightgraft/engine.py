@@ -172,14 +172,14 @@ def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis
 
 
 def _in_head_forward(
-    path: str, modules: Sequence[nn.Module], head_models: torch.Tensor, bias_models: torch.Tensor,
+    path: str, lookup: _Lookup, head_models: torch.Tensor, bias_models: torch.Tensor,
     head_width: int, pos_axis: int,
 ):
     """A forward for an output projection grafted head by head: its input columns (one group
     per head) are multiplied by the weights of the model serving that head and summed; the
     bias, which belongs to no head, comes from ``bias_models``."""
-    fns = [_module_fn(m.get_submodule(path), i == 0) for i, m in enumerate(modules)]
-    targets = [m.get_submodule(path) for m in modules]
+    targets = lookup.targets(path)
+    fns = [_module_fn(t, i == 0) for i, t in enumerate(targets)]
     stacked = torch.cat([head_models, bias_models[..., None]], dim=-1)  # [batch, rows, heads+1]
     uniform = (stacked == stacked[..., :1]).all(dim=-1)
     whole = stacked[..., 0]
@@ -396,6 +396,7 @@ def graft_forward(
             columns[unembed] = columns[unembed].gather(1, logit_positions)
             head = base.get_submodule(slot_list[unembed].parts[0].path)
             handles.append(head.register_forward_pre_hook(_gather_rows(logit_positions)))
+        lookup = _Lookup(models)
         for s, head_models in heads.items():
             slot = slot_list[s]
             if slot.head_side != "in" or not bool((head_models != columns[s][..., None]).any()):
@@ -404,8 +405,7 @@ def graft_forward(
             module = base.get_submodule(part.path)
             width = len(slot.head_columns(module)[0])
             patched.append((module, module.__dict__.get("forward")))
-            module.forward = _in_head_forward(part.path, models, head_models, columns[s], width, part.pos_axis)
-        lookup = _Lookup(models)
+            module.forward = _in_head_forward(part.path, lookup, head_models, columns[s], width, part.pos_axis)
         in_head = {slot_list[s].parts[0].path for s in heads if slot_list[s].head_side == "in"}
         out_heads = {s: h for s, h in heads.items() if slot_list[s].head_side == "out"}
         for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_heads).items():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,19 +161,13 @@ def _file_key(name: str, aliases: Mapping[str, list[str]], keys: Mapping[str, st
     return None
 
 
-def _hash_update(digest, name: str, tensor: torch.Tensor) -> None:
-    t = tensor.detach().to("cpu").contiguous()
-    digest.update(f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{tuple(t.shape)}\0".encode())
-    if t.numel():
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
 @torch.no_grad()
 def lean_from_safetensors(
     base: nn.Module, directory: Path, needed: Iterable[str]
 ) -> tuple[nn.Module, str] | None:
-    """A donor view of ``base`` reading only ``needed`` tensors from ``directory``, and the
-    donor's ``weights_sha256`` (computed by streaming its tensors one at a time).
+    """A donor view of ``base`` holding only the ``needed`` tensors of ``directory``, and the
+    donor's ``weights_sha256``: its tensors are streamed one at a time for the hash, and only
+    the needed ones are kept.
 
     Returns None when the checkpoint's tensor names do not map onto the base's (older key
     layouts): the caller then loads the donor in full, which is never wrong, only heavier."""
@@ -181,13 +175,21 @@ def lean_from_safetensors(
 
     from transformers import AutoConfig
 
+    from weightgraft.models import hash_tensor
+
     config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     files = _SafetensorsFiles(Path(directory), base)
     aliases = _aliases(base)
     state = base.state_dict(keep_vars=True)
-    # weights_sha256 covers state_dict entries (persistent buffers included), name-sorted
-    digest = hashlib.sha256()
     params = dict(base.named_parameters(remove_duplicate=False))
+    needed = set(needed)
+    if any(_file_key(name, aliases, files.where) is None for name in needed):
+        return None
+    # one pass over the donor's tensors, in weights_sha256's (name-sorted) order, keeping the
+    # needed ones (a needed tied pair is one stored tensor, read once)
+    digest = hashlib.sha256()
+    read: dict[str, torch.Tensor] = {}
+    loaded: dict[str, torch.Tensor] = {}
     for name in sorted(state):
         ref = state[name]
         if not isinstance(ref, torch.Tensor):
@@ -198,23 +200,19 @@ def lean_from_safetensors(
                 return None
             tensor = ref  # a buffer the checkpoint does not store: the config defines it
         else:
-            tensor = files.get(key)
+            tensor = read.get(key)
+            if tensor is None:
+                tensor = files.get(key)
+                if any(n in needed for n in aliases.get(name, [name])):
+                    read[key] = tensor  # kept; any other tensor goes once hashed
             if tuple(tensor.shape) != tuple(ref.shape):
                 raise ModelMismatchError(
                     f"tensor {name!r} has shape {list(tensor.shape)} in {directory} but "
                     f"{list(ref.shape)} in the base model: the models do not match"
                 )
-            tensor = tensor.to(ref.dtype)
-        _hash_update(digest, name, tensor)
-    loaded: dict[str, torch.Tensor] = {}
-    by_key: dict[str, torch.Tensor] = {}
-    for name in sorted(set(needed)):
-        key = _file_key(name, aliases, files.where)
-        if key is None:
-            return None
-        if key not in by_key:
-            by_key[key] = files.get(key)
-        loaded[name] = by_key[key]
+            if name in needed:
+                loaded[name] = tensor
+        hash_tensor(digest, name, tensor.to(ref.dtype))
     return donor_view(base, loaded, config), digest.hexdigest()
 
 
@@ -249,13 +247,3 @@ def memory_report(model: nn.Module, base: nn.Module | None = None) -> MemoryRepo
             held += 1
             n_bytes += p.numel() * p.element_size()
     return MemoryReport(n_bytes, held, shared)
-
-
-def model_slots_served(sources: Sequence[torch.Tensor], model_index: int) -> set[int]:
-    """Slot indices that ``model_index`` serves anywhere in the given source tensors
-    (``[..., n_slots]``)."""
-    served: set[int] = set()
-    for src in sources:
-        hit = (src == model_index).reshape(-1, src.shape[-1]).any(dim=0)
-        served.update(hit.nonzero().flatten().tolist())
-    return served

@@ -115,14 +115,18 @@ def weights_sha256(model_or_state_dict: Any) -> str:
     digest = hashlib.sha256()
     for name in sorted(state):
         tensor = state[name]
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        t = tensor.detach().to("cpu").contiguous()
-        header = f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{tuple(t.shape)}\0"
-        digest.update(header.encode())
-        if t.numel():
-            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        if isinstance(tensor, torch.Tensor):
+            hash_tensor(digest, name, tensor)
     return digest.hexdigest()
+
+
+def hash_tensor(digest: Any, name: str, tensor: torch.Tensor) -> None:
+    """One entry of :func:`weights_sha256` (also streamed by lean donors, tensor by tensor)."""
+    t = tensor.detach().to("cpu").contiguous()
+    header = f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{tuple(t.shape)}\0"
+    digest.update(header.encode())
+    if t.numel():
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 # --------------------------------------------------------------------------------------

@@ -340,7 +340,8 @@ def _checked_head_widths(
 
 @torch.no_grad()
 def prefix_forward(
-    models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, min_shared: int = 2
+    models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, min_shared: int = 2,
+    share: bool = True,
 ) -> torch.Tensor:
     """``[len(items), max n_logits, vocab]`` logits, the same as running each item whole with
     ``graft_forward``, but with prefixes shared by several items computed once (see
@@ -349,7 +350,7 @@ def prefix_forward(
     otherwise hold every prefix's graph.
 
     Models whose KV cache has layers of other kinds than full or sliding-window attention run
-    every item whole (still one batched call).
+    every item whole (still one batched call), as do all items with ``share=False``.
     """
     if not items:
         raise ValueError("prefix_forward needs at least one item")
@@ -358,7 +359,7 @@ def prefix_forward(
     slot_index = {name: s for s, name in enumerate(names)}
     widths = _checked_head_widths(items, slot_list, slot_index)
     k = max(item.n_logits for item in items)
-    cache = _shareable_cache(models[0])
+    cache = _shareable_cache(models[0]) if share else None
     plan = (
         shared_prefix_groups(items, min_shared, names) if cache is not None
         else PrefixPlan((), tuple(range(len(items))))

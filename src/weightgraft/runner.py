@@ -1,7 +1,7 @@
 """Run an experiment: test prompts x schemes x model sets -> results store -> summary.
 
 Data flows one way: config -> compiled schemes -> per-example source tensors -> batched
-``graft_forward`` -> metrics rows -> store -> summary (-> report).
+``prefix_forward`` (one-pass ``graft_forward`` calls) -> metrics rows -> store -> summary (-> report).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from weightgraft.architectures import model_slots
 from weightgraft.config import ExperimentConfig
 from weightgraft.distributed import Ranks, start
-from weightgraft.engine import graft_forward, slots
+from weightgraft.engine import slots
 from weightgraft.evaluate import TOP_K, answer_logprob, score_next_token, summarize
 from weightgraft.lean import memory_report
 from weightgraft.plans import CompiledScheme, compile_scheme
@@ -156,53 +156,6 @@ def _extend(src: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([src, src[-1:].expand(n, *src.shape[1:])], dim=0) if n else src
 
 
-def _head_batch(
-    items: Sequence[tuple[Prepared, str]], source: torch.Tensor, slot_names: Sequence[str],
-    n_extra: Sequence[int],
-) -> dict[str, torch.Tensor]:
-    """The engine's ``head_source`` for a batch: rows of schemes without a head map for a
-    slot are served by that slot's ``source`` (every head from the same model)."""
-    wanted = {name: h.shape[1] for ex, scheme in items for name, h in ex.heads.get(scheme, {}).items()}
-    out = {}
-    for name, n_heads in wanted.items():
-        s = slot_names.index(name)
-        tensor = source[:, :, s, None].repeat(1, 1, n_heads)
-        for b, (ex, scheme) in enumerate(items):
-            h = ex.heads.get(scheme, {}).get(name)
-            if h is not None:
-                h = _extend(h, n_extra[b])
-                tensor[b, : h.shape[0]] = h
-        out[name] = tensor
-    return out
-
-
-def _batch(items: Sequence[tuple[Prepared, str]], score_answer: bool, pad_id: int):
-    """Right-padded inputs (prompt + answer[:-1] when scoring the answer), sources and the
-    positions whose logits are needed."""
-    seqs, srcs, n_logits = [], [], []
-    for ex, scheme in items:
-        extra = ex.answer_ids[:-1] if score_answer else []
-        src = _extend(ex.sources[scheme], len(extra))
-        seqs.append(ex.input_ids + extra)
-        srcs.append(src)
-        n_logits.append(1 + len(extra))
-    seq = max(map(len, seqs))
-    k = max(n_logits)
-    n_slots = srcs[0].shape[1]
-    ids = torch.full((len(items), seq), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(items), seq), dtype=torch.long)
-    source = torch.zeros((len(items), seq, n_slots), dtype=torch.long)
-    positions = torch.zeros((len(items), k), dtype=torch.long)
-    for b, (s, src, (ex, _)) in enumerate(zip(seqs, srcs, items)):
-        ids[b, : len(s)] = torch.tensor(s)
-        mask[b, : len(s)] = 1
-        source[b, : len(s)] = src
-        start = len(ex.input_ids) - 1
-        pos = list(range(start, start + n_logits[b]))
-        positions[b] = torch.tensor(pos + [pos[-1]] * (k - len(pos)))
-    return ids, mask, source, positions, n_logits
-
-
 def _rows(items, logits, n_logits, tokenizer, model_set, scheme_meta) -> list[dict[str, Any]]:
     rows = []
     for b, (ex, scheme) in enumerate(items):
@@ -304,7 +257,7 @@ def run_experiment(
         with Progress(disable=not progress, transient=False) as bar:
             task = bar.add_task(f"[{set_name}] grafting", total=len(items), completed=len(items) - len(todo))
             for chunk in _my_batches(items, todo, config.batch_size, ranks):
-                logits, n_logits = _compute(models, chunk, names, config, pad_id)
+                logits, n_logits = _compute(models, chunk, config, pad_id)
                 store.append(_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta))
                 computed += len(chunk)
                 bar.advance(task, len(chunk) * ranks.world)
@@ -322,23 +275,21 @@ def run_experiment(
 def _open_store(run_dir: Path, config: ExperimentConfig, ranks: Ranks) -> ResultsStore:
     """The main rank claims the directory first; the others then join it, each writing its
     own parts."""
-    writer = f"r{ranks.rank}" if ranks.world > 1 else ""
+    identity, dumped = config.identity(), config.model_dump(mode="json")
     if ranks.world == 1:
-        return ResultsStore(run_dir, config.identity(), config.model_dump(mode="json"))
+        return ResultsStore(run_dir, identity, dumped)
+    writer = f"r{ranks.rank}"
     store, error = None, None
     if ranks.is_main:
         try:
-            store = ResultsStore(run_dir, config.identity(), config.model_dump(mode="json"), writer)
+            store = ResultsStore(run_dir, identity, dumped, writer)
         except Exception as exc:  # tell the other ranks before raising
             error = exc
     failed = ranks.total(int(error is not None))
-    if error is not None:
-        ranks.close()
-        raise error
     if failed:
         ranks.close()
-        raise RuntimeError(f"rank 0 could not open the results directory {run_dir}; see its error")
-    return store or ResultsStore(run_dir, config.identity(), config.model_dump(mode="json"), writer)
+        raise error or RuntimeError(f"rank 0 could not open the results directory {run_dir}; see its error")
+    return store or ResultsStore(run_dir, identity, dumped, writer)
 
 
 def _my_batches(items: list, todo: list, batch_size: int, ranks: Ranks) -> list[list]:
@@ -355,17 +306,10 @@ def _my_batches(items: list, todo: list, batch_size: int, ranks: Ranks) -> list[
     return out
 
 
-def _compute(models, chunk, names, config: ExperimentConfig, pad_id: int) -> tuple[torch.Tensor, list[int]]:
+def _compute(models, chunk, config: ExperimentConfig, pad_id: int) -> tuple[torch.Tensor, list[int]]:
     """Logits at the scored positions of one batch of (example, scheme) items."""
-    if config.prefix_sharing:
-        items, n_logits = _graft_items(chunk, config.score_answer)
-        return prefix_forward(models, items, pad_id).float().cpu(), n_logits
-    ids, mask, source, positions, n_logits = _batch(chunk, config.score_answer, pad_id)
-    heads = _head_batch(chunk, source, names, [n - 1 for n in n_logits])
-    with torch.no_grad():
-        logits = graft_forward(
-            models, ids, source, attention_mask=mask, logit_positions=positions, head_source=heads or None,
-        )
+    items, n_logits = _graft_items(chunk, config.score_answer)
+    logits = prefix_forward(models, items, pad_id, share=config.prefix_sharing)
     return logits.float().cpu(), n_logits
 
 
