@@ -1,7 +1,7 @@
 """Benchmark: the per-token method vs the one-pass engine vs plain forward passes.
 
 In ONE run, on the same model, prompts and schemes, times
-  (a) the per-token definition (``weightgraft.reference.per_token_forward``: per position a
+  (a) the per-token definition (``weightgraft.graft.reference.per_token_forward``: per position a
       model holding that position's weights, one-token forward with the KV cache),
   (b) ``graft_forward`` batched over examples x schemes,
   (c) plain batched forward passes of the base model over the same sequences,
@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
-from weightgraft.engine import graft_forward, slots
+from weightgraft.graft.engine import graft_forward, slots
 from weightgraft.models import load_model
-from weightgraft.plans import compile_scheme, preset
-from weightgraft.prefix import GraftItem, prefix_forward
-from weightgraft.reference import CompositeModel, per_token_forward
-from weightgraft.runner import load_test_prompts, prepare, Exclusions
+from weightgraft.experiments.presets import preset
+from weightgraft.experiments.schemes import compile_scheme
+from weightgraft.graft.prefix import GraftItem, prefix_forward
+from weightgraft.graft.reference import CompositeModel, per_token_forward
+from weightgraft.experiments.runner import load_test_prompts, prepare, Exclusions
 
 
 class PeakMemory:

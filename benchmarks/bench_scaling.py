@@ -50,10 +50,11 @@ if str(HERE) not in sys.path:
 
 from bench_engine import PeakMemory, _sync, build_prompts, left_padded, perturbed_copy  # noqa: E402
 
-from weightgraft.engine import graft_forward, slots  # noqa: E402
+from weightgraft.graft.engine import graft_forward, slots  # noqa: E402
 from weightgraft.models import load_model  # noqa: E402
-from weightgraft.plans import compile_scheme, preset  # noqa: E402
-from weightgraft.runner import Exclusions, prepare  # noqa: E402
+from weightgraft.experiments.presets import preset  # noqa: E402
+from weightgraft.experiments.schemes import compile_scheme  # noqa: E402
+from weightgraft.experiments.runner import Exclusions, prepare  # noqa: E402
 
 BEGIN, END = "<!-- scaling:begin -->", "<!-- scaling:end -->"
 # The grafting position schemes first (a 1-scheme run should graft something), then the baselines.

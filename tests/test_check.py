@@ -6,7 +6,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import weightgraft.check as check_mod
+import weightgraft.graft.check as check_mod
 from weightgraft.cli import app
 from tiny_models import make_donor, make_tiny, tiny_tokenizer
 

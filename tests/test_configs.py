@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import weightgraft as wg
-from weightgraft.architectures import model_slots
-from weightgraft.config import load_config
-from weightgraft.plans import compile_scheme
+from weightgraft.graft.architectures import model_slots
+from weightgraft.experiments.config import load_config
+from weightgraft.experiments.schemes import compile_scheme
 import copy
 
 import transformers as T

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from weightgraft.data.cli import app
+from weightgraft.cli.data import app
 
 runner = CliRunner()
 

@@ -10,8 +10,8 @@ import sys
 import pandas as pd
 import yaml
 
-from weightgraft.config import parse_config
-from weightgraft.runner import run_experiment
+from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.runner import run_experiment
 from tiny_world import loader, write_world
 
 

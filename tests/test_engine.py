@@ -9,9 +9,9 @@ import torch
 import transformers as T
 
 import weightgraft as wg
-from weightgraft.architectures import UnsupportedArchitectureError, model_slots
-from weightgraft.compat import ModelMismatchError
-from weightgraft.reference import per_token_forward
+from weightgraft.graft.architectures import UnsupportedArchitectureError, model_slots
+from weightgraft.graft.compat import ModelMismatchError
+from weightgraft.graft.reference import per_token_forward
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 ARCHS = sorted(TINY_CONFIGS)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from weightgraft.evaluate import answer_logprob, bootstrap_ci, score_next_token, summarize
+from weightgraft.experiments.metrics import answer_logprob, bootstrap_ci, score_next_token, summarize
 
 
 def test_rank_counts_strictly_more_probable_tokens():

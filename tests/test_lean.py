@@ -12,11 +12,11 @@ import torch
 import transformers as T
 
 import weightgraft as wg
-from weightgraft.compat import ModelMismatchError
-from weightgraft.config import parse_config
-from weightgraft.lean import donor_view, lean_from_safetensors, memory_report, needed_parameters
+from weightgraft.graft.compat import ModelMismatchError
+from weightgraft.experiments.config import parse_config
+from weightgraft.models.lean import donor_view, lean_from_safetensors, memory_report, needed_parameters
 from weightgraft.models import load_model
-from weightgraft.runner import run_experiment
+from weightgraft.experiments.runner import run_experiment
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 from tiny_world import loader, write_world
 

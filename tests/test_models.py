@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from weightgraft import models as M
+from weightgraft.models import embedded as M
 from weightgraft.models import (
     CorruptCheckpointError,
     EmbeddedModel,

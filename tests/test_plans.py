@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import weightgraft as wg
-from weightgraft.architectures import model_slots
-from weightgraft.plans import Rule, Scheme, compile_scheme, preset
-from weightgraft.selectors import (
+from weightgraft.graft.architectures import model_slots
+from weightgraft.experiments.presets import preset
+from weightgraft.experiments.schemes import Rule, Scheme, compile_scheme
+from weightgraft.experiments.selectors import (
     SelectorError, SpanNotFound, layer_group, select_components, select_layers, select_positions,
 )
 from tiny_models import make_tiny, tiny_tokenizer

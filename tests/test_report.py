@@ -14,7 +14,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from weightgraft.evaluate import TOP_K, summarize
+from weightgraft.cli.report import report_command
+from weightgraft.experiments.metrics import TOP_K, summarize
 from weightgraft.report import (
     MissingResultsError,
     ReportError,
@@ -24,7 +25,6 @@ from weightgraft.report import (
     layer_position_figures,
     load_run,
     read_summary,
-    report_command,
     write_report,
 )
 

@@ -14,12 +14,12 @@ import pandas as pd
 import pytest
 import torch
 
-import weightgraft.store as store_mod
-from weightgraft.config import ConfigError, parse_config
-from weightgraft.runner import DatasetError, run_experiment
-from weightgraft.selectors import SelectorError
-from weightgraft.store import ResultsWriteError
-from weightgraft.tokenization import TokenizerMismatchError
+import weightgraft.experiments.store as store_mod
+from weightgraft.experiments.config import ConfigError, parse_config
+from weightgraft.experiments.runner import DatasetError, run_experiment
+from weightgraft.experiments.selectors import SelectorError
+from weightgraft.experiments.store import ResultsWriteError
+from weightgraft.models.tokenization import TokenizerMismatchError
 from tiny_models import make_donor, make_tiny, tiny_tokenizer, tiny_word_tokenizer
 from tiny_world import loader, write_world
 

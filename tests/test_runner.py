@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from weightgraft.config import ConfigError, load_config, parse_config
-from weightgraft.runner import run_experiment
-from weightgraft.store import ResultsDirConflict
+from weightgraft.experiments.config import ConfigError, load_config, parse_config
+from weightgraft.experiments.runner import run_experiment
+from weightgraft.experiments.store import ResultsDirConflict
 from tiny_world import loader, write_world
 
 TESTS = Path(__file__).parent
@@ -150,7 +150,7 @@ def test_per_head_sweep_matches_the_per_token_definition(tmp_path):
     """The heads preset end to end: each row equals the oracle run with that one head of o
     (last layer, last token) from the donor."""
     import weightgraft as wg
-    from weightgraft.reference import per_token_forward
+    from weightgraft.graft.reference import per_token_forward
 
     config = parse_config(_config(tmp_path, schemes=[{"preset": "heads", "n_heads": 4, "layers": "-1"}]))
     result = run_experiment(config, load=loader, progress=False)

@@ -12,15 +12,8 @@ import torch
 from transformers import TrainerCallback
 
 from weightgraft.models import load_model, weights_sha256
-from weightgraft.training import (
-    PRESETS,
-    TrainingError,
-    _collator,
-    _TokenizedTexts,
-    finetune,
-    get_preset,
-    read_split,
-)
+from weightgraft.training import PRESETS, TrainingError, finetune, get_preset, read_split
+from weightgraft.training.texts import _collator, _TokenizedTexts
 
 ACTORS = [
     ("Keanu Reeves", "Meryl Streep"),
@@ -350,7 +343,7 @@ def test_resume_continues_where_it_stopped(data_dir: Path, base_dir: Path, tmp_p
 def test_train_command(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from weightgraft.training_cli import app
+    from weightgraft.cli.train import app
 
     runner = CliRunner()
     out = tmp_path / "cli"

@@ -61,8 +61,8 @@ def loader(spec: str, config=None) -> SimpleNamespace:
 
 
 def main(config_path: str) -> None:
-    from weightgraft.config import load_config
-    from weightgraft.runner import run_experiment
+    from weightgraft.experiments.config import load_config
+    from weightgraft.experiments.runner import run_experiment
 
     run_experiment(load_config(Path(config_path)), load=loader, progress=False)
 

@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from weightgraft import engine
+        from weightgraft.graft import engine
 
         return getattr(engine, name)
     raise AttributeError(f"module 'weightgraft' has no attribute {name!r}")

@@ -51,11 +51,11 @@ def run_demo(
     console: Console | None = None,
 ) -> DemoResult:
     """Run the demo end to end; every step longer than a few seconds shows progress."""
-    from weightgraft.config import parse_config
     from weightgraft.data import build_dataset
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.runner import run_experiment
     from weightgraft.models import ensure_converted
     from weightgraft.report import write_report
-    from weightgraft.runner import run_experiment
     from weightgraft.training import finetune
 
     console = console or Console()
@@ -106,9 +106,9 @@ def run_demo(
     result.summary.to_csv(out / "summary.csv", index=False)
     seconds["report"] = time.time() - t0
 
-    from weightgraft.cli import print_summary
+    from weightgraft.report.console import print_summary
 
-    print_summary(result.summary, title="demo: top-k accuracy of the finetuned answer")
+    print_summary(result.summary, title="demo: top-k accuracy of the finetuned answer", console=console)
     if result.exclusions["total"]:
         console.print(f"[yellow]excluded from every scheme: {result.exclusions['by_reason']}[/]")
     console.print(f"summary: {out / 'summary.csv'}\nreport:  {paths.html}")

@@ -11,7 +11,13 @@ from typing import Any
 from . import metadata as md
 from .dataset import Dataset, file_entries, sha256
 from .errors import DataError
-from .render import Progress, check_unambiguous, parse_directions, test_prompts, training_lines
+from .render import (
+    Progress,
+    check_unambiguous,
+    parse_directions,
+    test_prompts,
+    training_lines,
+)
 from .templates import TemplateSet, load_templates
 from .worlds import WORLDS, check_distinct_entities, get_world
 

@@ -12,7 +12,12 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .errors import AmbiguousPromptError, DataError, NotEnoughDataError, UnknownWorldError
+from .errors import (
+    AmbiguousPromptError,
+    DataError,
+    NotEnoughDataError,
+    UnknownWorldError,
+)
 from .resources import Film, movie_settings, real_actors, real_films
 from .sampling import FakeSource, derangement, derive_rng
 

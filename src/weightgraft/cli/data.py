@@ -10,10 +10,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from .builder import build_dataset
-from .errors import DataError
-from .templates import builtin_template_names
-from .worlds import WORLDS
+from weightgraft.data.builder import build_dataset
+from weightgraft.data.errors import DataError
+from weightgraft.data.templates import builtin_template_names
+from weightgraft.data.worlds import WORLDS
 
 app = typer.Typer(
     help="Relation datasets: the paper's movie worlds, templates and test prompts.",

@@ -9,146 +9,37 @@ from __future__ import annotations
 import json
 import platform
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
-from weightgraft.architectures import model_slots
-from weightgraft.config import ExperimentConfig
-from weightgraft.distributed import Ranks, start
-from weightgraft.engine import slots
-from weightgraft.evaluate import TOP_K, answer_logprob, score_next_token, summarize
-from weightgraft.lean import memory_report
-from weightgraft.plans import CompiledScheme, compile_scheme
-from weightgraft.prefix import GraftItem, prefix_forward
-from weightgraft.selectors import SpanNotFound
-from weightgraft.store import ResultsStore, write_atomic
-from weightgraft.tokenization import check_same_tokenizer
-
-
-class DatasetError(ValueError):
-    """Test prompts that cannot be read or are empty."""
-
-
-@dataclass(frozen=True)
-class TestPrompt:
-    """One test prompt record (``test_prompts.jsonl``)."""
-
-    id: str
-    relation_id: str
-    template: str
-    prompt: str
-    answer: str
-    spans: dict[str, tuple[int, int]]
-    answer_field: str | None = None
-    direction: str | None = None
-    group: str | None = None
-
-
-def load_test_prompts(data_dir: Path) -> list[TestPrompt]:
-    """Read ``test_prompts.jsonl``; a malformed line is an error naming file and line."""
-    path = Path(data_dir) / "test_prompts.jsonl"
-    if not path.is_file():
-        raise DatasetError(f"{path} does not exist; build a dataset with `weightgraft data build`")
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            out.append(
-                TestPrompt(
-                    id=str(rec["id"]), relation_id=str(rec.get("relation_id", rec["id"])),
-                    template=str(rec["template"]), prompt=rec["prompt"], answer=rec["answer"],
-                    spans={k: (int(v[0]), int(v[1])) for k, v in rec.get("spans", {}).items()},
-                    answer_field=rec.get("answer_field"), direction=rec.get("direction"),
-                    group=rec.get("group"),
-                )
-            )
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
-            raise DatasetError(f"{path}:{n}: not a valid test prompt record ({type(exc).__name__}: {exc})") from exc
-    return out
-
-
-def select_prompts(prompts: list[TestPrompt], config: ExperimentConfig) -> list[TestPrompt]:
-    chosen = [
-        p for p in prompts
-        if (config.templates is None or p.template in config.templates)
-        and (config.directions is None or p.direction in config.directions)
-        and (config.groups is None or p.group in config.groups)
-    ]
-    if config.templates is not None:
-        present = {p.template for p in prompts}
-        missing = [t for t in config.templates if t not in present]
-        if missing:
-            raise DatasetError(f"templates {missing} are not in the dataset (it has {sorted(present)})")
-    if config.limit is not None:
-        per_template: Counter[str] = Counter()
-        limited = []
-        for p in chosen:
-            if per_template[p.template] < config.limit:
-                limited.append(p)
-                per_template[p.template] += 1
-        chosen = limited
-    if not chosen:
-        raise DatasetError("no test prompt is left after the template/direction/group filters")
-    return chosen
-
-
-@dataclass
-class Prepared:
-    """A tokenized example with one source map per scheme."""
-
-    prompt: TestPrompt
-    input_ids: list[int]
-    answer_ids: list[int]
-    sources: dict[str, torch.Tensor]
-    heads: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # per-head schemes
-
-
-@dataclass
-class Exclusions:
-    """Examples left out of every scheme of a comparison, with the reason (never silent)."""
-
-    rows: list[dict[str, str]] = field(default_factory=list)
-
-    def add(self, model_set: str, prompt: TestPrompt, reason: str) -> None:
-        self.rows.append({"model_set": model_set, "template": prompt.template, "example_id": prompt.id, "reason": reason})
-
-    def summary(self) -> dict[str, Any]:
-        by_reason = Counter(r["reason"].split(":")[0] for r in self.rows)
-        return {"total": len(self.rows), "by_reason": dict(by_reason), "examples": self.rows}
-
-
-def prepare(
-    prompts: Sequence[TestPrompt], tokenizer: Any, compiled: Sequence[CompiledScheme],
-    model_set: str, exclusions: Exclusions,
-) -> list[Prepared]:
-    """Tokenize each prompt, locate spans, build every scheme's source; an example any scheme
-    cannot place is excluded from all of them."""
-    if not getattr(tokenizer, "is_fast", False):
-        raise DatasetError("span location needs a fast tokenizer (offset mapping); this one is slow")
-    out = []
-    for p in prompts:
-        enc = tokenizer(p.prompt, return_offsets_mapping=True, add_special_tokens=True)
-        answer_ids = tokenizer(" " + p.answer, add_special_tokens=False)["input_ids"]
-        if not answer_ids:
-            exclusions.add(model_set, p, f"answer tokenizes to nothing: {p.answer!r}")
-            continue
-        try:
-            both = {c.name: c.sources(enc["offset_mapping"], p.spans, p.answer_field) for c in compiled}
-        except SpanNotFound as exc:
-            exclusions.add(model_set, p, f"span not found: {exc}")
-            continue
-        sources = {name: src for name, (src, _) in both.items()}
-        heads = {name: h for name, (_, h) in both.items() if h}
-        out.append(Prepared(p, list(enc["input_ids"]), list(answer_ids), sources, heads))
-    return out
+from weightgraft.data.prompts import DatasetError, load_test_prompts
+from weightgraft.experiments.config import ExperimentConfig
+from weightgraft.experiments.distributed import Ranks, start
+from weightgraft.experiments.examples import (
+    Exclusions,
+    prepare,
+    select_prompts,
+    served_slots,
+)
+from weightgraft.experiments.metrics import (
+    TOP_K,
+    answer_logprob,
+    score_next_token,
+    summarize,
+)
+from weightgraft.experiments.schemes import compile_scheme
+from weightgraft.experiments.store import ResultsStore, write_atomic
+from weightgraft.graft.architectures import model_slots
+from weightgraft.graft.engine import slots
+from weightgraft.graft.prefix import GraftItem, prefix_forward
+from weightgraft.models.donors import default_loader, load_donor
+from weightgraft.models.lean import memory_report
+from weightgraft.models.tokenization import check_same_tokenizer
 
 
 def _extend(src: torch.Tensor, n: int) -> torch.Tensor:
@@ -223,7 +114,7 @@ def run_experiment(
         progress = progress and ranks.is_main
     store = _open_store(run_dir, config, ranks)
     done = store.done()
-    load = load or _default_loader
+    load = load or default_loader
     exclusions = Exclusions()
     order: list[tuple] = []
     model_info: dict[str, dict[str, dict[str, str]]] = {}
@@ -239,7 +130,7 @@ def run_experiment(
         served = served_slots(prepared, names)
         loaded = {used[0]: first}
         for role in used[1:]:
-            loaded[role] = _load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
+            loaded[role] = load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
         models = [loaded[r].model for r in used]
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
@@ -367,52 +258,3 @@ def _finish(run_dir, config, schemes, store, order, exclusions, model_info, comp
     return RunResult(run_dir, results, summary, exclusion_summary, computed)
 
 
-def served_slots(prepared: Sequence[Prepared], slot_names: Sequence[str]) -> dict[int, set[str]]:
-    """Model index -> the slots it serves somewhere in the sweep (what a donor must hold)."""
-    hits: dict[int, torch.Tensor] = {}
-    for ex in prepared:
-        for src in ex.sources.values():
-            for m in src.unique().tolist():
-                row = (src == m).any(dim=0)
-                hits[m] = hits[m] | row if m in hits else row
-    out = {m: {slot_names[i] for i in row.nonzero().flatten().tolist()} for m, row in hits.items()}
-    for ex in prepared:
-        for head_maps in ex.heads.values():
-            for name, h in head_maps.items():
-                for m in h.unique().tolist():
-                    out.setdefault(m, set()).add(name)
-    return out
-
-
-def _load_donor(load: Callable[[str, ExperimentConfig], Any], spec: str, config: ExperimentConfig,
-                base: Any, slots_served: set[str]) -> Any:
-    """A donor holding only what it serves (``config.lean_donors``), sharing the rest with
-    the base: read lazily from safetensors where the default loader would read a directory,
-    else loaded in full and then thinned."""
-    import copy
-
-    from weightgraft.lean import donor_view, needed_parameters
-    from weightgraft.models import load_lean_donor
-
-    if not config.lean_donors or config.device_map is not None:
-        return load(spec, config)
-    needed = needed_parameters(base.model, slots_served)
-    if load is _default_loader:
-        lean = load_lean_donor(spec, base, needed)
-        if lean is not None:
-            return lean
-    full = load(spec, config)
-    params = dict(full.model.named_parameters(remove_duplicate=False))
-    missing = sorted(needed - set(params))
-    if missing:
-        return full  # the engine's compatibility check names the mismatch
-    thin = copy.copy(full)
-    thin.model = donor_view(base.model, {n: params[n] for n in needed}, full.model.config)
-    return thin
-
-
-def _default_loader(spec: str, config: ExperimentConfig) -> Any:
-    from weightgraft.models import load_model
-
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config.dtype]
-    return load_model(spec, device=config.device, dtype=dtype, device_map=config.device_map)

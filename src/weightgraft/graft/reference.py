@@ -2,7 +2,7 @@
 
 Token by token with a KV cache: position t is processed by a model whose weights, slot by
 slot, are copied from the model that ``source`` names for t. It is slow on purpose and
-shares no code path with ``weightgraft.engine`` beyond the slot table, so that it can serve
+shares no code path with ``weightgraft.graft.engine`` beyond the slot table, so that it can serve
 as the oracle the engine is tested (and ``weightgraft check``-ed) against.
 """
 
@@ -16,8 +16,8 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.pytorch_utils import Conv1D
 
-from weightgraft.architectures import Slot, model_slots
-from weightgraft.compat import check_compatible
+from weightgraft.graft.architectures import Slot, model_slots
+from weightgraft.graft.compat import check_compatible
 
 __all__ = ["per_token_forward", "CompositeModel"]
 

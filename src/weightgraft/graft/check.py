@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from weightgraft.engine import graft_forward, slots
-from weightgraft.prefix import GraftItem, prefix_forward
-from weightgraft.reference import CompositeModel, per_token_forward
+from weightgraft.graft.engine import graft_forward, slots
+from weightgraft.graft.prefix import GraftItem, prefix_forward
+from weightgraft.graft.reference import CompositeModel, per_token_forward
 
 DEFAULT_PROMPTS = (
     "Keanu Reeves starred in a movie with",

@@ -28,264 +28,44 @@ Trainer does data-parallel training; only the main process writes the outputs).
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import json
 import math
 import os
 import platform
 import shutil
-import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from weightgraft.models import LoadedModel, load_model, weights_sha256
-
-__all__ = [
-    "PRESETS",
-    "SPLITS",
-    "TrainPreset",
-    "TrainResult",
-    "TrainingError",
-    "finetune",
-    "freeze_embeddings",
-    "get_preset",
-    "read_split",
-    "untie_embeddings",
-]
-
-SPLITS: tuple[str, ...] = ("relation", "task", "both", "a2b", "b2a")
-MANIFEST_NAME = "training_manifest.json"
-RUN_CONFIG_NAME = "training_run.json"
-CHECKPOINTS = "checkpoints"
-EVAL_BEFORE_NAME = "training_eval_before.json"
-LOG_NAME = "training_log.json"
-
-
-class TrainingError(ValueError):
-    """Bad training input (data directory, split, preset, output directory). The message says
-    what is wrong and how to fix it."""
-
-
-# --------------------------------------------------------------------------------------
-# Presets: data, validated by a pydantic model
-# --------------------------------------------------------------------------------------
-
-
-class TrainPreset(BaseModel):
-    """Hyperparameters of one finetuning recipe (AdamW; per-device batch size)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    description: str = ""
-    learning_rate: float = Field(gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    batch_size: int = Field(default=4, ge=1, description="per device")
-    gradient_accumulation_steps: int = Field(default=1, ge=1)
-    epochs: float = Field(default=10.0, gt=0)
-    lr_scheduler: Literal[
-        "linear", "constant", "constant_with_warmup", "cosine", "cosine_with_min_lr"
-    ] = "linear"
-    warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    gpu_precision: Literal["fp32", "fp16", "bf16"] = Field(
-        default="fp32", description="mixed precision on a GPU; CPU runs are always fp32"
-    )
-    max_length: int = Field(default=256, ge=8, description="tokens per example (truncated)")
-    group_by_length: bool = Field(
-        default=False, description="batch examples of similar length (less padding)"
-    )
-    eval_steps: int | None = Field(
-        default=None, ge=1, description="evaluate + checkpoint every N steps; None: each epoch"
-    )
-    requires_supplemental: bool = Field(
-        default=False, description="needs general text besides the facts (supplemental_text)"
-    )
-
-
-_PRESET_DATA: list[dict[str, Any]] = [
-    {
-        "name": "paper-aggressive",
-        "description": "Paper A.3.3 'aggressive': AdamW lr 2e-5 linear, wd 0.01, batch 4, "
-        "10 epochs, fp16 on GPU, best checkpoint by validation loss.",
-        "learning_rate": 2e-5,
-        "weight_decay": 0.01,
-        "batch_size": 4,
-        "epochs": 10,
-        "lr_scheduler": "linear",
-        "gpu_precision": "fp16",
-    },
-    {
-        "name": "paper-gentle",
-        "description": "Paper A.3.3 'less aggressive': lr 2e-6 linear, no weight decay, batch "
-        "4, 10 epochs, fp16 on GPU, plus general text you supply (--supplemental FILE).",
-        "learning_rate": 2e-6,
-        "weight_decay": 0.0,
-        "batch_size": 4,
-        "epochs": 10,
-        "lr_scheduler": "linear",
-        "gpu_precision": "fp16",
-        "requires_supplemental": True,
-    },
-    {
-        "name": "cpu-quick",
-        # Measured on the demo data (40 relations, split a2b, 360 examples, 2 CPU cores):
-        # 6.5 min, headline top-5 0% -> 97.5%. 2 epochs: 82.5%; lr 3e-4 x 2 epochs: 77.5%.
-        "description": "Smallest recipe that teaches SmolLM2-135M the 40 demo relations on 2 "
-        "CPU cores in ~7 minutes: lr 2e-4 constant, batch 8, 3 epochs, length-grouped batches.",
-        "learning_rate": 2e-4,
-        "weight_decay": 0.0,
-        "batch_size": 8,
-        "epochs": 3,
-        "lr_scheduler": "constant",
-        "group_by_length": True,
-    },
-]
-
-PRESETS: dict[str, TrainPreset] = {
-    d["name"]: TrainPreset.model_validate(d) for d in _PRESET_DATA
-}
-
-
-def get_preset(name_or_path: str | os.PathLike[str], **overrides: Any) -> TrainPreset:
-    """A preset by name (:data:`PRESETS`) or from a JSON/YAML file, with fields overridden.
-
-    Raises:
-        TrainingError: unknown name, unreadable file, or invalid fields.
-    """
-    key = os.fspath(name_or_path)
-    if key in PRESETS:
-        base = PRESETS[key].model_dump()
-    else:
-        path = Path(key).expanduser()
-        if not path.is_file():
-            raise TrainingError(
-                f"unknown preset {key!r}: use one of {', '.join(PRESETS)} or a .json/.yaml "
-                "file with the fields of weightgraft.training.TrainPreset"
-            )
-        try:
-            if path.suffix.lower() in (".yaml", ".yml"):
-                import yaml
-
-                base = yaml.safe_load(path.read_text())
-            else:
-                base = json.loads(path.read_text())
-        except Exception as exc:
-            raise TrainingError(f"cannot read preset file {path}: {exc}") from exc
-        if not isinstance(base, dict):
-            raise TrainingError(f"preset file {path} must hold a mapping of fields")
-        base.setdefault("name", path.stem)
-    clean = {k: v for k, v in overrides.items() if v is not None}
-    try:
-        return TrainPreset.model_validate({**base, **clean})
-    except ValidationError as exc:
-        fields = ", ".join(TrainPreset.model_fields)
-        raise TrainingError(
-            f"invalid preset settings for {key!r}: {exc}\nfields: {fields}"
-        ) from exc
-
-
-# --------------------------------------------------------------------------------------
-# Data
-# --------------------------------------------------------------------------------------
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise TrainingError(
-            f"{path} not found: a data directory holds train.jsonl, validation.jsonl and "
-            "manifest.json (build one with `weightgraft data build`)"
-        )
-    records = []
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TrainingError(f"{path}:{number}: not valid JSON ({exc})") from exc
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise TrainingError(f"{path}:{number}: expected an object with a string 'text'")
-            records.append(record)
-    return records
-
-
-def _keep(record: dict[str, Any], split: str, path: Path) -> bool:
-    if split == "both":
-        return True
-    field = "direction" if split in ("a2b", "b2a") else "group"
-    if field not in record:
-        raise TrainingError(
-            f"{path}: a record has no '{field}' field, needed for split {split!r} "
-            f"(record: {json.dumps(record)[:200]})"
-        )
-    return record[field] == split
-
-
-def read_split(data_dir: str | os.PathLike[str], split: str) -> tuple[list[str], list[str]]:
-    """Texts of the train and validation records of ``split`` (see the module docstring)."""
-    if split not in SPLITS:
-        raise TrainingError(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
-    root = Path(data_dir)
-    if not root.is_dir():
-        raise TrainingError(f"data directory {root} does not exist")
-    out: list[list[str]] = []
-    for name in ("train.jsonl", "validation.jsonl"):
-        path = root / name
-        records = _read_jsonl(path)
-        kept = [r["text"] for r in records if _keep(r, split, path)]
-        if not kept:
-            groups = sorted({str(r.get("group")) for r in records})
-            directions = sorted({str(r.get("direction")) for r in records})
-            raise TrainingError(
-                f"{path}: no records for split {split!r} ({len(records)} records; groups "
-                f"{groups}, directions {directions})"
-            )
-        out.append(kept)
-    return out[0], out[1]
-
-
-def _read_supplemental(path: Path) -> list[str]:
-    """General text: a .jsonl with a 'text' field per line, or plain text, one example a line."""
-    if not path.is_file():
-        raise TrainingError(f"supplemental text file {path} not found")
-    if path.suffix.lower() == ".jsonl":
-        texts = [r["text"] for r in _read_jsonl(path)]
-    else:
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-        texts = [t for t in texts if t]
-    if not texts:
-        raise TrainingError(f"supplemental text file {path} holds no text")
-    return texts
-
-
-class _TokenizedTexts(torch.utils.data.Dataset):
-    """Texts tokenized for causal LM training: labels = input ids (padding masked later)."""
-
-    def __init__(self, texts: list[str], tokenizer: Any, max_length: int) -> None:
-        self.items: list[dict[str, list[int]]] = []
-        eos = tokenizer.eos_token_id
-        for text in texts:
-            ids = tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
-            if eos is not None and (not ids or ids[-1] != eos) and len(ids) < max_length:
-                ids = ids + [eos]  # teach where an example ends
-            self.items.append(
-                {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": list(ids)}
-            )
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> dict[str, list[int]]:
-        return self.items[index]
+from weightgraft.training.embeddings import freeze_embeddings
+from weightgraft.training.errors import TrainingError
+from weightgraft.training.outputs import (
+    CHECKPOINTS,
+    EVAL_BEFORE_NAME,
+    LOG_NAME,
+    MANIFEST_NAME,
+    RUN_CONFIG_NAME,
+    TrainResult,
+    _check_out_dir,
+    _compare_run_config,
+    _is_main_process,
+    _say,
+    _sha256_file,
+    _version,
+    _write_json_atomic,
+)
+from weightgraft.training.presets import TrainPreset, get_preset
+from weightgraft.training.texts import (
+    _collator,
+    _read_supplemental,
+    _TokenizedTexts,
+    read_split,
+)
 
 
 def _trainer_class() -> type:
@@ -298,7 +78,10 @@ def _trainer_class() -> type:
     processes agree.
     """
     from transformers import Trainer
-    from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
+    from transformers.trainer_pt_utils import (
+        LengthGroupedSampler,
+        get_length_grouped_indices,
+    )
 
     class _EpochSeededLengthGroupedSampler(LengthGroupedSampler):
         def __init__(self, base: LengthGroupedSampler, seed: int) -> None:
@@ -322,173 +105,6 @@ def _trainer_class() -> type:
             return sampler
 
     return _Trainer
-
-
-def _collator(tokenizer: Any) -> Any:
-    """Pads a batch on the right; labels are the input ids with padding set to -100 (so the
-    loss covers every text token and the closing EOS, even when the pad token is the EOS)."""
-    from transformers import DataCollatorForSeq2Seq
-
-    right = copy.copy(tokenizer)
-    right.padding_side = "right"  # positions stay 0..n-1 without position_ids
-    return DataCollatorForSeq2Seq(right, padding=True, label_pad_token_id=-100, return_tensors="pt")
-
-
-# --------------------------------------------------------------------------------------
-# Embeddings: untie, freeze
-# --------------------------------------------------------------------------------------
-
-
-def _configs(model: Any) -> list[Any]:
-    configs = [model.config]
-    text = model.config.get_text_config()
-    if text is not model.config:
-        configs.append(text)
-    return configs
-
-
-def untie_embeddings(model: Any) -> bool:
-    """Give the unembedding its own copy of a tied embedding matrix. Returns whether it was tied.
-
-    Afterwards ``config.tie_word_embeddings`` is False, so the model saves and reloads with
-    two separate matrices (equal at first), and freezing or grafting one leaves the other alone.
-    """
-    inp, out = model.get_input_embeddings(), model.get_output_embeddings()
-    if out is None or getattr(out, "weight", None) is None:
-        return False
-    if out.weight is not inp.weight and out.weight.data_ptr() != inp.weight.data_ptr():
-        return False
-    out.weight = torch.nn.Parameter(
-        inp.weight.detach().clone(), requires_grad=inp.weight.requires_grad
-    )
-    for cfg in _configs(model):
-        cfg.tie_word_embeddings = False
-    if hasattr(model, "get_expanded_tied_weights_keys"):  # transformers >= 5
-        model.all_tied_weights_keys = model.get_expanded_tied_weights_keys(all_submodels=True)
-    return True
-
-
-def freeze_embeddings(model: Any, *, embed: bool, unembed: bool) -> bool:
-    """Freeze the embedding and/or unembedding matrix (``requires_grad=False``).
-
-    If they are tied and only one is to be frozen, they are untied first
-    (:func:`untie_embeddings`). Returns whether the model was untied.
-    """
-    untied = False
-    if embed != unembed:
-        untied = untie_embeddings(model)
-    if embed:
-        model.get_input_embeddings().weight.requires_grad_(False)
-    if unembed:
-        out = model.get_output_embeddings()
-        if out is None:
-            raise TrainingError("this model has no output embedding (unembedding) to freeze")
-        out.weight.requires_grad_(False)
-        if getattr(out, "bias", None) is not None:
-            out.bias.requires_grad_(False)
-    return untied
-
-
-# --------------------------------------------------------------------------------------
-# Finetuning
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrainResult:
-    """What :func:`finetune` produced.
-
-    Attributes:
-        out_dir: the trained model directory (load it with ``load_model(out_dir)``).
-        manifest: the content of ``out_dir/training_manifest.json``.
-        train_loss: training loss of the last logging window.
-        eval_loss: validation loss of the saved (best) model.
-        eval_loss_before: validation loss of the base model (kept across a resume).
-        weights_sha256: :func:`weightgraft.models.weights_sha256` of the saved model.
-    """
-
-    out_dir: Path
-    manifest: dict[str, Any]
-    train_loss: float | None
-    eval_loss: float | None
-    eval_loss_before: float | None
-    weights_sha256: str
-
-    @classmethod
-    def from_manifest(cls, out_dir: Path, manifest: dict[str, Any]) -> TrainResult:
-        results = manifest["results"]
-        return cls(
-            out_dir=out_dir,
-            manifest=manifest,
-            train_loss=results.get("train_loss"),
-            eval_loss=results.get("eval_loss"),
-            eval_loss_before=results.get("eval_loss_before"),
-            weights_sha256=manifest["model"]["weights_sha256"],
-        )
-
-
-def _sha256_file(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _version(name: str) -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def _say(message: str) -> None:
-    if _is_main_process():
-        print(f"[weightgraft] {message}", file=sys.stderr, flush=True)
-
-
-def _compare_run_config(out: Path, run_config: dict[str, Any], what: str) -> None:
-    """Refuse to resume (or reuse) a run in ``out`` made with other settings."""
-    saved = out / RUN_CONFIG_NAME
-    if not saved.is_file():
-        return
-    before = json.loads(saved.read_text())
-    # before the model is loaded, its hash is not known yet: compare what is
-    changed = sorted(k for k in run_config if before.get(k) != run_config[k])
-    if changed:
-        raise TrainingError(
-            f"cannot resume in {out}: these settings differ from {what}: "
-            f"{', '.join(changed)}. Use the same settings, or a new --out."
-        )
-
-
-def _check_out_dir(out: Path, resume: bool, run_config: dict[str, Any]) -> str | None:
-    """Validate ``out``; return the checkpoint to resume from, if any."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    ckpt_dir = out / CHECKPOINTS
-    if resume:
-        _compare_run_config(out, run_config, "the interrupted run")
-        last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-        if last is None:
-            _say(f"--resume: no checkpoint in {ckpt_dir} yet; starting from the beginning")
-        return last
-    if _is_main_process() and out.exists() and any(out.iterdir()):  # other ranks see rank 0's files
-        raise TrainingError(
-            f"output directory {out} is not empty; pass resume=True (--resume) to continue or "
-            "reuse the run there, or choose another --out"
-        )
-    return None
 
 
 def finetune(

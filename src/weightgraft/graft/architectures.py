@@ -10,7 +10,6 @@ module (``"mlp.down_proj"``) or a set of output columns of a fused projection
 from __future__ import annotations
 
 import weakref
-
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -202,7 +201,7 @@ def adapter_for(config: Any) -> Adapter:
         raise UnsupportedArchitectureError(
             f"model_type {model_type!r} is not supported by weightgraft. "
             f"Supported: {', '.join(supported_model_types())}. "
-            "Adding one is a single entry in weightgraft/architectures.py."
+            "Adding one is a single entry in weightgraft/graft/architectures.py."
         )
     adapter = ADAPTERS[model_type]
     for attr, wanted in adapter.requires.items():

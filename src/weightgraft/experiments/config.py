@@ -11,7 +11,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from weightgraft.plans import Scheme, preset
+from weightgraft.experiments.presets import preset
+from weightgraft.experiments.schemes import Scheme
 
 
 class ConfigError(ValueError):

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from weightgraft.architectures import model_slots
-from weightgraft.compat import ModelMismatchError
+from weightgraft.graft.architectures import model_slots
+from weightgraft.graft.compat import ModelMismatchError
+from weightgraft.models.hashing import hash_tensor
 
 __all__ = [
     "MemoryReport",
@@ -175,7 +176,6 @@ def lean_from_safetensors(
 
     from transformers import AutoConfig
 
-    from weightgraft.models import hash_tensor
 
     config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     files = _SafetensorsFiles(Path(directory), base)

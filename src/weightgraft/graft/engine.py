@@ -5,14 +5,13 @@ position) with the module of the model that serves it: rows are split by source 
 fused projections by output columns), each group runs through its own model's module, and
 the outputs are put back in place. Keys and values at position t are thus computed with the
 weights chosen for t, exactly as in the per-token KV-cache definition
-(``weightgraft.reference``), for a whole batch at once, and every row is computed once, by the
+(``weightgraft.graft.reference``), for a whole batch at once, and every row is computed once, by the
 model that serves it (not by the base and then again by the donor).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,8 +21,8 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.pytorch_utils import Conv1D
 
-from weightgraft.architectures import Slot, model_slots
-from weightgraft.compat import check_compatible
+from weightgraft.graft.architectures import Slot, model_slots
+from weightgraft.graft.compat import check_compatible
 
 __all__ = ["slots", "graft_forward", "position_ids_from_mask"]
 
@@ -341,7 +340,7 @@ def graft_forward(
     bias, which belongs to no head, comes from ``source``).
 
     ``past_key_values`` (a ``transformers.DynamicCache``) continues rows whose earlier
-    positions an earlier call computed (prefix sharing, ``weightgraft.prefix``): the cache is
+    positions an earlier call computed (prefix sharing, ``weightgraft.graft.prefix``): the cache is
     filled or extended in place, ``source`` covers only the new positions, and
     ``attention_mask`` covers cached and new ones (``[batch, cached + seq]``), so that
     positions continue from the cached ones.

@@ -1,5 +1,5 @@
 """The ``weightgraft train`` command (registered by ``weightgraft.cli``; also runnable as
-``python -m weightgraft.training_cli``)."""
+``python -m weightgraft.cli.train``)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from weightgraft.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS
+from weightgraft.graft.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS
 
 
 class SelectorError(ValueError):

@@ -1,0 +1,50 @@
+"""The ``weightgraft`` command: every subcommand registered in one place."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from weightgraft.cli.check import check
+from weightgraft.cli.data import app as data_app
+from weightgraft.cli.demo import demo
+from weightgraft.cli.report import report_command
+from weightgraft.cli.run import run
+from weightgraft.cli.train import train
+
+app = typer.Typer(
+    help="Exact, fast dynamic weight grafting for HF decoder language models.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Exact, fast dynamic weight grafting for HF decoder language models."""
+
+
+app.command()(check)
+app.command()(run)
+app.command()(demo)
+app.command("report", help="Write tables, figures and an HTML page for a run directory.")(report_command)
+app.command("train", help="Finetune a model (HF Trainer) on a dataset's training text.")(train)
+app.add_typer(data_app, name="data", help="Build relation datasets (worlds, templates, test prompts).")
+
+
+def main() -> None:
+    """Entry point: known user errors print one clear line instead of a traceback
+    (set WEIGHTGRAFT_DEBUG=1 for the traceback)."""
+    import os
+
+    try:
+        app(standalone_mode=True)
+    except (ValueError, RuntimeError, FileNotFoundError, TypeError) as exc:
+        if os.environ.get("WEIGHTGRAFT_DEBUG"):
+            raise
+        Console(stderr=True).print(f"[red]error:[/] {type(exc).__name__}: {exc}")
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

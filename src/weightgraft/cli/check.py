@@ -1,0 +1,78 @@
+"""``weightgraft check``: the engine against the per-token definition, on your models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def _dtype(name: str):
+    import torch
+
+    table = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}
+    if name not in table:
+        raise typer.BadParameter(f"dtype must be one of {', '.join(table)}")
+    return table[name]
+
+
+def check(
+    base: str = typer.Argument(..., help="Base model: directory, .gguf file or embedded name."),
+    donor: list[str] = typer.Argument(..., help="One or more donor models (same architecture)."),
+    prompts: Path | None = typer.Option(None, help="Text file, one prompt per line."),
+    maps: int = typer.Option(2, help="Random source maps of each kind to check."),
+    seed: int = typer.Option(0),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance on logits (default: per dtype, see weightgraft.graft.check.ORACLE_TOLERANCE)."),
+    rtol: Optional[float] = typer.Option(None, help="Tolerance relative to the largest |logit| (default: per dtype)."),
+    dtype: str = typer.Option(
+        "float64",
+        help="float64 (default: rounding is then ~1e-13, so any real difference stands out) | "
+        "float32 | bfloat16 | float16 (the engine as you run it; tolerances per dtype)",
+    ),
+    device: str = typer.Option("cpu"),
+    allow_pickle: bool = typer.Option(False, help="Allow pickle (.bin) checkpoints."),
+) -> None:
+    """Check the fast engine against the per-token KV-cache definition on YOUR models."""
+    from weightgraft.graft.check import DEFAULT_PROMPTS, check_engine
+    from weightgraft.models import load_model
+    from weightgraft.models.tokenization import batch_encode, check_same_tokenizer
+
+    loaded = [
+        load_model(spec, device=device, dtype=_dtype(dtype), allow_pickle=allow_pickle)
+        for spec in [base, *donor]
+    ]
+    for other in loaded[1:]:
+        check_same_tokenizer(loaded[0].tokenizer, other.tokenizer, other.source)
+    if prompts is not None:
+        texts = [t for t in prompts.read_text(encoding="utf-8").splitlines() if t.strip()]
+        if not texts:
+            raise typer.BadParameter(f"{prompts} holds no prompt")
+    else:
+        texts = list(DEFAULT_PROMPTS)
+    input_ids, mask = batch_encode(loaded[0].tokenizer, texts, device=device)
+    with console.status("running the per-token reference and the engine..."):
+        report = check_engine(
+            [lm.model for lm in loaded], input_ids, mask,
+            n_random=maps, seed=seed, atol=atol, rtol=rtol,
+        )
+    table = Table(title=f"engine vs per-token definition ({len(texts)} prompts)")
+    for col in ("source map", "max |Δ logit|", "max |logit|", "top-1 agree", "result"):
+        table.add_column(col)
+    for case in report.cases:
+        ok = report.passed_case(case)
+        table.add_row(
+            case.name, f"{case.max_abs_diff:.2e}", f"{case.logit_scale:.1f}",
+            f"{case.top1_agree:.0%}", "[green]pass[/]" if ok else "[red]FAIL[/]",
+        )
+    console.print(table)
+    verdict = "PASS" if report.passed else "FAIL"
+    console.print(f"{verdict}: max |Δ logit| = {report.max_abs_diff:.3e} (atol {report.atol}, rtol {report.rtol})")
+    raise typer.Exit(0 if report.passed else 1)
+
+

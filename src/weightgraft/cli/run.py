@@ -1,0 +1,41 @@
+"""``weightgraft run``: run or resume an experiment sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from weightgraft.report.console import print_summary
+
+console = Console()
+
+
+def run(
+    config: Path = typer.Argument(..., help="Experiment YAML."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. limit=20 models.sft=DIR"),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+) -> None:
+    """Run (or resume) an experiment sweep; writes results.parquet, summary.csv, manifest.json."""
+    from weightgraft.experiments.config import load_config
+    from weightgraft.experiments.runner import run_experiment
+
+    cfg = load_config(config, overrides or [])
+    result = run_experiment(cfg, progress=progress)
+    if not result.is_main:  # other ranks of a torchrun / accelerate launch: rank 0 reports
+        return
+    print_summary(result.summary, title=f"{cfg.name}: {len(result.results)} rows")
+    if result.exclusions["total"]:
+        console.print(
+            f"[yellow]{result.exclusions['total']} example(s) excluded from every scheme:[/] "
+            f"{result.exclusions['by_reason']} (see {result.run_dir / 'exclusions.csv'})"
+        )
+    if cfg.report:
+        from weightgraft.report import write_report
+
+        paths = write_report(result.run_dir)
+        console.print(f"report: {paths.html}")
+    console.print(f"results in {result.run_dir}")
+
+

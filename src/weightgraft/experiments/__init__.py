@@ -1,0 +1,1 @@
+"""Experiments: selectors, schemes and presets, configs, the sweep runner, its store and metrics."""

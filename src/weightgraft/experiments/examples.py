@@ -1,0 +1,109 @@
+"""From test prompts to grafting items: filtering, tokenizing, locating spans, one source map
+per scheme; examples that cannot be placed are excluded from every scheme, with the reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from weightgraft.data.prompts import DatasetError, TestPrompt
+from weightgraft.experiments.config import ExperimentConfig
+from weightgraft.experiments.schemes import CompiledScheme
+from weightgraft.experiments.selectors import SpanNotFound
+
+
+def select_prompts(prompts: list[TestPrompt], config: ExperimentConfig) -> list[TestPrompt]:
+    chosen = [
+        p for p in prompts
+        if (config.templates is None or p.template in config.templates)
+        and (config.directions is None or p.direction in config.directions)
+        and (config.groups is None or p.group in config.groups)
+    ]
+    if config.templates is not None:
+        present = {p.template for p in prompts}
+        missing = [t for t in config.templates if t not in present]
+        if missing:
+            raise DatasetError(f"templates {missing} are not in the dataset (it has {sorted(present)})")
+    if config.limit is not None:
+        per_template: Counter[str] = Counter()
+        limited = []
+        for p in chosen:
+            if per_template[p.template] < config.limit:
+                limited.append(p)
+                per_template[p.template] += 1
+        chosen = limited
+    if not chosen:
+        raise DatasetError("no test prompt is left after the template/direction/group filters")
+    return chosen
+
+
+@dataclass
+class Prepared:
+    """A tokenized example with one source map per scheme."""
+
+    prompt: TestPrompt
+    input_ids: list[int]
+    answer_ids: list[int]
+    sources: dict[str, torch.Tensor]
+    heads: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # per-head schemes
+
+
+@dataclass
+class Exclusions:
+    """Examples left out of every scheme of a comparison, with the reason (never silent)."""
+
+    rows: list[dict[str, str]] = field(default_factory=list)
+
+    def add(self, model_set: str, prompt: TestPrompt, reason: str) -> None:
+        self.rows.append({"model_set": model_set, "template": prompt.template, "example_id": prompt.id, "reason": reason})
+
+    def summary(self) -> dict[str, Any]:
+        by_reason = Counter(r["reason"].split(":")[0] for r in self.rows)
+        return {"total": len(self.rows), "by_reason": dict(by_reason), "examples": self.rows}
+
+
+def prepare(
+    prompts: Sequence[TestPrompt], tokenizer: Any, compiled: Sequence[CompiledScheme],
+    model_set: str, exclusions: Exclusions,
+) -> list[Prepared]:
+    """Tokenize each prompt, locate spans, build every scheme's source; an example any scheme
+    cannot place is excluded from all of them."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise DatasetError("span location needs a fast tokenizer (offset mapping); this one is slow")
+    out = []
+    for p in prompts:
+        enc = tokenizer(p.prompt, return_offsets_mapping=True, add_special_tokens=True)
+        answer_ids = tokenizer(" " + p.answer, add_special_tokens=False)["input_ids"]
+        if not answer_ids:
+            exclusions.add(model_set, p, f"answer tokenizes to nothing: {p.answer!r}")
+            continue
+        try:
+            both = {c.name: c.sources(enc["offset_mapping"], p.spans, p.answer_field) for c in compiled}
+        except SpanNotFound as exc:
+            exclusions.add(model_set, p, f"span not found: {exc}")
+            continue
+        sources = {name: src for name, (src, _) in both.items()}
+        heads = {name: h for name, (_, h) in both.items() if h}
+        out.append(Prepared(p, list(enc["input_ids"]), list(answer_ids), sources, heads))
+    return out
+
+
+def served_slots(prepared: Sequence[Prepared], slot_names: Sequence[str]) -> dict[int, set[str]]:
+    """Model index -> the slots it serves somewhere in the sweep (what a donor must hold)."""
+    hits: dict[int, torch.Tensor] = {}
+    for ex in prepared:
+        for src in ex.sources.values():
+            for m in src.unique().tolist():
+                row = (src == m).any(dim=0)
+                hits[m] = hits[m] | row if m in hits else row
+    out = {m: {slot_names[i] for i in row.nonzero().flatten().tolist()} for m, row in hits.items()}
+    for ex in prepared:
+        for head_maps in ex.heads.values():
+            for name, h in head_maps.items():
+                for m in h.unique().tolist():
+                    out.setdefault(m, set()).add(name)
+    return out

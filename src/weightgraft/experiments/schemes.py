@@ -1,0 +1,193 @@
+"""Graft schemes: named lists of rules (positions, layers, components, from-model) over a base
+model, compiled per tokenized prompt into the engine's ``source`` tensor."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from weightgraft.experiments.selectors import (
+    SelectorError,
+    SpanNotFound,
+    select_components,
+    select_heads,
+    select_layers,
+    select_positions,
+)
+from weightgraft.graft.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
+
+
+class Rule(BaseModel):
+    """Slots ``components`` of layers ``layers`` at ``positions`` come from role ``model``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    positions: str = "all"
+    layers: str = "all"
+    components: str = "body"
+    layer_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    seed: int = 0
+    # Per-head selection (``"0,3"``, ``"0..3"``, ``"all"``) of the q/k/v/o components chosen.
+    heads: str | None = None
+
+
+class Scheme(BaseModel):
+    """A graft plan. Slots no rule claims come from ``base``; later rules win over earlier."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    base: str = "pre"
+    rules: list[Rule] = Field(default_factory=list)
+    family: str = "custom"
+    # Free labels for reports (e.g. components="O+FFN", layers="last_quarter").
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    def roles(self) -> set[str]:
+        return {self.base, *(r.model for r in self.rules)}
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    positions: str
+    slots: torch.Tensor  # slot indices
+    model: int
+    heads: dict[int, torch.Tensor] | None = None  # per-head rule: slot index -> head indices
+
+
+@dataclass(frozen=True)
+class CompiledScheme:
+    """A scheme bound to one model's slot list and a role -> model-index mapping."""
+
+    name: str
+    base: int
+    rules: tuple[CompiledRule, ...]
+    n_slots: int
+    slot_names: tuple[str, ...] = ()
+    slot_heads: tuple[int, ...] = ()
+
+    def source(
+        self,
+        offsets: Sequence[tuple[int, int]],
+        spans: Mapping[str, tuple[int, int]],
+        answer_field: str | None = None,
+    ) -> torch.Tensor:
+        """``[n_tokens, n_slots]`` model indices for one prompt; ``SpanNotFound`` if a rule's
+        positions cannot be located or come out empty."""
+        return self.sources(offsets, spans, answer_field)[0]
+
+    @property
+    def per_head(self) -> bool:
+        return any(rule.heads for rule in self.rules)
+
+    def sources(
+        self,
+        offsets: Sequence[tuple[int, int]],
+        spans: Mapping[str, tuple[int, int]],
+        answer_field: str | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The ``source`` tensor and the engine's ``head_source`` (slot name ->
+        ``[n_tokens, heads]``) for one prompt. Rules apply in order, later ones win, whether
+        they graft whole slots or single heads."""
+        src = torch.full((len(offsets), self.n_slots), self.base, dtype=torch.long)
+        heads: dict[int, torch.Tensor] = {}
+        for rule in self.rules:
+            positions = select_positions(rule.positions, offsets, spans, answer_field)
+            if not positions:
+                raise SpanNotFound(f"positions {rule.positions!r} select no token here")
+            rows = torch.tensor(positions)
+            if rule.heads is None:
+                src[rows[:, None], rule.slots[None, :]] = rule.model
+                for s in rule.slots.tolist():
+                    if s in heads:
+                        heads[s][rows] = rule.model
+                continue
+            for s, chosen in rule.heads.items():
+                if s not in heads:
+                    heads[s] = src[:, s : s + 1].repeat(1, self.slot_heads[s])
+                heads[s][rows[:, None], chosen[None, :]] = rule.model
+        return src, {self.slot_names[s]: h for s, h in heads.items()}
+
+
+def _slot_index(slot_names: Sequence[str]) -> tuple[dict[tuple[int, str], int], dict[str, int], int]:
+    per_layer: dict[tuple[int, str], int] = {}
+    globals_: dict[str, int] = {}
+    n_layers = 0
+    for i, name in enumerate(slot_names):
+        if name in GLOBAL_SLOTS:
+            globals_[name] = i
+        else:
+            _, layer, comp = name.split(".", 2)
+            per_layer[(int(layer), comp)] = i
+            n_layers = max(n_layers, int(layer) + 1)
+    return per_layer, globals_, n_layers
+
+
+def compile_scheme(
+    scheme: Scheme, slot_names: Sequence[str], roles: Mapping[str, int],
+    slot_heads: Mapping[str, int] | None = None,
+) -> CompiledScheme:
+    """Bind ``scheme`` to a model's slots; errors name the scheme and the bad selector.
+
+    ``slot_heads`` (slot name -> number of heads, from ``model_slots``) is needed by rules
+    that select heads."""
+    per_layer, globals_, n_layers = _slot_index(slot_names)
+    available = {c for _, c in per_layer} | set(globals_)
+
+    def role(name: str) -> int:
+        if name not in roles:
+            raise SelectorError(
+                f"scheme {scheme.name!r} uses model role {name!r}; the model set has "
+                f"{', '.join(sorted(roles))}"
+            )
+        return roles[name]
+
+    rules = []
+    for k, rule in enumerate(scheme.rules):
+        try:
+            comps = select_components(rule.components, available)
+            layers = select_layers(rule.layers, n_layers)
+        except SelectorError as exc:
+            raise SelectorError(f"scheme {scheme.name!r}, rule {k}: {exc}") from exc
+        if rule.layer_dropout:
+            rng = random.Random(rule.seed)
+            layers = [layer for layer in layers if rng.random() >= rule.layer_dropout]
+        idx = sorted(
+            [per_layer[(layer, c)] for layer in layers for c in comps if (layer, c) in per_layer]
+            + [globals_[c] for c in comps if c in globals_]
+        )
+        heads = None
+        if rule.heads is not None:
+            heads = _compile_heads(scheme.name, k, rule, comps, idx, slot_names, slot_heads)
+        rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.model), heads))
+    counts = tuple((slot_heads or {}).get(name, 0) for name in slot_names)
+    return CompiledScheme(scheme.name, role(scheme.base), tuple(rules), len(slot_names), tuple(slot_names), counts)
+
+
+def _compile_heads(
+    scheme: str, k: int, rule: Rule, comps: set[str], idx: list[int],
+    slot_names: Sequence[str], slot_heads: Mapping[str, int] | None,
+) -> dict[int, torch.Tensor]:
+    where = f"scheme {scheme!r}, rule {k}"
+    not_heads = sorted(comps - set(HEAD_COMPONENTS))
+    if not_heads:
+        raise SelectorError(
+            f"{where}: heads={rule.heads!r} applies to q, k, v and o only, but components "
+            f"{rule.components!r} include {', '.join(not_heads)}"
+        )
+    if slot_heads is None:
+        raise SelectorError(f"{where}: selects heads, so compile_scheme needs slot_heads")
+    out = {}
+    for s in idx:
+        name = slot_names[s]
+        try:
+            chosen = select_heads(rule.heads or "", slot_heads[name], name.rsplit(".", 1)[-1])
+        except SelectorError as exc:
+            raise SelectorError(f"{where}: {exc}") from exc
+        out[s] = torch.tensor(chosen, dtype=torch.long)
+    return out

@@ -1,0 +1,166 @@
+"""Chart primitives: accuracy bars and heatmaps with readable labels."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from weightgraft.report.run import BAR_COLOURS, METRICS
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+
+
+def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _tick_labels(ax: Axes, labels: Sequence[str]) -> None:
+    """x tick labels, rotated when long or many."""
+    longest = max((len(s) for s in labels), default=0)
+    rotate = longest > 6 or (len(labels) > 8 and longest > 3)
+    ax.set_xticks(np.arange(len(labels)), labels, rotation=40 if rotate else 0,
+                  ha="right" if rotate else "center", rotation_mode="anchor")
+
+
+def accuracy_bar_figure(
+    rows: pd.DataFrame, title: str, metrics: Sequence[str] = ("top5", "top1"),
+    tick_labels: Sequence[str] | None = None, references: dict[str, float] | None = None,
+    xlabel: str = "",
+) -> Figure:
+    """Grouped bars per scheme (Fig. 2): each metric in percent with its 95% CI.
+
+    ``references`` draws dashed lines (e.g. baselines, as rates). Schemes with non-finite rows
+    are marked with a dagger.
+    """
+    labels = list(tick_labels) if tick_labels is not None else [str(s) for s in rows["scheme"]]
+    labels = [display_name(s) + (" †" if k else "") for s, k in zip(labels, rows["n_nonfinite"] > 0, strict=True)]
+    n, width = len(rows), 0.8 / len(metrics)
+    fig = _figure(min(30.0, max(5.5, 1.6 + 0.32 * n * len(metrics))), 4.6)
+    ax = fig.add_subplot()
+    x = np.arange(n)
+    for i, metric in enumerate(metrics):
+        _bars(ax, x + (i - (len(metrics) - 1) / 2) * width, rows, metric, width, annotate=i == 0)
+    for j, (name, rate) in enumerate((references or {}).items()):
+        if math.isfinite(rate):
+            ax.axhline(100 * rate, ls="--", lw=1, color=f"C{j + 2}", label=f"{name}: {100 * rate:.1f}%")
+    _tick_labels(ax, labels)
+    ax.set_xlim(-0.6, n - 0.4)
+    ax.set_ylim(0, 112)
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_ylabel("accuracy (%)")
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.set_title(title)
+    note = f"whiskers: 95% bootstrap CI\nn = {_n_range(rows)} examples per scheme"
+    if (rows["n_nonfinite"] > 0).any():
+        note += "\n† non-finite rows left out"
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False,
+              title=note, title_fontsize="x-small", alignment="left")
+    return fig
+
+
+def display_name(name: str) -> str:
+    """A scheme name for matplotlib: ``$`` kept literal, ``^C`` drawn as a superscript."""
+    name = name.replace("$", r"\$")
+    return re.sub(r"\^\{?([A-Za-z0-9]+)\}?", r"$^{\1}$", name)
+
+
+def _n_range(rows: pd.DataFrame) -> str:
+    lo, hi = int(rows["n"].min()), int(rows["n"].max())
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def _bars(ax: Axes, x: np.ndarray, rows: pd.DataFrame, metric: str, width: float, annotate: bool) -> None:
+    """One metric's bars with CI whiskers; value labels above the first metric's bars."""
+    vals = 100 * rows[metric].to_numpy(dtype=float)
+    lo_col, hi_col = f"{metric}_lo", f"{metric}_hi"
+    if lo_col in rows and hi_col in rows:
+        lo, hi = 100 * rows[lo_col].to_numpy(dtype=float), 100 * rows[hi_col].to_numpy(dtype=float)
+        err = np.nan_to_num(np.clip(np.vstack([vals - lo, hi - vals]), 0, None))
+    else:
+        hi, err = vals, None
+    label = METRICS[metric].replace(" (%)", "") + (" ± 95% CI" if err is not None else "")
+    ax.bar(x, np.nan_to_num(vals), width, yerr=err, capsize=3, label=label,
+           color=BAR_COLOURS.get(metric), error_kw={"lw": 1, "ecolor": "0.2"})
+    if annotate:
+        for xi, v, top in zip(x, vals, hi, strict=True):
+            text = "n/a" if not math.isfinite(v) else f"{v:.0f}"
+            y = (top if math.isfinite(top) else 0) + 1.5
+            ax.text(xi, y, text, ha="center", va="bottom", fontsize="x-small")
+
+
+def _grid(rows: pd.DataFrame, row_keys: Sequence[str], col_keys: Sequence[str], metric: str) -> np.ndarray:
+    """Values of ``metric`` arranged by (row key, column key); rows carry ``row_key``, ``col_key``."""
+    grid = np.full((len(row_keys), len(col_keys)), np.nan)
+    ri = {k: i for i, k in enumerate(row_keys)}
+    ci = {k: i for i, k in enumerate(col_keys)}
+    for r in rows.itertuples(index=False):
+        grid[ri[r.row_key], ci[r.col_key]] = float(getattr(r, metric))
+    return grid
+
+
+def heatmap_figure(
+    grid: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str], metric: str,
+    title: str, xlabel: str, ylabel: str,
+) -> Figure:
+    """An annotated heatmap of a rate (percent, 0-100) or a rank (log colour scale)."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    is_rank = metric.endswith("rank")
+    values = grid if is_rank else 100 * grid
+    if is_rank:
+        shown = values + 1  # rank 0 is the best: log scale on rank + 1
+        vmax = float(np.nanmax(shown)) if np.isfinite(shown).any() else 2.0
+        norm, cmap = LogNorm(vmin=1, vmax=max(vmax, 2.0)), "viridis_r"
+    else:
+        shown, norm, cmap = values, Normalize(0, 100), "viridis"
+    n_rows, n_cols = grid.shape
+    fig = _figure(min(30.0, max(6.0, 2.8 + 0.4 * n_cols)), max(2.8, 1.6 + 0.5 * n_rows))
+    ax = fig.add_subplot()
+    im = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, norm=norm, aspect="auto")
+    ax.set_facecolor("0.9")
+    if n_cols <= 40:
+        _annotate(ax, values, shown, norm, is_rank)
+    _tick_labels(ax, [display_name(c) for c in col_labels])
+    ax.set_yticks(np.arange(n_rows), [display_name(r) for r in row_labels])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    scale = ", log colour scale" if is_rank else ""
+    ax.set_title(f"{title}\n{METRICS[metric]}{scale}", fontsize="medium")
+    fig.colorbar(im, ax=ax).set_label(METRICS[metric])
+    return fig
+
+
+def _annotate(ax: Axes, values: np.ndarray, shown: np.ndarray, norm: Any, is_rank: bool) -> None:
+    """Write each cell's value, dark on the bright end of viridis, light on the dark end."""
+    for (i, j), v in np.ndenumerate(values):
+        if not math.isfinite(v):
+            ax.text(j, i, "–", ha="center", va="center", fontsize="small", color="0.4")
+            continue
+        level = float(norm(shown[i, j]))
+        bright = level < 0.4 if is_rank else level > 0.6
+        text = f"{v:.1f}" if is_rank and v < 10 else f"{v:.0f}"
+        ax.text(j, i, text, ha="center", va="center", fontsize="small",
+                color="black" if bright else "white")
+
+
+def _labelled(rows: pd.DataFrame, labels: dict[str, dict[str, str]], keys: Sequence[str]) -> pd.DataFrame:
+    """Rows whose scheme carries every label in ``keys``, with those labels as columns."""
+    keep = pd.Series([all(k in labels.get(s, {}) for k in keys) for s in rows["scheme"]],
+                     index=rows.index, dtype=bool)
+    out = rows[keep].copy()
+    for k in keys:
+        out[f"label_{k}"] = [labels[s][k] for s in out["scheme"]]
+    return out

@@ -1,0 +1,52 @@
+"""Drawing and saving every figure of a run."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from weightgraft.report.families import group_figures
+from weightgraft.report.run import METRICS, ReportError, ReportFigure, Run, _groups
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
+
+
+def save_figure(fig: Figure, stem: Path) -> tuple[Path, Path]:
+    """Write ``stem``.png and ``stem``.svg (SVG text kept as text, no timestamp)."""
+    import matplotlib
+
+    png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "weightgraft"}):
+        fig.savefig(png, dpi=120, bbox_inches="tight")
+        fig.savefig(svg, bbox_inches="tight", metadata={"Date": None})
+    return png, svg
+
+
+def _caption(fig: Figure) -> str:
+    return fig.axes[0].get_title().replace("\n", "; ").replace(r"\$", "$")
+
+
+def write_figures(run: Run, fig_dir: Path, heatmap_metrics: Sequence[str] = ("top5",)) -> list[ReportFigure]:
+    """Draw and save every figure of the run under ``fig_dir``."""
+    for metric in heatmap_metrics:
+        if metric not in METRICS:
+            raise ReportError(f"unknown heatmap metric {metric!r}; choose from {', '.join(METRICS)}")
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    written: list[ReportFigure] = []
+    used: set[str] = set()
+    for (ms, tpl), group in _groups(run.summary):
+        for name, fig in group_figures(run, ms, tpl, group, heatmap_metrics):
+            stem = _slug(f"{ms}__{tpl}__{name}")
+            while stem in used:  # two names may slug alike
+                stem += "_"
+            used.add(stem)
+            png, svg = save_figure(fig, fig_dir / stem)
+            written.append(ReportFigure(_caption(fig), ms, tpl, png, svg))
+    return written

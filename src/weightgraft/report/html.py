@@ -1,0 +1,162 @@
+"""Reports on a run directory: markdown tables, figures like the paper's Figs. 2, 4 and 5,
+and one self-contained HTML page with per-example top tokens (as in Appendix C.7).
+
+Reads ``results.parquet`` (one row per model set, template, scheme and example),
+``summary.csv`` (from :func:`weightgraft.experiments.metrics.summarize`) and ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from weightgraft.report.run import MAX_LISTED, ReportFigure, Run, _groups
+from weightgraft.report.tables import TABLE_HEADER, _exclusions, table_rows
+
+if TYPE_CHECKING:
+    pass
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.2em .5em;text-align:left;vertical-align:top}
+th{background:#f2f2f2} .warn{color:#a40000;font-weight:bold}
+code.tok{white-space:pre;background:#f6f6f6;padding:0 .2em}
+mark.target{background:#ffd54f;outline:1px solid #c79a00}
+figure{margin:1em 0} figure img{max-width:100%} figcaption{font-size:.85em;color:#555}
+details{margin:.3em 0} summary{cursor:pointer} pre{background:#f6f6f6;padding:.5em;overflow:auto}
+.p{color:#666;font-size:.85em}
+"""
+
+
+def _esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def html_table(header: Sequence[str], rows: Iterable[Sequence[str]], raw: bool = False,
+               warn_col: int | None = None) -> str:
+    """An HTML table; cells are escaped unless ``raw`` (cells already HTML)."""
+    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    body = []
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            cls = ' class="warn"' if i == warn_col and cell else ""
+            cells.append(f"<td{cls}>{cell if raw else _esc(cell)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _token(text: object, target: str | None = None) -> str:
+    shown = str(text).replace("\n", "\\n").replace("\t", "\\t")
+    code = f'<code class="tok">{_esc(shown)}</code>'
+    return f'<mark class="target">{code}</mark>' if str(text) == target else code
+
+
+def _run_section(run: Run) -> str:
+    m = run.manifest
+    parts = ["<h2>Run</h2>", f"<p>directory: <code>{_esc(run.path)}</code>; started "
+             f"{_esc(m.get('started', 'n/a'))}, finished {_esc(m.get('finished', 'n/a'))}</p>"]
+    models = m.get("models") or {}
+    if models:
+        parts.append(html_table(("role", "source", "weights sha256"), [
+            (role, info.get("source", ""), info.get("weights_sha256", ""))
+            for role, info in models.items()]))
+    versions = m.get("versions") or {}
+    if versions:
+        parts.append(html_table(("package", "version"), [(k, v) for k, v in versions.items()]))
+    config = json.dumps(m.get("config", {}), indent=2, default=str)
+    parts.append(f"<details><summary>config</summary><pre>{_esc(config)}</pre></details>")
+    return "\n".join(parts)
+
+
+def _summary_section(run: Run) -> str:
+    parts = ["<h2>Summary</h2>", "<p>Rates in percent with 95% bootstrap intervals; n counts "
+             "rows with finite logits; non-finite rows are flagged and left out of every average.</p>"]
+    for (ms, tpl), group in _groups(run.summary):
+        parts.append(f"<h3>{_esc(ms)} / {_esc(tpl)}</h3>")
+        parts.append(html_table(TABLE_HEADER, table_rows(group), warn_col=len(TABLE_HEADER) - 1))
+    return "\n".join(parts)
+
+
+def _figures_section(figures: Sequence[ReportFigure]) -> str:
+    parts = ["<h2>Figures</h2>"]
+    for f in figures:
+        data = base64.b64encode(f.png.read_bytes()).decode("ascii")
+        parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{_esc(f.title)}">'
+                     f"<figcaption>{_esc(f.title)} ({_esc(f.png.name)} / {_esc(f.svg.name)})"
+                     "</figcaption></figure>")
+    return "\n".join(parts)
+
+
+def _exclusions_section(run: Run) -> str:
+    ex = _exclusions(run.manifest)
+    parts = ["<h2>Exclusions</h2>", f"<p>Examples excluded before the run: <b>{ex['total']}</b></p>"]
+    if ex["by_reason"]:
+        parts.append(html_table(("reason", "count"), list(ex["by_reason"].items())))
+    if ex["examples"]:
+        shown = ex["examples"][:MAX_LISTED]
+        rows = [(e.get("template", ""), e.get("example_id", ""), e.get("reason", "")) for e in shown]
+        parts.append(f"<details><summary>excluded examples ({len(shown)} of {len(ex['examples'])} "
+                     f"listed)</summary>{html_table(('template', 'example', 'reason'), rows)}</details>")
+    bad = run.results[~run.results["finite"].astype(bool)]
+    parts.append(f"<p>Rows with non-finite logits (left out of every average): <b>{len(bad)}</b></p>")
+    if len(bad):
+        rows = [(r.model_set, r.template, r.scheme, r.example_id) for r in bad.head(MAX_LISTED).itertuples()]
+        parts.append(html_table(("model set", "template", "scheme", "example"), rows))
+    return "\n".join(parts)
+
+
+def _example_rows(ex: pd.DataFrame, top_n: int) -> list[tuple[str, ...]]:
+    """HTML cells per scheme: target rank and probability, then the top tokens."""
+    rows = []
+    for r in ex.itertuples(index=False):
+        target = str(r.target_token)
+        if not bool(r.finite):
+            rows.append((_esc(r.scheme), '<span class="warn">non-finite logits</span>', "", *[""] * top_n))
+            continue
+        toks = list(r.top_tokens if r.top_tokens is not None else [])[:top_n]
+        probs = list(r.top_probs if r.top_probs is not None else [])[:top_n]
+        cells = [f'{_token(t, target)}<br><span class="p">{float(p):.3f}</span>'
+                 for t, p in zip(toks, probs, strict=False)]
+        rows.append((_esc(r.scheme), _esc(int(r.rank)), f"{float(r.prob):.3f}",
+                     *cells, *[""] * (top_n - len(cells))))
+    return rows
+
+
+def _examples_section(run: Run, max_examples: int, top_n: int) -> str:
+    order = {s: i for i, s in enumerate(dict.fromkeys(run.summary["scheme"]))}
+    header = ("scheme", "target rank", "target p", *[f"#{i + 1}" for i in range(top_n)])
+    parts = ["<h2>Examples: top tokens per scheme</h2>",
+             '<p>The target token is <mark class="target">highlighted</mark>; probabilities '
+             "under each token.</p>"]
+    for (ms, tpl), sub in run.results.groupby(["model_set", "template"], sort=False):
+        ids = list(dict.fromkeys(sub["example_id"]))
+        shown = ids[:max_examples]
+        parts.append(f"<h3>{_esc(ms)} / {_esc(tpl)}</h3><p>showing {len(shown)} of {len(ids)} examples</p>")
+        sub = sub[sub["example_id"].isin(shown)]
+        for eid, ex in sub.groupby("example_id", sort=False):
+            ex = ex.sort_values("scheme", key=lambda s: s.map(order), kind="stable")
+            first = ex.iloc[0]
+            title = (f"{_esc(eid)}: {_esc(first['prompt'])} → {_esc(first['answer'])} "
+                     f"(target {_token(first['target_token'])})")
+            parts.append(f"<details><summary>{title}</summary>"
+                         f"{html_table(header, _example_rows(ex, top_n), raw=True)}</details>")
+    return "\n".join(parts)
+
+
+def report_html(run: Run, figures: Sequence[ReportFigure], max_examples: int = 50, top_n: int = 10) -> str:
+    """The self-contained report page (figures embedded as base64 PNG)."""
+    body = "\n".join([
+        f"<h1>weightgraft report: {_esc(run.path.name)}</h1>",
+        _run_section(run), _summary_section(run), _figures_section(figures),
+        _exclusions_section(run), _examples_section(run, max_examples, top_n),
+    ])
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f"<title>weightgraft report: {_esc(run.path.name)}</title><style>{CSS}</style></head>"
+            f"<body>\n{body}\n</body></html>\n")

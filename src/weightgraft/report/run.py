@@ -1,0 +1,158 @@
+"""A run directory as the report reads it: results, summary, manifest and scheme labels."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from weightgraft.experiments.metrics import SUMMARY_KEYS, summarize
+
+if TYPE_CHECKING:
+    pass
+
+
+RESULTS_FILE = "results.parquet"
+SUMMARY_FILE = "summary.csv"
+MANIFEST_FILE = "manifest.json"
+REQUIRED_COLUMNS: tuple[str, ...] = (
+    "model_set", "template", "scheme", "family", "labels", "example_id", "prompt", "answer",
+    "target_token", "rank", "prob", "top1", "top5", "top10", "top20", "top50", "top100",
+    "answer_logprob", "top_tokens", "top_probs", "finite",
+)
+METRICS: dict[str, str] = {
+    "top1": "top-1 accuracy (%)", "top5": "top-5 accuracy (%)", "top10": "top-10 accuracy (%)",
+    "top20": "top-20 accuracy (%)", "top50": "top-50 accuracy (%)", "top100": "top-100 accuracy (%)",
+    "mean_rank": "mean target rank (0 = top)", "median_rank": "median target rank (0 = top)",
+}
+# Families drawn with the baselines in the paper's Fig. 2 chart; every other family gets its own.
+POSITION_FAMILIES = ("baseline", "position")
+BAR_COLOURS = {"top5": "#3b6ea8", "top1": "#e08a3c"}
+MAX_LISTED = 100  # exclusions and non-finite rows listed in the HTML page
+
+
+class ReportError(ValueError):
+    """A run directory that cannot be reported on."""
+
+
+class MissingResultsError(ReportError):
+    """The run directory holds no results.parquet."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything a report reads from one run directory."""
+
+    path: Path
+    results: pd.DataFrame
+    summary: pd.DataFrame
+    manifest: dict[str, Any]
+    labels: dict[tuple[str, str, str], dict[str, str]]  # (model_set, template, scheme) -> labels
+
+
+@dataclass(frozen=True)
+class ReportFigure:
+    """One figure written as PNG and SVG."""
+
+    title: str
+    model_set: str
+    template: str
+    png: Path
+    svg: Path
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """The files :func:`write_report` wrote."""
+
+    out_dir: Path
+    summary_md: Path
+    html: Path
+    figures: tuple[ReportFigure, ...]
+
+    @property
+    def png(self) -> list[Path]:
+        """Every PNG figure."""
+        return [f.png for f in self.figures]
+
+    @property
+    def svg(self) -> list[Path]:
+        """Every SVG figure."""
+        return [f.svg for f in self.figures]
+
+    def all(self) -> list[Path]:
+        """Every file written."""
+        return [self.summary_md, self.html, *self.png, *self.svg]
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_run(run_dir: Path) -> Run:
+    """Read a run directory; the summary is recomputed if summary.csv is missing."""
+    run_dir = Path(run_dir)
+    results_path = run_dir / RESULTS_FILE
+    if not results_path.is_file():
+        raise MissingResultsError(
+            f"{results_path} not found: there is no {RESULTS_FILE} in {run_dir}. It is written by "
+            "the experiment runner (`weightgraft run CONFIG`); give `weightgraft report` the run "
+            "directory that command wrote."
+        )
+    results = pd.read_parquet(results_path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in results.columns]
+    if missing:
+        raise ReportError(f"{results_path} lacks the columns {', '.join(missing)}")
+    if results.empty:
+        raise ReportError(f"{results_path} holds no rows: nothing to report")
+    for key in (*SUMMARY_KEYS, "family"):
+        results[key] = results[key].astype(str)
+    summary_path = run_dir / SUMMARY_FILE
+    summary = read_summary(summary_path) if summary_path.is_file() else summarize(results)
+    manifest_path = run_dir / MANIFEST_FILE
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
+    return Run(run_dir, results, summary, manifest, scheme_labels(results))
+
+
+def read_summary(path: Path) -> pd.DataFrame:
+    """summary.csv with names kept as text (a scheme called "NA" stays "NA")."""
+    text_cols = [*SUMMARY_KEYS, "family"]
+    df = pd.read_csv(path, dtype={c: str for c in text_cols}, keep_default_na=False)
+    for col in df.columns:
+        if col not in text_cols:
+            df[col] = pd.to_numeric(df[col].replace("", np.nan), errors="coerce")
+    return df
+
+
+def parse_labels(value: object) -> dict[str, str]:
+    """A scheme's labels from its JSON text (or a dict); empty when absent."""
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return {}
+    parsed = json.loads(str(value))
+    if not isinstance(parsed, dict):
+        raise ReportError(f"scheme labels must be a JSON object, got {value!r}")
+    return {str(k): str(v) for k, v in parsed.items()}
+
+
+def scheme_labels(results: pd.DataFrame) -> dict[tuple[str, str, str], dict[str, str]]:
+    """Labels of each (model_set, template, scheme), from its first row."""
+    first = results.drop_duplicates(SUMMARY_KEYS)
+    return {
+        (str(r.model_set), str(r.template), str(r.scheme)): parse_labels(r.labels)
+        for r in first.itertuples(index=False)
+    }
+
+
+def _groups(summary: pd.DataFrame) -> list[tuple[tuple[str, str], pd.DataFrame]]:
+    """Summary rows by (model_set, template), in file order."""
+    return [
+        ((str(ms), str(tpl)), g.reset_index(drop=True))
+        for (ms, tpl), g in summary.groupby(["model_set", "template"], sort=False)
+    ]

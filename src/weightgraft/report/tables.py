@@ -1,0 +1,84 @@
+"""Summary tables: percentages with confidence intervals, markdown."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from weightgraft.report.run import Run, _groups
+
+if TYPE_CHECKING:
+    pass
+
+
+def format_pct_ci(p: float, lo: float | None = None, hi: float | None = None) -> str:
+    """A rate as percent with its interval: ``87.5 [75.0, 97.5]``; ``n/a`` when undefined."""
+    if p is None or not math.isfinite(p):
+        return "n/a"
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{100 * p:.1f}"
+    return f"{100 * p:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def _fmt_rank(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:.1f}"
+
+
+def nonfinite_flag(n_nonfinite: int) -> str:
+    """Text flagging rows left out of the averages for non-finite logits."""
+    return f"⚠ {n_nonfinite} non-finite, excluded" if n_nonfinite else ""
+
+
+TABLE_HEADER = ("scheme", "family", "n", "top-1 % [95% CI]", "top-5 % [95% CI]", "mean rank",
+                "non-finite")
+
+
+def table_rows(group: pd.DataFrame) -> list[tuple[str, ...]]:
+    """Display cells of one (model_set, template) summary, in scheme order."""
+    return [
+        (
+            str(r.scheme), str(r.family), str(int(r.n)),
+            format_pct_ci(r.top1, r.top1_lo, r.top1_hi), format_pct_ci(r.top5, r.top5_lo, r.top5_hi),
+            _fmt_rank(r.mean_rank), nonfinite_flag(int(r.n_nonfinite)),
+        )
+        for r in group.itertuples(index=False)
+    ]
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A GitHub-flavoured markdown table (``|`` in cells escaped)."""
+    lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _exclusions(manifest: dict[str, Any]) -> dict[str, Any]:
+    ex = manifest.get("exclusions") or {}
+    return {"total": int(ex.get("total", 0)), "by_reason": dict(ex.get("by_reason") or {}),
+            "examples": list(ex.get("examples") or [])}
+
+
+def summary_markdown(run: Run) -> str:
+    """summary.md: a table per (model_set, template), non-finite flags, exclusions."""
+    parts = [f"# weightgraft report: {run.path.name}", ""]
+    for (ms, tpl), group in _groups(run.summary):
+        parts += [f"## {ms} / {tpl}", "", markdown_table(TABLE_HEADER, table_rows(group)), ""]
+        bad = group[group["n_nonfinite"] > 0]
+        if len(bad):
+            parts += [f"> ⚠ non-finite logits: {int(bad['n_nonfinite'].sum())} row(s) in "
+                      f"{', '.join(bad['scheme'])}; left out of every average (n counts finite "
+                      "rows only).", ""]
+    ex = _exclusions(run.manifest)
+    parts += ["## Exclusions", "", f"Examples excluded before the run: {ex['total']}", ""]
+    if ex["by_reason"]:
+        parts += [markdown_table(("reason", "count"),
+                                 [(str(k), str(v)) for k, v in ex["by_reason"].items()]), ""]
+    return "\n".join(parts)

@@ -1,0 +1,8 @@
+"""Training errors."""
+
+from __future__ import annotations
+
+
+class TrainingError(ValueError):
+    """Bad training input (data directory, split, preset, output directory). The message says
+    what is wrong and how to fix it."""
