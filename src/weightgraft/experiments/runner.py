@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
 from weightgraft.data.prompts import DatasetError, load_test_prompts
 from weightgraft.experiments.config import ExperimentConfig
@@ -27,46 +26,16 @@ from weightgraft.experiments.examples import (
     served_slots,
 )
 from weightgraft.experiments.metrics import (
-    TOP_K,
-    answer_logprob,
-    score_next_token,
     summarize,
 )
 from weightgraft.experiments.schemes import compile_scheme
+from weightgraft.experiments.scoring import compute_logits, score_rows
 from weightgraft.experiments.store import ResultsStore, write_atomic
 from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.engine import slots
-from weightgraft.graft.prefix import GraftItem, prefix_forward
 from weightgraft.models.donors import default_loader, load_donor
 from weightgraft.models.lean import memory_report
 from weightgraft.models.tokenization import check_same_tokenizer
-
-
-def _extend(src: torch.Tensor, n: int) -> torch.Tensor:
-    """Continuation positions (answer tokens) take the last prompt token's weights."""
-    return torch.cat([src, src[-1:].expand(n, *src.shape[1:])], dim=0) if n else src
-
-
-def _rows(items, logits, n_logits, tokenizer, model_set, scheme_meta) -> list[dict[str, Any]]:
-    rows = []
-    for b, (ex, scheme) in enumerate(items):
-        p = ex.prompt
-        pred = score_next_token(logits[b, 0], ex.answer_ids[0])
-        row = {
-            "model_set": model_set, "template": p.template, "scheme": scheme,
-            "family": scheme_meta[scheme]["family"], "labels": scheme_meta[scheme]["labels"],
-            "example_id": p.id, "relation_id": p.relation_id, "prompt": p.prompt, "answer": p.answer,
-            "target_token_id": pred.target_token_id, "target_token": tokenizer.decode([pred.target_token_id]),
-            "rank": pred.rank, "prob": pred.prob,
-            "answer_logprob": answer_logprob(logits[b, : n_logits[b]], ex.answer_ids[: n_logits[b]])
-            if pred.finite else float("nan"),
-            "n_answer_tokens": n_logits[b],
-            **{f"top{k}": pred.hits[k] for k in TOP_K},
-            "top_tokens": [tokenizer.decode([i]) for i in pred.top_ids],
-            "top_probs": pred.top_probs, "finite": pred.finite,
-        }
-        rows.append(row)
-    return rows
 
 
 @dataclass
@@ -148,8 +117,8 @@ def run_experiment(
         with Progress(disable=not progress, transient=False) as bar:
             task = bar.add_task(f"[{set_name}] grafting", total=len(items), completed=len(items) - len(todo))
             for chunk in _my_batches(items, todo, config.batch_size, ranks):
-                logits, n_logits = _compute(models, chunk, config, pad_id)
-                store.append(_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta))
+                logits, n_logits = compute_logits(models, chunk, pad_id, config.score_answer, config.prefix_sharing)
+                store.append(score_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta))
                 computed += len(chunk)
                 bar.advance(task, len(chunk) * ranks.world)
         del models, loaded
@@ -195,28 +164,6 @@ def _my_batches(items: list, todo: list, batch_size: int, ranks: Ranks) -> list[
         if ranks.mine(j) and chunk:
             out.append(chunk)
     return out
-
-
-def _compute(models, chunk, config: ExperimentConfig, pad_id: int) -> tuple[torch.Tensor, list[int]]:
-    """Logits at the scored positions of one batch of (example, scheme) items."""
-    items, n_logits = _graft_items(chunk, config.score_answer)
-    logits = prefix_forward(models, items, pad_id, share=config.prefix_sharing)
-    return logits.float().cpu(), n_logits
-
-
-def _graft_items(chunk, score_answer: bool) -> tuple[list[GraftItem], list[int]]:
-    """The batch as ``prefix_forward`` items: answer tokens after the prompt take the last
-    prompt token's weights; logits from the last prompt token on."""
-    items, n_logits = [], []
-    for ex, scheme in chunk:
-        extra = ex.answer_ids[:-1] if score_answer else []
-        heads = {name: _extend(h, len(extra)) for name, h in ex.heads.get(scheme, {}).items()}
-        items.append(GraftItem(
-            input_ids=ex.input_ids + extra, source=_extend(ex.sources[scheme], len(extra)),
-            head_source=heads or None, logit_start=len(ex.input_ids) - 1, n_logits=1 + len(extra),
-        ))
-        n_logits.append(1 + len(extra))
-    return items, n_logits
 
 
 def _follow_main(run_dir: Path, ranks: Ranks, computed: int) -> RunResult:
