@@ -46,7 +46,14 @@ def test_float64_engine_equals_the_definition_to_rounding(model_type):
     fast = wg.graft_forward(models, ids, source, attention_mask=mask)
     ref = per_token_forward(models, ids, source, attention_mask=mask)
     real = mask.bool()
-    assert (fast[real] - ref[real]).abs().max().item() <= ORACLE_TOLERANCE[torch.float64][0]
+    tol = ORACLE_TOLERANCE[torch.float64][0]
+    if model_type == "gemma2":
+        # HF's eager Gemma 2 attention takes its softmax in float32 even in float64, so the
+        # per-token run (fewer keys per row under the sliding window) rounds differently
+        # from the full pass at ~1e-7; the engine itself equals HF's full forward exactly.
+        assert torch.equal(wg.graft_forward(models, ids, torch.zeros_like(source)), base(ids).logits)
+        tol = 1e-5
+    assert (fast[real] - ref[real]).abs().max().item() <= tol
 
 
 def test_check_uses_the_dtype_tolerance():
