@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from weightgraft.report.run import Run, _groups
+from weightgraft.report.run import Run, _groups, group_title
 
 if TYPE_CHECKING:
     pass
@@ -69,8 +69,8 @@ def _exclusions(manifest: dict[str, Any]) -> dict[str, Any]:
 def summary_markdown(run: Run) -> str:
     """summary.md: a table per (model_set, template), non-finite flags, exclusions."""
     parts = [f"# weightgraft report: {run.path.name}", ""]
-    for (ms, tpl), group in _groups(run.summary):
-        parts += [f"## {ms} / {tpl}", "", markdown_table(TABLE_HEADER, table_rows(group)), ""]
+    for key, group in _groups(run.summary):
+        parts += [f"## {group_title(key)}", "", markdown_table(TABLE_HEADER, table_rows(group)), ""]
         bad = group[group["n_nonfinite"] > 0]
         if len(bad):
             parts += [f"> ⚠ non-finite logits: {int(bad['n_nonfinite'].sum())} row(s) in "
