@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tiny_models import make_donor, make_tiny, tiny_tokenizer
 
 

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from tiny_world import loader, write_world
 
 import weightgraft as wg
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
-from tiny_world import loader, write_world
 
 SAME = ["model_set", "template", "scheme", "family", "labels", "prompt", "answer", "target_token_id",
         "target_token", "rank", "n_answer_tokens", "top1", "top5", "top10", "top20", "top50", "top100",

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import tiny_world
 import torch
+from tiny_models import make_donor, make_tiny
 
 import weightgraft as wg
-import tiny_world
-from tiny_models import make_donor, make_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from types import SimpleNamespace
 
 import matplotlib.image as mpimg
 import pandas as pd
 import pytest
 from rich.console import Console
+from tiny_models import make_donor, make_tiny
+from tiny_world import tokenizer, write_world
 from typer.testing import CliRunner
 
 import weightgraft as wg
@@ -25,8 +26,6 @@ from weightgraft.report import FAMILY_FIGURES, MAX_BARS, write_report
 from weightgraft.report.console import print_summary
 from weightgraft.report.families import FigureContext, family_bars, group_figures
 from weightgraft.report.run import load_run
-from tiny_models import make_donor, make_tiny
-from tiny_world import tokenizer, write_world
 
 
 def _every_preset() -> list[wg.Scheme]:

@@ -32,7 +32,10 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     # ``weightgraft.api.graft.graft``), so the name means the same whichever import came first.
     "graft": ("weightgraft.graft", None),
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "graft", "graft_forward", "load",
+    "presets", "slots",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from weightgraft.report.charts import accuracy_bar_figure, heatmap_figure
-from weightgraft.report.charts import rank_bar_figure
+from weightgraft.report.charts import (
+    accuracy_bar_figure,
+    heatmap_figure,
+    rank_bar_figure,
+)
 from weightgraft.report.families import (
     FAMILY_FIGURES,
     MAX_BARS,

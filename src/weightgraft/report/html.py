@@ -11,15 +11,18 @@ import base64
 import html
 import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from weightgraft.report.run import MAX_LISTED, ReportFigure, Run, _groups, group_title, model_rows
+from weightgraft.report.run import (
+    MAX_LISTED,
+    ReportFigure,
+    Run,
+    _groups,
+    group_title,
+    model_rows,
+)
 from weightgraft.report.tables import TABLE_HEADER, _exclusions, table_rows
-
-if TYPE_CHECKING:
-    pass
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}

@@ -6,16 +6,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from weightgraft.experiments.metrics import SUMMARY_KEYS, summarize
-
-if TYPE_CHECKING:
-    pass
-
 
 RESULTS_FILE = "results.parquet"
 SUMMARY_FILE = "summary.csv"

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from weightgraft.report.run import Run, _groups, group_title
-
-if TYPE_CHECKING:
-    pass
 
 
 def format_pct_ci(p: float, lo: float | None = None, hi: float | None = None) -> str:
