@@ -59,8 +59,10 @@ def test_snippet_equals_hand_built_graft_forward(tiny_pair, tiny_tok, arch, side
     assert len(out.top(5)) == len(prompts)
 
     cols = _slot_columns(pre, [3], {"o", "gate", "up", "down"})  # 4 layers: the last quarter is 3
-    full, last, *_ = _hand_built(pre, sft, tok, prompts, cols=cols)
+    full, last, ids, mask, source = _hand_built(pre, sft, tok, prompts, cols=cols)
     expected = full[torch.arange(len(prompts)), last]
+    assert torch.equal(out.input_ids, ids) and torch.equal(out.attention_mask, mask)
+    assert torch.equal(out.source[mask.bool()], source[mask.bool()]) and out.roles == ["pre", "sft"]
     torch.testing.assert_close(out.logits, expected, rtol=0, atol=ATOL)
     plain = pre(**tok(prompts, padding=True, return_tensors="pt")).logits[torch.arange(len(prompts)), last]
     assert (out.logits - plain).abs().max() > 1e-3  # the graft changed every prompt's logits

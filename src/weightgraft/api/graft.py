@@ -56,7 +56,7 @@ def graft(
     last = logits[rows, batch.last.to(logits.device)] if full_logits else logits[:, 0]
     return GraftOutput(
         prompts=list(prompts), logits=last, input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask, tokenizer=tokenizer,
-        full_logits=logits if full_logits else None,
+        attention_mask=batch.attention_mask, tokenizer=tokenizer, source=batch.source, roles=roles,
+        head_source=batch.head_source, full_logits=logits if full_logits else None,
     )
 

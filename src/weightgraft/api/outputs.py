@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,6 +16,9 @@ class GraftOutput:
     ``logits`` is ``[len(prompts), vocab]``: the next-token logits at each prompt's last token.
     ``full_logits`` is ``[batch, seq, vocab]`` over the padded batch (``input_ids``,
     ``attention_mask``; padded on the tokenizer's side) when asked for, else ``None``.
+    ``source`` (``[batch, seq, n_slots]``, indices into the roles, base first) and
+    ``head_source`` are the maps the pass ran: what was grafted where (``weightgraft.slots``
+    names the slots), and the inputs of an equivalent ``weightgraft.graft_forward`` call.
     """
 
     prompts: list[str]
@@ -23,6 +26,9 @@ class GraftOutput:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     tokenizer: Any
+    source: torch.Tensor
+    roles: list[str]
+    head_source: dict[str, torch.Tensor] = field(default_factory=dict)
     full_logits: torch.Tensor | None = None
 
     def top(self, k: int = 5) -> list[list[tuple[str, float]]]:
