@@ -119,8 +119,9 @@ def test_spans_by_substring_and_by_characters(tiny_pair, tiny_tok):
     torch.testing.assert_close(out.logits, reference[torch.arange(2), last], rtol=0, atol=1e-9)
 
 
-def test_per_head_rule_equals_the_per_token_definition(tiny_pair, tiny_tok):
-    pre, sft = tiny_pair("llama")
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "phi3"])  # Linear o; Conv1D c_proj; fused qkv
+def test_per_head_rule_equals_the_per_token_definition(tiny_pair, tiny_tok, arch):
+    pre, sft = tiny_pair(arch)
     tok = _tok(tiny_tok, "left")
     rule = wg.Rule(model="sft", positions="last", layers="2..3", components="o", heads="1")
     out = wg.graft({"pre": pre, "sft": sft}, tok, PROMPTS, rule, full_logits=True)
@@ -133,6 +134,8 @@ def test_per_head_rule_equals_the_per_token_definition(tiny_pair, tiny_tok):
     source = torch.zeros(*out.input_ids.shape, len(names), dtype=torch.long)
     reference = per_token_forward([pre, sft], out.input_ids, source, out.attention_mask, head_source=head_source)
     torch.testing.assert_close(out.logits, reference[:, -1], rtol=0, atol=1e-9)
+    plain = wg.graft({"pre": pre, "sft": sft}, tok, PROMPTS, [])
+    assert (out.logits - plain.logits).abs().amax(-1).min() > 1e-6  # head 1 did change every row
 
 
 def test_top_k_is_readable_and_ordered(tiny_pair, tiny_tok):
