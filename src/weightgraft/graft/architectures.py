@@ -360,14 +360,14 @@ def _build_slots(model: nn.Module) -> list[Slot]:
 def _out_features(module: nn.Module) -> int:
     try:
         return projections.out_features(module)
-    except TypeError as exc:
+    except projections.UnsupportedProjection as exc:
         raise UnsupportedArchitectureError(f"fused component on a {exc}") from exc
 
 
 def _in_features(module: nn.Module) -> int:
     try:
         return projections.in_features(module)
-    except TypeError as exc:
+    except projections.UnsupportedProjection as exc:
         raise UnsupportedArchitectureError(f"per-head o on a {exc}") from exc
 
 

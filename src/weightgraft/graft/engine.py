@@ -60,7 +60,7 @@ def _columns_output(module: nn.Module, x: torch.Tensor, cols: torch.Tensor | sli
     """Output columns ``cols`` of a Linear / GPT-2 Conv1D, computing only those columns."""
     try:
         return projections.output_columns(module, x, cols)
-    except TypeError as exc:
+    except projections.UnsupportedProjection as exc:
         raise TypeError(f"column grafting on {exc}") from exc
 
 
@@ -221,7 +221,7 @@ def _in_head_forward(
 def _matmul_no_bias(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     try:
         return projections.matmul_no_bias(module, x)
-    except TypeError as exc:
+    except projections.UnsupportedProjection as exc:
         raise TypeError(f"per-head grafting on {exc}") from exc
 
 

@@ -12,12 +12,16 @@ from transformers.pytorch_utils import Conv1D
 Index = torch.Tensor | slice
 
 
+class UnsupportedProjection(TypeError):
+    """A module that is neither ``nn.Linear`` nor ``Conv1D`` where one of them is needed."""
+
+
 def _kind(module: nn.Module) -> str:
     if isinstance(module, Conv1D):
         return "conv1d"
     if isinstance(module, nn.Linear):
         return "linear"
-    raise TypeError(f"{type(module).__name__}: only Linear and Conv1D projections can be split")
+    raise UnsupportedProjection(f"{type(module).__name__}: only Linear and Conv1D projections can be split")
 
 
 def in_features(module: nn.Module) -> int:
