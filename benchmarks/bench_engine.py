@@ -7,7 +7,9 @@ In ONE run, on the same model, prompts and schemes, times
   (c) plain batched forward passes of the base model over the same sequences,
 and prints wall times, ratios and peak memory. The per-token method is slow, so it is timed
 on a subset and compared per (example, scheme) item. The last line reads
-``speedup_vs_per_token=<a/b> overhead_vs_plain=<b/c>``.
+``speedup_vs_per_token=<a/b> overhead_vs_plain=<b/c>``. Models, schemes and source maps come
+through the public API (``wg.load``, ``wg.presets``, ``wg.graft``'s ``source``); the timed
+calls are ``wg.graft_forward``, the runner's ``prefix_forward`` and the per-token reference.
 
     python benchmarks/bench_engine.py                      # embedded SmolLM2-135M, CPU
     python benchmarks/bench_engine.py --n 20 --per-token-items 8 --device cuda --dtype bfloat16
@@ -22,16 +24,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-from weightgraft.graft.engine import graft_forward, slots
-from weightgraft.models import load_model
-from weightgraft.experiments.presets import preset
-from weightgraft.experiments.schemes import compile_scheme
+import weightgraft as wg
+from weightgraft.data.prompts import load_test_prompts
 from weightgraft.graft.prefix import GraftItem, prefix_forward
 from weightgraft.graft.reference import CompositeModel, per_token_forward
-from weightgraft.experiments.runner import load_test_prompts, prepare, Exclusions
 
 
 class PeakMemory:
@@ -107,6 +107,35 @@ def left_padded(items, pad_id: int):
     return ids, mask, source
 
 
+def scheme_sources(models: dict, tok, prompts, schemes) -> tuple[list[SimpleNamespace], int]:
+    """Per prompt, its token ids and one source map per scheme, as ``wg.graft`` places them
+    (the maps it ran, from ``GraftOutput.source``). A prompt some scheme cannot place is left
+    out of all of them; returns the examples and how many were left out."""
+    spans = [{k: v for k, v in p.spans.items() if k != p.answer_field} for p in prompts]
+    keep = list(range(len(prompts)))
+    for scheme in schemes:  # a cheap pass per prompt only when a whole batch is refused
+        try:
+            wg.graft(models, tok, [prompts[i].prompt for i in keep], scheme, spans=[spans[i] for i in keep])
+        except wg.GraftInputError:
+            keep = [i for i in keep if _placeable(models, tok, prompts[i].prompt, scheme, spans[i])]
+    examples = [SimpleNamespace(input_ids=None, sources={}) for _ in keep]
+    for scheme in schemes:
+        out = wg.graft(models, tok, [prompts[i].prompt for i in keep], scheme, spans=[spans[i] for i in keep])
+        for ex, ids, mask, source in zip(examples, out.input_ids, out.attention_mask, out.source):
+            real = mask.bool()
+            ex.input_ids = ids[real].tolist()
+            ex.sources[scheme.name] = source[real]
+    return examples, len(prompts) - len(keep)
+
+
+def _placeable(models: dict, tok, prompt: str, scheme, spans: dict) -> bool:
+    try:
+        wg.graft(models, tok, [prompt], scheme, spans=[spans])
+    except wg.GraftInputError:
+        return False
+    return True
+
+
 def build_prompts(n: int, seed: int, template: str):
     from weightgraft.data import build_dataset
 
@@ -133,30 +162,27 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
 
-    base_lm = load_model(args.model, device=args.device, dtype=dtype)
-    donor = (load_model(args.donor, device=args.device, dtype=dtype).model if args.donor
-             else perturbed_copy(base_lm.model))
-    models = [base_lm.model, donor]
-    tok = base_lm.tokenizer
+    base, tok = wg.load(args.model, device=args.device, dtype=dtype)
+    donor = (wg.load(args.donor, device=args.device, dtype=dtype)[0] if args.donor
+             else perturbed_copy(base))
+    models = [base, donor]
     if args.data is not None:
         prompts = [p for p in load_test_prompts(args.data) if p.template == args.template][: args.n]
     else:
         prompts = build_prompts(args.n, 0, args.template)
-    schemes = preset(args.preset)
-    compiled = [compile_scheme(s, slots(models[0]), {"pre": 0, "sft": 1}) for s in schemes]
-    excl = Exclusions()
-    examples = prepare(prompts, tok, compiled, "bench", excl)
+    schemes = wg.presets.preset(args.preset)
+    examples, excluded = scheme_sources({"pre": base, "sft": donor}, tok, prompts, schemes)
     items = [(ex, s.name) for ex in examples for s in schemes]
     lengths = [len(ex.input_ids) for ex in examples]
     print(f"model={args.model} device={args.device} dtype={args.dtype} threads={torch.get_num_threads()}")
-    print(f"examples={len(examples)} (excluded {excl.summary()['total']}) schemes={len(schemes)} "
+    print(f"examples={len(examples)} (excluded {excluded}) schemes={len(schemes)} "
           f"items={len(items)} tokens/prompt={min(lengths)}-{max(lengths)} batch={args.batch_size}")
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     batches = [left_padded(items[i : i + args.batch_size], pad) for i in range(0, len(items), args.batch_size)]
 
     with torch.no_grad():  # warm-up (allocator, kernels)
         ids, mask, source = batches[0]
-        graft_forward(models, ids[:2], source[:2], attention_mask=mask[:2])
+        wg.graft_forward(models, ids[:2], source[:2], attention_mask=mask[:2])
 
     # (a) the per-token method on a subset, as the paper describes it (a fresh model copy per
     # position); (a') the same definition reloading only the slots that change.
@@ -189,7 +215,7 @@ def main() -> None:
 
     last = lambda ids: torch.full((ids.shape[0], 1), ids.shape[1] - 1, dtype=torch.long)
     # (b) the engine, logits only where they are scored (the last position)
-    time_b, mem_b = timed(lambda ids, mask, source: graft_forward(
+    time_b, mem_b = timed(lambda ids, mask, source: wg.graft_forward(
         models, ids, source, attention_mask=mask, logit_positions=last(ids)))
     # (b') the runner's default: prefix_forward, positions shared by a batch's rows computed once
     graft_items = [GraftItem(ex.input_ids, ex.sources[scheme]) for ex, scheme in items]

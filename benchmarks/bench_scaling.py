@@ -48,13 +48,16 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from bench_engine import PeakMemory, _sync, build_prompts, left_padded, perturbed_copy  # noqa: E402
+from bench_engine import (  # noqa: E402
+    PeakMemory,
+    _sync,
+    build_prompts,
+    left_padded,
+    perturbed_copy,
+    scheme_sources,
+)
 
-from weightgraft.graft.engine import graft_forward, slots  # noqa: E402
-from weightgraft.models import load_model  # noqa: E402
-from weightgraft.experiments.presets import preset  # noqa: E402
-from weightgraft.experiments.schemes import compile_scheme  # noqa: E402
-from weightgraft.experiments.runner import Exclusions, prepare  # noqa: E402
+import weightgraft as wg  # noqa: E402
 
 BEGIN, END = "<!-- scaling:begin -->", "<!-- scaling:end -->"
 # The grafting position schemes first (a 1-scheme run should graft something), then the baselines.
@@ -144,7 +147,7 @@ def measure(models, ids, mask, source, device: str, repeats: int) -> dict:
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
 
     def graft():
-        graft_forward(models, ids, source, attention_mask=mask, logit_positions=last)
+        wg.graft_forward(models, ids, source, attention_mask=mask, logit_positions=last)
 
     def plain():
         models[0](input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1, use_cache=False)
@@ -312,26 +315,23 @@ def main() -> None:
     started = time.perf_counter()
     busy_before, own_before = cpu_busy_s(), os.times()
 
-    lm = load_model(args.model, device=args.device, dtype=dtype)
-    base = tiny_like(lm.model) if args.quick else lm.model
-    if args.quick:
-        del lm.model
+    loaded, tok = wg.load(args.model, device=args.device, dtype=dtype)
+    base = tiny_like(loaded) if args.quick else loaded
+    del loaded
     n_models_max = max(cfg["models"] + [2])
     donors = [perturbed_copy(base, seed=i) for i in range(1, n_models_max)]
     all_models = [base, *donors]
-    tok = lm.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    slot_list = slots(base)
+    slot_list = wg.slots(base)
     n_slots = len(slot_list)
     gen = torch.Generator().manual_seed(0)
 
     # Test prompts with the paper's position schemes (FE, LT, ... as source maps).
     n_prompts = max(cfg["batch_sizes"] + [cfg["scheme_examples"], cfg["model_rows"], 16])
-    schemes = {s.name: s for s in preset("position")}
-    compiled = [compile_scheme(schemes[n], slot_list, {"pre": 0, "sft": 1}) for n in PRESET_ORDER]
-    excl = Exclusions()
+    schemes = {s.name: s for s in wg.presets.position()}
     prompts = build_prompts(n_prompts, 0, "headline")
-    examples = prepare(prompts, tok, compiled, "bench", excl)
+    examples, excluded = scheme_sources({"pre": base, "sft": all_models[1]}, tok, prompts,
+                                        [schemes[n] for n in PRESET_ORDER])
     if not examples:
         raise SystemExit("no test prompt could be prepared")
     ex_at = lambda i: examples[i % len(examples)]  # noqa: E731
@@ -340,7 +340,7 @@ def main() -> None:
     print(f"model={args.model}{' (tiny random, --quick)' if args.quick else ''} device={args.device} "
           f"dtype={args.dtype} threads={torch.get_num_threads()} slots={n_slots} "
           f"params={sum(p.numel() for p in base.parameters()) / 1e6:.1f}M")
-    print(f"prompts={len(examples)} (excluded {excl.summary()['total']}) tokens/prompt={min(lengths)}-{max(lengths)}")
+    print(f"prompts={len(examples)} (excluded {excluded}) tokens/prompt={min(lengths)}-{max(lengths)}")
     print(f"sizes: {cfg}")
 
     models2 = all_models[:2]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny_models import make_tiny
 from weightgraft.models import embedded as M
 from weightgraft.models import (
     CorruptCheckpointError,
@@ -58,22 +59,8 @@ def _tiny_tokenizer():
 
 
 def _tiny_model(vocab_size: int, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return LlamaForCausalLM(config).eval()
+    """The tiny tied Llama of ``tiny_models`` over this tokenizer's vocabulary."""
+    return make_tiny("llama", seed=seed, vocab_size=vocab_size, tied=True)
 
 
 @pytest.fixture(scope="module")
@@ -382,6 +369,7 @@ def test_unknown_half_cache_dir_is_refused(monkeypatch, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the real embedded model
 
 
+@pytest.mark.slow
 def test_real_smollm2() -> None:
     """The one real-model test: SmolLM2-135M from its PyPI GGUF, via the cached conversion."""
     try:
@@ -409,6 +397,7 @@ def test_real_smollm2() -> None:
     assert gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and gguf.stat().st_size > 90e6
 
 
+@pytest.mark.slow
 def test_truncated_real_gguf_error(tmp_path: Path) -> None:
     try:
         gguf = M.ensure_embedded("smollm2-135m")

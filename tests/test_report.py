@@ -89,8 +89,8 @@ def make_run(run_dir: Path, templates: tuple[str, ...] = ("headline", "qa")) -> 
     manifest = {
         "config": {"name": "synthetic", "schemes": list(SCHEMES)},
         "versions": {"weightgraft": "0.1.0", "torch": "2.x"},
-        "models": {"pre": {"source": "tiny-pre", "weights_sha256": "ab" * 32},
-                   "sft": {"source": "tiny-sft", "weights_sha256": "cd" * 32}},
+        "models": {"sft2pre": {"pre": {"spec": "models/pre", "source": "tiny-pre", "weights_sha256": "ab" * 32},
+                               "sft": {"spec": "models/sft", "source": "tiny-sft", "weights_sha256": "cd" * 32}}},
         "exclusions": {"total": 7, "by_reason": {"multi_token_first_actor": 4, "duplicate": 3},
                        "examples": [{"template": "headline", "example_id": "gone1", "reason": "duplicate"}]},
         "started": "2025-01-01T00:00:00", "finished": "2025-01-01T00:10:00",
@@ -119,10 +119,12 @@ def test_every_kind_of_figure_is_drawn_per_template(written):
     _, _, paths = written
     names = {p.stem for p in paths.png}
     for tpl in ("headline", "qa"):
-        for kind in ("position", "component", "layer_window", "components_last_top5",
-                     "layer_position_w1_top5", "hybrid"):
+        for kind in ("position", "position_mean_rank", "components_last_top5", "components_last_mean_rank",
+                     "layer_position_w1_top5", "layer_position_w1_mean_rank", "hybrid"):
             assert f"sft2pre__{tpl}__{kind}" in names
-    assert len(paths.png) == len(paths.svg) == 12
+        # the component and layer-window grids carry those families: no bar charts of them
+        assert f"sft2pre__{tpl}__component" not in names and f"sft2pre__{tpl}__layer_window" not in names
+    assert len(paths.png) == len(paths.svg) == 14
 
 
 def test_pngs_are_images_and_svgs_are_xml(written):
@@ -161,7 +163,7 @@ def test_html_is_self_contained_and_escapes_prompts(written):
     for scheme in SCHEMES:
         assert f"<td>{html.escape(scheme)}</td>" in page
     assert "(FE+LT)^C" in page and "O+FFN@last_quarter" in page
-    assert page.count("data:image/png;base64,") == 12
+    assert page.count("data:image/png;base64,") == 14
     assert "<script" not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
     assert 'src="http' not in page and "<link" not in page
     assert '<mark class="target"><code class="tok"> Actor0</code></mark>' in page
@@ -170,6 +172,10 @@ def test_html_is_self_contained_and_escapes_prompts(written):
     assert len(re.findall(r"<details><summary>ex\d: ", page)) == 2 * 4  # 4 examples for each of 2 templates
     assert "ex5:" not in page
     assert "ab" * 32 in page and "non-finite logits" in page
+    # the Run table: one row per (model set, role) with spec, source and hash
+    assert "<td>sft2pre</td><td>pre</td><td>models/pre</td><td>tiny-pre</td><td>" + "ab" * 32 in page
+    assert "<td>sft2pre</td><td>sft</td><td>models/sft</td><td>tiny-sft</td><td>" + "cd" * 32 in page
+    assert "<td>default</td>" not in page
 
 
 def test_missing_results_is_a_clear_value_error(tmp_path):

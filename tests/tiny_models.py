@@ -45,12 +45,26 @@ def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
             p.copy_(noise / p.shape[-1] ** 0.5 if p.shape[-1] > 1 else noise)
 
 
-def make_tiny(model_type: str, seed: int = 0, vocab_size: int | None = None) -> torch.nn.Module:
+def make_tiny(
+    model_type: str, seed: int = 0, vocab_size: int | None = None, n_layers: int | None = None,
+    tied: bool | None = None, randomize: bool = True,
+) -> torch.nn.Module:
+    """A tiny model of ``model_type``; ``tied`` overrides the config's embedding tying, and
+    ``randomize=False`` keeps transformers' own (seeded) initialization, e.g. for training."""
     config = copy.deepcopy(TINY_CONFIGS[model_type])
     if vocab_size is not None:
         config.vocab_size = vocab_size
+    if tied is not None:
+        config.tie_word_embeddings = tied
+    if n_layers is not None:
+        config.num_hidden_layers = n_layers
+        kinds = getattr(config, "layer_types", None)
+        if kinds:  # per-layer attention kinds: repeat the pattern over the new depth
+            config.layer_types = [kinds[i % len(kinds)] for i in range(n_layers)]
+    torch.manual_seed(seed)
     model = T.AutoModelForCausalLM.from_config(config)
-    _randomize(model, torch.Generator().manual_seed(seed))
+    if randomize:
+        _randomize(model, torch.Generator().manual_seed(seed))
     return model.eval()
 
 

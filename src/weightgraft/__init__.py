@@ -1,20 +1,50 @@
 """weightgraft: exact, fast dynamic weight grafting for HF decoder language models.
 
-``slots`` and ``graft_forward`` are imported on first use, so that light commands (``weightgraft
-data``) do not pay for importing torch.
+In a notebook::
+
+    import weightgraft as wg
+    pre, tok = wg.load("smollm2-135m")
+    out = wg.graft({"pre": pre, "sft": sft}, tok, prompts, wg.Rule(model="sft", positions="last"))
+
+Every name is imported on first use, so that light commands (``weightgraft data``) do not pay
+for importing torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["graft_forward", "slots"]
 __version__ = "0.1.0"
+
+# public name -> (module, attribute); attribute None: the module itself
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "load": ("weightgraft.api.load", "load"),
+    "compare": ("weightgraft.api.compare", "compare"),
+    "GraftOutput": ("weightgraft.api.outputs", "GraftOutput"),
+    "GraftInputError": ("weightgraft.api.inputs", "GraftInputError"),
+    "Rule": ("weightgraft.experiments.schemes", "Rule"),
+    "Scheme": ("weightgraft.experiments.schemes", "Scheme"),
+    "presets": ("weightgraft.api.presets", None),
+    "slots": ("weightgraft.graft.engine", "slots"),
+    "graft_forward": ("weightgraft.graft.engine", "graft_forward"),
+    # ``weightgraft.graft`` is also the engine's package; the package is callable (it runs
+    # ``weightgraft.api.graft.graft``), so the name means the same whichever import came first.
+    "graft": ("weightgraft.graft", None),
+}
+__all__ = [
+    "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "graft", "graft_forward", "load",
+    "presets", "slots",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from weightgraft.graft import engine
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'weightgraft' has no attribute {name!r}")
+    module, attr = _EXPORTS[name]
+    value = importlib.import_module(module)
+    return value if attr is None else getattr(value, attr)
 
-        return getattr(engine, name)
-    raise AttributeError(f"module 'weightgraft' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -19,8 +19,20 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from weightgraft import __version__
+
+        typer.echo(f"weightgraft {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit.",
+    ),
+) -> None:
     """Exact, fast dynamic weight grafting for HF decoder language models."""
 
 
@@ -42,7 +54,9 @@ def main() -> None:
     except (ValueError, RuntimeError, FileNotFoundError, TypeError) as exc:
         if os.environ.get("WEIGHTGRAFT_DEBUG"):
             raise
-        Console(stderr=True).print(f"[red]error:[/] {type(exc).__name__}: {exc}")
+        from rich.markup import escape
+
+        Console(stderr=True).print(f"[red]error:[/] {escape(f'{type(exc).__name__}: {exc}')}")
         raise SystemExit(2) from None
 
 

@@ -52,11 +52,11 @@ def build(
     world: str | None = typer.Option(
         None,
         "--world",
-        help=f"Built-in world ({', '.join(WORLDS)}) or a name for a custom world "
-        "[default: fake_movies_real_actors, or 'custom' with --metadata].",
+        help=f"Built-in world ({', '.join(WORLDS)}) or a name for a custom world.",
+        show_default="fake_movies_real_actors, or 'custom' with --metadata",
     ),
     n: int | None = typer.Option(
-        None, "--n", help="Number of relations [default: 1000; all rows of --metadata]."
+        None, "--n", help="Number of relations.", show_default="1000; all rows of --metadata"
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of every random draw."),
     metadata: Path | None = typer.Option(
@@ -77,7 +77,8 @@ def build(
     validation_templates: str | None = typer.Option(
         None,
         "--validation-templates",
-        help="Comma-separated training templates held out for validation [default: the YAML's].",
+        help="Comma-separated training templates held out for validation.",
+        show_default="the YAML's",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
 ) -> None:

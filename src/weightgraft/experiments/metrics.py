@@ -70,16 +70,20 @@ SUMMARY_KEYS = ["model_set", "template", "scheme"]
 
 
 def summarize(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """One row per (model set, template, scheme): n, top-k rates with 95% CIs, ranks.
+    """One row per (model set, template, direction, scheme): n, top-k rates with 95% CIs,
+    ranks. ``direction`` (a2b, b2a) is empty for prompts without one.
 
     Rows with non-finite logits are counted in ``n_nonfinite`` and left out of every average.
     """
     rows = []
     order = {name: i for i, name in enumerate(dict.fromkeys(results["scheme"]))}
-    for (model_set, template, scheme), group in results.groupby(SUMMARY_KEYS, sort=False):
+    direction = results["direction"].fillna("").astype(str) if "direction" in results else ""
+    results = results.assign(direction=direction)
+    keys = [*SUMMARY_KEYS[:2], "direction", *SUMMARY_KEYS[2:]]
+    for (model_set, template, direction, scheme), group in results.groupby(keys, sort=False):
         ok = group[group["finite"]]
         row = {
-            "model_set": model_set, "template": template, "scheme": scheme,
+            "model_set": model_set, "template": template, "direction": direction, "scheme": scheme,
             "family": group["family"].iloc[0], "n": len(ok), "n_nonfinite": int((~group["finite"]).sum()),
         }
         for k in TOP_K:
@@ -97,4 +101,4 @@ def summarize(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.Da
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    return out.sort_values(["model_set", "template", "_order"]).drop(columns="_order").reset_index(drop=True)
+    return out.sort_values(["model_set", "template", "direction", "_order"]).drop(columns="_order").reset_index(drop=True)

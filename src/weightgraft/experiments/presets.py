@@ -5,6 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from weightgraft.experiments.families import (
+    BASELINE,
+    COMPONENT,
+    HEAD,
+    HYBRID,
+    LAYER_DROPOUT,
+    LAYER_WINDOW,
+    POSITION,
+    UNEMBED,
+)
 from weightgraft.experiments.schemes import Rule, Scheme
 from weightgraft.experiments.selectors import SelectorError
 
@@ -39,8 +49,8 @@ LAYER_GROUPS: tuple[str, ...] = (
 def baselines(base: str = "pre", donor: str = "sft") -> list[Scheme]:
     """The two ends: the base model alone and the donor model alone (unembedding included)."""
     return [
-        Scheme(name=base.upper(), base=base, family="baseline", labels={"model": base}),
-        Scheme(name=donor.upper(), base=donor, family="baseline", labels={"model": donor}),
+        Scheme(name=base.upper(), base=base, family=BASELINE, labels={"model": base}),
+        Scheme(name=donor.upper(), base=donor, family=BASELINE, labels={"model": donor}),
     ]
 
 
@@ -52,7 +62,7 @@ def position_schemes(base: str = "pre", donor: str = "sft", spans: bool = False)
     sets = dict(POSITION_SETS, **(SPAN_SETS if spans else {}))
     return baselines(base, donor) + [
         Scheme(
-            name=name, base=base, family="position", labels={"positions": name},
+            name=name, base=base, family=POSITION, labels={"positions": name},
             rules=[Rule(model=donor, positions=expr, components="body")],
         )
         for name, expr in sets.items()
@@ -69,7 +79,7 @@ def component_schemes(
         for group in layer_groups:
             out.append(
                 Scheme(
-                    name=f"{cname}@{group}", base=base, family="component",
+                    name=f"{cname}@{group}", base=base, family=COMPONENT,
                     labels={"components": cname, "layers": group, "positions": positions},
                     rules=[Rule(model=donor, positions=positions, layers=group, components=comps)],
                 )
@@ -94,14 +104,14 @@ def hybrid_schemes(
         Rule(model=relation, positions="last", layers=last_layers, components="o+ffn"),
     ]
     out = [
-        Scheme(name=base.upper(), base=base, family="baseline"),
-        Scheme(name=relation.upper(), base=relation, family="baseline"),
+        Scheme(name=base.upper(), base=base, family=BASELINE),
+        Scheme(name=relation.upper(), base=relation, family=BASELINE),
     ]
     for label, comps in HYBRID_FE_COMPONENTS.items():
         fe = [] if comps is None else [Rule(model=task, positions="first_entity", components=comps)]
         out.append(
             Scheme(
-                name=f"FE:{label}", base=base, family="hybrid",
+                name=f"FE:{label}", base=base, family=HYBRID,
                 labels={"fe_components": label}, rules=fe + lt_rules,
             )
         )
@@ -112,10 +122,10 @@ def unembed_schemes(base: str = "pre", donor: str = "sft", positions: str = "fir
     """Where the unembedding comes from: base (the paper's default), donor, donor at LT only."""
     body = Rule(model=donor, positions=positions, components="body")
     return [
-        Scheme(name="unembed:base", base=base, family="unembed", rules=[body]),
-        Scheme(name="unembed:donor", base=base, family="unembed",
+        Scheme(name="unembed:base", base=base, family=UNEMBED, rules=[body]),
+        Scheme(name="unembed:donor", base=base, family=UNEMBED,
                rules=[body, Rule(model=donor, positions="all", components="unembed")]),
-        Scheme(name="unembed:donor@LT", base=base, family="unembed",
+        Scheme(name="unembed:donor@LT", base=base, family=UNEMBED,
                rules=[body, Rule(model=donor, positions="last", components="unembed")]),
     ]
 
@@ -127,7 +137,7 @@ def layer_dropout_schemes(
     """Position grafting with a seeded random subset of layers left ungrafted."""
     return [
         Scheme(
-            name=f"dropout{rate:g}#{seed}", base=base, family="layer_dropout",
+            name=f"dropout{rate:g}#{seed}", base=base, family=LAYER_DROPOUT,
             labels={"rate": f"{rate:g}", "seed": str(seed)},
             rules=[Rule(model=donor, positions=positions, components="layer",
                         layer_dropout=rate, seed=seed),
@@ -147,7 +157,7 @@ def layer_window_schemes(
         raise SelectorError("n_windows must be at least 1")
     return [
         Scheme(
-            name=f"{pos}@{k}/{n_windows}", base=base, family="layer_window",
+            name=f"{pos}@{k}/{n_windows}", base=base, family=LAYER_WINDOW,
             labels={"positions": pos, "layer_start": str(k - 1), "window": f"1/{n_windows}"},
             rules=[Rule(model=donor, positions=pos, layers=f"{k}/{n_windows}", components=components)],
         )
@@ -171,7 +181,7 @@ def head_schemes(
         raise SelectorError("preset 'heads' got an empty list of layers")
     return baselines(base, donor) + [
         Scheme(
-            name=f"{components}[{h}]@{where}", base=base, family="head",
+            name=f"{components}[{h}]@{where}", base=base, family=HEAD,
             labels={"components": components, "head": str(h), "layers": where, "positions": positions},
             rules=[Rule(model=donor, positions=positions, layers=where, components=components, heads=str(h))],
         )

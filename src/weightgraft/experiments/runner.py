@@ -104,7 +104,8 @@ def run_experiment(
         models = [loaded[r].model for r in used]
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
         model_info[set_name] = {
-            r: {"spec": roles_spec[r], "source": lm.source, "weights_sha256": lm.weights_sha256, **memory[r]}
+            r: {"spec": roles_spec[r], "source": lm.source, "weights_sha256": lm.weights_sha256,
+                "n_layers": first.model.config.num_hidden_layers, **memory[r]}
             for r, lm in loaded.items()
         }
         if progress:

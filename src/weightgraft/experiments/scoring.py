@@ -48,7 +48,8 @@ def score_rows(items, logits, n_logits, tokenizer, model_set, scheme_meta) -> li
         row = {
             "model_set": model_set, "template": p.template, "scheme": scheme,
             "family": scheme_meta[scheme]["family"], "labels": scheme_meta[scheme]["labels"],
-            "example_id": p.id, "relation_id": p.relation_id, "prompt": p.prompt, "answer": p.answer,
+            "example_id": p.id, "relation_id": p.relation_id, "direction": p.direction or "",
+            "prompt": p.prompt, "answer": p.answer,
             "target_token_id": pred.target_token_id, "target_token": tokenizer.decode([pred.target_token_id]),
             "rank": pred.rank, "prob": pred.prob,
             "answer_logprob": answer_logprob(logits[b, : n_logits[b]], ex.answer_ids[: n_logits[b]])

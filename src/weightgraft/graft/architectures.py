@@ -16,6 +16,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from weightgraft.graft import projections
+
 # The canonical order of per-layer components; ``slots()`` lists them in this order.
 LAYER_COMPONENTS: tuple[str, ...] = (
     "attn_norm",
@@ -356,27 +358,17 @@ def _build_slots(model: nn.Module) -> list[Slot]:
 
 
 def _out_features(module: nn.Module) -> int:
-    from transformers.pytorch_utils import Conv1D
-
-    if isinstance(module, Conv1D):
-        return int(module.weight.shape[1])
-    if isinstance(module, nn.Linear):
-        return int(module.out_features)
-    raise UnsupportedArchitectureError(
-        f"fused component on a {type(module).__name__}; only Linear and Conv1D are supported"
-    )
+    try:
+        return projections.out_features(module)
+    except projections.UnsupportedProjection as exc:
+        raise UnsupportedArchitectureError(f"fused component on a {exc}") from exc
 
 
 def _in_features(module: nn.Module) -> int:
-    from transformers.pytorch_utils import Conv1D
-
-    if isinstance(module, Conv1D):
-        return int(module.weight.shape[0])
-    if isinstance(module, nn.Linear):
-        return int(module.in_features)
-    raise UnsupportedArchitectureError(
-        f"per-head o on a {type(module).__name__}; only Linear and Conv1D are supported"
-    )
+    try:
+        return projections.in_features(module)
+    except projections.UnsupportedProjection as exc:
+        raise UnsupportedArchitectureError(f"per-head o on a {exc}") from exc
 
 
 def _check_coverage(model: nn.Module, slots_: list[Slot]) -> None:

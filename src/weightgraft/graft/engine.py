@@ -16,11 +16,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache
-from transformers.pytorch_utils import Conv1D
 
+from weightgraft.graft import projections
 from weightgraft.graft.architectures import Slot, model_slots
 from weightgraft.graft.compat import check_compatible
 
@@ -59,13 +58,10 @@ def _as_index(columns: torch.Tensor | None) -> torch.Tensor | slice | None:
 
 def _columns_output(module: nn.Module, x: torch.Tensor, cols: torch.Tensor | slice) -> torch.Tensor:
     """Output columns ``cols`` of a Linear / GPT-2 Conv1D, computing only those columns."""
-    if isinstance(module, Conv1D):  # GPT-2: weight is [in, out]
-        w, b = module.weight[:, cols], module.bias[cols]
-        return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
-    if isinstance(module, nn.Linear):
-        bias = module.bias[cols] if module.bias is not None else None
-        return F.linear(x, module.weight[cols], bias)
-    raise TypeError(f"column grafting on {type(module).__name__} is not supported")
+    try:
+        return projections.output_columns(module, x, cols)
+    except projections.UnsupportedProjection as exc:
+        raise TypeError(f"column grafting on {exc}") from exc
 
 
 def _module_fn(module: nn.Module, is_base: bool):
@@ -223,15 +219,14 @@ def _in_head_forward(
 
 
 def _matmul_no_bias(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if isinstance(module, Conv1D):
-        return x @ module.weight
-    if isinstance(module, nn.Linear):
-        return F.linear(x, module.weight)
-    raise TypeError(f"per-head grafting on {type(module).__name__} is not supported")
+    try:
+        return projections.matmul_no_bias(module, x)
+    except projections.UnsupportedProjection as exc:
+        raise TypeError(f"per-head grafting on {exc}") from exc
 
 
 def _out_width(module: nn.Module) -> int:
-    return int(module.weight.shape[1] if isinstance(module, Conv1D) else module.out_features)
+    return projections.out_features(module)
 
 
 def _plan(

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.pytorch_utils import Conv1D
 
+from weightgraft.graft import projections
 from weightgraft.graft.architectures import Slot, model_slots
 from weightgraft.graft.compat import check_compatible
 
@@ -82,19 +82,16 @@ class CompositeModel:
             src = self.models[m].get_submodule(part.path)
             if slot.head_side == "out":
                 _copy_columns(dst, src, cols[h])
-            elif isinstance(dst, Conv1D):  # weight [in, out]: input columns are rows
-                dst.weight[cols[h]] = src.weight[cols[h]]
             else:
-                dst.weight[:, cols[h]] = src.weight[:, cols[h]]
+                index = projections.in_index(dst, cols[h])
+                dst.weight[index] = src.weight[index]
         if slot.head_side == "in" and dst.bias is not None:
             dst.bias.copy_(self.models[whole].get_submodule(part.path).bias)
 
 
 def _copy_columns(dst: nn.Module, src: nn.Module, cols: torch.Tensor) -> None:
-    if isinstance(dst, Conv1D):  # weight [in, out]
-        dst.weight[:, cols] = src.weight[:, cols]
-    else:  # nn.Linear, weight [out, in]
-        dst.weight[cols] = src.weight[cols]
+    index = projections.out_index(dst, cols)
+    dst.weight[index] = src.weight[index]
     if dst.bias is not None:
         dst.bias[cols] = src.bias[cols]
 

@@ -10,8 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from weightgraft.report.charts import accuracy_bar_figure, heatmap_figure
+from weightgraft.report.charts import (
+    accuracy_bar_figure,
+    heatmap_figure,
+    rank_bar_figure,
+)
 from weightgraft.report.families import (
+    FAMILY_FIGURES,
+    MAX_BARS,
     component_figures,
     group_figures,
     head_figures,
@@ -32,27 +38,28 @@ from weightgraft.report.run import (
 from weightgraft.report.tables import format_pct_ci, summary_markdown
 
 __all__ = [
-    "MissingResultsError", "ReportError", "ReportFigure", "ReportPaths", "Run",
+    "FAMILY_FIGURES", "MAX_BARS", "MissingResultsError", "ReportError", "ReportFigure", "ReportPaths", "Run",
     "accuracy_bar_figure", "component_figures", "format_pct_ci", "group_figures",
     "head_figures", "heatmap_figure", "hybrid_figure", "layer_position_figures",
-    "load_run", "read_summary", "report_html", "summary_markdown", "write_figures",
+    "load_run", "rank_bar_figure", "read_summary", "report_html", "summary_markdown", "write_figures",
     "write_report",
 ]
 
 
 def write_report(
     run_dir: Path, out_dir: Path | None = None, *, max_examples: int = 50, top_n: int = 10,
-    heatmap_metrics: Sequence[str] = ("top5",),
+    heatmap_metrics: Sequence[str] | None = None, k: int = 5,
 ) -> ReportPaths:
     """Write summary.md, figures (PNG + SVG) and report.html for a run directory.
 
     ``out_dir`` defaults to ``run_dir/report``; ``max_examples`` caps the per-example tables per
-    (model set, template); ``heatmap_metrics`` may add e.g. ``"mean_rank"`` to the grids.
+    (model set, template); bar charts show top-``k`` and top-1 accuracy beside mean-rank bars;
+    grids show ``heatmap_metrics`` (default: top-``k`` and mean rank).
     """
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    figures = write_figures(run, out / "figures", heatmap_metrics)
+    metrics = tuple(heatmap_metrics) if heatmap_metrics is not None else (f"top{k}", "mean_rank")
+    figures = write_figures(run, out / "figures", metrics, k)
     md_path, html_path = out / "summary.md", out / "report.html"
     md_path.write_text(summary_markdown(run), encoding="utf-8")
     html_path.write_text(report_html(run, figures, max_examples, top_n), encoding="utf-8")

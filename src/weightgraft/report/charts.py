@@ -71,6 +71,35 @@ def accuracy_bar_figure(
     return fig
 
 
+def rank_bar_figure(rows: pd.DataFrame, title: str, tick_labels: Sequence[str] | None = None) -> Figure:
+    """Mean rank of the target per scheme (0 = top), log scale on rank + 1; the median as a
+    dot. Where accuracy bars sit at zero, ranks still tell schemes apart."""
+    labels = list(tick_labels) if tick_labels is not None else [str(s) for s in rows["scheme"]]
+    labels = [display_name(s) + (" †" if k else "") for s, k in zip(labels, rows["n_nonfinite"] > 0, strict=True)]
+    n = len(rows)
+    fig = _figure(min(30.0, max(5.5, 1.6 + 0.4 * n)), 4.6)
+    ax = fig.add_subplot()
+    x = np.arange(n)
+    mean = rows["mean_rank"].to_numpy(dtype=float)
+    ax.bar(x, np.nan_to_num(mean) + 1, 0.6, color="#6a8caf", label="mean rank")
+    if "median_rank" in rows:
+        ax.plot(x, rows["median_rank"].to_numpy(dtype=float) + 1, "o", color="0.15", ms=4, label="median rank")
+    for xi, v in zip(x, mean, strict=True):
+        ax.text(xi, (v + 1 if math.isfinite(v) else 1) * 1.08, "n/a" if not math.isfinite(v) else f"{v:.1f}",
+                ha="center", va="bottom", fontsize="x-small")
+    ax.set_yscale("log")
+    ax.set_ylim(0.8, max(2.0, float(np.nanmax(mean + 1)) if np.isfinite(mean).any() else 2.0) * 2)
+    _tick_labels(ax, labels)
+    ax.set_xlim(-0.6, n - 0.4)
+    ax.set_ylabel("target rank + 1 (log; 1 = top)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.set_title(f"{title}\nmean target rank (0 = top), lower is better", fontsize="medium")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False,
+              title=f"n = {_n_range(rows)} examples per scheme", title_fontsize="x-small")
+    return fig
+
+
 def display_name(name: str) -> str:
     """A scheme name for matplotlib: ``$`` kept literal, ``^C`` drawn as a superscript."""
     name = name.replace("$", r"\$")

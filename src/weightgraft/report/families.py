@@ -1,34 +1,71 @@
-"""The figures of each preset family."""
+"""The figures of each preset family, and the one table (``FAMILY_FIGURES``) that says which
+figures draw which family: a family named in ``weightgraft.experiments.families`` and missing
+here fails a test instead of silently losing its figures."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from weightgraft.experiments.families import (
+    BASELINE,
+    COMPONENT,
+    CUSTOM,
+    HEAD,
+    HYBRID,
+    LAYER_DROPOUT,
+    LAYER_WINDOW,
+    POSITION,
+    UNEMBED,
+)
 from weightgraft.report.charts import (
     _grid,
     _labelled,
     accuracy_bar_figure,
     heatmap_figure,
+    rank_bar_figure,
 )
-from weightgraft.report.run import POSITION_FAMILIES, Run
+from weightgraft.report.run import Run
 from weightgraft.report.tables import format_pct_ci
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+MAX_BARS = 24  # schemes per bar chart; longer families are split over several charts
+Named = list[tuple[str, "Figure"]]
+
+
+@dataclass(frozen=True)
+class FigureContext:
+    """What a family's figures read: one (model set, template, direction) of the summary."""
+
+    group: pd.DataFrame
+    labels: Mapping[str, Mapping[str, str]]
+    head: str  # title prefix
+    k: int = 5  # bar charts draw top-k (and top-1) accuracy
+    heatmap_metrics: tuple[str, ...] = ("top5", "mean_rank")
+    layer_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def rows(self, family: str) -> pd.DataFrame:
+        return self.group[self.group["family"] == family]
+
+    @property
+    def bar_metrics(self) -> tuple[str, ...]:
+        return ("top1",) if self.k == 1 else (f"top{self.k}", "top1")
+
 
 def _baseline_note(group: pd.DataFrame) -> str:
-    base = group[group["family"] == "baseline"]
+    base = group[group["family"] == BASELINE]
     return ", ".join(f"{s} {format_pct_ci(v)}" for s, v in zip(base["scheme"], base["top5"], strict=True))
 
 
 def component_figures(group: pd.DataFrame, labels: dict[str, dict[str, str]], head: str,
                       metric: str = "top5") -> list[tuple[str, Figure]]:
     """Fig. 4: components (rows) x layer groups (columns), one grid per grafted position set."""
-    rows = _labelled(group[group["family"] == "component"], labels, ("components", "layers"))
+    rows = _labelled(group[group["family"] == COMPONENT], labels, ("components", "layers"))
     if rows.empty:
         return []
     rows["label_positions"] = [labels[s].get("positions", "") for s in rows["scheme"]]
@@ -45,31 +82,48 @@ def component_figures(group: pd.DataFrame, labels: dict[str, dict[str, str]], he
     return out
 
 
-def layer_position_figures(group: pd.DataFrame, labels: dict[str, dict[str, str]], head: str,
-                           metric: str = "top5") -> list[tuple[str, Figure]]:
-    """Layer x position heatmaps of layer_window schemes: x = first layer, y = position set."""
-    rows = _labelled(group[group["family"] == "layer_window"], labels, ("positions", "layer_start"))
+def layer_position_figures(group: pd.DataFrame, labels: Mapping[str, Mapping[str, str]], head: str,
+                           metric: str = "top5",
+                           layer_ranges: Mapping[str, tuple[int, int]] | None = None) -> Named:
+    """Layer x position heatmaps of layer_window schemes: x = the layers grafted, y = position
+    set. ``layer_ranges`` (scheme -> first, last layer, resolved at the model's depth) gives the
+    real layers; without it the columns are the schemes' ``layer_start`` labels."""
+    rows = _labelled(group[group["family"] == LAYER_WINDOW], labels, ("positions", "layer_start"))
     if rows.empty:
         return []
     rows["label_window"] = [labels[s].get("window", "") for s in rows["scheme"]]
+    ranges = layer_ranges or {}
+    resolved = bool(ranges) and all(s in ranges for s in rows["scheme"])
+    if resolved:
+        rows["label_layer_start"] = [_range_text(ranges[s]) for s in rows["scheme"]]
     out = []
     for window, sub in rows.groupby("label_window", sort=False):
-        starts = sorted(dict.fromkeys(sub["label_layer_start"]), key=_natural_key)
+        if resolved:
+            starts = sorted(dict.fromkeys(sub["label_layer_start"]), key=lambda t: int(t.split("–")[0]))
+            xlabel = "grafted layers (first–last)"
+        else:
+            starts = sorted(dict.fromkeys(sub["label_layer_start"]), key=_natural_key)
+            xlabel = "layer_start label (the model depth is not recorded in this run)"
         positions = list(dict.fromkeys(sub["label_positions"]))
         sub = sub.assign(row_key=sub["label_positions"], col_key=sub["label_layer_start"])
-        size = f"window of {window} layer(s)" if window else "layer window"
+        size = f"window of {window} of the layers" if window else "layer window"
         title = f"{head}: {size} grafted at each position set"
         out.append((f"layer_position_w{window}_{metric}", heatmap_figure(
             _grid(sub, positions, starts, metric), positions, starts, metric, title,
-            "first grafted layer", "positions")))
+            xlabel, "positions")))
     return out
+
+
+def _range_text(span: tuple[int, int]) -> str:
+    lo, hi = span
+    return str(lo) if lo == hi else f"{lo}–{hi}"
 
 
 def head_figures(group: pd.DataFrame, labels: dict[str, dict[str, str]], head: str,
                  metric: str = "top5") -> list[tuple[str, Figure]]:
     """Per-head sweeps over several layer sets: layer set (rows) x head (columns), one grid
     per grafted component and position set."""
-    rows = _labelled(group[group["family"] == "head"], labels, ("components", "head", "layers"))
+    rows = _labelled(group[group["family"] == HEAD], labels, ("components", "head", "layers"))
     if rows.empty or rows["label_layers"].nunique() < 2:
         return []
     rows["label_positions"] = [labels[s].get("positions", "") for s in rows["scheme"]]
@@ -92,45 +146,111 @@ def _natural_key(text: str) -> tuple[int, float, str]:
         return (1, 0.0, text)
 
 
-def hybrid_figure(group: pd.DataFrame, labels: dict[str, dict[str, str]], head: str) -> list[tuple[str, Figure]]:
+def hybrid_figure(group: pd.DataFrame, labels: Mapping[str, Mapping[str, str]], head: str,
+                  metric: str = "top5") -> Named:
     """Fig. 5: a bar per first-entity component set of the hybrid schemes; baselines dashed."""
-    rows = group[group["family"] == "hybrid"]
+    rows = group[group["family"] == HYBRID]
     if rows.empty:
         return []
     ticks = [labels.get(s, {}).get("fe_components", s) for s in rows["scheme"]]
-    base = group[group["family"] == "baseline"]
-    refs = {f"{s} top-5": float(v) for s, v in zip(base["scheme"], base["top5"], strict=True)}
+    base = group[group["family"] == BASELINE]
+    refs = {f"{s} {metric}": float(v) for s, v in zip(base["scheme"], base[metric], strict=True)}
+    metrics = (metric, "top1") if metric != "top1" else ("top1",)
     return [("hybrid", accuracy_bar_figure(
-        rows, f"{head}: hybrid grafting", tick_labels=ticks, references=refs,
+        rows, f"{head}: hybrid grafting", metrics=metrics, tick_labels=ticks, references=refs,
         xlabel="components grafted at the first entity (fe_components)"))]
 
 
-def bar_figures(group: pd.DataFrame, head: str) -> list[tuple[str, Figure]]:
-    """Fig. 2 (baselines + position schemes), then one chart per other family, baselines first."""
-    out = []
-    base = group[group["family"] == "baseline"]
-    main = group[group["family"].isin(POSITION_FAMILIES)]
-    if (main["family"] == "position").any() or set(group["family"]) == {"baseline"}:
-        out.append(("position", accuracy_bar_figure(main, f"{head}: position grafting")))
-    for family in dict.fromkeys(group["family"]):
-        if family in (*POSITION_FAMILIES, "hybrid"):
-            continue
-        if family == "head" and (group["family"] == "head").sum() > 40:
-            continue  # a layer x head grid shows these (head_figures)
-        rows = pd.concat([base, group[group["family"] == family]])
-        out.append((family, accuracy_bar_figure(rows, f"{head}: {family} schemes")))
+def _bar_pair(ctx: FigureContext, rows: pd.DataFrame, name: str, title: str) -> Named:
+    """Accuracy bars (top-k, top-1) and mean-rank bars of the same schemes, split into charts
+    of at most ``MAX_BARS`` schemes (baselines repeated in each)."""
+    base = ctx.rows(BASELINE)
+    rest = rows[rows["family"] != BASELINE]
+    room = max(1, MAX_BARS - len(base))
+    chunks = [rest.iloc[i : i + room] for i in range(0, len(rest), room)] or [rest]
+    out: Named = []
+    for j, chunk in enumerate(chunks):
+        part = pd.concat([base, chunk]) if not (rows["family"] == BASELINE).all() else rows
+        suffix = f" ({j + 1} of {len(chunks)})" if len(chunks) > 1 else ""
+        stem = name if j == 0 else f"{name}_{j + 1}"
+        out.append((stem, accuracy_bar_figure(part, f"{title}{suffix}", metrics=ctx.bar_metrics)))
+        out.append((f"{stem}_mean_rank", rank_bar_figure(part, f"{title}{suffix}")))
     return out
 
 
-def group_figures(run: Run, model_set: str, template: str, group: pd.DataFrame,
-                  heatmap_metrics: Sequence[str] = ("top5",)) -> list[tuple[str, Figure]]:
-    """Every figure of one (model_set, template): (name, figure) pairs."""
+def baseline_bars(ctx: FigureContext, family: str) -> Named:
+    """The baselines alone, when no position family draws them (it includes them)."""
+    if not ctx.rows(POSITION).empty:
+        return []
+    return _bar_pair(ctx, ctx.rows(BASELINE), "position", f"{ctx.head}: baselines")
+
+
+def position_bars(ctx: FigureContext, family: str) -> Named:
+    """Fig. 2: baselines and position schemes."""
+    return _bar_pair(ctx, ctx.rows(POSITION), "position", f"{ctx.head}: position grafting")
+
+
+def family_bars(ctx: FigureContext, family: str) -> Named:
+    """Baselines and the family's schemes (any family without a figure of its own)."""
+    return _bar_pair(ctx, ctx.rows(family), family, f"{ctx.head}: {family} schemes")
+
+
+def component_grids(ctx: FigureContext, family: str) -> Named:
+    """Fig. 4 grids (components x layer groups) for each heatmap metric; schemes the grid
+    cannot place (no component/layer labels) get bars."""
+    out: Named = []
+    for metric in ctx.heatmap_metrics:
+        out += component_figures(ctx.group, ctx.labels, ctx.head, metric)
+    return out or family_bars(ctx, family)
+
+
+def layer_window_grids(ctx: FigureContext, family: str) -> Named:
+    """Layer x position grids for each heatmap metric."""
+    out: Named = []
+    for metric in ctx.heatmap_metrics:
+        out += layer_position_figures(ctx.group, ctx.labels, ctx.head, metric, ctx.layer_ranges)
+    return out or family_bars(ctx, family)
+
+
+def head_grids(ctx: FigureContext, family: str) -> Named:
+    """Layer x head grids when the sweep covers several layer sets, else bars."""
+    out: Named = []
+    for metric in ctx.heatmap_metrics:
+        out += head_figures(ctx.group, ctx.labels, ctx.head, metric)
+    return out or family_bars(ctx, family)
+
+
+def hybrid_bars(ctx: FigureContext, family: str) -> Named:
+    return hybrid_figure(ctx.group, ctx.labels, ctx.head, ctx.bar_metrics[0])
+
+
+FigureMaker = Callable[[FigureContext, str], Named]
+# family -> the figures that draw it; a family not listed (a user's own) gets ``family_bars``
+FAMILY_FIGURES: dict[str, tuple[FigureMaker, ...]] = {
+    BASELINE: (baseline_bars,),
+    POSITION: (position_bars,),
+    COMPONENT: (component_grids,),
+    HYBRID: (hybrid_bars,),
+    UNEMBED: (family_bars,),
+    LAYER_DROPOUT: (family_bars,),
+    LAYER_WINDOW: (layer_window_grids,),
+    HEAD: (head_grids,),
+    CUSTOM: (family_bars,),
+}
+
+
+def group_figures(run: Run, key: tuple[str, str, str], group: pd.DataFrame, k: int = 5,
+                  heatmap_metrics: Sequence[str] = ("top5", "mean_rank")) -> Named:
+    """Every figure of one (model set, template, direction): (name, figure) pairs, family by
+    family in the order the summary lists them."""
+    from weightgraft.report.run import group_title, layer_ranges
+
+    model_set, template, _ = key
     labels = {s: run.labels.get((model_set, template, s), {}) for s in group["scheme"]}
-    head = f"{model_set} · {template}".replace("$", r"\$")  # no mathtext in names
-    out = bar_figures(group, head)
-    for metric in heatmap_metrics:
-        out += component_figures(group, labels, head, metric)
-        out += layer_position_figures(group, labels, head, metric)
-    for metric in dict.fromkeys([*heatmap_metrics, "mean_rank"]):  # single heads rarely reach top-5
-        out += head_figures(group, labels, head, metric)
-    return out + hybrid_figure(group, labels, head)
+    head = group_title(key, " · ").replace("$", r"\$")  # no mathtext in names
+    ctx = FigureContext(group, labels, head, k, tuple(heatmap_metrics), layer_ranges(run.manifest, model_set))
+    out: Named = []
+    for family in dict.fromkeys(group["family"]):
+        for make in FAMILY_FIGURES.get(family, (family_bars,)):
+            out += make(ctx, family)
+    return out

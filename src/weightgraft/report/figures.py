@@ -33,17 +33,19 @@ def _caption(fig: Figure) -> str:
     return fig.axes[0].get_title().replace("\n", "; ").replace(r"\$", "$")
 
 
-def write_figures(run: Run, fig_dir: Path, heatmap_metrics: Sequence[str] = ("top5",)) -> list[ReportFigure]:
-    """Draw and save every figure of the run under ``fig_dir``."""
-    for metric in heatmap_metrics:
+def write_figures(run: Run, fig_dir: Path, heatmap_metrics: Sequence[str] = ("top5", "mean_rank"),
+                  k: int = 5) -> list[ReportFigure]:
+    """Draw and save every figure of the run under ``fig_dir``; bar charts show top-``k``."""
+    for metric in (*heatmap_metrics, f"top{k}"):
         if metric not in METRICS:
-            raise ReportError(f"unknown heatmap metric {metric!r}; choose from {', '.join(METRICS)}")
+            raise ReportError(f"unknown heatmap metric or k: {metric!r}; choose from {', '.join(METRICS)}")
     fig_dir.mkdir(parents=True, exist_ok=True)
     written: list[ReportFigure] = []
     used: set[str] = set()
-    for (ms, tpl), group in _groups(run.summary):
-        for name, fig in group_figures(run, ms, tpl, group, heatmap_metrics):
-            stem = _slug(f"{ms}__{tpl}__{name}")
+    for key, group in _groups(run.summary):
+        ms, tpl, direction = key
+        for name, fig in group_figures(run, key, group, k, heatmap_metrics):
+            stem = _slug("__".join(p for p in (ms, tpl, direction, name) if p))
             while stem in used:  # two names may slug alike
                 stem += "_"
             used.add(stem)

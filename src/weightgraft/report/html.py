@@ -11,15 +11,18 @@ import base64
 import html
 import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from weightgraft.report.run import MAX_LISTED, ReportFigure, Run, _groups
+from weightgraft.report.run import (
+    MAX_LISTED,
+    ReportFigure,
+    Run,
+    _groups,
+    group_title,
+    model_rows,
+)
 from weightgraft.report.tables import TABLE_HEADER, _exclusions, table_rows
-
-if TYPE_CHECKING:
-    pass
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
@@ -62,11 +65,9 @@ def _run_section(run: Run) -> str:
     m = run.manifest
     parts = ["<h2>Run</h2>", f"<p>directory: <code>{_esc(run.path)}</code>; started "
              f"{_esc(m.get('started', 'n/a'))}, finished {_esc(m.get('finished', 'n/a'))}</p>"]
-    models = m.get("models") or {}
+    models = model_rows(m)
     if models:
-        parts.append(html_table(("role", "source", "weights sha256"), [
-            (role, info.get("source", ""), info.get("weights_sha256", ""))
-            for role, info in models.items()]))
+        parts.append(html_table(("model set", "role", "spec", "source", "weights sha256"), models))
     versions = m.get("versions") or {}
     if versions:
         parts.append(html_table(("package", "version"), [(k, v) for k, v in versions.items()]))
@@ -78,8 +79,8 @@ def _run_section(run: Run) -> str:
 def _summary_section(run: Run) -> str:
     parts = ["<h2>Summary</h2>", "<p>Rates in percent with 95% bootstrap intervals; n counts "
              "rows with finite logits; non-finite rows are flagged and left out of every average.</p>"]
-    for (ms, tpl), group in _groups(run.summary):
-        parts.append(f"<h3>{_esc(ms)} / {_esc(tpl)}</h3>")
+    for key, group in _groups(run.summary):
+        parts.append(f"<h3>{_esc(group_title(key))}</h3>")
         parts.append(html_table(TABLE_HEADER, table_rows(group), warn_col=len(TABLE_HEADER) - 1))
     return "\n".join(parts)
 

@@ -6,16 +6,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from weightgraft.experiments.metrics import SUMMARY_KEYS, summarize
-
-if TYPE_CHECKING:
-    pass
-
 
 RESULTS_FILE = "results.parquet"
 SUMMARY_FILE = "summary.csv"
@@ -30,8 +26,6 @@ METRICS: dict[str, str] = {
     "top20": "top-20 accuracy (%)", "top50": "top-50 accuracy (%)", "top100": "top-100 accuracy (%)",
     "mean_rank": "mean target rank (0 = top)", "median_rank": "median target rank (0 = top)",
 }
-# Families drawn with the baselines in the paper's Fig. 2 chart; every other family gets its own.
-POSITION_FAMILIES = ("baseline", "position")
 BAR_COLOURS = {"top5": "#3b6ea8", "top1": "#e08a3c"}
 MAX_LISTED = 100  # exclusions and non-finite rows listed in the HTML page
 
@@ -112,6 +106,7 @@ def load_run(run_dir: Path) -> Run:
         raise ReportError(f"{results_path} holds no rows: nothing to report")
     for key in (*SUMMARY_KEYS, "family"):
         results[key] = results[key].astype(str)
+    results["direction"] = results["direction"].fillna("").astype(str) if "direction" in results else ""
     summary_path = run_dir / SUMMARY_FILE
     summary = read_summary(summary_path) if summary_path.is_file() else summarize(results)
     manifest_path = run_dir / MANIFEST_FILE
@@ -121,8 +116,10 @@ def load_run(run_dir: Path) -> Run:
 
 def read_summary(path: Path) -> pd.DataFrame:
     """summary.csv with names kept as text (a scheme called "NA" stays "NA")."""
-    text_cols = [*SUMMARY_KEYS, "family"]
+    text_cols = [*SUMMARY_KEYS, "family", "direction"]
     df = pd.read_csv(path, dtype={c: str for c in text_cols}, keep_default_na=False)
+    if "direction" not in df:  # a summary written before directions were kept apart
+        df.insert(2, "direction", "")
     for col in df.columns:
         if col not in text_cols:
             df[col] = pd.to_numeric(df[col].replace("", np.nan), errors="coerce")
@@ -150,9 +147,61 @@ def scheme_labels(results: pd.DataFrame) -> dict[tuple[str, str, str], dict[str,
     }
 
 
-def _groups(summary: pd.DataFrame) -> list[tuple[tuple[str, str], pd.DataFrame]]:
-    """Summary rows by (model_set, template), in file order."""
+GROUP_KEYS = ["model_set", "template", "direction"]
+
+
+def _groups(summary: pd.DataFrame) -> list[tuple[tuple[str, str, str], pd.DataFrame]]:
+    """Summary rows by (model_set, template, direction), in file order; direction is empty
+    for prompts without one."""
+    if "direction" not in summary:
+        summary = summary.assign(direction="")
     return [
-        ((str(ms), str(tpl)), g.reset_index(drop=True))
-        for (ms, tpl), g in summary.groupby(["model_set", "template"], sort=False)
+        ((str(ms), str(tpl), str(d)), g.reset_index(drop=True))
+        for (ms, tpl, d), g in summary.groupby(GROUP_KEYS, sort=False)
     ]
+
+
+def group_title(key: tuple[str, str, str], sep: str = " / ") -> str:
+    """``model set / template`` (``/ direction`` when the prompts have one)."""
+    return sep.join(part for part in key if part)
+
+
+def model_rows(manifest: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """(model set, role, spec, source, weights sha256) of every model the run loaded, from
+    ``manifest["models"]`` (model set -> role -> details)."""
+    models = manifest.get("models") or {}
+    rows = []
+    for set_name, roles in models.items():
+        if isinstance(roles, dict) and "source" in roles:  # one level: role -> details
+            roles, set_name = {set_name: roles}, ""
+        for role, info in (roles or {}).items():
+            info = info if isinstance(info, dict) else {}
+            rows.append((str(set_name), str(role), str(info.get("spec", "")), str(info.get("source", "")),
+                         str(info.get("weights_sha256", ""))))
+    return rows
+
+
+def layer_ranges(manifest: dict[str, Any], model_set: str) -> dict[str, tuple[int, int]]:
+    """Scheme -> (first, last) layer its rules graft in this model set, from the schemes and the
+    model depth the manifest records; empty when the depth is not recorded. Schemes with layer
+    dropout or layers that are not one contiguous range are left out."""
+    from weightgraft.experiments.selectors import SelectorError, select_layers
+
+    roles = (manifest.get("models") or {}).get(model_set) or {}
+    depths = {info.get("n_layers") for info in roles.values() if isinstance(info, dict)}
+    depths.discard(None)
+    if len(depths) != 1:
+        return {}
+    (n_layers,) = depths
+    out = {}
+    for scheme in manifest.get("schemes") or []:
+        rules = scheme.get("rules") or []
+        if not rules or any(r.get("layer_dropout") for r in rules):
+            continue
+        try:
+            layers = sorted({x for r in rules for x in select_layers(str(r.get("layers", "all")), int(n_layers))})
+        except SelectorError:
+            continue
+        if layers and layers == list(range(layers[0], layers[-1] + 1)):
+            out[str(scheme["name"])] = (layers[0], layers[-1])
+    return out

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
-from weightgraft.report.run import Run, _groups
-
-if TYPE_CHECKING:
-    pass
+from weightgraft.report.run import Run, _groups, group_title
 
 
 def format_pct_ci(p: float, lo: float | None = None, hi: float | None = None) -> str:
@@ -69,8 +66,8 @@ def _exclusions(manifest: dict[str, Any]) -> dict[str, Any]:
 def summary_markdown(run: Run) -> str:
     """summary.md: a table per (model_set, template), non-finite flags, exclusions."""
     parts = [f"# weightgraft report: {run.path.name}", ""]
-    for (ms, tpl), group in _groups(run.summary):
-        parts += [f"## {ms} / {tpl}", "", markdown_table(TABLE_HEADER, table_rows(group)), ""]
+    for key, group in _groups(run.summary):
+        parts += [f"## {group_title(key)}", "", markdown_table(TABLE_HEADER, table_rows(group)), ""]
         bad = group[group["n_nonfinite"] > 0]
         if len(bad):
             parts += [f"> ⚠ non-finite logits: {int(bad['n_nonfinite'].sum())} row(s) in "

@@ -1,0 +1,84 @@
+"""``weightgraft.compare``: several schemes over prompts with answers, as the runner's table.
+
+The rows come from the runner's own pieces (``experiments.examples.prepare``,
+``experiments.scoring.compute_logits`` / ``score_rows``), so a column the runner gains appears
+here too."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from weightgraft.api.inputs import (
+    GraftInputError,
+    Spans,
+    check_prompts,
+    check_roles,
+    check_tokenizer,
+    compile_for,
+    ordered_models,
+)
+from weightgraft.data.prompts import TestPrompt
+from weightgraft.experiments.examples import Exclusions, prepare
+from weightgraft.experiments.schemes import Scheme
+from weightgraft.experiments.scoring import compute_logits, score_rows
+
+
+def compare(
+    models: Mapping[str, Any], tokenizer: Any, prompts: Sequence[str], answers: Sequence[str],
+    schemes: Scheme | Sequence[Scheme], spans: Spans = None, protocol: str = "paper",
+    batch_size: int = 16, score_answer: bool = True, model_set: str = "default",
+    template: str = "custom", prefix_sharing: bool = True,
+) -> pd.DataFrame:
+    """One row per (prompt, scheme): the answer's first token's rank and probability, top-k
+    hits, the answer's log-probability, the top tokens — the rows of a run's
+    ``results.parquet`` (``example_id`` is the prompt's index).
+
+    ``schemes`` are presets (``weightgraft.presets.position()``) or your own
+    :class:`~weightgraft.Scheme` objects over the roles of ``models``; ``spans`` as in
+    :func:`weightgraft.graft`. Every prompt must be placeable by every scheme: one that is not
+    is an error naming it (a comparison never drops prompts silently).
+    """
+    schemes = [schemes] if isinstance(schemes, Scheme) else list(schemes)
+    if not schemes or not all(isinstance(s, Scheme) for s in schemes):
+        raise GraftInputError("schemes must be a weightgraft.Scheme or a non-empty list of them")
+    names = [s.name for s in schemes]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise GraftInputError(f"two schemes are named {dup!r}; rows are keyed by scheme name")
+    if batch_size < 1:
+        raise GraftInputError("batch_size must be at least 1")
+    roles, ordered = ordered_models(models, None)
+    check_roles(schemes, roles)
+    prompt_spans = check_prompts(prompts, spans)
+    if isinstance(answers, str) or len(list(answers)) != len(prompts):
+        n = 1 if isinstance(answers, str) else len(list(answers))
+        raise GraftInputError(f"answers has {n} entries for {len(prompts)} prompts (one answer per prompt)")
+    for i, a in enumerate(answers):
+        if not isinstance(a, str) or not a.strip():
+            raise GraftInputError(f"answer {i} must be a non-empty string, got {a!r}")
+    check_tokenizer(tokenizer)
+    compiled = compile_for(schemes, ordered[0], roles, protocol)
+    records = [
+        TestPrompt(id=str(i), relation_id=str(i), template=template, prompt=p, answer=a, spans=s)
+        for i, (p, a, s) in enumerate(zip(prompts, answers, prompt_spans, strict=True))
+    ]
+    exclusions = Exclusions()
+    prepared = prepare(records, tokenizer, compiled, model_set, exclusions)
+    if exclusions.rows:
+        first = exclusions.rows[0]
+        i = int(first["example_id"])
+        more = f" (and {len(exclusions.rows) - 1} more)" if len(exclusions.rows) > 1 else ""
+        raise GraftInputError(f"prompt {i} ({prompts[i]!r}): {first['reason']}{more}")
+    meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
+    items = [(ex, s.name) for ex in prepared for s in schemes]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        logits, n_logits = compute_logits(ordered, chunk, pad_id, score_answer, prefix_sharing)
+        rows += score_rows(chunk, logits, n_logits, tokenizer, model_set, meta)
+    return pd.DataFrame(rows)

@@ -1,0 +1,62 @@
+"""``weightgraft.graft``: grafted next-token logits for a list of prompts in one call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from weightgraft.api.batch import encode, pad
+from weightgraft.api.inputs import (
+    Rules,
+    Spans,
+    as_scheme,
+    check_prompts,
+    check_roles,
+    check_tokenizer,
+    compile_for,
+    ordered_models,
+)
+from weightgraft.api.outputs import GraftOutput
+from weightgraft.graft.engine import graft_forward
+
+
+def graft(
+    models: Mapping[str, Any], tokenizer: Any, prompts: Sequence[str], rules: Rules,
+    base: str | None = None, spans: Spans = None, protocol: str = "paper",
+    full_logits: bool = False,
+) -> GraftOutput:
+    """Run ``prompts`` once with the weights ``rules`` choose, and return the logits.
+
+    ``models`` maps roles to HF models that share an architecture (``{"pre": pre, "sft":
+    sft}``); slots no rule claims come from ``base`` (default: the first role). ``rules`` is one
+    :class:`~weightgraft.Rule`, a list of them (later rules win), or a
+    :class:`~weightgraft.Scheme`. ``spans`` gives, per prompt, named spans as a substring or
+    ``(start, end)`` characters, so that ``positions="subject"`` selects the subject's tokens.
+    The last token, padding (either side), tied embeddings and per-head rules are handled here;
+    a rule that selects no token of some prompt is an error naming it. Runs without gradients.
+    """
+    roles, ordered = ordered_models(models, base)
+    scheme = as_scheme(rules, roles[0], base)
+    check_roles([scheme], roles)
+    prompt_spans = check_prompts(prompts, spans)
+    check_tokenizer(tokenizer)
+    (compiled,) = compile_for([scheme], ordered[0], roles, protocol)
+    encoded = encode(tokenizer, list(prompts), prompt_spans, compiled)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batch = pad(encoded, pad_id, left=getattr(tokenizer, "padding_side", "right") == "left")
+    with torch.no_grad():
+        logits = graft_forward(
+            ordered, batch.input_ids, batch.source, attention_mask=batch.attention_mask,
+            logit_positions=None if full_logits else batch.last[:, None],
+            head_source=batch.head_source or None,
+        )
+    rows = torch.arange(len(encoded), device=logits.device)
+    last = logits[rows, batch.last.to(logits.device)] if full_logits else logits[:, 0]
+    return GraftOutput(
+        prompts=list(prompts), logits=last, input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask, tokenizer=tokenizer, source=batch.source, roles=roles,
+        head_source=batch.head_source, full_logits=logits if full_logits else None,
+    )
+

@@ -1,0 +1,112 @@
+"""What a notebook call hands in, checked before any model runs: the model set (roles, base),
+the rules as one scheme, the prompts and their spans, the grafting protocol. Each problem is
+one line that names the bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
+from weightgraft.experiments.schemes import CompiledScheme, Rule, Scheme, compile_scheme
+from weightgraft.graft.architectures import model_slots
+from weightgraft.graft.engine import slots
+
+PROTOCOLS: tuple[str, ...] = ("paper", "authors")
+Rules = Rule | Sequence[Rule] | Scheme
+Spans = Sequence[Mapping[str, SpanSpec] | None] | None
+
+
+class GraftInputError(ValueError):
+    """A notebook call whose inputs cannot be grafted as given (raised before any compute)."""
+
+
+def check_protocol(protocol: str) -> str:
+    """The grafting protocol: ``"paper"`` (embeddings and unembedding are separate slots, so
+    grafting ``embed`` never moves ``unembed``) or ``"authors"`` (the authors' code)."""
+    if protocol not in PROTOCOLS:
+        raise GraftInputError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
+    if protocol == "authors":
+        raise GraftInputError(
+            "protocol 'authors' is not available in this build of weightgraft; use protocol='paper'"
+        )
+    return protocol
+
+
+def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[str], list[Any]]:
+    """Roles and models with the base first (the engine runs the base's modules)."""
+    if not isinstance(models, Mapping) or not models:
+        raise GraftInputError("models must be a non-empty mapping role -> model, e.g. {'pre': pre, 'sft': sft}")
+    roles = list(models)
+    if base is not None and base not in models:
+        raise GraftInputError(f"base {base!r} is not one of the models' roles ({', '.join(roles)})")
+    first = base if base is not None else roles[0]
+    ordered = [first, *(r for r in roles if r != first)]
+    return ordered, [models[r] for r in ordered]
+
+
+def as_scheme(rules: Rules, base_role: str, base: str | None) -> Scheme:
+    """One Rule, a list of them, or a Scheme, as a Scheme over ``base_role``."""
+    if isinstance(rules, Scheme):
+        if base is not None and base != rules.base:
+            raise GraftInputError(f"base={base!r} differs from the scheme's base {rules.base!r}")
+        return rules
+    if isinstance(rules, Rule):
+        rules = [rules]
+    if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence) or not all(isinstance(r, Rule) for r in rules):
+        raise GraftInputError("rules must be a weightgraft.Rule, a list of Rules, or a weightgraft.Scheme")
+    return Scheme(name="graft", base=base_role, rules=list(rules))
+
+
+def check_roles(schemes: Sequence[Scheme], roles: Sequence[str]) -> None:
+    """Every role a scheme uses is one of the models' roles."""
+    for scheme in schemes:
+        missing = sorted(scheme.roles() - set(roles))
+        if missing:
+            raise GraftInputError(
+                f"scheme {scheme.name!r} uses model role {missing[0]!r}; the models are "
+                f"{', '.join(roles)}"
+            )
+
+
+def check_prompts(prompts: Sequence[str], spans: Spans) -> list[dict[str, tuple[int, int]]]:
+    """The prompts are non-empty strings; each prompt's spans as character offsets."""
+    if isinstance(prompts, str):
+        raise GraftInputError("prompts must be a list of strings, not one string (wrap it: [prompt])")
+    prompts = list(prompts)
+    if not prompts:
+        raise GraftInputError("prompts is empty: give at least one prompt")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p:
+            raise GraftInputError(f"prompt {i} must be a non-empty string, got {p!r}")
+    if spans is None:
+        return [{} for _ in prompts]
+    spans = list(spans)
+    if len(spans) != len(prompts):
+        raise GraftInputError(f"spans has {len(spans)} entries for {len(prompts)} prompts (one mapping per prompt)")
+    out = []
+    for i, (p, s) in enumerate(zip(prompts, spans, strict=True)):
+        try:
+            out.append(resolve_spans(p, s))
+        except SpanError as exc:
+            raise GraftInputError(f"prompt {i}: {exc}") from exc
+    return out
+
+
+def check_tokenizer(tokenizer: Any) -> None:
+    """Positions are located through the offset mapping, which only fast tokenizers give."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise GraftInputError("weightgraft needs a fast tokenizer (offset mapping); this one is slow")
+
+
+def compile_for(schemes: Sequence[Scheme], model: Any, roles: Sequence[str], protocol: str) -> list[CompiledScheme]:
+    """Schemes bound to the base model's slots and the role order; selector errors (a bad layer
+    or component) become one line naming the scheme."""
+    check_protocol(protocol)
+    names = slots(model)
+    slot_heads = {s.name: s.heads for s in model_slots(model) if s.heads}
+    index = {r: i for i, r in enumerate(roles)}
+    try:
+        return [compile_scheme(s, names, index, slot_heads) for s in schemes]
+    except ValueError as exc:
+        raise GraftInputError(str(exc)) from exc

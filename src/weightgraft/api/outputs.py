@@ -1,0 +1,47 @@
+"""What ``weightgraft.graft`` returns: next-token logits per prompt, readable top tokens, and
+(on request) the logits at every position of the padded batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class GraftOutput:
+    """The grafted forward pass of a list of prompts.
+
+    ``logits`` is ``[len(prompts), vocab]``: the next-token logits at each prompt's last token.
+    ``full_logits`` is ``[batch, seq, vocab]`` over the padded batch (``input_ids``,
+    ``attention_mask``; padded on the tokenizer's side) when asked for, else ``None``.
+    ``source`` (``[batch, seq, n_slots]``, indices into the roles, base first) and
+    ``head_source`` are the maps the pass ran: what was grafted where (``weightgraft.slots``
+    names the slots), and the inputs of an equivalent ``weightgraft.graft_forward`` call.
+    """
+
+    prompts: list[str]
+    logits: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    tokenizer: Any
+    source: torch.Tensor
+    roles: list[str]
+    head_source: dict[str, torch.Tensor] = field(default_factory=dict)
+    full_logits: torch.Tensor | None = None
+
+    def top(self, k: int = 5) -> list[list[tuple[str, float]]]:
+        """Per prompt, the ``k`` most probable next tokens as (decoded token, probability)."""
+        if k < 1:
+            raise ValueError("k must be at least 1")
+        probs = torch.softmax(self.logits.detach().float(), dim=-1)
+        values, ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
+        return [
+            [(self.tokenizer.decode([int(i)]), float(p)) for i, p in zip(row_ids, row_p, strict=True)]
+            for row_ids, row_p in zip(ids.tolist(), values.tolist(), strict=True)
+        ]
+
+    def __repr__(self) -> str:
+        full = "" if self.full_logits is None else f", full_logits={list(self.full_logits.shape)}"
+        return f"GraftOutput({len(self.prompts)} prompts, logits={list(self.logits.shape)}{full})"

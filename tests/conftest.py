@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random models (``tiny_models``) and their tokenizer, in memory and
+saved as model directories; the ``slow`` marker is registered in pyproject.toml."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import make_donor, make_tiny, tiny_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_tok():
+    """A character-level fast tokenizer (real offset mapping), right-padded."""
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_tok) -> Callable[..., tuple[torch.nn.Module, torch.nn.Module]]:
+    """``tiny_pair(arch, dtype=torch.float64)``: a tiny random base (4 layers, so that layer
+    quarters exist) and a donor near it, with the tiny tokenizer's vocabulary (cached)."""
+    cache: dict[tuple[str, torch.dtype], tuple[torch.nn.Module, torch.nn.Module]] = {}
+
+    def build(arch: str = "llama", dtype: torch.dtype = torch.float64) -> tuple[torch.nn.Module, torch.nn.Module]:
+        if (arch, dtype) not in cache:
+            base = make_tiny(arch, seed=0, vocab_size=len(tiny_tok), n_layers=4).to(dtype)
+            cache[(arch, dtype)] = (base, make_donor(base, seed=1))
+        return cache[(arch, dtype)]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory, tiny_pair, tiny_tok) -> dict[str, Path]:
+    """``{"pre": dir, "sft": dir}``: a tiny Llama pair saved with ``save_pretrained``."""
+    root = tmp_path_factory.mktemp("tiny_pair")
+    out = {}
+    for role, model in zip(("pre", "sft"), tiny_pair("llama", torch.float32), strict=True):
+        model.save_pretrained(root / role)
+        tiny_tok.save_pretrained(root / role)
+        out[role] = root / role
+    return out

@@ -1,0 +1,227 @@
+"""The notebook API (``wg.load``, ``wg.graft``, ``wg.compare``) against hand-built engine calls
+and the per-token definition, on tiny random models (float64, tight tolerances)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import weightgraft as wg
+from weightgraft.graft.reference import per_token_forward
+
+PROMPTS = ["The capital of France is", "Paris is in", "Rome, the capital of Italy, lies on the"]
+ATOL = 1e-10
+
+
+def _tok(tok, side: str):
+    tok = copy.deepcopy(tok)
+    tok.padding_side = side
+    return tok
+
+
+def _slot_columns(model, layers: list[int], comps: set[str]) -> list[int]:
+    names = wg.slots(model)
+    return [i for i, n in enumerate(names) if n.startswith("layers.")
+            and int(n.split(".")[1]) in layers and n.split(".", 2)[2] in comps]
+
+
+def _hand_built(pre, sft, tok, prompts, cols_at: dict[int, list[int]] | None = None, cols=(), last_only=True):
+    """The engine called by hand: tokenizer padding, donor on ``cols`` at each row's last real
+    token (or at the positions ``cols_at`` gives per row, counted over real tokens)."""
+    enc = tok(prompts, padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    batch, seq = ids.shape
+    real = [mask[b].nonzero().flatten() for b in range(batch)]
+    last = torch.tensor([r[-1] for r in real])
+    source = torch.zeros(batch, seq, len(wg.slots(pre)), dtype=torch.long)
+    for b in range(batch):
+        positions = [int(last[b])] if cols_at is None else [int(real[b][t]) for t in cols_at[b]]
+        for t in positions:
+            source[b, t, list(cols)] = 1
+    full = wg.graft_forward([pre, sft], ids, source, attention_mask=mask)
+    return full, last, ids, mask, source
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma", "gpt2"])  # untied; tied; tied with Conv1D
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_snippet_equals_hand_built_graft_forward(tiny_pair, tiny_tok, arch, side):
+    pre, sft = tiny_pair(arch)
+    tok = _tok(tiny_tok, side)
+    prompts = PROMPTS
+    # the issue's snippet, as written
+    out = wg.graft({"pre": pre, "sft": sft}, tok, prompts,
+                   wg.Rule(model="sft", positions="last", layers="last_quarter", components="o+ffn"))
+    assert out.logits.shape == (len(prompts), pre.config.vocab_size)
+    assert len(out.top(5)) == len(prompts)
+
+    cols = _slot_columns(pre, [3], {"o", "gate", "up", "down"})  # 4 layers: the last quarter is 3
+    full, last, ids, mask, source = _hand_built(pre, sft, tok, prompts, cols=cols)
+    expected = full[torch.arange(len(prompts)), last]
+    assert torch.equal(out.input_ids, ids) and torch.equal(out.attention_mask, mask)
+    assert torch.equal(out.source[mask.bool()], source[mask.bool()]) and out.roles == ["pre", "sft"]
+    torch.testing.assert_close(out.logits, expected, rtol=0, atol=ATOL)
+    plain = pre(**tok(prompts, padding=True, return_tensors="pt")).logits[torch.arange(len(prompts)), last]
+    assert (out.logits - plain).abs().max() > 1e-3  # the graft changed every prompt's logits
+    assert ((out.logits - plain).abs().amax(-1) > 1e-6).all()
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_full_logits_are_the_padded_batch(tiny_pair, tiny_tok, side):
+    pre, sft = tiny_pair("llama")
+    tok = _tok(tiny_tok, side)
+    rule = wg.Rule(model="sft", positions="last", layers="-1", components="ffn")
+    out = wg.graft({"pre": pre, "sft": sft}, tok, PROMPTS, rule, full_logits=True)
+    full, last, ids, mask, _ = _hand_built(pre, sft, tok, PROMPTS, cols=_slot_columns(pre, [3], {"gate", "up", "down"}))
+    assert torch.equal(out.input_ids, ids) and torch.equal(out.attention_mask, mask)
+    real = mask.bool()
+    torch.testing.assert_close(out.full_logits[real], full[real], rtol=0, atol=ATOL)
+    torch.testing.assert_close(out.logits, full[torch.arange(len(PROMPTS)), last], rtol=0, atol=ATOL)
+    short = wg.graft({"pre": pre, "sft": sft}, tok, PROMPTS, rule)
+    torch.testing.assert_close(short.logits, out.logits, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("arch", ["gemma", "gpt2"])
+def test_grafting_embed_keeps_the_base_unembedding_on_tied_models(tiny_pair, tiny_tok, arch):
+    pre, sft = tiny_pair(arch)
+    assert pre.get_input_embeddings().weight is pre.get_output_embeddings().weight  # tied
+    names = wg.slots(pre)
+    embed, unembed = names.index("embed"), names.index("unembed")
+    out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, PROMPTS, wg.Rule(model="sft", components="embed"))
+    full, last, *_ = _hand_built(pre, sft, tiny_tok, PROMPTS, cols_at={b: range(len(p)) for b, p in enumerate(PROMPTS)}, cols=[embed])
+    torch.testing.assert_close(out.logits, full[torch.arange(3), last], rtol=0, atol=ATOL)
+    both, *_ = _hand_built(pre, sft, tiny_tok, PROMPTS, cols_at={b: range(len(p)) for b, p in enumerate(PROMPTS)}, cols=[embed, unembed])
+    assert (out.logits - both[torch.arange(3), last]).abs().max() > 1e-3  # the unembedding stayed PRE's
+
+
+def test_spans_by_substring_and_by_characters(tiny_pair, tiny_tok):
+    pre, sft = tiny_pair("qwen2")
+    prompts = PROMPTS[:2]
+    spans = [{"subject": "France"}, {"subject": (0, 5)}]  # a substring; characters [0, 5) = "Paris"
+    rules = [wg.Rule(model="sft", positions="subject", layers="first_half", components="attn+o"),
+             wg.Rule(model="sft", positions="last", components="ffn")]
+    out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts, rules, spans=spans)
+    # character-level tokenizer: token t is character t
+    subject = {0: range(prompts[0].index("France"), prompts[0].index("France") + 6), 1: range(0, 5)}
+    attn = _slot_columns(pre, [0, 1], {"q", "k", "v", "o"})
+    ffn = _slot_columns(pre, [0, 1, 2, 3], {"gate", "up", "down"})
+    enc = tiny_tok(prompts, padding=True, return_tensors="pt")
+    source = torch.zeros(2, enc["input_ids"].shape[1], len(wg.slots(pre)), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        for t in subject[b]:
+            source[b, t, attn] = 1
+        source[b, len(p) - 1, ffn] = 1
+    reference = per_token_forward([pre, sft], enc["input_ids"], source, enc["attention_mask"])
+    last = torch.tensor([len(p) - 1 for p in prompts])
+    torch.testing.assert_close(out.logits, reference[torch.arange(2), last], rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "phi3"])  # Linear o; Conv1D c_proj; fused qkv
+def test_per_head_rule_equals_the_per_token_definition(tiny_pair, tiny_tok, arch):
+    pre, sft = tiny_pair(arch)
+    tok = _tok(tiny_tok, "left")
+    rule = wg.Rule(model="sft", positions="last", layers="2..3", components="o", heads="1")
+    out = wg.graft({"pre": pre, "sft": sft}, tok, PROMPTS, rule, full_logits=True)
+    names = wg.slots(pre)
+    head_source = {}
+    for layer in (2, 3):
+        h = torch.zeros(*out.input_ids.shape, pre.config.num_attention_heads, dtype=torch.long)
+        h[:, -1, 1] = 1  # left padding: the last token is the last position
+        head_source[f"layers.{layer}.o"] = h
+    source = torch.zeros(*out.input_ids.shape, len(names), dtype=torch.long)
+    reference = per_token_forward([pre, sft], out.input_ids, source, out.attention_mask, head_source=head_source)
+    torch.testing.assert_close(out.logits, reference[:, -1], rtol=0, atol=1e-9)
+    plain = wg.graft({"pre": pre, "sft": sft}, tok, PROMPTS, [])
+    assert (out.logits - plain.logits).abs().amax(-1).min() > 1e-6  # head 1 did change every row
+
+
+def test_top_k_is_readable_and_ordered(tiny_pair, tiny_tok):
+    pre, sft = tiny_pair("llama")
+    out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, PROMPTS, wg.Rule(model="sft", positions="last"))
+    top = out.top(3)
+    assert [len(t) for t in top] == [3, 3, 3]
+    probs = torch.softmax(out.logits.float(), -1)
+    for b, row in enumerate(top):
+        ids = probs[b].topk(3).indices.tolist()
+        assert [t for t, _ in row] == [tiny_tok.decode([i]) for i in ids]
+        assert [p for _, p in row] == pytest.approx(probs[b, ids].tolist())
+        assert row[0][1] >= row[1][1] >= row[2][1]
+    assert "3 prompts" in repr(out)
+    with pytest.raises(ValueError):
+        out.top(0)
+
+
+def test_scheme_and_base_role(tiny_pair, tiny_tok):
+    """A Scheme is accepted as rules; base= puts another role underneath."""
+    pre, sft = tiny_pair("llama")
+    models = {"pre": pre, "sft": sft}
+    scheme = wg.Scheme(name="LT", base="pre", rules=[wg.Rule(model="sft", positions="last")])
+    a = wg.graft(models, tiny_tok, PROMPTS, scheme)
+    b = wg.graft(models, tiny_tok, PROMPTS, wg.Rule(model="sft", positions="last"))
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
+    # body ("embed", layers, "final_norm") from pre except at the last token; unembed from pre
+    flipped = [wg.Rule(model="pre", positions="~last"), wg.Rule(model="pre", components="unembed")]
+    c = wg.graft(models, tiny_tok, PROMPTS, flipped, base="sft")
+    torch.testing.assert_close(a.logits, c.logits, rtol=0, atol=ATOL)
+
+
+def _no_compute(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the engine ran before the input was checked")
+
+    monkeypatch.setattr("weightgraft.api.graft.graft_forward", refuse)
+    monkeypatch.setattr("weightgraft.api.compare.compute_logits", refuse)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(rules=wg.Rule(model="dpo")), "uses model role 'dpo'"),
+    (dict(prompts=[]), "prompts is empty"),
+    (dict(prompts="Paris is in"), "not one string"),
+    (dict(rules=wg.Rule(model="sft", positions="subject")), "prompt 0 ('The capital of France is'): span 'subject'"),
+    (dict(rules=wg.Rule(model="sft", positions="subject"), spans=[{"subject": "France"}, {"subject": "Paris"}, {}]),
+     "prompt 2 ("),
+    (dict(spans=[{"subject": "Berlin"}, {}, {}]), "prompt 0: span 'subject': 'Berlin' does not occur"),
+    (dict(spans=[{}]), "spans has 1 entries for 3 prompts"),
+    (dict(rules=wg.Rule(model="sft", positions="20")), "prompt 1 ('Paris is in'): token index 20"),
+    (dict(rules=wg.Rule(model="sft", layers="9")), "beyond the model's depth"),
+    (dict(base="dpo"), "base 'dpo' is not one of the models' roles"),
+    (dict(protocol="authors"), "protocol 'authors' is not available in this build"),
+    (dict(protocol="mine"), "unknown protocol 'mine'"),
+    (dict(rules="last"), "rules must be a weightgraft.Rule"),
+])
+def test_bad_input_is_one_line_before_any_compute(tiny_pair, tiny_tok, monkeypatch, kwargs, message):
+    pre, sft = tiny_pair("llama")
+    _no_compute(monkeypatch)
+    args = dict(models={"pre": pre, "sft": sft}, tokenizer=tiny_tok, prompts=PROMPTS,
+                rules=wg.Rule(model="sft", positions="last"))
+    args.update(kwargs)
+    with pytest.raises(ValueError) as err:
+        wg.graft(**args)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_load_returns_model_and_tokenizer(tiny_model_dirs, tiny_pair):
+    model, tok = wg.load(tiny_model_dirs["pre"])
+    assert tok.is_fast and model.config.num_hidden_layers == 4
+    pre, _ = tiny_pair("llama", torch.float32)
+    ids = torch.tensor([tok("Paris is in")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, pre(ids).logits, rtol=0, atol=0)
+
+
+def test_top_level_stays_light_and_graft_is_callable_after_engine_imports():
+    code = (
+        "import sys, weightgraft as wg\n"
+        "assert wg.__version__ and 'torch' not in sys.modules, 'torch imported at top level'\n"
+        "import weightgraft.graft.engine as engine\n"
+        "from weightgraft.graft import prefix\n"
+        "assert callable(wg.graft) and wg.graft_forward is engine.graft_forward\n"
+        "assert {'load', 'graft', 'compare', 'Rule', 'Scheme', 'presets', 'slots', 'graft_forward'} <= set(dir(wg))\n"
+        "assert wg.presets.position()[0].family == 'baseline'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
