@@ -48,6 +48,11 @@ def position_labels(offsets: Sequence[tuple[int, int]], spans: Mapping[str, tupl
         else:
             labels.append(f"tok{i}")
     labels[-1] = "last"
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):  # overlapping spans could repeat a label: keep them apart
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            labels[i] = f"{label}#{seen[label]}"
     return labels
 
 
