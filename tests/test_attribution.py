@@ -121,3 +121,17 @@ def test_weights_keep_their_requires_grad():
     graft_attribution(pair, ids, pos, targets, attention_mask=mask)
     assert [p.requires_grad for p in pair.base.parameters()] == before
     assert all(p.grad is None for p in pair.base.parameters())
+
+
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_first_order_shortcut_at_zero_gives_the_same_gradient(model_type):
+    pair = _pair(model_type)
+    ids, mask, pos, targets = _batch()
+    grads = []
+    for first_order in (True, False):
+        alpha = torch.zeros(2, ids.shape[1], len(pair.slots), dtype=torch.float64, requires_grad=True)
+        logits = pair.forward(ids, alpha, mask, pos[:, None], first_order=first_order)
+        value = torch.log_softmax(logits[:, 0], -1)[torch.arange(2), targets].sum()
+        grads.append(torch.autograd.grad(value, alpha)[0])
+    assert grads[0].abs().max() > 1e-3
+    assert torch.allclose(grads[0], grads[1], rtol=1e-9, atol=1e-10)

@@ -87,6 +87,35 @@ def _general_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> C
     return delta
 
 
+class _AtZero(torch.autograd.Function):
+    """``y`` unchanged, with ``d(out)/d(coef) = <grad, D(x)>`` computed in the backward only.
+
+    Exact at ``a = 0``: there ``a * D(x)`` adds nothing and ``d(a * D(x))/dx = a * dD/dx = 0``,
+    so ``D`` is needed only for the gradient w.r.t. ``a``; it is computed once, in the backward
+    (the attribution-patching trick), instead of in the forward and again through autograd."""
+
+    @staticmethod
+    def forward(ctx, y, coef, x, plan, sign):  # noqa: D102
+        ctx.save_for_backward(x)
+        ctx.plan, ctx.sign, ctx.coef_shape = plan, sign, coef.shape
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        (x,) = ctx.saved_tensors
+        plan = ctx.plan
+        with torch.no_grad():
+            d = plan.delta(x) * ctx.sign
+            prod = grad.to(d.dtype) * d
+            if plan.onehot is not None:  # [batch, seq, out] -> per slot of the module
+                g = prod @ plan.onehot.to(device=d.device).T
+            else:
+                if plan.pos_axis != 1:
+                    prod = prod.movedim(plan.pos_axis, 1)
+                g = prod.sum(dim=tuple(range(2, prod.dim())))[..., None]
+        return grad, g.reshape(ctx.coef_shape), None, None, None
+
+
 def _width(module: nn.Module) -> int:
     return int(module.weight.shape[1] if isinstance(module, Conv1D) else module.out_features)
 
@@ -138,11 +167,13 @@ class PartialGraft:
 
     def forward(
         self, input_ids: torch.Tensor, alpha: torch.Tensor, attention_mask: torch.Tensor | None = None,
-        logit_positions: torch.Tensor | None = None,
+        logit_positions: torch.Tensor | None = None, first_order: bool = True,
     ) -> torch.Tensor:
         """Logits ``[batch, seq, vocab]`` (or ``[batch, k, vocab]`` at ``logit_positions``) with
         cell ``(b, t, s)`` served by ``(1 - alpha[b, t, s]) * base + alpha[b, t, s] * donor``.
-        Differentiable in ``alpha``; run it under ``torch.enable_grad()`` for gradients."""
+        Differentiable in ``alpha``; run it under ``torch.enable_grad()`` for gradients.
+        ``first_order``: when every ``alpha`` is 0, compute ``D`` in the backward only (the same
+        values and first derivatives w.r.t. ``alpha``; not for second derivatives)."""
         batch, seq = input_ids.shape
         expected = (batch, seq, len(self.slots))
         if tuple(alpha.shape) != expected:
@@ -165,7 +196,8 @@ class PartialGraft:
                 head = self.base.get_submodule(self.slots[-1].parts[0].path)
                 handle = head.register_forward_pre_hook(_gather_rows(logit_positions))
                 stack.callback(handle.remove)
-            stack.enter_context(self._patched(alpha, unembed_alpha))
+            at_zero = first_order and not bool(alpha.detach().any())
+            stack.enter_context(self._patched(alpha, unembed_alpha, at_zero))
             stack.enter_context(_eval_mode([self.base]))
             out = self.base(input_ids=input_ids, attention_mask=attention_mask,
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
@@ -174,7 +206,7 @@ class PartialGraft:
     __call__ = forward
 
     @contextlib.contextmanager
-    def _patched(self, alpha: torch.Tensor, unembed_alpha: torch.Tensor) -> Iterator[None]:
+    def _patched(self, alpha: torch.Tensor, unembed_alpha: torch.Tensor, at_zero: bool) -> Iterator[None]:
         unembed = len(self.slots) - 1
         patched: list[tuple[nn.Module, object]] = []
         try:
@@ -182,7 +214,7 @@ class PartialGraft:
                 module = self.base.get_submodule(plan.path)
                 coef = unembed_alpha[..., None] if plan.slots == [unembed] else alpha[..., plan.slots]
                 patched.append((module, module.__dict__.get("forward")))
-                module.forward = self._mixed_forward(module, plan, coef)
+                module.forward = self._mixed_forward(module, plan, coef, at_zero)
             yield
         finally:
             for module, own in reversed(patched):
@@ -191,13 +223,15 @@ class PartialGraft:
                 else:
                     module.forward = own
 
-    def _mixed_forward(self, module: nn.Module, plan: _ModulePlan, coef: torch.Tensor) -> Callable:
+    def _mixed_forward(self, module: nn.Module, plan: _ModulePlan, coef: torch.Tensor, at_zero: bool) -> Callable:
         """``base(x) + a * D(x)``; ``coef`` is ``[batch, seq, len(plan.slots)]``."""
         fn = _module_fn(module, True)
         sign = self.sign
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             y = fn(x, *args, **kwargs)
+            if at_zero:
+                return _AtZero.apply(y, coef, x, plan, sign) if coef.requires_grad else y
             d = plan.delta(x, *args, **kwargs)
             c = coef.to(d.dtype)
             if plan.onehot is not None:  # column groups: [batch, seq, out]
