@@ -77,3 +77,20 @@ def test_other_metrics_and_prefix_sharing_agree_with_whole_rows(metric):
     if metric == "kl":  # grafting every cell is the donor: KL to it is 0
         b, eff = exact_effects(models, examples, everything, pad_id=0, metric=metric)
         assert torch.allclose(b + torch.cat(eff), torch.zeros(2, dtype=torch.float64), atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "gemma2", "phi3"])
+def test_group_of_cells_matches_the_per_token_definition(model_type):
+    from weightgraft.graft.cells import group_cells
+
+    base = make_tiny(model_type, seed=0)
+    models = [base, make_donor(base, seed=1)]
+    ex = _examples()[0]
+    group = group_cells(base, ex, positions=[1, 2, 4], layers=[1], components=["o", "down", "unembed", "q"])
+    names = wg.slots(base)
+    assert {names[c.slot] for c in group} == {"layers.1.o", "layers.1.down", "layers.1.q", "unembed"}
+    assert [c for c in group if names[c.slot] == "unembed"] == [Cell(4, names.index("unembed"))]
+    _, (effect,) = exact_effects(models, [ex], [[group]], pad_id=0)
+    composite = CompositeModel(models)
+    ref = _per_token_logprob(models, composite, ex, group) - _per_token_logprob(models, composite, ex, [])
+    assert abs(float(effect[0]) - ref) < 1e-4 and abs(ref) > 1e-3

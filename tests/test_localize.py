@@ -111,3 +111,23 @@ def test_position_labels_line_up_template_words_around_entities():
     offsets = [(0, 2), (3, 5), (6, 13), (14, 18)]
     labels = position_labels(offsets, {"first_actor": (0, 5), "relation": (6, 13)}, "second_actor")
     assert labels == ["first_entity-1", "first_entity", "relation", "last"]
+
+
+def test_agreement_ranks_and_coarse_groups():
+    from weightgraft.experiments.localize.agreement import agreement, span_of, spearman
+
+    assert spearman(pd.Series([1.0, 2, 3, 4]), pd.Series([10.0, 20, 30, 100])) == pytest.approx(1.0)
+    assert spearman(pd.Series([1.0, 2, 3]), pd.Series([3.0, 2, 1])) == pytest.approx(-1.0)
+    assert [span_of(x) for x in ("first_entity-2", "relation+1", "last", "tok0", "relation#2")] == \
+        ["first_entity", "relation", "last", "other", "relation"]
+    cells = pd.DataFrame({
+        "example_id": ["a"] * 4, "template": ["t"] * 4, "direction": ["sufficiency"] * 4,
+        "position_label": ["first_entity", "first_entity-1", "last", "last"],
+        "layer": pd.array([0, 0, 3, None], dtype="Int64"), "component": ["o", "o", "down", "unembed"],
+        "estimate": [1.0, 2.0, 3.0, 4.0], "exact": [1.5, 2.5, 2.0, 5.0],
+    })
+    row = agreement(cells, n_layers=4, k=2).iloc[0]
+    assert row["spearman_cell"] == pytest.approx(0.8)
+    # groups (first_entity, q0, o), (last, q3, down), (last, unembed): 3, 3, 4 vs 4, 2, 5
+    assert row["spearman_coarse"] == pytest.approx(3 ** 0.5 / 2)
+    assert row["top2_overlap"] == pytest.approx(0.5)

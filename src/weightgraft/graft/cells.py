@@ -21,7 +21,7 @@ from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.attribution import Metric, metric_values
 from weightgraft.graft.prefix import GraftItem, prefix_forward
 
-__all__ = ["Cell", "ScoredExample", "example_cells", "exact_effects"]
+__all__ = ["Cell", "ScoredExample", "example_cells", "group_cells", "exact_effects"]
 
 OUTPUT_ONLY = ("final_norm", "unembed")
 
@@ -54,6 +54,26 @@ def example_cells(model: nn.Module, example: ScoredExample) -> list[Cell]:
             if name not in OUTPUT_ONLY or t == example.position:
                 cells.append(Cell(t, s))
     return cells
+
+
+def group_cells(model: nn.Module, example: ScoredExample, positions: Sequence[int], layers: Sequence[int],
+                components: Sequence[str]) -> list[Cell]:
+    """The cells of a group: a position span x a layer range x a component set (``embed``,
+    ``final_norm``, ``unembed`` name the global slots; output-only ones count at the scored
+    position only). Pass the list as one set to ``exact_effects`` for the group's exact effect."""
+    wanted_layers, wanted = set(layers), set(components)
+    chosen = []
+    for c in example_cells(model, example):
+        if c.position not in positions:
+            continue
+        name = model_slots(model)[c.slot].name
+        if name.startswith("layers."):
+            _, layer, comp = name.split(".", 2)
+            if int(layer) in wanted_layers and comp in wanted:
+                chosen.append(c)
+        elif name in wanted:
+            chosen.append(c)
+    return chosen
 
 
 def _item(example: ScoredExample, cells: Sequence[Cell], n_slots: int) -> GraftItem:
