@@ -86,6 +86,13 @@ def _item(example: ScoredExample, cells: Sequence[Cell], n_slots: int) -> GraftI
     return GraftItem(input_ids=example.input_ids[:n], source=source, logit_start=example.position, n_logits=1)
 
 
+def _suffix(item: GraftItem) -> int:
+    """Positions an item recomputes: from its first grafted position to its scored one."""
+    grafted = item.source.any(dim=1).nonzero()
+    first = int(grafted[0]) if len(grafted) else item.logit_start
+    return item.logit_start - first
+
+
 @torch.no_grad()
 def exact_effects(
     models: Sequence[nn.Module], examples: Sequence[ScoredExample],
@@ -112,12 +119,16 @@ def exact_effects(
         for cells in sets:
             items.append(_item(ex, cells, n_slots))
             owner.append(i)
-    values = torch.empty(len(items), dtype=torch.float64)
-    logits_all: list[torch.Tensor] = []
-    for start in range(0, len(items), chunk):
-        part = items[start : start + chunk]
-        logits_all.append(prefix_forward(models, part, pad_id, share=share)[:, 0].double().cpu())
-    logits = torch.cat(logits_all)
+    # Batches of items with similar suffixes (positions from the first grafted one on): a batch's
+    # suffixes are padded to its longest, so mixing long and short ones would waste the sharing.
+    order = sorted(range(len(items)), key=lambda i: (_suffix(items[i]), i))
+    logits = None
+    for start in range(0, len(order), chunk):
+        rows = order[start : start + chunk]
+        part = prefix_forward(models, [items[i] for i in rows], pad_id, share=share)[:, 0].double().cpu()
+        if logits is None:
+            logits = part.new_empty(len(items), part.shape[-1])
+        logits[torch.tensor(rows)] = part
     targets = torch.tensor([examples[i].target for i in owner])
     distractors = None
     if metric == "logit_diff":

@@ -3,14 +3,17 @@ from partial grafts, exact effects from the engine."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
+
+import numpy as np
 
 import pandas as pd
 import torch
 
 from weightgraft.experiments.localize.examples import LocalizeExample
 from weightgraft.graft.attribution import Metric, graft_attribution
-from weightgraft.graft.cells import Cell, example_cells, exact_effects
+from weightgraft.graft.cells import OUTPUT_ONLY, Cell, example_cells, exact_effects
 from weightgraft.graft.partial import PartialGraft
 
 CELL_KEYS = ["example_id", "template", "direction", "position", "slot"]
@@ -43,22 +46,32 @@ def _batch(examples: Sequence[LocalizeExample]):
 
 def _cell_frame(examples: Sequence[LocalizeExample], direction: str, slot_names: Sequence[str],
                 values: dict[str, list[torch.Tensor]], model) -> pd.DataFrame:
-    """One row per cell of every example, with the given per-example ``[seq, n_slots]`` maps."""
-    rows = []
+    """One row per cell of every example (the cells of ``example_cells``, in its order), with
+    the given per-example ``[seq, n_slots]`` maps."""
+    n_slots = len(slot_names)
+    parts = [slot_parts(name) for name in slot_names]
+    output_only = np.array([name in OUTPUT_ONLY for name in slot_names])
+    columns: dict[str, list] = defaultdict(list)
     for i, e in enumerate(examples):
-        for c in example_cells(model, e.scored):
-            layer, component = slot_parts(slot_names[c.slot])
-            row = {
-                "example_id": e.prompt.id, "template": e.prompt.template, "direction": direction,
-                "position": c.position, "position_label": e.labels[c.position], "slot": slot_names[c.slot],
-                "layer": layer, "component": component,
-            }
-            for col, maps in values.items():
-                row[col] = float(maps[i][c.position, c.slot])
-            rows.append(row)
-    frame = pd.DataFrame(rows)
-    frame["layer"] = frame["layer"].astype("Int64")
-    return frame
+        n = e.scored.position + 1
+        t = np.repeat(np.arange(n), n_slots)
+        s = np.tile(np.arange(n_slots), n)
+        keep = ~output_only[s] | (t == e.scored.position)
+        t, s = t[keep], s[keep]
+        columns["example_id"].append(np.full(len(t), e.prompt.id, dtype=object))
+        columns["template"].append(np.full(len(t), e.prompt.template, dtype=object))
+        columns["position"].append(t)
+        columns["position_label"].append(np.asarray(e.labels, dtype=object)[t])
+        columns["slot"].append(np.asarray(slot_names, dtype=object)[s])
+        columns["layer"].append(np.array([parts[k][0] if parts[k][0] is not None else -1 for k in s]))
+        columns["component"].append(np.asarray([p[1] for p in parts], dtype=object)[s])
+        for col, maps in values.items():
+            columns[col].append(maps[i][:n].double().numpy()[t, s])
+    frame = pd.DataFrame({k: np.concatenate(v) for k, v in columns.items()})
+    frame.insert(2, "direction", direction)
+    frame["layer"] = frame["layer"].astype("Int64").mask(frame["layer"] < 0)
+    order = ["example_id", "template", "direction", "position", "position_label", "slot", "layer", "component"]
+    return frame[order + list(values)]
 
 
 def estimate_frame(
