@@ -19,7 +19,7 @@ from weightgraft.graft import projections
 from weightgraft.graft.architectures import Slot, model_slots
 from weightgraft.graft.compat import check_compatible
 
-__all__ = ["per_token_forward", "CompositeModel"]
+__all__ = ["per_token_forward", "per_token_mixed_forward", "CompositeModel"]
 
 
 class CompositeModel:
@@ -135,6 +135,60 @@ def per_token_forward(
                 input_ids=input_ids[b : b + 1, t : t + 1],
                 position_ids=torch.tensor([[step]], device=device),
                 attention_mask=torch.ones(1, step + 1, dtype=torch.long, device=device),
+                past_key_values=cache,
+                use_cache=True,
+            ).logits
+            out[b, t] = logits[0, -1]
+    return out
+
+
+@torch.no_grad()
+def _load_mixed(composite: CompositeModel, alphas: Sequence[float]) -> None:
+    """Every slot's weights set to ``(1 - a) * models[0] + a * models[1]`` (its columns only,
+    for a column group of a fused projection)."""
+    base, donor = composite.models[0], composite.models[1]
+    for s, (slot, a) in enumerate(zip(composite.slots, alphas)):
+        composite.current[s] = -1  # mixed: a later ``load`` reloads it
+        for part in slot.parts:
+            dst = composite.model.get_submodule(part.path)
+            p0 = dict(base.get_submodule(part.path).named_parameters(remove_duplicate=False))
+            p1 = dict(donor.get_submodule(part.path).named_parameters(remove_duplicate=False))
+            for name, p in dst.named_parameters(remove_duplicate=False):
+                mixed = (1 - a) * p0[name] + a * p1[name]
+                if part.columns is None:
+                    p.copy_(mixed)
+                elif isinstance(dst, Conv1D) and name == "weight":  # [in, out]
+                    p[:, part.columns] = mixed[:, part.columns]
+                else:  # Linear weight [out, in] and every bias: output columns first
+                    p[part.columns] = mixed[part.columns]
+
+
+@torch.no_grad()
+def per_token_mixed_forward(
+    models: Sequence[nn.Module], input_ids: torch.Tensor, alpha: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Logits ``[batch, seq, vocab]`` by the per-token definition with mixed weights: position
+    t of row b runs on a model whose slot s holds ``(1 - alpha[b, t, s]) * W_base +
+    alpha[b, t, s] * W_donor`` (``models = [base, donor]``), copied in before the step."""
+    if len(models) != 2:
+        raise ValueError("mixed weights need exactly two models: [base, donor]")
+    composite = CompositeModel(models)
+    model = composite.model
+    batch, seq = input_ids.shape
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    out = torch.zeros(batch, seq, vocab, dtype=model.dtype, device=input_ids.device)
+    for b in range(batch):
+        real = attention_mask[b].bool().nonzero().flatten()
+        cache = DynamicCache(config=model.config)
+        for step, t in enumerate(real.tolist()):
+            _load_mixed(composite, alpha[b, t].tolist())
+            logits = model(
+                input_ids=input_ids[b : b + 1, t : t + 1],
+                position_ids=torch.tensor([[step]], device=input_ids.device),
+                attention_mask=torch.ones(1, step + 1, dtype=torch.long, device=input_ids.device),
                 past_key_values=cache,
                 use_cache=True,
             ).logits

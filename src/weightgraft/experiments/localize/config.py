@@ -1,0 +1,108 @@
+"""The ``weightgraft localize`` config: the dataset and model pair as in ``run``, and which
+maps to compute."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from weightgraft.experiments.config import ConfigError, apply_overrides
+
+Direction = Literal["sufficiency", "necessity"]
+
+
+class SearchSettings(BaseModel):
+    """Minimal graft search: per template and direction, over the template's examples."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    target_share: float = Field(0.9, gt=0, le=1)
+    max_cells: int = Field(1024, ge=1)
+    rank_by: Literal["gradient", "ig"] = "gradient"
+
+
+class LocalizeConfig(BaseModel):
+    """Cell maps of one model pair (``pre`` and ``sft``) on a dataset's test prompts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "localize"
+    data: Path
+    models: dict[str, str]  # must name "pre" and "sft"
+    templates: list[str] | None = None
+    directions: list[Literal["a2b", "b2a"]] | None = None
+    limit: int | None = Field(None, ge=1, description="max examples per template")
+    # logprob: the first answer token; logit_diff: minus the next example's first answer
+    # token (another relation of the template); kl: -KL(donor || grafted)
+    metric: Literal["logprob", "logit_diff", "kl"] = "logprob"
+    graft_directions: list[Direction] = Field(default_factory=lambda: ["sufficiency", "necessity"], min_length=1)
+    ig_steps: int = Field(0, ge=0, description="0: gradient only; k > 1: also integrated gradients")
+    # exact single-cell maps: "all" examples, "none", or the first N examples of each template
+    exact: Literal["all", "none"] | int = "all"
+    search: SearchSettings = Field(default_factory=SearchSettings)
+    batch_size: int = Field(16, ge=1)
+    exact_chunk: int = Field(512, ge=1)
+    dtype: Literal["float32", "float64"] = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    out: Path | None = None
+    report: bool = True
+
+    @field_validator("models")
+    @classmethod
+    def _pair(cls, value: dict[str, str]) -> dict[str, str]:
+        missing = {"pre", "sft"} - set(value)
+        if missing:
+            raise ValueError(f"models must name 'pre' and 'sft' (missing {sorted(missing)})")
+        return value
+
+    @field_validator("exact")
+    @classmethod
+    def _positive(cls, value: object) -> object:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("exact must be 'all', 'none' or a positive number of examples per template")
+        return value
+
+    def identity(self) -> str:
+        """Hash of what determines the results (not batch sizes, device, output place)."""
+        data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device"})
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def run_dir(self) -> Path:
+        return Path(self.out if self.out is not None else Path("runs")) / self.name
+
+
+def parse_localize_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None) -> LocalizeConfig:
+    """Validate a raw dict; relative paths are taken from ``base_dir``."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a localize config must be a mapping")
+    try:
+        config = LocalizeConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"invalid localize config {source}:"]
+        lines += [f"  at {'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("\n".join(lines)) from None
+    if base_dir is not None:
+        if not config.data.is_absolute():
+            config.data = base_dir / config.data
+        if config.out is not None and not config.out.is_absolute():
+            config.out = base_dir / config.out
+    return config
+
+
+def load_localize_config(path: Path, overrides: list[str] | None = None) -> LocalizeConfig:
+    """Read, override and validate a localize YAML."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"localize config {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    return parse_localize_config(apply_overrides(raw, overrides or []), str(path))

@@ -1,0 +1,218 @@
+"""``localize``: cell maps (attribution estimates, exact effects) and minimal graft sets of a
+model pair on a dataset, written to a run directory and resumed from it.
+
+Stages, each written when finished (a rerun skips what exists; the exact map is written per
+group of examples, so a killed run continues from the last group):
+``parts/estimates_{direction}.parquet``, ``parts/exact_{direction}_{n}.parquet``,
+``cells.parquet`` (both joined), ``search.json``, ``report/``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from weightgraft.data.prompts import DatasetError, load_test_prompts
+from weightgraft.experiments.localize.config import LocalizeConfig, load_localize_config
+from weightgraft.experiments.localize.examples import LocalizeExample, build_examples
+from weightgraft.experiments.localize.maps import cell_map, estimate_frame, exact_frame
+from weightgraft.experiments.localize.search import minimal_graft_search
+
+EXACT_GROUP = 8  # examples per exact-map part file (the unit a killed run resumes from)
+
+
+@dataclass
+class LocalizeResult:
+    run_dir: Path
+    cells: pd.DataFrame
+    search: dict[str, Any]
+    excluded: list[dict[str, str]]
+    seconds: dict[str, float]
+
+
+def _select(config: LocalizeConfig) -> list:
+    prompts = load_test_prompts(config.data)
+    present = {p.template for p in prompts}
+    if config.templates is not None:
+        missing = [t for t in config.templates if t not in present]
+        if missing:
+            raise DatasetError(f"templates {missing} are not in the dataset (it has {sorted(present)})")
+    chosen, per_template = [], defaultdict(int)
+    for p in prompts:
+        if config.templates is not None and p.template not in config.templates:
+            continue
+        if config.directions is not None and p.direction not in config.directions:
+            continue
+        if config.limit is not None and per_template[p.template] >= config.limit:
+            continue
+        per_template[p.template] += 1
+        chosen.append(p)
+    if not chosen:
+        raise DatasetError("no test prompt is left after the template/direction filters")
+    return chosen
+
+
+def _claim(run_dir: Path, config: LocalizeConfig) -> None:
+    """A run directory belongs to one config: resuming with another is refused."""
+    manifest = run_dir / "manifest.json"
+    if manifest.is_file():
+        old = json.loads(manifest.read_text())
+        if old.get("identity") != config.identity():
+            raise ValueError(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
+        return
+    (run_dir / "parts").mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"identity": config.identity(), "config": config.model_dump(mode="json")}, indent=2))
+
+
+def _write(frame: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(path)
+
+
+def _with_distractors(examples: list[LocalizeExample]) -> list[LocalizeExample]:
+    """The next example of the same template with another first answer token (cyclic)."""
+    by_template: dict[str, list[int]] = defaultdict(list)
+    for i, e in enumerate(examples):
+        by_template[e.prompt.template].append(i)
+    out = list(examples)
+    for idx in by_template.values():
+        for k, i in enumerate(idx):
+            target = examples[i].scored.target
+            other = next((examples[idx[(k + d) % len(idx)]].scored.target for d in range(1, len(idx))
+                          if examples[idx[(k + d) % len(idx)]].scored.target != target), None)
+            if other is None:
+                raise DatasetError(f"template {examples[i].prompt.template!r}: every answer starts with the "
+                                   "same token; 'logit_diff' has no distractor")
+            s = examples[i].scored
+            out[i] = LocalizeExample(examples[i].prompt, type(s)(s.input_ids, s.position, s.target, other), examples[i].labels)
+    return out
+
+
+def _exact_subset(config: LocalizeConfig, examples: list[LocalizeExample]) -> list[LocalizeExample]:
+    if config.exact == "none":
+        return []
+    if config.exact == "all":
+        return examples
+    count: dict[str, int] = defaultdict(int)
+    chosen = []
+    for e in examples:
+        if count[e.prompt.template] < config.exact:
+            count[e.prompt.template] += 1
+            chosen.append(e)
+    return chosen
+
+
+def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = None,
+             progress: bool = True, load: Any = None) -> LocalizeResult:
+    """Run (or resume) a localize config; see the module docstring for what it writes.
+
+    ``load(spec, dtype)`` returns an object with ``model`` and ``tokenizer`` (default:
+    ``weightgraft.models.load_model``)."""
+    from weightgraft.graft.partial import PartialGraft
+
+    if not isinstance(config, LocalizeConfig):
+        config = load_localize_config(Path(config), overrides)
+    prompts = _select(config)  # fail on data before any model loads
+    run_dir = config.run_dir()
+    _claim(run_dir, config)
+    torch.manual_seed(config.seed)
+    say = print if progress else (lambda *a, **k: None)
+    seconds: dict[str, float] = {}
+    t0 = time.time()
+    dtype = getattr(torch, config.dtype)
+    if load is None:
+        from weightgraft.models import load_model
+
+        def load(spec, dt):
+            return load_model(spec, device=config.device, dtype=dt)
+    pre, sft = load(config.models["pre"], dtype), load(config.models["sft"], dtype)
+    from weightgraft.models.tokenization import check_same_tokenizer
+
+    check_same_tokenizer(pre.tokenizer, sft.tokenizer, "model 'sft'")
+    seconds["load"] = time.time() - t0
+    examples, excluded = build_examples(prompts, pre.tokenizer)
+    if excluded:
+        say(f"{len(excluded)} prompt(s) excluded: {excluded[:3]}")
+    if config.metric == "logit_diff":
+        examples = _with_distractors(examples)
+    pad_id = pre.tokenizer.pad_token_id if pre.tokenizer.pad_token_id is not None else 0
+    pairs = {"sufficiency": [pre.model, sft.model], "necessity": [sft.model, pre.model]}
+    graft = PartialGraft(pre.model, sft.model)
+    parts = run_dir / "parts"
+    frames = []
+    for direction in config.graft_directions:
+        models = pairs[direction]
+        pair = graft if direction == "sufficiency" else graft.swapped()
+        path = parts / f"estimates_{direction}.parquet"
+        t0 = time.time()
+        if not path.is_file():
+            _write(estimate_frame(pair, examples, direction, config.metric, config.batch_size, config.ig_steps), path)
+            seconds[f"estimates_{direction}"] = time.time() - t0
+            say(f"[{direction}] estimates of every cell: {time.time() - t0:.1f}s")
+        estimates = pd.read_parquet(path)
+        exact_parts = []
+        chosen = _exact_subset(config, examples)
+        t0 = time.time()
+        for g, start in enumerate(range(0, len(chosen), EXACT_GROUP)):
+            part = parts / f"exact_{direction}_{g:04d}.parquet"
+            if not part.is_file():
+                frame, _ = exact_frame(models, chosen[start : start + EXACT_GROUP], direction, config.metric,
+                                       pad_id, config.exact_chunk)
+                _write(frame, part)
+                say(f"[{direction}] exact cells: {min(start + EXACT_GROUP, len(chosen))}/{len(chosen)} examples, {time.time() - t0:.0f}s")
+            exact_parts.append(pd.read_parquet(part)[["example_id", "template", "direction", "position", "slot", "exact"]])
+        if exact_parts:
+            seconds[f"exact_{direction}"] = time.time() - t0
+            estimates = estimates.merge(pd.concat(exact_parts), on=["example_id", "template", "direction", "position", "slot"], how="left")
+        else:
+            estimates["exact"] = float("nan")
+        frames.append(estimates)
+    cells = pd.concat(frames, ignore_index=True)
+    _write(cells, run_dir / "cells.parquet")
+    search = _search(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
+    if config.report:
+        from weightgraft.report.localize import write_localize_report
+
+        write_localize_report(run_dir)
+    return LocalizeResult(run_dir, cells, search, excluded, seconds)
+
+
+def _search(config, run_dir, examples, cells, pairs, model, pad_id, say, seconds) -> dict[str, Any]:
+    path = run_dir / "search.json"
+    if not config.search.enabled:
+        return {}
+    if path.is_file():
+        return json.loads(path.read_text())
+    from weightgraft.graft.architectures import model_slots
+
+    slot_index = {s.name: i for i, s in enumerate(model_slots(model))}
+    column = "estimate_ig" if config.search.rank_by == "ig" else "estimate"
+    if column not in cells:
+        raise ValueError("search.rank_by 'ig' needs ig_steps > 1")
+    out: dict[str, Any] = {"metric": config.metric, "rank_by": column, "searches": []}
+    for direction in config.graft_directions:
+        for template in dict.fromkeys(e.prompt.template for e in examples):
+            t0 = time.time()
+            group = [e for e in examples if e.prompt.template == template]
+            sub = cells[(cells["direction"] == direction) & (cells["template"] == template)]
+            summed = sub.groupby(["position_label", "slot"])[column].sum()
+            maps = [cell_map(e, slot_index, model) for e in group]
+            estimates = {k: float(v) for k, v in summed.items()}
+            result = minimal_graft_search(pairs[direction], [e.scored for e in group], maps, estimates, pad_id,
+                                          config.search.target_share, config.search.max_cells,
+                                          chunk=config.exact_chunk)
+            entry = {"direction": direction, "template": template, "n_examples": len(group), **result.to_json()}
+            out["searches"].append(entry)
+            seconds[f"search_{direction}_{template}"] = time.time() - t0
+            say(f"[{direction}/{template}] {len(result.cells)} cells carry {result.share:.0%} "
+                f"({'reached' if result.reached else 'NOT reached'}), {time.time() - t0:.0f}s")
+    path.write_text(json.dumps(out, indent=2))
+    return out

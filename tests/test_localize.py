@@ -1,0 +1,133 @@
+"""``localize`` end to end on a tiny world: tables, search, report, resuming, config errors."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from weightgraft.experiments.config import ConfigError
+from weightgraft.experiments.localize import localize
+from weightgraft.experiments.localize.config import parse_localize_config
+from weightgraft.experiments.localize.examples import position_labels
+from weightgraft.graft.cells import exact_effects
+from tiny_world import loader, write_world
+
+COLUMNS = ["example_id", "template", "direction", "position", "position_label", "layer", "component", "estimate", "exact"]
+
+
+def _config(tmp_path, **extra):
+    data = write_world(tmp_path / "data", n=4)
+    raw = {"name": "loc", "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
+           "out": str(tmp_path / "runs"), "batch_size": 3, "exact_chunk": 64, **extra}
+    return parse_localize_config(raw)
+
+
+def test_localize_end_to_end(tmp_path):
+    config = _config(tmp_path, ig_steps=3, exact=2, search={"target_share": 0.8})
+    result = localize(config, progress=False, load=loader)
+    cells = pd.read_parquet(result.run_dir / "cells.parquet")
+    assert set(COLUMNS) <= set(cells.columns) and "estimate_ig" in cells
+    assert set(cells["direction"]) == {"sufficiency", "necessity"}
+    # exact for the first 2 examples of each template only, null elsewhere
+    with_exact = cells[cells["exact"].notna()]["example_id"].unique()
+    assert sorted(with_exact) == ["r0000/headline", "r0000/qa", "r0001/headline", "r0001/qa"]
+    assert cells[~cells["example_id"].isin(with_exact)]["exact"].isna().all()
+    # output-only slots appear at the last position only
+    assert set(cells[cells["component"] == "unembed"]["position_label"]) == {"last"}
+    search = json.loads((result.run_dir / "search.json").read_text())
+    assert len(search["searches"]) == 4
+    for entry in search["searches"]:
+        sizes = [p["size"] for p in entry["curve"]]
+        assert entry["size"] in sizes and sizes == sorted(sizes)
+        if entry["reached"]:
+            share = {p["size"]: p["share"] for p in entry["curve"]}
+            assert share[entry["size"]] >= 0.8
+            assert entry["size"] == 1 or share.get(entry["size"] - 1, 0) < 0.8 or entry["size"] - 1 not in share
+    assert (result.run_dir / "report" / "index.html").is_file()
+    assert (result.run_dir / "report" / "scatter.png").is_file()
+
+
+def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
+    config = _config(tmp_path, exact="none", graft_directions=["sufficiency"], templates=["headline"])
+    result = localize(config, progress=False, load=loader)
+    entry = result.search["searches"][0]
+    pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
+    from weightgraft.experiments.localize.examples import build_examples
+    from weightgraft.experiments.localize.maps import cell_map
+    from weightgraft.experiments.localize.run import _select
+    from weightgraft.graft.architectures import model_slots
+
+    examples, _ = build_examples(_select(config), pre.tokenizer)
+    index = {s.name: i for i, s in enumerate(model_slots(pre.model))}
+    maps = [cell_map(e, index, pre.model) for e in examples]
+    chosen = [(c["position_label"], c["slot"]) for c in entry["cells"]]
+    sets = [[[m[k] for k in chosen if k in m]] for m in maps]
+    every = [[list(m.values())] for m in maps]
+    models = [pre.model, sft.model]
+    _, part = exact_effects(models, [e.scored for e in examples], sets, pad_id=0)
+    _, whole = exact_effects(models, [e.scored for e in examples], every, pad_id=0)
+    share = float(torch.cat(part).mean() / torch.cat(whole).mean())
+    assert abs(share - entry["share"]) < 1e-6
+    assert abs(float(torch.cat(whole).mean()) - entry["total_effect"]) < 1e-6
+
+
+def test_rerun_reuses_finished_stages_and_resumes_a_lost_part(tmp_path):
+    config = _config(tmp_path, exact="all", search={"enabled": False}, report=False)
+    first = localize(config, progress=False, load=loader)
+    parts = sorted((first.run_dir / "parts").glob("exact_*.parquet"))
+    assert parts
+    stamps = {p: p.stat().st_mtime_ns for p in parts}
+    parts[-1].unlink()  # as if killed before the last group was written
+    (first.run_dir / "cells.parquet").unlink()
+    second = localize(config, progress=False, load=loader)
+    assert all(p.stat().st_mtime_ns == stamps[p] for p in parts[:-1])
+    pd.testing.assert_frame_equal(first.cells, second.cells)
+    other = _config(tmp_path, exact="none", metric="kl")
+    with pytest.raises(ValueError, match="another config"):
+        localize(other, progress=False, load=loader)
+
+
+def test_config_errors_before_any_model_loads(tmp_path):
+    data = write_world(tmp_path / "data", n=2)
+    with pytest.raises(ConfigError, match="'pre' and 'sft'"):
+        parse_localize_config({"data": str(data), "models": {"pre": "x"}})
+    with pytest.raises(ConfigError, match="at colour: Extra inputs"):
+        parse_localize_config({"data": str(data), "models": {"pre": "x", "sft": "y"}, "colour": 1})
+
+    def no_load(*_):
+        raise AssertionError("a model was loaded")
+
+    bad = parse_localize_config({"data": str(data), "models": {"pre": "x", "sft": "y"}, "templates": ["nope"],
+                                 "out": str(tmp_path / "r")})
+    with pytest.raises(ValueError, match="not in the dataset"):
+        localize(bad, progress=False, load=no_load)
+
+
+def test_position_labels_line_up_template_words_around_entities():
+    # "AB CD starred with": entity of 2 tokens, then relation words
+    offsets = [(0, 2), (3, 5), (6, 13), (14, 18)]
+    labels = position_labels(offsets, {"first_actor": (0, 5), "relation": (6, 13)}, "second_actor")
+    assert labels == ["first_entity-1", "first_entity", "relation", "last"]
+
+
+def test_agreement_ranks_and_coarse_groups():
+    from weightgraft.experiments.localize.agreement import agreement, span_of, spearman
+
+    assert spearman(pd.Series([1.0, 2, 3, 4]), pd.Series([10.0, 20, 30, 100])) == pytest.approx(1.0)
+    assert spearman(pd.Series([1.0, 2, 3]), pd.Series([3.0, 2, 1])) == pytest.approx(-1.0)
+    assert [span_of(x) for x in ("first_entity-2", "relation+1", "last", "tok0", "relation#2")] == \
+        ["first_entity", "relation", "last", "other", "relation"]
+    cells = pd.DataFrame({
+        "example_id": ["a"] * 4, "template": ["t"] * 4, "direction": ["sufficiency"] * 4,
+        "position_label": ["first_entity", "first_entity-1", "last", "last"],
+        "layer": pd.array([0, 0, 3, None], dtype="Int64"), "component": ["o", "o", "down", "unembed"],
+        "estimate": [1.0, 2.0, 3.0, 4.0], "exact": [1.5, 2.5, 2.0, 5.0],
+    })
+    row = agreement(cells, n_layers=4, k=2).iloc[0]
+    assert row["spearman_cell"] == pytest.approx(0.8)
+    # groups (first_entity, q0, o), (last, q3, down), (last, unembed): 3, 3, 4 vs 4, 2, 5
+    assert row["spearman_coarse"] == pytest.approx(3 ** 0.5 / 2)
+    assert row["top2_overlap"] == pytest.approx(0.5)
