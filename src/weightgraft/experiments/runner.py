@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from weightgraft.data.prompts import DatasetError, load_test_prompts
+from weightgraft.data.freeform import load_prompts
+from weightgraft.data.prompts import DatasetError
 from weightgraft.experiments.config import ExperimentConfig
 from weightgraft.experiments.distributed import Ranks, start
 from weightgraft.experiments.examples import (
@@ -76,7 +77,7 @@ def run_experiment(
     schemes = config.resolved_schemes()
     scheme_meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
     run_dir = Path(config.out or Path("runs") / config.name)
-    prompts = select_prompts(load_test_prompts(config.data), config)  # fail before claiming run_dir
+    prompts = select_prompts(load_prompts(config.data), config)  # fail before claiming run_dir
     ranks = start(config.device)
     if ranks.world > 1:
         config = config.model_copy(update={"device": ranks.device(config.device)})
