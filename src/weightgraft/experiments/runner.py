@@ -36,6 +36,7 @@ from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.engine import slots
 from weightgraft.models.donors import default_loader, load_donor
 from weightgraft.models.lean import memory_report
+from weightgraft.models.lowrank import check_lowrank_roles, load_lowrank_role, parse_lowrank
 from weightgraft.models.tokenization import check_same_tokenizer
 
 
@@ -78,6 +79,9 @@ def run_experiment(
     scheme_meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
     run_dir = Path(config.out or Path("runs") / config.name)
     prompts = select_prompts(load_prompts(config.data), config)  # fail before claiming run_dir
+    for set_name, roles_spec in config.sets().items():
+        check_lowrank_roles(roles_spec, f"model set {set_name!r}")
+    lowrank_cache: dict = {}  # SVD factors per (base, donor) pair, shared by every k
     ranks = start(config.device)
     if ranks.world > 1:
         config = config.model_copy(update={"device": ranks.device(config.device)})
@@ -91,7 +95,8 @@ def run_experiment(
     computed = 0
     for set_name, roles_spec in config.sets().items():
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
-        first = load(roles_spec[used[0]], config)
+        low = parse_lowrank(roles_spec[used[0]])
+        first = load_lowrank_role(low, roles_spec, load, config, {}, lowrank_cache) if low else load(roles_spec[used[0]], config)
         roles = {r: i for i, r in enumerate(used)}
         names = slots(first.model)
         slot_heads = {s.name: s.heads for s in model_slots(first.model) if s.heads}
@@ -100,7 +105,11 @@ def run_experiment(
         served = served_slots(prepared, names)
         loaded = {used[0]: first}
         for role in used[1:]:
-            loaded[role] = load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
+            low = parse_lowrank(roles_spec[role])
+            loaded[role] = (
+                load_lowrank_role(low, roles_spec, load, config, loaded, lowrank_cache) if low
+                else load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
+            )
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
         models = [loaded[r].model for r in used]
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
