@@ -26,11 +26,14 @@ from weightgraft.experiments.examples import (
     select_prompts,
     served_slots,
 )
+from weightgraft.experiments.continuations import sweep_continuations
 from weightgraft.experiments.metrics import (
+    add_recovery,
     summarize,
 )
+from weightgraft.experiments.pairs import paired_differences
 from weightgraft.experiments.schemes import compile_scheme
-from weightgraft.experiments.scoring import compute_logits, score_rows
+from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
 from weightgraft.experiments.store import ResultsStore, write_atomic
 from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.engine import slots
@@ -93,11 +96,13 @@ def run_experiment(
     order: list[tuple] = []
     model_info: dict[str, dict[str, dict[str, str]]] = {}
     computed = 0
+    continuations: list[dict[str, Any]] = []
     for set_name, roles_spec in config.sets().items():
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
         low = parse_lowrank(roles_spec[used[0]])
         first = load_lowrank_role(low, roles_spec, load, config, {}, lowrank_cache) if low else load(roles_spec[used[0]], config)
         roles = {r: i for i, r in enumerate(used)}
+        base = baselines(schemes, used[0])
         names = slots(first.model)
         slot_heads = {s.name: s.heads for s in model_slots(first.model) if s.heads}
         compiled = [compile_scheme(s, names, roles, slot_heads) for s in schemes]
@@ -127,16 +132,20 @@ def run_experiment(
         with Progress(disable=not progress, transient=False) as bar:
             task = bar.add_task(f"[{set_name}] grafting", total=len(items), completed=len(items) - len(todo))
             for chunk in _my_batches(items, todo, config.batch_size, ranks):
-                logits, n_logits = compute_logits(models, chunk, pad_id, config.score_answer, config.prefix_sharing)
-                store.append(score_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta))
+                logits, n_logits, donors = compute_logits(models, chunk, pad_id, config.score_answer, config.prefix_sharing, base)
+                store.append(score_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta, donors, base))
                 computed += len(chunk)
                 bar.advance(task, len(chunk) * ranks.world)
+        if config.generate is not None and ranks.is_main:
+            g = config.generate
+            continuations += sweep_continuations(models, first.tokenizer, prepared, compiled, g.n_examples,
+                                                 g.max_new_tokens, g.schemes, served, set_name)
         del models, loaded
     computed = ranks.total(computed)
     if not ranks.is_main:
         return _follow_main(run_dir, ranks, computed)
     try:
-        return _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks)
+        return _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks, continuations)
     finally:
         ranks.barrier()  # the other ranks read what the main rank merged
         ranks.close()
@@ -188,7 +197,7 @@ def _follow_main(run_dir: Path, ranks: Ranks, computed: int) -> RunResult:
                      manifest["exclusions"], computed, is_main=False)
 
 
-def _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks) -> RunResult:
+def _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks, continuations=()) -> RunResult:
     """Merge the parts into ``results.parquet``, then the summary, exclusions and manifest."""
     exclusion_summary = exclusions.summary()
     columns = ["model_set", "template", "example_id", "reason"]
@@ -200,8 +209,15 @@ def _finish(run_dir, config, schemes, store, order, exclusions, model_info, comp
             f"every example was excluded, nothing to summarize: {exclusion_summary['by_reason']} "
             f"(details in {run_dir / 'exclusions.csv'})"
         )
+    results = add_recovery(results)  # per example, from the stored baseline rows
+    write_atomic(run_dir / "results.parquet", results.to_parquet(index=False))
     summary = summarize(results, seed=config.seed)
     write_atomic(run_dir / "summary.csv", summary.to_csv(index=False).encode())
+    if config.pairs:
+        pairs = paired_differences(results, config.pairs, seed=config.seed)
+        write_atomic(run_dir / "summary_pairs.csv", pairs.to_csv(index=False).encode())
+    if continuations:
+        write_atomic(run_dir / "continuations.csv", pd.DataFrame(list(continuations)).to_csv(index=False).encode())
     manifest = {
         "name": config.name, "identity": config.identity(), "config": config.model_dump(mode="json"),
         "schemes": [s.model_dump(mode="json") for s in schemes], "versions": _versions(),

@@ -65,6 +65,16 @@ def _offsets_with(offsets: list[tuple[int, int]], n_new: int, text_len: int) -> 
     return offsets + [(text_len + i, text_len + i + 1) for i in range(n_new)]
 
 
+def _check_held(row: torch.Tensor, heads: Mapping[str, torch.Tensor], names: Sequence[str],
+                held: Mapping[int, set[int]]) -> None:
+    index = {n: i for i, n in enumerate(names)}
+    pairs = {(int(m), s) for s, m in enumerate(row.tolist())}
+    pairs |= {(int(m), index[k]) for k, h in heads.items() for m in h.flatten().tolist()}
+    missing = sorted(names[s] for m, s in pairs if m != 0 and s not in held.get(m, set()))
+    if missing:
+        raise ValueError(f"a continuation step needs slots {missing[:4]} that a lean donor does not hold")
+
+
 def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None,
             gen: torch.Generator | None) -> int:
     if not do_sample:
@@ -81,9 +91,13 @@ def generate_one(
     models: Sequence[nn.Module], tokenizer, prompt: str, compiled: CompiledScheme,
     spans: Mapping[str, SpanSpec] | None = None, max_new_tokens: int = 20,
     do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-    seed: int = 0, stop_at_eos: bool = True,
+    seed: int = 0, stop_at_eos: bool = True, held: Mapping[int, set[int]] | None = None,
+    answer_field: str | None = None,
 ) -> Continuation:
-    """One prompt, one compiled scheme: the grafted continuation with its logits and sources."""
+    """One prompt, one compiled scheme: the grafted continuation with its logits and sources.
+
+    ``held`` (model index -> slot indices it holds, for lean donors) refuses a step that would
+    read a slot a donor does not hold, instead of silently using the base's tensor there."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1")
     if do_sample and temperature <= 0:
@@ -91,7 +105,10 @@ def generate_one(
     enc = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=True)
     ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
     char_spans = resolve_spans(prompt, spans)
-    src, heads = compiled.sources(offsets, char_spans)
+    src, heads = compiled.sources(offsets, char_spans, answer_field)
+    if held is not None:
+        for t in range(len(src)):
+            _check_held(src[t], {k: v[t : t + 1] for k, v in heads.items()}, compiled.slot_names, held)
     base = models[0]
     device = base.get_input_embeddings().weight.device
     eos = tokenizer.eos_token_id if stop_at_eos else None
@@ -110,9 +127,12 @@ def generate_one(
         if len(new_ids) >= max_new_tokens or (eos is not None and token == eos):
             break
         # the new token is now the last position: the scheme's weights for it
-        full, full_heads = compiled.sources(_offsets_with(offsets, len(new_ids), len(prompt)), char_spans)
+        full, full_heads = compiled.sources(
+            _offsets_with(offsets, len(new_ids), len(prompt)), char_spans, answer_field)
         row = full[-1:]
         step_heads = {k: v[-1:] for k, v in full_heads.items()}
+        if held is not None:
+            _check_held(row[0], step_heads, compiled.slot_names, held)
         rows.append(row)
         head_rows.append(step_heads)
         logits = graft_forward(
