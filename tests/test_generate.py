@@ -116,3 +116,36 @@ def test_sampling_is_seeded_and_inputs_are_checked():
         generate([base, donor], tok, PROMPT, RULES, 4, spans={"subject": "Louvre"})
     with pytest.raises(ValueError, match="mapping role"):
         generate([base, donor, donor], tok, PROMPT, None, 4)
+
+
+def test_generate_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from weightgraft.cli import app
+    from weightgraft.models import load_model
+    from weightgraft.models.lowrank import lowrank_model
+
+    tok = tiny_tokenizer()
+    base = make_tiny("llama", seed=0, vocab_size=len(tok))
+    donor = make_donor(base, seed=1)
+    for name, model in (("pre", base), ("sft", donor)):
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    pre, sft = (load_model(tmp_path / n).model for n in ("pre", "sft"))
+    rule = "model=sft,positions=first_entity+last,layers=-1,components=attn"
+    args = ["generate", PROMPT, "-m", f"pre={tmp_path / 'pre'}", "-m", f"sft={tmp_path / 'sft'}",
+            "-s", "subject=Eiffel Tower", "-r", rule, "-n", "5"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    expected = generate([pre, sft], tok, PROMPT, [RULES[0]], 5, spans=SPANS)
+    assert out.stdout.strip().splitlines()[-1] == f"graft: {PROMPT}{expected}"
+    # a low-rank role given on the command line
+    low = ["generate", PROMPT, "-m", f"pre={tmp_path / 'pre'}", "-m", f"full={tmp_path / 'sft'}",
+           "-m", "sft=lowrank(full, k=2)", "-r", "model=sft,positions=last", "-n", "4"]
+    out = CliRunner().invoke(app, low)
+    assert out.exit_code == 0, out.output
+    lr = lowrank_model(pre, sft, 2)
+    expected = generate([pre, lr], tok, PROMPT, [Rule(model="sft", positions="last")], 4)
+    assert out.stdout.strip().splitlines()[-1] == f"graft: {PROMPT}{expected}"
+    bad = CliRunner().invoke(app, args[:-4] + ["-s", "subject=Louvre"])
+    assert bad.exit_code != 0
