@@ -148,3 +148,15 @@ def test_recovery_flags_a_tiny_gap():
     pairs = paired_differences(out.assign(finite=True), [SchemePair(a="G", b="PRE")], metrics=["recovery", "answer_logprob"])
     assert pairs.set_index("metric").loc["recovery", "n"] == 1  # the small-gap example is left out
     assert pairs.set_index("metric").loc["answer_logprob", "mean_diff"] == pytest.approx((3.0 + 0.005) / 2)
+
+
+def test_report_shows_behaviour_columns_and_continuations(tmp_path):
+    from weightgraft.report import write_report
+
+    _run(tmp_path, "rep", generate={"n_examples": 1, "max_new_tokens": 2, "schemes": ["PRE", "LT"]})
+    paths = write_report(tmp_path / "rep")
+    md = paths.summary_md.read_text()
+    assert "logit diff vs distractor" in md and "KL(donor‖graft)" in md and "## Grafted continuations" in md
+    cont = pd.read_csv(tmp_path / "rep" / "continuations.csv")
+    assert cont.scheme.tolist() == ["PRE", "LT"]
+    assert "Grafted continuations" in paths.html.read_text()

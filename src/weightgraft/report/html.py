@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from weightgraft.report.run import MAX_LISTED, ReportFigure, Run, _groups
-from weightgraft.report.tables import TABLE_HEADER, _exclusions, table_rows
+from weightgraft.report.tables import CONTINUATION_HEADER, TABLE_HEADER, _exclusions, continuations, table_rows
 
 if TYPE_CHECKING:
     pass
@@ -81,6 +81,9 @@ def _summary_section(run: Run) -> str:
     for (ms, tpl), group in _groups(run.summary):
         parts.append(f"<h3>{_esc(ms)} / {_esc(tpl)}</h3>")
         parts.append(html_table(TABLE_HEADER, table_rows(group), warn_col=len(TABLE_HEADER) - 1))
+    conts = continuations(run)
+    if conts is not None:
+        parts += ["<h3>Grafted continuations (greedy)</h3>", html_table(CONTINUATION_HEADER, conts)]
     return "\n".join(parts)
 
 
