@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from weightgraft.data.freeform import load_prompts
-from weightgraft.data.prompts import DatasetError
+from weightgraft.data.prompts import DatasetError, load_test_prompts  # noqa: F401 (benchmarks import it here)
 from weightgraft.experiments.config import ExperimentConfig
 from weightgraft.experiments.distributed import Ranks, start
 from weightgraft.experiments.examples import (
