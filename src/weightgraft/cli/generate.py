@@ -75,8 +75,11 @@ def generate(
 
     from weightgraft.graft.generate import generate as run_generate
     from weightgraft.models import load_model
-
-    from weightgraft.models.lowrank import check_lowrank_roles, lowrank_model, parse_lowrank
+    from weightgraft.models.lowrank import (
+        check_lowrank_roles,
+        lowrank_model,
+        parse_lowrank,
+    )
 
     check_lowrank_roles(roles, "--model")
     cache: dict[str, object] = {}

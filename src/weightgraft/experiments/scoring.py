@@ -20,7 +20,13 @@ from typing import Any
 import torch
 
 from weightgraft.experiments.examples import Prepared
-from weightgraft.experiments.metrics import TOP_K, answer_logprob, kl_divergence, logit_difference, score_next_token
+from weightgraft.experiments.metrics import (
+    TOP_K,
+    answer_logprob,
+    kl_divergence,
+    logit_difference,
+    score_next_token,
+)
 from weightgraft.experiments.schemes import Scheme
 from weightgraft.graft.prefix import GraftItem, prefix_forward
 
