@@ -160,3 +160,20 @@ def test_report_shows_behaviour_columns_and_continuations(tmp_path):
     cont = pd.read_csv(tmp_path / "rep" / "continuations.csv")
     assert cont.scheme.tolist() == ["PRE", "LT"]
     assert "Grafted continuations" in paths.html.read_text()
+
+
+def test_the_donor_of_each_scheme():
+    from weightgraft.experiments.presets import preset
+    from weightgraft.experiments.schemes import Rule, Scheme
+    from weightgraft.experiments.scoring import baselines
+
+    fwd = preset("position", direction="pre2sft")
+    back = [s.model_copy(update={"name": f"{s.name}/back"}) for s in preset("position", direction="sft2pre")
+            if s.rules]
+    mixed = Scheme(name="mixed", rules=[Rule(model="sft"), Rule(model="task", positions="last")])
+    b = baselines([*fwd, *back, mixed], "pre")
+    assert b.donor_role["PRE"] is None  # two roles besides pre in the sweep (sft, task): no single donor
+    assert b.donor_role["LT"] == "sft" and b.donor_role["LT/back"] == "sft" and b.donor_role["mixed"] is None
+    assert b.donor_scheme["LT/back"] == "SFT" and b.base_scheme["LT/back"] == "PRE"
+    b = baselines(fwd, "pre")
+    assert b.donor_role["PRE"] == "sft" and b.donor_scheme["PRE"] == "SFT"
