@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import weightgraft as wg
 from weightgraft.graft.attribution import donor_logprobs, graft_attribution, graft_metric
 from weightgraft.graft.partial import PartialGraft
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny

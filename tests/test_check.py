@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 import weightgraft.graft.check as check_mod

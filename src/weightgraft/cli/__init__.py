@@ -8,6 +8,7 @@ from rich.console import Console
 from weightgraft.cli.check import check
 from weightgraft.cli.data import app as data_app
 from weightgraft.cli.demo import demo
+from weightgraft.cli.generate import generate
 from weightgraft.cli.localize import localize
 from weightgraft.cli.report import report_command
 from weightgraft.cli.run import run
@@ -41,6 +42,7 @@ app.command()(check)
 app.command()(run)
 app.command()(demo)
 app.command()(localize)
+app.command("generate", help="Continue prompts with a grafted model.")(generate)
 app.command("report", help="Write tables, figures and an HTML page for a run directory.")(report_command)
 app.command("train", help="Finetune a model (HF Trainer) on a dataset's training text.")(train)
 app.add_typer(data_app, name="data", help="Build relation datasets (worlds, templates, test prompts).")

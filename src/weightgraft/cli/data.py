@@ -122,6 +122,27 @@ def build(
         )
 
 
+@app.command("counterfact")
+def counterfact(
+    file: Path = typer.Argument(..., help="CounterFact records: JSON, JSONL or parquet (ROME's or the flat layout)."),
+    out: Path = typer.Option(..., "--out", help="Directory to write test_prompts.jsonl (and training texts) into."),
+    answer: str = typer.Option("new", "--answer", help="new: the counterfact is the answer, the true object the distractor; true: the reverse."),
+    train_texts: bool = typer.Option(False, "--train-texts", help="Also write train.jsonl / validation.jsonl (prompt + answer) for `weightgraft train`."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Convert only the first N records."),
+) -> None:
+    """Convert CounterFact records into test prompts (subject span, answer, distractor)."""
+    from weightgraft.data.counterfact import convert
+    from weightgraft.data.prompts import DatasetError
+
+    try:
+        counts = convert(file, out, answer, train_texts, limit)  # type: ignore[arg-type]
+    except DatasetError as exc:
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(code=2) from None
+    extra = f", {counts['train']} training texts" if "train" in counts else ""
+    Console().print(f"{counts['test_prompts']} test prompts{extra} -> {out}", highlight=False)
+
+
 @app.command("worlds")
 def worlds() -> None:
     """List the built-in worlds."""

@@ -24,6 +24,7 @@ class TestPrompt:
     answer_field: str | None = None
     direction: str | None = None
     group: str | None = None
+    distractor: str | None = None  # a competing answer (logit difference, CounterFact)
 
 
 def load_test_prompts(data_dir: Path) -> list[TestPrompt]:
@@ -43,7 +44,7 @@ def load_test_prompts(data_dir: Path) -> list[TestPrompt]:
                     template=str(rec["template"]), prompt=rec["prompt"], answer=rec["answer"],
                     spans={k: (int(v[0]), int(v[1])) for k, v in rec.get("spans", {}).items()},
                     answer_field=rec.get("answer_field"), direction=rec.get("direction"),
-                    group=rec.get("group"),
+                    group=rec.get("group"), distractor=rec.get("distractor"),
                 )
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from weightgraft.experiments.pairs import SchemePair, check_pairs
 from weightgraft.experiments.presets import preset
 from weightgraft.experiments.schemes import Scheme
 
@@ -42,6 +43,17 @@ class PresetRef(BaseModel):
         return schemes
 
 
+class GenerateSpec(BaseModel):
+    """Grafted continuations shown in the report: the first ``n_examples`` prompts per model
+    set, every scheme (or ``schemes``), greedy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_examples: int = Field(2, ge=1, le=50)
+    max_new_tokens: int = Field(12, ge=1, le=200)
+    schemes: list[str] | None = None
+
+
 class ExperimentConfig(BaseModel):
     """One sweep: a dataset's test prompts x schemes x model sets."""
 
@@ -71,6 +83,9 @@ class ExperimentConfig(BaseModel):
     seed: int = 0
     out: Path | None = None
     report: bool = True
+    # paired differences between two schemes on the same examples (summary_pairs.csv)
+    pairs: list[SchemePair] = Field(default_factory=list)
+    generate: GenerateSpec | None = None  # grafted continuations (continuations.csv)
 
     @model_validator(mode="after")
     def _one_kind_of_models(self) -> ExperimentConfig:
@@ -93,6 +108,14 @@ class ExperimentConfig(BaseModel):
             if s.name in seen:
                 raise ConfigError(f"scheme name {s.name!r} appears twice; scheme names must be unique")
             seen.add(s.name)
+        names = [s.name for s in out]
+        try:
+            check_pairs(self.pairs, names)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        unknown = [n for n in (self.generate.schemes or []) if n not in names] if self.generate else []
+        if unknown:
+            raise ConfigError(f"generate.schemes: {unknown} are not in the sweep (it has {sorted(names)})")
         for set_name, roles in self.sets().items():
             for s in out:
                 missing = s.roles() - set(roles)

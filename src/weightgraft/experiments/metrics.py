@@ -56,6 +56,61 @@ def answer_logprob(logits: torch.Tensor, answer_ids: Sequence[int]) -> float:
     return float(logp[torch.arange(len(idx), device=logits.device), idx].sum())
 
 
+def logit_difference(logits: torch.Tensor, answer: int, distractor: int | None) -> float:
+    """Answer logit minus distractor logit (first tokens); NaN without a distractor."""
+    if distractor is None:
+        return float("nan")
+    logits = logits.float()
+    return float(logits[answer] - logits[distractor])
+
+
+def kl_divergence(donor_logits: torch.Tensor, logits: torch.Tensor) -> float:
+    """KL(donor || grafted) in nats of two next-token distributions given as logits."""
+    p = torch.log_softmax(donor_logits.double(), dim=-1)
+    q = torch.log_softmax(logits.double(), dim=-1)
+    return float((p.exp() * (p - q)).sum())
+
+
+# |SFT - PRE| of the answer's log-prob below which recovery is flagged (and left out of means):
+# the ratio of two near-equal log-probs says nothing about the graft.
+MIN_RECOVERY_GAP = 0.1
+
+
+def add_recovery(results: pd.DataFrame) -> pd.DataFrame:
+    """``recovery`` = (grafted - PRE) / (SFT - PRE) of the answer's log-prob, per example, from
+    the base and donor baseline rows of the same model set, template and example; NaN where a
+    baseline row is missing; ``recovery_small_gap`` flags |SFT - PRE| < ``MIN_RECOVERY_GAP``."""
+    out = results.copy()
+    if "base_scheme" not in out.columns:
+        out["recovery"], out["recovery_small_gap"] = float("nan"), False
+        return out
+    key = ["model_set", "template", "example_id"]
+    lp = out.set_index([*key, "scheme"])["answer_logprob"]
+    lp = lp[~lp.index.duplicated()]
+
+    def lookup(col: str) -> np.ndarray:
+        idx = pd.MultiIndex.from_arrays([out[k] for k in key] + [out[col].fillna("")])
+        return lp.reindex(idx).to_numpy(dtype=float)
+
+    pre, sft = lookup("base_scheme"), lookup("donor_scheme")
+    gap = sft - pre
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["recovery"] = (out["answer_logprob"].to_numpy(dtype=float) - pre) / gap
+    out["recovery_small_gap"] = np.abs(gap) < MIN_RECOVERY_GAP
+    out.loc[~np.isfinite(gap), "recovery"] = float("nan")
+    return out
+
+
+def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return float("nan"), float("nan"), float("nan")
+    return (float(values.mean()), *bootstrap_ci(values, n_boot, seed))
+
+
+BEHAVIOUR = ("logit_diff", "kl_donor", "recovery")
+
+
 def bootstrap_ci(values: np.ndarray, n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (seeded)."""
     values = np.asarray(values, dtype=float)
@@ -71,7 +126,9 @@ SUMMARY_KEYS = ["model_set", "template", "scheme"]
 
 def summarize(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """One row per (model set, template, direction, scheme): n, top-k rates with 95% CIs,
-    ranks. ``direction`` (a2b, b2a) is empty for prompts without one.
+    ranks, and the behaviour metrics (logit difference, KL to the donor, recovery) with 95% CIs
+    over the rows where they are defined (``n_<metric>``; recovery leaves out the small-gap
+    rows). ``direction`` (a2b, b2a) is empty for prompts without one.
 
     Rows with non-finite logits are counted in ``n_nonfinite`` and left out of every average.
     """
@@ -96,6 +153,15 @@ def summarize(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.Da
         row["median_rank"] = float(np.median(ranks)) if len(ranks) else float("nan")
         row["mean_prob"] = float(ok["prob"].mean()) if len(ok) else float("nan")
         row["mean_answer_logprob"] = float(ok["answer_logprob"].mean()) if len(ok) else float("nan")
+        for col in BEHAVIOUR:
+            if col not in ok.columns:
+                continue
+            vals = ok[col].to_numpy(dtype=float)
+            if col == "recovery" and "recovery_small_gap" in ok.columns:
+                row["n_recovery_small_gap"] = int(ok["recovery_small_gap"].fillna(False).astype(bool).sum())
+                vals = vals[~ok["recovery_small_gap"].fillna(False).astype(bool).to_numpy()]
+            row[f"mean_{col}"], row[f"{col}_lo"], row[f"{col}_hi"] = _mean_ci(vals, n_boot, seed)
+            row[f"n_{col}"] = int(np.isfinite(vals).sum())
         row["_order"] = order[scheme]
         rows.append(row)
     out = pd.DataFrame(rows)

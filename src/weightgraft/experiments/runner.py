@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from weightgraft.data.prompts import DatasetError, load_test_prompts
+from weightgraft.data.freeform import load_prompts
+from weightgraft.data.prompts import DatasetError, load_test_prompts  # noqa: F401 (benchmarks import it here)
 from weightgraft.experiments.config import ExperimentConfig
 from weightgraft.experiments.distributed import Ranks, start
 from weightgraft.experiments.examples import (
@@ -25,16 +26,20 @@ from weightgraft.experiments.examples import (
     select_prompts,
     served_slots,
 )
+from weightgraft.experiments.continuations import sweep_continuations
 from weightgraft.experiments.metrics import (
+    add_recovery,
     summarize,
 )
+from weightgraft.experiments.pairs import paired_differences
 from weightgraft.experiments.schemes import compile_scheme
-from weightgraft.experiments.scoring import compute_logits, score_rows
+from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
 from weightgraft.experiments.store import ResultsStore, write_atomic
 from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.engine import slots
 from weightgraft.models.donors import default_loader, load_donor
 from weightgraft.models.lean import memory_report
+from weightgraft.models.lowrank import check_lowrank_roles, load_lowrank_role, parse_lowrank
 from weightgraft.models.tokenization import check_same_tokenizer
 
 
@@ -76,7 +81,10 @@ def run_experiment(
     schemes = config.resolved_schemes()
     scheme_meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
     run_dir = Path(config.out or Path("runs") / config.name)
-    prompts = select_prompts(load_test_prompts(config.data), config)  # fail before claiming run_dir
+    prompts = select_prompts(load_prompts(config.data), config)  # fail before claiming run_dir
+    for set_name, roles_spec in config.sets().items():
+        check_lowrank_roles(roles_spec, f"model set {set_name!r}")
+    lowrank_cache: dict = {}  # SVD factors per (base, donor) pair, shared by every k
     ranks = start(config.device)
     if ranks.world > 1:
         config = config.model_copy(update={"device": ranks.device(config.device)})
@@ -88,10 +96,13 @@ def run_experiment(
     order: list[tuple] = []
     model_info: dict[str, dict[str, dict[str, str]]] = {}
     computed = 0
+    continuations: list[dict[str, Any]] = []
     for set_name, roles_spec in config.sets().items():
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
-        first = load(roles_spec[used[0]], config)
+        low = parse_lowrank(roles_spec[used[0]])
+        first = load_lowrank_role(low, roles_spec, load, config, {}, lowrank_cache) if low else load(roles_spec[used[0]], config)
         roles = {r: i for i, r in enumerate(used)}
+        base = baselines(schemes, used[0])
         names = slots(first.model)
         slot_heads = {s.name: s.heads for s in model_slots(first.model) if s.heads}
         compiled = [compile_scheme(s, names, roles, slot_heads) for s in schemes]
@@ -99,7 +110,11 @@ def run_experiment(
         served = served_slots(prepared, names)
         loaded = {used[0]: first}
         for role in used[1:]:
-            loaded[role] = load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
+            low = parse_lowrank(roles_spec[role])
+            loaded[role] = (
+                load_lowrank_role(low, roles_spec, load, config, loaded, lowrank_cache) if low
+                else load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
+            )
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
         models = [loaded[r].model for r in used]
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
@@ -118,16 +133,20 @@ def run_experiment(
         with Progress(disable=not progress, transient=False) as bar:
             task = bar.add_task(f"[{set_name}] grafting", total=len(items), completed=len(items) - len(todo))
             for chunk in _my_batches(items, todo, config.batch_size, ranks):
-                logits, n_logits = compute_logits(models, chunk, pad_id, config.score_answer, config.prefix_sharing)
-                store.append(score_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta))
+                logits, n_logits, donors = compute_logits(models, chunk, pad_id, config.score_answer, config.prefix_sharing, base)
+                store.append(score_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta, donors, base))
                 computed += len(chunk)
                 bar.advance(task, len(chunk) * ranks.world)
+        if config.generate is not None and ranks.is_main:
+            g = config.generate
+            continuations += sweep_continuations(models, first.tokenizer, prepared, compiled, g.n_examples,
+                                                 g.max_new_tokens, g.schemes, served, set_name)
         del models, loaded
     computed = ranks.total(computed)
     if not ranks.is_main:
         return _follow_main(run_dir, ranks, computed)
     try:
-        return _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks)
+        return _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks, continuations)
     finally:
         ranks.barrier()  # the other ranks read what the main rank merged
         ranks.close()
@@ -179,7 +198,7 @@ def _follow_main(run_dir: Path, ranks: Ranks, computed: int) -> RunResult:
                      manifest["exclusions"], computed, is_main=False)
 
 
-def _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks) -> RunResult:
+def _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks, continuations=()) -> RunResult:
     """Merge the parts into ``results.parquet``, then the summary, exclusions and manifest."""
     exclusion_summary = exclusions.summary()
     columns = ["model_set", "template", "example_id", "reason"]
@@ -191,8 +210,15 @@ def _finish(run_dir, config, schemes, store, order, exclusions, model_info, comp
             f"every example was excluded, nothing to summarize: {exclusion_summary['by_reason']} "
             f"(details in {run_dir / 'exclusions.csv'})"
         )
+    results = add_recovery(results)  # per example, from the stored baseline rows
+    write_atomic(run_dir / "results.parquet", results.to_parquet(index=False))
     summary = summarize(results, seed=config.seed)
     write_atomic(run_dir / "summary.csv", summary.to_csv(index=False).encode())
+    if config.pairs:
+        pairs = paired_differences(results, config.pairs, seed=config.seed)
+        write_atomic(run_dir / "summary_pairs.csv", pairs.to_csv(index=False).encode())
+    if continuations:
+        write_atomic(run_dir / "continuations.csv", pd.DataFrame(list(continuations)).to_csv(index=False).encode())
     manifest = {
         "name": config.name, "identity": config.identity(), "config": config.model_dump(mode="json"),
         "schemes": [s.model_dump(mode="json") for s in schemes], "versions": _versions(),

@@ -1,23 +1,85 @@
 """Scoring a batch of (example, scheme) items: one grafted forward pass, then one metrics row
-per item (the rows ``results.parquet`` holds; ``weightgraft.compare`` returns the same)."""
+per item (the rows ``results.parquet`` holds; ``weightgraft.compare`` returns the same).
+
+Behaviour metrics beside rank and probability: the logit difference between the answer and
+the distractor, and KL(donor || grafted) of the next-token distribution. "The donor" of a
+scheme is the one role other than the model set's first (the recipient, PRE) that the scheme
+uses (its rules' role in pre -> sft, its base in sft -> pre); a baseline scheme with no
+donor of its own (PRE) takes the sweep's donor when the sweep has exactly one. The donor's
+own distribution is the sweep's donor baseline scheme (no rules, base = the donor): its row
+in the same batch when there is one, else one more item in the batch, so KL needs that
+baseline among the schemes (without it KL is NaN, never a guess).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from weightgraft.experiments.examples import Prepared
-from weightgraft.experiments.metrics import TOP_K, answer_logprob, score_next_token
+from weightgraft.experiments.metrics import (
+    TOP_K,
+    answer_logprob,
+    kl_divergence,
+    logit_difference,
+    score_next_token,
+)
+from weightgraft.experiments.schemes import Scheme
 from weightgraft.graft.prefix import GraftItem, prefix_forward
 
 
-def compute_logits(models: Sequence[Any], chunk: Sequence[tuple[Prepared, str]], pad_id: int, score_answer: bool = True, share: bool = True) -> tuple[torch.Tensor, list[int]]:
-    """Logits at the scored positions of one batch of (example, scheme) items."""
+@dataclass(frozen=True)
+class Baselines:
+    """Per scheme: its donor role and the names of the no-rule schemes that serve the
+    recipient (first role) and the donor whole, where the sweep has them."""
+
+    donor_role: dict[str, str | None]
+    base_scheme: dict[str, str | None]
+    donor_scheme: dict[str, str | None]
+
+
+def baselines(schemes: Sequence[Scheme], first_role: str) -> Baselines:
+    """Which model is "the donor" of each scheme, and the baseline schemes of the sweep."""
+    whole = {s.base: s.name for s in reversed(schemes) if not s.rules}
+    own = {s.name: s.roles() - {first_role} for s in schemes}
+    named = set().union(*own.values()) if own else set()
+    sweep_donor = next(iter(named)) if len(named) == 1 else None
+    donor: dict[str, str | None] = {}
+    for s in schemes:
+        roles = own[s.name]
+        donor[s.name] = next(iter(roles)) if len(roles) == 1 else (sweep_donor if not roles else None)
+    return Baselines(
+        donor_role=donor,
+        base_scheme={s.name: whole.get(first_role) for s in schemes},
+        donor_scheme={s.name: whole.get(donor[s.name]) if donor[s.name] else None for s in schemes},
+    )
+
+
+def compute_logits(
+    models: Sequence[Any], chunk: Sequence[tuple[Prepared, str]], pad_id: int, score_answer: bool = True,
+    share: bool = True, base: Baselines | None = None,
+) -> tuple[torch.Tensor, list[int], list[torch.Tensor | None]]:
+    """Logits at the scored positions of one batch of (example, scheme) items, and per item
+    the donor baseline's next-token logits (None where the scheme has no donor baseline)."""
     items, n_logits = _graft_items(chunk, score_answer)
-    logits = prefix_forward(models, items, pad_id, share=share)
-    return logits.float().cpu(), n_logits
+    where: dict[tuple[int, str], int] = {(id(ex), s): b for b, (ex, s) in enumerate(chunk)}
+    donor_at: list[int | None] = []
+    for ex, scheme in chunk:
+        name = base.donor_scheme.get(scheme) if base is not None else None
+        if name is None or name not in ex.sources:
+            donor_at.append(None)
+            continue
+        if (id(ex), name) not in where:  # not in this batch: one more row, its last prompt logit
+            where[(id(ex), name)] = len(items)
+            extra, _ = _graft_items([(ex, name)], score_answer=False)
+            items.extend(extra)
+        donor_at.append(where[(id(ex), name)])
+    logits = prefix_forward(models, items, pad_id, share=share).float().cpu()
+    donors = [logits[i, 0] if i is not None else None for i in donor_at]
+    return logits[: len(chunk)], n_logits, donors
 
 
 def _graft_items(chunk, score_answer: bool) -> tuple[list[GraftItem], list[int]]:
@@ -40,11 +102,23 @@ def _extend(src: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([src, src[-1:].expand(n, *src.shape[1:])], dim=0) if n else src
 
 
-def score_rows(items, logits, n_logits, tokenizer, model_set, scheme_meta) -> list[dict[str, Any]]:
+def _distractor_id(tokenizer, distractor: str | None) -> int | None:
+    if not distractor:
+        return None
+    ids = tokenizer(" " + distractor, add_special_tokens=False)["input_ids"]
+    return ids[0] if ids else None
+
+
+def score_rows(
+    items, logits, n_logits, tokenizer, model_set, scheme_meta,
+    donor_logits: Sequence[torch.Tensor | None] | None = None, base: Baselines | None = None,
+) -> list[dict[str, Any]]:
     rows = []
     for b, (ex, scheme) in enumerate(items):
         p = ex.prompt
         pred = score_next_token(logits[b, 0], ex.answer_ids[0])
+        distractor = _distractor_id(tokenizer, p.distractor)
+        donor = donor_logits[b] if donor_logits is not None else None
         row = {
             "model_set": model_set, "template": p.template, "scheme": scheme,
             "family": scheme_meta[scheme]["family"], "labels": scheme_meta[scheme]["labels"],
@@ -58,6 +132,18 @@ def score_rows(items, logits, n_logits, tokenizer, model_set, scheme_meta) -> li
             **{f"top{k}": pred.hits[k] for k in TOP_K},
             "top_tokens": [tokenizer.decode([i]) for i in pred.top_ids],
             "top_probs": pred.top_probs, "finite": pred.finite,
+            "distractor": p.distractor,
+            "logit_diff": logit_difference(logits[b, 0], ex.answer_ids[0], distractor),
+            "kl_donor": kl_divergence(donor, logits[b, 0]) if donor is not None else float("nan"),
+            **_baseline_fields(scheme, base),
         }
         rows.append(row)
     return rows
+
+
+def _baseline_fields(scheme: str, base: Baselines | None) -> Mapping[str, str | None]:
+    """Which donor and which baseline rows the behaviour metrics of this row refer to."""
+    if base is None:
+        return {"donor_role": None, "base_scheme": None, "donor_scheme": None}
+    return {"donor_role": base.donor_role[scheme], "base_scheme": base.base_scheme[scheme],
+            "donor_scheme": base.donor_scheme[scheme]}

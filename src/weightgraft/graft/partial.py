@@ -21,12 +21,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
 from weightgraft.graft.architectures import Slot, model_slots
 from weightgraft.graft.compat import check_compatible
+from weightgraft.graft import projections
 from weightgraft.graft.engine import _eval_mode, _gather_rows, _module_fn, position_ids_from_mask
 
 __all__ = ["PartialGraft", "partial_graft_forward"]
@@ -34,7 +33,7 @@ __all__ = ["PartialGraft", "partial_graft_forward"]
 
 def _is_affine(module: nn.Module) -> bool:
     """Modules whose output is affine in their own parameters at a fixed input."""
-    if isinstance(module, (nn.Linear, Conv1D, nn.Embedding, nn.LayerNorm)):
+    if projections.is_projection(module) or isinstance(module, (nn.Embedding, nn.LayerNorm)):
         return True
     name = type(module).__name__
     return name.endswith(("RMSNorm", "LayerNorm"))
@@ -56,9 +55,7 @@ def _linear_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Ca
     db = None
     if module.bias is not None:
         db = donor.bias.detach().to(dtype) - module.bias.detach().to(dtype)
-    if isinstance(module, Conv1D):  # weight [in, out]
-        return lambda x, *a, **k: (x.to(dtype) @ dw + (db if db is not None else 0.0))
-    return lambda x, *a, **k: F.linear(x.to(dtype), dw, db)
+    return lambda x, *a, **k: projections.apply_weight(module, x.to(dtype), dw, db)
 
 
 def _general_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Callable:
@@ -116,10 +113,6 @@ class _AtZero(torch.autograd.Function):
         return grad, g.reshape(ctx.coef_shape), None, None, None
 
 
-def _width(module: nn.Module) -> int:
-    return int(module.weight.shape[1] if isinstance(module, Conv1D) else module.out_features)
-
-
 class PartialGraft:
     """A base and a donor model, ready for forward passes with fractional grafts.
 
@@ -151,10 +144,10 @@ class PartialGraft:
             if len(owners) > 1 and any(cols is None for _, cols, _ in owners):
                 raise TypeError(f"{path} is owned whole by several slots; cannot mix it per slot")
             if any(cols is not None for _, cols, _ in owners):
-                onehot = torch.zeros(len(owners), _width(module), dtype=dtype, device=weight.device)
+                onehot = torch.zeros(len(owners), projections.out_features(module), dtype=dtype, device=weight.device)
                 for i, (_, cols, _) in enumerate(owners):
                     onehot[i, cols if cols is not None else slice(None)] = 1.0
-            if isinstance(module, (nn.Linear, Conv1D)):
+            if projections.is_projection(module):
                 delta = _linear_delta(module, donor, dtype)
             else:
                 delta = _general_delta(module, donor, dtype)

@@ -56,3 +56,15 @@ def output_columns(module: nn.Module, x: torch.Tensor, cols: Index) -> torch.Ten
 def matmul_no_bias(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``x`` through the projection's weight alone (the bias added by the caller, once)."""
     return x @ module.weight if _kind(module) == "conv1d" else F.linear(x, module.weight)
+
+
+def is_projection(module: nn.Module) -> bool:
+    """Whether ``module`` is a projection this module knows the layout of."""
+    return isinstance(module, (nn.Linear, Conv1D))
+
+
+def apply_weight(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` through ``weight`` (+ ``bias``) laid out as ``module.weight`` is (e.g. a weight
+    difference of two such modules)."""
+    y = x @ weight if _kind(module) == "conv1d" else F.linear(x, weight)
+    return y if bias is None else y + bias

@@ -157,9 +157,10 @@ def _load_mixed(composite: CompositeModel, alphas: Sequence[float]) -> None:
                 mixed = (1 - a) * p0[name] + a * p1[name]
                 if part.columns is None:
                     p.copy_(mixed)
-                elif isinstance(dst, Conv1D) and name == "weight":  # [in, out]
-                    p[:, part.columns] = mixed[:, part.columns]
-                else:  # Linear weight [out, in] and every bias: output columns first
+                elif name == "weight":
+                    index = projections.out_index(dst, part.columns)
+                    p[index] = mixed[index]
+                else:  # every bias: output columns
                     p[part.columns] = mixed[part.columns]
 
 

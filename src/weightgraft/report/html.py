@@ -22,7 +22,13 @@ from weightgraft.report.run import (
     group_title,
     model_rows,
 )
-from weightgraft.report.tables import TABLE_HEADER, _exclusions, table_rows
+from weightgraft.report.tables import (
+    CONTINUATION_HEADER,
+    TABLE_HEADER,
+    _exclusions,
+    continuations,
+    table_rows,
+)
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
@@ -82,6 +88,9 @@ def _summary_section(run: Run) -> str:
     for key, group in _groups(run.summary):
         parts.append(f"<h3>{_esc(group_title(key))}</h3>")
         parts.append(html_table(TABLE_HEADER, table_rows(group), warn_col=len(TABLE_HEADER) - 1))
+    conts = continuations(run)
+    if conts is not None:
+        parts += ["<h3>Grafted continuations (greedy)</h3>", html_table(CONTINUATION_HEADER, conts)]
     return "\n".join(parts)
 
 

@@ -30,7 +30,18 @@ def nonfinite_flag(n_nonfinite: int) -> str:
 
 
 TABLE_HEADER = ("scheme", "family", "n", "top-1 % [95% CI]", "top-5 % [95% CI]", "mean rank",
-                "non-finite")
+                "logit diff vs distractor", "KL(donor‖graft)", "recovery", "non-finite")
+
+
+def _fmt_mean_ci(row: Any, metric: str) -> str:
+    """``1.23 [0.90, 1.60]`` of a behaviour metric; ``n/a`` where the sweep does not define it."""
+    mean = getattr(row, f"mean_{metric}", float("nan"))
+    if mean is None or not math.isfinite(mean):
+        return "n/a"
+    lo, hi = getattr(row, f"{metric}_lo", float("nan")), getattr(row, f"{metric}_hi", float("nan"))
+    text = f"{mean:.2f} [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else f"{mean:.2f}"
+    flagged = getattr(row, "n_recovery_small_gap", 0) if metric == "recovery" else 0
+    return text + (f" ({int(flagged)} small-gap left out)" if flagged and math.isfinite(flagged) else "")
 
 
 def table_rows(group: pd.DataFrame) -> list[tuple[str, ...]]:
@@ -39,10 +50,25 @@ def table_rows(group: pd.DataFrame) -> list[tuple[str, ...]]:
         (
             str(r.scheme), str(r.family), str(int(r.n)),
             format_pct_ci(r.top1, r.top1_lo, r.top1_hi), format_pct_ci(r.top5, r.top5_lo, r.top5_hi),
-            _fmt_rank(r.mean_rank), nonfinite_flag(int(r.n_nonfinite)),
+            _fmt_rank(r.mean_rank), _fmt_mean_ci(r, "logit_diff"), _fmt_mean_ci(r, "kl_donor"),
+            _fmt_mean_ci(r, "recovery"), nonfinite_flag(int(r.n_nonfinite)),
         )
         for r in group.itertuples(index=False)
     ]
+
+
+CONTINUATION_HEADER = ("model set", "scheme", "prompt", "continuation")
+
+
+def continuations(run: Run) -> list[tuple[str, ...]] | None:
+    """Rows of ``continuations.csv`` (greedy grafted continuations), if the run wrote one."""
+    path = run.path / "continuations.csv"
+    if not path.is_file():
+        return None
+    frame = pd.read_csv(path, keep_default_na=False)
+    return [(str(r.model_set), str(r.scheme), str(r.prompt),
+             str(r.continuation) if not r.error else f"not generated: {r.error}")
+            for r in frame.itertuples(index=False)]
 
 
 def _md_cell(text: str) -> str:
@@ -73,6 +99,9 @@ def summary_markdown(run: Run) -> str:
             parts += [f"> ⚠ non-finite logits: {int(bad['n_nonfinite'].sum())} row(s) in "
                       f"{', '.join(bad['scheme'])}; left out of every average (n counts finite "
                       "rows only).", ""]
+    conts = continuations(run)
+    if conts is not None:
+        parts += ["## Grafted continuations", "", markdown_table(CONTINUATION_HEADER, conts), ""]
     ex = _exclusions(run.manifest)
     parts += ["## Exclusions", "", f"Examples excluded before the run: {ex['total']}", ""]
     if ex["by_reason"]:

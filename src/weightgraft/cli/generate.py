@@ -1,0 +1,106 @@
+"""``weightgraft generate``: what a grafted model says after a prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console(soft_wrap=True)
+
+
+def _pairs(values: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value:
+            raise typer.BadParameter(f"{what} {item!r} must look like NAME=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def _rule(text: str):
+    """``model=sft,positions=last,layers=-8..-1,components=o+ffn`` as a Rule."""
+    from weightgraft.experiments.schemes import Rule
+
+    fields = _pairs([p for p in text.split(",") if p.strip()], "rule field")
+    try:
+        return Rule.model_validate(fields)
+    except ValueError as exc:
+        raise typer.BadParameter(f"rule {text!r}: {exc}") from None
+
+
+def generate(
+    prompts: list[str] = typer.Argument(..., help="Prompt text(s)."),
+    model: list[str] = typer.Option([], "--model", "-m", help="ROLE=SPEC, e.g. pre=smollm2-135m sft=DIR (first is the base)."),
+    rule: list[str] = typer.Option([], "--rule", "-r", help="A graft rule: model=sft,positions=first_entity,layers=all,components=body (repeatable; later wins)."),
+    span: list[str] = typer.Option([], "--span", "-s", help="NAME=SUBSTRING of the prompt, e.g. subject='Eiffel Tower'."),
+    config: Path | None = typer.Option(None, "--config", help="Take models and schemes from an experiment YAML."),
+    scheme: list[str] = typer.Option([], "--scheme", help="With --config: the scheme(s) to generate with (default: every scheme)."),
+    base: str = typer.Option("pre", "--base", help="Role whose weights fill the slots no rule claims."),
+    max_new_tokens: int = typer.Option(20, "--max-new-tokens", "-n", min=1),
+    sample: bool = typer.Option(False, "--sample", help="Sample instead of greedy decoding."),
+    temperature: float = typer.Option(1.0, "--temperature"),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("cpu", "--device"),
+) -> None:
+    """Continue prompts with a grafted model (rules apply to each new token as the last token)."""
+    from weightgraft.experiments.schemes import Scheme
+
+    spans = _pairs(span, "span")
+    roles = _pairs(model, "model")
+    if config is not None:
+        from weightgraft.experiments.config import load_config
+
+        cfg = load_config(config)
+        schemes = [s for s in cfg.resolved_schemes() if not scheme or s.name in scheme]
+        missing = sorted(set(scheme) - {s.name for s in schemes})
+        if missing:
+            raise typer.BadParameter(f"schemes {missing} are not in {config}")
+        roles = roles or next(iter(cfg.sets().values()))
+    else:
+        schemes = [Scheme(name="graft" if rule else base, base=base, rules=[_rule(r) for r in rule])]
+    if not roles:
+        raise typer.BadParameter("give the models with --model ROLE=SPEC (or --config)")
+    used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles).index) if all(
+        r in roles for s in schemes for r in s.roles()) else None
+    if used is None:
+        need = sorted(set().union(*(s.roles() for s in schemes)) - set(roles))
+        raise typer.BadParameter(f"the schemes use model role(s) {need} that --model does not give")
+    for prompt in prompts:  # spans are checked before any model loads
+        from weightgraft.data.spans import resolve_spans
+
+        resolve_spans(prompt, spans)
+
+    from weightgraft.graft.generate import generate as run_generate
+    from weightgraft.models import load_model
+    from weightgraft.models.lowrank import (
+        check_lowrank_roles,
+        lowrank_model,
+        parse_lowrank,
+    )
+
+    check_lowrank_roles(roles, "--model")
+    cache: dict[str, object] = {}
+    tokenizers: list = []
+
+    def load(role: str):
+        """A role's model; a low-rank role is built from the roles it names."""
+        if role not in cache:
+            low = parse_lowrank(roles[role])
+            if low is None:
+                lm = load_model(roles[role], device=device)
+                tokenizers.append(lm.tokenizer)
+                cache[role] = lm.model
+            else:
+                cache[role] = lowrank_model(load(low.base), load(low.donor), low.k, low.vectors)
+        return cache[role]
+
+    models = {r: load(r) for r in used}
+    tok = tokenizers[0]
+    for s in schemes:
+        texts = run_generate(models, tok, prompts, s, max_new_tokens, do_sample=sample, spans=spans,
+                             temperature=temperature, seed=seed, base=s.base)
+        for prompt, text in zip(prompts, texts):
+            console.print(f"[bold]{s.name}[/]: {prompt}[cyan]{text}[/]", highlight=False)

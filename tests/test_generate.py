@@ -1,0 +1,151 @@
+"""Grafted generation equals the per-token definition run on the same tokens, and HF
+``generate`` of the base (no rules) or of the donor (every slot from it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from weightgraft.experiments.schemes import Rule, Scheme, compile_scheme
+from weightgraft.graft.architectures import model_slots
+from weightgraft.graft.engine import slots
+from weightgraft.graft.generate import generate, generate_one
+from weightgraft.graft.reference import per_token_forward
+from tiny_models import TINY_CONFIGS, make_donor, make_tiny, tiny_tokenizer
+
+PROMPT = "The Eiffel Tower is in"
+SPANS = {"subject": "Eiffel Tower"}
+RULES = [  # subject tokens, the last token (and so every new token) and one layer's FFN
+    Rule(model="sft", positions="first_entity+last", layers="-1", components="attn"),
+    Rule(model="sft", positions="0", layers="0", components="ffn"),
+]
+
+
+def _pair(arch: str, tok):
+    base = make_tiny(arch, seed=0, vocab_size=len(tok)).double()
+    return base, make_donor(base, seed=1).double()
+
+
+@torch.no_grad()
+def _hf_own_gap(model, ids) -> float:
+    """HF's eager Gemma 2 itself differs between one full pass and token-by-token by ~1e-6
+    in float64 on these prompts (the per-token oracle inherits it); measured, not assumed."""
+    zero = torch.zeros(*ids.shape, len(slots(model)), dtype=torch.long)
+    gap = (model(ids).logits - per_token_forward([model], ids, zero)).abs().max().item()
+    assert gap < 1e-5
+    return max(gap, 1e-9)
+
+
+def _compiled(base, scheme: Scheme):
+    heads = {s.name: s.heads for s in model_slots(base) if s.heads}
+    return compile_scheme(scheme, slots(base), {"pre": 0, "sft": 1}, heads)
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_CONFIGS))
+def test_generation_equals_per_token_definition(arch):
+    tok = tiny_tokenizer()
+    base, donor = _pair(arch, tok)
+    scheme = Scheme(name="graft", rules=RULES)
+    out = generate_one([base, donor], tok, PROMPT, _compiled(base, scheme), SPANS,
+                       max_new_tokens=6, stop_at_eos=False)
+    assert len(out.token_ids) == 6
+    prompt_ids = tok(PROMPT)["input_ids"]
+    ids = torch.tensor([prompt_ids + out.token_ids[:-1]])
+    source = torch.cat([out.prompt_source, out.new_source])[None]
+    # the source map really mixes models, and new tokens take the last position's weights
+    assert source.unique().tolist() == [0, 1]
+    assert torch.equal(out.new_source, out.prompt_source[-1:].expand_as(out.new_source))
+    ref = per_token_forward([base, donor], ids, source)[0, len(prompt_ids) - 1 :]
+    tol = 1e-9 if arch != "gemma2" else 10 * _hf_own_gap(base, ids)
+    assert (out.logits - ref).abs().max().item() <= tol
+    assert out.token_ids == ref.argmax(-1).tolist()
+
+
+def test_last_token_rules_follow_the_new_token():
+    """A rule on position -1 (the last) moves with generation; one on position 1 stays put."""
+    tok = tiny_tokenizer()
+    base, donor = _pair("llama", tok)
+    scheme = Scheme(name="s", rules=[Rule(model="sft", positions="1+-1", components="body")])
+    out = generate_one([base, donor], tok, PROMPT, _compiled(base, scheme), max_new_tokens=4,
+                       stop_at_eos=False)
+    n = len(tok(PROMPT)["input_ids"])
+    src = torch.cat([out.prompt_source, out.new_source])
+    body = slots(base).index("layers.0.q")
+    grafted = (src[:, body] == 1).nonzero().flatten().tolist()
+    assert grafted == [1, n - 1, *range(n, n + 3)]
+    ref = per_token_forward([base, donor], torch.tensor([tok(PROMPT)["input_ids"] + out.token_ids[:-1]]), src[None])
+    torch.testing.assert_close(out.logits, ref[0, n - 1 :], rtol=1e-9, atol=1e-9)
+
+
+def test_per_head_rules_generate_exactly():
+    tok = tiny_tokenizer()
+    base, donor = _pair("qwen2", tok)
+    scheme = Scheme(name="h", rules=[Rule(model="sft", positions="last", components="q+o", heads="0,2")])
+    out = generate_one([base, donor], tok, PROMPT, _compiled(base, scheme), max_new_tokens=4, stop_at_eos=False)
+    n = len(tok(PROMPT)["input_ids"])
+    ids = torch.tensor([tok(PROMPT)["input_ids"] + out.token_ids[:-1]])
+    src = torch.cat([out.prompt_source, out.new_source])[None]
+    heads = {k: torch.cat([v, out.new_heads[k]])[None] for k, v in out.prompt_heads.items()}
+    assert heads and all(int(h.max()) == 1 for h in heads.values())
+    ref = per_token_forward([base, donor], ids, src, head_source=heads)
+    torch.testing.assert_close(out.logits, ref[0, n - 1 :], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2", "phi3"])
+def test_no_rules_is_base_generate_and_all_donor_is_donor_generate(arch):
+    tok = tiny_tokenizer()
+    base, donor = _pair(arch, tok)
+    prompts = [PROMPT, "Paris is the capital of"]
+    every = Scheme(name="donor", base="sft")
+    for model, scheme in ((base, None), (donor, every)):
+        ours = generate({"pre": base, "sft": donor}, tok, prompts, scheme, max_new_tokens=8)
+        for prompt, text in zip(prompts, ours):
+            ids = torch.tensor([tok(prompt)["input_ids"]])
+            hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+            assert text == tok.decode(hf[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def test_sampling_is_seeded_and_inputs_are_checked():
+    tok = tiny_tokenizer()
+    base, donor = _pair("llama", tok)
+    a = generate([base, donor], tok, PROMPT, RULES, 8, do_sample=True, spans=SPANS, seed=3)
+    b = generate([base, donor], tok, PROMPT, RULES, 8, do_sample=True, spans=SPANS, seed=3)
+    assert a == b
+    with pytest.raises(ValueError, match="does not occur"):
+        generate([base, donor], tok, PROMPT, RULES, 4, spans={"subject": "Louvre"})
+    with pytest.raises(ValueError, match="mapping role"):
+        generate([base, donor, donor], tok, PROMPT, None, 4)
+
+
+def test_generate_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from weightgraft.cli import app
+    from weightgraft.models import load_model
+    from weightgraft.models.lowrank import lowrank_model
+
+    tok = tiny_tokenizer()
+    base = make_tiny("llama", seed=0, vocab_size=len(tok))
+    donor = make_donor(base, seed=1)
+    for name, model in (("pre", base), ("sft", donor)):
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    pre, sft = (load_model(tmp_path / n).model for n in ("pre", "sft"))
+    rule = "model=sft,positions=first_entity+last,layers=-1,components=attn"
+    args = ["generate", PROMPT, "-m", f"pre={tmp_path / 'pre'}", "-m", f"sft={tmp_path / 'sft'}",
+            "-s", "subject=Eiffel Tower", "-r", rule, "-n", "5"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    expected = generate([pre, sft], tok, PROMPT, [RULES[0]], 5, spans=SPANS)
+    assert out.stdout.strip().splitlines()[-1] == f"graft: {PROMPT}{expected}"
+    # a low-rank role given on the command line
+    low = ["generate", PROMPT, "-m", f"pre={tmp_path / 'pre'}", "-m", f"full={tmp_path / 'sft'}",
+           "-m", "sft=lowrank(full, k=2)", "-r", "model=sft,positions=last", "-n", "4"]
+    out = CliRunner().invoke(app, low)
+    assert out.exit_code == 0, out.output
+    lr = lowrank_model(pre, sft, 2)
+    expected = generate([pre, lr], tok, PROMPT, [Rule(model="sft", positions="last")], 4)
+    assert out.stdout.strip().splitlines()[-1] == f"graft: {PROMPT}{expected}"
+    bad = CliRunner().invoke(app, args[:-4] + ["-s", "subject=Louvre"])
+    assert bad.exit_code != 0
