@@ -149,3 +149,21 @@ def test_generate_command(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == f"graft: {PROMPT}{expected}"
     bad = CliRunner().invoke(app, args[:-4] + ["-s", "subject=Louvre"])
     assert bad.exit_code != 0
+
+
+def test_front_door_generate_is_the_grafted_generation():
+    import weightgraft as wg
+
+    tok = tiny_tokenizer()
+    base, donor = _pair("llama", tok)
+    models = {"pre": base, "sft": donor}
+    assert wg.generate is generate
+    assert wg.generate(models, tok, PROMPT, RULES, max_new_tokens=4, spans=SPANS) == generate(
+        models, tok, PROMPT, RULES, max_new_tokens=4, spans=SPANS)
+
+
+def test_front_door_localize_is_the_localize_run():
+    import weightgraft as wg
+    from weightgraft.experiments.localize import localize
+
+    assert wg.localize is localize

@@ -28,13 +28,15 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "presets": ("weightgraft.api.presets", None),
     "slots": ("weightgraft.graft.engine", "slots"),
     "graft_forward": ("weightgraft.graft.engine", "graft_forward"),
+    "generate": ("weightgraft.graft.generate", "generate"),
+    "localize": ("weightgraft.experiments.localize", "localize"),
     # ``weightgraft.graft`` is also the engine's package; the package is callable (it runs
     # ``weightgraft.api.graft.graft``), so the name means the same whichever import came first.
     "graft": ("weightgraft.graft", None),
 }
 __all__ = [
-    "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "graft", "graft_forward", "load",
-    "presets", "slots",
+    "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "generate", "graft", "graft_forward",
+    "load", "localize", "presets", "slots",
 ]
 
 
