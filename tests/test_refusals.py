@@ -1,0 +1,60 @@
+"""Mistakes refused in one line before any model loads (issue 14, items 2, 3, 7, 8)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from weightgraft.cli.data import app as data_app
+from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.runner import run_experiment
+from weightgraft.experiments.selectors import SelectorError
+from tiny_world import loader, write_world
+
+
+def _raw(tmp_path, **extra) -> dict:
+    raw = {
+        "name": "refuse", "data": str(write_world(tmp_path / "data", n=2)),
+        "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
+        "schemes": [{"preset": "position"}], "out": str(tmp_path / "run"), "batch_size": 8,
+    }
+    raw.update(extra)
+    return raw
+
+
+def _never_loads(spec, config=None):
+    raise AssertionError(f"a model was loaded ({spec}) although the config is refused")
+
+
+@pytest.mark.parametrize("layers", ["29..0", "1..0", "1:1", "0+1:1"])
+def test_layer_selection_that_selects_nothing_is_refused(tmp_path, layers):
+    raw = _raw(tmp_path, schemes=[{"name": "empty", "rules": [{"model": "sft", "layers": layers}]}])
+    if layers == "29..0":  # beyond this tiny model's depth: already refused by depth
+        pytest.raises(SelectorError, run_experiment, parse_config(raw), load=loader, progress=False)
+        return
+    with pytest.raises(SelectorError, match=r"scheme 'empty', rule 0: layer selector .* selects no layer"):
+        run_experiment(parse_config(raw), load=loader, progress=False)
+    assert not (tmp_path / "run" / "identity.json").exists()
+
+
+def test_data_build_refuses_a_non_empty_folder_unless_forced(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "ds"
+    args = ["build", "--world", "real_movies_real_actors_shuffled", "--n", "6", "--out", str(out), "-q"]
+    assert runner.invoke(data_app, args).exit_code == 0
+    before = (out / "test_prompts.jsonl").read_bytes()
+    res = runner.invoke(data_app, [*args[:-1], "--seed", "3", "-q"])
+    assert res.exit_code == 2 and "is not empty; pass --force" in res.output
+    assert (out / "test_prompts.jsonl").read_bytes() == before
+    assert runner.invoke(data_app, [*args, "--seed", "3", "--force"]).exit_code == 0
+    assert (out / "test_prompts.jsonl").read_bytes() != before
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    res = runner.invoke(data_app, ["build", "--out", str(a_file)])
+    assert res.exit_code == 2 and "is a file" in res.output and "Traceback" not in res.output
+    meta = tmp_path / "meta.jsonl"
+    meta.write_text(json.dumps({"first_actor": "A", "second_actor": "B"}) + "\n")
+    res = runner.invoke(data_app, ["build", "--metadata", str(meta), "--out", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "--metadata needs --templates" in res.output
