@@ -58,3 +58,44 @@ def test_data_build_refuses_a_non_empty_folder_unless_forced(tmp_path):
     meta.write_text(json.dumps({"first_actor": "A", "second_actor": "B"}) + "\n")
     res = runner.invoke(data_app, ["build", "--metadata", str(meta), "--out", str(tmp_path / "m")])
     assert res.exit_code == 2 and "--metadata needs --templates" in res.output
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"schemes": [{"name": "t", "rules": [{"model": "sft", "positions": "first_entitty"}]}]},
+     r"position name\(s\) \['first_entitty'\] are neither built in"),
+    ({"models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft", "stf": "tiny-llama:sft"}},
+     r"model role\(s\) \['stf'\] .* used by no scheme"),
+    ({"device": "cuda:0"}, r"device='cuda:0'"),
+])
+def test_mistakes_are_refused_before_any_model_loads(tmp_path, change, message):
+    if change.get("device") and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match=message):
+        run_experiment(parse_config(_raw(tmp_path, **change)), load=_never_loads, progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_empty_test_prompts_file_is_named(tmp_path):
+    data = tmp_path / "empty"
+    data.mkdir()
+    (data / "test_prompts.jsonl").write_text("")
+    with pytest.raises(ValueError, match="test_prompts.jsonl holds no test prompt"):
+        run_experiment(parse_config(_raw(tmp_path, data=str(data), templates=["headline"])),
+                       load=_never_loads, progress=False)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    """Disk full, a missing CUDA build and friends: one line on stderr, no traceback."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(_raw(tmp_path, device="cuda")))
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = subprocess.run([sys.executable, "-m", "weightgraft", "run", str(cfg), "--no-progress"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "device='cuda'" in proc.stderr

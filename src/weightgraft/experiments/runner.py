@@ -32,6 +32,7 @@ from weightgraft.experiments.metrics import (
     summarize,
 )
 from weightgraft.experiments.schemes import compile_scheme
+from weightgraft.experiments.selectors import BUILTIN_POSITIONS, LITERAL_SPANS, position_names
 from weightgraft.experiments.scoring import compute_logits, score_rows
 from weightgraft.experiments.store import ResultsStore, write_atomic
 from weightgraft.graft.architectures import model_slots
@@ -81,6 +82,7 @@ def run_experiment(
     run_dir = Path(config.out or Path("runs") / config.name)
     _check_device(config.device)
     prompts = select_prompts(load_test_prompts(config.data), config)  # fail before claiming run_dir
+    _check_names(config, schemes, prompts)
     ranks = start(config.device)
     if ranks.world > 1:
         config = config.model_copy(update={"device": ranks.device(config.device)})
@@ -152,6 +154,30 @@ def _check_device(device: str) -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
         build = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
         raise ConfigError(f"device={device!r} but {build}; use device=cpu")
+
+
+def _check_names(config: ExperimentConfig, schemes: list[Any], prompts: list[Any]) -> None:
+    """Position names the dataset does not mark and model roles no scheme uses: refused up
+    front (a typo would otherwise exclude every example, or load a model for nothing)."""
+    marked = set().union(*(p.spans for p in prompts))
+    known = BUILTIN_POSITIONS | LITERAL_SPANS | marked
+    for s in schemes:
+        for k, rule in enumerate(s.rules):
+            unknown = sorted(position_names(rule.positions) - known)
+            if unknown:
+                raise ConfigError(
+                    f"scheme {s.name!r}, rule {k}: position name(s) {unknown} are neither built in "
+                    f"({', '.join(sorted(BUILTIN_POSITIONS))}) nor spans of the dataset (it marks "
+                    f"{', '.join(sorted(marked)) or 'none'})"
+                )
+    used = set().union(*(s.roles() for s in schemes))
+    for set_name, roles in config.sets().items():
+        extra = sorted(set(roles) - used)
+        if extra:
+            raise ConfigError(
+                f"model role(s) {extra} of model set {set_name!r} are used by no scheme (the schemes "
+                f"use {sorted(used)}); remove them or fix the role name"
+            )
 
 
 def _eager_attention(models: list[Any]) -> None:

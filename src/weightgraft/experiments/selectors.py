@@ -145,6 +145,14 @@ def select_positions(
     return sorted(_Parser(_tokenize(expr, _POS_TOKEN, "position"), expr, atom, universe).parse())
 
 
+BUILTIN_POSITIONS = frozenset({"all", "last", "first_entity"})
+
+
+def position_names(expr: str) -> set[str]:
+    """The span / built-in names a position selector refers to (checked before any run)."""
+    return {value for kind, value in _tokenize(expr, _POS_TOKEN, "position") if kind == "name"}
+
+
 # ---------------------------------------------------------------- layers
 
 _FRACTIONS = {
