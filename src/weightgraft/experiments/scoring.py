@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from weightgraft.experiments.examples import Prepared
-from weightgraft.experiments.metrics import TOP_K, answer_logprob, score_next_token
+from weightgraft.experiments.metrics import TOP_K, answer_logprob, score_next_token, whole_character_prefix
 from weightgraft.graft.prefix import GraftItem, prefix_forward
 
 
@@ -57,6 +57,17 @@ def score_rows(items, logits, n_logits, tokenizer, model_set, scheme_meta) -> li
             **{f"top{k}": pred.hits[k] for k in TOP_K},
             "top_tokens": [tokenizer.decode([i]) for i in pred.top_ids],
             "top_probs": pred.top_probs, "finite": pred.finite,
+            **_first_character(tokenizer, ex.answer_ids, logits[b, : n_logits[b]], pred.finite),
         }
         rows.append(row)
     return rows
+
+
+def _first_character(tokenizer, answer_ids, logits, finite: bool) -> dict[str, Any]:
+    """``target_partial``: the scored first token is a piece of a character (flagged, counted);
+    ``first_character_logprob``: log-probability of the tokens that make the first whole
+    character (needs ``score_answer``; NaN otherwise), a target that identifies the answer."""
+    n = whole_character_prefix(tokenizer, answer_ids)
+    ok = finite and n <= logits.shape[0]
+    return {"target_partial": n > 1,
+            "first_character_logprob": answer_logprob(logits[:n], answer_ids[:n]) if ok else float("nan")}
