@@ -99,3 +99,69 @@ def test_cli_errors_are_one_line(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "device='cuda'" in proc.stderr
+
+
+def _saved_models(tmp_path) -> dict:
+    for role in ("pre", "sft"):
+        lm = loader(f"tiny-llama:{role}")
+        lm.model.save_pretrained(tmp_path / role)
+        lm.tokenizer.save_pretrained(tmp_path / role)
+    return {"pre": str(tmp_path / "pre"), "sft": str(tmp_path / "sft")}
+
+
+def test_disk_full_is_one_line(tmp_path, monkeypatch, capsys):
+    import errno
+    import sys
+
+    import yaml
+
+    import weightgraft.experiments.store as store_mod
+    from weightgraft.cli import main
+
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(_raw(tmp_path, models=_saved_models(tmp_path), batch_size=2)))
+    calls = {"n": 0}
+    real = store_mod.os.fsync
+
+    def full(fd):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(store_mod.os, "fsync", full)
+    monkeypatch.setattr(sys, "argv", ["weightgraft", "run", str(cfg), "--no-progress"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the disk is full" in err and "re-running the same command resumes" in err and "Traceback" not in err
+
+
+def test_ctrl_c_says_how_many_rows_are_saved_and_that_the_command_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(_raw(tmp_path, models=_saved_models(tmp_path), batch_size=1)))
+    proc = subprocess.Popen([sys.executable, "-m", "weightgraft", "run", str(cfg), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    parts = tmp_path / "run" / "parts"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if parts.exists() and len(list(parts.glob("part-*.parquet"))) >= 3:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    err = " ".join(err.split())
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert "row(s) are saved" in err and "the same command resumes" in err
+    saved = int(err.split("interrupted: ")[1].split(" row(s)")[0])
+    assert saved >= 3
