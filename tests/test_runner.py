@@ -73,7 +73,7 @@ def test_rerun_skips_done_work(tmp_path):
 
 def test_other_config_in_same_dir_is_refused(tmp_path):
     run_experiment(parse_config(_config(tmp_path)), load=loader, progress=False)
-    other = parse_config(_config(tmp_path, limit=3))
+    other = parse_config(_config(tmp_path, seed=5))
     with pytest.raises(ResultsDirConflict, match="another experiment config"):
         run_experiment(other, load=loader, progress=False)
 
@@ -82,7 +82,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     raw = _config(tmp_path, batch_size=1)
     killed_cfg = tmp_path / "killed.yaml"
     killed_cfg.write_text(yaml.safe_dump(raw))
-    env = dict(os.environ, PYTHONPATH=str(TESTS))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     parts = tmp_path / "run" / "parts"
     kills = 0
     for attempt in range(3):

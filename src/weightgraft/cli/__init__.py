@@ -53,9 +53,15 @@ def main() -> None:
     (set WEIGHTGRAFT_DEBUG=1 for the traceback)."""
     import os
 
+    from weightgraft.runtime import apply_thread_default
+
+    apply_thread_default()  # before torch's thread pool starts; the user's OMP_NUM_THREADS wins
     try:
         app(standalone_mode=True)
-    except (ValueError, RuntimeError, FileNotFoundError, TypeError) as exc:
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted: the rows saved so far are kept; the same command resumes from them")
+        raise SystemExit(130) from None
+    except (ValueError, RuntimeError, OSError, TypeError, AssertionError) as exc:
         if os.environ.get("WEIGHTGRAFT_DEBUG"):
             raise
         from rich.markup import escape

@@ -46,6 +46,15 @@ def _split_names(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+def _refuse_out(out: Path, force: bool) -> str | None:
+    """A dataset never overwrites a file, nor (without --force) a folder that holds something."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file; give a folder for the dataset"
+    if out.is_dir() and any(out.iterdir()) and not force:
+        return f"--out {out} is not empty; pass --force to overwrite its dataset files, or choose another folder"
+    return None
+
+
 @app.command()
 def build(
     out: Path = typer.Option(..., "--out", help="Directory to write the dataset into."),
@@ -81,9 +90,17 @@ def build(
         show_default="the YAML's",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the files of a non-empty --out folder."),
 ) -> None:
     """Build a dataset: metadata, train / validation text, test prompts and a manifest."""
     err = Console(stderr=True)
+    problem = _refuse_out(out, force) or (
+        "--metadata needs --templates (a template YAML file or a built-in set) to turn its rows into prompts"
+        if metadata is not None and templates is None and world is None else None
+    )
+    if problem:
+        err.print(f"[bold red]error:[/] {problem}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2)
     name = world or ("custom" if metadata is not None else "fake_movies_real_actors")
     start = time.perf_counter()
     show = not quiet and sys.stderr.isatty()

@@ -126,6 +126,14 @@ class ExperimentConfig(BaseModel):
                     )
         return out
 
+    def identity_core(self) -> str:
+        """Hash of the settings every row depends on; what selects rows (schemes, filters,
+        limit) is left out, so a rerun that only adds work extends the run."""
+        data = self.model_dump(mode="json", exclude={
+            "batch_size", "out", "report", "device", "device_map", "lean_donors", "prefix_sharing",
+            "schemes", "templates", "directions", "groups", "limit", "name"})
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
     def identity(self) -> str:
         """Hash of what determines the results (not batch size, device or output place)."""
         data = self.model_dump(mode="json", exclude={"batch_size", "out", "report", "device", "device_map", "lean_donors", "prefix_sharing"})

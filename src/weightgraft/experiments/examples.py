@@ -17,6 +17,8 @@ from weightgraft.experiments.selectors import SpanNotFound
 
 
 def select_prompts(prompts: list[TestPrompt], config: ExperimentConfig) -> list[TestPrompt]:
+    if not prompts:
+        raise DatasetError(f"{config.data / 'test_prompts.jsonl'} holds no test prompt (is the dataset built?)")
     chosen = [
         p for p in prompts
         if (config.templates is None or p.template in config.templates)

@@ -111,6 +111,19 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, 
 BEHAVIOUR = ("logit_diff", "kl_donor", "recovery")
 
 
+def whole_character_prefix(tokenizer: object, answer_ids: Sequence[int]) -> int:
+    """Fewest leading answer tokens that decode to whole characters.
+
+    1 for most answers; more where the first token is a bare UTF-8 byte (Cyrillic, Greek, CJK
+    names in byte-level BPE vocabularies), which many answers share, so its rank alone does
+    not identify the answer.
+    """
+    for k in range(1, len(answer_ids) + 1):
+        if "\ufffd" not in tokenizer.decode(list(answer_ids[:k])):  # type: ignore[attr-defined]
+            return k
+    return len(answer_ids)
+
+
 def bootstrap_ci(values: np.ndarray, n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (seeded)."""
     values = np.asarray(values, dtype=float)

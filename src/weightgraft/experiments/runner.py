@@ -6,8 +6,11 @@ Data flows one way: config -> compiled schemes -> per-example source tensors -> 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import platform
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +21,7 @@ import pandas as pd
 
 from weightgraft.data.freeform import load_prompts
 from weightgraft.data.prompts import DatasetError, load_test_prompts  # noqa: F401 (benchmarks import it here)
-from weightgraft.experiments.config import ExperimentConfig
+from weightgraft.experiments.config import ConfigError, ExperimentConfig
 from weightgraft.experiments.distributed import Ranks, start
 from weightgraft.experiments.examples import (
     Exclusions,
@@ -34,6 +37,7 @@ from weightgraft.experiments.metrics import (
 from weightgraft.experiments.pairs import paired_differences
 from weightgraft.experiments.schemes import compile_scheme
 from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
+from weightgraft.experiments.selectors import BUILTIN_POSITIONS, LITERAL_SPANS, position_names
 from weightgraft.experiments.store import ResultsStore, write_atomic
 from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.engine import slots
@@ -81,7 +85,9 @@ def run_experiment(
     schemes = config.resolved_schemes()
     scheme_meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
     run_dir = Path(config.out or Path("runs") / config.name)
+    _check_device(config.device)
     prompts = select_prompts(load_prompts(config.data), config)  # fail before claiming run_dir
+    _check_names(config, schemes, prompts)
     for set_name, roles_spec in config.sets().items():
         check_lowrank_roles(roles_spec, f"model set {set_name!r}")
     lowrank_cache: dict = {}  # SVD factors per (base, donor) pair, shared by every k
@@ -89,7 +95,7 @@ def run_experiment(
     if ranks.world > 1:
         config = config.model_copy(update={"device": ranks.device(config.device)})
         progress = progress and ranks.is_main
-    store = _open_store(run_dir, config, ranks)
+    store = _open_store(run_dir, config, ranks, run_identity(config, schemes, prompts))
     done = store.done()
     load = load or default_loader
     exclusions = Exclusions()
@@ -101,6 +107,7 @@ def run_experiment(
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
         low = parse_lowrank(roles_spec[used[0]])
         first = load_lowrank_role(low, roles_spec, load, config, {}, lowrank_cache) if low else load(roles_spec[used[0]], config)
+        store.add_model(set_name, used[0], first.weights_sha256)
         roles = {r: i for i, r in enumerate(used)}
         base = baselines(schemes, used[0])
         names = slots(first.model)
@@ -116,7 +123,10 @@ def run_experiment(
                 else load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
             )
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
+            store.add_model(set_name, role, loaded[role].weights_sha256)
         models = [loaded[r].model for r in used]
+        if config.dtype != "float32":
+            _eager_attention(models)
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
         model_info[set_name] = {
             r: {"spec": roles_spec[r], "source": lm.source, "weights_sha256": lm.weights_sha256,
@@ -132,11 +142,16 @@ def run_experiment(
         pad_id = first.tokenizer.pad_token_id if first.tokenizer.pad_token_id is not None else 0
         with Progress(disable=not progress, transient=False) as bar:
             task = bar.add_task(f"[{set_name}] grafting", total=len(items), completed=len(items) - len(todo))
-            for chunk in _my_batches(items, todo, config.batch_size, ranks):
-                logits, n_logits, donors = compute_logits(models, chunk, pad_id, config.score_answer, config.prefix_sharing, base)
-                store.append(score_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta, donors, base))
-                computed += len(chunk)
-                bar.advance(task, len(chunk) * ranks.world)
+            try:
+                for chunk in _my_batches(items, todo, config.batch_size, ranks):
+                    logits, n_logits, donors = compute_logits(models, chunk, pad_id, config.score_answer, config.prefix_sharing, base)
+                    store.append(score_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta, donors, base))
+                    computed += len(chunk)
+                    bar.advance(task, len(chunk) * ranks.world)
+            except KeyboardInterrupt:
+                print(f"interrupted: {len(store.done())} row(s) are saved in {run_dir}; "
+                      "the same command resumes from them", file=sys.stderr)
+                raise
         if config.generate is not None and ranks.is_main:
             g = config.generate
             continuations += sweep_continuations(models, first.tokenizer, prepared, compiled, g.n_examples,
@@ -152,10 +167,70 @@ def run_experiment(
         ranks.close()
 
 
-def _open_store(run_dir: Path, config: ExperimentConfig, ranks: Ranks) -> ResultsStore:
-    """The main rank claims the directory first; the others then join it, each writing its
+def _check_device(device: str) -> None:
+    """``device=cuda`` on a machine (or a torch build) without CUDA: one line, before loading."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        build = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ConfigError(f"device={device!r} but {build}; use device=cpu")
+
+
+def _check_names(config: ExperimentConfig, schemes: list[Any], prompts: list[Any]) -> None:
+    """Position names the dataset does not mark and model roles no scheme uses: refused up
+    front (a typo would otherwise exclude every example, or load a model for nothing)."""
+    marked = set().union(*(p.spans for p in prompts))
+    known = BUILTIN_POSITIONS | LITERAL_SPANS | marked
+    for s in schemes:
+        for k, rule in enumerate(s.rules):
+            unknown = sorted(position_names(rule.positions) - known)
+            if unknown:
+                raise ConfigError(
+                    f"scheme {s.name!r}, rule {k}: position name(s) {unknown} are neither built in "
+                    f"({', '.join(sorted(BUILTIN_POSITIONS))}) nor spans of the dataset (it marks "
+                    f"{', '.join(sorted(marked)) or 'none'})"
+                )
+    used = set().union(*(s.roles() for s in schemes))
+    for set_name, roles in config.sets().items():
+        low = [parse_lowrank(spec) for r, spec in roles.items() if r in used]
+        referenced = {ref for spec in low if spec is not None for ref in (spec.donor, spec.base)}
+        extra = sorted(set(roles) - used - referenced)
+        if extra:
+            raise ConfigError(
+                f"model role(s) {extra} of model set {set_name!r} are used by no scheme (the schemes "
+                f"use {sorted(used)}); remove them or fix the role name"
+            )
+
+
+def _eager_attention(models: list[Any]) -> None:
+    """Half precision: HF's SDPA attention rounds a padded row differently from the same row
+    alone (seen on SmolLM2 in bfloat16: up to 0.55 logits), so results would depend on the
+    batch's other rows; the eager attention gives each row the same numbers in any batch."""
+    for model in models:
+        for module in model.modules():
+            cfg = getattr(module, "config", None)
+            if cfg is not None and hasattr(cfg, "_attn_implementation"):
+                cfg._attn_implementation = "eager"
+
+
+def run_identity(config: ExperimentConfig, schemes: list[Any], prompts: list[Any]) -> dict[str, Any]:
+    """What the rows depend on: the core settings, each scheme's definition and each test
+    prompt's content (model weights are added as they load)."""
+    def digest(obj: Any) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    return {
+        "core": config.identity_core(),
+        "schemes": {s.name: digest(s.model_dump(mode="json")) for s in schemes},
+        "examples": {p.id: digest(dataclasses.asdict(p)) for p in prompts},
+        "models": {},
+    }
+
+
+def _open_store(run_dir: Path, config: ExperimentConfig, ranks: Ranks, identity: dict[str, Any]) -> ResultsStore:
+    """The main rank checks the directory first; the others then join it, each writing its
     own parts."""
-    identity, dumped = config.identity(), config.model_dump(mode="json")
+    dumped = config.model_dump(mode="json")
     if ranks.world == 1:
         return ResultsStore(run_dir, identity, dumped)
     writer = f"r{ranks.rank}"
@@ -201,6 +276,7 @@ def _follow_main(run_dir: Path, ranks: Ranks, computed: int) -> RunResult:
 def _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks, continuations=()) -> RunResult:
     """Merge the parts into ``results.parquet``, then the summary, exclusions and manifest."""
     exclusion_summary = exclusions.summary()
+    run_dir.mkdir(parents=True, exist_ok=True)
     columns = ["model_set", "template", "example_id", "reason"]
     write_atomic(run_dir / "exclusions.csv",
                  pd.DataFrame(exclusion_summary["examples"], columns=columns).to_csv(index=False).encode())
@@ -223,11 +299,20 @@ def _finish(run_dir, config, schemes, store, order, exclusions, model_info, comp
         "name": config.name, "identity": config.identity(), "config": config.model_dump(mode="json"),
         "schemes": [s.model_dump(mode="json") for s in schemes], "versions": _versions(),
         "models": model_info, "device": config.device, "dtype": config.dtype, "seed": config.seed,
-        "exclusions": exclusion_summary, "n_rows": len(results), "computed_this_run": computed,
+        "exclusions": exclusion_summary, "n_rows": len(results),
+        "n_partial_target": int(results["target_partial"].sum()) if "target_partial" in results else 0, "computed_this_run": computed,
         "processes": ranks.world,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": round(time.time() - started, 2),
     }
+    # every invocation's timing, oldest first (a rerun adds its own, it never overwrites)
+    earlier = []
+    if (run_dir / "manifest.json").is_file():
+        try:
+            earlier = json.loads((run_dir / "manifest.json").read_text()).get("sessions", [])
+        except (ValueError, OSError):
+            earlier = []
+    manifest["sessions"] = [*earlier, {k: manifest[k] for k in ("started", "finished", "wall_seconds", "computed_this_run")}]
     write_atomic(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str).encode())
     return RunResult(run_dir, results, summary, exclusion_summary, computed)
 

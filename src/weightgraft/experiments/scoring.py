@@ -26,6 +26,7 @@ from weightgraft.experiments.metrics import (
     kl_divergence,
     logit_difference,
     score_next_token,
+    whole_character_prefix,
 )
 from weightgraft.experiments.schemes import Scheme
 from weightgraft.graft.prefix import GraftItem, prefix_forward
@@ -136,6 +137,7 @@ def score_rows(
             "logit_diff": logit_difference(logits[b, 0], ex.answer_ids[0], distractor),
             "kl_donor": kl_divergence(donor, logits[b, 0]) if donor is not None else float("nan"),
             **_baseline_fields(scheme, base),
+            **_first_character(tokenizer, ex.answer_ids, logits[b, : n_logits[b]], pred.finite),
         }
         rows.append(row)
     return rows
@@ -147,3 +149,13 @@ def _baseline_fields(scheme: str, base: Baselines | None) -> Mapping[str, str | 
         return {"donor_role": None, "base_scheme": None, "donor_scheme": None}
     return {"donor_role": base.donor_role[scheme], "base_scheme": base.base_scheme[scheme],
             "donor_scheme": base.donor_scheme[scheme]}
+
+
+def _first_character(tokenizer, answer_ids, logits, finite: bool) -> dict[str, Any]:
+    """``target_partial``: the scored first token is a piece of a character (flagged, counted);
+    ``first_character_logprob``: log-probability of the tokens that make the first whole
+    character (needs ``score_answer``; NaN otherwise), a target that identifies the answer."""
+    n = whole_character_prefix(tokenizer, answer_ids)
+    ok = finite and n <= logits.shape[0]
+    return {"target_partial": n > 1,
+            "first_character_logprob": answer_logprob(logits[:n], answer_ids[:n]) if ok else float("nan")}

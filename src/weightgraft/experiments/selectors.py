@@ -145,6 +145,14 @@ def select_positions(
     return sorted(_Parser(_tokenize(expr, _POS_TOKEN, "position"), expr, atom, universe).parse())
 
 
+BUILTIN_POSITIONS = frozenset({"all", "last", "first_entity"})
+
+
+def position_names(expr: str) -> set[str]:
+    """The span / built-in names a position selector refers to (checked before any run)."""
+    return {value for kind, value in _tokenize(expr, _POS_TOKEN, "position") if kind == "name"}
+
+
 # ---------------------------------------------------------------- layers
 
 _FRACTIONS = {
@@ -170,7 +178,13 @@ def select_layers(expr: str, n_layers: int) -> list[int]:
     """Layer indices that ``expr`` selects in a model of depth ``n_layers``."""
     out: set[int] = set()
     for term in (t.strip() for t in str(expr).split("+")):
-        out.update(_layer_term(term, n_layers, expr))
+        chosen = _layer_term(term, n_layers, expr)
+        if not chosen:  # e.g. "29..0" or "5:5": a rule that would graft nothing
+            raise SelectorError(
+                f"layer selector {expr!r} (term {term!r}) selects no layer of this {n_layers}-layer "
+                "model; ranges run low to high (2..5 inclusive, 2:6 half-open)"
+            )
+        out.update(chosen)
     return sorted(out)
 
 

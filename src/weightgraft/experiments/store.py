@@ -48,29 +48,48 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 class ResultsStore:
-    """Parts under ``run_dir/parts``; the identity of the config that owns the directory."""
+    """Parts under ``run_dir/parts``; ``identity.json`` records what the rows depend on.
 
-    def __init__(self, run_dir: Path, identity: str, config: dict[str, Any], writer: str = "") -> None:
+    The identity (see :func:`check_identity`) is written with the first saved row, never
+    before: a run that fails before computing anything leaves no claim on the directory.
+    """
+
+    def __init__(self, run_dir: Path, identity: dict[str, Any], config: dict[str, Any], writer: str = "") -> None:
         self.run_dir = Path(run_dir)
         self.writer = writer  # several processes write parts side by side, each its own
         self.parts = self.run_dir / "parts"
+        self.config = config
+        owner = self.run_dir / "identity.json"
+        found = _read_identity(owner)
+        if found is not None:
+            check_identity(found, identity, self.run_dir)
+            identity = merge_identity(found, identity)
+        self.identity = identity
+        self._written = False
+
+    def add_model(self, model_set: str, role: str, weights_sha256: str) -> None:
+        """Record a model's weights hash; refuse weights other than the ones earlier rows used."""
+        known = self.identity.setdefault("models", {}).setdefault(model_set, {})
+        if known.get(role) not in (None, weights_sha256):
+            raise ResultsDirConflict(
+                f"{self.run_dir} holds rows computed with other weights for model {role!r} of model "
+                f"set {model_set!r} (weights sha256 {known[role][:12]}..., now {weights_sha256[:12]}...); "
+                "results are never mixed: pass another out=... or delete the folder to start afresh"
+            )
+        if role not in known:
+            known[role] = weights_sha256
+            self._written = False
+
+    def _claim(self) -> None:
+        if self._written:
+            return
         try:
             self.parts.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ResultsWriteError(exc.errno, f"cannot create results directory {self.parts}: {exc.strerror}") from exc
-        if not os.access(self.run_dir, os.W_OK):
-            raise ResultsWriteError(errno.EACCES, f"results directory {self.run_dir} is not writable")
-        owner = self.run_dir / "identity.json"
-        if owner.exists():
-            found = json.loads(owner.read_text())
-            if found.get("identity") != identity:
-                raise ResultsDirConflict(
-                    f"{self.run_dir} holds results of another experiment config "
-                    f"(identity {found.get('identity')}, this one is {identity}); results are "
-                    "never mixed: choose another output directory (out=...) or delete it"
-                )
-        else:
-            write_atomic(owner, json.dumps({"identity": identity, "config": config}, indent=2).encode())
+        body = {**self.identity, "config": self.config}
+        write_atomic(self.run_dir / "identity.json", json.dumps(body, indent=2, sort_keys=True).encode())
+        self._written = True
 
     def _part_files(self) -> list[Path]:
         return sorted(p for p in self.parts.glob("part-*.parquet"))
@@ -90,6 +109,7 @@ class ResultsStore:
     def append(self, rows: Sequence[dict[str, Any]]) -> None:
         if not rows:
             return
+        self._claim()
         stem = f"part-{self.writer}-" if self.writer else "part-"
         pattern = f"{stem}*.parquet" if self.writer else "part-[0-9]*.parquet"
         number = len(list(self.parts.glob(pattern)))
@@ -105,7 +125,53 @@ class ResultsStore:
         if len(set(keys)) != len(keys):
             raise RuntimeError(f"duplicate result rows in {self.parts}; this is a bug, please report it")
         rank = {key: i for i, key in enumerate(order)}
-        frame["_rank"] = [rank.get(k, len(rank)) for k in keys]
+        frame["_rank"] = [rank.get(k, -1) for k in keys]
+        # rows of an earlier, larger run of this folder that this command does not ask for stay
+        # in the parts, out of results.parquet
+        frame = frame[frame["_rank"] >= 0]
         frame = frame.sort_values("_rank", kind="stable").drop(columns="_rank").reset_index(drop=True)
         write_atomic(self.run_dir / "results.parquet", frame.to_parquet(index=False))
         return frame
+
+
+def _read_identity(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    found = json.loads(path.read_text())
+    if "core" not in found:  # written by an earlier weightgraft: the whole config hash only
+        found = {"core": found.get("identity"), "schemes": {}, "examples": {}, "models": {}}
+    return found
+
+
+def check_identity(found: dict[str, Any], wanted: dict[str, Any], run_dir: Path) -> None:
+    """Refuse when rows already saved depend on inputs that changed; adding work is fine.
+
+    ``core`` (settings that change every number: dtype, seed, models' specs, ...) must match;
+    a scheme or example present in both must have the same definition / content.
+    """
+    afresh = f"results are never mixed: pass another out=... or delete {run_dir} to start afresh"
+    if found.get("core") != wanted["core"]:
+        raise ResultsDirConflict(
+            f"{run_dir} holds results of another experiment config (a setting that changes every "
+            f"row differs: models, dtype, seed, score_answer, target or data folder); {afresh}"
+        )
+    for what, label in (("schemes", "scheme definition(s)"), ("examples", "test prompt(s)")):
+        old, new = found.get(what, {}), wanted.get(what, {})
+        changed = sorted(k for k in old.keys() & new.keys() if old[k] != new[k])
+        if changed:
+            shown = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
+            raise ResultsDirConflict(
+                f"{run_dir} holds rows computed from {len(changed)} {label} that have changed since "
+                f"({shown}); {afresh}"
+            )
+
+
+def merge_identity(found: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+    """The identity of a folder after this command adds its work to what it holds."""
+    models = {k: dict(v) for k, v in found.get("models", {}).items()}
+    return {
+        "core": wanted["core"],
+        "schemes": {**found.get("schemes", {}), **wanted.get("schemes", {})},
+        "examples": {**found.get("examples", {}), **wanted.get("examples", {})},
+        "models": models,
+    }

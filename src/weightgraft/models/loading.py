@@ -258,7 +258,8 @@ def _load_hub_cache(
             f"{spec!r} is neither an embedded model ({', '.join(sorted(EMBEDDED_MODELS))}), "
             "nor an existing file or directory, nor a hub id in the local Hugging Face cache; "
             "weightgraft never downloads models. Download it where you have access "
-            f"(e.g. `hf download {spec} --local-dir DIR`) and pass --model DIR."
+            f"(e.g. `hf download {spec} --local-dir DIR`) and give DIR as the model (in an "
+            "experiment: models.ROLE=DIR; for train / check: the model argument or --model DIR)."
         ) from exc
     return model, tokenizer
 

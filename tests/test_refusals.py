@@ -1,0 +1,167 @@
+"""Mistakes refused in one line before any model loads (issue 14, items 2, 3, 7, 8)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from weightgraft.cli.data import app as data_app
+from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.runner import run_experiment
+from weightgraft.experiments.selectors import SelectorError
+from tiny_world import loader, write_world
+
+
+def _raw(tmp_path, **extra) -> dict:
+    raw = {
+        "name": "refuse", "data": str(write_world(tmp_path / "data", n=2)),
+        "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
+        "schemes": [{"preset": "position"}], "out": str(tmp_path / "run"), "batch_size": 8,
+    }
+    raw.update(extra)
+    return raw
+
+
+def _never_loads(spec, config=None):
+    raise AssertionError(f"a model was loaded ({spec}) although the config is refused")
+
+
+@pytest.mark.parametrize("layers", ["29..0", "1..0", "1:1", "0+1:1"])
+def test_layer_selection_that_selects_nothing_is_refused(tmp_path, layers):
+    raw = _raw(tmp_path, schemes=[{"name": "empty", "rules": [{"model": "sft", "layers": layers}]}])
+    if layers == "29..0":  # beyond this tiny model's depth: already refused by depth
+        pytest.raises(SelectorError, run_experiment, parse_config(raw), load=loader, progress=False)
+        return
+    with pytest.raises(SelectorError, match=r"scheme 'empty', rule 0: layer selector .* selects no layer"):
+        run_experiment(parse_config(raw), load=loader, progress=False)
+    assert not (tmp_path / "run" / "identity.json").exists()
+
+
+def test_data_build_refuses_a_non_empty_folder_unless_forced(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "ds"
+    args = ["build", "--world", "real_movies_real_actors_shuffled", "--n", "6", "--out", str(out), "-q"]
+    assert runner.invoke(data_app, args).exit_code == 0
+    before = (out / "test_prompts.jsonl").read_bytes()
+    res = runner.invoke(data_app, [*args[:-1], "--seed", "3", "-q"])
+    assert res.exit_code == 2 and "is not empty; pass --force" in res.output
+    assert (out / "test_prompts.jsonl").read_bytes() == before
+    assert runner.invoke(data_app, [*args, "--seed", "3", "--force"]).exit_code == 0
+    assert (out / "test_prompts.jsonl").read_bytes() != before
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    res = runner.invoke(data_app, ["build", "--out", str(a_file)])
+    assert res.exit_code == 2 and "is a file" in res.output and "Traceback" not in res.output
+    meta = tmp_path / "meta.jsonl"
+    meta.write_text(json.dumps({"first_actor": "A", "second_actor": "B"}) + "\n")
+    res = runner.invoke(data_app, ["build", "--metadata", str(meta), "--out", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "--metadata needs --templates" in res.output
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"schemes": [{"name": "t", "rules": [{"model": "sft", "positions": "first_entitty"}]}]},
+     r"position name\(s\) \['first_entitty'\] are neither built in"),
+    ({"models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft", "stf": "tiny-llama:sft"}},
+     r"model role\(s\) \['stf'\] .* used by no scheme"),
+    ({"device": "cuda:0"}, r"device='cuda:0'"),
+])
+def test_mistakes_are_refused_before_any_model_loads(tmp_path, change, message):
+    if change.get("device") and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match=message):
+        run_experiment(parse_config(_raw(tmp_path, **change)), load=_never_loads, progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_empty_test_prompts_file_is_named(tmp_path):
+    data = tmp_path / "empty"
+    data.mkdir()
+    (data / "test_prompts.jsonl").write_text("")
+    with pytest.raises(ValueError, match="test_prompts.jsonl holds no test prompt"):
+        run_experiment(parse_config(_raw(tmp_path, data=str(data), templates=["headline"])),
+                       load=_never_loads, progress=False)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    """Disk full, a missing CUDA build and friends: one line on stderr, no traceback."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(_raw(tmp_path, device="cuda")))
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = subprocess.run([sys.executable, "-m", "weightgraft", "run", str(cfg), "--no-progress"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "device='cuda'" in proc.stderr
+
+
+def _saved_models(tmp_path) -> dict:
+    for role in ("pre", "sft"):
+        lm = loader(f"tiny-llama:{role}")
+        lm.model.save_pretrained(tmp_path / role)
+        lm.tokenizer.save_pretrained(tmp_path / role)
+    return {"pre": str(tmp_path / "pre"), "sft": str(tmp_path / "sft")}
+
+
+def test_disk_full_is_one_line(tmp_path, monkeypatch, capsys):
+    import errno
+    import sys
+
+    import yaml
+
+    import weightgraft.experiments.store as store_mod
+    from weightgraft.cli import main
+
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(_raw(tmp_path, models=_saved_models(tmp_path), batch_size=2)))
+    calls = {"n": 0}
+    real = store_mod.os.fsync
+
+    def full(fd):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(store_mod.os, "fsync", full)
+    monkeypatch.setattr(sys, "argv", ["weightgraft", "run", str(cfg), "--no-progress"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the disk is full" in err and "re-running the same command resumes" in err and "Traceback" not in err
+
+
+def test_ctrl_c_says_how_many_rows_are_saved_and_that_the_command_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(_raw(tmp_path, models=_saved_models(tmp_path), batch_size=1)))
+    proc = subprocess.Popen([sys.executable, "-m", "weightgraft", "run", str(cfg), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    parts = tmp_path / "run" / "parts"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if parts.exists() and len(list(parts.glob("part-*.parquet"))) >= 3:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    err = " ".join(err.split())
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert "row(s) are saved" in err and "the same command resumes" in err
+    saved = int(err.split("interrupted: ")[1].split(" row(s)")[0])
+    assert saved >= 3
