@@ -48,7 +48,7 @@ def main() -> None:
     from weightgraft.experiments.localize.examples import build_examples
     from weightgraft.experiments.localize.maps import estimate_frame
     from weightgraft.graft.attribution import graft_attribution
-    from weightgraft.graft.cells import example_cells, exact_effects
+    from weightgraft.graft.cells import exact_effects, example_cells
     from weightgraft.graft.partial import PartialGraft
     from weightgraft.graft.reference import CompositeModel, per_token_forward
     from weightgraft.models import load_model
@@ -63,9 +63,10 @@ def main() -> None:
 
     # 1. attribution map of every cell, both directions
     t0 = time.time()
-    frames = {d: estimate_frame(p, examples, d, "logprob", 16) for d, p in (("sufficiency", pair), ("necessity", pair.swapped()))}
+    maps = {d: estimate_frame(p, examples, d, "logprob", 16) for d, p in (("sufficiency", pair), ("necessity", pair.swapped()))}
     t_grad = time.time() - t0
-    print(f"attribution (gradient), every cell, both directions: {t_grad:.1f}s  [target < 60 s]")
+    print(f"attribution (gradient), every cell, both directions: {t_grad:.1f}s  [target < 60 s] "
+          f"({sum(len(m) for m in maps.values())} rows)")
     t0 = time.time()
     for p in (pair, pair.swapped()):
         for start in range(0, len(examples), 16):

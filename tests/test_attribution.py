@@ -41,7 +41,7 @@ def test_gradient_matches_finite_difference(model_type, metric):
     for s in range(n_slots):  # every slot, at a random position up to row 0's scored one
         t = int(pos[0]) if pair.slots[s].name in ("final_norm", "unembed") else int(torch.randint(0, int(pos[0]) + 1, (1,), generator=gen))
 
-        def central(h: float) -> float:
+        def central(h: float, t: int = t, s: int = s) -> float:
             bumped = []
             for sign in (1, -1):
                 a = alpha.clone()

@@ -24,7 +24,7 @@ from torch import nn
 
 from weightgraft.graft.partial import PartialGraft
 
-__all__ = ["Metric", "metric_values", "graft_metric", "graft_attribution"]
+__all__ = ["Metric", "graft_attribution", "graft_metric", "metric_values"]
 
 Metric = Literal["logprob", "logit_diff", "kl"]
 
@@ -87,7 +87,7 @@ def donor_logprobs(pair: PartialGraft, input_ids: torch.Tensor, positions: torch
                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """The donor's next-token log-probabilities ``[batch, vocab]`` at ``positions`` (the KL
     metric's reference)."""
-    ids, mask, stop = _crop(input_ids, attention_mask, positions)
+    ids, mask, _ = _crop(input_ids, attention_mask, positions)
     ones = torch.ones(*ids.shape, len(pair.slots), dtype=torch.float32)
     with torch.no_grad():
         logits = pair.forward(ids, ones, mask, logit_positions=positions[:, None])

@@ -21,7 +21,7 @@ from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.attribution import Metric, metric_values
 from weightgraft.graft.prefix import GraftItem, prefix_forward
 
-__all__ = ["Cell", "ScoredExample", "example_cells", "group_cells", "exact_effects"]
+__all__ = ["Cell", "ScoredExample", "exact_effects", "example_cells", "group_cells"]
 
 OUTPUT_ONLY = ("final_norm", "unembed")
 

@@ -15,18 +15,23 @@ The integer ``graft_forward`` path is separate and untouched.
 
 from __future__ import annotations
 
-import copy
 import contextlib
+import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from weightgraft.graft import projections
 from weightgraft.graft.architectures import Slot, model_slots
 from weightgraft.graft.compat import check_compatible
-from weightgraft.graft import projections
-from weightgraft.graft.engine import _eval_mode, _gather_rows, _module_fn, position_ids_from_mask
+from weightgraft.graft.engine import (
+    _eval_mode,
+    _gather_rows,
+    _module_fn,
+    position_ids_from_mask,
+)
 
 __all__ = ["PartialGraft", "partial_graft_forward"]
 
@@ -92,13 +97,13 @@ class _AtZero(torch.autograd.Function):
     (the attribution-patching trick), instead of in the forward and again through autograd."""
 
     @staticmethod
-    def forward(ctx, y, coef, x, plan, sign):  # noqa: D102
+    def forward(ctx, y, coef, x, plan, sign):
         ctx.save_for_backward(x)
         ctx.plan, ctx.sign, ctx.coef_shape = plan, sign, coef.shape
         return y.clone()
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: D102
+    def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         plan = ctx.plan
         with torch.no_grad():

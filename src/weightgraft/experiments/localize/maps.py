@@ -7,13 +7,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
-
 import pandas as pd
 import torch
 
 from weightgraft.experiments.localize.examples import LocalizeExample
 from weightgraft.graft.attribution import Metric, graft_attribution
-from weightgraft.graft.cells import OUTPUT_ONLY, Cell, example_cells, exact_effects
+from weightgraft.graft.cells import OUTPUT_ONLY, Cell, exact_effects, example_cells
 from weightgraft.graft.partial import PartialGraft
 
 CELL_KEYS = ["example_id", "template", "direction", "position", "slot"]
