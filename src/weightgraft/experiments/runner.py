@@ -28,6 +28,7 @@ from weightgraft.experiments.examples import (
 from weightgraft.experiments.metrics import (
     summarize,
 )
+from weightgraft.experiments.protocol import embeddings_tied
 from weightgraft.experiments.schemes import compile_scheme
 from weightgraft.experiments.scoring import compute_logits, score_rows
 from weightgraft.experiments.store import ResultsStore, write_atomic
@@ -94,7 +95,11 @@ def run_experiment(
         roles = {r: i for i, r in enumerate(used)}
         names = slots(first.model)
         slot_heads = {s.name: s.heads for s in model_slots(first.model) if s.heads}
-        compiled = [compile_scheme(s, names, roles, slot_heads) for s in schemes]
+        compiled = [
+            compile_scheme(s, names, roles, slot_heads, protocol=config.protocol,
+                           tied_embeddings=embeddings_tied(first.model))
+            for s in schemes
+        ]
         prepared = prepare(prompts, first.tokenizer, compiled, set_name, exclusions)
         served = served_slots(prepared, names)
         loaded = {used[0]: first}
