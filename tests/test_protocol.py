@@ -213,3 +213,34 @@ def test_authors_maps_through_the_engine_equal_the_per_token_definition(model_ty
         assert (fast - ref).abs().max().item() <= TOL, scheme.name
         moved = max(moved, (ref[0, -1] - base(ids).logits[0, -1]).abs().max().item())
     assert moved > 1e-3  # the maps graft something that shows in the logits
+
+
+# ------------------------------------------------------------ spans only some templates have
+
+def test_a_span_scheme_runs_only_on_templates_that_have_the_span():
+    from weightgraft.data.prompts import TestPrompt
+    from weightgraft.experiments.examples import Exclusions, prepare
+
+    def prompt(i, template, text, spans):
+        return TestPrompt(f"r{i}/{template}", f"r{i}", template, text, "Cy", spans, "second_actor")
+
+    prompts = [
+        prompt(0, "head", "Al Bo in in a movie by", {"first_actor": (0, 5), "preposition": (20, 22)}),
+        prompt(1, "head", "Ed Fa in in a movie by", {"first_actor": (0, 5), "preposition": (20, 22)}),
+        prompt(0, "movie", "Al Bo in in Up by", {"first_actor": (0, 5), "movie_title": (12, 14)}),
+        prompt(1, "movie", "Ed Fa in in Up by", {"first_actor": (0, 5)}),  # this one lacks it
+    ]
+    names = _names(4)
+    compiled = [_compile(s, names) for s in preset("position", protocol="authors", spans=True)
+                if s.name in ("FE", "LT", "M", "FE+M+LT", "PREP")]
+    exclusions = Exclusions()
+    prepared = prepare(prompts, tiny_tokenizer(), compiled, "default", exclusions)
+    got = {ex.prompt.id: set(ex.sources) for ex in prepared}
+    assert got["r0/head"] == got["r1/head"] == {"FE", "LT", "PREP"}  # no example lost
+    assert got["r0/movie"] == {"FE", "LT", "M", "FE+M+LT"}
+    assert "r1/movie" not in got  # the template has the span, this example does not: excluded
+    summary = exclusions.summary()
+    assert summary["total"] == 1 and summary["examples"][0]["example_id"] == "r1/movie"
+    skipped = {(s["template"], s["scheme"]): s["span"] for s in summary["skipped_schemes"]}
+    assert skipped == {("head", "M"): "movie_title", ("head", "FE+M+LT"): "movie_title",
+                       ("movie", "PREP"): "preposition"}

@@ -115,7 +115,7 @@ def run_experiment(
         if progress:
             held = ", ".join(f"{r} {m['bytes_held'] / 2**20:.1f} MiB" for r, m in memory.items())
             print(f"[{set_name}] weights held: {held}")
-        items = [(ex, s.name) for ex in prepared for s in schemes]
+        items = [(ex, s.name) for ex in prepared for s in schemes if s.name in ex.sources]
         order.extend((set_name, ex.prompt.template, s, ex.prompt.id) for ex, s in items)
         todo = [it for it in items if (set_name, it[0].prompt.template, it[1], it[0].prompt.id) not in done]
         pad_id = first.tokenizer.pad_token_id if first.tokenizer.pad_token_id is not None else 0
@@ -198,7 +198,8 @@ def _finish(run_dir, config, schemes, store, order, exclusions, model_info, comp
     summary = summarize(results, seed=config.seed)
     write_atomic(run_dir / "summary.csv", summary.to_csv(index=False).encode())
     manifest = {
-        "name": config.name, "identity": config.identity(), "config": config.model_dump(mode="json"),
+        "name": config.name, "identity": config.identity(), "protocol": config.protocol,
+        "config": config.model_dump(mode="json"),
         "schemes": [s.model_dump(mode="json") for s in schemes], "versions": _versions(),
         "models": model_info, "device": config.device, "dtype": config.dtype, "seed": config.seed,
         "exclusions": exclusion_summary, "n_rows": len(results), "computed_this_run": computed,

@@ -20,7 +20,12 @@ class SelectorError(ValueError):
 
 
 class SpanNotFound(LookupError):
-    """A position selector names a span this example does not have (the example is excluded)."""
+    """A position selector names a span this example does not have (the example is excluded).
+    ``span`` is the missing span's name when a named span is what is missing."""
+
+    def __init__(self, message: str, span: str | None = None) -> None:
+        super().__init__(message)
+        self.span = span
 
 
 # ---------------------------------------------------------------- positions
@@ -135,7 +140,7 @@ def select_positions(
             if name is None:
                 raise SpanNotFound("the prompt has no entity span for 'first_entity'")
         if name not in spans:
-            raise SpanNotFound(f"span {name!r} is not marked in this prompt (has: {sorted(spans)})")
+            raise SpanNotFound(f"span {name!r} is not marked in this prompt (has: {sorted(spans)})", name)
         start, end = spans[name]
         found = token_span(offsets, start, end)
         if not found:

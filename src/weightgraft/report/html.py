@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from weightgraft.report.run import MAX_LISTED, ReportFigure, Run, _groups
-from weightgraft.report.tables import TABLE_HEADER, _exclusions, table_rows
+from weightgraft.report.tables import ANSWER_NOTE, TABLE_HEADER, _exclusions, table_rows
 
 if TYPE_CHECKING:
     pass
@@ -61,7 +61,8 @@ def _token(text: object, target: str | None = None) -> str:
 def _run_section(run: Run) -> str:
     m = run.manifest
     parts = ["<h2>Run</h2>", f"<p>directory: <code>{_esc(run.path)}</code>; started "
-             f"{_esc(m.get('started', 'n/a'))}, finished {_esc(m.get('finished', 'n/a'))}</p>"]
+             f"{_esc(m.get('started', 'n/a'))}, finished {_esc(m.get('finished', 'n/a'))}</p>",
+             f"<p>protocol: <b>{_esc(m.get('protocol', 'paper'))}</b>; {_esc(ANSWER_NOTE)}</p>"]
     models = m.get("models") or {}
     if models:
         parts.append(html_table(("role", "source", "weights sha256"), [
