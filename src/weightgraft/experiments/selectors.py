@@ -3,7 +3,8 @@
 Positions: ``first_actor``, ``last``, ``all``, ``first_entity``, token indices (``0``, ``-2``),
 unions ``a+b``, intersections ``a&b``, complements ``~a``, parentheses.
 Layers: ``all``, ``3``, ``-1``, ``2..5`` (inclusive), ``2:6`` (half-open), ``first_half``,
-``last_quarter``, ``quarter:2``, ``eighth:7``, ``k/n`` (the k-th of n equal groups), unions ``+``.
+``last_quarter``, ``quarter:2``, ``eighth:7``, ``k/n`` (the k-th of n equal groups), unions ``+``;
+under protocol ``authors`` named quarters are ``n//4`` wide with the remainder in the fourth.
 Components: names and groups joined by ``+`` and ``-`` (``attn+o``, ``all-unembed``).
 """
 
