@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
-
-import weightgraft as wg
-from weightgraft.graft.architectures import model_slots
-from weightgraft.experiments.config import load_config
-from weightgraft.experiments.schemes import compile_scheme
-import copy
-
 import torch
 import transformers as T
-
 from tiny_models import TINY_CONFIGS
+
+import weightgraft as wg
+from weightgraft.experiments.config import load_config
+from weightgraft.experiments.schemes import compile_scheme
+from weightgraft.graft.architectures import model_slots
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
 PAPER = [p for p in CONFIGS if p.parent.name == "paper"]
@@ -64,6 +62,7 @@ def test_paper_configs_run_on_tiny_models(path, paper_world, tmp_path):
     from types import SimpleNamespace
 
     from tiny_models import _randomize, make_donor, tiny_word_tokenizer
+
     from weightgraft.experiments.runner import run_experiment
 
     lines = [json.loads(x) for x in (paper_world / "test_prompts.jsonl").read_text().splitlines()]

@@ -8,16 +8,20 @@ import copy
 import pytest
 import torch
 import transformers as T
+from tiny_models import TINY_CONFIGS, _randomize, make_donor, tiny_tokenizer
 
 import weightgraft as wg
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.presets import preset
-from weightgraft.experiments.protocol import DIFFERENCES, differences_markdown, embeddings_tied
+from weightgraft.experiments.protocol import (
+    DIFFERENCES,
+    differences_markdown,
+    embeddings_tied,
+)
 from weightgraft.experiments.schemes import Rule, Scheme, compile_scheme
 from weightgraft.experiments.selectors import SelectorError, select_layers
 from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.reference import per_token_forward
-from tiny_models import TINY_CONFIGS, _randomize, make_donor, tiny_tokenizer
 
 TOL = 1e-9  # float64
 PROMPT = "Al Bo in in Up by"

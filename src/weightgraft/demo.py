@@ -129,7 +129,7 @@ def run_demo(
     return DemoResult(out, sft_dir, trained, seconds)
 
 
-def shape_checks(summary: "pd.DataFrame") -> list[str]:
+def shape_checks(summary: pd.DataFrame) -> list[str]:
     """The paper's shape per template, each line PASS or FAIL: SFT top-5 >= 90%, PRE <= 10%,
     FE+LT >= 0.9 x SFT, (FE+LT)^C <= PRE + 5 points."""
     lines = []
