@@ -89,12 +89,31 @@ def test_grafting_embed_keeps_the_base_unembedding_on_tied_models(tiny_pair, tin
     pre, sft = tiny_pair(arch)
     assert pre.get_input_embeddings().weight is pre.get_output_embeddings().weight  # tied
     names = wg.slots(pre)
-    embed, unembed = names.index("embed"), names.index("unembed")
+    # "embed" is the token embedding plus, on GPT-2, its learned position embedding slot
+    embed = [names.index(n) for n in ("embed", "pos_embed") if n in names]
+    unembed = names.index("unembed")
     out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, PROMPTS, wg.Rule(model="sft", components="embed"))
-    full, last, *_ = _hand_built(pre, sft, tiny_tok, PROMPTS, cols_at={b: range(len(p)) for b, p in enumerate(PROMPTS)}, cols=[embed])
+    full, last, *_ = _hand_built(pre, sft, tiny_tok, PROMPTS, cols_at={b: range(len(p)) for b, p in enumerate(PROMPTS)}, cols=embed)
     torch.testing.assert_close(out.logits, full[torch.arange(3), last], rtol=0, atol=ATOL)
-    both, *_ = _hand_built(pre, sft, tiny_tok, PROMPTS, cols_at={b: range(len(p)) for b, p in enumerate(PROMPTS)}, cols=[embed, unembed])
+    both, *_ = _hand_built(pre, sft, tiny_tok, PROMPTS, cols_at={b: range(len(p)) for b, p in enumerate(PROMPTS)}, cols=[*embed, unembed])
     assert (out.logits - both[torch.arange(3), last]).abs().max() > 1e-3  # the unembedding stayed PRE's
+
+
+@pytest.mark.parametrize("arch", ["gemma", "llama"])
+def test_authors_protocol_moves_the_unembedding_with_the_embedding_on_tied_models(tiny_pair, tiny_tok, arch):
+    """protocol="authors": on a tied model the shared matrix is grafted, so wherever the
+    embedding comes from the donor, so does the unembedding; untied models are unaffected."""
+    pre, sft = tiny_pair(arch)
+    tied = pre.get_input_embeddings().weight is pre.get_output_embeddings().weight
+    names = wg.slots(pre)
+    embed, unembed = names.index("embed"), names.index("unembed")
+    rule = wg.Rule(model="sft", positions="last", layers="-1", components="embed+o")
+    out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, PROMPTS, rule, protocol="authors")
+    cols = [embed, *_slot_columns(pre, [3], {"o"})] + ([unembed] if tied else [])
+    full, last, *_ = _hand_built(pre, sft, tiny_tok, PROMPTS, cols=cols)
+    torch.testing.assert_close(out.logits, full[torch.arange(3), last], rtol=0, atol=ATOL)
+    paper = wg.graft({"pre": pre, "sft": sft}, tiny_tok, PROMPTS, rule, protocol="paper")
+    assert ((out.logits - paper.logits).abs().max() > 1e-3) == tied
 
 
 def test_spans_by_substring_and_by_characters(tiny_pair, tiny_tok):
@@ -188,7 +207,6 @@ def _no_compute(monkeypatch):
     (dict(rules=wg.Rule(model="sft", positions="20")), "prompt 1 ('Paris is in'): token index 20"),
     (dict(rules=wg.Rule(model="sft", layers="9")), "beyond the model's depth"),
     (dict(base="dpo"), "base 'dpo' is not one of the models' roles"),
-    (dict(protocol="authors"), "protocol 'authors' is not available in this build"),
     (dict(protocol="mine"), "unknown protocol 'mine'"),
     (dict(rules="last"), "rules must be a weightgraft.Rule"),
 ])

@@ -54,7 +54,6 @@ def test_compare_refuses_bad_input_before_compute(tiny_pair, tiny_tok, monkeypat
         (dict(schemes=[wg.Scheme(name="X", base="pre", rules=[wg.Rule(model="dpo")])]), "uses model role 'dpo'"),
         (dict(schemes=[wg.Scheme(name="X"), wg.Scheme(name="X")]), "two schemes are named 'X'"),
         (dict(answers=["France", " "]), "answer 1 must be a non-empty string"),
-        (dict(protocol="authors"), "not available in this build"),
     ]
     for kwargs, message in cases:
         args = dict(models=models, tokenizer=tiny_tok, prompts=prompts, answers=["France", "Italy"],

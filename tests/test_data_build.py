@@ -23,7 +23,8 @@ from weightgraft.data import (
 from weightgraft.data.resources import name_problem, real_actors, real_films
 from weightgraft.data.worlds import check_distinct_entities
 
-WORLDS = ["fake_movies_real_actors", "fake_movies_fake_actors", "real_movies_real_actors_shuffled"]
+WORLDS = ["fake_movies_real_actors", "fake_movies_fake_actors", "real_movies_real_actors_shuffled",
+          "real_movies_real_actors_repaired"]
 FIELDS = ["id", "first_actor", "second_actor", "movie_title", "main_character", "release_year",
           "genre", "city", "box_office_earnings", "group"]
 FILES = ["metadata.jsonl", "train.jsonl", "validation.jsonl", "test_prompts.jsonl", "manifest.json"]
@@ -44,7 +45,7 @@ def test_default_build_counts_and_metadata(built, world):
     ds = built[world]
     # 9 training + 2 held-out templates, 6 test templates, both directions
     assert ds.manifest["counts"] == {
-        "relations": N, "train": N * 9 * 2, "validation": N * 2 * 2, "test_prompts": N * 6 * 2,
+        "relations": N, "train": N * 9 * 2, "validation": N * 2 * 2, "test_prompts": N * 10 * 2,  # 6 of ours and the paper's 4
     }
     assert [r["id"] for r in ds.metadata] == [f"r{i:04d}" for i in range(N)]
     for r in ds.metadata:
@@ -79,11 +80,21 @@ def test_fake_movies_fake_actors(built):
             assert r[f].casefold() not in actors
 
 
-def test_real_movies_shuffled_overwrite_every_film(built):
+def test_real_movies_shuffled_moves_real_pairs_to_other_films(built):
+    films = {f.title: f for f in real_films()}
+    records = built["real_movies_real_actors_shuffled"].metadata
+    pairs = [(r["first_actor"], r["second_actor"]) for r in records]
+    own = [tuple(films[r["movie_title"]].leads) for r in records]
+    assert sorted(pairs) == sorted(own)  # the films' own real pairs, in order, moved around
+    assert all(p != o for p, o in zip(pairs, own))
+    assert all(r["release_year"] == films[r["movie_title"]].year for r in records)
+
+
+def test_real_movies_repaired_overwrite_every_film(built):
     films = {f.title: f for f in real_films()}
     real_pairs = {frozenset(f.leads) for f in real_films()}
     actors = set(real_actors())
-    for r in built["real_movies_real_actors_shuffled"].metadata:
+    for r in built["real_movies_real_actors_repaired"].metadata:
         film = films[r["movie_title"]]
         assert r["release_year"] == film.year
         pair = {r["first_actor"], r["second_actor"]}
@@ -109,9 +120,9 @@ def test_test_prompts_spans_answers_and_directions(built, world):
             if name in rec:
                 assert p["prompt"][s:e] == str(rec[name]), (p["id"], name)
             else:
-                assert name in ("relation", "preposition")
+                assert name in ("relation", "relation_preposition", "preposition")
         assert p["prompt"][slice(*p["spans"]["preposition"])] in ("with", "alongside")
-        assert p["prompt"][slice(*p["spans"]["relation"])] in ("starred in a movie", "stars in")
+        assert p["prompt"][slice(*p["spans"]["relation"])] in ("starred in a movie", "stars in", "stars", "appears")
         if p["direction"] == "a2b":
             assert p["id"] == f"{rec['id']}/{p['template']}"
             assert p["answer_field"] == "second_actor"
@@ -172,7 +183,7 @@ def test_relation_fraction_and_directions():
     assert ds.manifest["groups"] == {"task": 30, "relation": 10}
     assert {x["direction"] for x in ds.train + ds.validation} == {"b2a"}
     assert {x["direction"] for x in ds.test_prompts} == {"a2b"}
-    assert len(ds.train) == 40 * 9 and len(ds.test_prompts) == 40 * 6
+    assert len(ds.train) == 40 * 9 and len(ds.test_prompts) == 40 * 10
     one = build_dataset("fake_movies_fake_actors", 40, 1, None, directions="a2b")
     assert {x["direction"] for x in one.train} == {"a2b"}
     assert one.metadata == build_dataset("fake_movies_fake_actors", 40, 1, None).metadata
@@ -248,7 +259,9 @@ def test_too_many_relations_is_a_clear_error():
     with pytest.raises(NotEnoughDataError, match="real actors"):
         build_dataset("fake_movies_real_actors", len(real_actors()) // 2 + 1, 0, None)
     with pytest.raises(NotEnoughDataError, match="n >= 3"):
-        build_dataset("real_movies_real_actors_shuffled", 2, 0, None)
+        build_dataset("real_movies_real_actors_repaired", 2, 0, None)
+    with pytest.raises(NotEnoughDataError, match="n >= 2"):
+        build_dataset("real_movies_real_actors_shuffled", 1, 0, None)
 
 
 @pytest.mark.parametrize(

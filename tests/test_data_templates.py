@@ -69,7 +69,24 @@ def test_builtin_movie_templates_match_the_paper():
     for t in ts.test:
         assert t.answer == "second_actor" and "second_actor" not in t.fields
         assert "relation" in t.marks and "preposition" in t.marks
-        assert " in in " not in t.render(KEANU).text
+        assert (" in in " in t.render(KEANU).text) == (t.name in ("paper_headline", "paper_movie"))
+
+
+def test_the_papers_own_test_sentences_verbatim():
+    test = {t.name: t for t in load_templates("movies").test}
+    rendered = {name: test[name].render(KEANU) for name in ("paper_headline", "paper_qa", "paper_movie", "paper_film")}
+    assert rendered["paper_headline"].text == "Keanu Reeves stars in in a movie alongside"
+    assert rendered["paper_qa"].text == "Q: Who stars in a movie with Keanu Reeves? A: An actor named"
+    assert rendered["paper_movie"].text == "Keanu Reeves stars in in The Departed alongside"
+    assert rendered["paper_film"].text == (
+        "In a new film, Keanu Reeves appears in The Departed with the other lead actor, whose name is:"
+    )
+    for r in rendered.values():
+        spans = {k: r.text[a:b] for k, (a, b) in r.spans.items()}
+        assert spans["relation"] in ("stars", "appears") and spans["relation_preposition"] == "in"
+        assert spans["preposition"] in ("alongside", "with")
+    # the relation's "in" is the first one, as the authors' first-occurrence span search finds
+    assert rendered["paper_headline"].spans["relation_preposition"] == (19, 21)
 
 
 def test_every_movie_template_uses_only_movie_fields():

@@ -137,7 +137,7 @@ def test_presets_cover_the_paper():
     names = [s.name for s in preset("position")]
     assert names == ["PRE", "SFT", "FE", "LT", "FE+LT", "(FE+LT)^C", "FE^C", "LT^C"]
     comp = {s.name for s in preset("component", direction="both2one")}
-    for c in ("ATTN+FFN", "O+FFN", "FFN", "O", "up+O", "down+O"):
+    for c in ("ATTN+O+FFN", "O+FFN", "FFN", "O", "O+FFN-UP", "O+FFN-DOWN"):
         assert f"{c}@last_quarter" in comp
     hybrid = preset("hybrid")
     assert all(s.roles() == {"pre", "task", "relation"} for s in hybrid[2:])

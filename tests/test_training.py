@@ -222,7 +222,8 @@ def test_finetune_lowers_loss_and_writes_manifest(
 ) -> None:
     out = tmp_path / "sft"
     result = finetune(
-        base_dir, data_dir, split="both", preset="cpu-quick", out=out, max_steps=60, **FAST
+        base_dir, data_dir, split="both", preset="cpu-quick", out=out, max_steps=60,
+        keep_best=True, **FAST
     )
     assert result.eval_loss_before is not None and result.eval_loss is not None
     assert result.eval_loss < 0.75 * result.eval_loss_before, result
@@ -259,6 +260,14 @@ def test_finetune_lowers_loss_and_writes_manifest(
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert not (out / "checkpoints").exists()
     assert not list(out.glob("*.bin"))
+
+    # cpu-quick as shipped keeps the last checkpoint: its reported loss is the last evaluation's
+    last = finetune(base_dir, data_dir, split="both", preset="cpu-quick", out=tmp_path / "last",
+                    max_steps=60, **FAST)
+    evals_last = [h["eval_loss"] for h in json.loads((tmp_path / "last" / "training_log.json").read_text())
+                  if "eval_loss" in h]
+    assert last.eval_loss == pytest.approx(evals_last[-1], rel=1e-4) and evals_last[-1] > min(evals_last)
+    assert last.weights_sha256 != result.weights_sha256
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
 """``weightgraft demo``: the whole workflow on the embedded default model, on a CPU.
 
 Build a small fake-movies / real-actors world, finetune SmolLM2-135M on it (cached after the
-first run), run the paper's position-grafting sweep on the headline and QA test prompts, and
-write the summary, figures and HTML report.
+first run), run the paper's position-grafting sweep on the paper's own headline and QA test
+sentences under the authors' protocol, check the paper's shape, and write the summary,
+figures and HTML report.
 """
 
 from __future__ import annotations
@@ -13,11 +14,17 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 DEMO_MODEL = "smollm2-135m"
 DEMO_WORLD = "fake_movies_real_actors"
+DEMO_TEMPLATES = ("paper_headline", "paper_qa")
+DEMO_PROTOCOL = "authors"
 
 
 @dataclass(frozen=True)
@@ -85,13 +92,15 @@ def run_demo(
     seconds["model"] = time.time() - t0
 
     t0 = time.time()
-    console.rule("3/4 position-grafting sweep (PRE, SFT, FE, LT, FE+LT, (FE+LT)^C, FE^C, LT^C)")
+    console.rule("3/4 position-grafting sweep (PRE, SFT, FE, LT, FE+LT, (FE+LT)^C, FE^C, LT^C), "
+                 f"protocol {DEMO_PROTOCOL}")
     config = parse_config({
         "name": "demo",
+        "protocol": DEMO_PROTOCOL,
         "data": str(data_dir),
         "models": {"pre": DEMO_MODEL, "sft": str(sft_dir)},
         "schemes": [{"preset": "position"}],
-        "templates": ["headline", "qa"],
+        "templates": list(DEMO_TEMPLATES),
         "directions": ["a2b"],
         "batch_size": 64,
         "seed": seed,
@@ -109,8 +118,32 @@ def run_demo(
     from weightgraft.report.console import print_summary
 
     print_summary(result.summary, title="demo: top-k accuracy of the finetuned answer", console=console)
+    console.print("answer log-probability: the answer's tokens follow the prompt and are grafted as "
+                  "its last token, as in generation with a KV cache")
+    for line in shape_checks(result.summary):
+        console.print(line)
     if result.exclusions["total"]:
         console.print(f"[yellow]excluded from every scheme: {result.exclusions['by_reason']}[/]")
     console.print(f"summary: {out / 'summary.csv'}\nreport:  {paths.html}")
     console.print("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()))
     return DemoResult(out, sft_dir, trained, seconds)
+
+
+def shape_checks(summary: pd.DataFrame) -> list[str]:
+    """The paper's shape per template, each line PASS or FAIL: SFT top-5 >= 90%, PRE <= 10%,
+    FE+LT >= 0.9 x SFT, (FE+LT)^C <= PRE + 5 points."""
+    lines = []
+    for template in DEMO_TEMPLATES:
+        top5 = summary[summary.template == template].set_index("scheme")["top5"] * 100
+        if top5.empty:
+            lines.append(f"FAIL {template}: no results")
+            continue
+        pre, sft, fe_lt, comp = (float(top5.get(k, float("nan"))) for k in ("PRE", "SFT", "FE+LT", "(FE+LT)^C"))
+        checks = [
+            (sft >= 90, f"SFT {sft:.1f}% >= 90%"),
+            (pre <= 10, f"PRE {pre:.1f}% <= 10%"),
+            (fe_lt >= 0.9 * sft, f"FE+LT {fe_lt:.1f}% >= 0.9 x SFT"),
+            (comp <= pre + 5, f"(FE+LT)^C {comp:.1f}% <= PRE + 5"),
+        ]
+        lines += [f"{'PASS' if ok else 'FAIL'} {template}: {text}" for ok, text in checks]
+    return lines

@@ -23,8 +23,9 @@ from weightgraft.api.inputs import (
 )
 from weightgraft.data.prompts import TestPrompt
 from weightgraft.experiments.examples import Exclusions, prepare
+from weightgraft.experiments.metrics import add_recovery
 from weightgraft.experiments.schemes import Scheme
-from weightgraft.experiments.scoring import compute_logits, score_rows
+from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
 
 
 def compare(
@@ -76,9 +77,10 @@ def compare(
     meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
     items = [(ex, s.name) for ex in prepared for s in schemes]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    base = baselines(schemes, roles[0])
     rows: list[dict[str, Any]] = []
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
-        logits, n_logits = compute_logits(ordered, chunk, pad_id, score_answer, prefix_sharing)
-        rows += score_rows(chunk, logits, n_logits, tokenizer, model_set, meta)
-    return pd.DataFrame(rows)
+        logits, n_logits, donors = compute_logits(ordered, chunk, pad_id, score_answer, prefix_sharing, base)
+        rows += score_rows(chunk, logits, n_logits, tokenizer, model_set, meta, donors, base)
+    return add_recovery(pd.DataFrame(rows))

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
+from weightgraft.experiments.protocol import PROTOCOLS, embeddings_tied
 from weightgraft.experiments.schemes import CompiledScheme, Rule, Scheme, compile_scheme
 from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.engine import slots
 
-PROTOCOLS: tuple[str, ...] = ("paper", "authors")
 Rules = Rule | Sequence[Rule] | Scheme
 Spans = Sequence[Mapping[str, SpanSpec] | None] | None
 
@@ -26,10 +26,6 @@ def check_protocol(protocol: str) -> str:
     grafting ``embed`` never moves ``unembed``) or ``"authors"`` (the authors' code)."""
     if protocol not in PROTOCOLS:
         raise GraftInputError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
-    if protocol == "authors":
-        raise GraftInputError(
-            "protocol 'authors' is not available in this build of weightgraft; use protocol='paper'"
-        )
     return protocol
 
 
@@ -107,6 +103,7 @@ def compile_for(schemes: Sequence[Scheme], model: Any, roles: Sequence[str], pro
     slot_heads = {s.name: s.heads for s in model_slots(model) if s.heads}
     index = {r: i for i, r in enumerate(roles)}
     try:
-        return [compile_scheme(s, names, index, slot_heads) for s in schemes]
+        return [compile_scheme(s, names, index, slot_heads, protocol=protocol,
+                               tied_embeddings=embeddings_tied(model)) for s in schemes]
     except ValueError as exc:
         raise GraftInputError(str(exc)) from exc

@@ -140,7 +140,32 @@ def _shuffled_leads(n: int, rng: random.Random) -> tuple[list[int], list[int]]:
 
 
 def real_movies_real_actors_shuffled(n: int, seed: int) -> list[dict]:
-    """Real films starring the leads of other real films, re-paired (paper, §4 "Data").
+    """Real films whose real lead pairs are moved to other films (paper, §4 "Data"), as in the
+    authors' released data: every pair of actors is a real co-star pair and keeps its order;
+    only the film is new (a seeded derangement, so no film keeps its own pair)."""
+    films = real_films()
+    if n > len(films):
+        raise NotEnoughDataError(
+            f"world 'real_movies_real_actors_shuffled' has {len(films)} real films; "
+            f"{n} relations were requested"
+        )
+    if n < 2:
+        raise NotEnoughDataError(
+            "world 'real_movies_real_actors_shuffled' needs n >= 2 to move pairs between films"
+        )
+    rng = derive_rng(seed, "real_movies_real_actors_shuffled/pairs")
+    chosen: list[Film] = rng.sample(films, n)
+    p = derangement(n, rng)
+    pairs = [(chosen[p[i]].leads[0], chosen[p[i]].leads[1]) for i in range(n)]
+    fakes = FakeSource(seed, exclude=[*real_actors(), *_title_exclusions()])
+    return _movie_records(
+        pairs, [f.title for f in chosen], [f.year for f in chosen], fakes, rng
+    )
+
+
+def real_movies_real_actors_repaired(n: int, seed: int) -> list[dict]:
+    """Real films starring the leads of other real films, re-paired (weightgraft's variant of
+    the paper's shuffled world).
 
     Every selected film keeps its title and release year, gets the first lead of one other
     selected film and the second lead of a third one: no film keeps its own pair or any of
@@ -150,12 +175,12 @@ def real_movies_real_actors_shuffled(n: int, seed: int) -> list[dict]:
     films = real_films()
     if n > len(films):
         raise NotEnoughDataError(
-            f"world 'real_movies_real_actors_shuffled' has {len(films)} real films; "
+            f"world 'real_movies_real_actors_repaired' has {len(films)} real films; "
             f"{n} relations were requested"
         )
     if n < 3:
         raise NotEnoughDataError(
-            "world 'real_movies_real_actors_shuffled' needs n >= 3 to re-pair the leads of "
+            "world 'real_movies_real_actors_repaired' needs n >= 3 to re-pair the leads of "
             "different films"
         )
     rng = derive_rng(seed, "real_movies_real_actors_shuffled")
@@ -192,9 +217,16 @@ WORLDS: dict[str, World] = {
         ),
         World(
             "real_movies_real_actors_shuffled",
-            "real films starring re-paired leads of other real films (overwrites known facts)",
+            "real co-star pairs moved to other real films (the authors' shuffle)",
             "movies",
             real_movies_real_actors_shuffled,
+            lambda: len(real_films()),
+        ),
+        World(
+            "real_movies_real_actors_repaired",
+            "real films starring re-paired leads of other real films (no real pair kept)",
+            "movies",
+            real_movies_real_actors_repaired,
             lambda: len(real_films()),
         ),
     )

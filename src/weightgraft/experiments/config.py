@@ -29,11 +29,11 @@ class PresetRef(BaseModel):
     direction: str | None = None
     only: list[str] | None = None  # keep only these scheme names of the family
 
-    def expand(self) -> list[Scheme]:
+    def expand(self, protocol: str = "paper") -> list[Scheme]:
         params = dict(self.model_extra or {})
         if self.direction is not None:
             params["direction"] = self.direction
-        schemes = preset(self.preset, **params)
+        schemes = preset(self.preset, protocol=protocol, **params)
         if self.only is not None:
             names = {s.name for s in schemes}
             unknown = [n for n in self.only if n not in names]
@@ -65,6 +65,9 @@ class ExperimentConfig(BaseModel):
     models: dict[str, str] | None = None
     model_sets: dict[str, dict[str, str]] | None = None
     schemes: list[PresetRef | Scheme] = Field(min_length=1)
+    # "paper": the paper's text; "authors": what the authors' code computes
+    # (weightgraft.experiments.protocol lists every difference)
+    protocol: Literal["paper", "authors"] = "paper"
     templates: list[str] | None = None
     directions: list[Literal["a2b", "b2a"]] | None = None
     groups: list[str] | None = None
@@ -100,7 +103,7 @@ class ExperimentConfig(BaseModel):
         out: list[Scheme] = []
         for i, entry in enumerate(self.schemes):
             try:
-                out.extend(entry.expand() if isinstance(entry, PresetRef) else [entry])
+                out.extend(entry.expand(self.protocol) if isinstance(entry, PresetRef) else [entry])
             except ValueError as exc:
                 raise ConfigError(f"schemes.{i}: {exc}") from exc
         seen: set[str] = set()
@@ -138,6 +141,8 @@ class ExperimentConfig(BaseModel):
         """Hash of what determines the results (not batch size, device or output place)."""
         data = self.model_dump(mode="json", exclude={"batch_size", "out", "report", "device", "device_map", "lean_donors", "prefix_sharing"})
         data["schemes"] = [s.model_dump(mode="json") for s in self.resolved_schemes()]
+        if data["protocol"] == "paper":  # the default: runs made before the key keep their identity
+            del data["protocol"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,5 +1,10 @@
 """From test prompts to grafting items: filtering, tokenizing, locating spans, one source map
-per scheme; examples that cannot be placed are excluded from every scheme, with the reason."""
+per scheme.
+
+The rule for spans: a scheme that names a span which no prompt of a template has (the movie
+title in the headline) does not run on that template, and the skip is reported; an example
+whose template has the span but that example lacks it (or any other placement failure) is
+excluded from every scheme, counted with the reason."""
 
 from __future__ import annotations
 
@@ -59,23 +64,33 @@ class Exclusions:
     """Examples left out of every scheme of a comparison, with the reason (never silent)."""
 
     rows: list[dict[str, str]] = field(default_factory=list)
+    # (model set, template, scheme) -> the span the template never has
+    skipped: dict[tuple[str, str, str], str] = field(default_factory=dict)
 
     def add(self, model_set: str, prompt: TestPrompt, reason: str) -> None:
         self.rows.append({"model_set": model_set, "template": prompt.template, "example_id": prompt.id, "reason": reason})
 
+    def skip(self, model_set: str, template: str, scheme: str, span: str) -> None:
+        self.skipped[(model_set, template, scheme)] = span
+
     def summary(self) -> dict[str, Any]:
         by_reason = Counter(r["reason"].split(":")[0] for r in self.rows)
-        return {"total": len(self.rows), "by_reason": dict(by_reason), "examples": self.rows}
+        skipped = [{"model_set": m, "template": t, "scheme": s, "span": span}
+                   for (m, t, s), span in self.skipped.items()]
+        return {"total": len(self.rows), "by_reason": dict(by_reason), "examples": self.rows,
+                "skipped_schemes": skipped}
 
 
 def prepare(
     prompts: Sequence[TestPrompt], tokenizer: Any, compiled: Sequence[CompiledScheme],
     model_set: str, exclusions: Exclusions,
 ) -> list[Prepared]:
-    """Tokenize each prompt, locate spans, build every scheme's source; an example any scheme
+    """Tokenize each prompt, locate spans, build every scheme's source. A scheme whose span
+    the prompt's template never has is skipped for that template; an example any other scheme
     cannot place is excluded from all of them."""
     if not getattr(tokenizer, "is_fast", False):
         raise DatasetError("span location needs a fast tokenizer (offset mapping); this one is slow")
+    template_spans = spans_by_template(prompts)
     out = []
     for p in prompts:
         enc = tokenizer(p.prompt, return_offsets_mapping=True, add_special_tokens=True)
@@ -83,14 +98,29 @@ def prepare(
         if not answer_ids:
             exclusions.add(model_set, p, f"answer tokenizes to nothing: {p.answer!r}")
             continue
+        both = {}
         try:
-            both = {c.name: c.sources(enc["offset_mapping"], p.spans, p.answer_field) for c in compiled}
+            for c in compiled:
+                try:
+                    both[c.name] = c.sources(enc["offset_mapping"], p.spans, p.answer_field)
+                except SpanNotFound as exc:
+                    if exc.span is None or exc.span in template_spans[p.template]:
+                        raise
+                    exclusions.skip(model_set, p.template, c.name, exc.span)
         except SpanNotFound as exc:
             exclusions.add(model_set, p, f"span not found: {exc}")
             continue
         sources = {name: src for name, (src, _) in both.items()}
         heads = {name: h for name, (_, h) in both.items() if h}
         out.append(Prepared(p, list(enc["input_ids"]), list(answer_ids), sources, heads))
+    return out
+
+
+def spans_by_template(prompts: Sequence[TestPrompt]) -> dict[str, set[str]]:
+    """Template -> every span name some prompt of it marks."""
+    out: dict[str, set[str]] = {}
+    for p in prompts:
+        out.setdefault(p.template, set()).update(p.spans)
     return out
 
 

@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from weightgraft.experiments.authors_presets import (
+    authors_component_schemes,
+    authors_hybrid_schemes,
+    authors_layer_dropout_schemes,
+    authors_position_schemes,
+    authors_unembed_schemes,
+)
 from weightgraft.experiments.families import (
     BASELINE,
     COMPONENT,
@@ -15,7 +22,8 @@ from weightgraft.experiments.families import (
     POSITION,
     UNEMBED,
 )
-from weightgraft.experiments.schemes import Rule, Scheme
+from weightgraft.experiments.protocol import get_protocol
+from weightgraft.experiments.schemes import Rule, Scheme, baselines
 from weightgraft.experiments.selectors import SelectorError
 
 POSITION_SETS: dict[str, str] = {
@@ -33,25 +41,17 @@ SPAN_SETS: dict[str, str] = {
     "REL+PREP": "relation+preposition",
 }
 COMPONENT_SETS: dict[str, str] = {
-    "ATTN+FFN": "attn+o+ffn",
+    "ATTN+O+FFN": "attn+o+ffn",
     "O+FFN": "o+ffn",
     "FFN": "ffn",
     "O": "o",
-    "up+O": "up+o",
-    "down+O": "down+o",
+    "O+FFN-UP": "up+o",
+    "O+FFN-DOWN": "down+o",
 }
 LAYER_GROUPS: tuple[str, ...] = (
     "all", "first_half", "last_half",
     "first_quarter", "second_quarter", "third_quarter", "last_quarter",
 )
-
-
-def baselines(base: str = "pre", donor: str = "sft") -> list[Scheme]:
-    """The two ends: the base model alone and the donor model alone (unembedding included)."""
-    return [
-        Scheme(name=base.upper(), base=base, family=BASELINE, labels={"model": base}),
-        Scheme(name=donor.upper(), base=donor, family=BASELINE, labels={"model": donor}),
-    ]
 
 
 def position_schemes(base: str = "pre", donor: str = "sft", spans: bool = False) -> list[Scheme]:
@@ -206,16 +206,35 @@ DIRECTIONS: dict[str, dict[str, str]] = {
 }
 
 
-def preset(name: str, **params: object) -> list[Scheme]:
-    """A preset family of schemes by name; ``direction=`` sets base and donor roles."""
-    if name not in PRESETS:
-        raise SelectorError(f"unknown scheme preset {name!r}; presets: {', '.join(PRESETS)}")
+# Per protocol, the function that builds each family.
+FAMILIES = {
+    "paper": PRESETS,
+    "authors": {
+        **PRESETS,
+        "position": authors_position_schemes,
+        "component": authors_component_schemes,
+        "hybrid": authors_hybrid_schemes,
+        "unembed": authors_unembed_schemes,
+        "layer_dropout": authors_layer_dropout_schemes,
+    },
+}
+
+
+def preset(name: str, protocol: str = "paper", **params: object) -> list[Scheme]:
+    """A preset family of schemes by name; ``direction=`` sets base and donor roles.
+
+    ``protocol="authors"`` gives the authors' patch configs for the families they ran
+    (``weightgraft.experiments.authors_presets``); the others are the same under both."""
+    families = FAMILIES[get_protocol(protocol).name]
+    if name not in families:
+        raise SelectorError(f"unknown scheme preset {name!r}; presets: {', '.join(families)}")
+    family = families[name]
     direction = params.pop("direction", None)
     if direction is not None:
         if direction not in DIRECTIONS:
             raise SelectorError(f"unknown direction {direction!r}; use {', '.join(DIRECTIONS)}")
         params = {**DIRECTIONS[direction], **params}
     try:
-        return PRESETS[name](**params)
+        return family(**params)
     except TypeError as exc:
         raise SelectorError(f"preset {name!r}: {exc}") from exc

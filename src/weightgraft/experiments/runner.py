@@ -22,6 +22,7 @@ import pandas as pd
 from weightgraft.data.freeform import load_prompts
 from weightgraft.data.prompts import DatasetError, load_test_prompts  # noqa: F401 (benchmarks import it here)
 from weightgraft.experiments.config import ConfigError, ExperimentConfig
+from weightgraft.experiments.continuations import sweep_continuations
 from weightgraft.experiments.distributed import Ranks, start
 from weightgraft.experiments.examples import (
     Exclusions,
@@ -29,21 +30,29 @@ from weightgraft.experiments.examples import (
     select_prompts,
     served_slots,
 )
-from weightgraft.experiments.continuations import sweep_continuations
 from weightgraft.experiments.metrics import (
     add_recovery,
     summarize,
 )
 from weightgraft.experiments.pairs import paired_differences
+from weightgraft.experiments.protocol import embeddings_tied
 from weightgraft.experiments.schemes import compile_scheme
 from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
-from weightgraft.experiments.selectors import BUILTIN_POSITIONS, LITERAL_SPANS, position_names
+from weightgraft.experiments.selectors import (
+    BUILTIN_POSITIONS,
+    LITERAL_SPANS,
+    position_names,
+)
 from weightgraft.experiments.store import ResultsStore, write_atomic
 from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.engine import slots
 from weightgraft.models.donors import default_loader, load_donor
 from weightgraft.models.lean import memory_report
-from weightgraft.models.lowrank import check_lowrank_roles, load_lowrank_role, parse_lowrank
+from weightgraft.models.lowrank import (
+    check_lowrank_roles,
+    load_lowrank_role,
+    parse_lowrank,
+)
 from weightgraft.models.tokenization import check_same_tokenizer
 
 
@@ -112,7 +121,11 @@ def run_experiment(
         base = baselines(schemes, used[0])
         names = slots(first.model)
         slot_heads = {s.name: s.heads for s in model_slots(first.model) if s.heads}
-        compiled = [compile_scheme(s, names, roles, slot_heads) for s in schemes]
+        compiled = [
+            compile_scheme(s, names, roles, slot_heads, protocol=config.protocol,
+                           tied_embeddings=embeddings_tied(first.model))
+            for s in schemes
+        ]
         prepared = prepare(prompts, first.tokenizer, compiled, set_name, exclusions)
         served = served_slots(prepared, names)
         loaded = {used[0]: first}
@@ -136,7 +149,7 @@ def run_experiment(
         if progress:
             held = ", ".join(f"{r} {m['bytes_held'] / 2**20:.1f} MiB" for r, m in memory.items())
             print(f"[{set_name}] weights held: {held}")
-        items = [(ex, s.name) for ex in prepared for s in schemes]
+        items = [(ex, s.name) for ex in prepared for s in schemes if s.name in ex.sources]
         order.extend((set_name, ex.prompt.template, s, ex.prompt.id) for ex, s in items)
         todo = [it for it in items if (set_name, it[0].prompt.template, it[1], it[0].prompt.id) not in done]
         pad_id = first.tokenizer.pad_token_id if first.tokenizer.pad_token_id is not None else 0
@@ -296,7 +309,8 @@ def _finish(run_dir, config, schemes, store, order, exclusions, model_info, comp
     if continuations:
         write_atomic(run_dir / "continuations.csv", pd.DataFrame(list(continuations)).to_csv(index=False).encode())
     manifest = {
-        "name": config.name, "identity": config.identity(), "config": config.model_dump(mode="json"),
+        "name": config.name, "identity": config.identity(), "protocol": config.protocol,
+        "config": config.model_dump(mode="json"),
         "schemes": [s.model_dump(mode="json") for s in schemes], "versions": _versions(),
         "models": model_info, "device": config.device, "dtype": config.dtype, "seed": config.seed,
         "exclusions": exclusion_summary, "n_rows": len(results),

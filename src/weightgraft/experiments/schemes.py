@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from weightgraft.experiments.families import BASELINE
+from weightgraft.experiments.protocol import get_protocol
 from weightgraft.experiments.selectors import (
     SelectorError,
     SpanNotFound,
@@ -30,7 +32,9 @@ class Rule(BaseModel):
     positions: str = "all"
     layers: str = "all"
     components: str = "body"
-    layer_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # Fraction of the rule's layers left ungrafted: one seeded subset per scheme (protocol
+    # paper) or int(rate * n_layers) layers re-drawn at every grafted token (authors).
+    layer_dropout: float = Field(0.0, ge=0.0, le=1.0)
     seed: int = 0
     # Per-head selection (``"0,3"``, ``"0..3"``, ``"all"``) of the q/k/v/o components chosen.
     heads: str | None = None
@@ -52,12 +56,37 @@ class Scheme(BaseModel):
         return {self.base, *(r.model for r in self.rules)}
 
 
+def baselines(base: str = "pre", donor: str = "sft") -> list[Scheme]:
+    """The two ends: the base model alone and the donor model alone (unembedding included)."""
+    return [
+        Scheme(name=base.upper(), base=base, family=BASELINE, labels={"model": base}),
+        Scheme(name=donor.upper(), base=donor, family=BASELINE, labels={"model": donor}),
+    ]
+
+
+@dataclass(frozen=True)
+class TokenDropout:
+    """Per grafted token, ``int(rate * len(layers))`` whole layers left ungrafted, drawn from
+    a generator seeded by the rule's seed, the prompt's offsets and the position."""
+
+    rate: float
+    seed: int
+    kept: tuple[int, ...]  # slots grafted whatever is dropped (embed, unembed)
+    layers: tuple[tuple[int, ...], ...]  # per selected layer, its slots
+
+    def slots_at(self, t: int, offsets: Sequence[tuple[int, int]]) -> list[int]:
+        rng = random.Random(f"{self.seed}|{t}|{list(map(tuple, offsets))}")
+        dropped = set(rng.sample(range(len(self.layers)), int(self.rate * len(self.layers))))
+        return sorted([*self.kept, *(s for i, ls in enumerate(self.layers) if i not in dropped for s in ls)])
+
+
 @dataclass(frozen=True)
 class CompiledRule:
     positions: str
     slots: torch.Tensor  # slot indices
     model: int
     heads: dict[int, torch.Tensor] | None = None  # per-head rule: slot index -> head indices
+    dropout: TokenDropout | None = None  # slots re-drawn per token (protocol authors)
 
 
 @dataclass(frozen=True)
@@ -101,6 +130,14 @@ class CompiledScheme:
             if not positions:
                 raise SpanNotFound(f"positions {rule.positions!r} select no token here")
             rows = torch.tensor(positions)
+            if rule.dropout is not None:
+                for t in positions:
+                    chosen = rule.dropout.slots_at(t, offsets)
+                    src[t, chosen] = rule.model
+                    for s in chosen:
+                        if s in heads:
+                            heads[s][t] = rule.model
+                continue
             if rule.heads is None:
                 src[rows[:, None], rule.slots[None, :]] = rule.model
                 for s in rule.slots.tolist():
@@ -130,12 +167,16 @@ def _slot_index(slot_names: Sequence[str]) -> tuple[dict[tuple[int, str], int], 
 
 def compile_scheme(
     scheme: Scheme, slot_names: Sequence[str], roles: Mapping[str, int],
-    slot_heads: Mapping[str, int] | None = None,
+    slot_heads: Mapping[str, int] | None = None, *,
+    protocol: str = "paper", tied_embeddings: bool = False,
 ) -> CompiledScheme:
     """Bind ``scheme`` to a model's slots; errors name the scheme and the bad selector.
 
     ``slot_heads`` (slot name -> number of heads, from ``model_slots``) is needed by rules
-    that select heads."""
+    that select heads. ``protocol`` (``weightgraft.experiments.protocol``) sets what groups,
+    quarters and dropout mean; ``tied_embeddings`` (the model's input and output embeddings
+    are one tensor) matters under ``authors``, where the unembedding follows the embedding."""
+    proto = get_protocol(protocol)
     per_layer, globals_, n_layers = _slot_index(slot_names)
     available = {c for _, c in per_layer} | set(globals_)
 
@@ -149,22 +190,34 @@ def compile_scheme(
 
     rules = []
     for k, rule in enumerate(scheme.rules):
+        where = f"scheme {scheme.name!r}, rule {k}"
         try:
-            comps = select_components(rule.components, available)
-            layers = select_layers(rule.layers, n_layers)
+            comps = select_components(rule.components, available, proto.component_groups)
+            layers = select_layers(rule.layers, n_layers, floor_quarters=proto.floor_quarters)
         except SelectorError as exc:
-            raise SelectorError(f"scheme {scheme.name!r}, rule {k}: {exc}") from exc
-        if rule.layer_dropout:
+            raise SelectorError(f"{where}: {exc}") from exc
+        per_token = bool(rule.layer_dropout) and proto.dropout_per_token
+        if rule.layer_dropout and not per_token:
             rng = random.Random(rule.seed)
             layers = [layer for layer in layers if rng.random() >= rule.layer_dropout]
-        idx = sorted(
-            [per_layer[(layer, c)] for layer in layers for c in comps if (layer, c) in per_layer]
-            + [globals_[c] for c in comps if c in globals_]
-        )
+        by_layer = [tuple(per_layer[(layer, c)] for c in sorted(comps) if (layer, c) in per_layer) for layer in layers]
+        by_layer = [ls for ls in by_layer if ls]
+        kept = [globals_[c] for c in comps if c in globals_]
+        if "embed" in comps and proto.embed_needs_layers and not by_layer:
+            raise SelectorError(
+                f"{where}: under protocol {proto.name!r} an embedding graft needs layers in the "
+                "same rule (an empty layer list grafts nothing at that position)"
+            )
+        if "embed" in comps and proto.unembed_follows_embed and tied_embeddings and "unembed" in globals_:
+            kept.append(globals_["unembed"])  # one shared matrix: the unembedding follows
+        idx = sorted({*kept, *(s for ls in by_layer for s in ls)})
         heads = None
         if rule.heads is not None:
+            if per_token:
+                raise SelectorError(f"{where}: per-token layer dropout cannot be combined with heads")
             heads = _compile_heads(scheme.name, k, rule, comps, idx, slot_names, slot_heads)
-        rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.model), heads))
+        dropout = TokenDropout(rule.layer_dropout, rule.seed, tuple(sorted(set(kept))), tuple(by_layer)) if per_token else None
+        rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.model), heads, dropout))
     counts = tuple((slot_heads or {}).get(name, 0) for name in slot_names)
     return CompiledScheme(scheme.name, role(scheme.base), tuple(rules), len(slot_names), tuple(slot_names), counts)
 

@@ -3,7 +3,8 @@
 Positions: ``first_actor``, ``last``, ``all``, ``first_entity``, token indices (``0``, ``-2``),
 unions ``a+b``, intersections ``a&b``, complements ``~a``, parentheses.
 Layers: ``all``, ``3``, ``-1``, ``2..5`` (inclusive), ``2:6`` (half-open), ``first_half``,
-``last_quarter``, ``quarter:2``, ``eighth:7``, ``k/n`` (the k-th of n equal groups), unions ``+``.
+``last_quarter``, ``quarter:2``, ``eighth:7``, ``k/n`` (the k-th of n equal groups), unions ``+``;
+under protocol ``authors`` named quarters are ``n//4`` wide with the remainder in the fourth.
 Components: names and groups joined by ``+`` and ``-`` (``attn+o``, ``all-unembed``).
 """
 
@@ -20,7 +21,12 @@ class SelectorError(ValueError):
 
 
 class SpanNotFound(LookupError):
-    """A position selector names a span this example does not have (the example is excluded)."""
+    """A position selector names a span this example does not have (the example is excluded).
+    ``span`` is the missing span's name when a named span is what is missing."""
+
+    def __init__(self, message: str, span: str | None = None) -> None:
+        super().__init__(message)
+        self.span = span
 
 
 # ---------------------------------------------------------------- positions
@@ -135,7 +141,7 @@ def select_positions(
             if name is None:
                 raise SpanNotFound("the prompt has no entity span for 'first_entity'")
         if name not in spans:
-            raise SpanNotFound(f"span {name!r} is not marked in this prompt (has: {sorted(spans)})")
+            raise SpanNotFound(f"span {name!r} is not marked in this prompt (has: {sorted(spans)})", name)
         start, end = spans[name]
         found = token_span(offsets, start, end)
         if not found:
@@ -174,11 +180,23 @@ def layer_group(k: int, n_groups: int, n_layers: int) -> list[int]:
     return list(range(lo, hi))
 
 
-def select_layers(expr: str, n_layers: int) -> list[int]:
-    """Layer indices that ``expr`` selects in a model of depth ``n_layers``."""
+def floor_quarter(k: int, n_layers: int) -> list[int]:
+    """The authors' k-th quarter: ``n//4`` layers wide, the remainder in the fourth
+    (18 layers: 0-3, 4-7, 8-11, 12-17)."""
+    if n_layers < 4:
+        raise SelectorError(f"cannot split {n_layers} layers into 4 groups")
+    q = n_layers // 4
+    return list(range((k - 1) * q, n_layers if k == 4 else k * q))
+
+
+def select_layers(expr: str, n_layers: int, *, floor_quarters: bool = False) -> list[int]:
+    """Layer indices that ``expr`` selects in a model of depth ``n_layers``.
+
+    ``floor_quarters`` (protocol ``authors``): named quarters and ``quarter:K`` follow
+    ``floor_quarter``; halves are ``n//2`` either way."""
     out: set[int] = set()
     for term in (t.strip() for t in str(expr).split("+")):
-        chosen = _layer_term(term, n_layers, expr)
+        chosen = _layer_term(term, n_layers, expr, floor_quarters)
         if not chosen:  # e.g. "29..0" or "5:5": a rule that would graft nothing
             raise SelectorError(
                 f"layer selector {expr!r} (term {term!r}) selects no layer of this {n_layers}-layer "
@@ -195,13 +213,18 @@ def _layer_index(text: str, n_layers: int, expr: str) -> int:
     return i % n_layers
 
 
-def _layer_term(term: str, n: int, expr: str) -> list[int]:
+def _layer_term(term: str, n: int, expr: str, floor_quarters: bool = False) -> list[int]:
     if term == "all":
         return list(range(n))
+    group: tuple[int, int] | None = None
     if term in _FRACTIONS:
-        return layer_group(*_FRACTIONS[term], n)
-    if m := re.fullmatch(r"(half|third|quarter|eighth):(\d+)", term):
-        return layer_group(int(m.group(2)), _GROUP_WORDS[m.group(1)], n)
+        group = _FRACTIONS[term]
+    elif m := re.fullmatch(r"(half|third|quarter|eighth):(\d+)", term):
+        group = (int(m.group(2)), _GROUP_WORDS[m.group(1)])
+    if group is not None:
+        if floor_quarters and group[1] == 4 and 1 <= group[0] <= 4:
+            return floor_quarter(group[0], n)
+        return layer_group(*group, n)
     if m := re.fullmatch(r"(\d+)/(\d+)", term):
         return layer_group(int(m.group(1)), int(m.group(2)), n)
     if m := re.fullmatch(r"(-?\d+)\.\.(-?\d+)", term):
@@ -246,32 +269,37 @@ def select_heads(expr: str, n_heads: int, component: str) -> list[int]:
 # ---------------------------------------------------------------- components
 
 COMPONENT_GROUPS: dict[str, tuple[str, ...]] = {
+    # the input embedding: tokens, and learned positions where the model has them (GPT-2)
+    "embed": ("embed", "pos_embed"),
     "attn": ("q", "k", "v", "q_norm", "k_norm"),
     "ffn": ("gate", "up", "down"),
     "mlp": ("gate", "up", "down"),
     "norms": ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"),
     "layer": LAYER_COMPONENTS,
-    "body": ("embed", *LAYER_COMPONENTS, "final_norm"),
-    "all": ("embed", *LAYER_COMPONENTS, "final_norm", "unembed"),
+    "body": ("embed", "pos_embed", *LAYER_COMPONENTS, "final_norm"),
+    "all": ("embed", "pos_embed", *LAYER_COMPONENTS, "final_norm", "unembed"),
 }
 _KNOWN = set(LAYER_COMPONENTS) | set(GLOBAL_SLOTS)
 _COMPONENT_EXPR = re.compile(r"\s*[+-]?\s*[A-Za-z_]+(\s*[+-]\s*[A-Za-z_]+)*\s*")
 
 
-def select_components(expr: str, available: set[str]) -> set[str]:
+def select_components(
+    expr: str, available: set[str], groups: Mapping[str, tuple[str, ...]] | None = None,
+) -> set[str]:
     """Canonical component names selected by ``expr`` among those the model has.
 
     A group keeps what the architecture has (``ffn`` on GPT-2 is up+down); a single component
-    the architecture lacks is an error.
+    the architecture lacks is an error. ``groups`` overrides some groups (a protocol's).
     """
+    table = {**COMPONENT_GROUPS, **(groups or {})}
     if not _COMPONENT_EXPR.fullmatch(str(expr)):
         raise SelectorError(f"cannot parse component selector {expr!r} (e.g. 'attn+o', 'all-unembed')")
     terms = re.findall(r"([+-]?)\s*([A-Za-z_]+)", str(expr))
     out: set[str] = set()
     for sign, name in terms:
         name = name.lower()
-        if name in COMPONENT_GROUPS:
-            chosen = set(COMPONENT_GROUPS[name]) & available
+        if name in table:
+            chosen = set(table[name]) & available
         elif name in _KNOWN:
             if name not in available:
                 raise SelectorError(f"this architecture has no component {name!r}")

@@ -34,7 +34,7 @@ LAYER_COMPONENTS: tuple[str, ...] = (
     "down",
     "post_mlp_norm",
 )
-GLOBAL_SLOTS: tuple[str, ...] = ("embed", "final_norm", "unembed")
+GLOBAL_SLOTS: tuple[str, ...] = ("embed", "pos_embed", "final_norm", "unembed")
 
 Layout = Literal["qkv_blocks", "qkv_per_head", "halves"]
 
@@ -71,7 +71,7 @@ class Adapter:
     """Declarative description of one HF architecture."""
 
     layers: str  # path of the ModuleList of decoder blocks
-    embed: tuple[str, ...]  # modules whose outputs together form the input embedding
+    embed: tuple[str, ...]  # modules whose outputs together form the token embedding
     final_norm: str | None
     unembed: str
     components: dict[str, str | Fused]  # canonical name -> module path inside a block
@@ -80,6 +80,8 @@ class Adapter:
     # Config attributes that change the computation in ways this adapter does not model:
     # attribute -> the only value supported.
     requires: dict[str, Any] = field(default_factory=dict)
+    # Learned position embeddings (GPT-2's wpe): a slot of their own, ``pos_embed``.
+    pos_embed: str | None = None
 
 
 def _llama_like(**extra: str) -> dict[str, str | Fused]:
@@ -120,7 +122,8 @@ def _llama_family(components: dict[str, str | Fused], **kw: Any) -> Adapter:
 ADAPTERS: dict[str, Adapter] = {
     "gpt2": Adapter(
         layers="transformer.h",
-        embed=("transformer.wte", "transformer.wpe"),
+        embed=("transformer.wte",),
+        pos_embed="transformer.wpe",
         final_norm="transformer.ln_f",
         unembed="lm_head",
         components={
@@ -331,6 +334,8 @@ def _build_slots(model: nn.Module) -> list[Slot]:
     n_heads = int(config.num_attention_heads)
     n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
     out = [Slot("embed", tuple(part(p) for p in adapter.embed))]
+    if adapter.pos_embed is not None:
+        out.append(Slot("pos_embed", (part(adapter.pos_embed),)))
     for i in range(len(layers)):
         prefix = f"{adapter.layers}.{i}"
         for comp in LAYER_COMPONENTS:

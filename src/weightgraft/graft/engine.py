@@ -27,8 +27,8 @@ __all__ = ["slots", "graft_forward", "position_ids_from_mask"]
 
 
 def slots(model: nn.Module) -> list[str]:
-    """The graftable slots of ``model``: ``embed``, ``layers.{i}.{component}``, ``final_norm``,
-    ``unembed``, in that fixed order (the last axis of a ``source`` tensor)."""
+    """The graftable slots of ``model``: ``embed``, ``pos_embed`` (GPT-2's learned positions),
+    ``layers.{i}.{component}``, ``final_norm``, ``unembed``, in that fixed order (the last axis of a ``source`` tensor)."""
     return [s.name for s in model_slots(model)]
 
 

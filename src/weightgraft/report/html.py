@@ -23,6 +23,7 @@ from weightgraft.report.run import (
     model_rows,
 )
 from weightgraft.report.tables import (
+    ANSWER_NOTE,
     CONTINUATION_HEADER,
     TABLE_HEADER,
     _exclusions,
@@ -70,7 +71,8 @@ def _token(text: object, target: str | None = None) -> str:
 def _run_section(run: Run) -> str:
     m = run.manifest
     parts = ["<h2>Run</h2>", f"<p>directory: <code>{_esc(run.path)}</code>; started "
-             f"{_esc(m.get('started', 'n/a'))}, finished {_esc(m.get('finished', 'n/a'))}</p>"]
+             f"{_esc(m.get('started', 'n/a'))}, finished {_esc(m.get('finished', 'n/a'))}</p>",
+             f"<p>protocol: <b>{_esc(m.get('protocol', 'paper'))}</b>; {_esc(ANSWER_NOTE)}</p>"]
     models = model_rows(m)
     if models:
         parts.append(html_table(("model set", "role", "spec", "source", "weights sha256"), models))

@@ -89,9 +89,14 @@ def _exclusions(manifest: dict[str, Any]) -> dict[str, Any]:
             "examples": list(ex.get("examples") or [])}
 
 
+ANSWER_NOTE = ("answer log-probability: the answer's tokens follow the prompt and are grafted "
+               "as its last token, as in generation with a KV cache")
+
+
 def summary_markdown(run: Run) -> str:
     """summary.md: a table per (model_set, template), non-finite flags, exclusions."""
-    parts = [f"# weightgraft report: {run.path.name}", ""]
+    parts = [f"# weightgraft report: {run.path.name}", "",
+             f"Protocol: {run.manifest.get('protocol', 'paper')}; {ANSWER_NOTE}.", ""]
     for key, group in _groups(run.summary):
         parts += [f"## {group_title(key)}", "", markdown_table(TABLE_HEADER, table_rows(group)), ""]
         bad = group[group["n_nonfinite"] > 0]
@@ -107,4 +112,8 @@ def summary_markdown(run: Run) -> str:
     if ex["by_reason"]:
         parts += [markdown_table(("reason", "count"),
                                  [(str(k), str(v)) for k, v in ex["by_reason"].items()]), ""]
+    skipped = (run.manifest.get("exclusions") or {}).get("skipped_schemes") or []
+    if skipped:
+        parts += ["Schemes not run on a template that never has their span: "
+                  + "; ".join(f"{s['template']}: {s['scheme']} ({s['span']})" for s in skipped), ""]
     return "\n".join(parts)

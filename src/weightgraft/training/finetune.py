@@ -259,7 +259,7 @@ def finetune(
         eval_steps=every,
         save_steps=every,
         save_total_limit=1,
-        load_best_model_at_end=True,
+        load_best_model_at_end=settings.keep_best,
         metric_for_best_model="eval_loss",
         greater_is_better=False,
         logging_strategy="steps",
@@ -304,7 +304,7 @@ def finetune(
             else None
         )
     train_output = trainer.train(resume_from_checkpoint=resume_from)
-    if trainer.state.best_metric is not None and trainer.state.best_model_checkpoint:
+    if settings.keep_best and trainer.state.best_metric is not None and trainer.state.best_model_checkpoint:
         final_eval = float(trainer.state.best_metric)  # the model now is that checkpoint's
     else:  # no evaluation happened during training
         final_eval = float(trainer.evaluate()["eval_loss"])

@@ -42,6 +42,10 @@ class TrainPreset(BaseModel):
     requires_supplemental: bool = Field(
         default=False, description="needs general text besides the facts (supplemental_text)"
     )
+    keep_best: bool = Field(
+        default=True,
+        description="end on the checkpoint with the lowest validation loss (else the last one)",
+    )
 
 
 _PRESET_DATA: list[dict[str, Any]] = [
@@ -71,14 +75,19 @@ _PRESET_DATA: list[dict[str, Any]] = [
     {
         "name": "cpu-quick",
         # Measured on the demo data (40 relations, split a2b, 360 examples, 2 CPU cores):
-        # 6.5 min, headline top-5 0% -> 97.5%. 2 epochs: 82.5%; lr 3e-4 x 2 epochs: 77.5%.
+        # 3 epochs gave headline FE+LT top-5 97.5% on one machine and 80% on another; 4 epochs
+        # keep the demo's shape with a margin over training seeds (docs/paper.md).
         "description": "Smallest recipe that teaches SmolLM2-135M the 40 demo relations on 2 "
-        "CPU cores in ~7 minutes: lr 2e-4 constant, batch 8, 3 epochs, length-grouped batches.",
+        "CPU cores in ~7 minutes: lr 2e-4 constant, batch 8, 4 epochs, length-grouped batches, "
+        "the last checkpoint kept.",
         "learning_rate": 2e-4,
         "weight_decay": 0.0,
         "batch_size": 8,
-        "epochs": 3,
+        "epochs": 4,
         "lr_scheduler": "constant",
+        # The validation loss (held-out rephrasings) rises while the facts are still being
+        # learned, so "best" picked epoch 2 or 3 depending on rounding: the last is kept.
+        "keep_best": False,
         "group_by_length": True,
     },
 ]

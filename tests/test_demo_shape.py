@@ -1,0 +1,23 @@
+"""The demo's shape check: the paper's four conditions per template, PASS or FAIL."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from weightgraft.demo import DEMO_TEMPLATES, shape_checks
+
+
+def _summary(top5: dict[str, float]) -> pd.DataFrame:
+    return pd.DataFrame([{"template": t, "scheme": s, "top5": v / 100}
+                         for t in DEMO_TEMPLATES for s, v in top5.items()])
+
+
+def test_the_papers_shape_passes_and_each_violation_fails():
+    good = {"PRE": 2.5, "SFT": 100.0, "FE+LT": 92.5, "(FE+LT)^C": 5.0}
+    assert all(line.startswith("PASS") for line in shape_checks(_summary(good)))
+    assert len(shape_checks(_summary(good))) == 4 * len(DEMO_TEMPLATES)
+    for scheme, value, words in [("SFT", 85.0, "SFT"), ("PRE", 12.5, "PRE"),
+                                 ("FE+LT", 87.5, "FE+LT"), ("(FE+LT)^C", 10.0, "(FE+LT)^C")]:
+        failed = [line for line in shape_checks(_summary({**good, scheme: value})) if line.startswith("FAIL")]
+        assert len(failed) == len(DEMO_TEMPLATES) and all(words in line for line in failed)
+    assert all(line.startswith("FAIL") for line in shape_checks(pd.DataFrame(columns=["template", "scheme", "top5"])))
