@@ -54,7 +54,7 @@ def main() -> None:
         "torch default": {},
         "OMP_NUM_THREADS=1": {"OMP_NUM_THREADS": "1"},
         "default + OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
-        "weightgraft default": {"BENCH_WEIGHTGRAFT_DEFAULT": "1"},
+        "weightgraft default": {"BENCH_WEIGHTGRAFT_DEFAULT": "1", "OMP_WAIT_POLICY": "PASSIVE"},
     }
     print(f"cores available: {len(os.sched_getaffinity(0))}, load average: {os.getloadavg()[0]:.2f}")
     for busy in (False, True):

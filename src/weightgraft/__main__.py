@@ -1,5 +1,5 @@
 """``python -m weightgraft`` (also what ``torchrun -m weightgraft`` runs)."""
 
-from weightgraft.cli import main
+from weightgraft.entry import main
 
 main()

@@ -25,10 +25,9 @@ def default_threads() -> int:
 def apply_thread_default() -> int | None:
     """Set the thread default unless the user set one; returns the thread count it chose.
 
-    Must run before torch starts its thread pool (at the command's entry): the OpenMP wait
-    policy is read once, at start-up.
+    The OpenMP wait policy is read once, when torch loads: ``weightgraft.entry`` sets it
+    before anything imports torch.
     """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     chosen = os.environ.get("WEIGHTGRAFT_THREADS")
     if chosen is None and os.environ.get("OMP_NUM_THREADS"):
         return None  # the user's own choice; torch reads it itself
