@@ -199,14 +199,18 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | N
     return config
 
 
-def load_config(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read, override and validate an experiment YAML."""
+def read_yaml_config(path: Path, overrides: list[str] | None = None, what: str = "experiment") -> dict[str, Any]:
+    """A config YAML as a raw dict with ``key=value`` overrides applied (validated by the caller)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"experiment config {path} does not exist")
+        raise ConfigError(f"{what} config {path} does not exist")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    raw = apply_overrides(raw, overrides or [])
-    return parse_config(raw, str(path))
+    return apply_overrides(raw, overrides or [])
+
+
+def load_config(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read, override and validate an experiment YAML."""
+    return parse_config(read_yaml_config(path, overrides), str(path))

@@ -8,10 +8,9 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from weightgraft.experiments.config import ConfigError, apply_overrides
+from weightgraft.experiments.config import ConfigError, read_yaml_config
 
 Direction = Literal["sufficiency", "necessity"]
 
@@ -98,11 +97,4 @@ def parse_localize_config(raw: dict, source: str = "<dict>", base_dir: Path | No
 
 def load_localize_config(path: Path, overrides: list[str] | None = None) -> LocalizeConfig:
     """Read, override and validate a localize YAML."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"localize config {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    return parse_localize_config(apply_overrides(raw, overrides or []), str(path))
+    return parse_localize_config(read_yaml_config(path, overrides, "localize"), str(path))
