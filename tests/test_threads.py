@@ -1,5 +1,5 @@
 """Thread defaults at the command's entry (issue 14, item 10): passive OpenMP waits and a
-load-aware thread count, unless the user chose."""
+thread per core, unless the user chose."""
 
 from __future__ import annotations
 
