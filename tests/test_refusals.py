@@ -11,17 +11,11 @@ from weightgraft.cli.data import app as data_app
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.experiments.selectors import SelectorError
-from tiny_world import loader, write_world
+from tiny_world import loader, tiny_config
 
 
 def _raw(tmp_path, **extra) -> dict:
-    raw = {
-        "name": "refuse", "data": str(write_world(tmp_path / "data", n=2)),
-        "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
-        "schemes": [{"preset": "position"}], "out": str(tmp_path / "run"), "batch_size": 8,
-    }
-    raw.update(extra)
-    return raw
+    return tiny_config(tmp_path, "refuse", world={"n": 2}, **{"batch_size": 8, **extra})
 
 
 def _never_loads(spec, config=None):
@@ -148,7 +142,9 @@ def test_ctrl_c_says_how_many_rows_are_saved_and_that_the_command_resumes(tmp_pa
     import yaml
 
     cfg = tmp_path / "exp.yaml"
-    cfg.write_text(yaml.safe_dump(_raw(tmp_path, models=_saved_models(tmp_path), batch_size=1)))
+    # a larger world than _raw's, so the run is still going when the third part is saved
+    cfg.write_text(yaml.safe_dump(tiny_config(tmp_path, "refuse", world={"n": 6},
+                                              models=_saved_models(tmp_path), batch_size=1)))
     proc = subprocess.Popen([sys.executable, "-m", "weightgraft", "run", str(cfg), "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     parts = tmp_path / "run" / "parts"

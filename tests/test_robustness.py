@@ -21,17 +21,11 @@ from weightgraft.experiments.selectors import SelectorError
 from weightgraft.experiments.store import ResultsWriteError
 from weightgraft.models.tokenization import TokenizerMismatchError
 from tiny_models import make_donor, make_tiny, tiny_tokenizer, tiny_word_tokenizer
-from tiny_world import loader, write_world
+from tiny_world import loader, tiny_config, write_world
 
 
 def _raw(tmp_path, **extra) -> dict:
-    raw = {
-        "name": "robust", "data": str(write_world(tmp_path / "data")),
-        "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
-        "schemes": [{"preset": "position"}], "out": str(tmp_path / "run"), "batch_size": 4,
-    }
-    raw.update(extra)
-    return raw
+    return tiny_config(tmp_path, "robust", **{"batch_size": 4, **extra})
 
 
 def _run(raw, load=loader):

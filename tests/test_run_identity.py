@@ -21,19 +21,13 @@ from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.experiments.store import ResultsDirConflict
 from weightgraft.models import ModelNotFoundError
-from tiny_world import loader, write_world
+from tiny_world import loader, tiny_config
 
 TESTS = Path(__file__).parent
 
 
 def _raw(tmp_path, **extra) -> dict:
-    raw = {
-        "name": "ident", "data": str(write_world(tmp_path / "data")),
-        "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
-        "schemes": [{"preset": "position"}], "out": str(tmp_path / "run"), "batch_size": 1,
-    }
-    raw.update(extra)
-    return raw
+    return tiny_config(tmp_path, "ident", **{"batch_size": 1, **extra})
 
 
 def _run(raw, load=loader):

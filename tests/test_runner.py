@@ -18,19 +18,13 @@ import yaml
 from weightgraft.experiments.config import ConfigError, load_config, parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.experiments.store import ResultsDirConflict
-from tiny_world import loader, write_world
+from tiny_world import loader, tiny_config
 
 TESTS = Path(__file__).parent
 
 
 def _config(tmp_path, **extra) -> dict:
-    raw = {
-        "name": "tiny", "data": str(write_world(tmp_path / "data", broken=2)),
-        "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
-        "schemes": [{"preset": "position"}], "out": str(tmp_path / "run"), "batch_size": 7,
-    }
-    raw.update(extra)
-    return raw
+    return tiny_config(tmp_path, "tiny", world={"broken": 2}, **{"batch_size": 7, **extra})
 
 
 def test_position_sweep_end_to_end(tmp_path):

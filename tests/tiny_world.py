@@ -46,6 +46,17 @@ def write_world(data_dir: Path, n: int = 6, broken: int | None = None) -> Path:
     return data_dir
 
 
+def tiny_config(tmp_path: Path, name: str, world: dict | None = None, **extra) -> dict:
+    """A raw experiment config: the position preset on the tiny world, PRE vs SFT tiny Llamas."""
+    raw = {
+        "name": name, "data": str(write_world(tmp_path / "data", **(world or {}))),
+        "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
+        "schemes": [{"preset": "position"}], "out": str(tmp_path / "run"),
+    }
+    raw.update(extra)
+    return raw
+
+
 def tokenizer():
     return tiny_word_tokenizer(list(TEMPLATES.values()) + FIRST + SECOND)
 
