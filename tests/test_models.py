@@ -114,6 +114,13 @@ def test_dtype_is_applied(tiny_dir: Path) -> None:
     assert half.weights_sha256 != load_model(tiny_dir).weights_sha256
 
 
+def test_half_precision_models_load_with_eager_attention(tiny_dir: Path) -> None:
+    """So that a row's numbers do not depend on the rest of its batch (SDPA rounds padded rows
+    differently in half precision)."""
+    assert load_model(tiny_dir, dtype=torch.bfloat16).model.config._attn_implementation == "eager"
+    assert load_model(tiny_dir).model.config._attn_implementation != "eager"  # float32: HF's choice
+
+
 def test_weights_sha256_is_content_hash() -> None:
     gen = torch.Generator().manual_seed(0)
     state = {"b.weight": torch.randn(3, 4, generator=gen), "a.bias": torch.randn(4, generator=gen)}

@@ -12,6 +12,7 @@ from weightgraft.experiments.protocol import PROTOCOLS, embeddings_tied
 from weightgraft.experiments.schemes import CompiledScheme, Rule, Scheme, compile_scheme
 from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.engine import slots
+from weightgraft.graft.precision import batch_invariant_attention
 
 Rules = Rule | Sequence[Rule] | Scheme
 Spans = Sequence[Mapping[str, SpanSpec] | None] | None
@@ -30,7 +31,9 @@ def check_protocol(protocol: str) -> str:
 
 
 def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[str], list[Any]]:
-    """Roles and models with the base first (the engine runs the base's modules)."""
+    """Roles and models with the base first (the engine runs the base's modules); models in
+    half precision are switched to eager attention, so that a prompt's logits do not depend
+    on the other prompts of its batch (see ``weightgraft.graft.precision``)."""
     if not isinstance(models, Mapping) or not models:
         raise GraftInputError("models must be a non-empty mapping role -> model, e.g. {'pre': pre, 'sft': sft}")
     roles = list(models)
@@ -38,6 +41,7 @@ def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[st
         raise GraftInputError(f"base {base!r} is not one of the models' roles ({', '.join(roles)})")
     first = base if base is not None else roles[0]
     ordered = [first, *(r for r in roles if r != first)]
+    batch_invariant_attention(models.values())
     return ordered, [models[r] for r in ordered]
 
 

@@ -46,6 +46,7 @@ from weightgraft.experiments.selectors import (
 from weightgraft.experiments.store import ResultsStore, write_atomic
 from weightgraft.graft.architectures import model_slots
 from weightgraft.graft.engine import slots
+from weightgraft.graft.precision import batch_invariant_attention
 from weightgraft.models.donors import default_loader, load_donor
 from weightgraft.models.lean import memory_report
 from weightgraft.models.lowrank import (
@@ -138,8 +139,7 @@ def run_experiment(
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
             store.add_model(set_name, role, loaded[role].weights_sha256)
         models = [loaded[r].model for r in used]
-        if config.dtype != "float32":
-            _eager_attention(models)
+        batch_invariant_attention(models)
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
         model_info[set_name] = {
             r: {"spec": roles_spec[r], "source": lm.source, "weights_sha256": lm.weights_sha256,
@@ -213,17 +213,6 @@ def _check_names(config: ExperimentConfig, schemes: list[Any], prompts: list[Any
                 f"model role(s) {extra} of model set {set_name!r} are used by no scheme (the schemes "
                 f"use {sorted(used)}); remove them or fix the role name"
             )
-
-
-def _eager_attention(models: list[Any]) -> None:
-    """Half precision: HF's SDPA attention rounds a padded row differently from the same row
-    alone (seen on SmolLM2 in bfloat16: up to 0.55 logits), so results would depend on the
-    batch's other rows; the eager attention gives each row the same numbers in any batch."""
-    for model in models:
-        for module in model.modules():
-            cfg = getattr(module, "config", None)
-            if cfg is not None and hasattr(cfg, "_attn_implementation"):
-                cfg._attn_implementation = "eager"
 
 
 def run_identity(config: ExperimentConfig, schemes: list[Any], prompts: list[Any]) -> dict[str, Any]:

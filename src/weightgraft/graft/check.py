@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from weightgraft.graft.engine import graft_forward, slots
+from weightgraft.graft.precision import batch_invariant_attention
 from weightgraft.graft.prefix import GraftItem, prefix_forward
 from weightgraft.graft.reference import CompositeModel, per_token_forward
 
@@ -103,6 +104,7 @@ def check_engine(
     A case passes when ``max|Δ logit| <= atol + rtol * max|logit|`` and the top-1 token agrees
     at every real position. Tolerances default to ``ORACLE_TOLERANCE`` for the models' dtype.
     """
+    batch_invariant_attention(models)
     default_atol, default_rtol = tolerance(models[0])
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from weightgraft.graft.precision import batch_invariant_attention
 from weightgraft.models.embedded import (
     EMBEDDED_MODELS,
     _embedded,
@@ -336,6 +337,7 @@ def load_model(
             source = f"hub-cache:{text}"
 
     model.eval()
+    batch_invariant_attention([model])
     digest = weights_sha256(model)
     if device_map is None:
         model.to(device)
