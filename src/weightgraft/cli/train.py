@@ -77,6 +77,10 @@ def train(
     batch_size: Optional[int] = typer.Option(
         None, "--batch-size", help="Override the preset per-device batch size."
     ),
+    templates: Optional[str] = typer.Option(
+        None, "--templates",
+        help="Comma-separated training templates to train on (default: all; validation unchanged).",
+    ),
     keep_checkpoints: bool = typer.Option(
         False, "--keep-checkpoints", help="Keep OUT/checkpoints after training."
     ),
@@ -103,6 +107,7 @@ def train(
             learning_rate=lr,
             epochs=epochs,
             batch_size=batch_size,
+            templates=[t.strip() for t in templates.split(",") if t.strip()] if templates else None,
         )
     except (TrainingError, ModelLoadError) as exc:
         _err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)

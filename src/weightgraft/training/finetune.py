@@ -34,6 +34,7 @@ import os
 import platform
 import shutil
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,7 @@ def finetune(
     keep_checkpoints: bool = False,
     allow_pickle: bool = False,
     callbacks: list[Any] | None = None,
+    templates: Sequence[str] | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Finetune a causal LM on one split of a relation dataset with the HF Trainer.
@@ -145,6 +147,8 @@ def finetune(
         keep_checkpoints: keep ``out/checkpoints`` after training.
         allow_pickle: passed to ``load_model``.
         callbacks: extra ``transformers.TrainerCallback`` objects.
+        templates: train on these training templates only (e.g. ``["qa_1", "article_1"]``);
+            validation keeps its held-out templates. Default: every template.
         **overrides: preset fields to override, e.g. ``learning_rate=5e-5, epochs=2``.
     """
     from transformers import TrainingArguments, set_seed
@@ -165,7 +169,8 @@ def finetune(
     if max_steps is not None and max_steps < 1:
         raise TrainingError("max_steps must be at least 1")
 
-    train_texts, val_texts = read_split(data_root, split)
+    templates = list(templates) if templates is not None and not isinstance(templates, str) else templates
+    train_texts, val_texts = read_split(data_root, split, templates)
     supplemental: list[str] = []
     supplemental_path = None
     if supplemental_text is not None:
@@ -194,6 +199,8 @@ def finetune(
         "freeze_unembed": freeze_unembed,
         "supplemental_sha256": _sha256_file(supplemental_path) if supplemental_path else None,
     }
+    if templates is not None:  # absent otherwise, so runs finished before the option still resume
+        run_config["templates"] = templates
     if resume and (out_dir / MANIFEST_NAME).is_file():
         _compare_run_config(out_dir, run_config, "the finished run")
         manifest = json.loads((out_dir / MANIFEST_NAME).read_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,14 @@ def _keep(record: dict[str, Any], split: str, path: Path) -> bool:
     return record[field] == split
 
 
-def read_split(data_dir: str | os.PathLike[str], split: str) -> tuple[list[str], list[str]]:
-    """Texts of the train and validation records of ``split`` (see the module docstring)."""
+def read_split(
+    data_dir: str | os.PathLike[str], split: str, templates: Sequence[str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """Texts of the train and validation records of ``split`` (see the module docstring).
+
+    ``templates`` keeps only the training records of those templates (fewer renderings of
+    each fact: a cheaper finetune); validation keeps its held-out templates.
+    """
     if split not in SPLITS:
         raise TrainingError(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
     root = Path(data_dir)
@@ -59,7 +66,10 @@ def read_split(data_dir: str | os.PathLike[str], split: str) -> tuple[list[str],
     for name in ("train.jsonl", "validation.jsonl"):
         path = root / name
         records = _read_jsonl(path)
-        kept = [r["text"] for r in records if _keep(r, split, path)]
+        kept = [r["text"] for r in records if _keep(r, split, path)
+                and (templates is None or name != "train.jsonl" or r.get("template") in templates)]
+        if templates is not None and name == "train.jsonl":
+            _check_templates(templates, records, path)
         if not kept:
             groups = sorted({str(r.get("group")) for r in records})
             directions = sorted({str(r.get("direction")) for r in records})
@@ -69,6 +79,15 @@ def read_split(data_dir: str | os.PathLike[str], split: str) -> tuple[list[str],
             )
         out.append(kept)
     return out[0], out[1]
+
+
+def _check_templates(templates: Sequence[str], records: list[dict[str, Any]], path: Path) -> None:
+    if isinstance(templates, str) or not templates:
+        raise TrainingError("templates must be a non-empty list of training template names")
+    known = sorted({str(r.get("template")) for r in records})
+    unknown = [t for t in templates if t not in known]
+    if unknown:
+        raise TrainingError(f"{path}: no training template {unknown} (it has {', '.join(known)})")
 
 
 def _read_supplemental(path: Path) -> list[str]:
