@@ -132,6 +132,17 @@ def test_split_semantics(data_dir: Path) -> None:
     assert any(t.startswith("Werner Herzog") for t in task)  # both directions
 
 
+def test_templates_choose_the_training_renderings(data_dir: Path) -> None:
+    train, val = read_split(data_dir, "a2b", templates=["qa_1", "article_1"])
+    assert len(train) == 2 * len(ACTORS)
+    assert all(t.startswith("Q: Who stars") or " starred in " in t for t in train)
+    assert val == read_split(data_dir, "a2b")[1]  # validation keeps its held-out template
+    with pytest.raises(TrainingError, match=r"no training template \['qa_9'\] \(it has article_1, qa_1, qa_2\)"):
+        read_split(data_dir, "a2b", templates=["qa_1", "qa_9"])
+    with pytest.raises(TrainingError, match="non-empty list"):
+        read_split(data_dir, "a2b", templates="qa_1")
+
+
 def test_split_errors(data_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(TrainingError, match="unknown split 'reverse'"):
         read_split(data_dir, "reverse")
@@ -332,6 +343,8 @@ def test_resume_continues_where_it_stopped(data_dir: Path, base_dir: Path, tmp_p
         finetune(base_dir, data_dir, out=out, **settings)
     with pytest.raises(TrainingError, match="differ from the interrupted run: seed"):
         finetune(base_dir, data_dir, out=out, resume=True, seed=1, **settings)
+    with pytest.raises(TrainingError, match="differ from the interrupted run: templates"):
+        finetune(base_dir, data_dir, out=out, resume=True, templates=["qa_1"], **settings)
 
     resumed = finetune(base_dir, data_dir, out=out, resume=True, **settings)
     r = resumed.manifest["results"]
@@ -361,11 +374,14 @@ def test_train_command(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
     args = ["train", "--model", str(base_dir), "--data", str(data_dir), "--split", "task"]
     args += ["--preset", "paper-gentle", "--out", str(out), "--max-steps", "2", "--seed", "3"]
     args += ["--supplemental", str(supplemental), "--lr", "1e-3", "--freeze-unembed"]
+    args += ["--templates", "qa_1, qa_2"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     m = json.loads((out / "training_manifest.json").read_text())
     assert (m["seed"], m["freeze_unembed"], m["data"]["split"]) == (3, True, "task")
     assert m["data"]["supplemental"]["n"] == 2 and m["preset"]["learning_rate"] == 1e-3
+    assert m["data"]["templates"] == ["qa_1", "qa_2"]
+    assert m["data"]["n_train"] == 2 * 2 * 2  # 2 task relations x 2 directions x 2 templates
 
     bad = runner.invoke(app, args[:6] + ["sideways"] + args[7:])
     assert bad.exit_code == 2 and "sideways" in bad.output

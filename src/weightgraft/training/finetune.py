@@ -198,9 +198,8 @@ def finetune(
         "freeze_embed": freeze_embed,
         "freeze_unembed": freeze_unembed,
         "supplemental_sha256": _sha256_file(supplemental_path) if supplemental_path else None,
+        "templates": templates,  # None, as in runs saved before the option: every template
     }
-    if templates is not None:  # absent otherwise, so runs finished before the option still resume
-        run_config["templates"] = templates
     if resume and (out_dir / MANIFEST_NAME).is_file():
         _compare_run_config(out_dir, run_config, "the finished run")
         manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
@@ -338,6 +337,7 @@ def finetune(
             "train_sha256": run_config["train_sha256"],
             "validation_sha256": run_config["validation_sha256"],
             "split": split,
+            "templates": templates,  # None: every training template
             "n_train": len(train_texts),
             "n_validation": len(val_texts),
             "supplemental": None
