@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from weightgraft.demo import DEMO_TEMPLATES, shape_checks
@@ -21,3 +23,17 @@ def test_the_papers_shape_passes_and_each_violation_fails():
         failed = [line for line in shape_checks(_summary({**good, scheme: value})) if line.startswith("FAIL")]
         assert len(failed) == len(DEMO_TEMPLATES) and all(words in line for line in failed)
     assert all(line.startswith("FAIL") for line in shape_checks(pd.DataFrame(columns=["template", "scheme", "top5"])))
+
+
+def test_the_demo_trains_on_templates_its_world_has(tmp_path):
+    """The demo finetunes on a subset of renderings; each must be a training template of the
+    demo world, and each fact must keep QA and article renderings."""
+    from weightgraft.data import build_dataset
+    from weightgraft.demo import DEMO_TRAIN_TEMPLATES, DEMO_WORLD
+    from weightgraft.training import read_split
+
+    build_dataset(DEMO_WORLD, n=4, seed=0, out=tmp_path)
+    train, _ = read_split(tmp_path, "a2b", templates=list(DEMO_TRAIN_TEMPLATES))
+    assert len(train) == 4 * len(DEMO_TRAIN_TEMPLATES)
+    kinds = {r["template"]: r["kind"] for r in map(json.loads, (tmp_path / "train.jsonl").read_text().splitlines())}
+    assert {kinds[t] for t in DEMO_TRAIN_TEMPLATES} == {"qa", "article"}
