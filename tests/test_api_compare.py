@@ -38,7 +38,9 @@ def test_compare_rows_equal_the_runners_rows(tmp_path):
         assert len(df) == len(theirs) == len(chosen) * 8
         assert set(theirs.columns) <= set(df.columns)  # every column the runner writes
         pd.testing.assert_frame_equal(df[SAME], theirs[SAME], check_dtype=False)
-        np.testing.assert_allclose(df["prob"], theirs["prob"], rtol=1e-6, atol=1e-9)
+        # float32: the runner batches both templates together, wg.compare one at a time, so rows
+        # meet other padding and prefix groups; that moves probabilities by ~1e-6 relative.
+        np.testing.assert_allclose(df["prob"], theirs["prob"], rtol=1e-5, atol=1e-9)
         np.testing.assert_allclose(df["answer_logprob"], theirs["answer_logprob"], rtol=1e-6, atol=1e-6)
         assert [list(t) for t in df["top_tokens"]] == [list(t) for t in theirs["top_tokens"]]
         assert df["example_id"].tolist() == [str(i) for i in range(len(chosen)) for _ in range(8)]
