@@ -13,7 +13,8 @@ from transformers import TrainerCallback
 
 from weightgraft.models import load_model, weights_sha256
 from weightgraft.training import PRESETS, TrainingError, finetune, get_preset, read_split
-from weightgraft.training.texts import _collator, _TokenizedTexts
+from weightgraft.training.template_loss import loss_by_template, unlearned_templates
+from weightgraft.training.texts import _collator, _TokenizedTexts, train_texts_by_template
 
 ACTORS = [
     ("Keanu Reeves", "Meryl Streep"),
@@ -31,7 +32,7 @@ TEMPLATES = {  # name -> (kind, text)
     "qa_2": ("qa", "A new movie stars {a} and {b}."),
 }
 VALIDATION_TEMPLATE = "article_2"
-FAST = dict(learning_rate=1e-2, batch_size=4, max_length=64)
+FAST = dict(learning_rate=1e-2, batch_size=4, max_length=64, lr_scheduler="constant", warmup_ratio=0.0)
 
 
 def _records() -> list[dict]:
@@ -225,7 +226,62 @@ def test_labels_mask_only_padding(base_dir: Path) -> None:
     assert torch.equal(batch["labels"][0], batch["input_ids"][0])
 
 
+def test_train_texts_by_template(data_dir: Path, tmp_path: Path) -> None:
+    grouped = train_texts_by_template(data_dir, "a2b", templates=["qa_1", "article_1"])
+    assert list(grouped) == ["article_1", "qa_1"]  # file order
+    train, _ = read_split(data_dir, "a2b", templates=["qa_1", "article_1"])
+    assert grouped["qa_1"] == [t for t in train if t.startswith("Q: Who stars")]
+    assert grouped["article_1"] == [t for t in train if " starred in " in t]
+    assert len(grouped["qa_1"]) == len(grouped["article_1"]) == len(ACTORS)
+    (tmp_path / "train.jsonl").write_text(json.dumps({"text": "no template"}) + "\n")
+    (tmp_path / "validation.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    assert train_texts_by_template(tmp_path, "both") == {"(no template)": ["no template"]}
+
+
+def test_loss_by_template_is_the_per_text_token_mean(base_dir: Path) -> None:
+    """Batched and padded on the right, it equals each text's own loss weighted by its tokens."""
+    loaded = load_model(base_dir)
+    texts = {"short": ["Ash.", "Red Delta stars Tom Hanks."],
+             "long": ["Q: Who stars in a movie with Emma Stone? A: An actor named Ryan Gosling.",
+                      "Keanu Reeves starred in The Silver Road with Meryl Streep.", "Paper Kings."]}
+    got = loss_by_template(loaded.model, loaded.tokenizer, texts, max_length=64, batch_size=2)
+    for name, group in texts.items():
+        total = count = 0.0
+        for item in _TokenizedTexts(group, loaded.tokenizer, 64):
+            ids = torch.tensor([item["input_ids"]])
+            with torch.no_grad():
+                total += float(loaded.model(input_ids=ids, labels=ids).loss) * (ids.shape[1] - 1)
+            count += ids.shape[1] - 1
+        assert got[name] == pytest.approx(total / count, rel=1e-5), name
+    assert loss_by_template(loaded.model, loaded.tokenizer, texts, max_length=64,
+                            per_template=1)["long"] != got["long"]
+
+
+def test_unlearned_templates_names_only_a_clear_outlier() -> None:
+    assert unlearned_templates({"qa_1": 5.5, "qa_2": 5.0, "qa_4": 0.2, "qa_5": 0.37,
+                                "article_1": 0.28, "article_4": 0.22}) == ["qa_1", "qa_2"]
+    assert unlearned_templates({"qa_1": 0.9, "article_1": 0.1, "article_2": 0.1}) == []
+    assert unlearned_templates({"qa_1": 2.0, "article_1": 1.2, "article_2": 1.1}) == []
+    assert unlearned_templates({"qa_1": 9.0}) == []
+
+
 # ---------------------------------------------------------------- finetuning
+
+
+def test_finetune_warns_about_an_unlearned_template(
+    data_dir: Path, base_dir: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    import importlib
+
+    ft = importlib.import_module("weightgraft.training.finetune")  # the module, not the function
+    seen = {"qa_1": 5.5, "qa_2": 0.3, "article_1": 0.25}
+    monkeypatch.setattr(ft, "loss_by_template", lambda *a, **k: dict(seen))
+    result = finetune(base_dir, data_dir, split="a2b", preset="cpu-quick", out=tmp_path / "m",
+                      max_steps=1, **FAST)
+    assert result.manifest["results"]["train_loss_by_template"] == seen
+    err = capsys.readouterr().err
+    assert "has not learned template 'qa_1' (loss 5.500" in err
+    assert "'qa_2'" not in err.split("warning")[-1]
 
 
 def test_finetune_lowers_loss_and_writes_manifest(
@@ -263,6 +319,17 @@ def test_finetune_lowers_loss_and_writes_manifest(
             loss_sum += float(trained.model(input_ids=ids, labels=ids).loss) * n
             n_tokens += n
     assert loss_sum / n_tokens == pytest.approx(result.eval_loss, rel=1e-3)
+    # ... and the per-template training losses are the saved model's, recomputed one text at a
+    # time from the file on disk
+    by_template = m["results"]["train_loss_by_template"]
+    assert set(by_template) == {"article_1", "qa_1", "qa_2"}
+    for name, texts in train_texts_by_template(data_dir, "both").items():
+        ds = _TokenizedTexts(texts[:16], trained.tokenizer, 64)
+        sums = [(float(trained.model(input_ids=torch.tensor([i["input_ids"]]),
+                                     labels=torch.tensor([i["input_ids"]])).loss)
+                 * (len(i["input_ids"]) - 1), len(i["input_ids"]) - 1) for i in ds]
+        expected = sum(a for a, _ in sums) / sum(n for _, n in sums)
+        assert by_template[name] == pytest.approx(expected, rel=1e-5), name
     evals = [h["eval_loss"] for h in json.loads((out / "training_log.json").read_text())
              if "eval_loss" in h]
     assert result.eval_loss == min(evals) and evals[-1] > min(evals)

@@ -30,7 +30,7 @@ class Split(str, Enum):
 _PRESET_HELP = (
     f"{' | '.join(PRESETS)}, or a .json/.yaml file of TrainPreset fields. paper-aggressive / "
     "paper-gentle: the paper's A.3.3 settings (gentle also needs --supplemental); cpu-quick: "
-    "SmolLM2-135M learns the demo facts on a 2-core CPU (~7 minutes on the demo's 6 templates)."
+    "SmolLM2-135M learns the demo facts on a 2-core CPU (~8 minutes on the demo's 6 templates)."
 )
 
 

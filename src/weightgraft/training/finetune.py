@@ -61,11 +61,13 @@ from weightgraft.training.outputs import (
     _write_json_atomic,
 )
 from weightgraft.training.presets import TrainPreset, get_preset
+from weightgraft.training.template_loss import loss_by_template, unlearned_templates
 from weightgraft.training.texts import (
     _collator,
     _read_supplemental,
     _TokenizedTexts,
     read_split,
+    train_texts_by_template,
 )
 
 
@@ -312,8 +314,11 @@ def finetune(
     train_output = trainer.train(resume_from_checkpoint=resume_from)
     if settings.keep_best and trainer.state.best_metric is not None and trainer.state.best_model_checkpoint:
         final_eval = float(trainer.state.best_metric)  # the model now is that checkpoint's
-    else:  # no evaluation happened during training
-        final_eval = float(trainer.evaluate()["eval_loss"])
+    else:
+        at_end = [h["eval_loss"] for h in trainer.state.log_history
+                  if "eval_loss" in h and h.get("step") == trainer.state.global_step]
+        # the last step's evaluation is of the model saved now; else evaluate it
+        final_eval = float(at_end[-1]) if at_end else float(trainer.evaluate()["eval_loss"])
 
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     train_loss = float(logged[-1]) if logged else float(train_output.training_loss)
@@ -323,6 +328,10 @@ def finetune(
         # a pickle of TrainingArguments; the manifest records the settings instead
         (out_dir / "training_args.bin").unlink(missing_ok=True)
     result_hash = weights_sha256(trainer.model)
+    by_template = loss_by_template(
+        trainer.model, tokenizer, train_texts_by_template(data_root, split, templates),
+        max_length=settings.max_length,
+    )
     manifest = {
         "format": "weightgraft-training-manifest/1",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -360,6 +369,8 @@ def finetune(
             "train_loss_mean": float(train_output.training_loss),
             "eval_loss_before": eval_before,
             "eval_loss": final_eval,
+            # the saved model on (up to 16 of) its training texts of each template
+            "train_loss_by_template": by_template,
             "best_checkpoint": (
                 Path(trainer.state.best_model_checkpoint).name
                 if trainer.state.best_model_checkpoint
@@ -388,6 +399,14 @@ def finetune(
         shown = "?" if eval_before is None else f"{eval_before:.4f}"
         _say(
             f"saved {out_dir}: validation loss {shown} -> {final_eval:.4f}, "
-            f"last train loss {train_loss:.4f}"
+            f"last train loss {train_loss:.4f}; on its training texts by template: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in by_template.items())
         )
+        for name in unlearned_templates(by_template):
+            _say(
+                f"warning: the saved model has not learned template {name!r} (loss "
+                f"{by_template[name]:.3f} on its training texts, far above the other "
+                "templates): grafting results on it are not meaningful; train again (another "
+                "seed, a decaying learning rate) before using this model"
+            )
     return TrainResult.from_manifest(out_dir, manifest)

@@ -57,16 +57,37 @@ def read_split(
     ``templates`` keeps only the training records of those templates (fewer renderings of
     each fact: a cheaper finetune); validation keeps its held-out templates.
     """
+    train, validation = _split_records(data_dir, split, templates)
+    return [r["text"] for r in train], [r["text"] for r in validation]
+
+
+NO_TEMPLATE = "(no template)"
+
+
+def train_texts_by_template(
+    data_dir: str | os.PathLike[str], split: str, templates: Sequence[str] | None = None,
+) -> dict[str, list[str]]:
+    """The training texts of ``split`` grouped by their record's ``template`` field (records
+    without one under ``NO_TEMPLATE``), in file order."""
+    grouped: dict[str, list[str]] = {}
+    for record in _split_records(data_dir, split, templates)[0]:
+        grouped.setdefault(str(record.get("template", NO_TEMPLATE)), []).append(record["text"])
+    return grouped
+
+
+def _split_records(
+    data_dir: str | os.PathLike[str], split: str, templates: Sequence[str] | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     if split not in SPLITS:
         raise TrainingError(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
     root = Path(data_dir)
     if not root.is_dir():
         raise TrainingError(f"data directory {root} does not exist")
-    out: list[list[str]] = []
+    out: list[list[dict[str, Any]]] = []
     for name in ("train.jsonl", "validation.jsonl"):
         path = root / name
         records = _read_jsonl(path)
-        kept = [r["text"] for r in records if _keep(r, split, path)
+        kept = [r for r in records if _keep(r, split, path)
                 and (templates is None or name != "train.jsonl" or r.get("template") in templates)]
         if templates is not None and name == "train.jsonl":
             _check_templates(templates, records, path)
