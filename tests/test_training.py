@@ -279,6 +279,7 @@ def test_finetune_warns_about_an_unlearned_template(
     result = finetune(base_dir, data_dir, split="a2b", preset="cpu-quick", out=tmp_path / "m",
                       max_steps=1, **FAST)
     assert result.manifest["results"]["train_loss_by_template"] == seen
+    assert result.train_loss_by_template == seen
     err = capsys.readouterr().err
     assert "has not learned template 'qa_1' (loss 5.500" in err
     assert "'qa_2'" not in err.split("warning")[-1]
@@ -458,3 +459,14 @@ def test_train_command(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
         + ["--preset", "cpu-quick", "--out", str(tmp_path / "y")],
     )
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def test_validation_loss_does_not_depend_on_the_training_seed(
+    data_dir: Path, base_dir: Path, tmp_path: Path
+) -> None:
+    """Validation batches are in file order: the base model's loss is the same for every seed."""
+    before = {seed: finetune(base_dir, data_dir, split="both", preset="cpu-quick",
+                             out=tmp_path / f"s{seed}", seed=seed, max_steps=1,
+                             **{**FAST, "batch_size": 5}).eval_loss_before
+              for seed in (0, 1, 2)}
+    assert before[0] == before[1] == before[2], before

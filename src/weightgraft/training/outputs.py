@@ -30,6 +30,8 @@ class TrainResult:
         eval_loss: validation loss of the saved (best) model.
         eval_loss_before: validation loss of the base model (kept across a resume).
         weights_sha256: :func:`weightgraft.models.weights_sha256` of the saved model.
+        train_loss_by_template: the saved model's loss on its training texts, per template
+            (a template far above the others was not learned).
     """
 
     out_dir: Path
@@ -38,6 +40,7 @@ class TrainResult:
     eval_loss: float | None
     eval_loss_before: float | None
     weights_sha256: str
+    train_loss_by_template: dict[str, float] | None = None
 
     @classmethod
     def from_manifest(cls, out_dir: Path, manifest: dict[str, Any]) -> TrainResult:
@@ -49,6 +52,7 @@ class TrainResult:
             eval_loss=results.get("eval_loss"),
             eval_loss_before=results.get("eval_loss_before"),
             weights_sha256=manifest["model"]["weights_sha256"],
+            train_loss_by_template=results.get("train_loss_by_template"),
         )
 
 
