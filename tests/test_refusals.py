@@ -142,12 +142,15 @@ def test_ctrl_c_says_how_many_rows_are_saved_and_that_the_command_resumes(tmp_pa
     import yaml
 
     cfg = tmp_path / "exp.yaml"
-    # a larger world than _raw's, so the run is far from done when the third part is saved
-    # (with n=6 a loaded machine once finished the run before the signal arrived)
-    cfg.write_text(yaml.safe_dump(tiny_config(tmp_path, "refuse", world={"n": 12},
+    # a larger world than _raw's, so the run is still going when the third part is saved
+    cfg.write_text(yaml.safe_dump(tiny_config(tmp_path, "refuse", world={"n": 6},
                                               models=_saved_models(tmp_path), batch_size=1)))
+    # SIGINT back to its default in the child: a test run started in the background of a
+    # non-interactive shell inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt (the run finished with exit code 0)
     proc = subprocess.Popen([sys.executable, "-m", "weightgraft", "run", str(cfg), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     parts = tmp_path / "run" / "parts"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
