@@ -90,3 +90,37 @@ def test_check_covers_the_runners_prefix_sharing(model_dirs, monkeypatch):
     monkeypatch.setattr(check_mod, "prefix_forward", lambda *a, **k: real(*a, **k) + 1e-3)
     bad = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])
     assert bad.exit_code == 1 and "FAIL" in bad.output
+
+
+def test_uniform_maps_are_also_held_to_the_plain_forward(model_dirs):
+    """On "all from model k" the engine equals model k's own HF forward; random maps have no
+    plain forward to compare with."""
+    from weightgraft.models import load_model
+    from weightgraft.models.tokenization import batch_encode
+
+    loaded = [load_model(model_dirs[k]) for k in ("base", "donor")]
+    ids, mask = batch_encode(loaded[0].tokenizer, list(check_mod.DEFAULT_PROMPTS))
+    report = check_mod.check_engine([m.model for m in loaded], ids, mask, n_random=1)
+    uniform = [c for c in report.cases if c.name.startswith("all from model")]
+    assert len(uniform) == 2
+    for case in uniform:
+        assert case.engine_vs_plain is not None and case.engine_vs_plain <= 1e-5, case
+        assert case.reference_vs_plain is not None and case.reference_vs_plain <= 1e-4, case
+    assert all(c.engine_vs_plain is None for c in report.cases if c not in uniform)
+
+
+def test_check_says_when_the_gap_is_the_references(model_dirs, monkeypatch):
+    real = check_mod.per_token_forward
+    monkeypatch.setattr(check_mod, "per_token_forward", lambda *a, **k: real(*a, **k) + 1e-3)
+    result = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])
+    assert result.exit_code == 1 and "FAIL" in result.output
+    assert "the gap is the reference's own rounding" in " ".join(result.output.split())
+    assert "all from model 0, against its plain forward pass: engine max" in " ".join(result.output.split())
+
+
+def test_check_does_not_blame_the_reference_when_the_engine_is_off(model_dirs, monkeypatch):
+    real = check_mod.graft_forward
+    monkeypatch.setattr(check_mod, "graft_forward", lambda *a, **k: real(*a, **k) + 1e-3)
+    result = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])
+    assert result.exit_code == 1
+    assert "reference's own rounding" not in " ".join(result.output.split())

@@ -28,6 +28,12 @@ class CheckCase:
     max_abs_diff: float
     logit_scale: float
     top1_agree: float  # fraction of real positions whose top token agrees
+    # Maps that take everything from one model only: max |Δ logit| of the engine and of the
+    # per-token reference against that model's own HF forward pass (the same batch). In half
+    # precision they tell which side a gap comes from: the reference's position-by-position
+    # KV-cache pass rounds differently from a whole-sequence forward.
+    engine_vs_plain: float | None = None
+    reference_vs_plain: float | None = None
 
 
 @dataclass(frozen=True)
@@ -118,12 +124,21 @@ def check_engine(
         fast = graft_forward(models, input_ids, source, attention_mask=attention_mask)
         ref = per_token_forward(models, input_ids, source, attention_mask, composite=composite)
         fast, ref = fast[real].float(), ref[real].float()
+        engine_vs_plain = reference_vs_plain = None
+        only = source.unique()
+        if only.numel() == 1:
+            plain = models[int(only)](input_ids=input_ids, attention_mask=attention_mask).logits
+            plain = plain[real].float()
+            engine_vs_plain = (fast - plain).abs().max().item()
+            reference_vs_plain = (ref - plain).abs().max().item()
         cases.append(
             CheckCase(
                 name=name,
                 max_abs_diff=(fast - ref).abs().max().item(),
                 logit_scale=ref.abs().max().item(),
                 top1_agree=(fast.argmax(-1) == ref.argmax(-1)).float().mean().item(),
+                engine_vs_plain=engine_vs_plain,
+                reference_vs_plain=reference_vs_plain,
             )
         )
     cases.append(_prefix_case(models, input_ids, attention_mask, maps, gen))
