@@ -326,9 +326,10 @@ def test_finetune_lowers_loss_and_writes_manifest(
     assert set(by_template) == {"article_1", "qa_1", "qa_2"}
     for name, texts in train_texts_by_template(data_dir, "both").items():
         ds = _TokenizedTexts(texts[:16], trained.tokenizer, 64)
-        sums = [(float(trained.model(input_ids=torch.tensor([i["input_ids"]]),
-                                     labels=torch.tensor([i["input_ids"]])).loss)
-                 * (len(i["input_ids"]) - 1), len(i["input_ids"]) - 1) for i in ds]
+        with torch.no_grad():
+            sums = [(float(trained.model(input_ids=torch.tensor([i["input_ids"]]),
+                                         labels=torch.tensor([i["input_ids"]])).loss)
+                     * (len(i["input_ids"]) - 1), len(i["input_ids"]) - 1) for i in ds]
         expected = sum(a for a, _ in sums) / sum(n for _, n in sums)
         assert by_template[name] == pytest.approx(expected, rel=1e-5), name
     evals = [h["eval_loss"] for h in json.loads((out / "training_log.json").read_text())

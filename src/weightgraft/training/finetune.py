@@ -66,8 +66,8 @@ from weightgraft.training.texts import (
     _collator,
     _read_supplemental,
     _TokenizedTexts,
-    read_split,
-    train_texts_by_template,
+    split_records,
+    texts_by_template,
 )
 
 
@@ -187,7 +187,9 @@ def finetune(
         raise TrainingError("max_steps must be at least 1")
 
     templates = list(templates) if templates is not None and not isinstance(templates, str) else templates
-    train_texts, val_texts = read_split(data_root, split, templates)
+    train_records, val_records = split_records(data_root, split, templates)
+    train_texts = [r["text"] for r in train_records]
+    val_texts = [r["text"] for r in val_records]
     supplemental: list[str] = []
     supplemental_path = None
     if supplemental_text is not None:
@@ -344,7 +346,7 @@ def finetune(
         (out_dir / "training_args.bin").unlink(missing_ok=True)
     result_hash = weights_sha256(trainer.model)
     by_template = loss_by_template(
-        trainer.model, tokenizer, train_texts_by_template(data_root, split, templates),
+        trainer.model, tokenizer, texts_by_template(train_records),
         max_length=settings.max_length,
     )
     manifest = {

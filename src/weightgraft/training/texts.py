@@ -57,7 +57,7 @@ def read_split(
     ``templates`` keeps only the training records of those templates (fewer renderings of
     each fact: a cheaper finetune); validation keeps its held-out templates.
     """
-    train, validation = _split_records(data_dir, split, templates)
+    train, validation = split_records(data_dir, split, templates)
     return [r["text"] for r in train], [r["text"] for r in validation]
 
 
@@ -69,15 +69,21 @@ def train_texts_by_template(
 ) -> dict[str, list[str]]:
     """The training texts of ``split`` grouped by their record's ``template`` field (records
     without one under ``NO_TEMPLATE``), in file order."""
+    return texts_by_template(split_records(data_dir, split, templates)[0])
+
+
+def texts_by_template(records: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """Texts grouped by their record's ``template`` field, in order."""
     grouped: dict[str, list[str]] = {}
-    for record in _split_records(data_dir, split, templates)[0]:
+    for record in records:
         grouped.setdefault(str(record.get("template", NO_TEMPLATE)), []).append(record["text"])
     return grouped
 
 
-def _split_records(
-    data_dir: str | os.PathLike[str], split: str, templates: Sequence[str] | None,
+def split_records(
+    data_dir: str | os.PathLike[str], split: str, templates: Sequence[str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The train and validation records of ``split`` (:func:`read_split`, whole records)."""
     if split not in SPLITS:
         raise TrainingError(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
     root = Path(data_dir)
