@@ -1,7 +1,7 @@
 """Benchmark: the per-token method vs the one-pass engine vs plain forward passes.
 
 In ONE run, on the same model, prompts and schemes, times
-  (a) the per-token definition (``weightgraft.graft.reference.per_token_forward``: per position a
+  (a) the per-token definition (``weightgraft.engine.reference.per_token_forward``: per position a
       model holding that position's weights, one-token forward with the KV cache),
   (b) ``graft_forward`` batched over examples x schemes,
   (c) plain batched forward passes of the base model over the same sequences,
@@ -30,8 +30,8 @@ import torch
 
 import weightgraft as wg
 from weightgraft.data.prompts import load_test_prompts
-from weightgraft.graft.prefix import GraftItem, prefix_forward
-from weightgraft.graft.reference import CompositeModel, per_token_forward
+from weightgraft.engine.prefix import GraftItem, prefix_forward
+from weightgraft.engine.reference import CompositeModel, per_token_forward
 
 
 class PeakMemory:

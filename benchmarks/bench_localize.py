@@ -47,10 +47,10 @@ def main() -> None:
     from weightgraft.experiments.localize.config import parse_localize_config
     from weightgraft.experiments.localize.examples import build_examples
     from weightgraft.experiments.localize.maps import estimate_frame
-    from weightgraft.graft.attribution import graft_attribution
-    from weightgraft.graft.cells import exact_effects, example_cells
-    from weightgraft.graft.partial import PartialGraft
-    from weightgraft.graft.reference import CompositeModel, per_token_forward
+    from weightgraft.engine.attribution import graft_attribution
+    from weightgraft.engine.cells import exact_effects, example_cells
+    from weightgraft.engine.partial import PartialGraft
+    from weightgraft.engine.reference import CompositeModel, per_token_forward
     from weightgraft.models import load_model
 
     sft_dir = _sft_dir(args.data)

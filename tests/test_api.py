@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import weightgraft as wg
-from weightgraft.graft.reference import per_token_forward
+from weightgraft.engine.reference import per_token_forward
 
 PROMPTS = ["The capital of France is", "Paris is in", "Rome, the capital of Italy, lies on the"]
 ATOL = 1e-10
@@ -231,13 +231,16 @@ def test_load_returns_model_and_tokenizer(tiny_model_dirs, tiny_pair):
         torch.testing.assert_close(model(ids).logits, pre(ids).logits, rtol=0, atol=0)
 
 
-def test_top_level_stays_light_and_graft_is_callable_after_engine_imports():
+def test_top_level_stays_light_and_graft_is_a_plain_function():
     code = (
-        "import sys, weightgraft as wg\n"
+        "import sys, types, weightgraft as wg\n"
         "assert wg.__version__ and 'torch' not in sys.modules, 'torch imported at top level'\n"
-        "import weightgraft.graft.engine as engine\n"
-        "from weightgraft.graft import prefix\n"
-        "assert callable(wg.graft) and wg.graft_forward is engine.graft_forward\n"
+        "import weightgraft.engine.forward as engine\n"
+        "from weightgraft.engine import prefix\n"
+        "from weightgraft.api.graft import graft\n"
+        "assert type(wg.graft) is types.FunctionType and wg.graft is graft\n"
+        "assert type(sys.modules['weightgraft.engine']) is types.ModuleType\n"
+        "assert wg.graft_forward is engine.graft_forward\n"
         "assert {'load', 'graft', 'compare', 'Rule', 'Scheme', 'presets', 'slots', 'graft_forward'} <= set(dir(wg))\n"
         "assert wg.presets.position()[0].family == 'baseline'\n"
     )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from weightgraft.graft.attribution import donor_logprobs, graft_attribution, graft_metric
-from weightgraft.graft.partial import PartialGraft
+from weightgraft.engine.attribution import donor_logprobs, graft_attribution, graft_metric
+from weightgraft.engine.partial import PartialGraft
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 ARCHS = sorted(TINY_CONFIGS)

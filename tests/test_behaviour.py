@@ -163,8 +163,8 @@ def test_report_shows_behaviour_columns_and_continuations(tmp_path):
 
 
 def test_the_donor_of_each_scheme():
-    from weightgraft.experiments.presets import preset
-    from weightgraft.experiments.schemes import Rule, Scheme
+    from weightgraft.schemes.presets import preset
+    from weightgraft.schemes.scheme import Rule, Scheme
     from weightgraft.experiments.scoring import baselines
 
     fwd = preset("position", direction="pre2sft")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import weightgraft as wg
-from weightgraft.graft.cells import Cell, ScoredExample, example_cells, exact_effects
-from weightgraft.graft.reference import CompositeModel, per_token_forward
+from weightgraft.engine.cells import Cell, ScoredExample, example_cells, exact_effects
+from weightgraft.engine.reference import CompositeModel, per_token_forward
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 ARCHS = sorted(TINY_CONFIGS)
@@ -81,7 +81,7 @@ def test_other_metrics_and_prefix_sharing_agree_with_whole_rows(metric):
 
 @pytest.mark.parametrize("model_type", ["gpt2", "gemma2", "phi3"])
 def test_group_of_cells_matches_the_per_token_definition(model_type):
-    from weightgraft.graft.cells import group_cells
+    from weightgraft.engine.cells import group_cells
 
     base = make_tiny(model_type, seed=0)
     models = [base, make_donor(base, seed=1)]

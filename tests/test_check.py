@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-import weightgraft.graft.check as check_mod
+import weightgraft.engine.check as check_mod
 from weightgraft.cli import app
 from tiny_models import make_donor, make_tiny, tiny_tokenizer
 

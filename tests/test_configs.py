@@ -12,8 +12,8 @@ from tiny_models import TINY_CONFIGS
 
 import weightgraft as wg
 from weightgraft.experiments.config import load_config
-from weightgraft.experiments.schemes import compile_scheme
-from weightgraft.graft.architectures import model_slots
+from weightgraft.schemes.scheme import compile_scheme
+from weightgraft.engine.architectures import model_slots
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
 PAPER = [p for p in CONFIGS if p.parent.name == "paper"]

@@ -9,7 +9,7 @@ from accelerate.hooks import AlignDevicesHook, add_hook_to_module
 
 import weightgraft as wg
 from weightgraft.models import ModelLoadError, load_model
-from weightgraft.graft.reference import per_token_forward
+from weightgraft.engine.reference import per_token_forward
 from tiny_models import make_donor, make_tiny
 
 

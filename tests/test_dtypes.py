@@ -1,5 +1,5 @@
 """Half precision: the engine against the per-token definition in the same dtype, within the
-tolerance stated per dtype in ``weightgraft.graft.check.ORACLE_TOLERANCE``."""
+tolerance stated per dtype in ``weightgraft.engine.check.ORACLE_TOLERANCE``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import weightgraft as wg
-from weightgraft.graft.check import ORACLE_TOLERANCE, check_engine
-from weightgraft.graft.reference import per_token_forward
+from weightgraft.engine.check import ORACLE_TOLERANCE, check_engine
+from weightgraft.engine.reference import per_token_forward
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 

@@ -9,9 +9,9 @@ import torch
 import transformers as T
 
 import weightgraft as wg
-from weightgraft.graft.architectures import UnsupportedArchitectureError, model_slots
-from weightgraft.graft.compat import ModelMismatchError
-from weightgraft.graft.reference import per_token_forward
+from weightgraft.engine.architectures import UnsupportedArchitectureError, model_slots
+from weightgraft.engine.compat import ModelMismatchError
+from weightgraft.engine.reference import per_token_forward
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 ARCHS = sorted(TINY_CONFIGS)

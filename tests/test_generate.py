@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from weightgraft.experiments.schemes import Rule, Scheme, compile_scheme
-from weightgraft.graft.architectures import model_slots
-from weightgraft.graft.engine import slots
-from weightgraft.graft.generate import generate, generate_one
-from weightgraft.graft.reference import per_token_forward
+from weightgraft.schemes.scheme import Rule, Scheme, compile_scheme
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.forward import slots
+from weightgraft.api.generate import generate
+from weightgraft.engine.generate import generate_one
+from weightgraft.engine.reference import per_token_forward
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny, tiny_tokenizer
 
 PROMPT = "The Eiffel Tower is in"

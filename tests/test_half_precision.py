@@ -13,7 +13,7 @@ import torch
 import weightgraft as wg
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
-from weightgraft.graft.check import check_engine
+from weightgraft.engine.check import check_engine
 from tiny_models import make_donor, make_tiny
 from tiny_world import loader, write_world
 

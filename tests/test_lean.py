@@ -12,7 +12,7 @@ import torch
 import transformers as T
 
 import weightgraft as wg
-from weightgraft.graft.compat import ModelMismatchError
+from weightgraft.engine.compat import ModelMismatchError
 from weightgraft.experiments.config import parse_config
 from weightgraft.models.lean import donor_view, lean_from_safetensors, memory_report, needed_parameters
 from weightgraft.models import load_model

@@ -12,7 +12,7 @@ from weightgraft.experiments.config import ConfigError
 from weightgraft.experiments.localize import localize
 from weightgraft.experiments.localize.config import parse_localize_config
 from weightgraft.experiments.localize.examples import position_labels
-from weightgraft.graft.cells import exact_effects
+from weightgraft.engine.cells import exact_effects
 from tiny_world import loader, write_world
 
 COLUMNS = ["example_id", "template", "direction", "position", "position_label", "layer", "component", "estimate", "exact"]
@@ -58,7 +58,7 @@ def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     from weightgraft.experiments.localize.examples import build_examples
     from weightgraft.experiments.localize.maps import cell_map
     from weightgraft.experiments.localize.run import _select
-    from weightgraft.graft.architectures import model_slots
+    from weightgraft.engine.architectures import model_slots
 
     examples, _ = build_examples(_select(config), pre.tokenizer)
     index = {s.name: i for i, s in enumerate(model_slots(pre.model))}

@@ -11,7 +11,7 @@ import torch
 import weightgraft as wg
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
-from weightgraft.graft.reference import per_token_forward
+from weightgraft.engine.reference import per_token_forward
 from weightgraft.models.lowrank import (
     LowRankDelta,
     LowRankError,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import weightgraft as wg
-from weightgraft.graft.partial import PartialGraft
-from weightgraft.graft.reference import per_token_mixed_forward
+from weightgraft.engine.partial import PartialGraft
+from weightgraft.engine.reference import per_token_mixed_forward
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 ARCHS = sorted(TINY_CONFIGS)

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import weightgraft as wg
-from weightgraft.graft.architectures import model_slots
-from weightgraft.experiments.presets import preset
-from weightgraft.experiments.schemes import Rule, Scheme, compile_scheme
-from weightgraft.experiments.selectors import (
+from weightgraft.engine.architectures import model_slots
+from weightgraft.schemes.presets import preset
+from weightgraft.schemes.scheme import Rule, Scheme, compile_scheme
+from weightgraft.schemes.selectors import (
     SelectorError, SpanNotFound, layer_group, select_components, select_layers, select_positions,
 )
 from tiny_models import make_tiny, tiny_tokenizer

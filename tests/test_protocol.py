@@ -12,16 +12,16 @@ from tiny_models import TINY_CONFIGS, _randomize, make_donor, tiny_tokenizer
 
 import weightgraft as wg
 from weightgraft.experiments.config import parse_config
-from weightgraft.experiments.presets import preset
-from weightgraft.experiments.protocol import (
+from weightgraft.schemes.presets import preset
+from weightgraft.schemes.protocol import (
     DIFFERENCES,
     differences_markdown,
     embeddings_tied,
 )
-from weightgraft.experiments.schemes import Rule, Scheme, compile_scheme
-from weightgraft.experiments.selectors import SelectorError, select_layers
-from weightgraft.graft.architectures import model_slots
-from weightgraft.graft.reference import per_token_forward
+from weightgraft.schemes.scheme import Rule, Scheme, compile_scheme
+from weightgraft.schemes.selectors import SelectorError, select_layers
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.reference import per_token_forward
 
 TOL = 1e-9  # float64
 PROMPT = "Al Bo in in Up by"

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from weightgraft.cli.data import app as data_app
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
-from weightgraft.experiments.selectors import SelectorError
+from weightgraft.schemes.selectors import SelectorError
 from tiny_world import loader, tiny_config
 
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 import weightgraft as wg
 from weightgraft.cli import app
 from weightgraft.experiments.config import parse_config
-from weightgraft.experiments.families import PRESET_FAMILIES
+from weightgraft.schemes.families import PRESET_FAMILIES
 from weightgraft.experiments.metrics import summarize
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.report import FAMILY_FIGURES, MAX_BARS, write_report

@@ -17,7 +17,7 @@ import torch
 import weightgraft.experiments.store as store_mod
 from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import DatasetError, run_experiment
-from weightgraft.experiments.selectors import SelectorError
+from weightgraft.schemes.selectors import SelectorError
 from weightgraft.experiments.store import ResultsWriteError
 from weightgraft.models.tokenization import TokenizerMismatchError
 from tiny_models import make_donor, make_tiny, tiny_tokenizer, tiny_word_tokenizer

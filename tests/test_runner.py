@@ -148,7 +148,7 @@ def test_per_head_sweep_matches_the_per_token_definition(tmp_path):
     """The heads preset end to end: each row equals the oracle run with that one head of o
     (last layer, last token) from the donor."""
     import weightgraft as wg
-    from weightgraft.graft.reference import per_token_forward
+    from weightgraft.engine.reference import per_token_forward
 
     config = parse_config(_config(tmp_path, schemes=[{"preset": "heads", "n_heads": 4, "layers": "-1"}]))
     result = run_experiment(config, load=loader, progress=False)

@@ -23,16 +23,14 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compare": ("weightgraft.api.compare", "compare"),
     "GraftOutput": ("weightgraft.api.outputs", "GraftOutput"),
     "GraftInputError": ("weightgraft.api.inputs", "GraftInputError"),
-    "Rule": ("weightgraft.experiments.schemes", "Rule"),
-    "Scheme": ("weightgraft.experiments.schemes", "Scheme"),
+    "Rule": ("weightgraft.schemes.scheme", "Rule"),
+    "Scheme": ("weightgraft.schemes.scheme", "Scheme"),
     "presets": ("weightgraft.api.presets", None),
-    "slots": ("weightgraft.graft.engine", "slots"),
-    "graft_forward": ("weightgraft.graft.engine", "graft_forward"),
-    "generate": ("weightgraft.graft.generate", "generate"),
+    "slots": ("weightgraft.engine.forward", "slots"),
+    "graft_forward": ("weightgraft.engine.forward", "graft_forward"),
+    "generate": ("weightgraft.api.generate", "generate"),
     "localize": ("weightgraft.experiments.localize", "localize"),
-    # ``weightgraft.graft`` is also the engine's package; the package is callable (it runs
-    # ``weightgraft.api.graft.graft``), so the name means the same whichever import came first.
-    "graft": ("weightgraft.graft", None),
+    "graft": ("weightgraft.api.graft", "graft"),
 }
 __all__ = [
     "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "generate", "graft", "graft_forward",

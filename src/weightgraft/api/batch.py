@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from weightgraft.api.inputs import GraftInputError
-from weightgraft.experiments.schemes import CompiledScheme
-from weightgraft.experiments.selectors import SpanNotFound
+from weightgraft.schemes.scheme import CompiledScheme
+from weightgraft.schemes.selectors import SpanNotFound
 
 
 @dataclass(frozen=True)

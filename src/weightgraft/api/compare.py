@@ -14,7 +14,9 @@ import pandas as pd
 
 from weightgraft.api.inputs import (
     GraftInputError,
+    Rules,
     Spans,
+    as_schemes,
     check_prompts,
     check_roles,
     check_tokenizer,
@@ -24,13 +26,13 @@ from weightgraft.api.inputs import (
 from weightgraft.data.prompts import TestPrompt
 from weightgraft.experiments.examples import Exclusions, prepare
 from weightgraft.experiments.metrics import add_recovery
-from weightgraft.experiments.schemes import Scheme
+from weightgraft.schemes.scheme import Scheme
 from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
 
 
 def compare(
     models: Mapping[str, Any], tokenizer: Any, prompts: Sequence[str], answers: Sequence[str],
-    schemes: Scheme | Sequence[Scheme], spans: Spans = None, protocol: str = "paper",
+    schemes: Rules | Sequence[Scheme], spans: Spans = None, protocol: str = "paper",
     batch_size: int = 16, score_answer: bool = True, model_set: str = "default",
     template: str = "custom", prefix_sharing: bool = True,
 ) -> pd.DataFrame:
@@ -39,20 +41,19 @@ def compare(
     ``results.parquet`` (``example_id`` is the prompt's index).
 
     ``schemes`` are presets (``weightgraft.presets.position()``) or your own
-    :class:`~weightgraft.Scheme` objects over the roles of ``models``; ``spans`` as in
+    :class:`~weightgraft.Scheme` objects over the roles of ``models``; one Rule or a list of
+    Rules is one scheme named ``graft`` over the first role, as in :func:`weightgraft.graft`; ``spans`` as in
     :func:`weightgraft.graft`. Every prompt must be placeable by every scheme: one that is not
     is an error naming it (a comparison never drops prompts silently).
     """
-    schemes = [schemes] if isinstance(schemes, Scheme) else list(schemes)
-    if not schemes or not all(isinstance(s, Scheme) for s in schemes):
-        raise GraftInputError("schemes must be a weightgraft.Scheme or a non-empty list of them")
+    roles, ordered = ordered_models(models, None)
+    schemes = as_schemes(schemes, roles[0], None)
     names = [s.name for s in schemes]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise GraftInputError(f"two schemes are named {dup!r}; rows are keyed by scheme name")
     if batch_size < 1:
         raise GraftInputError("batch_size must be at least 1")
-    roles, ordered = ordered_models(models, None)
     check_roles(schemes, roles)
     prompt_spans = check_prompts(prompts, spans)
     if isinstance(answers, str) or len(list(answers)) != len(prompts):

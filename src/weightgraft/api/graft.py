@@ -19,7 +19,7 @@ from weightgraft.api.inputs import (
     ordered_models,
 )
 from weightgraft.api.outputs import GraftOutput
-from weightgraft.graft.engine import graft_forward
+from weightgraft.engine.forward import graft_forward
 
 
 def graft(

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
-from weightgraft.experiments.protocol import PROTOCOLS, embeddings_tied
-from weightgraft.experiments.schemes import CompiledScheme, Rule, Scheme, compile_scheme
-from weightgraft.graft.architectures import model_slots
-from weightgraft.graft.engine import slots
-from weightgraft.graft.precision import batch_invariant_attention
+from weightgraft.schemes.protocol import PROTOCOLS, embeddings_tied
+from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.forward import slots
+from weightgraft.engine.precision import batch_invariant_attention
 
 Rules = Rule | Sequence[Rule] | Scheme
 Spans = Sequence[Mapping[str, SpanSpec] | None] | None
@@ -33,7 +33,7 @@ def check_protocol(protocol: str) -> str:
 def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[str], list[Any]]:
     """Roles and models with the base first (the engine runs the base's modules); models in
     half precision are switched to eager attention, so that a prompt's logits do not depend
-    on the other prompts of its batch (see ``weightgraft.graft.precision``)."""
+    on the other prompts of its batch (see ``weightgraft.engine.precision``)."""
     if not isinstance(models, Mapping) or not models:
         raise GraftInputError("models must be a non-empty mapping role -> model, e.g. {'pre': pre, 'sft': sft}")
     roles = list(models)
@@ -45,8 +45,19 @@ def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[st
     return ordered, [models[r] for r in ordered]
 
 
+def as_schemes(rules: Rules | Sequence[Scheme], base_role: str, base: str | None) -> list[Scheme]:
+    """A list of Schemes as given; anything else :func:`as_scheme` takes, as one Scheme."""
+    if isinstance(rules, Sequence) and not isinstance(rules, (str, bytes)) and not rules:
+        raise GraftInputError("no schemes given: pass a weightgraft.Scheme, a list of them, or Rules")
+    if isinstance(rules, Sequence) and not isinstance(rules, (str, bytes)) and rules \
+            and all(isinstance(r, Scheme) for r in rules):
+        return list(rules)
+    return [as_scheme(rules, base_role, base)]
+
+
 def as_scheme(rules: Rules, base_role: str, base: str | None) -> Scheme:
-    """One Rule, a list of them, or a Scheme, as a Scheme over ``base_role``."""
+    """One Rule, a list of them, or a Scheme, as a Scheme over ``base_role`` (``base`` when
+    given): the one conversion every front-door function uses."""
     if isinstance(rules, Scheme):
         if base is not None and base != rules.base:
             raise GraftInputError(f"base={base!r} differs from the scheme's base {rules.base!r}")
@@ -55,7 +66,7 @@ def as_scheme(rules: Rules, base_role: str, base: str | None) -> Scheme:
         rules = [rules]
     if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence) or not all(isinstance(r, Rule) for r in rules):
         raise GraftInputError("rules must be a weightgraft.Rule, a list of Rules, or a weightgraft.Scheme")
-    return Scheme(name="graft", base=base_role, rules=list(rules))
+    return Scheme(name="graft", base=base if base is not None else base_role, rules=list(rules))
 
 
 def check_roles(schemes: Sequence[Scheme], roles: Sequence[str]) -> None:

@@ -2,12 +2,12 @@
 
 ``wg.presets.position()``, ``wg.presets.component(layer_groups=["last_quarter"])``, ... or by
 name, ``wg.presets.preset("position", direction="sft2pre")``. These are the functions the
-runner's configs use (``weightgraft.experiments.presets``), so both give the same schemes."""
+runner's configs use (``weightgraft.schemes.presets``), so both give the same schemes."""
 
 from __future__ import annotations
 
-from weightgraft.experiments.families import PRESET_FAMILIES
-from weightgraft.experiments.presets import (
+from weightgraft.schemes.families import PRESET_FAMILIES
+from weightgraft.schemes.presets import (
     COMPONENT_SETS,
     DIRECTIONS,
     LAYER_GROUPS,

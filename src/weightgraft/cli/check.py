@@ -28,7 +28,7 @@ def check(
     prompts: Path | None = typer.Option(None, help="Text file, one prompt per line."),
     maps: int = typer.Option(2, help="Random source maps of each kind to check."),
     seed: int = typer.Option(0),
-    atol: Optional[float] = typer.Option(None, help="Absolute tolerance on logits (default: per dtype, see weightgraft.graft.check.ORACLE_TOLERANCE)."),
+    atol: Optional[float] = typer.Option(None, help="Absolute tolerance on logits (default: per dtype, see weightgraft.engine.check.ORACLE_TOLERANCE)."),
     rtol: Optional[float] = typer.Option(None, help="Tolerance relative to the largest |logit| (default: per dtype)."),
     dtype: str = typer.Option(
         "float64",
@@ -39,7 +39,7 @@ def check(
     allow_pickle: bool = typer.Option(False, help="Allow pickle (.bin) checkpoints."),
 ) -> None:
     """Check the fast engine against the per-token KV-cache definition on YOUR models."""
-    from weightgraft.graft.check import DEFAULT_PROMPTS, check_engine
+    from weightgraft.engine.check import DEFAULT_PROMPTS, check_engine
     from weightgraft.models import load_model
     from weightgraft.models.tokenization import batch_encode, check_same_tokenizer
 

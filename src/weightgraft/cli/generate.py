@@ -22,7 +22,7 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
 
 def _rule(text: str):
     """``model=sft,positions=last,layers=-8..-1,components=o+ffn`` as a Rule."""
-    from weightgraft.experiments.schemes import Rule
+    from weightgraft.schemes.scheme import Rule
 
     fields = _pairs([p for p in text.split(",") if p.strip()], "rule field")
     try:
@@ -46,7 +46,7 @@ def generate(
     device: str = typer.Option("cpu", "--device"),
 ) -> None:
     """Continue prompts with a grafted model (rules apply to each new token as the last token)."""
-    from weightgraft.experiments.schemes import Scheme
+    from weightgraft.schemes.scheme import Scheme
 
     spans = _pairs(span, "span")
     roles = _pairs(model, "model")
@@ -73,7 +73,7 @@ def generate(
 
         resolve_spans(prompt, spans)
 
-    from weightgraft.graft.generate import generate as run_generate
+    from weightgraft.api.generate import generate as run_generate
     from weightgraft.models import load_model
     from weightgraft.models.lowrank import (
         check_lowrank_roles,

@@ -1,1 +1,1 @@
-"""Experiments: selectors, schemes and presets, configs, the sweep runner, its store and metrics."""
+"""Experiments: configs, the sweep runner, its store, scoring and metrics, and localization."""

@@ -12,8 +12,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from weightgraft.experiments.pairs import SchemePair, check_pairs
-from weightgraft.experiments.presets import preset
-from weightgraft.experiments.schemes import Scheme
+from weightgraft.schemes.presets import preset
+from weightgraft.schemes.scheme import Scheme
 
 
 class ConfigError(ValueError):
@@ -66,7 +66,7 @@ class ExperimentConfig(BaseModel):
     model_sets: dict[str, dict[str, str]] | None = None
     schemes: list[PresetRef | Scheme] = Field(min_length=1)
     # "paper": the paper's text; "authors": what the authors' code computes
-    # (weightgraft.experiments.protocol lists every difference)
+    # (weightgraft.schemes.protocol lists every difference)
     protocol: Literal["paper", "authors"] = "paper"
     templates: list[str] | None = None
     directions: list[Literal["a2b", "b2a"]] | None = None

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from weightgraft.experiments.examples import Prepared
-from weightgraft.experiments.schemes import CompiledScheme
-from weightgraft.graft.generate import generate_one
+from weightgraft.schemes.scheme import CompiledScheme
+from weightgraft.engine.generate import generate_one
 
 
 def sweep_continuations(

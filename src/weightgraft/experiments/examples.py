@@ -17,8 +17,8 @@ import torch
 
 from weightgraft.data.prompts import DatasetError, TestPrompt
 from weightgraft.experiments.config import ExperimentConfig
-from weightgraft.experiments.schemes import CompiledScheme
-from weightgraft.experiments.selectors import SpanNotFound
+from weightgraft.schemes.scheme import CompiledScheme
+from weightgraft.schemes.selectors import SpanNotFound
 
 
 def select_prompts(prompts: list[TestPrompt], config: ExperimentConfig) -> list[TestPrompt]:

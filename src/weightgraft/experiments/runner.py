@@ -35,18 +35,18 @@ from weightgraft.experiments.metrics import (
     summarize,
 )
 from weightgraft.experiments.pairs import paired_differences
-from weightgraft.experiments.protocol import embeddings_tied
-from weightgraft.experiments.schemes import compile_scheme
+from weightgraft.schemes.protocol import embeddings_tied
+from weightgraft.schemes.scheme import compile_scheme
 from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
-from weightgraft.experiments.selectors import (
+from weightgraft.schemes.selectors import (
     BUILTIN_POSITIONS,
     LITERAL_SPANS,
     position_names,
 )
 from weightgraft.experiments.store import ResultsStore, write_atomic
-from weightgraft.graft.architectures import model_slots
-from weightgraft.graft.engine import slots
-from weightgraft.graft.precision import batch_invariant_attention
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.forward import slots
+from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.models.donors import default_loader, load_donor
 from weightgraft.models.lean import memory_report
 from weightgraft.models.lowrank import (

@@ -28,8 +28,8 @@ from weightgraft.experiments.metrics import (
     score_next_token,
     whole_character_prefix,
 )
-from weightgraft.experiments.schemes import Scheme
-from weightgraft.graft.prefix import GraftItem, prefix_forward
+from weightgraft.schemes.scheme import Scheme
+from weightgraft.engine.prefix import GraftItem, prefix_forward
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from weightgraft.graft.architectures import model_slots
-from weightgraft.graft.compat import ModelMismatchError
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.compat import ModelMismatchError
 from weightgraft.models.hashing import hash_tensor
 
 __all__ = [

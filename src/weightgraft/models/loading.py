@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from weightgraft.graft.precision import batch_invariant_attention
+from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.models.embedded import (
     EMBEDDED_MODELS,
     _embedded,

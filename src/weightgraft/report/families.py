@@ -1,5 +1,5 @@
 """The figures of each preset family, and the one table (``FAMILY_FIGURES``) that says which
-figures draw which family: a family named in ``weightgraft.experiments.families`` and missing
+figures draw which family: a family named in ``weightgraft.schemes.families`` and missing
 here fails a test instead of silently losing its figures."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from weightgraft.experiments.families import (
+from weightgraft.schemes.families import (
     BASELINE,
     COMPONENT,
     CUSTOM,

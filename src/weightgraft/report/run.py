@@ -185,7 +185,7 @@ def layer_ranges(manifest: dict[str, Any], model_set: str) -> dict[str, tuple[in
     """Scheme -> (first, last) layer its rules graft in this model set, from the schemes and the
     model depth the manifest records; empty when the depth is not recorded. Schemes with layer
     dropout or layers that are not one contiguous range are left out."""
-    from weightgraft.experiments.selectors import SelectorError, select_layers
+    from weightgraft.schemes.selectors import SelectorError, select_layers
 
     roles = (manifest.get("models") or {}).get(model_set) or {}
     depths = {info.get("n_layers") for info in roles.values() if isinstance(info, dict)}

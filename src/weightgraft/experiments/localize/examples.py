@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from weightgraft.data.prompts import DatasetError, TestPrompt
-from weightgraft.experiments.selectors import first_entity, token_span
-from weightgraft.graft.cells import ScoredExample
+from weightgraft.schemes.selectors import first_entity, token_span
+from weightgraft.engine.cells import ScoredExample
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ import pandas as pd
 import torch
 
 from weightgraft.experiments.localize.examples import LocalizeExample
-from weightgraft.graft.attribution import Metric, graft_attribution
-from weightgraft.graft.cells import OUTPUT_ONLY, Cell, exact_effects, example_cells
-from weightgraft.graft.partial import PartialGraft
+from weightgraft.engine.attribution import Metric, graft_attribution
+from weightgraft.engine.cells import OUTPUT_ONLY, Cell, exact_effects, example_cells
+from weightgraft.engine.partial import PartialGraft
 
 CELL_KEYS = ["example_id", "template", "direction", "position", "slot"]
 
@@ -104,7 +104,7 @@ def exact_frame(
     metric: Metric, pad_id: int, chunk: int = 512,
 ) -> tuple[pd.DataFrame, list[float]]:
     """Exact single-cell effects of every cell, and each example's base metric."""
-    from weightgraft.graft.architectures import model_slots
+    from weightgraft.engine.architectures import model_slots
 
     names = [s.name for s in model_slots(models[0])]
     cells = [example_cells(models[0], e.scored) for e in examples]

@@ -116,7 +116,7 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
 
     ``load(spec, dtype)`` returns an object with ``model`` and ``tokenizer`` (default:
     ``weightgraft.models.load_model``)."""
-    from weightgraft.graft.partial import PartialGraft
+    from weightgraft.engine.partial import PartialGraft
 
     if not isinstance(config, LocalizeConfig):
         config = load_localize_config(Path(config), overrides)
@@ -191,7 +191,7 @@ def _search(config, run_dir, examples, cells, pairs, model, pad_id, say, seconds
         return {}
     if path.is_file():
         return json.loads(path.read_text())
-    from weightgraft.graft.architectures import model_slots
+    from weightgraft.engine.architectures import model_slots
 
     slot_index = {s.name: i for i, s in enumerate(model_slots(model))}
     column = "estimate_ig" if config.search.rank_by == "ig" else "estimate"

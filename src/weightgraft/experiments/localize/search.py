@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from weightgraft.graft.cells import Cell, ScoredExample, exact_effects
+from weightgraft.engine.cells import Cell, ScoredExample, exact_effects
 
 CellKey = tuple[str, str]  # (position label, slot name)
 

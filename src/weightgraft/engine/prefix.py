@@ -5,7 +5,7 @@ leading stretch of positions (scheme PRE and "last token grafted" differ only at
 position). Keys and values at position t depend only on positions <= t and the weights chosen
 for them, so such a shared prefix can run once, into a KV cache, and every item then runs only
 its remaining positions on a copy of that cache row. The result is the same as running each
-item whole (``weightgraft.graft.engine.graft_forward``), for fewer token-rows of work.
+item whole (``weightgraft.engine.forward.graft_forward``), for fewer token-rows of work.
 
 Three batched calls at most: all group prefixes (left-padded), all suffixes (right-padded, on the
 cache rows of their group), and the items that share nothing (plain ``graft_forward``).
@@ -23,9 +23,9 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from weightgraft.graft.architectures import model_slots
-from weightgraft.graft.engine import graft_forward
-from weightgraft.graft.precision import is_half
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.forward import graft_forward
+from weightgraft.engine.precision import is_half
 
 __all__ = ["GraftItem", "PrefixGroup", "PrefixPlan", "shared_prefix_groups", "prefix_forward"]
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from weightgraft.graft import projections
+from weightgraft.engine import projections
 
 # The canonical order of per-layer components; ``slots()`` lists them in this order.
 LAYER_COMPONENTS: tuple[str, ...] = (
@@ -206,7 +206,7 @@ def adapter_for(config: Any) -> Adapter:
         raise UnsupportedArchitectureError(
             f"model_type {model_type!r} is not supported by weightgraft. "
             f"Supported: {', '.join(supported_model_types())}. "
-            "Adding one is a single entry in weightgraft/graft/architectures.py."
+            "Adding one is a single entry in weightgraft/engine/architectures.py."
         )
     adapter = ADAPTERS[model_type]
     for attr, wanted in adapter.requires.items():

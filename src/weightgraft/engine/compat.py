@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from weightgraft.graft.architectures import adapter_for
+from weightgraft.engine.architectures import adapter_for
 
 # Config keys that describe bookkeeping, not the computation of a forward pass.
 _IGNORED_CONFIG_KEYS = frozenset(

@@ -5,7 +5,7 @@ A cell is ``(position, slot)``: one slot (``embed``, ``layers.{i}.{component}``,
 ``unembed``) at one token position. ``final_norm`` and ``unembed`` act on a position's own
 logits only, so they are cells at the scored position alone. Grafting a set of cells from the
 donor into the base changes only positions from the set's first position on: with prefix
-sharing (``weightgraft.graft.prefix``) the positions before it run once per (example, first
+sharing (``weightgraft.engine.prefix``) the positions before it run once per (example, first
 position) and each set recomputes only from there.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from weightgraft.graft.architectures import model_slots
-from weightgraft.graft.attribution import Metric, metric_values
-from weightgraft.graft.prefix import GraftItem, prefix_forward
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.attribution import Metric, metric_values
+from weightgraft.engine.prefix import GraftItem, prefix_forward
 
 __all__ = ["Cell", "ScoredExample", "exact_effects", "example_cells", "group_cells"]
 

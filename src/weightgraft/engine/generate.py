@@ -12,17 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
 from weightgraft.data.spans import SpanSpec, resolve_spans
-from weightgraft.experiments.schemes import CompiledScheme, Rule, Scheme, compile_scheme
-from weightgraft.graft.architectures import model_slots
-from weightgraft.graft.engine import graft_forward, slots
+from weightgraft.engine.forward import graft_forward
 
-DEFAULT_ROLES = ("pre", "sft")
+
+class SourcePlan(Protocol):
+    """What generation needs of a compiled scheme: the slot names and, for a text's token
+    offsets, the source rows (``[tokens, slots]``) and per-head sources."""
+
+    slot_names: Sequence[str]
+
+    def sources(self, offsets, char_spans, answer_field=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
 @dataclass
@@ -38,26 +44,6 @@ class Continuation:
     new_source: torch.Tensor
     prompt_heads: dict[str, torch.Tensor]
     new_heads: dict[str, torch.Tensor]
-
-
-def _as_scheme(rules_or_scheme: Scheme | Sequence[Rule] | Sequence[dict] | None, base: str) -> Scheme:
-    if isinstance(rules_or_scheme, Scheme):
-        return rules_or_scheme
-    rules = [r if isinstance(r, Rule) else Rule.model_validate(r) for r in (rules_or_scheme or [])]
-    return Scheme(name="generate", base=base, rules=rules)
-
-
-def _roles(models: Mapping[str, nn.Module] | Sequence[nn.Module]) -> tuple[list[nn.Module], dict[str, int]]:
-    """Models in engine order and role -> index; a plain sequence is read as (pre, sft)."""
-    if isinstance(models, Mapping):
-        return list(models.values()), {r: i for i, r in enumerate(models)}
-    models = list(models)
-    if len(models) > len(DEFAULT_ROLES):
-        raise ValueError(
-            f"{len(models)} models given as a sequence; pass a mapping role -> model "
-            f"(roles of a sequence are {', '.join(DEFAULT_ROLES)})"
-        )
-    return models, {r: i for i, r in enumerate(DEFAULT_ROLES[: len(models)])}
 
 
 def _offsets_with(offsets: list[tuple[int, int]], n_new: int, text_len: int) -> list[tuple[int, int]]:
@@ -88,7 +74,7 @@ def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: in
 
 @torch.no_grad()
 def generate_one(
-    models: Sequence[nn.Module], tokenizer, prompt: str, compiled: CompiledScheme,
+    models: Sequence[nn.Module], tokenizer, prompt: str, compiled: SourcePlan,
     spans: Mapping[str, SpanSpec] | None = None, max_new_tokens: int = 20,
     do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
     seed: int = 0, stop_at_eos: bool = True, held: Mapping[int, set[int]] | None = None,
@@ -148,43 +134,3 @@ def generate_one(
         logits=torch.stack(steps), prompt_source=src, new_source=new_source,
         prompt_heads=heads, new_heads=new_heads,
     )
-
-
-def generate(
-    models: Mapping[str, nn.Module] | Sequence[nn.Module],
-    tokenizer,
-    prompt: str | Sequence[str],
-    rules_or_scheme: Scheme | Sequence[Rule] | Sequence[dict] | None = None,
-    max_new_tokens: int = 20,
-    do_sample: bool = False,
-    spans: Mapping[str, SpanSpec] | Sequence[Mapping[str, SpanSpec] | None] | None = None,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    seed: int = 0,
-    base: str = "pre",
-) -> str | list[str]:
-    """The continuation of ``prompt`` (a str, or a list of them) by the grafted model.
-
-    ``models``: role -> model (the first is the base of the engine), or ``[pre, sft]``.
-    ``rules_or_scheme``: a ``Scheme``, a list of ``Rule`` (or dicts) applied over ``base``,
-    or None (the base alone). ``spans``: the prompt's named spans (substrings or ``[start,
-    end]`` characters) that position selectors refer to; one mapping per prompt for a list.
-    Greedy unless ``do_sample`` (seeded by ``seed``).
-    """
-    model_list, roles = _roles(models)
-    scheme = _as_scheme(rules_or_scheme, base)
-    slot_heads = {s.name: s.heads for s in model_slots(model_list[0]) if s.heads}
-    compiled = compile_scheme(scheme, slots(model_list[0]), roles, slot_heads)
-    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-    if isinstance(prompt, str) or spans is None or isinstance(spans, Mapping):
-        per_prompt = [spans] * len(prompts)
-    else:
-        per_prompt = list(spans)
-        if len(per_prompt) != len(prompts):
-            raise ValueError(f"{len(per_prompt)} span mappings for {len(prompts)} prompts")
-    texts = [
-        generate_one(model_list, tokenizer, p, compiled, s, max_new_tokens, do_sample,
-                     temperature, top_k, seed).text
-        for p, s in zip(prompts, per_prompt)
-    ]
-    return texts[0] if isinstance(prompt, str) else texts

@@ -2,7 +2,7 @@
 
 Token by token with a KV cache: position t is processed by a model whose weights, slot by
 slot, are copied from the model that ``source`` names for t. It is slow on purpose and
-shares no code path with ``weightgraft.graft.engine`` beyond the slot table, so that it can serve
+shares no code path with ``weightgraft.engine.forward`` beyond the slot table, so that it can serve
 as the oracle the engine is tested (and ``weightgraft check``-ed) against.
 """
 
@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from weightgraft.graft import projections
-from weightgraft.graft.architectures import Slot, model_slots
-from weightgraft.graft.compat import check_compatible
+from weightgraft.engine import projections
+from weightgraft.engine.architectures import Slot, model_slots
+from weightgraft.engine.compat import check_compatible
 
 __all__ = ["per_token_forward", "per_token_mixed_forward", "CompositeModel"]
 

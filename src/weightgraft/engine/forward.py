@@ -5,7 +5,7 @@ position) with the module of the model that serves it: rows are split by source 
 fused projections by output columns), each group runs through its own model's module, and
 the outputs are put back in place. Keys and values at position t are thus computed with the
 weights chosen for t, exactly as in the per-token KV-cache definition
-(``weightgraft.graft.reference``), for a whole batch at once, and every row is computed once, by the
+(``weightgraft.engine.reference``), for a whole batch at once, and every row is computed once, by the
 model that serves it (not by the base and then again by the donor).
 """
 
@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
-from weightgraft.graft import projections
-from weightgraft.graft.architectures import Slot, model_slots
-from weightgraft.graft.compat import check_compatible
+from weightgraft.engine import projections
+from weightgraft.engine.architectures import Slot, model_slots
+from weightgraft.engine.compat import check_compatible
 
 __all__ = ["slots", "graft_forward", "position_ids_from_mask"]
 
@@ -335,7 +335,7 @@ def graft_forward(
     bias, which belongs to no head, comes from ``source``).
 
     ``past_key_values`` (a ``transformers.DynamicCache``) continues rows whose earlier
-    positions an earlier call computed (prefix sharing, ``weightgraft.graft.prefix``): the cache is
+    positions an earlier call computed (prefix sharing, ``weightgraft.engine.prefix``): the cache is
     filled or extended in place, ``source`` covers only the new positions, and
     ``attention_mask`` covers cached and new ones (``[batch, cached + seq]``), so that
     positions continue from the cached ones.

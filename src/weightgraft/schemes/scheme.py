@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from weightgraft.experiments.families import BASELINE
-from weightgraft.experiments.protocol import get_protocol
-from weightgraft.experiments.selectors import (
+from weightgraft.schemes.families import BASELINE
+from weightgraft.schemes.protocol import get_protocol
+from weightgraft.schemes.selectors import (
     SelectorError,
     SpanNotFound,
     select_components,
@@ -20,7 +20,7 @@ from weightgraft.experiments.selectors import (
     select_layers,
     select_positions,
 )
-from weightgraft.graft.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
+from weightgraft.engine.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
 
 
 class Rule(BaseModel):
@@ -173,7 +173,7 @@ def compile_scheme(
     """Bind ``scheme`` to a model's slots; errors name the scheme and the bad selector.
 
     ``slot_heads`` (slot name -> number of heads, from ``model_slots``) is needed by rules
-    that select heads. ``protocol`` (``weightgraft.experiments.protocol``) sets what groups,
+    that select heads. ``protocol`` (``weightgraft.schemes.protocol``) sets what groups,
     quarters and dropout mean; ``tied_embeddings`` (the model's input and output embeddings
     are one tensor) matters under ``authors``, where the unembedding follows the embedding."""
     proto = get_protocol(protocol)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from weightgraft.graft.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS
+from weightgraft.engine.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS
 
 
 class SelectorError(ValueError):

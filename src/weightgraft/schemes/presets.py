@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from weightgraft.experiments.authors_presets import (
+from weightgraft.schemes.authors_presets import (
     authors_component_schemes,
     authors_hybrid_schemes,
     authors_layer_dropout_schemes,
     authors_position_schemes,
     authors_unembed_schemes,
 )
-from weightgraft.experiments.families import (
+from weightgraft.schemes.families import (
     BASELINE,
     COMPONENT,
     HEAD,
@@ -22,9 +22,9 @@ from weightgraft.experiments.families import (
     POSITION,
     UNEMBED,
 )
-from weightgraft.experiments.protocol import get_protocol
-from weightgraft.experiments.schemes import Rule, Scheme, baselines
-from weightgraft.experiments.selectors import SelectorError
+from weightgraft.schemes.protocol import get_protocol
+from weightgraft.schemes.scheme import Rule, Scheme, baselines
+from weightgraft.schemes.selectors import SelectorError
 
 POSITION_SETS: dict[str, str] = {
     "FE": "first_entity",
@@ -224,7 +224,7 @@ def preset(name: str, protocol: str = "paper", **params: object) -> list[Scheme]
     """A preset family of schemes by name; ``direction=`` sets base and donor roles.
 
     ``protocol="authors"`` gives the authors' patch configs for the families they ran
-    (``weightgraft.experiments.authors_presets``); the others are the same under both."""
+    (``weightgraft.schemes.authors_presets``); the others are the same under both."""
     families = FAMILIES[get_protocol(protocol).name]
     if name not in families:
         raise SelectorError(f"unknown scheme preset {name!r}; presets: {', '.join(families)}")

@@ -6,7 +6,7 @@ the module with mixed weights gives ``f(x; W_base) + a * D(x)`` with
 ``D(x) = f(x; W_donor - W_base) - f(x; 0)``. One forward pass of the base model, each grafted
 module adding ``a[b, t, slot] * D(x)`` (per output column group for fused q/k/v and gate/up),
 is thus the per-token definition with mixed weights, and it is differentiable in ``a``: the
-gradient w.r.t. ``a`` at every cell comes from one backward pass (``weightgraft.graft.attribution``).
+gradient w.r.t. ``a`` at every cell comes from one backward pass (``weightgraft.engine.attribution``).
 
 The deltas are computed once per pair, in at least float32, from the weights (not as a
 difference of two outputs, which would cancel most digits of a small finetuning change).
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from weightgraft.graft import projections
-from weightgraft.graft.architectures import Slot, model_slots
-from weightgraft.graft.compat import check_compatible
-from weightgraft.graft.engine import (
+from weightgraft.engine import projections
+from weightgraft.engine.architectures import Slot, model_slots
+from weightgraft.engine.compat import check_compatible
+from weightgraft.engine.forward import (
     _eval_mode,
     _gather_rows,
     _module_fn,

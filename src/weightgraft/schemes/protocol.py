@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from weightgraft.experiments.selectors import SelectorError
-from weightgraft.graft.architectures import LAYER_COMPONENTS
+from weightgraft.schemes.selectors import SelectorError
+from weightgraft.engine.architectures import LAYER_COMPONENTS
 
 ProtocolName = Literal["paper", "authors"]
 

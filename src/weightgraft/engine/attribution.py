@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from weightgraft.graft.partial import PartialGraft
+from weightgraft.engine.partial import PartialGraft
 
 __all__ = ["Metric", "graft_attribution", "graft_metric", "metric_values"]
 

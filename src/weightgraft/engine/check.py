@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from weightgraft.graft.engine import graft_forward, slots
-from weightgraft.graft.precision import batch_invariant_attention
-from weightgraft.graft.prefix import GraftItem, prefix_forward
-from weightgraft.graft.reference import CompositeModel, per_token_forward
+from weightgraft.engine.forward import graft_forward, slots
+from weightgraft.engine.precision import batch_invariant_attention
+from weightgraft.engine.prefix import GraftItem, prefix_forward
+from weightgraft.engine.reference import CompositeModel, per_token_forward
 
 DEFAULT_PROMPTS = (
     "Keanu Reeves starred in a movie with",

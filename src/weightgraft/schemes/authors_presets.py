@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from weightgraft.experiments.families import (
+from weightgraft.schemes.families import (
     BASELINE,
     COMPONENT,
     HYBRID,
@@ -19,8 +19,8 @@ from weightgraft.experiments.families import (
     POSITION,
     UNEMBED,
 )
-from weightgraft.experiments.protocol import PROTOCOLS
-from weightgraft.experiments.schemes import Rule, Scheme, baselines
+from weightgraft.schemes.protocol import PROTOCOLS
+from weightgraft.schemes.scheme import Rule, Scheme, baselines
 
 FULL = "body"
 OTHER = PROTOCOLS["authors"].complement_components

@@ -1,0 +1,67 @@
+"""``weightgraft.generate``: the continuation a grafted model writes after a prompt."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from weightgraft.api.inputs import GraftInputError, Rules, as_scheme, check_roles, compile_for, ordered_models
+from weightgraft.data.spans import SpanSpec
+from weightgraft.engine.generate import generate_one
+
+DEFAULT_ROLES = ("pre", "sft")
+
+
+def _as_mapping(models: Mapping[str, Any] | Sequence[Any]) -> Mapping[str, Any]:
+    """A plain sequence of models is read as (pre, sft)."""
+    if isinstance(models, Mapping):
+        return models
+    models = list(models)
+    if len(models) > len(DEFAULT_ROLES):
+        raise GraftInputError(
+            f"{len(models)} models given as a sequence; pass a mapping role -> model "
+            f"(roles of a sequence are {', '.join(DEFAULT_ROLES)})"
+        )
+    return dict(zip(DEFAULT_ROLES, models))
+
+
+def generate(
+    models: Mapping[str, Any] | Sequence[Any],
+    tokenizer: Any,
+    prompt: str | Sequence[str],
+    rules: Rules | None = None,
+    max_new_tokens: int = 20,
+    do_sample: bool = False,
+    spans: Mapping[str, SpanSpec] | Sequence[Mapping[str, SpanSpec] | None] | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    base: str | None = None,
+    protocol: str = "paper",
+) -> str | list[str]:
+    """The continuation of ``prompt`` (a str, or a list of them) by the grafted model.
+
+    ``models``: role -> model, or ``[pre, sft]``; slots no rule claims come from ``base``
+    (default: the first role). ``rules``: one :class:`~weightgraft.Rule`, a list of them, or a
+    :class:`~weightgraft.Scheme`, as in :func:`weightgraft.graft`; None runs the base alone.
+    ``spans``: the prompt's named spans (substrings or ``(start, end)`` characters) that
+    position selectors refer to; one mapping per prompt for a list. Each new token is the last
+    position when it is processed, so it takes the weights the rules give the last token.
+    Greedy unless ``do_sample`` (seeded by ``seed``).
+    """
+    roles, ordered = ordered_models(_as_mapping(models), base)
+    scheme = as_scheme([] if rules is None else rules, roles[0], base)
+    check_roles([scheme], roles)
+    (compiled,) = compile_for([scheme], ordered[0], roles, protocol)
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if isinstance(prompt, str) or spans is None or isinstance(spans, Mapping):
+        per_prompt = [spans] * len(prompts)
+    else:
+        per_prompt = list(spans)
+        if len(per_prompt) != len(prompts):
+            raise GraftInputError(f"{len(per_prompt)} span mappings for {len(prompts)} prompts")
+    texts = [
+        generate_one(ordered, tokenizer, p, compiled, s, max_new_tokens, do_sample, temperature, top_k, seed).text
+        for p, s in zip(prompts, per_prompt)
+    ]
+    return texts[0] if isinstance(prompt, str) else texts

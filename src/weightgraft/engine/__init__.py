@@ -1,0 +1,3 @@
+"""The engine: architecture adapters (model_type -> slots), the one-pass grafted forward, prefix
+sharing, the per-token definition it is held to, the check that compares them on any models,
+partial grafts, graft attribution and exact cell effects."""

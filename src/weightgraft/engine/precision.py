@@ -1,0 +1,86 @@
+"""Precision: half precision without batch dependence (eager attention), and float64 that
+stays float64 through HF's float32 casts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
+
+
+def is_half(model: Any) -> bool:
+    """Whether the model's floating-point parameters are bfloat16 or float16."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype in HALF_DTYPES
+    return False
+
+
+def batch_invariant_attention(models: Iterable[Any]) -> None:
+    """Switch half-precision models to HF's eager attention, in place.
+
+    HF's SDPA (and flash) kernels round a padded row differently from the same row alone (on
+    SmolLM2 in bfloat16: up to 0.55 logits at a real position; ~27 logits at a padded one), so
+    a prompt's numbers would depend on which other prompts share its batch. Eager attention
+    gives each row the same numbers in any batch. float32 and float64 models are left alone.
+    """
+    for model in models:
+        if not is_half(model):
+            continue
+        for module in model.modules():
+            cfg = getattr(module, "config", None)
+            if cfg is not None and hasattr(cfg, "_attn_implementation"):
+                cfg._attn_implementation = "eager"
+
+
+class _Float64Casts(TorchFunctionMode):
+    """Every cast to float32 inside it becomes a cast to float64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.float:
+            func = torch.Tensor.double
+        elif func in _CASTS:
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        if kwargs.get("dtype") is torch.float32:
+            kwargs["dtype"] = torch.float64
+        return func(*args, **kwargs)
+
+
+_CASTS = (torch.Tensor.to, torch.Tensor.type)
+
+
+def is_float64(models: Iterable[Any]) -> bool:
+    """Whether every model's floating-point parameters are float64."""
+    for model in models:
+        for p in model.parameters():
+            if p.is_floating_point():
+                if p.dtype != torch.float64:
+                    return False
+                break
+    return True
+
+
+@contextmanager
+def float64_exact(models: Iterable[Any]) -> Iterator[None]:
+    """Within it, float64 models compute in float64 throughout.
+
+    HF's modelling code casts to float32 in places even in a float64 model: the Llama-family
+    RMSNorms (``hidden_states.to(torch.float32)``), Gemma's ``.float()`` norms, OLMo's float32
+    LayerNorm, rotary cos/sin, eager attention's ``softmax(..., dtype=torch.float32)``. A
+    float64 forward pass is then only float32-accurate, and two passes that reach a norm with
+    values differing in the last float64 bits (a batched pass and a position-by-position one)
+    can round to neighbouring float32 values (~7e-8 relative) that later layers amplify. Here
+    every such cast keeps float64, whatever the architecture, and is undone on exit. Models in
+    any other dtype run unchanged.
+    """
+    if not is_float64(list(models)):
+        yield
+        return
+    with _Float64Casts():
+        yield
