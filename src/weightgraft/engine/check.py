@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine.forward import graft_forward, slots
-from weightgraft.engine.precision import batch_invariant_attention
+from weightgraft.engine.precision import batch_invariant_attention, float64_exact
 from weightgraft.engine.prefix import GraftItem, prefix_forward
 from weightgraft.engine.reference import CompositeModel, per_token_forward
 
@@ -109,7 +109,17 @@ def check_engine(
 
     A case passes when ``max|Δ logit| <= atol + rtol * max|logit|`` and the top-1 token agrees
     at every real position. Tolerances default to ``ORACLE_TOLERANCE`` for the models' dtype.
+    Differences are taken in float64; float64 models compute in float64 throughout
+    (:func:`~weightgraft.engine.precision.float64_exact`), so their differences are rounding.
     """
+    with float64_exact(models):
+        return _check(models, input_ids, attention_mask, n_random, seed, atol, rtol)
+
+
+def _check(
+    models: Sequence[nn.Module], input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    n_random: int, seed: int, atol: float | None, rtol: float | None,
+) -> CheckReport:
     batch_invariant_attention(models)
     default_atol, default_rtol = tolerance(models[0])
     atol = default_atol if atol is None else atol
@@ -123,12 +133,12 @@ def check_engine(
     for name, source in maps:
         fast = graft_forward(models, input_ids, source, attention_mask=attention_mask)
         ref = per_token_forward(models, input_ids, source, attention_mask, composite=composite)
-        fast, ref = fast[real].float(), ref[real].float()
+        fast, ref = fast[real].double(), ref[real].double()
         engine_vs_plain = reference_vs_plain = None
         only = source.unique()
         if only.numel() == 1:
             plain = models[int(only)](input_ids=input_ids, attention_mask=attention_mask).logits
-            plain = plain[real].float()
+            plain = plain[real].double()
             engine_vs_plain = (fast - plain).abs().max().item()
             reference_vs_plain = (ref - plain).abs().max().item()
         cases.append(
@@ -162,11 +172,11 @@ def _prefix_case(
             twin = src.clone()
             twin[-1] = torch.randint(0, len(models), twin[-1].shape, generator=gen)
             items += [GraftItem(ids, src, logit_start=n - 1), GraftItem(ids, twin, logit_start=n - 1)]
-    shared = prefix_forward(models, items, pad_id=0)[:, 0].float()  # padding is masked out
+    shared = prefix_forward(models, items, pad_id=0)[:, 0].double()  # padding is masked out
     alone = torch.stack([
         graft_forward(models, torch.tensor([it.input_ids], device=input_ids.device), it.source[None])[0, -1]
         for it in items
-    ]).float()
+    ]).double()
     return CheckCase(
         name="prefix sharing (runner)",
         max_abs_diff=(shared - alone).abs().max().item(),
