@@ -246,3 +246,38 @@ def test_top_level_stays_light_and_graft_is_a_plain_function():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "phi3"])  # plain, Conv1D, fused projections
+def test_one_model_under_two_roles_is_the_identity_graft(tiny_pair, tiny_tok, arch):
+    pre, _ = tiny_pair(arch)
+    everything = wg.Rule(model="sft", positions="all", components="all")
+    out = wg.graft({"pre": pre, "sft": pre}, tiny_tok, PROMPTS, everything)
+    alone = wg.graft({"pre": pre}, tiny_tok, PROMPTS, wg.Rule(model="pre"))
+    assert torch.equal(out.logits, alone.logits)
+    # head by head and in a mix of three indices for two objects, too
+    _, sft = tiny_pair(arch)
+    mixed = wg.graft({"pre": pre, "same": pre, "sft": sft}, tiny_tok, PROMPTS,
+                     [everything.model_copy(update={"model": "same"}),
+                      wg.Rule(model="sft", positions="last", components="o", heads="0")])
+    two = wg.graft({"pre": pre, "sft": sft}, tiny_tok, PROMPTS,
+                   wg.Rule(model="sft", positions="last", components="o", heads="0"))
+    assert torch.equal(mixed.logits, two.logits)
+
+
+def test_every_front_door_takes_one_rule_a_list_or_a_scheme(tiny_pair, tiny_tok):
+    pre, sft = tiny_pair("llama")
+    models = {"pre": pre, "sft": sft}
+    rule = wg.Rule(model="sft", positions="last", components="o+ffn")
+    forms = [rule, [rule], wg.Scheme(name="graft", rules=[rule])]
+    logits = [wg.graft(models, tiny_tok, PROMPTS, f).logits for f in forms]
+    assert all(torch.equal(logits[0], x) for x in logits[1:])
+    texts = [wg.generate(models, tiny_tok, PROMPTS[0], f, max_new_tokens=3) for f in forms]
+    assert texts[0] == texts[1] == texts[2]
+    frames = [wg.compare(models, tiny_tok, PROMPTS, ["Paris"] * 3, f) for f in forms]
+    for f in frames[1:]:
+        assert f["rank"].tolist() == frames[0]["rank"].tolist() and set(f["scheme"]) == {"graft"}
+    with pytest.raises(wg.GraftInputError, match="rules must be a weightgraft.Rule"):
+        wg.generate(models, tiny_tok, PROMPTS[0], "last")
+    with pytest.raises(wg.GraftInputError, match="no schemes given"):
+        wg.compare(models, tiny_tok, PROMPTS, ["Paris"] * 3, [])

@@ -312,6 +312,25 @@ def _eval_mode(models: Sequence[nn.Module]) -> Iterator[None]:
             m.train(mode)
 
 
+def _distinct(
+    models: Sequence[nn.Module], source: torch.Tensor, heads: dict[int, torch.Tensor],
+) -> tuple[list[nn.Module], torch.Tensor, dict[int, torch.Tensor]]:
+    """One model object under several indices (``{"pre": pre, "sft": pre}``, the identity
+    graft) is one model: its indices are merged, so no module is patched to call itself."""
+    first: dict[int, int] = {}
+    distinct: list[nn.Module] = []
+    remap = []
+    for m in models:
+        if id(m) not in first:
+            first[id(m)] = len(distinct)
+            distinct.append(m)
+        remap.append(first[id(m)])
+    if len(distinct) == len(models):
+        return list(models), source, heads
+    table = torch.tensor(remap, device=source.device)
+    return distinct, table[source], {s: table[h] for s, h in heads.items()}
+
+
 def graft_forward(
     models: Sequence[nn.Module],
     input_ids: torch.Tensor,
@@ -376,6 +395,7 @@ def graft_forward(
     position_ids = position_ids_from_mask(attention_mask)[:, cached:]
 
     heads = _check_heads(head_source or {}, slot_list, batch, seq, len(models), device)
+    models, source, heads = _distinct(models, source, heads)
     columns = [source[:, :, s] for s in range(len(slot_list))]
     handles: list = []
     patched: list[tuple[nn.Module, object]] = []  # module, the instance forward it had
