@@ -89,3 +89,24 @@ def test_paper_configs_run_on_tiny_models(path, paper_world, tmp_path):
     ran = set(result.results["scheme"])
     skipped = {s["scheme"] for s in result.exclusions["skipped_schemes"]}
     assert ran | skipped == names and ran  # every scheme ran somewhere or was reported skipped
+
+
+def test_relative_paths_in_a_yaml_are_taken_from_its_folder(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    (project / "exp").mkdir(parents=True)
+    (project / "models" / "sft").mkdir(parents=True)
+    yaml_path = project / "exp" / "sweep.yaml"
+    yaml_path.write_text(
+        "data: ../data/fmra\nout: ../runs\nmodels: {pre: smollm2-135m, sft: ../models/sft}\n"
+        "schemes: [{preset: position}]\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(yaml_path)
+    assert Path(cfg.data).resolve() == (project / "data" / "fmra").resolve()
+    assert Path(cfg.out).resolve() == (project / "runs").resolve()
+    assert Path(cfg.models["sft"]).resolve() == (project / "models" / "sft").resolve()
+    assert cfg.models["pre"] == "smollm2-135m"  # an embedded name stays a name
+    # values given on the command line are taken as typed, from the working directory
+    cfg = load_config(yaml_path, ["data=mine", "models.sft=other/sft"])
+    assert str(cfg.data) == "mine" and cfg.models["sft"] == "other/sft"

@@ -199,8 +199,37 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | N
     return config
 
 
+def _anchor(value: Any, folder: Path, must_exist: bool) -> Any:
+    """A relative path written in a YAML, taken from the YAML's folder (a model spec only
+    when it names something there: it may also be an embedded name or a hub id)."""
+    if not isinstance(value, str) or not value or Path(value).is_absolute() or "(" in value:
+        return value
+    anchored = folder / value
+    return str(anchored) if not must_exist or anchored.exists() else value
+
+
+def anchor_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``data``, ``out`` and model directories of a raw config, relative to ``folder``."""
+    for key in ("data", "out"):
+        if key in raw:
+            raw[key] = _anchor(raw[key], folder, must_exist=False)
+    model_sets = raw.get("model_sets")
+    for roles in [raw.get("models"), *(model_sets.values() if isinstance(model_sets, dict) else [])]:
+        if isinstance(roles, dict):
+            for role, spec in roles.items():
+                if isinstance(spec, str):
+                    roles[role] = _anchor(spec, folder, must_exist=True)
+                elif isinstance(spec, list):
+                    roles[role] = [_anchor(x, folder, must_exist=True) for x in spec]
+    return raw
+
+
 def read_yaml_config(path: Path, overrides: list[str] | None = None, what: str = "experiment") -> dict[str, Any]:
-    """A config YAML as a raw dict with ``key=value`` overrides applied (validated by the caller)."""
+    """A config YAML as a raw dict with ``key=value`` overrides applied (validated by the caller).
+
+    Relative paths in the file (``data``, ``out``, model directories) are taken from the
+    file's folder, so a config runs the same from any working directory; override values are
+    taken as typed, from the working directory."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} config {path} does not exist")
@@ -208,6 +237,8 @@ def read_yaml_config(path: Path, overrides: list[str] | None = None, what: str =
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if isinstance(raw, dict):
+        anchor_paths(raw, path.parent)
     return apply_overrides(raw, overrides or [])
 
 
