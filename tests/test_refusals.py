@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from weightgraft.cli.data import app as data_app
-from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.schemes.selectors import SelectorError
 from tiny_world import loader, tiny_config
@@ -25,10 +25,16 @@ def _never_loads(spec, config=None):
 @pytest.mark.parametrize("layers", ["29..0", "1..0", "1:1", "0+1:1"])
 def test_layer_selection_that_selects_nothing_is_refused(tmp_path, layers):
     raw = _raw(tmp_path, schemes=[{"name": "empty", "rules": [{"model": "sft", "layers": layers}]}])
-    if layers == "29..0":  # beyond this tiny model's depth: already refused by depth
-        pytest.raises(SelectorError, run_experiment, parse_config(raw), load=loader, progress=False)
-        return
-    with pytest.raises(SelectorError, match=r"scheme 'empty', rule 0: layer selector .* selects no layer"):
+    # refused with the config, before any model is loaded: the range is empty at any depth
+    with pytest.raises(ConfigError, match=r"at schemes\.0\.rules\.0\.layers: .*selects no layer of any model") as exc:
+        parse_config(raw)
+    assert "preset" not in str(exc.value)  # the error speaks of the kind of entry written
+    assert not (tmp_path / "run" / "identity.json").exists()
+
+
+def test_layer_beyond_the_depth_is_refused_before_the_run_starts(tmp_path):
+    raw = _raw(tmp_path, schemes=[{"name": "deep", "rules": [{"model": "sft", "layers": "29"}]}])
+    with pytest.raises(SelectorError, match="beyond the model's depth"):
         run_experiment(parse_config(raw), load=loader, progress=False)
     assert not (tmp_path / "run" / "identity.json").exists()
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from weightgraft.experiments.pairs import SchemePair, check_pairs
 from weightgraft.schemes.presets import preset
@@ -43,6 +43,19 @@ class PresetRef(BaseModel):
         return schemes
 
 
+def _scheme_kind(entry: Any) -> str:
+    """A ``schemes:`` entry with a ``preset`` key is a preset reference, any other a scheme,
+    so that an error names the fields of the kind the user wrote, not of both."""
+    if isinstance(entry, dict):
+        return "preset" if "preset" in entry else "scheme"
+    return "preset" if isinstance(entry, PresetRef) else "scheme"
+
+
+SchemeEntry = Annotated[
+    Annotated[PresetRef, Tag("preset")] | Annotated[Scheme, Tag("scheme")], Discriminator(_scheme_kind)
+]
+
+
 class GenerateSpec(BaseModel):
     """Grafted continuations shown in the report: the first ``n_examples`` prompts per model
     set, every scheme (or ``schemes``), greedy."""
@@ -64,7 +77,7 @@ class ExperimentConfig(BaseModel):
     # role -> model spec (directory, .gguf, embedded name); or several named model sets.
     models: dict[str, str] | None = None
     model_sets: dict[str, dict[str, str]] | None = None
-    schemes: list[PresetRef | Scheme] = Field(min_length=1)
+    schemes: list[SchemeEntry] = Field(min_length=1)
     # "paper": the paper's text; "authors": what the authors' code computes
     # (weightgraft.schemes.protocol lists every difference)
     protocol: Literal["paper", "authors"] = "paper"
@@ -177,7 +190,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def _format_validation(exc: ValidationError, source: str) -> str:
     lines = [f"invalid experiment config {source}:"]
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith(("PresetRef", "Scheme")))
+        # the union's tag ("preset" / "scheme") follows a schemes entry's index: not a key the user wrote
+        path = err["loc"]
+        loc = ".".join(str(x) for i, x in enumerate(path)
+                       if not (i >= 2 and path[i - 2] == "schemes" and isinstance(path[i - 1], int)
+                               and x in ("preset", "scheme")))
         lines.append(f"  at {loc or '<root>'}: {err['msg']}")
     return "\n".join(lines)
 

@@ -8,13 +8,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from weightgraft.schemes.families import BASELINE
 from weightgraft.schemes.protocol import get_protocol
 from weightgraft.schemes.selectors import (
     SelectorError,
     SpanNotFound,
+    check_layer_selector,
     select_components,
     select_heads,
     select_layers,
@@ -38,6 +39,12 @@ class Rule(BaseModel):
     seed: int = 0
     # Per-head selection (``"0,3"``, ``"0..3"``, ``"all"``) of the q/k/v/o components chosen.
     heads: str | None = None
+
+    @field_validator("layers")
+    @classmethod
+    def _layers_can_select(cls, value: str) -> str:
+        check_layer_selector(value)
+        return value
 
 
 class Scheme(BaseModel):

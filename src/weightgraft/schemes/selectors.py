@@ -206,6 +206,37 @@ def select_layers(expr: str, n_layers: int, *, floor_quarters: bool = False) -> 
     return sorted(out)
 
 
+def check_layer_selector(expr: str) -> None:
+    """The mistakes a layer selector shows without a model: a term that cannot be parsed, a
+    group that does not exist (``eighth:9``), a range that runs high to low or is empty
+    whatever the depth (``29..0``, ``5:5``). Checked when a rule is made, before any model
+    loads; what depends on the depth (``40`` in a 30-layer model) is checked at compile."""
+    for term in (t.strip() for t in str(expr).split("+")):
+        if term == "all" or term in _FRACTIONS:
+            continue
+        if m := re.fullmatch(r"(half|third|quarter|eighth):(\d+)", term):
+            layer_group(int(m.group(2)), _GROUP_WORDS[m.group(1)], _GROUP_WORDS[m.group(1)])
+            continue
+        if m := re.fullmatch(r"(\d+)/(\d+)", term):
+            layer_group(int(m.group(1)), int(m.group(2)), int(m.group(2)))
+            continue
+        bounds = re.fullmatch(r"(-?\d+)(\.\.|:)(-?\d+)", term)
+        if bounds:
+            lo, sep, hi = int(bounds.group(1)), bounds.group(2), int(bounds.group(3))
+            if (lo < 0) == (hi < 0) and (lo > hi or (sep == ":" and lo == hi)):
+                raise SelectorError(
+                    f"layer selector {expr!r} (term {term!r}) selects no layer of any model; "
+                    "ranges run low to high (2..5 inclusive, 2:6 half-open)"
+                )
+            continue
+        if re.fullmatch(r"-?\d*:-?\d*|-?\d+", term):
+            continue
+        raise SelectorError(
+            f"cannot parse layer selector {expr!r} (term {term!r}); use all, 3, -1, 2..5, 2:6, "
+            f"{', '.join(sorted(_FRACTIONS))}, quarter:K, eighth:K or K/N"
+        )
+
+
 def _layer_index(text: str, n_layers: int, expr: str) -> int:
     i = int(text)
     if not -n_layers <= i < n_layers:
