@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from weightgraft.engine import lora
 from weightgraft.engine.architectures import adapter_for
 
 # Config keys that describe bookkeeping, not the computation of a forward pass.
@@ -56,12 +57,24 @@ def _config_items(model: nn.Module) -> dict[str, Any]:
     return {k: v for k, v in model.config.to_dict().items() if k not in _IGNORED_CONFIG_KEYS}
 
 
+def _named_parameters(model: nn.Module, i: int) -> list[tuple[str, nn.Parameter]]:
+    """Parameters by the names of the unwrapped model: a LoRA donor's ``q_proj.base_layer.weight``
+    is ``q_proj.weight``, and the adapter's own tensors (``lora_A``, ``lora_B``) are not
+    compared (they add to a projection, they do not replace one)."""
+    named = list(model.named_parameters(remove_duplicate=False))
+    if not any(lora.canonical_name(n) != n for n, _ in named):
+        return named
+    lora.check_supported(model, f"models[{i}]")
+    return [(c, p) for n, p in named if (c := lora.canonical_name(n)) is not None]
+
+
 def check_compatible(models: Sequence[nn.Module]) -> None:
     """Raise ``ModelMismatchError`` unless every model matches ``models[0]`` in architecture,
-    config, parameter names, shapes, dtypes and device."""
+    config, parameter names, shapes, dtypes and device (LoRA donors by the names of the
+    projections they wrap)."""
     base = models[0]
     adapter_for(base.config)
-    base_params = list(base.named_parameters(remove_duplicate=False))
+    base_params = _named_parameters(base, 0)
     base_cfg = _config_items(base)
     for i, other in enumerate(models[1:], start=1):
         if other is base:
@@ -69,7 +82,7 @@ def check_compatible(models: Sequence[nn.Module]) -> None:
         bt, ot = base.config.model_type, getattr(other.config, "model_type", None)
         if bt != ot:
             raise ModelMismatchError(f"models[{i}] is a {ot!r} model but the base is {bt!r}")
-        other_params = dict(other.named_parameters(remove_duplicate=False))
+        other_params = dict(_named_parameters(other, i))
         for name, p in base_params:
             q = other_params.pop(name, None)
             if q is None:

@@ -56,7 +56,8 @@ class _ModulePlan:
 
 
 def _linear_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Callable:
-    dw = (donor.weight.detach().to(dtype) - module.weight.detach().to(dtype))
+    # effective weights: a LoRA layer's ``.weight`` is its base projection's alone
+    dw = projections.effective_weight(donor, dtype) - projections.effective_weight(module, dtype)
     db = None
     if module.bias is not None:
         db = donor.bias.detach().to(dtype) - module.bias.detach().to(dtype)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from weightgraft.engine import projections
+from weightgraft.engine import lora, projections
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
 
@@ -27,6 +27,12 @@ class CompositeModel:
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
         check_compatible(models)
+        for i, m in enumerate(models):
+            if lora.has_lora(m):  # its modules' .weight is the base's: copying it drops the adapter
+                raise lora.UnsupportedLora(
+                    f"models[{i}] carries LoRA adapters; the per-token definition copies plain weights: "
+                    "give it a merged copy (weightgraft.models.peft_donor.merged_copy)"
+                )
         self.models = list(models)
         self.model = copy.deepcopy(models[0])
         for mod in self.model.modules():  # deepcopy copies forward hooks too: drop them
