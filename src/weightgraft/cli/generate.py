@@ -81,15 +81,20 @@ def generate(
         parse_lowrank,
     )
 
+    from weightgraft.models.peft_donor import check_peft_roles, load_peft, parse_peft
+
     check_lowrank_roles(roles, "--model")
+    check_peft_roles(roles, "--model")
     cache: dict[str, object] = {}
     tokenizers: list = []
 
     def load(role: str):
-        """A role's model; a low-rank role is built from the roles it names."""
+        """A role's model; a low-rank or LoRA role is built from the roles it names."""
         if role not in cache:
-            low = parse_lowrank(roles[role])
-            if low is None:
+            low, lora = parse_lowrank(roles[role]), parse_peft(roles[role])
+            if lora is not None:
+                cache[role] = load_peft(load(lora.base), lora.directory)
+            elif low is None:
                 lm = load_model(roles[role], device=device)
                 tokenizers.append(lm.tokenizer)
                 cache[role] = lm.model
