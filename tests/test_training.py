@@ -273,7 +273,7 @@ def test_finetune_warns_about_an_unlearned_template(
 ) -> None:
     import importlib
 
-    ft = importlib.import_module("weightgraft.training.finetune")  # the module, not the function
+    ft = importlib.import_module("weightgraft.training.trainer")  # the module, not the function
     seen = {"qa_1": 5.5, "qa_2": 0.3, "article_1": 0.25}
     monkeypatch.setattr(ft, "loss_by_template", lambda *a, **k: dict(seen))
     result = finetune(base_dir, data_dir, split="a2b", preset="cpu-quick", out=tmp_path / "m",

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import typer
 
-from weightgraft.report import ReportError, write_report
-
 
 def report_command(
     run_dir: Path = typer.Argument(..., help="Run directory written by `weightgraft run` (holds results.parquet)."),
@@ -20,6 +18,8 @@ def report_command(
     """Write tables, figures and a self-contained HTML report for a run directory."""
     from rich.console import Console
     from rich.markdown import Markdown
+
+    from weightgraft.report import ReportError, write_report
 
     console = Console()
     try:

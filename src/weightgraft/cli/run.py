@@ -7,7 +7,6 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from weightgraft.report.console import print_summary
 
 console = Console()
 
@@ -20,6 +19,7 @@ def run(
     """Run (or resume) an experiment sweep; writes results.parquet, summary.csv, manifest.json."""
     from weightgraft.experiments.config import load_config
     from weightgraft.experiments.runner import run_experiment
+    from weightgraft.report.console import print_summary
 
     cfg = load_config(config, overrides or [])
     result = run_experiment(cfg, progress=progress)

@@ -11,8 +11,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from weightgraft.models import ModelLoadError
-from weightgraft.training import PRESETS, TrainingError, finetune
+from weightgraft.models.errors import ModelLoadError
+from weightgraft.training.errors import TrainingError
+from weightgraft.training.presets import PRESETS
 
 _err = Console(stderr=True)
 
@@ -89,6 +90,8 @@ def train(
     ),
 ) -> None:
     """Finetune a pretrained model (PRE) into an SFT / task / relation model (HF Trainer)."""
+    from weightgraft.training.trainer import finetune
+
     try:
         result = finetune(
             model,

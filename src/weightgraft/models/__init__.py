@@ -1,42 +1,24 @@
 """Models: loading (embedded names, directories, GGUF, hub cache), weight hashes, lean donors."""
 
-from weightgraft.models.embedded import (
-    EMBEDDED_MODELS,
-    EmbeddedModel,
-    cache_root,
-    embedded_cache_dir,
-    ensure_converted,
-    ensure_embedded,
-)
-from weightgraft.models.errors import (
-    CorruptCheckpointError,
-    ModelLoadError,
-    ModelNotFoundError,
-    PickleRefusedError,
-)
-from weightgraft.models.hashing import hash_tensor, weights_sha256
-from weightgraft.models.loading import (
-    LoadedModel,
-    load_lean_donor,
-    load_model,
-    safetensors_dir,
-)
+from weightgraft.lazy import lazy_exports
 
-__all__ = [
-    "EMBEDDED_MODELS",
-    "CorruptCheckpointError",
-    "EmbeddedModel",
-    "LoadedModel",
-    "ModelLoadError",
-    "ModelNotFoundError",
-    "PickleRefusedError",
-    "cache_root",
-    "embedded_cache_dir",
-    "ensure_converted",
-    "ensure_embedded",
-    "hash_tensor",
-    "load_lean_donor",
-    "load_model",
-    "safetensors_dir",
-    "weights_sha256",
-]
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "EMBEDDED_MODELS": ("weightgraft.models.embedded", "EMBEDDED_MODELS"),
+    "EmbeddedModel": ("weightgraft.models.embedded", "EmbeddedModel"),
+    "cache_root": ("weightgraft.models.embedded", "cache_root"),
+    "embedded_cache_dir": ("weightgraft.models.embedded", "embedded_cache_dir"),
+    "ensure_converted": ("weightgraft.models.embedded", "ensure_converted"),
+    "ensure_embedded": ("weightgraft.models.embedded", "ensure_embedded"),
+    "CorruptCheckpointError": ("weightgraft.models.errors", "CorruptCheckpointError"),
+    "ModelLoadError": ("weightgraft.models.errors", "ModelLoadError"),
+    "ModelNotFoundError": ("weightgraft.models.errors", "ModelNotFoundError"),
+    "PickleRefusedError": ("weightgraft.models.errors", "PickleRefusedError"),
+    "hash_tensor": ("weightgraft.models.hashing", "hash_tensor"),
+    "weights_sha256": ("weightgraft.models.hashing", "weights_sha256"),
+    "LoadedModel": ("weightgraft.models.loading", "LoadedModel"),
+    "load_lean_donor": ("weightgraft.models.loading", "load_lean_donor"),
+    "load_model": ("weightgraft.models.loading", "load_model"),
+    "safetensors_dir": ("weightgraft.models.loading", "safetensors_dir"),
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports("weightgraft.models", _EXPORTS, lambda: globals())

@@ -1,22 +1,19 @@
 """Finetuning PRE into SFT / task / relation models with the HF Trainer."""
 
-from weightgraft.training.embeddings import freeze_embeddings, untie_embeddings
-from weightgraft.training.errors import TrainingError
-from weightgraft.training.finetune import finetune
-from weightgraft.training.outputs import MANIFEST_NAME, TrainResult
-from weightgraft.training.presets import PRESETS, TrainPreset, get_preset
-from weightgraft.training.texts import SPLITS, read_split
+from weightgraft.lazy import lazy_exports
 
-__all__ = [
-    "MANIFEST_NAME",
-    "PRESETS",
-    "SPLITS",
-    "TrainPreset",
-    "TrainResult",
-    "TrainingError",
-    "finetune",
-    "freeze_embeddings",
-    "get_preset",
-    "read_split",
-    "untie_embeddings",
-]
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "freeze_embeddings": ("weightgraft.training.embeddings", "freeze_embeddings"),
+    "untie_embeddings": ("weightgraft.training.embeddings", "untie_embeddings"),
+    "TrainingError": ("weightgraft.training.errors", "TrainingError"),
+    "finetune": ("weightgraft.training.trainer", "finetune"),
+    "MANIFEST_NAME": ("weightgraft.training.outputs", "MANIFEST_NAME"),
+    "TrainResult": ("weightgraft.training.outputs", "TrainResult"),
+    "PRESETS": ("weightgraft.training.presets", "PRESETS"),
+    "TrainPreset": ("weightgraft.training.presets", "TrainPreset"),
+    "get_preset": ("weightgraft.training.presets", "get_preset"),
+    "SPLITS": ("weightgraft.training.texts", "SPLITS"),
+    "read_split": ("weightgraft.training.texts", "read_split"),
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports("weightgraft.training", _EXPORTS, lambda: globals())
