@@ -171,3 +171,24 @@ def test_ctrl_c_says_how_many_rows_are_saved_and_that_the_command_resumes(tmp_pa
     assert "row(s) are saved" in err and "the same command resumes" in err
     saved = int(err.split("interrupted: ")[1].split(" row(s)")[0])
     assert saved >= 3
+
+
+def test_ctrl_c_during_a_part_write_finishes_the_part_first(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from weightgraft.experiments import store as store_mod
+
+    real_fsync = os.fsync
+
+    def fsync_then_ctrl_c(fd):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the part is being written
+        real_fsync(fd)
+
+    monkeypatch.setattr(store_mod.os, "fsync", fsync_then_ctrl_c)
+    path = tmp_path / "part-000000.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        store_mod.write_atomic(path, b"x" * 1_000_000)
+    assert path.read_bytes() == b"x" * 1_000_000  # the whole part, then the interrupt
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

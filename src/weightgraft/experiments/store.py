@@ -11,7 +11,10 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import Iterable, Sequence
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +31,35 @@ class ResultsWriteError(OSError):
     """Results could not be written (disk full, permissions); earlier results are intact."""
 
 
+@contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Ctrl-C (SIGINT) during the block takes effect when the block is done, so that a file
+    being written is finished first (then the run stops with its one-line message)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        with _ctrl_c_after():
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         hint = "the disk is full" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
