@@ -54,6 +54,7 @@ from weightgraft.models.lowrank import (
     load_lowrank_role,
     parse_lowrank,
 )
+from weightgraft.models.peft_donor import check_peft_roles, load_peft_role, parse_peft
 from weightgraft.models.tokenization import check_same_tokenizer
 
 
@@ -100,7 +101,9 @@ def run_experiment(
     _check_names(config, schemes, prompts)
     for set_name, roles_spec in config.sets().items():
         check_lowrank_roles(roles_spec, f"model set {set_name!r}")
+        check_peft_roles(roles_spec, f"model set {set_name!r}")
     lowrank_cache: dict = {}  # SVD factors per (base, donor) pair, shared by every k
+    peft_bases: dict = {}  # the base of a LoRA role whose base role no scheme uses, by spec
     ranks = start(config.device)
     if ranks.world > 1:
         config = config.model_copy(update={"device": ranks.device(config.device)})
@@ -115,8 +118,10 @@ def run_experiment(
     continuations: list[dict[str, Any]] = []
     for set_name, roles_spec in config.sets().items():
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
-        low = parse_lowrank(roles_spec[used[0]])
-        first = load_lowrank_role(low, roles_spec, load, config, {}, lowrank_cache) if low else load(roles_spec[used[0]], config)
+        low, lora = parse_lowrank(roles_spec[used[0]]), parse_peft(roles_spec[used[0]])
+        first = (load_lowrank_role(low, roles_spec, load, config, {}, lowrank_cache) if low
+                 else load_peft_role(lora, roles_spec, load, config, {}, peft_bases) if lora
+                 else load(roles_spec[used[0]], config))
         store.add_model(set_name, used[0], first.weights_sha256)
         roles = {r: i for i, r in enumerate(used)}
         base = baselines(schemes, used[0])
@@ -131,9 +136,10 @@ def run_experiment(
         served = served_slots(prepared, names)
         loaded = {used[0]: first}
         for role in used[1:]:
-            low = parse_lowrank(roles_spec[role])
+            low, lora = parse_lowrank(roles_spec[role]), parse_peft(roles_spec[role])
             loaded[role] = (
                 load_lowrank_role(low, roles_spec, load, config, loaded, lowrank_cache) if low
+                else load_peft_role(lora, roles_spec, load, config, loaded, peft_bases) if lora
                 else load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
             )
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
@@ -143,7 +149,8 @@ def run_experiment(
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
         model_info[set_name] = {
             r: {"spec": roles_spec[r], "source": lm.source, "weights_sha256": lm.weights_sha256,
-                "n_layers": first.model.config.num_hidden_layers, **memory[r]}
+                "n_layers": first.model.config.num_hidden_layers, **memory[r],
+                **({"adapter": lm.adapter.as_dict(parse_peft(roles_spec[r]).base)} if hasattr(lm, "adapter") else {})}
             for r, lm in loaded.items()
         }
         if progress:
@@ -207,6 +214,7 @@ def _check_names(config: ExperimentConfig, schemes: list[Any], prompts: list[Any
     for set_name, roles in config.sets().items():
         low = [parse_lowrank(spec) for r, spec in roles.items() if r in used]
         referenced = {ref for spec in low if spec is not None for ref in (spec.donor, spec.base)}
+        referenced |= {p.base for r, spec in roles.items() if r in used and (p := parse_peft(spec)) is not None}
         extra = sorted(set(roles) - used - referenced)
         if extra:
             raise ConfigError(

@@ -80,7 +80,7 @@ class PeftSpec:
 @dataclass(frozen=True)
 class AdapterInfo:
     """What a LoRA donor adds to its base, for manifests: the adapter's directory and content
-    hash (:func:`weightgraft.models.weights_sha256` of its tensors as stored), rank, alpha,
+    hash (:func:`weightgraft.models.weights_sha256` of its own tensors as stored), rank, alpha,
     target modules, the modules it wraps and the slots they serve (every other slot of the
     donor computes exactly as the base's)."""
 
@@ -118,7 +118,7 @@ def parse_peft(spec: str) -> PeftSpec | None:
     """The peft spec, None for any other model spec; a malformed one is an error."""
     m = _SPEC.match(spec)
     if m is None:
-        if spec.strip().startswith("peft(") or spec.strip() == "peft":
+        if re.match(r"\s*peft\s*\(", spec):  # "peft_models/x" is a directory, "peft(..." a spec
             raise PeftError(f"model spec {spec!r}: write peft(BASE_ROLE, ADAPTER_DIR), e.g. peft(pre, models/lora)")
         return None
     base, comma, directory = (x.strip() for x in m.group("args").partition(","))
@@ -230,6 +230,7 @@ def load_peft(base: nn.Module, directory: str | Path, adapter_name: str = "defau
         stored = load_peft_weights(str(path), device=str(weight.device))
     except Exception as exc:
         raise PeftError(f"{path}: cannot read the adapter weights ({_first_line(exc)})") from None
+    stored = _adapter_tensors(stored, base, path)
     clone = _structural_copy(base)
     flags = [(p, p.requires_grad) for p in base.parameters()]
     try:
@@ -268,6 +269,28 @@ def load_peft(base: nn.Module, directory: str | Path, adapter_name: str = "defau
     )
     object.__setattr__(clone, _ATTR, info)
     return clone
+
+
+def _adapter_tensors(stored: dict[str, Any], base: nn.Module, path: Path) -> dict[str, Any]:
+    """The adapter's own tensors. peft also saves base tensors next to them (the embedding or
+    unembedding when a target is one: ``save_embedding_layers``); loading those would write
+    into the base's shared tensors, so each must equal the base's and is then left out."""
+    import torch
+
+    params = dict(base.named_parameters(remove_duplicate=False))
+    out = {}
+    for key, tensor in stored.items():
+        name = lora.canonical_name(key)
+        if name is None:
+            out[key] = tensor
+            continue
+        name = name.removeprefix("base_model.model.")
+        ref = params.get(name)
+        if ref is None or ref.shape != tensor.shape or not torch.equal(ref.detach().to(tensor.dtype), tensor):
+            raise PeftError(f"{path}: the adapter saves its own {name!r}, "
+                            + ("which the base model lacks" if ref is None else "which differs from the base's")
+                            + " (trained on another base or with resized embeddings): merge it and give the merged model")
+    return out
 
 
 def adapter_info(model: nn.Module) -> AdapterInfo | None:

@@ -71,6 +71,33 @@ def _claim(run_dir: Path, config: LocalizeConfig) -> None:
     manifest.write_text(json.dumps({"identity": config.identity(), "config": config.model_dump(mode="json")}, indent=2))
 
 
+def _check_peft(models: dict[str, str]) -> Any:
+    """``sft: peft(pre, DIR)`` (a LoRA donor on the pair's base), checked before loading."""
+    from weightgraft.models.peft_donor import PeftError, check_peft_roles, parse_peft
+
+    check_peft_roles(models, "models")
+    spec = parse_peft(models["sft"])
+    if parse_peft(models["pre"]) is not None or (spec is not None and spec.base != "pre"):
+        raise PeftError("models: a LoRA donor is the 'sft' model, on the base 'pre': sft: peft(pre, DIR)")
+    return spec
+
+
+def _load_sft(config: LocalizeConfig, pre: Any, adapter: Any, load: Any, dtype: torch.dtype, run_dir: Path) -> Any:
+    """The donor: loaded by spec, or the LoRA adapter on ``pre`` (recorded in the manifest)."""
+    if adapter is None:
+        return load(config.models["sft"], dtype)
+    from types import SimpleNamespace
+
+    from weightgraft.models.peft_donor import adapter_info, load_peft
+
+    model = load_peft(pre.model, adapter.directory)
+    manifest = run_dir / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["adapter"] = adapter_info(model).as_dict("pre")
+    manifest.write_text(json.dumps(data, indent=2))
+    return SimpleNamespace(model=model, tokenizer=pre.tokenizer)
+
+
 def _write(frame: pd.DataFrame, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     frame.to_parquet(tmp, index=False)
@@ -121,6 +148,7 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
     if not isinstance(config, LocalizeConfig):
         config = load_localize_config(Path(config), overrides)
     prompts = _select(config)  # fail on data before any model loads
+    adapter = _check_peft(config.models)
     run_dir = config.run_dir()
     _claim(run_dir, config)
     torch.manual_seed(config.seed)
@@ -133,7 +161,8 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
 
         def load(spec, dt):
             return load_model(spec, device=config.device, dtype=dt)
-    pre, sft = load(config.models["pre"], dtype), load(config.models["sft"], dtype)
+    pre = load(config.models["pre"], dtype)
+    sft = _load_sft(config, pre, adapter, load, dtype, run_dir)
     from weightgraft.models.tokenization import check_same_tokenizer
 
     check_same_tokenizer(pre.tokenizer, sft.tokenizer, "model 'sft'")

@@ -1,0 +1,450 @@
+"""LoRA donors (``wg.load_peft``): the engine serving an unmerged peft adapter equals the
+per-token definition on a separately merged copy (``merge_and_unload``), on every
+architecture; the base is never modified and the donor holds only the adapter."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from peft.utils import load_peft_weights
+
+import weightgraft as wg
+from weightgraft.engine.architectures import ADAPTERS, Fused, model_slots
+from weightgraft.engine.attribution import graft_attribution
+from weightgraft.engine.cells import ScoredExample, example_cells, exact_effects
+from weightgraft.engine.partial import PartialGraft
+from weightgraft.engine.precision import float64_exact
+from weightgraft.engine.reference import per_token_forward
+from weightgraft.models import weights_sha256
+from weightgraft.models.lean import memory_report
+from weightgraft.models.peft_donor import (
+    PeftError,
+    PeftSpec,
+    adapter_info,
+    check_peft_roles,
+    merged_copy,
+    parse_peft,
+)
+from tiny_models import TINY_CONFIGS, make_tiny
+from tiny_world import loader, write_world
+
+ARCHS = sorted(TINY_CONFIGS)
+TOL = 1e-10
+FUSED = ["gpt2", "gpt_neox", "phi3"]  # q, k and v are column groups of one projection
+
+
+def _targets(arch: str, components=("q", "k", "v", "o", "gate", "up", "down")) -> list[str]:
+    """The module names peft should wrap for ``components``, from the architecture table."""
+    names = set()
+    for comp in components:
+        spec = ADAPTERS[arch].components.get(comp)
+        if spec is not None:
+            names.add((spec.module if isinstance(spec, Fused) else spec).rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def _adapter(base: torch.nn.Module, targets: list[str], out: Path, seed: int = 1, r: int = 4):
+    """Save a LoRA adapter of ``base`` with random nonzero A and B (B is zero at init) in
+    ``out``; return ``(out, merged)``, ``merged`` a separate copy merged by peft."""
+    try:
+        pm = get_peft_model(copy.deepcopy(base), LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets))
+    except (ValueError, TypeError) as exc:
+        print(f"peft cannot target {targets} on {base.config.model_type}: {exc}")
+        pytest.skip(f"peft cannot target {base.config.model_type}: {exc}")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) / p.shape[-1] ** 0.5)
+    pm.save_pretrained(out)
+    merged = pm.merge_and_unload().eval()
+    return out, merged
+
+
+def _batch(seq: int = 7, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 64, (3, seq), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding
+    mask[2, -1] = 0  # right padding
+    return ids, mask
+
+
+def _maps(base: torch.nn.Module, ids: torch.Tensor, seed: int = 0) -> list[torch.Tensor]:
+    """Random per-cell maps, and maps grafting whole positions (every slot of a row/position)."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (*ids.shape, len(wg.slots(base)))
+    cells = torch.randint(0, 2, shape, generator=gen)
+    rows = torch.randint(0, 2, ids.shape, generator=gen)[..., None].expand(shape).clone()
+    return [cells, rows, torch.ones(shape, dtype=torch.long)]
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    real = mask.bool()
+    return (a[real] - b[real]).abs().max().item()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@torch.no_grad()
+def test_lora_donor_equals_the_definition_on_the_merged_model(arch, tmp_path):
+    base = make_tiny(arch, seed=0).double()
+    targets = _targets(arch) + ([] if base.config.tie_word_embeddings else ["lm_head"])
+    path, merged = _adapter(base, targets, tmp_path / "lora")
+    donor = wg.load_peft(base, path)
+    ids, mask = _batch()
+    heads = {s.name: s.heads for s in model_slots(base) if s.heads}
+    gen = torch.Generator().manual_seed(5)
+    head_source = {name: torch.randint(0, 2, (*ids.shape, heads[name]), generator=gen)
+                   for name in ("layers.0.q", "layers.1.v", "layers.1.o")}
+    with float64_exact([base, donor, merged]):
+        plain = wg.graft_forward([base], ids, torch.zeros(*ids.shape, len(wg.slots(base)), dtype=torch.long),
+                                 attention_mask=mask)
+        for source in _maps(base, ids):
+            fast = wg.graft_forward([base, donor], ids, source, attention_mask=mask)
+            ref = per_token_forward([base, merged], ids, source, attention_mask=mask)
+            assert _max_diff(fast, ref, mask) <= TOL
+            assert _max_diff(fast, plain, mask) > 1e-2  # the graft moved the logits
+        fast = wg.graft_forward([base, donor], ids, _maps(base, ids, 1)[0], attention_mask=mask, head_source=head_source)
+        ref = per_token_forward([base, merged], ids, _maps(base, ids, 1)[0], attention_mask=mask, head_source=head_source)
+        assert _max_diff(fast, ref, mask) <= TOL
+        # the LoRA donor as the base, the plain model as the donor
+        source = _maps(base, ids, 2)[0]
+        fast = wg.graft_forward([donor, base], ids, source, attention_mask=mask)
+        ref = per_token_forward([merged, base], ids, source, attention_mask=mask)
+        assert _max_diff(fast, ref, mask) <= TOL
+
+
+@pytest.mark.parametrize("arch", FUSED)
+@torch.no_grad()
+def test_grafting_only_q_of_a_fused_lora_projection_is_exact(arch, tmp_path):
+    base = make_tiny(arch, seed=0).double()
+    path, merged = _adapter(base, _targets(arch, ("q", "k", "v")), tmp_path / "lora")
+    donor = wg.load_peft(base, path)
+    assert adapter_info(donor).slots_touched == [f"layers.{i}.{c}" for i in range(2) for c in "qkv"]
+    ids, mask = _batch()
+    names = wg.slots(base)
+    gen = torch.Generator().manual_seed(3)
+    only = {c: torch.zeros(*ids.shape, len(names), dtype=torch.long) for c in ("q", "qkv")}
+    rows = torch.randint(0, 2, ids.shape, generator=gen).bool()
+    for c, source in only.items():
+        for s, name in enumerate(names):
+            if name.rsplit(".", 1)[-1] in c:
+                source[..., s][rows] = 1
+    with float64_exact([base, donor, merged]):
+        fast = {c: wg.graft_forward([base, donor], ids, m, attention_mask=mask) for c, m in only.items()}
+        for c, m in only.items():
+            assert _max_diff(fast[c], per_token_forward([base, merged], ids, m, attention_mask=mask), mask) <= TOL
+        plain = wg.graft_forward([base], ids, torch.zeros_like(only["q"]), attention_mask=mask)
+    assert _max_diff(fast["q"], plain, mask) > 1e-2
+    assert _max_diff(fast["q"], fast["qkv"], mask) > 1e-2  # q alone is not q, k and v
+
+
+@torch.no_grad()
+def test_an_adapter_on_q_and_v_only_leaves_every_other_slot_to_the_base(tmp_path):
+    base = make_tiny("llama", seed=0).double()
+    path, merged = _adapter(base, ["q_proj", "v_proj"], tmp_path / "lora")
+    donor = wg.load_peft(base, path)
+    info = adapter_info(donor)
+    assert info.slots_touched == [f"layers.{i}.{c}" for i in range(2) for c in "qv"]
+    assert info.target_modules == ["q_proj", "v_proj"] and info.rank == 4
+    names = wg.slots(base)
+    ids, mask = _batch()
+    untouched = torch.tensor([n not in info.slots_touched for n in names])
+    source = torch.zeros(*ids.shape, len(names), dtype=torch.long)
+    source[..., untouched] = 1  # every slot the adapter does not touch, from the donor
+    with float64_exact([base, donor, merged]):
+        plain = wg.graft_forward([base], ids, torch.zeros_like(source), attention_mask=mask)
+        assert _max_diff(wg.graft_forward([base, donor], ids, source, attention_mask=mask), plain, mask) <= 1e-12
+        touched = 1 - source
+        fast = wg.graft_forward([base, donor], ids, touched, attention_mask=mask)
+        assert _max_diff(fast, per_token_forward([base, merged], ids, touched, attention_mask=mask), mask) <= TOL
+        assert _max_diff(fast, plain, mask) > 1e-2
+
+
+@torch.no_grad()
+def test_loading_leaves_the_base_untouched_and_shares_its_tensors(tmp_path):
+    base = make_tiny("llama", seed=0).double()
+    base.model.layers[0].mlp.up_proj.weight.requires_grad_(False)  # flags are kept as they were
+    path, _ = _adapter(base, _targets("llama") + ["lm_head"], tmp_path / "lora")  # peft saves lm_head too
+    ids, mask = _batch()
+    zeros = torch.zeros(*ids.shape, len(wg.slots(base)), dtype=torch.long)
+    before_logits = wg.graft_forward([base], ids, zeros, attention_mask=mask)
+    before = {n: (p, p.detach().clone(), p.requires_grad) for n, p in base.named_parameters()}
+    modules = [(n, type(m)) for n, m in base.named_modules()]
+    donor = wg.load_peft(base, path)
+    assert [(n, type(m)) for n, m in base.named_modules()] == modules  # nothing wrapped in the base
+    for n, p in base.named_parameters():
+        obj, value, flag = before[n]
+        assert p is obj and torch.equal(p, value) and p.requires_grad == flag, n
+    assert torch.equal(wg.graft_forward([base], ids, zeros, attention_mask=mask), before_logits)
+    # every tensor of the donor but the adapter's is the base's tensor (same storage)
+    base_params = dict(base.named_parameters())
+    adapter_bytes = 0
+    for name, p in donor.named_parameters():
+        if "lora_" in name:
+            assert all(p.data_ptr() != q.data_ptr() for q in base_params.values())
+            adapter_bytes += p.numel() * p.element_size()
+        else:
+            assert p.data_ptr() == base_params[name.replace(".base_layer", "")].data_ptr(), name
+    stored = {k: t for k, t in load_peft_weights(str(path)).items() if "lora_" in k}
+    assert adapter_bytes == sum(t.numel() * t.element_size() for t in stored.values())
+    assert adapter_info(donor).sha256 == weights_sha256(stored)
+    held = memory_report(donor, base)
+    full = sum(p.numel() * p.element_size() for p in base.parameters())
+    assert held.bytes_held == adapter_bytes == adapter_info(donor).bytes_held
+    assert held.tensors_held == len(stored)
+    print(f"LoRA donor holds {held.bytes_held} bytes of its own; the base model is {full} bytes")
+    assert held.bytes_held < full / 4
+
+
+@torch.no_grad()
+def test_hash_covers_base_and_adapter_and_merged_copy_is_peft_merge(tmp_path):
+    base = make_tiny("gpt2", seed=0).double()
+    path, merged = _adapter(base, _targets("gpt2"), tmp_path / "a")
+    other, _ = _adapter(base, _targets("gpt2"), tmp_path / "b", seed=2)
+    donor = wg.load_peft(base, path)
+    assert weights_sha256(donor) == weights_sha256(wg.load_peft(base, path))
+    assert weights_sha256(donor) != weights_sha256(wg.load_peft(base, other))
+    assert weights_sha256(donor) != weights_sha256(base)
+    mine = merged_copy(donor)
+    theirs = dict(merged.named_parameters())
+    for name, p in mine.named_parameters():
+        assert (p - theirs[name]).abs().max().item() <= 1e-14, name
+    assert not any("lora" in n for n, _ in mine.named_parameters())
+    with pytest.raises(ValueError, match="merged copy"):
+        ids, _ = _batch()
+        per_token_forward([base, donor], ids, torch.ones(*ids.shape, len(wg.slots(base)), dtype=torch.long))
+
+
+def _pair_with_tokenizer(tmp_path: Path, targets: list[str]):
+    tok = loader("tiny-llama:pre").tokenizer
+    base = make_tiny("llama", seed=0, vocab_size=len(tok), n_layers=4).double()
+    path, merged = _adapter(base, targets, tmp_path / "lora")
+    return tok, base, wg.load_peft(base, path), merged
+
+
+@torch.no_grad()
+def test_graft_and_compare_with_a_lora_donor_equal_the_merged_model(tmp_path):
+    tok, base, donor, merged = _pair_with_tokenizer(tmp_path, _targets("llama"))
+    prompts = ["Keanu Reeves starred in a movie with", "Q: Who starred in a movie alongside Meryl Streep? A: An actor named"]
+    answers = ["Nicole Kidman", "Will Smith"]
+    rules = [wg.Rule(model="sft", positions="last", layers="last_half", components="o+ffn"),
+             wg.Rule(model="sft", positions="first_entity", components="attn")]
+    spans = [{"actor": "Keanu Reeves"}, {"actor": "Meryl Streep"}]
+    with float64_exact([base, donor, merged]):
+        out = {k: wg.graft({"pre": base, "sft": m}, tok, prompts, rules, spans=spans, full_logits=True)
+               for k, m in (("lora", donor), ("merged", merged))}
+        plain = wg.graft({"pre": base, "sft": base}, tok, prompts, rules, spans=spans)
+        assert (out["lora"].logits - out["merged"].logits).abs().max().item() <= TOL
+        real = out["lora"].attention_mask.bool()
+        assert (out["lora"].full_logits[real] - out["merged"].full_logits[real]).abs().max().item() <= TOL
+        assert (out["lora"].logits - plain.logits).abs().max().item() > 1e-2
+        schemes = wg.presets.position()
+        df = {k: wg.compare({"pre": base, "sft": m}, tok, prompts, answers, schemes, spans=spans)
+              for k, m in (("lora", donor), ("merged", merged))}
+    assert df["lora"]["rank"].tolist() == df["merged"]["rank"].tolist()
+    assert [list(t) for t in df["lora"]["top_tokens"]] == [list(t) for t in df["merged"]["top_tokens"]]
+    for col in ("prob", "answer_logprob"):
+        assert (df["lora"][col] - df["merged"][col]).abs().max() <= TOL
+    sft = df["lora"]["scheme"] == "SFT"
+    assert (df["lora"][sft]["answer_logprob"].values != df["lora"][df["lora"]["scheme"] == "PRE"]["answer_logprob"].values).all()
+
+
+@torch.no_grad()
+def test_attribution_and_exact_cell_maps_on_a_lora_donor_equal_the_merged_models(tmp_path):
+    base = make_tiny("gpt2", seed=0).double()  # fused c_attn: q, k and v are column groups
+    path, merged = _adapter(base, _targets("gpt2"), tmp_path / "lora")
+    donor = wg.load_peft(base, path)
+    ids, mask = _batch()
+    mask[:, :] = 1
+    mask[1, -1] = 0
+    positions, targets = torch.tensor([6, 5, 6]), torch.tensor([5, 9, 11])
+    with float64_exact([base, donor, merged]):
+        for lora_pair, merged_pair in (
+            (PartialGraft(base, donor), PartialGraft(base, merged)),  # sufficiency
+            (PartialGraft(donor, base), PartialGraft(merged, base)),  # necessity
+            (PartialGraft(base, donor).swapped(), PartialGraft(base, merged).swapped()),
+        ):
+            for metric in ("logprob", "kl"):
+                got = graft_attribution(lora_pair, ids, positions, targets, metric, attention_mask=mask)
+                want = graft_attribution(merged_pair, ids, positions, targets, metric, attention_mask=mask)
+                assert (got - want).abs().max().item() <= TOL
+                assert got.abs().max().item() > 1e-3
+            alpha = torch.rand(*ids.shape, len(wg.slots(base)), generator=torch.Generator().manual_seed(0),
+                               dtype=torch.float64)
+            assert (lora_pair(ids, alpha, mask) - merged_pair(ids, alpha, mask))[mask.bool()].abs().max() <= TOL
+        examples = [ScoredExample(tuple(ids[0].tolist()), 6, 5), ScoredExample(tuple(ids[1, :6].tolist()), 5, 9)]
+        sets = [[[c] for c in example_cells(base, ex)] for ex in examples]
+        for order in ((0, 1), (1, 0)):  # sufficiency, necessity
+            lora_models, merged_models = [(base, donor)[i] for i in order], [(base, merged)[i] for i in order]
+            b1, e1 = exact_effects(lora_models, examples, sets, pad_id=0)
+            b2, e2 = exact_effects(merged_models, examples, sets, pad_id=0)
+            assert (b1 - b2).abs().max().item() <= TOL
+            for x, y in zip(e1, e2):
+                assert (x - y).abs().max().item() <= TOL
+            assert max(float(e.abs().max()) for e in e1) > 1e-2
+
+
+def _world_adapter(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
+    """An adapter of the runner's tiny base (``tiny-llama:pre``, float32)."""
+    return _adapter(loader("tiny-llama:pre").model, ["q_proj", "v_proj", "down_proj"], tmp_path / "adapters" / "lora")
+
+
+def test_a_config_run_with_a_peft_role_equals_the_merged_model_and_names_the_adapter(tmp_path):
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.runner import run_experiment
+
+    path, merged = _world_adapter(tmp_path)
+    data = write_world(tmp_path / "data")
+
+    def load(spec, config=None):
+        if spec == "merged":
+            return SimpleNamespace(model=merged, tokenizer=loader("tiny-llama:pre").tokenizer, source="merged",
+                                   weights_sha256="sha-merged")
+        return loader(spec, config)
+
+    runs = {}
+    for name, sft in (("lora", f"peft(pre, {path})"), ("merged", "merged")):
+        raw = {"name": name, "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": sft},
+               "schemes": [{"preset": "position", "only": ["PRE", "SFT", "LT", "FE"]}],
+               "out": str(tmp_path / name)}
+        runs[name] = run_experiment(parse_config(raw), load=load, progress=False)
+    a, b = (runs[k].results.set_index(["template", "scheme", "example_id"]).sort_index() for k in ("lora", "merged"))
+    assert (a["answer_logprob"] - b["answer_logprob"]).abs().max() <= 1e-4  # float32 models
+    assert (a.xs("SFT", level="scheme")["answer_logprob"] - a.xs("PRE", level="scheme")["answer_logprob"]).abs().max() > 1e-3
+    manifest = json.loads((runs["lora"].run_dir / "manifest.json").read_text())
+    entry = manifest["models"]["default"]["sft"]
+    adapter = entry["adapter"]
+    assert adapter["path"] == str(path.resolve())
+    assert adapter["sha256"] == weights_sha256(load_peft_weights(str(path)))
+    assert adapter["rank"] == 4 and adapter["target_modules"] == ["down_proj", "q_proj", "v_proj"]
+    assert adapter["slots_touched"] == [f"layers.{i}.{c}" for i in range(2) for c in ("q", "v", "down")]
+    assert "'pre'" in adapter["untouched_slots_served_by"]
+    stored = load_peft_weights(str(path))
+    assert entry["bytes_held"] == adapter["bytes_held"] == sum(t.numel() * t.element_size() for t in stored.values())
+    assert entry["source"].startswith(f"peft:{path.resolve()} over ")
+
+
+def test_bad_peft_specs_are_one_line_errors_before_any_model_loads(tmp_path):
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.runner import run_experiment
+
+    assert parse_peft("tiny-llama:pre") is None
+    assert parse_peft(" peft( pre , models/lora ) ") == PeftSpec("pre", "models/lora")
+    assert parse_peft("peft(pre, 'a dir')") == PeftSpec("pre", "a dir")
+    assert parse_peft("peft_models/sft") is None and parse_peft("peft") is None  # a directory may be named so
+    for bad in ("peft(pre)", "peft(, d)", "peft(base=pre, d)", "peft(pre, d"):
+        with pytest.raises(PeftError, match="peft\\(BASE_ROLE, ADAPTER_DIR\\)"):
+            parse_peft(bad)
+    good, _ = _world_adapter(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    (dora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "use_dora": True}))
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    (prefix / "adapter_config.json").write_text(json.dumps({"peft_type": "PREFIX_TUNING"}))
+    biased = tmp_path / "biased"
+    biased.mkdir()
+    (biased / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "bias": "all"}))
+    cases = {
+        f"peft(base, {good})": "refers to role 'base'",
+        f"peft(pre, {tmp_path / 'missing'})": "does not exist",
+        f"peft(pre, {empty})": "no adapter_config.json",
+        f"peft(pre, {dora})": "use_dora",
+        f"peft(pre, {prefix})": "only LoRA adapters",
+        f"peft(pre, {biased})": "bias='all'",
+        "peft(pre)": "peft\\(BASE_ROLE, ADAPTER_DIR\\)",
+    }
+    data = write_world(tmp_path / "data")
+
+    def no_load(spec, config=None):
+        raise AssertionError(f"a model was loaded ({spec}) before the spec was checked")
+
+    for spec, message in cases.items():
+        with pytest.raises(PeftError, match=message) as err:
+            check_peft_roles({"pre": "tiny-llama:pre", "sft": spec}, "model set 'x'")
+        assert "\n" not in str(err.value)
+        raw = {"name": "bad", "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": spec},
+               "schemes": [{"preset": "position", "only": ["PRE", "SFT"]}], "out": str(tmp_path / "bad")}
+        with pytest.raises(PeftError, match=message) as err:
+            run_experiment(parse_config(raw), load=no_load, progress=False)
+        assert "\n" not in str(err.value)
+    with pytest.raises(PeftError, match="derived role"):
+        check_peft_roles({"pre": "tiny-llama:pre", "low": "lowrank(pre, k=2)", "sft": f"peft(low, {good})"}, "x")
+    with pytest.raises(PeftError, match="a peft role"):
+        check_peft_roles({"pre": "tiny-llama:pre", "sft": f"peft(pre, {good})", "low": "lowrank(sft, k=2)"}, "x")
+    # load_peft itself: an adapter of another shape is one line, and the base is left as it was
+    base = make_tiny("llama", seed=0, vocab_size=40)
+    other, _ = _adapter(make_tiny("gpt_neox", seed=0), ["query_key_value"], tmp_path / "neox")
+    # an adapter that saved its own lm_head (peft does for an lm_head target) of another base:
+    # loading it would write into the base's shared tensor
+    foreign, _ = _adapter(make_tiny("llama", seed=7, vocab_size=40), ["q_proj", "lm_head"], tmp_path / "foreign")
+    before = {n: p.detach().clone() for n, p in base.named_parameters()}
+    for directory, message in ((tmp_path / "missing", "does not exist"), (other, "does not fit"),
+                               (foreign, "saves its own 'lm_head.weight', which differs from the base's")):
+        with pytest.raises(PeftError, match=message) as err:
+            wg.load_peft(base, directory)
+        assert "\n" not in str(err.value)
+    assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())
+    assert [n for n, _ in base.named_parameters()] == list(before)
+
+
+def test_localize_takes_a_peft_donor(tmp_path):
+    from weightgraft.experiments.localize import localize
+    from weightgraft.experiments.localize.config import parse_localize_config
+
+    path, merged = _world_adapter(tmp_path)
+    data = write_world(tmp_path / "data", n=2)
+
+    def load(spec, dtype=None):
+        if spec == "merged":
+            return SimpleNamespace(model=merged, tokenizer=loader("tiny-llama:pre").tokenizer)
+        return loader(spec)
+
+    cells = {}
+    for name, sft in (("lora", f"peft(pre, {path})"), ("merged", "merged")):
+        raw = {"name": name, "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": sft},
+               "out": str(tmp_path / "runs"), "exact": 1, "search": {"enabled": False}, "report": False}
+        result = localize(parse_localize_config(raw), progress=False, load=load)
+        cells[name] = result.cells.sort_values(["example_id", "direction", "position", "slot"]).reset_index(drop=True)
+    for col in ("estimate", "exact"):
+        diff = (cells["lora"][col] - cells["merged"][col]).abs()
+        assert diff.max() <= 1e-4, col  # float32 models
+    manifest = json.loads((tmp_path / "runs" / "lora" / "manifest.json").read_text())
+    assert manifest["adapter"]["path"] == str(path.resolve())
+    bad = parse_localize_config({"name": "x", "data": str(data), "out": str(tmp_path / "runs"),
+                                 "models": {"pre": "tiny-llama:pre", "sft": f"peft(pre, {tmp_path / 'nope'})"}})
+    with pytest.raises(PeftError, match="does not exist"):
+        localize(bad, progress=False, load=lambda *a: pytest.fail("loaded a model"))
+
+
+def test_generate_command_takes_a_peft_role(tmp_path):
+    from typer.testing import CliRunner
+
+    from weightgraft.api.generate import generate
+    from weightgraft.cli import app
+    from weightgraft.models import load_model
+
+    tok = loader("tiny-llama:pre").tokenizer
+    base = make_tiny("llama", seed=0, vocab_size=len(tok))
+    base.save_pretrained(tmp_path / "pre")
+    tok.save_pretrained(tmp_path / "pre")
+    pre = load_model(tmp_path / "pre").model
+    path, _ = _adapter(pre, ["q_proj", "down_proj"], tmp_path / "lora")
+    prompt = "Keanu Reeves starred in a movie with"
+    args = ["generate", prompt, "-m", f"pre={tmp_path / 'pre'}", "-m", f"sft=peft(pre, {path})",
+            "-r", "model=sft,positions=last", "-n", "4"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    expected = generate([pre, wg.load_peft(pre, path)], tok, prompt, [wg.Rule(model="sft", positions="last")], 4)
+    assert out.stdout.strip().splitlines()[-1] == f"graft: {prompt}{expected}"
+    bad = CliRunner().invoke(app, args[:4] + ["-m", f"sft=peft(pre, {tmp_path / 'nope'})"] + args[6:])
+    assert bad.exit_code != 0 and "does not exist" in str(bad.exception)
