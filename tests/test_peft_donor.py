@@ -448,3 +448,18 @@ def test_generate_command_takes_a_peft_role(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == f"graft: {prompt}{expected}"
     bad = CliRunner().invoke(app, args[:4] + ["-m", f"sft=peft(pre, {tmp_path / 'nope'})"] + args[6:])
     assert bad.exit_code != 0 and "does not exist" in str(bad.exception)
+
+
+def test_a_relative_adapter_dir_in_a_config_file_is_taken_from_its_folder(tmp_path, monkeypatch):
+    from weightgraft.experiments.config import load_config
+
+    path, _ = _world_adapter(tmp_path)  # tmp_path/adapters/lora
+    data = write_world(tmp_path / "data")
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"name: rel\ndata: {data}\nmodels: {{pre: tiny-llama:pre, sft: 'peft(pre, adapters/lora)'}}\n"
+                      "schemes: [{preset: position, only: [PRE, SFT]}]\n")
+    monkeypatch.chdir(tmp_path / "data")  # anywhere else
+    cfg = load_config(config)
+    assert parse_peft(cfg.models["sft"]) == PeftSpec("pre", str(tmp_path / "adapters" / "lora"))
+    check_peft_roles(cfg.models, "models")
+    assert load_config(config, ["models.sft=peft(pre, elsewhere)"]).models["sft"] == "peft(pre, elsewhere)"

@@ -219,6 +219,10 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | N
 def _anchor(value: Any, folder: Path, must_exist: bool) -> Any:
     """A relative path written in a YAML, taken from the YAML's folder (a model spec only
     when it names something there: it may also be an embedded name or a hub id)."""
+    if isinstance(value, str) and value.lstrip().startswith("peft("):  # peft(ROLE, DIR): its DIR
+        from weightgraft.models.peft_donor import anchor_peft
+
+        return anchor_peft(value, folder)
     if not isinstance(value, str) or not value or Path(value).is_absolute() or "(" in value:
         return value
     anchored = folder / value

@@ -35,6 +35,7 @@ __all__ = [
     "PeftError",
     "PeftSpec",
     "adapter_info",
+    "anchor_peft",
     "check_adapter_dir",
     "check_peft_roles",
     "load_peft",
@@ -126,6 +127,18 @@ def parse_peft(spec: str) -> PeftSpec | None:
     if not comma or not base or not directory or "=" in base:
         raise PeftError(f"model spec {spec!r}: write peft(BASE_ROLE, ADAPTER_DIR), e.g. peft(pre, models/lora)")
     return PeftSpec(base, directory)
+
+
+def anchor_peft(spec: str, folder: Path) -> str:
+    """``peft(ROLE, DIR)`` with a relative DIR taken from ``folder`` (a config file's) when it
+    exists there; anything else is returned as written (and checked later)."""
+    try:
+        p = parse_peft(spec)
+    except PeftError:
+        return spec
+    if p is None or Path(p.directory).expanduser().is_absolute() or not (Path(folder) / p.directory).exists():
+        return spec
+    return f"peft({p.base}, {Path(folder) / p.directory})"
 
 
 def check_adapter_dir(directory: str | Path) -> dict[str, Any]:
