@@ -10,6 +10,7 @@ from weightgraft.cli.data import app as data_app
 from weightgraft.cli.demo import demo
 from weightgraft.cli.generate import generate
 from weightgraft.cli.localize import localize
+from weightgraft.cli.plan import plan
 from weightgraft.cli.report import report_command
 from weightgraft.cli.run import run
 from weightgraft.cli.train import train
@@ -42,6 +43,7 @@ app.command()(check)
 app.command()(run)
 app.command()(demo)
 app.command()(localize)
+app.command("plan", help="Memory and time of a run or localize config, before any weight is read.")(plan)
 app.command("generate", help="Continue prompts with a grafted model.")(generate)
 app.command("report", help="Write tables, figures and an HTML page for a run directory.")(report_command)
 app.command("train", help="Finetune a model (HF Trainer) on a dataset's training text.")(train)

@@ -43,19 +43,29 @@ def check(
     from weightgraft.models import load_model
     from weightgraft.models.tokenization import batch_encode, check_same_tokenizer
 
+    from weightgraft.models.random_models import is_random_spec, random_token_batch
+
+    randoms = [is_random_spec(s) for s in [base, *donor]]
+    if any(randoms) and (not all(randoms) or prompts is not None):
+        raise typer.BadParameter("random: models have no tokenizer: check them only against each other, "
+                                 "on random token ids (without --prompts)")
     loaded = [
         load_model(spec, device=device, dtype=_dtype(dtype), allow_pickle=allow_pickle)
         for spec in [base, *donor]
     ]
     for other in loaded[1:]:
-        check_same_tokenizer(loaded[0].tokenizer, other.tokenizer, other.source)
+        if not all(randoms):
+            check_same_tokenizer(loaded[0].tokenizer, other.tokenizer, other.source)
     if prompts is not None:
         texts = [t for t in prompts.read_text(encoding="utf-8").splitlines() if t.strip()]
         if not texts:
             raise typer.BadParameter(f"{prompts} holds no prompt")
     else:
         texts = list(DEFAULT_PROMPTS)
-    input_ids, mask = batch_encode(loaded[0].tokenizer, texts, device=device)
+    if all(randoms):  # token ids of the default prompts' lengths, drawn with the seed
+        input_ids, mask = random_token_batch(loaded[0].model.config.vocab_size, len(texts), seed, device)
+    else:
+        input_ids, mask = batch_encode(loaded[0].tokenizer, texts, device=device)
     with console.status("running the per-token reference and the engine..."):
         report = check_engine(
             [lm.model for lm in loaded], input_ids, mask,

@@ -85,6 +85,9 @@ def generate(
 
     check_lowrank_roles(roles, "--model")
     check_peft_roles(roles, "--model")
+    from weightgraft.models.random_models import refuse_random
+
+    refuse_random(roles, "weightgraft generate")  # no tokenizer: one line, before loading
     cache: dict[str, object] = {}
     tokenizers: list = []
 

@@ -45,6 +45,7 @@ from weightgraft.models.errors import (
 )
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import lean_from_safetensors
+from weightgraft.models.random_models import is_random_spec
 
 
 @dataclass
@@ -54,6 +55,7 @@ class LoadedModel:
     Attributes:
         model: the ``transformers`` causal LM, in eval mode, on the requested device/dtype.
         tokenizer: its tokenizer. If it had no pad token, ``pad_token`` is set to the EOS token.
+            None for ``random:`` models (weightgraft.models.random_models), which have none.
         source: where it came from, e.g. ``"embedded:smollm2-135m (/home/u/.cache/...)"``,
             ``"dir:/abs/path"``, ``"gguf:/abs/file.gguf"`` or ``"hub-cache:org/name"``.
         weights_sha256: :func:`weights_sha256` of the model as loaded (before moving it to
@@ -278,8 +280,10 @@ def load_model(
 
     Args:
         spec: ``"smollm2-135m"`` / ``"gemma3-270m"`` (embedded; installed and converted on
-            first use), a model directory, a ``.gguf`` file, or a hub id already in the local
-            Hugging Face cache (nothing is downloaded).
+            first use), a model directory, a ``.gguf`` file, a hub id already in the local
+            Hugging Face cache (nothing is downloaded), or ``random:NAME[@SEED]`` /
+            ``random:PATH/config.json[@SEED]``: the architecture with seeded random weights
+            and no tokenizer (weightgraft.models.random_models).
         device: where to put the model.
         dtype: parameter dtype (GGUF weights are dequantized to it).
         allow_pickle: allow ``.bin``/``.pt`` pickle checkpoints (they can run code on load).
@@ -295,6 +299,10 @@ def load_model(
         CorruptCheckpointError: missing config/weights/tokenizer or a truncated file.
     """
     text = os.fspath(spec)
+    if is_random_spec(text):  # a shipped or given config.json with seeded random weights
+        from weightgraft.models.random_models import load_random
+
+        return load_random(text, device=device, dtype=dtype, device_map=device_map)
     if text.strip().lower() in EMBEDDED_MODELS:
         directory = ensure_converted(text)
         model, tokenizer = _load_dir(directory, dtype, False, False, device_map)

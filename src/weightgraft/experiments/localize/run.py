@@ -148,6 +148,10 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
     if not isinstance(config, LocalizeConfig):
         config = load_localize_config(Path(config), overrides)
     prompts = _select(config)  # fail on data before any model loads
+    if load is None:  # memory plan from the configs: batch size, or a one-line refusal
+        from weightgraft.experiments.plan import plan_before_localize
+
+        config = plan_before_localize(config)
     adapter = _check_peft(config.models)
     run_dir = config.run_dir()
     _claim(run_dir, config)

@@ -1,0 +1,76 @@
+"""``weightgraft plan``: memory and time of a run or localize config, before any weight is read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "not predicted"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def plan(
+    config: Path = typer.Argument(..., help="Experiment or localize YAML."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. dtype=bfloat16 limit=50"),
+    memory: Optional[str] = typer.Option(None, "--memory", help="Plan for this much memory (e.g. 80GiB) "
+                                         "instead of this device's free memory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
+    time: bool = typer.Option(True, "--time/--no-time", help="Predict the wall time (calibrates this "
+                              "device once, a few seconds, cached)."),
+) -> None:
+    """Plan a run or localize config: memory per role and per batch, batch size, predicted time."""
+    from weightgraft.experiments.config import parse_config, read_yaml_config
+    from weightgraft.experiments.plan import parse_size, plan_experiment, plan_localize
+
+    if memory is not None:
+        parse_size(memory)  # a bad size is one line, before anything else
+    raw = read_yaml_config(config, overrides or [], "experiment or localize")
+    if isinstance(raw, dict) and "schemes" not in raw:
+        from weightgraft.experiments.localize.config import parse_localize_config
+
+        result = plan_localize(parse_localize_config(raw, str(config)), memory=memory, with_time=time)
+    else:
+        result = plan_experiment(parse_config(raw, str(config)), memory=memory, with_time=time)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), default=str))
+        return
+    table = Table(title=f"{result.kind} plan: {config} ({result.device}, {result.dtype})")
+    for col in ("set", "role", "model", "parameters", "holds", "memory"):
+        table.add_column(col)
+    for r in result.roles:
+        table.add_row(r.model_set, r.role, r.spec, f"{r.n_params / 1e9:.3f} B", r.holds, _gib(r.held_bytes))
+    console.print(table)
+    p = result.prompts
+    console.print(f"prompts: {p['n']}, {p['min_tokens']}-{p['max_tokens']} tokens (mean {p['mean_tokens']}); "
+                  f"{p['counted']}")
+    console.print(f"rows: {result.rows} in {result.batches} batch(es) of {result.batch_size} "
+                  f"({'fixed by the config' if result.batch_size_fixed else 'chosen by the plan'})")
+    for k, v in result.memory.items():
+        console.print(f"  {k:>24}: {_gib(v)}")
+    verdict = "[green]fits[/]" if result.fits else "[red]does NOT fit[/]"
+    console.print(f"peak: {_gib(result.peak_bytes)} of {_gib(result.budget_bytes)} ({result.budget_source}): {verdict}")
+    parts = ", ".join(f"{k} {_seconds(v)}" for k, v in result.time_parts.items())
+    console.print(f"predicted time: {_seconds(result.predicted_seconds)}" + (f" ({parts})" if parts else ""))
+    for note in result.notes:
+        console.print(f"note: {note}")
+    if not result.fits:
+        console.print(f"[red]{result.refusal()}[/]")
+        raise typer.Exit(1)
