@@ -13,7 +13,7 @@ import torch
 from weightgraft.data.freeform import load_prompts, read_freeform
 from weightgraft.data.prompts import DatasetError
 from weightgraft.experiments.config import ConfigError, parse_config
-from weightgraft.experiments.metrics import add_recovery
+from weightgraft.experiments.metrics import add_recovery, ratio_of_means
 from weightgraft.experiments.pairs import SchemePair, paired_differences
 from weightgraft.experiments.runner import run_experiment
 from tiny_world import FIRST, SECOND, loader, write_world
@@ -84,20 +84,34 @@ def test_behaviour_metrics_against_the_models(tmp_path):
         assert row.kl_donor == pytest.approx(float((p.exp() * (p - q)).sum()), abs=1e-4)
         assert row.donor_role == "sft" and row.base_scheme == "PRE" and row.donor_scheme == "SFT"
     assert (res[res.scheme == "SFT"].kl_donor == 0).all() and (res[res.scheme == "PRE"].kl_donor > 0).all()
-    # recovery: PRE 0, SFT 1, others from the stored answer log-probs of the same example
-    ok = res[~res.recovery_small_gap]
-    assert len(ok) and np.allclose(ok[ok.scheme == "PRE"].recovery, 0) and np.allclose(ok[ok.scheme == "SFT"].recovery, 1)
-    lp = res.pivot(index="example_id", columns="scheme", values="answer_logprob")
-    expected = (lp["LT"] - lp["PRE"]) / (lp["SFT"] - lp["PRE"])
-    got = res[res.scheme == "LT"].set_index("example_id").recovery
-    np.testing.assert_allclose(got.loc[expected.index], expected, rtol=1e-12)
+    # recovery: PRE 0, SFT 1, others from the stored first-token (recovery) and whole-answer
+    # (recovery_answer) log-probs of the same example
+    for name, source in (("recovery", "first_logprob"), ("recovery_answer", "answer_logprob")):
+        ok = res[~res[f"{name}_small_gap"]]
+        assert len(ok) and np.allclose(ok[ok.scheme == "PRE"][name], 0) and np.allclose(ok[ok.scheme == "SFT"][name], 1)
+        lp = res.pivot(index="example_id", columns="scheme", values=source)
+        expected = (lp["LT"] - lp["PRE"]) / (lp["SFT"] - lp["PRE"])
+        got = res[res.scheme == "LT"].set_index("example_id")[name]
+        np.testing.assert_allclose(got.loc[expected.index], expected, rtol=1e-12)
+    # the first-token log-prob is the one top-k is scored on
+    for _, row in res[res.scheme == "PRE"].iterrows():
+        logits = last_logits(pre.model, row.prompt)
+        assert row.first_logprob == pytest.approx(float(torch.log_softmax(logits, -1)[row.target_token_id]), abs=1e-5)
+        assert np.exp(row.first_logprob) == pytest.approx(row.prob, rel=1e-4)
 
     summary = pd.read_csv(tmp_path / "run" / "summary.csv")
-    for col in ("mean_logit_diff", "logit_diff_lo", "logit_diff_hi", "mean_kl_donor", "mean_recovery", "n_recovery_small_gap"):
+    for col in ("mean_logit_diff", "logit_diff_lo", "logit_diff_hi", "mean_kl_donor", "recovery",
+                "recovery_lo", "recovery_hi", "n_recovery", "recovery_note", "recovery_answer"):
         assert col in summary.columns
     lt = summary[summary.scheme == "LT"].iloc[0]
     assert lt.logit_diff_lo <= lt.mean_logit_diff <= lt.logit_diff_hi
     assert lt.mean_logit_diff == pytest.approx(res[res.scheme == "LT"].logit_diff.mean())
+    # the summary's recovery is a ratio of means over the examples, not a mean of ratios
+    flp = res.pivot(index="example_id", columns="scheme", values="first_logprob")
+    assert lt.recovery == pytest.approx((flp["LT"] - flp["PRE"]).mean() / (flp["SFT"] - flp["PRE"]).mean())
+    assert lt.recovery_lo <= lt.recovery <= lt.recovery_hi and lt.n_recovery == len(flp)
+    assert "few examples" in lt.recovery_note  # 6 examples: said next to the number
+    lp = res.pivot(index="example_id", columns="scheme", values="answer_logprob")
 
     pairs = pd.read_csv(tmp_path / "run" / "summary_pairs.csv")
     row = pairs[(pairs.a == "FE+LT") & (pairs.metric == "answer_logprob")].iloc[0]
@@ -136,11 +150,29 @@ def test_pairs_and_generation_are_checked_before_loading(tmp_path):
         parse_config({**base, "generate": {"schemes": ["nope"]}})
 
 
+def test_summary_recovery_is_a_ratio_of_means_that_one_small_gap_cannot_swing():
+    """One example with a 0.52-nat gap and a large loss (the issue's case): a mean of ratios
+    is pulled far below zero, the ratio of means stays near the other examples' share."""
+    gain = np.array([3.0, 2.5, 3.5, -9.8])  # the last example: graft - PRE
+    gap = np.array([4.0, 3.0, 4.0, 0.52])
+    value, lo, hi, n, note = ratio_of_means(gain, gap, n_boot=2000, seed=0)
+    assert value == pytest.approx(gain.mean() / gap.mean()) and n == 4
+    assert np.mean(gain / gap) < -3 < value  # the per-example mean is what misled
+    assert lo <= value <= hi
+    assert "few examples (n=4)" in note
+    many = ratio_of_means(np.full(40, 2.0), np.full(40, 4.0))
+    assert many[0] == pytest.approx(0.5) and many[4] == ""  # stable: no note
+    small = ratio_of_means(np.full(40, 0.1), np.full(40, 0.2))
+    assert "small SFT-PRE gap" in small[4]
+    same_seed = ratio_of_means(gain, gap, n_boot=2000, seed=0)
+    assert same_seed[1:3] == (lo, hi)  # seeded
+
+
 def test_recovery_flags_a_tiny_gap():
     frame = pd.DataFrame({
         "model_set": "d", "template": "t", "example_id": ["a"] * 3 + ["b"] * 3,
-        "scheme": ["PRE", "SFT", "G"] * 2, "answer_logprob": [-5.0, -1.0, -2.0, -3.0, -2.99, -2.995],
-        "base_scheme": "PRE", "donor_scheme": "SFT",
+        "scheme": ["PRE", "SFT", "G"] * 2, "first_logprob": [-5.0, -1.0, -2.0, -3.0, -2.99, -2.995],
+        "answer_logprob": [-6.0, -2.0, -3.0, -4.0, -3.99, -3.995], "base_scheme": "PRE", "donor_scheme": "SFT",
     })
     out = add_recovery(frame)
     assert out.recovery.tolist()[:3] == [0.0, 1.0, 0.75]

@@ -71,34 +71,85 @@ def kl_divergence(donor_logits: torch.Tensor, logits: torch.Tensor) -> float:
     return float((p.exp() * (p - q)).sum())
 
 
-# |SFT - PRE| of the answer's log-prob below which recovery is flagged (and left out of means):
-# the ratio of two near-equal log-probs says nothing about the graft.
+def first_token_logprob(logits: torch.Tensor, target: int) -> float:
+    """Log-probability of the answer's first token (the token top-k is scored on)."""
+    return float(torch.log_softmax(logits.double(), dim=-1)[target])
+
+
+# |SFT - PRE| below which a per-example recovery is flagged (and left out of paired
+# differences): the ratio of two near-equal log-probs says nothing about the graft.
 MIN_RECOVERY_GAP = 0.1
+# The summary's recovery is flagged as unstable below these (mean gap in nats, examples) or
+# when the bootstrap's mean gap reaches zero.
+STABLE_MEAN_GAP = 0.5
+STABLE_N = 10
+# per-example column -> the log-probability it is the recovery of
+RECOVERY_OF = {"recovery": "first_logprob", "recovery_answer": "answer_logprob"}
 
 
 def add_recovery(results: pd.DataFrame) -> pd.DataFrame:
-    """``recovery`` = (grafted - PRE) / (SFT - PRE) of the answer's log-prob, per example, from
-    the base and donor baseline rows of the same model set, template and example; NaN where a
-    baseline row is missing; ``recovery_small_gap`` flags |SFT - PRE| < ``MIN_RECOVERY_GAP``."""
+    """Per example, from the base and donor baseline rows of the same model set, template and
+    example: ``recovery`` = (grafted - PRE) / (SFT - PRE) of the answer's first-token
+    log-probability (the paper's target), ``recovery_answer`` the same of the whole answer's
+    teacher-forced log-probability; ``*_gain`` (grafted - PRE) and ``*_gap`` (SFT - PRE) are
+    kept for the summary's ratio of means; ``*_small_gap`` flags |SFT - PRE| <
+    ``MIN_RECOVERY_GAP``. NaN where a baseline row is missing."""
     out = results.copy()
-    if "base_scheme" not in out.columns:
-        out["recovery"], out["recovery_small_gap"] = float("nan"), False
-        return out
-    key = ["model_set", "template", "example_id"]
-    lp = out.set_index([*key, "scheme"])["answer_logprob"]
-    lp = lp[~lp.index.duplicated()]
+    if "first_logprob" not in out.columns and "prob" in out.columns:  # rows of an older run
+        with np.errstate(divide="ignore"):
+            out["first_logprob"] = np.log(out["prob"].to_numpy(dtype=float))
+    for name, source in RECOVERY_OF.items():
+        if "base_scheme" not in out.columns or source not in out.columns:
+            out[name], out[f"{name}_gain"], out[f"{name}_gap"] = float("nan"), float("nan"), float("nan")
+            out[f"{name}_small_gap"] = False
+            continue
+        key = ["model_set", "template", "example_id"]
+        lp = out.set_index([*key, "scheme"])[source]
+        lp = lp[~lp.index.duplicated()]
 
-    def lookup(col: str) -> np.ndarray:
-        idx = pd.MultiIndex.from_arrays([out[k] for k in key] + [out[col].fillna("")])
-        return lp.reindex(idx).to_numpy(dtype=float)
+        def lookup(col: str) -> np.ndarray:
+            idx = pd.MultiIndex.from_arrays([out[k] for k in key] + [out[col].fillna("")])
+            return lp.reindex(idx).to_numpy(dtype=float)
 
-    pre, sft = lookup("base_scheme"), lookup("donor_scheme")
-    gap = sft - pre
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out["recovery"] = (out["answer_logprob"].to_numpy(dtype=float) - pre) / gap
-    out["recovery_small_gap"] = np.abs(gap) < MIN_RECOVERY_GAP
-    out.loc[~np.isfinite(gap), "recovery"] = float("nan")
+        pre, sft = lookup("base_scheme"), lookup("donor_scheme")
+        gain, gap = out[source].to_numpy(dtype=float) - pre, sft - pre
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[name] = np.where(np.isfinite(gap), gain / gap, np.nan)
+        out[f"{name}_gain"], out[f"{name}_gap"] = gain, gap
+        out[f"{name}_small_gap"] = np.abs(gap) < MIN_RECOVERY_GAP
     return out
+
+
+def ratio_of_means(gain: np.ndarray, gap: np.ndarray, n_boot: int = 1000, seed: int = 0,
+                   alpha: float = 0.05) -> tuple[float, float, float, int, str]:
+    """``mean(gain) / mean(gap)`` over the examples where both are finite, a paired percentile
+    bootstrap interval (examples resampled together), the count, and a note where the number
+    is unstable (few examples, a small mean gap, or resamples whose mean gap reaches zero).
+
+    A mean of per-example ratios lets one example with a small gap dominate; the ratio of
+    means weighs each example by its gap, which is what "the share of the SFT-PRE difference
+    the graft restores" means."""
+    ok = np.isfinite(gain) & np.isfinite(gap)
+    gain, gap = gain[ok], gap[ok]
+    n = int(gain.size)
+    if n == 0 or gap.mean() == 0:
+        return float("nan"), float("nan"), float("nan"), n, "undefined: no SFT-PRE gap" if n else ""
+    value = float(gain.mean() / gap.mean())
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    gaps = gap[idx].mean(axis=1)
+    crosses = bool((np.sign(gaps) != np.sign(gap.mean())).any() | (gaps == 0).any())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boots = gain[idx].mean(axis=1) / gaps
+    lo, hi = (float(np.quantile(boots, alpha / 2)), float(np.quantile(boots, 1 - alpha / 2)))
+    notes = []
+    if n < STABLE_N:
+        notes.append(f"few examples (n={n})")
+    if abs(gap.mean()) < STABLE_MEAN_GAP:
+        notes.append(f"small SFT-PRE gap ({gap.mean():.2f} nats)")
+    if crosses:
+        notes.append("the gap's sign changes under resampling")
+    return value, lo, hi, n, ("unstable: " + "; ".join(notes)) if notes else ""
 
 
 def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
@@ -108,7 +159,7 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, 
     return (float(values.mean()), *bootstrap_ci(values, n_boot, seed))
 
 
-BEHAVIOUR = ("logit_diff", "kl_donor", "recovery")
+BEHAVIOUR = ("logit_diff", "kl_donor")
 
 
 def whole_character_prefix(tokenizer: object, answer_ids: Sequence[int]) -> int:
@@ -139,9 +190,10 @@ SUMMARY_KEYS = ["model_set", "template", "scheme"]
 
 def summarize(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """One row per (model set, template, direction, scheme): n, top-k rates with 95% CIs,
-    ranks, and the behaviour metrics (logit difference, KL to the donor, recovery) with 95% CIs
-    over the rows where they are defined (``n_<metric>``; recovery leaves out the small-gap
-    rows). ``direction`` (a2b, b2a) is empty for prompts without one.
+    ranks, the behaviour metrics (logit difference, KL to the donor) with 95% CIs over the rows
+    where they are defined (``n_<metric>``), and ``recovery`` / ``recovery_answer`` as a ratio
+    of means with a paired bootstrap CI and a ``*_note`` where the number is unstable.
+    ``direction`` (a2b, b2a) is empty for prompts without one.
 
     Rows with non-finite logits are counted in ``n_nonfinite`` and left out of every average.
     """
@@ -170,11 +222,14 @@ def summarize(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.Da
             if col not in ok.columns:
                 continue
             vals = ok[col].to_numpy(dtype=float)
-            if col == "recovery" and "recovery_small_gap" in ok.columns:
-                row["n_recovery_small_gap"] = int(ok["recovery_small_gap"].fillna(False).astype(bool).sum())
-                vals = vals[~ok["recovery_small_gap"].fillna(False).astype(bool).to_numpy()]
             row[f"mean_{col}"], row[f"{col}_lo"], row[f"{col}_hi"] = _mean_ci(vals, n_boot, seed)
             row[f"n_{col}"] = int(np.isfinite(vals).sum())
+        for col in RECOVERY_OF:
+            if f"{col}_gain" not in ok.columns:
+                continue
+            gain, gap = ok[f"{col}_gain"].to_numpy(dtype=float), ok[f"{col}_gap"].to_numpy(dtype=float)
+            (row[col], row[f"{col}_lo"], row[f"{col}_hi"], row[f"n_{col}"],
+             row[f"{col}_note"]) = ratio_of_means(gain, gap, n_boot, seed)
         row["_order"] = order[scheme]
         rows.append(row)
     out = pd.DataFrame(rows)

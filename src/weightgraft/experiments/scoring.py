@@ -23,6 +23,7 @@ from weightgraft.experiments.examples import Prepared
 from weightgraft.experiments.metrics import (
     TOP_K,
     answer_logprob,
+    first_token_logprob,
     kl_divergence,
     logit_difference,
     score_next_token,
@@ -127,6 +128,7 @@ def score_rows(
             "prompt": p.prompt, "answer": p.answer,
             "target_token_id": pred.target_token_id, "target_token": tokenizer.decode([pred.target_token_id]),
             "rank": pred.rank, "prob": pred.prob,
+            "first_logprob": first_token_logprob(logits[b, 0], ex.answer_ids[0]) if pred.finite else float("nan"),
             "answer_logprob": answer_logprob(logits[b, : n_logits[b]], ex.answer_ids[: n_logits[b]])
             if pred.finite else float("nan"),
             "n_answer_tokens": n_logits[b],

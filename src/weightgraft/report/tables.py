@@ -30,18 +30,20 @@ def nonfinite_flag(n_nonfinite: int) -> str:
 
 
 TABLE_HEADER = ("scheme", "family", "n", "top-1 % [95% CI]", "top-5 % [95% CI]", "mean rank",
-                "logit diff vs distractor", "KL(donor‖graft)", "recovery", "non-finite")
+                "logit diff vs distractor", "KL(donor‖graft)", "recovery (first token)", "non-finite")
 
 
-def _fmt_mean_ci(row: Any, metric: str) -> str:
-    """``1.23 [0.90, 1.60]`` of a behaviour metric; ``n/a`` where the sweep does not define it."""
-    mean = getattr(row, f"mean_{metric}", float("nan"))
-    if mean is None or not math.isfinite(mean):
+def _fmt_mean_ci(row: Any, metric: str, value: str | None = None) -> str:
+    """``1.23 [0.90, 1.60]`` of a behaviour metric (column ``value``, default ``mean_<metric>``),
+    with its note where it has one (``⚠ unstable: ...``); ``n/a`` where the sweep does not
+    define it."""
+    mean = getattr(row, value or f"mean_{metric}", float("nan"))
+    if mean is None or not isinstance(mean, (int, float)) or not math.isfinite(mean):
         return "n/a"
     lo, hi = getattr(row, f"{metric}_lo", float("nan")), getattr(row, f"{metric}_hi", float("nan"))
     text = f"{mean:.2f} [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else f"{mean:.2f}"
-    flagged = getattr(row, "n_recovery_small_gap", 0) if metric == "recovery" else 0
-    return text + (f" ({int(flagged)} small-gap left out)" if flagged and math.isfinite(flagged) else "")
+    note = getattr(row, f"{metric}_note", "")
+    return text + (f" ⚠ {note}" if isinstance(note, str) and note else "")
 
 
 def table_rows(group: pd.DataFrame) -> list[tuple[str, ...]]:
@@ -51,7 +53,7 @@ def table_rows(group: pd.DataFrame) -> list[tuple[str, ...]]:
             str(r.scheme), str(r.family), str(int(r.n)),
             format_pct_ci(r.top1, r.top1_lo, r.top1_hi), format_pct_ci(r.top5, r.top5_lo, r.top5_hi),
             _fmt_rank(r.mean_rank), _fmt_mean_ci(r, "logit_diff"), _fmt_mean_ci(r, "kl_donor"),
-            _fmt_mean_ci(r, "recovery"), nonfinite_flag(int(r.n_nonfinite)),
+            _fmt_mean_ci(r, "recovery", "recovery"), nonfinite_flag(int(r.n_nonfinite)),
         )
         for r in group.itertuples(index=False)
     ]
