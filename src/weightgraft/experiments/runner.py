@@ -101,11 +101,11 @@ def run_experiment(
     _check_names(config, schemes, prompts)
     for set_name, roles_spec in config.sets().items():
         check_lowrank_roles(roles_spec, f"model set {set_name!r}")
+        check_peft_roles(roles_spec, f"model set {set_name!r}")
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_run
 
         config = plan_before_run(config, prompts)
-        check_peft_roles(roles_spec, f"model set {set_name!r}")
     lowrank_cache: dict = {}  # SVD factors per (base, donor) pair, shared by every k
     peft_bases: dict = {}  # the base of a LoRA role whose base role no scheme uses, by spec
     ranks = start(config.device)
