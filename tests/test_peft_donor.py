@@ -395,6 +395,16 @@ def test_bad_peft_specs_are_one_line_errors_before_any_model_loads(tmp_path):
         assert "\n" not in str(err.value)
     assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())
     assert [n for n, _ in base.named_parameters()] == list(before)
+    # LoRA the engine does not reproduce: on an embedding (load_peft), DoRA (a peft model given as is)
+    embed, _ = _adapter(base, ["embed_tokens", "q_proj"], tmp_path / "embed")
+    with pytest.raises(ValueError, match="only LoRA on Linear / Conv1D projections") as err:
+        wg.load_peft(base, embed)
+    assert "\n" not in str(err.value)
+    dora = get_peft_model(copy.deepcopy(base), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True)).base_model.model
+    ids, _ = _batch()
+    with pytest.raises(ValueError, match="DoRA"):
+        wg.graft_forward([base, dora], ids, torch.ones(*ids.shape, len(wg.slots(base)), dtype=torch.long))
+    assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())
 
 
 def test_localize_takes_a_peft_donor(tmp_path):
@@ -463,3 +473,27 @@ def test_a_relative_adapter_dir_in_a_config_file_is_taken_from_its_folder(tmp_pa
     assert parse_peft(cfg.models["sft"]) == PeftSpec("pre", str(tmp_path / "adapters" / "lora"))
     check_peft_roles(cfg.models, "models")
     assert load_config(config, ["models.sft=peft(pre, elsewhere)"]).models["sft"] == "peft(pre, elsewhere)"
+
+
+def test_memory_plans_count_a_lora_role_as_its_adapter(tmp_path):
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.localize.config import parse_localize_config
+    from weightgraft.experiments.plan import plan_experiment, plan_localize
+
+    tok = loader("tiny-llama:pre").tokenizer
+    base = make_tiny("llama", seed=0, vocab_size=len(tok))
+    base.save_pretrained(tmp_path / "pre")
+    tok.save_pretrained(tmp_path / "pre")
+    path, _ = _adapter(base, ["q_proj", "v_proj"], tmp_path / "lora")
+    stored = {k: t for k, t in load_peft_weights(str(path)).items() if "lora_" in k}
+    adapter = sum(t.numel() * 4 for t in stored.values())  # float32
+    data = write_world(tmp_path / "data")
+    models = {"pre": str(tmp_path / "pre"), "sft": f"peft(pre, {path})"}
+    run = plan_experiment(parse_config({"name": "p", "data": str(data), "models": models,
+                                        "schemes": [{"preset": "position"}]}), with_time=False)
+    roles = {r.role: r for r in run.roles}
+    assert roles["sft"].held_bytes == adapter and "LoRA" in roles["sft"].holds
+    assert roles["pre"].held_bytes >= sum(p.numel() * 4 for p in base.parameters())
+    loc = plan_localize(parse_localize_config({"name": "l", "data": str(data), "models": models}), with_time=False)
+    roles = {r.role: r for r in loc.roles}
+    assert roles["sft"].held_bytes == adapter

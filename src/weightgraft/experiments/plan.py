@@ -211,10 +211,13 @@ def _lengths(lengths: list[int], how: str) -> dict[str, Any]:
 def _role_footprint(spec: str, roles_spec: dict[str, str], cache: dict[str, Any]) -> Any:
     from weightgraft.models.footprint import resolve_footprint
     from weightgraft.models.lowrank import parse_lowrank
+    from weightgraft.models.peft_donor import parse_peft
 
-    low = parse_lowrank(spec)
+    low, lora = parse_lowrank(spec), parse_peft(spec)
     if low is not None:  # a low-rank role has the shapes of the role it approximates
         spec = roles_spec[low.donor]
+    if lora is not None:  # a LoRA role has the shapes of its base
+        spec = roles_spec[lora.base]
     if spec not in cache:
         cache[spec] = resolve_footprint(spec)
     return cache[spec]
@@ -276,8 +279,13 @@ def _experiment_shapes(config: Any, prompts: list[Any]) -> tuple[list[_SetShape]
 def _held(shape: _SetShape, dtype: str, lean: bool) -> list[RolePlan]:
     out = []
     n_slots = len(shape.base.slot_names)
+    from weightgraft.models.peft_donor import adapter_bytes, parse_peft
+
     for i, (role, spec, fp, served, lowrank) in enumerate(shape.roles):
-        if lowrank:
+        lora = parse_peft(spec)
+        if lora is not None:
+            held, holds = adapter_bytes(lora.directory, dtype), "LoRA adapter (the base's tensors shared)"
+        elif lowrank:
             held, holds = fp.param_bytes(dtype), "low-rank (whole model; SVD factors not counted)"
         elif i == 0 or not lean:
             held, holds = fp.param_bytes(dtype), "whole"
@@ -389,7 +397,12 @@ def plan_localize(config: Any, *, memory: str | None = None, with_time: bool = T
     from weightgraft.models.footprint import resolve_footprint
 
     prompts = _select(config)
-    pre, sft = resolve_footprint(config.models["pre"]), resolve_footprint(config.models["sft"])
+    from weightgraft.models.peft_donor import adapter_bytes, parse_peft
+
+    lora = parse_peft(config.models["sft"])  # a LoRA donor holds its adapter, on pre's tensors
+    pre = resolve_footprint(config.models["pre"])
+    sft = pre if lora is not None else resolve_footprint(config.models["sft"])
+    sft_bytes = (lambda dtype: adapter_bytes(lora.directory, dtype)) if lora is not None else sft.param_bytes
     tok, how = _tokenizer(pre)
     lengths = [len(tok(p.prompt, return_offsets_mapping=True, add_special_tokens=True)["input_ids"]) for p in prompts]
     info = _lengths(lengths, how)
@@ -404,13 +417,14 @@ def plan_localize(config: Any, *, memory: str | None = None, with_time: bool = T
         batch_part = max(sum(attr.values()), sum(exact.values()) if exact else 0)
         cells = 2 * len(config.graft_directions) * sum(lengths) * len(pre.slot_names) * 120  # cell tables
         return {"process before loading": held_now,
-                "parameters": pre.param_bytes(dtype) + sft.param_bytes(dtype),
+                "parameters": pre.param_bytes(dtype) + sft_bytes(dtype),
                 "graft deltas": pre.delta_bytes(dtype), "attribution batch": batch_part, "cell tables": cells}
 
     batch = _choose_batch(fixed, DEFAULT_LOCALIZE_BATCH, len(lengths), memory_at, HEADROOM * limit)
     mem = memory_at(batch)
-    roles = [RolePlan("default", r, config.models[r], fp.where, fp.n_params, fp.param_bytes(config.dtype), "whole")
-             for r, fp in (("pre", pre), ("sft", sft))]
+    roles = [RolePlan("default", r, config.models[r], fp.where, fp.n_params, held(config.dtype), holds)
+             for r, fp, held, holds in (("pre", pre, pre.param_bytes, "whole"),
+                                        ("sft", sft, sft_bytes, "LoRA adapter" if lora else "whole"))]
     seconds, parts = None, {}
     notes = ["the minimal graft search is not predicted (its length depends on the effects found)"]
     if with_time:

@@ -34,6 +34,7 @@ __all__ = [
     "AdapterInfo",
     "PeftError",
     "PeftSpec",
+    "adapter_bytes",
     "adapter_info",
     "anchor_peft",
     "check_adapter_dir",
@@ -204,6 +205,24 @@ def check_peft_roles(roles_spec: Mapping[str, str], where: str) -> None:
             check_adapter_dir(p.directory)
         except PeftError as exc:
             raise PeftError(f"{where}: role {role!r}: {exc}") from None
+
+
+def adapter_bytes(directory: str | Path, dtype: Any) -> int:
+    """Bytes the adapter's own tensors take in ``dtype`` (what a LoRA donor holds), read from
+    the safetensors header without loading a tensor (for memory plans)."""
+    from safetensors import safe_open
+
+    from weightgraft.models.footprint import dtype_bytes
+
+    with safe_open(str(Path(directory).expanduser() / "adapter_model.safetensors"), framework="pt") as fh:
+        numel = 0
+        for key in fh.keys():
+            if lora.canonical_name(key) is None:
+                n = 1
+                for d in fh.get_slice(key).get_shape():
+                    n *= d
+                numel += n
+    return numel * dtype_bytes(dtype)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -148,11 +148,11 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
     if not isinstance(config, LocalizeConfig):
         config = load_localize_config(Path(config), overrides)
     prompts = _select(config)  # fail on data before any model loads
+    adapter = _check_peft(config.models)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_localize
 
         config = plan_before_localize(config)
-    adapter = _check_peft(config.models)
     run_dir = config.run_dir()
     _claim(run_dir, config)
     torch.manual_seed(config.seed)
