@@ -31,10 +31,11 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "generate": ("weightgraft.api.generate", "generate"),
     "localize": ("weightgraft.experiments.localize", "localize"),
     "graft": ("weightgraft.api.graft", "graft"),
+    "explain": ("weightgraft.api.explain", "explain"),
     "load_peft": ("weightgraft.models.peft_donor", "load_peft"),
 }
 __all__ = [
-    "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "generate", "graft", "graft_forward",
+    "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "explain", "generate", "graft", "graft_forward",
     "load", "load_peft", "localize", "presets", "slots",
 ]
 

@@ -4,6 +4,7 @@ model, compiled per tokenized prompt into the engine's ``source`` tensor."""
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -209,7 +210,7 @@ def compile_scheme(
             layers = [layer for layer in layers if rng.random() >= rule.layer_dropout]
         by_layer = [tuple(per_layer[(layer, c)] for c in sorted(comps) if (layer, c) in per_layer) for layer in layers]
         by_layer = [ls for ls in by_layer if ls]
-        kept = [globals_[c] for c in comps if c in globals_]
+        kept = [globals_[c] for c in comps & _global_slots_kept(rule) if c in globals_]
         if "embed" in comps and proto.embed_needs_layers and not by_layer:
             raise SelectorError(
                 f"{where}: under protocol {proto.name!r} an embedding graft needs layers in the "
@@ -227,6 +228,20 @@ def compile_scheme(
         rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.model), heads, dropout))
     counts = tuple((slot_heads or {}).get(name, 0) for name in slot_names)
     return CompiledScheme(scheme.name, role(scheme.base), tuple(rules), len(slot_names), tuple(slot_names), counts)
+
+
+def _global_slots_kept(rule: Rule) -> set[str]:
+    """The slots outside the layers (embedding, final norm, unembedding) a rule may graft.
+
+    A layer selector other than ``all`` means those layers: it keeps only the global slots its
+    components name one by one (``layers=29, components=body`` grafts layer 29's slots;
+    ``components=body+unembed`` adds the unembedding). With ``layers=all`` the groups' global
+    slots come too (``body`` = embed + every layer + final_norm), as in the paper's position
+    schemes."""
+    if rule.layers.strip() == "all":
+        return set(GLOBAL_SLOTS)
+    named = re.findall(r"(?:^|\+)\s*([A-Za-z_]+)", rule.components.replace(" ", ""))
+    return {n.lower() for n in named} & set(GLOBAL_SLOTS)
 
 
 def _compile_heads(
