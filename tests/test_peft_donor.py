@@ -497,3 +497,45 @@ def test_memory_plans_count_a_lora_role_as_its_adapter(tmp_path):
     loc = plan_localize(parse_localize_config({"name": "l", "data": str(data), "models": models}), with_time=False)
     roles = {r.role: r for r in loc.roles}
     assert roles["sft"].held_bytes == adapter
+
+
+def test_partial_deltas_of_a_lora_donor_are_its_adapters_not_dense_matrices(tmp_path):
+    base = make_tiny("llama", seed=0).double()
+    path, merged = _adapter(base, ["q_proj", "v_proj"], tmp_path / "lora")
+
+    def dense_bytes(pair: PartialGraft) -> int:
+        """Bytes of tensors the projections' delta functions keep (materialized weight deltas)."""
+        total = 0
+        for plan in pair.plans:
+            if "proj" in plan.path or "lm_head" in plan.path:
+                for cell in plan.delta.__closure__ or ():
+                    if isinstance(cell.cell_contents, torch.Tensor):
+                        total += cell.cell_contents.numel() * cell.cell_contents.element_size()
+        return total
+
+    assert dense_bytes(PartialGraft(base, wg.load_peft(base, path))) == 0
+    assert dense_bytes(PartialGraft(base, merged)) > 0  # a plain donor: one delta per projection
+
+
+@torch.no_grad()
+def test_on_tied_embeddings_an_lm_head_adapter_moves_the_unembedding_only(tmp_path):
+    """As in peft's unmerged forward: the embedding lookup keeps W, the unembedding is W + BA."""
+    base = make_tiny("gemma", seed=0).double()
+    path, _ = _adapter(base, ["lm_head", "q_proj"], tmp_path / "lora")
+    donor = wg.load_peft(base, path)
+    touched = adapter_info(donor).slots_touched
+    assert "unembed" in touched and "embed" not in touched
+    names = wg.slots(base)
+    ids, mask = _batch()
+    zeros = torch.zeros(*ids.shape, len(names), dtype=torch.long)
+    embed, unembed = zeros.clone(), zeros.clone()
+    embed[..., names.index("embed")] = 1
+    unembed[..., names.index("unembed")] = 1
+    with float64_exact([base, donor]):
+        plain = wg.graft_forward([base], ids, zeros, attention_mask=mask)
+        assert _max_diff(wg.graft_forward([base, donor], ids, embed, attention_mask=mask), plain, mask) <= 1e-12
+        moved = wg.graft_forward([base, donor], ids, unembed, attention_mask=mask)
+        hidden = base(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        head = donor.lm_head
+        extra = head.lora_B["default"](head.lora_A["default"](hidden)) * head.scaling["default"]
+        assert _max_diff(moved, plain + extra, mask) <= 1e-9

@@ -24,6 +24,7 @@ __all__ = [
     "delta_weight",
     "has_lora",
     "is_lora",
+    "same_projection",
 ]
 
 
@@ -94,17 +95,30 @@ def check_supported(model: nn.Module, where: str) -> None:
             raise UnsupportedLora(f"{where}: {path}: {exc}") from None
 
 
-def adapter_output(module: nn.Module, x: torch.Tensor, cols: torch.Tensor | slice | None = None) -> torch.Tensor | None:
+def adapter_output(
+    module: nn.Module, x: torch.Tensor, cols: torch.Tensor | slice | None = None, dtype: torch.dtype | None = None,
+) -> torch.Tensor | None:
     """``sum_a scale_a * B_a[cols] A_a x`` of a LoRA layer (output columns ``cols``, all when
-    None) in ``x``'s dtype, as its forward adds it; None when no adapter is active."""
+    None) in ``x``'s dtype, as its forward adds it (computed in ``dtype`` when given, else in
+    the adapter's); None when no adapter is active or ``module`` is no LoRA layer."""
+    if not is_lora(module):
+        return None
     out = None
     for a in _active(module):
-        lora_a, lora_b = module.lora_A[a], module.lora_B[a]
-        h = lora_a(module.lora_dropout[a](x.to(lora_a.weight.dtype)))
-        w = lora_b.weight if cols is None else lora_b.weight[cols]
-        y = F.linear(h, w) * module.scaling[a]
+        w_a, w_b = module.lora_A[a].weight, module.lora_B[a].weight
+        if dtype is not None:
+            w_a, w_b = w_a.to(dtype), w_b.to(dtype)
+        h = F.linear(module.lora_dropout[a](x.to(w_a.dtype)), w_a)
+        y = F.linear(h, w_b if cols is None else w_b[cols]) * module.scaling[a]
         out = y if out is None else out + y
-    return None if out is None else out.to(x.dtype)
+    return None if out is None else out.to(dtype or x.dtype)
+
+
+def same_projection(a: nn.Module, b: nn.Module) -> bool:
+    """Whether two modules (LoRA-wrapped or not) wrap the very same weight and bias tensors, as
+    a LoRA donor's layers and its base's do: they then differ by their adapters alone."""
+    x, y = base_layer(a), base_layer(b)
+    return x.weight is y.weight and getattr(x, "bias", None) is getattr(y, "bias", None)
 
 
 def delta_weight(module: nn.Module) -> torch.Tensor | None:

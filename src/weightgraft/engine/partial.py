@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from weightgraft.engine import projections
+from weightgraft.engine import lora, projections
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.forward import (
@@ -62,6 +62,22 @@ def _linear_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Ca
     if module.bias is not None:
         db = donor.bias.detach().to(dtype) - module.bias.detach().to(dtype)
     return lambda x, *a, **k: projections.apply_weight(module, x.to(dtype), dw, db)
+
+
+def _adapter_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Callable:
+    """Two layers around one projection (a LoRA donor and its base): ``D(x)`` is the
+    difference of their adapters' outputs, low rank, never a full ``[out, in]`` delta (the
+    modules a LoRA donor does not adapt cost nothing)."""
+    width = projections.out_features(module)
+
+    def delta(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        x = x.to(dtype)
+        d, m = lora.adapter_output(donor, x, dtype=dtype), lora.adapter_output(module, x, dtype=dtype)
+        if d is None and m is None:
+            return x.new_zeros(*x.shape[:-1], width)
+        return d - m if d is not None and m is not None else (d if d is not None else -m)
+
+    return delta
 
 
 def _general_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Callable:
@@ -153,7 +169,9 @@ class PartialGraft:
                 onehot = torch.zeros(len(owners), projections.out_features(module), dtype=dtype, device=weight.device)
                 for i, (_, cols, _) in enumerate(owners):
                     onehot[i, cols if cols is not None else slice(None)] = 1.0
-            if projections.is_projection(module):
+            if projections.is_projection(module) and lora.same_projection(module, donor):
+                delta = _adapter_delta(module, donor, dtype)
+            elif projections.is_projection(module):
                 delta = _linear_delta(module, donor, dtype)
             else:
                 delta = _general_delta(module, donor, dtype)
