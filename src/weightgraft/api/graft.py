@@ -10,6 +10,7 @@ import torch
 from weightgraft.api.batch import encode, pad
 from weightgraft.api.inputs import (
     Rules,
+    check_cache,
     Spans,
     as_scheme,
     check_prompts,
@@ -19,13 +20,14 @@ from weightgraft.api.inputs import (
     ordered_models,
 )
 from weightgraft.api.outputs import GraftOutput
+from weightgraft.engine.activations import record, stacked
 from weightgraft.engine.forward import graft_forward
 
 
 def graft(
     models: Mapping[str, Any], tokenizer: Any, prompts: Sequence[str], rules: Rules,
     base: str | None = None, spans: Spans = None, protocol: str = "paper",
-    full_logits: bool = False,
+    full_logits: bool = False, cache: bool | Sequence[str] = False,
 ) -> GraftOutput:
     """Run ``prompts`` once with the weights ``rules`` choose, and return the logits.
 
@@ -36,6 +38,10 @@ def graft(
     ``(start, end)`` characters, so that ``positions="subject"`` selects the subject's tokens.
     The last token, padding (either side), tied embeddings and per-head rules are handled here;
     a rule that selects no token of some prompt is an error naming it. Runs without gradients.
+
+    ``cache=True`` (or a list of names) fills ``out.cache`` with the grafted pass's
+    activations, ``[batch, seq, ...]`` over the padded batch: every slot's module output
+    (``layers.{i}.o``, ``layers.{i}.down``, ...) and ``layers.{i}.resid_post``.
     """
     roles, ordered = ordered_models(models, base)
     scheme = as_scheme(rules, roles[0], base)
@@ -43,10 +49,11 @@ def graft(
     prompt_spans = check_prompts(prompts, spans)
     check_tokenizer(tokenizer)
     (compiled,) = compile_for([scheme], ordered[0], roles, protocol)
+    names = check_cache(cache, ordered[0])
     encoded = encode(tokenizer, list(prompts), prompt_spans, compiled)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = pad(encoded, pad_id, left=getattr(tokenizer, "padding_side", "right") == "left")
-    with torch.no_grad():
+    with torch.no_grad(), record(ordered[0], names) as seen:
         logits = graft_forward(
             ordered, batch.input_ids, batch.source, attention_mask=batch.attention_mask,
             logit_positions=None if full_logits else batch.last[:, None],
@@ -58,5 +65,6 @@ def graft(
         prompts=list(prompts), logits=last, input_ids=batch.input_ids,
         attention_mask=batch.attention_mask, tokenizer=tokenizer, source=batch.source, roles=roles,
         head_source=batch.head_source, full_logits=logits if full_logits else None,
+        cache=stacked(seen) if names else None,
     )
 

@@ -10,6 +10,7 @@ from typing import Any
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.schemes.protocol import PROTOCOLS, embeddings_tied
 from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme
+from weightgraft.engine.activations import activation_names
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.forward import slots
 from weightgraft.engine.precision import batch_invariant_attention
@@ -122,3 +123,21 @@ def compile_for(schemes: Sequence[Scheme], model: Any, roles: Sequence[str], pro
                                tied_embeddings=embeddings_tied(model)) for s in schemes]
     except ValueError as exc:
         raise GraftInputError(str(exc)) from exc
+
+
+def check_cache(cache: bool | Sequence[str], model: Any) -> list[str]:
+    """The activation names ``cache=`` asks for (``True``: all of them), each one the model has."""
+    if cache is False or cache is None:
+        return []
+    known = activation_names(model)
+    if cache is True:
+        return known
+    if isinstance(cache, str) or not isinstance(cache, Sequence):
+        raise GraftInputError("cache must be True or a list of activation names, e.g. ['layers.3.resid_post']")
+    unknown = [n for n in cache if n not in known]
+    if unknown:
+        raise GraftInputError(
+            f"cache names {unknown[0]!r}, which this model does not have; names look like "
+            f"{', '.join(known[:3])}, ..., {known[-2]} (weightgraft.engine.activations.activation_names)"
+        )
+    return list(dict.fromkeys(cache))

@@ -19,6 +19,10 @@ class GraftOutput:
     ``source`` (``[batch, seq, n_slots]``, indices into the roles, base first) and
     ``head_source`` are the maps the pass ran: what was grafted where (``weightgraft.slots``
     names the slots), and the inputs of an equivalent ``weightgraft.graft_forward`` call.
+    ``cache`` (when asked for) maps activation names to ``[batch, seq, ...]`` tensors over
+    the padded batch: each slot's module output as the grafted pass computed it (``embed``,
+    ``layers.{i}.q``, ``layers.{i}.o``, ``layers.{i}.down``, ``final_norm``, ...) and the
+    residual stream after each layer, ``layers.{i}.resid_post``.
     """
 
     prompts: list[str]
@@ -30,6 +34,7 @@ class GraftOutput:
     roles: list[str]
     head_source: dict[str, torch.Tensor] = field(default_factory=dict)
     full_logits: torch.Tensor | None = None
+    cache: dict[str, torch.Tensor] | None = None
 
     def top(self, k: int = 5) -> list[list[tuple[str, float]]]:
         """Per prompt, the ``k`` most probable next tokens as (decoded token, probability)."""
@@ -44,4 +49,5 @@ class GraftOutput:
 
     def __repr__(self) -> str:
         full = "" if self.full_logits is None else f", full_logits={list(self.full_logits.shape)}"
-        return f"GraftOutput({len(self.prompts)} prompts, logits={list(self.logits.shape)}{full})"
+        cache = "" if self.cache is None else f", cache={len(self.cache)} activations"
+        return f"GraftOutput({len(self.prompts)} prompts, logits={list(self.logits.shape)}{full}{cache})"

@@ -1,0 +1,84 @@
+"""Activations of a forward pass by slot name: what each graftable module put out and the
+residual stream after each decoder block, ``[batch, seq, ...]``.
+
+Forward hooks on the model's own modules: in a grafted pass (``graft_forward``) a module's
+hook sees the output the engine put together from the models that serve its rows, so the
+names read the grafted computation; on the per-token reference's private model they read
+the definition, one position at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from weightgraft.engine.architectures import adapter_for, model_slots
+
+RESID_POST = "resid_post"
+
+
+def activation_names(model: nn.Module) -> list[str]:
+    """Every name :func:`record` can read on ``model``, in forward order: each slot but the
+    unembedding (the logits are returned anyway), and ``layers.{i}.resid_post`` after layer
+    ``i``'s slots."""
+    out: list[str] = []
+    for slot in model_slots(model):
+        if slot.name == "unembed":
+            continue
+        layer = slot.name.split(".")[1] if slot.name.startswith("layers.") else None
+        previous = out[-1].split(".")[1] if out and out[-1].startswith("layers.") else None
+        if previous is not None and previous != layer:
+            out.append(f"layers.{previous}.{RESID_POST}")
+        out.append(slot.name)
+    if out and out[-1].startswith("layers."):
+        out.append(f"layers.{out[-1].split('.')[1]}.{RESID_POST}")
+    return out
+
+
+def _targets(model: nn.Module, names: Sequence[str]) -> dict[str, tuple[str, torch.Tensor | None, int]]:
+    """name -> (module path, output columns or None, position axis)."""
+    adapter = adapter_for(model.config)
+    slots = {s.name: s for s in model_slots(model)}
+    out = {}
+    for name in names:
+        if name.endswith(f".{RESID_POST}"):
+            out[name] = (f"{adapter.layers}.{name.split('.')[1]}", None, 1)
+            continue
+        (part, *more) = slots[name].parts
+        if more:  # an embedding made of several modules: their sum is what the model adds
+            raise ValueError(f"slot {name!r} is made of {len(more) + 1} modules; read them one by one")
+        out[name] = (part.path, part.columns, part.pos_axis)
+    return out
+
+
+@contextmanager
+def record(model: nn.Module, names: Sequence[str]) -> Iterator[dict[str, list[torch.Tensor]]]:
+    """Within it, every forward call of ``model`` appends, per name, the activation
+    ``[batch, positions, ...]`` (detached); several calls (a KV-cached pass) append several
+    chunks along positions."""
+    known = set(activation_names(model))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        sample = ", ".join(sorted(known)[:4])
+        raise ValueError(f"no activation named {unknown[0]!r} on this model (names look like {sample}, ...)")
+    seen: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    handles = []
+    for name, (path, columns, pos_axis) in _targets(model, names).items():
+        def hook(_module, _args, output, name=name, columns=columns, pos_axis=pos_axis):
+            value = output[0] if isinstance(output, tuple) else output
+            if columns is not None:
+                value = value.index_select(-1, columns.to(value.device))
+            seen[name].append(value.detach().movedim(pos_axis, 1))
+        handles.append(model.get_submodule(path).register_forward_hook(hook))
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def stacked(seen: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The chunks of each name joined along positions."""
+    return {n: torch.cat(chunks, dim=1) for n, chunks in seen.items() if chunks}
