@@ -529,3 +529,66 @@ def plan_before_localize(config: Any) -> Any:
     if plan.batch_size != config.batch_size:
         config = config.model_copy(update={"batch_size": plan.batch_size})
     return config
+
+
+# ------------------------------------------------------------------------------------------
+# rows given directly (benchmarks, notebooks): the same arithmetic as run and localize
+# ------------------------------------------------------------------------------------------
+
+
+def plan_rows(base: str, donors: dict[str, set[str] | None], rows: list[tuple[int, int]], dtype: str,
+              batch_size: int, *, device: str = "cpu", memory: str | None = None, with_time: bool = True,
+              extra_bytes: int = 0) -> Plan:
+    """The plan of grafted forward passes over ``rows`` ((tokens, logits) per row), as ``run``
+    batches them: ``base`` whole, each donor spec holding its served slots (None: whole);
+    ``extra_bytes`` (e.g. the source maps a caller keeps) is added to the peak."""
+    from weightgraft.models.footprint import resolve_footprint
+
+    cache: dict[str, Any] = {}
+    fp = _role_footprint(base, {}, cache)
+    roles = [("base", base, fp, None, False)]
+    roles += [(f"donor {i}", spec, resolve_footprint(spec), served, False) for i, (spec, served) in
+              enumerate(donors.items(), 1)]
+    shape = _SetShape("rows", fp, roles, list(rows), extra_bytes)
+    limit, held_now, source = budget(device, memory)
+    mem = _run_memory(shape, dtype, True, batch_size, held_now)
+    seconds, parts = None, {}
+    if with_time:
+        from weightgraft.models.calibration import throughput
+
+        parts = {"grafted forward": _run_seconds(shape, batch_size, throughput(device, dtype))}
+        seconds = parts["grafted forward"]
+    return Plan("run", device, dtype, _held(shape, dtype, True), {}, len(rows), batch_size, True,
+                math.ceil(len(rows) / batch_size), mem, sum(mem.values()), limit, source, seconds, parts)
+
+
+def plan_attribution(pre: str, donor_bytes: int | None, lengths: list[int], dtype: str, batch_size: int, *,
+                     device: str = "cpu", memory: str | None = None, with_time: bool = True) -> Plan:
+    """The plan of graft attribution (gradient of every cell) over prompts of ``lengths``
+    tokens, as ``localize`` runs it (no exact cells): ``pre`` whole, the donor holding
+    ``donor_bytes`` (None: a whole model), the partial graft's deltas, one batch's
+    forward + backward."""
+    from weightgraft.models.footprint import resolve_footprint
+
+    fp = resolve_footprint(pre)
+    limit, held_now, source = budget(device, memory)
+    seq = max(lengths)
+    attr = fp.attribution_bytes(min(batch_size, len(lengths)), seq, dtype)
+    mem = {"process before loading": held_now,
+           "parameters": fp.param_bytes(dtype) + (fp.param_bytes(dtype) if donor_bytes is None else donor_bytes),
+           "graft deltas": fp.delta_bytes(dtype), "attribution batch": sum(attr.values())}
+    seconds, parts = None, {}
+    if with_time:
+        from weightgraft.models.calibration import module_calls, throughput
+
+        rate = throughput(device, dtype)
+        order = sorted(lengths)
+        total = 0.0
+        for i in range(0, len(order), batch_size):
+            chunk = order[i : i + batch_size]
+            flops = fp.forward_flops(len(chunk) * max(chunk), max(chunk), len(chunk))
+            total += rate.attribution_ratio * rate.batch_seconds(flops, module_calls(fp))
+        parts, seconds = {"attribution": total}, total
+    roles = [RolePlan("rows", "pre", pre, fp.where, fp.n_params, fp.param_bytes(dtype), "whole")]
+    return Plan("localize", device, dtype, roles, {}, len(lengths), batch_size, True,
+                math.ceil(len(lengths) / batch_size), mem, sum(mem.values()), limit, source, seconds, parts)
