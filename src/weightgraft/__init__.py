@@ -32,10 +32,11 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "localize": ("weightgraft.experiments.localize", "localize"),
     "graft": ("weightgraft.api.graft", "graft"),
     "explain": ("weightgraft.api.explain", "explain"),
+    "grafted": ("weightgraft.api.grafted", "grafted"),
     "load_peft": ("weightgraft.models.peft_donor", "load_peft"),
 }
 __all__ = [
-    "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "explain", "generate", "graft", "graft_forward",
+    "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "explain", "generate", "graft", "graft_forward", "grafted",
     "load", "load_peft", "localize", "presets", "slots",
 ]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,7 +24,7 @@ from weightgraft.engine import projections
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
 
-__all__ = ["slots", "graft_forward", "position_ids_from_mask"]
+__all__ = ["slots", "graft_forward", "graft_call", "position_ids_from_mask"]
 
 
 def slots(model: nn.Module) -> list[str]:
@@ -340,8 +341,24 @@ def graft_forward(
     head_source: Mapping[str, torch.Tensor] | None = None,
     past_key_values: Cache | None = None,
 ) -> torch.Tensor:
-    """Logits ``[batch, seq, vocab]`` of one batched forward pass in which slot ``s`` at
-    position ``t`` of row ``b`` uses the weights of ``models[source[b, t, s]]``.
+    """Logits ``[batch, seq, vocab]`` of the grafted pass: see :func:`graft_call`."""
+    return graft_call(models, input_ids, source, attention_mask, logit_positions, head_source,
+                      past_key_values).logits
+
+
+def graft_call(
+    models: Sequence[nn.Module],
+    input_ids: torch.Tensor,
+    source: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    logit_positions: torch.Tensor | None = None,
+    head_source: Mapping[str, torch.Tensor] | None = None,
+    past_key_values: Cache | None = None,
+    use_cache: bool | None = None,
+) -> Any:
+    """The base model's output (``.logits`` ``[batch, seq, vocab]``, ``.past_key_values``) of
+    one batched forward pass in which slot ``s`` at position ``t`` of row ``b`` uses the
+    weights of ``models[source[b, t, s]]``.
 
     ``models[0]`` is the base; all models must share architecture and shapes. Padding (left
     or right) is handled through ``attention_mask``. With ``logit_positions`` (``[batch, k]``
@@ -434,7 +451,7 @@ def graft_forward(
                 attention_mask=attention_mask,
                 position_ids=position_ids,
                 past_key_values=past_key_values,
-                use_cache=past_key_values is not None,
+                use_cache=past_key_values is not None if use_cache is None else use_cache,
             )
     finally:
         for h in handles:
@@ -444,4 +461,4 @@ def graft_forward(
                 del module.forward  # back to the class's forward
             else:
                 module.forward = own  # e.g. accelerate's device hook
-    return out.logits
+    return out

@@ -1,0 +1,168 @@
+"""``weightgraft.grafted``: the base HF model, grafted, for whatever input it is given.
+
+Within ``with wg.grafted(models, tok, rules) as model:`` every call of ``model`` (its forward,
+``model.generate``, forward hooks on its modules, tools that trace it) runs the grafted
+computation. Positions are resolved per input: the rules' selectors are applied to the
+tokens of each row, whose text is recovered from the token ids. A call that continues a KV
+cache (generation) adds positions after the text so far: as in the per-token definition, a
+new token takes the weights the rules give the last position, and spans stay in the prompt.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from weightgraft.api.inputs import (
+    GraftInputError,
+    Rules,
+    as_scheme,
+    check_roles,
+    check_tokenizer,
+    compile_for,
+    ordered_models,
+)
+from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
+from weightgraft.engine.forward import graft_call
+from weightgraft.schemes.scheme import CompiledScheme
+from weightgraft.schemes.selectors import SpanNotFound
+
+
+@dataclass
+class _Row:
+    """One row's text so far: its token offsets and the prompt's named spans."""
+
+    offsets: list[tuple[int, int]]
+    spans: dict[str, tuple[int, int]]
+    text_len: int
+    added: int = 0  # positions added after the prompt (generated tokens)
+
+
+@dataclass
+class _State:
+    inside: bool = False
+    ids: torch.Tensor | None = None  # every position of the current sequence so far
+    rows: list[_Row | None] = field(default_factory=list)
+
+
+def _offsets(tokenizer: Any, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """The text of ``ids`` and each token's character span in it: the tokenizer's own offsets
+    for the first text that encodes back to these ids (the decoded sequence, or its tokens'
+    decodings joined), else the joined decodings' lengths."""
+    pieces = [tokenizer.decode([i], skip_special_tokens=True) for i in ids]
+    for text in (tokenizer.decode(ids, skip_special_tokens=True), "".join(pieces)):
+        enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
+        if list(enc["input_ids"]) == ids:
+            return text, [tuple(o) for o in enc["offset_mapping"]]
+    ends = list(itertools.accumulate(len(p) for p in pieces))
+    return "".join(pieces), [(ends[i - 1] if i else 0, e) for i, e in enumerate(ends)]
+
+
+def _sources(compiled: CompiledScheme, row: _Row) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    try:
+        return compiled.sources(row.offsets, row.spans)
+    except SpanNotFound as exc:
+        raise GraftInputError(f"grafted model: {exc} (pass spans={{name: substring}} to wg.grafted)") from exc
+
+
+def _start_rows(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor, spans: Mapping[str, SpanSpec] | None) -> list[_Row | None]:
+    rows: list[_Row | None] = []
+    for b in range(ids.shape[0]):
+        real = ids[b][mask[b].bool()].tolist()
+        if not real:
+            rows.append(None)
+            continue
+        text, offsets = _offsets(tokenizer, real)
+        try:
+            char_spans = resolve_spans(text, spans)
+        except SpanError as exc:
+            raise GraftInputError(f"grafted model, row {b} ({text!r}): {exc}") from exc
+        rows.append(_Row(offsets, char_spans, len(text)))
+    return rows
+
+
+def _extend(row: _Row, n_new: int) -> None:
+    """New tokens sit after the prompt's text: no prompt span reaches them."""
+    start = row.text_len + row.added
+    row.offsets = row.offsets + [(start + i, start + i + 1) for i in range(n_new)]
+    row.added += n_new
+
+
+@contextmanager
+def grafted(
+    models: Mapping[str, Any], tokenizer: Any, rules: Rules, base: str | None = None,
+    spans: Mapping[str, SpanSpec] | None = None, protocol: str = "paper",
+) -> Iterator[Any]:
+    """The base model (the first role, or ``base``), running grafted inside the block.
+
+    ``rules`` as in :func:`weightgraft.graft` (one Rule, a list, or a Scheme); ``spans`` names
+    spans of the prompts by substring (``{"actor": "Keanu Reeves"}``), found in each row's
+    text. ``model(input_ids, attention_mask=...)``, ``model.generate(...)``, hooks and
+    tracers see the grafted pass; the model is itself again on exit."""
+    roles, ordered = ordered_models(models, base)
+    scheme = as_scheme(rules, roles[0], base)
+    check_roles([scheme], roles)
+    check_tokenizer(tokenizer)
+    (compiled,) = compile_for([scheme], ordered[0], roles, protocol)
+    model = ordered[0]
+    own = model.__dict__.get("forward")
+    plain = own if own is not None else type(model).forward.__get__(model)
+    state = _State()
+
+    @functools.wraps(plain)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if state.inside:  # the engine's own call of the base model
+            return plain(*args, **kwargs)
+        input_ids = kwargs.pop("input_ids", args[0] if args else None)
+        if input_ids is None:
+            raise GraftInputError("a grafted model takes input_ids (inputs_embeds have no tokens to place rules on)")
+        mask = kwargs.pop("attention_mask", None)
+        cache = kwargs.pop("past_key_values", None)
+        use_cache = kwargs.pop("use_cache", None)
+        cached = cache.get_seq_length() if cache is not None else 0
+        batch, n_new = input_ids.shape
+        if mask is None:
+            mask = torch.ones(batch, cached + n_new, dtype=torch.long, device=input_ids.device)
+        if cached == 0:
+            state.ids = input_ids
+            state.rows = _start_rows(tokenizer, input_ids.cpu(), mask.cpu(), spans)
+        else:
+            if state.ids is None or state.ids.shape[1] != cached:
+                raise GraftInputError("a grafted model continued a KV cache it did not fill; start from the prompt")
+            state.ids = torch.cat([state.ids, input_ids], dim=1)
+            for b, row in enumerate(state.rows):
+                if row is not None:
+                    _extend(row, int(mask[b, cached:].sum()))
+        source = torch.zeros(batch, n_new, compiled.n_slots, dtype=torch.long)
+        head_source: dict[str, torch.Tensor] = {}
+        new_mask = mask[:, cached:].bool().cpu()
+        for b, row in enumerate(state.rows):
+            if row is None or not new_mask[b].any():
+                continue
+            src, heads = _sources(compiled, row)
+            n_real_new = int(new_mask[b].sum())
+            source[b, new_mask[b]] = src[-n_real_new:]
+            for name, h in heads.items():
+                head_source.setdefault(name, torch.zeros(batch, n_new, h.shape[1], dtype=torch.long))
+                head_source[name][b, new_mask[b]] = h[-n_real_new:]
+        state.inside = True
+        try:
+            return graft_call(ordered, input_ids, source, attention_mask=mask, head_source=head_source or None,
+                              past_key_values=cache, use_cache=use_cache)
+        finally:
+            state.inside = False
+
+    model.forward = forward
+    try:
+        yield model
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
