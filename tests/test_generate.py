@@ -160,3 +160,33 @@ def test_front_door_localize_is_the_localize_run():
     from weightgraft.experiments.localize import localize
 
     assert wg.localize is localize
+
+
+def test_generate_command_refuses_a_missing_span_before_loading(monkeypatch):
+    from typer.testing import CliRunner
+
+    from weightgraft.cli import app
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("weightgraft.models.loading.load_model", never)
+    out = CliRunner().invoke(app, ["generate", PROMPT, "-m", "pre=a", "-m", "sft=b",
+                                   "-r", "model=sft,positions=first_entity+last"])
+    assert out.exit_code == 2 and "first_entity (any entity span)" in out.output
+    assert "Traceback" not in out.output and "AssertionError" not in out.output
+    out = CliRunner().invoke(app, ["generate", PROMPT, "-m", "pre=a", "-m", "sft=b",
+                                   "-r", "model=sft,positions=city", "-s", "subject=Louvre"])
+    assert out.exit_code == 2 and "'Louvre' does not occur" in " ".join(out.output.split())
+
+
+def test_generate_with_base_none_and_a_span_the_prompt_lacks_is_one_error():
+    import weightgraft as wg
+
+    tok = tiny_tokenizer()
+    base, donor = _pair("llama", tok)
+    models = {"pre": base, "sft": donor}
+    assert wg.generate(models, tok, PROMPT, RULES, max_new_tokens=3, spans=SPANS, base=None) == generate(
+        models, tok, PROMPT, RULES, max_new_tokens=3, spans=SPANS, base="pre")
+    with pytest.raises(wg.GraftInputError, match="prompt 0 .*span 'city' is not marked"):
+        wg.generate(models, tok, PROMPT, Rule(model="sft", positions="city"), max_new_tokens=2, spans=SPANS)

@@ -8,6 +8,7 @@ from typing import Any
 from weightgraft.api.inputs import GraftInputError, Rules, as_scheme, check_roles, compile_for, ordered_models
 from weightgraft.data.spans import SpanSpec
 from weightgraft.engine.generate import generate_one
+from weightgraft.schemes.selectors import SpanNotFound
 
 DEFAULT_ROLES = ("pre", "sft")
 
@@ -60,8 +61,11 @@ def generate(
         per_prompt = list(spans)
         if len(per_prompt) != len(prompts):
             raise GraftInputError(f"{len(per_prompt)} span mappings for {len(prompts)} prompts")
-    texts = [
-        generate_one(ordered, tokenizer, p, compiled, s, max_new_tokens, do_sample, temperature, top_k, seed).text
-        for p, s in zip(prompts, per_prompt)
-    ]
+    texts = []
+    for i, (p, s) in enumerate(zip(prompts, per_prompt)):
+        try:
+            texts.append(generate_one(ordered, tokenizer, p, compiled, s, max_new_tokens, do_sample,
+                                      temperature, top_k, seed).text)
+        except SpanNotFound as exc:
+            raise GraftInputError(f"prompt {i} ({p!r}): {exc}") from exc
     return texts[0] if isinstance(prompt, str) else texts

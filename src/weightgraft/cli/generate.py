@@ -68,10 +68,23 @@ def generate(
     if used is None:
         need = sorted(set().union(*(s.roles() for s in schemes)) - set(roles))
         raise typer.BadParameter(f"the schemes use model role(s) {need} that --model does not give")
-    for prompt in prompts:  # spans are checked before any model loads
-        from weightgraft.data.spans import resolve_spans
+    from weightgraft.data.spans import SpanError, resolve_spans
+    from weightgraft.schemes.selectors import unmarked_spans
 
-        resolve_spans(prompt, spans)
+    for prompt in prompts:  # spans are checked before any model loads
+        try:
+            resolve_spans(prompt, spans)
+        except SpanError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    for s in schemes:
+        for r in s.rules:
+            missing = unmarked_spans(r.positions, set(spans))
+            if missing:
+                raise typer.BadParameter(
+                    f"scheme {s.name!r} grafts at positions {r.positions!r}, which needs span(s) "
+                    f"{', '.join(missing)} that the prompt does not mark: pass -s NAME=SUBSTRING "
+                    "(e.g. -s first_actor='Keanu Reeves')"
+                )
 
     from weightgraft.api.generate import generate as run_generate
     from weightgraft.models import load_model

@@ -159,6 +159,22 @@ def position_names(expr: str) -> set[str]:
     return {value for kind, value in _tokenize(expr, _POS_TOKEN, "position") if kind == "name"}
 
 
+def unmarked_spans(expr: str, marked: set[str]) -> list[str]:
+    """The spans a position selector needs that a prompt marking only ``marked`` lacks
+    (``first_entity`` needs any entity span), so that a free prompt is refused before any
+    model loads rather than at the first forward pass."""
+    missing = []
+    for name in sorted(position_names(expr)):
+        if name in ("all", "last"):
+            continue
+        if name == "first_entity":
+            if not marked - LITERAL_SPANS:
+                missing.append("first_entity (any entity span)")
+        elif name not in marked:
+            missing.append(name)
+    return missing
+
+
 # ---------------------------------------------------------------- layers
 
 _FRACTIONS = {
