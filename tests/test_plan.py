@@ -207,3 +207,12 @@ def test_batch_size_comes_from_the_plan(run_raw: dict, steady_rss: int, monkeypa
         plan_before_run(parse_config({**run_raw, "batch_size": 8}), prompts)
     monkeypatch.delenv("WEIGHTGRAFT_MEMORY")
     assert plan_before_run(parse_config({**run_raw, "batch_size": 8}), prompts).batch_size == 8
+
+
+def test_cpu_budget_is_shared_by_local_processes(monkeypatch: pytest.MonkeyPatch, steady_rss: int) -> None:
+    monkeypatch.delenv("WEIGHTGRAFT_MEMORY", raising=False)
+    monkeypatch.setattr(plan_mod, "_available_ram", lambda: 8 * 2**30)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun: every process loads its own models
+    limit, held, where = plan_mod.budget("cpu")
+    assert limit == 4 * 2**30 + steady_rss and held == steady_rss and "2 processes" in where
+    assert plan_mod.budget("cpu", "80GiB")[0] == 80 * 2**30

@@ -141,9 +141,11 @@ def _available_ram() -> int:
         raise
 
 
-def budget(device: str, memory: str | None = None) -> tuple[int, int, str]:
+def budget(device: str, memory: str | None = None, all_gpus: bool = False) -> tuple[int, int, str]:
     """``(budget bytes, bytes the process holds now, where the budget comes from)``: a given
-    size (``--memory``, ``WEIGHTGRAFT_MEMORY``), else this device's free memory."""
+    size (``--memory``, ``WEIGHTGRAFT_MEMORY``), else this device's free memory: with
+    ``all_gpus`` (a ``device_map``) every visible GPU's; on CPU the available RAM shared by the
+    processes of this machine (``LOCAL_WORLD_SIZE`` under torchrun: each holds its own models)."""
     memory = memory or os.environ.get("WEIGHTGRAFT_MEMORY")
     cuda = device.startswith("cuda")
     held = 0 if cuda else _rss()
@@ -152,9 +154,12 @@ def budget(device: str, memory: str | None = None) -> tuple[int, int, str]:
     if cuda:
         import torch
 
-        free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return int(free) + int(torch.cuda.memory_allocated(torch.device(device))), 0, f"free on {device}"
-    return _available_ram() + held, held, "available RAM (psutil) + this process"
+        devices = range(torch.cuda.device_count()) if all_gpus else [torch.device(device)]
+        free = sum(int(torch.cuda.mem_get_info(d)[0]) + int(torch.cuda.memory_allocated(d)) for d in devices)
+        return free, 0, f"free on {'every visible GPU' if all_gpus else device}"
+    share = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    where = "available RAM (psutil) + this process" + (f", shared by {share} processes" if share > 1 else "")
+    return _available_ram() // share + held, held, where
 
 
 # ------------------------------------------------------------------------------------------
@@ -340,7 +345,7 @@ def plan_experiment(config: Any, prompts: list[Any] | None = None, *, memory: st
 
         prompts = select_prompts(load_prompts(config.data), config)
     shapes, lengths = _experiment_shapes(config, prompts)
-    limit, held_now, source = budget(config.device, memory)
+    limit, held_now, source = budget(config.device, memory, all_gpus=config.device_map is not None)
     fixed = config.batch_size if "batch_size" in config.model_fields_set else None
     lean = config.lean_donors and config.device_map is None
 
@@ -381,7 +386,8 @@ def _run_suggestions(config: Any, memory_at: Any, limit: int, fixed: bool) -> li
         b = _choose_batch(None, config.batch_size, config.batch_size, memory_at, limit)
         if sum(memory_at(b).values()) <= limit:
             out.append(f"fewer schemes per batch: batch_size={b}")
-    out.append("device_map=auto on several GPUs (spreads each model's layers)")
+    if config.device_map is None:
+        out.append("device_map=auto on several GPUs (spreads each model's layers)")
     return out
 
 
