@@ -6,9 +6,11 @@ For each model (``random:llama-3.2-1b``, ``random:gemma-1.1-2b``, ``random:gpt2-
 ``random:pythia-2.8b`` by default; any ``random:`` spec or ``PATH/config.json`` with
 ``--models``), in its own process (so that its peak memory is its own):
 
-- dtype: float32 where the plan of every phase fits the memory budget, else bfloat16
-  (``--dtype`` forces one); the donor is ``random:NAME@1``, lean: it holds only the tensors the
-  position family grafts (drawn exactly as the full donor's);
+- dtype: float32 where the plan of the two models and a batch fits the memory budget (90% of
+  the memory available at the start, or of ``--memory``), else bfloat16 (``--dtype`` forces
+  one; bfloat16 matmuls are ~7x slower than float32 on CPUs without AVX512-BF16); the donor is
+  ``random:NAME@1``, lean: it holds only the tensors the position family grafts (drawn exactly
+  as the full donor's);
 - the position family's 8 schemes (``wg.presets.position()``) over ``--prompts`` prompts of
   10-25 random token ids (the paper's movie prompts' lengths; the first entity is tokens 1-3):
   seconds per (prompt, scheme) row for ``graft_forward`` (the engine), ``prefix_forward`` (the
@@ -204,10 +206,9 @@ def run_one(args) -> dict:
     rows = [(len(it), 1) for it in meta_items]
     lengths_attr = [len(ids) for ids, _, _ in attr_prompts]
     dtype = args.dtype
-    if dtype == "auto":
-        engine, per_tok, attr = _plans(spec, "float32", rows, served, lengths_attr, args, with_time=False)
-        fits32 = max(engine.peak_bytes, per_tok, attr.peak_bytes) <= budget
-        dtype = "float32" if fits32 else "bfloat16"
+    if dtype == "auto":  # float32 where the two models (and a batch) fit, else bfloat16
+        engine, _, _ = _plans(spec, "float32", rows, served, lengths_attr, args, with_time=False)
+        dtype = "float32" if engine.peak_bytes <= budget else "bfloat16"
     out["dtype"] = dtype
     engine_plan, per_token_peak, attr_plan = _plans(spec, dtype, rows, served, lengths_attr, args, with_time=True)
     out["plan_engine"] = {"peak_bytes": engine_plan.peak_bytes, "predicted_seconds": engine_plan.predicted_seconds,
