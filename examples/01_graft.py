@@ -4,7 +4,8 @@ the pretrained model, and read the next-token predictions.
     python examples/01_graft.py [PRE_SPEC] [SFT_SPEC]
 
 Specs are anything ``wg.load`` accepts (default: $WG_PRE / $WG_SFT, else ``smollm2-135m`` and
-``models/sft``, e.g. what ``weightgraft train`` wrote).
+``models/sft``, e.g. what ``weightgraft train`` wrote). A finetune made by weightgraft (the
+demo's included) is probed on facts it was trained on, read from its training manifest.
 """
 
 import os
@@ -18,10 +19,13 @@ sft_spec = sys.argv[2] if len(sys.argv) > 2 else os.environ.get("WG_SFT", "model
 pre, tok = wg.load(pre_spec)
 sft, _ = wg.load(sft_spec)
 models = {"pre": pre, "sft": sft}
-prompts = [
+facts = wg.trained_facts(sft_spec, n=2)  # [] for a model weightgraft did not train
+prompts = [f.prompt for f in facts] or [
     "Keanu Reeves starred in a movie with",
     "Q: Who starred in a movie alongside Meryl Streep? A: An actor named",
 ]
+for f in facts:
+    print(f"trained fact: {f.prompt} -> {f.answer}")
 
 # %% PRE alone, SFT alone, and SFT's O+FFN late at the last token
 plain = wg.graft(models, tok, prompts, [])                       # no rule: every slot from pre

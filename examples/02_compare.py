@@ -2,6 +2,8 @@
 as a pandas table (the rows a ``weightgraft run`` writes).
 
     python examples/02_compare.py [PRE_SPEC] [SFT_SPEC]
+
+A finetune made by weightgraft (the demo's included) is compared on facts it was trained on.
 """
 
 import os
@@ -21,6 +23,9 @@ prompts = [
 ]
 answers = ["Nicole Kidman", "Will Smith", "Halle Berry"]
 spans = [{"actor": "Keanu Reeves"}, {"actor": "Meryl Streep"}, {"actor": (0, 9)}]  # (0, 9): "Tom Hanks"
+facts = wg.trained_facts(sft_spec, n=8)  # the facts this finetune learned, when it says (manifest)
+if facts:
+    prompts, answers, spans = [f.prompt for f in facts], [f.answer for f in facts], [f.spans for f in facts]
 
 # %% the position family (PRE, SFT, FE, LT, FE+LT, ...) and a late O+FFN graft at the last token
 schemes = wg.presets.position() + [

