@@ -328,6 +328,7 @@ def _choose_batch(fixed: int | None, default: int, n_rows: int, memory_at: Any, 
     if fixed is not None:
         return fixed
     best = 1
+    limit = max(limit, sum(memory_at(1).values()))  # a larger batch that costs nothing more is taken
     for b in range(1, min(default, max(1, n_rows)) + 1):
         if sum(memory_at(b).values()) <= limit:
             best = b
@@ -424,7 +425,8 @@ def plan_localize(config: Any, *, memory: str | None = None, with_time: bool = T
         cells = 2 * len(config.graft_directions) * sum(lengths) * len(pre.slot_names) * 120  # cell tables
         return {"process before loading": held_now,
                 "parameters": pre.param_bytes(dtype) + sft_bytes(dtype),
-                "graft deltas": pre.delta_bytes(dtype), "attribution batch": batch_part, "cell tables": cells}
+                "graft deltas": pre.delta_bytes(dtype), "batch (attribution or exact cells)": batch_part,
+                "cell tables": cells}
 
     batch = _choose_batch(fixed, DEFAULT_LOCALIZE_BATCH, len(lengths), memory_at, HEADROOM * limit)
     mem = memory_at(batch)
