@@ -157,3 +157,16 @@ def test_commands_that_tokenize_refuse_random_models_before_loading(tmp_path: Pa
                                  "out": str(tmp_path / "loc")})
     with pytest.raises(ModelLoadError, match="without a tokenizer"):
         localize(loc, progress=False)
+
+
+def test_generate_refuses_random_models_before_loading(tiny_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from weightgraft.cli import app
+
+    monkeypatch.setattr("weightgraft.models.load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    spec = f"random:{tiny_config}"
+    result = CliRunner().invoke(app, ["generate", "The Eiffel Tower is in", "-m", f"pre={spec}",
+                                      "-m", f"sft={spec}@1", "-r", "model=sft,positions=last,components=body"])
+    assert result.exit_code != 0 and isinstance(result.exception, ModelLoadError), result.output
+    assert "without a tokenizer" in str(result.exception)
