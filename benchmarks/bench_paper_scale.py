@@ -175,7 +175,7 @@ def _plans(spec: str, dtype: str, items_rows, served, lengths_attr, args, with_t
     # the paper's procedure makes a fresh copy per position while the last one is still held
     per_token_peak = engine.peak_bytes + copy * (2 if args.per_token == "copy" else 1)
     attribution = plan_attribution(spec, donor_bytes, lengths_attr, dtype, args.attr_batch, device=args.device,
-                                   memory=args.memory, with_time=with_time)
+                                   memory=args.memory, with_time=with_time, donor_slots=served)
     return engine, per_token_peak, attribution
 
 

@@ -216,3 +216,34 @@ def test_cpu_budget_is_shared_by_local_processes(monkeypatch: pytest.MonkeyPatch
     limit, held, where = plan_mod.budget("cpu")
     assert limit == 4 * 2**30 + steady_rss and held == steady_rss and "2 processes" in where
     assert plan_mod.budget("cpu", "80GiB")[0] == 80 * 2**30
+
+
+def test_delta_bytes_are_what_a_partial_graft_holds(small_spec: str) -> None:
+    """Projections: one float32 difference each; other modules: two float32 copies; with a lean
+    donor, the projections it shares with the base cost nothing."""
+    from weightgraft.engine.partial import PartialGraft
+    from weightgraft.models.lean import needed_parameters
+
+    footprint = resolve_footprint(small_spec)
+    base = load_model(small_spec)
+
+    def held(pair: PartialGraft) -> int:
+        """The tensors the deltas' closures hold that are neither model's own."""
+        own = {p.data_ptr() for m in (pair.base, pair.donor) for p in m.parameters()}
+        tensors: dict[int, torch.Tensor] = {}
+        for plan in pair.plans:
+            cells = getattr(plan.delta, "__closure__", None) or ()
+            for cell in cells:
+                value = cell.cell_contents
+                items = [value] if isinstance(value, torch.Tensor) else (
+                    list(value.parameters()) if isinstance(value, torch.nn.Module) else [])
+                for t in items:
+                    if t.data_ptr() not in own:
+                        tensors[id(t)] = t
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    full = load_model(small_spec + "@1")
+    assert held(PartialGraft(base.model, full.model)) == footprint.delta_bytes("float32")
+    slots = {n for n in footprint.slot_names if n.startswith("layers.2.")}
+    lean = lean_random_donor(small_spec + "@1", base, needed_parameters(base.model, slots))
+    assert held(PartialGraft(base.model, lean.model)) == footprint.delta_bytes("float32", slots)

@@ -571,11 +571,12 @@ def plan_rows(base: str, donors: dict[str, set[str] | None], rows: list[tuple[in
 
 
 def plan_attribution(pre: str, donor_bytes: int | None, lengths: list[int], dtype: str, batch_size: int, *,
-                     device: str = "cpu", memory: str | None = None, with_time: bool = True) -> Plan:
+                     device: str = "cpu", memory: str | None = None, with_time: bool = True,
+                     donor_slots: set[str] | None = None) -> Plan:
     """The plan of graft attribution (gradient of every cell) over prompts of ``lengths``
     tokens, as ``localize`` runs it (no exact cells): ``pre`` whole, the donor holding
-    ``donor_bytes`` (None: a whole model), the partial graft's deltas, one batch's
-    forward + backward."""
+    ``donor_bytes`` (None: a whole model; ``donor_slots``: the slots a lean donor holds), the
+    partial graft's deltas, one batch's forward + backward."""
     from weightgraft.models.footprint import resolve_footprint
 
     fp = resolve_footprint(pre)
@@ -584,7 +585,7 @@ def plan_attribution(pre: str, donor_bytes: int | None, lengths: list[int], dtyp
     attr = fp.attribution_bytes(min(batch_size, len(lengths)), seq, dtype)
     mem = {"process before loading": held_now,
            "parameters": fp.param_bytes(dtype) + (fp.param_bytes(dtype) if donor_bytes is None else donor_bytes),
-           "graft deltas": fp.delta_bytes(dtype), "attribution batch": sum(attr.values())}
+           "graft deltas": fp.delta_bytes(dtype, donor_slots), "attribution batch": sum(attr.values())}
     seconds, parts = None, {}
     if with_time:
         from weightgraft.models.calibration import module_calls, throughput

@@ -96,20 +96,27 @@ class ModelFootprint:
         unique = {id(params[n]): params[n].numel() for n in names}
         return sum(unique.values()) * dtype_bytes(dtype)
 
-    def delta_bytes(self, dtype: Any) -> int:
+    def delta_bytes(self, dtype: Any, donor_slots: set[str] | None = None) -> int:
         """Bytes of a ``PartialGraft``'s deltas (localize's attribution): per grafted module, the
         weight difference of a projection (in at least float32), or two float32 copies of any
-        other module (norms, embeddings: ``f(x; Δθ) - f(x; 0)``)."""
+        other module (norms, embeddings: ``f(x; Δθ) - f(x; 0)``). With ``donor_slots`` (a lean
+        donor), a projection the donor shares with the base costs nothing."""
         from weightgraft.engine import projections
         from weightgraft.engine.architectures import model_slots
 
         size = max(dtype_bytes(dtype), 4)
-        paths = {part.path for slot in model_slots(self.meta) for part in slot.parts}
+        owners: dict[str, set[str]] = {}
+        for slot in model_slots(self.meta):
+            for part in slot.parts:
+                owners.setdefault(part.path, set()).add(slot.name)
         total = 0
-        for path in paths:
+        for path, slots in owners.items():
             module = self.meta.get_submodule(path)
             n = sum(p.numel() for p in module.parameters())
-            total += n * size if projections.is_projection(module) else 2 * n * size
+            if not projections.is_projection(module):
+                total += 2 * n * size
+            elif donor_slots is None or slots & donor_slots:
+                total += n * size
         return total
 
     # ---- shapes ----------------------------------------------------------------------------
