@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 __all__ = [
     "UnsupportedLora",
@@ -76,13 +77,11 @@ def _active(module: nn.Module) -> list[str]:
 
 def check_supported(model: nn.Module, where: str) -> None:
     """Refuse peft layers the engine cannot serve exactly, in one line naming the module."""
-    from weightgraft.engine import projections
-
     for path, module in model.named_modules():
         if not is_lora(module):
             continue
         inner = base_layer(module)
-        if not projections.is_projection(inner) or not isinstance(getattr(module, "lora_A", None), nn.ModuleDict):
+        if not isinstance(inner, (nn.Linear, Conv1D)) or not isinstance(getattr(module, "lora_A", None), nn.ModuleDict):
             raise UnsupportedLora(
                 f"{where}: {path} is a peft {type(module).__name__} around a {type(inner).__name__}; "
                 "only LoRA on Linear / Conv1D projections can be grafted (merge the adapter instead)"

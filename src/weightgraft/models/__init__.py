@@ -15,7 +15,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "PickleRefusedError": ("weightgraft.models.errors", "PickleRefusedError"),
     "hash_tensor": ("weightgraft.models.hashing", "hash_tensor"),
     "weights_sha256": ("weightgraft.models.hashing", "weights_sha256"),
-    "LoadedModel": ("weightgraft.models.loading", "LoadedModel"),
+    "LoadedModel": ("weightgraft.models.loaded", "LoadedModel"),
     "load_lean_donor": ("weightgraft.models.loading", "load_lean_donor"),
     "load_model": ("weightgraft.models.loading", "load_model"),
     "safetensors_dir": ("weightgraft.models.loading", "safetensors_dir"),

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,27 +44,8 @@ from weightgraft.models.errors import (
 )
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import lean_from_safetensors
+from weightgraft.models.loaded import LoadedModel
 from weightgraft.models.random_models import is_random_spec
-
-
-@dataclass
-class LoadedModel:
-    """A loaded causal LM.
-
-    Attributes:
-        model: the ``transformers`` causal LM, in eval mode, on the requested device/dtype.
-        tokenizer: its tokenizer. If it had no pad token, ``pad_token`` is set to the EOS token.
-            None for ``random:`` models (weightgraft.models.random_models), which have none.
-        source: where it came from, e.g. ``"embedded:smollm2-135m (/home/u/.cache/...)"``,
-            ``"dir:/abs/path"``, ``"gguf:/abs/file.gguf"`` or ``"hub-cache:org/name"``.
-        weights_sha256: :func:`weights_sha256` of the model as loaded (before moving it to
-            ``device``; after the dtype conversion).
-    """
-
-    model: Any
-    tokenizer: Any
-    source: str
-    weights_sha256: str
 
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
+from weightgraft.models.loaded import LoadedModel
 
 PREFIX = "random:"
 CONFIG_DIR = Path(__file__).with_name("configs")
@@ -223,7 +224,6 @@ def load_random(spec: str, *, device: Any = "cpu", dtype: Any = None, device_map
     import torch
 
     from weightgraft.engine.precision import batch_invariant_attention
-    from weightgraft.models.loading import LoadedModel
 
     if device_map is not None:
         raise ModelLoadError(f"{spec}: device_map is not available for random models; build it on one device")
@@ -242,7 +242,6 @@ def lean_random_donor(spec: str, base: Any, needed: Iterable[str]) -> Any:
     """A random donor holding only the ``needed`` parameters (drawn exactly as in the full
     donor), sharing every other tensor with ``base`` (a LoadedModel)."""
     from weightgraft.models.lean import donor_view
-    from weightgraft.models.loading import LoadedModel
 
     ref = next(base.model.parameters())
     parsed = parse_random_spec(spec)
