@@ -12,8 +12,7 @@ for importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from weightgraft.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -42,13 +41,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'weightgraft' has no attribute {name!r}")
-    module, attr = _EXPORTS[name]
-    value = importlib.import_module(module)
-    return value if attr is None else getattr(value, attr)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports("weightgraft", _EXPORTS, lambda: globals())
