@@ -187,8 +187,14 @@ def test_ctrl_c_during_a_part_write_finishes_the_part_first(tmp_path, monkeypatc
 
     monkeypatch.setattr(store_mod.os, "fsync", fsync_then_ctrl_c)
     path = tmp_path / "part-000000.parquet"
-    with pytest.raises(KeyboardInterrupt):
-        store_mod.write_atomic(path, b"x" * 1_000_000)
+    # Ctrl-C as in a terminal: a test run started in the background of a non-interactive
+    # shell inherits SIGINT ignored
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store_mod.write_atomic(path, b"x" * 1_000_000)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert path.read_bytes() == b"x" * 1_000_000  # the whole part, then the interrupt
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
