@@ -57,10 +57,10 @@ def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
     from weightgraft.experiments.localize.examples import build_examples
     from weightgraft.experiments.localize.maps import cell_map
-    from weightgraft.experiments.localize.run import _select
+    from weightgraft.experiments.localize.examples import select_prompts
     from weightgraft.engine.architectures import model_slots
 
-    examples, _ = build_examples(_select(config), pre.tokenizer)
+    examples, _ = build_examples(select_prompts(config), pre.tokenizer)
     index = {s.name: i for i, s in enumerate(model_slots(pre.model))}
     maps = [cell_map(e, index, pre.model) for e in examples]
     chosen = [(c["position_label"], c["slot"]) for c in entry["cells"]]

@@ -400,10 +400,10 @@ def _run_suggestions(config: Any, memory_at: Any, limit: int, fixed: bool) -> li
 def plan_localize(config: Any, *, memory: str | None = None, with_time: bool = True) -> Plan:
     """The plan of a ``localize`` config: both models whole, the partial graft's deltas,
     attribution (forward + backward) of one batch, and the exact-cell batches."""
-    from weightgraft.experiments.localize.run import _select
+    from weightgraft.experiments.localize.examples import select_prompts
     from weightgraft.models.footprint import resolve_footprint
 
-    prompts = _select(config)
+    prompts = select_prompts(config)
     from weightgraft.models.peft_donor import adapter_bytes, parse_peft
 
     lora = parse_peft(config.models["sft"])  # a LoRA donor holds its adapter, on pre's tensors

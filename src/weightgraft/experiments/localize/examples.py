@@ -3,11 +3,12 @@ across prompts of one template (entities differ in length, the template's words 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from weightgraft.data.prompts import DatasetError, TestPrompt
+from weightgraft.data.prompts import DatasetError, TestPrompt, load_test_prompts
 from weightgraft.schemes.selectors import first_entity, token_span
 from weightgraft.engine.cells import ScoredExample
 
@@ -72,3 +73,27 @@ def build_examples(prompts: Sequence[TestPrompt], tokenizer: Any) -> tuple[list[
         scored = ScoredExample(tuple(ids), position=len(ids) - 1, target=int(answer[0]))
         out.append(LocalizeExample(p, scored, tuple(labels)))
     return out, excluded
+
+
+def select_prompts(config: Any) -> list[TestPrompt]:
+    """The config's test prompts after its template, direction and per-template limit filters;
+    an error when a named template is missing or nothing is left."""
+    prompts = load_test_prompts(config.data)
+    present = {p.template for p in prompts}
+    if config.templates is not None:
+        missing = [t for t in config.templates if t not in present]
+        if missing:
+            raise DatasetError(f"templates {missing} are not in the dataset (it has {sorted(present)})")
+    chosen, per_template = [], defaultdict(int)
+    for p in prompts:
+        if config.templates is not None and p.template not in config.templates:
+            continue
+        if config.directions is not None and p.direction not in config.directions:
+            continue
+        if config.limit is not None and per_template[p.template] >= config.limit:
+            continue
+        per_template[p.template] += 1
+        chosen.append(p)
+    if not chosen:
+        raise DatasetError("no test prompt is left after the template/direction filters")
+    return chosen

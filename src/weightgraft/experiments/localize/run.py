@@ -19,9 +19,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from weightgraft.data.prompts import DatasetError, load_test_prompts
+from weightgraft.data.prompts import DatasetError
 from weightgraft.experiments.localize.config import LocalizeConfig, load_localize_config
-from weightgraft.experiments.localize.examples import LocalizeExample, build_examples
+from weightgraft.experiments.localize.examples import LocalizeExample, build_examples, select_prompts
 from weightgraft.experiments.localize.maps import cell_map, estimate_frame, exact_frame
 from weightgraft.experiments.localize.search import minimal_graft_search
 
@@ -35,28 +35,6 @@ class LocalizeResult:
     search: dict[str, Any]
     excluded: list[dict[str, str]]
     seconds: dict[str, float]
-
-
-def _select(config: LocalizeConfig) -> list:
-    prompts = load_test_prompts(config.data)
-    present = {p.template for p in prompts}
-    if config.templates is not None:
-        missing = [t for t in config.templates if t not in present]
-        if missing:
-            raise DatasetError(f"templates {missing} are not in the dataset (it has {sorted(present)})")
-    chosen, per_template = [], defaultdict(int)
-    for p in prompts:
-        if config.templates is not None and p.template not in config.templates:
-            continue
-        if config.directions is not None and p.direction not in config.directions:
-            continue
-        if config.limit is not None and per_template[p.template] >= config.limit:
-            continue
-        per_template[p.template] += 1
-        chosen.append(p)
-    if not chosen:
-        raise DatasetError("no test prompt is left after the template/direction filters")
-    return chosen
 
 
 def _claim(run_dir: Path, config: LocalizeConfig) -> None:
@@ -147,7 +125,7 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
 
     if not isinstance(config, LocalizeConfig):
         config = load_localize_config(Path(config), overrides)
-    prompts = _select(config)  # fail on data before any model loads
+    prompts = select_prompts(config)  # fail on data before any model loads
     adapter = _check_peft(config.models)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_localize
