@@ -149,14 +149,16 @@ def test_console_names_are_not_cut():
         for s in names]), n_boot=10)
     console = Console(width=60, record=True)
     print_summary(summary, console=console)
+    text = console.export_text()
+    assert "(model set m)" in text  # one model set: named in the title, not a column
     cells: list[str] = []  # the scheme column, folded pieces joined back per row
-    for line in console.export_text().splitlines():
+    for line in text.splitlines():
         parts = line.split("│")
         if len(parts) < 5:
             continue
-        if parts[1].strip():  # a new row starts where the model-set cell is filled
+        if parts[3].strip():  # a new row starts where the n cell is filled
             cells.append("")
-        cells[-1] += parts[3].strip()
+        cells[-1] += parts[2].strip()
     assert cells == names
 
 

@@ -10,23 +10,30 @@ from rich.text import Text
 
 
 def print_summary(summary: Any, title: str = "summary", console: Console | None = None) -> None:
-    """The summary as a rich table: top-1 / top-5 (%), mean rank and first-token recovery per
-    template, direction and scheme. Names are never cut: long ones wrap within their cell."""
-    has_direction = "direction" in summary and (summary["direction"].astype(str) != "").any()
-    table = Table(title=title)
-    names = ["model set", "template", *(["direction"] if has_direction else []), "scheme"]
-    for col in names:
-        table.add_column(col, overflow="fold")
+    """The summary as a rich table: top-1 / top-5 (%), mean rank and first-token recovery with
+    its 95% CI per template, direction and scheme. A model set or direction that is the same on
+    every row goes into the title instead of a column. Names are never cut: long ones wrap
+    within their cell."""
+    keys = [("model_set", "model set"), ("template", "template"), ("direction", "direction"), ("scheme", "scheme")]
+    shown, fixed = [], []
+    for col, label in keys:
+        values = summary[col].astype(str).unique() if col in summary else []
+        if col in ("model_set", "direction") and len(values) <= 1:
+            if len(values) and values[0]:
+                fixed.append(f"{label} {values[0]}")
+            continue
+        shown.append((col, label))
+    table = Table(title=title + (f" ({', '.join(fixed)})" if fixed else ""))
+    for _, label in shown:
+        table.add_column(label, overflow="fold")
     has_recovery = "recovery" in summary and summary["recovery"].notna().any()
     for col in ("n", "top-1 %", "top-5 %", "mean rank"):
         table.add_column(col, justify="right", no_wrap=True)
     if has_recovery:
         table.add_column("recovery [95% CI]", justify="right", overflow="fold")
     for row in summary.to_dict("records"):
-        keys = [str(row["model_set"]), str(row["template"]),
-                *([str(row["direction"])] if has_direction else []), str(row["scheme"])]
         table.add_row(
-            *(Text(k) for k in keys), str(row["n"]),  # Text: "o[3]@..." is a name, not markup
+            *(Text(str(row[col])) for col, _ in shown), str(row["n"]),  # Text: "o[3]@..." is a name, not markup
             f"{100 * row['top1']:.1f}", f"{100 * row['top5']:.1f}", f"{row['mean_rank']:.1f}",
             *([Text(_recovery(row))] if has_recovery else []),
         )
@@ -34,10 +41,10 @@ def print_summary(summary: Any, title: str = "summary", console: Console | None 
 
 
 def _recovery(row: dict[str, Any]) -> str:
-    """``0.44 [0.31, 0.58]``, flagged where the summary says it is unstable."""
+    """``0.44`` over ``[0.31, 0.58]``, flagged where the summary says it is unstable."""
     value, lo, hi = row.get("recovery"), row.get("recovery_lo"), row.get("recovery_hi")
     if value is None or value != value:
         return "n/a"
     note = row.get("recovery_note") or ""
-    text = f"{value:.2f} [{lo:.2f}, {hi:.2f}]" if lo == lo and hi == hi else f"{value:.2f}"
-    return text + (f" ⚠ {note}" if isinstance(note, str) and note else "")
+    text = f"{value:.2f}\n[{lo:.2f}, {hi:.2f}]" if lo == lo and hi == hi else f"{value:.2f}"
+    return text + (f"\n⚠ {note}" if isinstance(note, str) and note else "")
