@@ -33,11 +33,13 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "explain": ("weightgraft.api.explain", "explain"),
     "grafted": ("weightgraft.api.grafted", "grafted"),
     "trained_facts": ("weightgraft.api.facts", "trained_facts"),
+    "tokens": ("weightgraft.api.tokens", "tokens"),
     "load_peft": ("weightgraft.models.peft_donor", "load_peft"),
+    "tokens": ("weightgraft.api.tokens", "tokens"),
 }
 __all__ = [
     "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "explain", "generate", "graft", "graft_forward", "grafted",
-    "load", "load_peft", "localize", "presets", "slots", "trained_facts",
+    "load", "load_peft", "localize", "presets", "slots", "tokens", "trained_facts",
 ]
 
 

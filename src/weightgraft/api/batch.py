@@ -49,7 +49,8 @@ def encode(
         try:
             source, heads = compiled.sources(enc["offset_mapping"], prompt_spans)
         except SpanNotFound as exc:
-            hint = "" if prompt_spans else " (pass spans=[{name: substring or (start, end)}, ...])"
+            hint = (" (wg.tokens(tokenizer, prompt, spans) shows its tokens and their labels)" if prompt_spans
+                    else " (pass spans=[{name: substring or (start, end)}, ...])")
             raise GraftInputError(f"prompt {i} ({prompt!r}): {exc}{hint}") from exc
         out.append(Encoded(list(enc["input_ids"]), source, heads))
     return out
