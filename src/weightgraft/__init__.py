@@ -35,7 +35,6 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "trained_facts": ("weightgraft.api.facts", "trained_facts"),
     "tokens": ("weightgraft.api.tokens", "tokens"),
     "load_peft": ("weightgraft.models.peft_donor", "load_peft"),
-    "tokens": ("weightgraft.api.tokens", "tokens"),
 }
 __all__ = [
     "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "explain", "generate", "graft", "graft_forward", "grafted",

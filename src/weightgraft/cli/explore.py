@@ -1,0 +1,48 @@
+"""``weightgraft explore``: the local web app where a graft is painted and its answer watched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def explore(
+    model: list[str] = typer.Option([], "--model", "-m", help="ROLE=SPEC: pre=SPEC and sft=SPEC (more roles may be painted too)."),
+    run: Path | None = typer.Option(None, "--run", help="A `weightgraft run` directory: its summary, figures and schemes."),
+    localize: Path | None = typer.Option(None, "--localize", help="A `weightgraft localize` directory: cell maps and minimal sets."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port (0: any free one)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but loopback prints a warning."),
+    device: str = typer.Option("cpu", "--device"),
+) -> None:
+    """Paint which model serves each position x layer x component cell and watch the top-k move."""
+    roles: dict[str, str] = {}
+    for item in model:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value:
+            raise typer.BadParameter(f"--model {item!r} must look like ROLE=SPEC")
+        roles[key.strip()] = value
+    missing = [r for r in ("pre", "sft") if r not in roles]
+    if missing:
+        raise typer.BadParameter(f"give the models with -m pre=SPEC -m sft=SPEC (missing: {', '.join(missing)})")
+    for flag, path in (("--run", run), ("--localize", localize)):
+        if path is not None and not path.is_dir():
+            raise typer.BadParameter(f"{flag} {path}: not a directory")
+    from weightgraft.models.random_models import refuse_random
+
+    refuse_random(roles, "weightgraft explore")  # no tokenizer: one line, before loading
+
+    from weightgraft.explore.app import create_app
+    from weightgraft.explore.artifacts import LocalizeView, RunView
+    from weightgraft.explore.serve import serve
+    from weightgraft.explore.session import Explorer
+    from weightgraft.models import load_model
+    from weightgraft.models.tokenization import check_same_tokenizer
+
+    run_view = RunView(run) if run is not None else None  # read before the models load
+    localize_view = LocalizeView(localize) if localize is not None else None
+    loaded = {role: load_model(spec, device=device) for role, spec in roles.items()}
+    for role, lm in loaded.items():
+        check_same_tokenizer(loaded["pre"].tokenizer, lm.tokenizer, f"model {role!r}")
+    explorer = Explorer({r: lm.model for r, lm in loaded.items()}, loaded["pre"].tokenizer)
+    serve(create_app(explorer, run_view, localize_view), host=host, port=port)

@@ -1,0 +1,111 @@
+"""The explore app's routes (Starlette): the page and its static files, and the JSON API the page
+uses. Every refusal is a 4xx JSON ``{"error": "one line"}``; an unexpected failure is a 500
+JSON with one line, never a traceback page. Model passes run one at a time in a worker thread."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from weightgraft.explore.artifacts import LocalizeView, RunView
+from weightgraft.explore.requests import GraftRequest, RequestError, TokensRequest, parse
+from weightgraft.explore.session import Explorer
+
+STATIC = Path(str(files("weightgraft.explore") / "static"))
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
+
+
+async def _body(request: Request, limit: int) -> Any:
+    """The request's JSON body, refused past ``limit`` bytes (read in chunks, not trusted
+    from Content-Length alone)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(f"request body of {declared} bytes; the limit is {limit}", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(f"request body over the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks) or b"null")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"the request body is not JSON: {exc}") from None
+
+
+def create_app(explorer: Explorer, run: RunView | None = None, localize: LocalizeView | None = None) -> Starlette:
+    """The ASGI app over one loaded model set (and optionally a run's and a localize run's
+    outputs, read once here)."""
+    limit = explorer.limits.max_body_bytes
+    run_json = run.to_json() if run is not None else None
+    localize_json = localize.to_json() if localize is not None else None
+
+    async def index(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    async def info(request: Request) -> Response:
+        return JSONResponse({**explorer.info(), "run": run_json is not None, "localize": localize_json is not None})
+
+    async def tokens(request: Request) -> Response:
+        req = parse(TokensRequest, await _body(request, limit))
+        return JSONResponse({"tokens": await run_in_threadpool(explorer.tokens, req)})
+
+    async def graft(request: Request) -> Response:
+        req = parse(GraftRequest, await _body(request, limit))
+        return JSONResponse(await run_in_threadpool(explorer.graft, req))
+
+    async def run_info(request: Request) -> Response:
+        if run_json is None:
+            raise RequestError("no run: start explore with --run DIR", 404)
+        return JSONResponse(run_json)
+
+    async def run_figure(request: Request) -> Response:
+        if run is None:
+            raise RequestError("no run: start explore with --run DIR", 404)
+        try:
+            path = run.figure(int(request.path_params["index"]))
+        except IndexError:
+            raise RequestError("no such figure", 404) from None
+        return FileResponse(path, media_type="image/png")
+
+    async def localize_info(request: Request) -> Response:
+        if localize_json is None:
+            raise RequestError("no localize run: start explore with --localize DIR", 404)
+        return JSONResponse(localize_json)
+
+    async def refused(request: Request, exc: Exception) -> Response:
+        return _error(str(exc), getattr(exc, "status", 400))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return _error(exc.detail or "error", exc.status_code)
+
+    async def failed(request: Request, exc: Exception) -> Response:
+        return _error(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+    routes = [
+        Route("/", index),
+        Route("/api/info", info),
+        Route("/api/tokens", tokens, methods=["POST"]),
+        Route("/api/graft", graft, methods=["POST"]),
+        Route("/api/run", run_info),
+        Route("/api/run/figures/{index:int}", run_figure),
+        Route("/api/localize", localize_info),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    return Starlette(routes=routes, exception_handlers={
+        RequestError: refused, HTTPException: http_error, Exception: failed,
+    })

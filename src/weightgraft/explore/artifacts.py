@@ -1,0 +1,150 @@
+"""A run's and a localize run's outputs as the explore page shows them, read once when the app
+starts from the directories named on the command line (the client never names a file: figures
+are served by their index in the list read here)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+EXAMPLES_PER_TEMPLATE = 8
+SUMMARY_COLUMNS = ("model_set", "template", "direction", "scheme", "family", "n", "top1", "top5",
+                   "mean_rank", "mean_prob", "mean_recovery", "recovery_note")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become null, numpy scalars plain numbers."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def _find_data(data: str | None, where: Path) -> Path | None:
+    """A manifest's dataset path: as written (absolute or from the working directory), else
+    from the output directory or one of its parents (configs keep paths relative)."""
+    if not data:
+        return None
+    path = Path(data)
+    candidates = [path] if path.is_absolute() else [path, *(p / path for p in [where, *where.parents])]
+    return next((c for c in candidates if c.exists()), None)
+
+
+def _prompts_by_id(data: str | None, where: Path) -> dict[str, dict[str, Any]]:
+    """Test prompts of the dataset a run used, by example id (spans included), or ``{}``."""
+    from weightgraft.data.freeform import load_prompts
+
+    found = _find_data(data, where)
+    if found is None:
+        return {}
+    try:
+        prompts = load_prompts(found)
+    except (OSError, ValueError):
+        return {}
+    return {p.id: {"id": p.id, "template": p.template, "prompt": p.prompt, "answer": p.answer,
+                   "spans": {k: list(v) for k, v in p.spans.items()}} for p in prompts}
+
+
+def _examples(rows: Sequence[dict[str, Any]], known: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Up to ``EXAMPLES_PER_TEMPLATE`` examples per template, spans from the dataset if found."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        group = out.setdefault(row["template"], [])
+        if len(group) < EXAMPLES_PER_TEMPLATE and all(e["id"] != row["id"] for e in group):
+            group.append(known.get(row["id"], row))
+    return out
+
+
+class RunView:
+    """``weightgraft run``'s directory: summary table, schemes, figures, example prompts."""
+
+    def __init__(self, run_dir: Path) -> None:
+        run_dir = Path(run_dir)
+        summary = run_dir / "summary.csv"
+        if not summary.is_file():
+            raise ValueError(f"--run {run_dir}: no summary.csv there (is it a `weightgraft run` directory?)")
+        manifest = json.loads((run_dir / "manifest.json").read_text()) if (run_dir / "manifest.json").is_file() else {}
+        self.name = run_dir.name
+        self.protocol = manifest.get("protocol", "paper")
+        self.schemes = {s["name"]: s for s in manifest.get("schemes", []) if isinstance(s, dict) and "name" in s}
+        table = pd.read_csv(summary)
+        self.columns = [c for c in SUMMARY_COLUMNS if c in table.columns]
+        self.rows = _records(table[self.columns])
+        figures = run_dir / "report" / "figures"
+        self.figures = sorted(figures.glob("*.png")) if figures.is_dir() else []
+        results = run_dir / "results.parquet"
+        rows: list[dict[str, Any]] = []
+        if results.is_file():
+            frame = pd.read_parquet(results, columns=["template", "example_id", "prompt", "answer"])
+            frame = frame.drop_duplicates("example_id")
+            rows = [{"id": r["example_id"], "template": r["template"], "prompt": r["prompt"],
+                     "answer": r["answer"], "spans": {}} for r in frame.to_dict("records")]
+        known = _prompts_by_id((manifest.get("config") or {}).get("data"), run_dir)
+        self.examples = _examples(rows, known)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "protocol": self.protocol, "columns": self.columns, "rows": self.rows,
+                "schemes": {k: {"name": v["name"], "base": v.get("base", "pre"), "rules": v.get("rules", [])}
+                            for k, v in self.schemes.items()},
+                "figures": [{"index": i, "name": p.stem} for i, p in enumerate(self.figures)],
+                "examples": self.examples}
+
+    def figure(self, index: int) -> Path:
+        """The ``index``-th figure read at start (an index, never a client path)."""
+        if not 0 <= index < len(self.figures):
+            raise IndexError(index)
+        return self.figures[index]
+
+
+class LocalizeView:
+    """``weightgraft localize``'s directory: cell maps averaged per (direction, template) by
+    (position label, slot), so that they land on any prompt of the template through its
+    labels; the minimal graft sets; example prompts."""
+
+    def __init__(self, out_dir: Path) -> None:
+        out_dir = Path(out_dir)
+        cells_path = out_dir / "cells.parquet"
+        if not cells_path.is_file():
+            raise ValueError(f"--localize {out_dir}: no cells.parquet there (is it a `weightgraft localize` directory?)")
+        manifest = json.loads((out_dir / "manifest.json").read_text()) if (out_dir / "manifest.json").is_file() else {}
+        search = json.loads((out_dir / "search.json").read_text()) if (out_dir / "search.json").is_file() else {}
+        self.name = out_dir.name
+        self.metric = search.get("metric") or (manifest.get("config") or {}).get("metric", "")
+        self.searches = [self._search(s) for s in search.get("searches", [])]
+        cells = pd.read_parquet(cells_path)
+        self.columns = [c for c in ("estimate", "estimate_ig", "exact") if c in cells and cells[c].notna().any()]
+        self.maps = []
+        for (direction, template), group in cells.groupby(["direction", "template"], sort=False):
+            mean = group.groupby(["position_label", "slot"], sort=False)[self.columns].mean()
+            values = {c: [[label, slot, _clean(v)] for (label, slot), v in mean[c].items() if pd.notna(v)]
+                      for c in self.columns}
+            self.maps.append({"direction": direction, "template": template,
+                              "n_examples": int(group["example_id"].nunique()), "values": values})
+        ids = cells[["example_id", "template"]].drop_duplicates("example_id")
+        known = _prompts_by_id((manifest.get("config") or {}).get("data"), out_dir)
+        rows = [known[i] for i in ids["example_id"] if i in known]
+        self.examples = _examples(rows, known)
+
+    @staticmethod
+    def _search(entry: dict[str, Any]) -> dict[str, Any]:
+        keep = ("direction", "template", "n_examples", "target_share", "size", "share", "reached", "cells")
+        out = {k: entry.get(k) for k in keep}
+        controls = entry.get("controls")  # sets a search may write beside the found one
+        if isinstance(controls, dict):
+            controls = [{"name": k, **(v if isinstance(v, dict) else {"cells": v})} for k, v in controls.items()]
+        out["controls"] = [c for c in controls or [] if isinstance(c, dict) and isinstance(c.get("cells"), list)]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "metric": self.metric, "columns": self.columns, "maps": self.maps,
+                "searches": self.searches, "examples": self.examples}

@@ -1,0 +1,85 @@
+"""What a client of the explore app may send, checked before any model runs: a prompt (with a
+length limit), named spans, rules or explicit cells, an answer, top-k. No field names a file:
+unknown fields are refused, so a path can never reach the server's filesystem."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from weightgraft.schemes.scheme import Rule
+
+
+class RequestError(ValueError):
+    """A request the app refuses; ``status`` is the HTTP status, the message one line."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one request may ask for (a shared local server must stay responsive)."""
+
+    max_body_bytes: int = 2 * 1024 * 1024
+    max_prompt_chars: int = 2000
+    max_tokens: int = 128
+    max_k: int = 50
+
+
+class TokensRequest(BaseModel):
+    """``POST /api/tokens``: a prompt and its named spans (substring or ``[start, end]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1)
+    spans: dict[str, str | tuple[int, int]] | None = None
+
+    @field_validator("spans")
+    @classmethod
+    def _span_names(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        for name in value or {}:
+            if not name.isidentifier():
+                raise ValueError(f"span name {name!r} must be an identifier (letters, digits, _)")
+        return value
+
+
+class Cell(BaseModel):
+    """One explicit assignment: slot ``slot`` (a name of ``wg.slots``) at token ``position``
+    is served by role ``model``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    position: int
+    slot: str
+    model: str
+
+
+class GraftRequest(TokensRequest):
+    """``POST /api/graft``: ``rules`` (as ``wg.Rule`` fields) or explicit ``cells``; cells no
+    rule or assignment claims come from ``base`` (default ``pre``)."""
+
+    rules: list[Rule] | None = None
+    cells: list[Cell] | None = None
+    base: str | None = None
+    answer: str | None = None
+    k: int = Field(10, ge=1)
+    protocol: Literal["paper", "authors"] = "paper"
+
+
+def parse(model: type[BaseModel], data: Any) -> Any:
+    """Validate a decoded JSON body; the first problem as one line (field path: message)."""
+    if not isinstance(data, dict):
+        raise RequestError("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "body"
+        msg = str(err["msg"]).replace("\n", " ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field (allowed: {', '.join(model.model_fields)})" if len(err["loc"]) == 1 else "unknown field"
+        raise RequestError(f"{where}: {msg}") from None

@@ -1,0 +1,34 @@
+"""The paper's schemes as the page's buttons: position grafts (FE, LT, FE+LT and their
+complements, both directions) and component grafts by layer group, each with the spans its
+positions need (a button is disabled until the prompt marks them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from weightgraft.schemes.presets import COMPONENT_SETS, LAYER_GROUPS, preset
+from weightgraft.schemes.scheme import Scheme
+from weightgraft.schemes.selectors import position_names
+
+
+def _needs(scheme: Scheme) -> list[str]:
+    """Spans a scheme's positions name (``first_entity``: any entity span)."""
+    names = set().union(*(position_names(r.positions) for r in scheme.rules)) if scheme.rules else set()
+    return sorted(names - {"all", "last"})
+
+
+def as_json(scheme: Scheme) -> dict[str, Any]:
+    """A scheme as the page sends it back to ``/api/graft`` (``rules`` and ``base``)."""
+    return {"name": scheme.name, "base": scheme.base, "family": scheme.family,
+            "rules": [r.model_dump(exclude_defaults=True) | {"model": r.model} for r in scheme.rules],
+            "needs": _needs(scheme)}
+
+
+def page_schemes() -> dict[str, Any]:
+    """Preset families by direction: ``sft2pre`` grafts SFT into PRE, ``pre2sft`` PRE into SFT."""
+    return {
+        "position": {d: [as_json(s) for s in preset("position", direction=d, spans=True)]
+                     for d in ("sft2pre", "pre2sft")},
+        "component": {d: [as_json(s) for s in preset("component", direction=d)] for d in ("sft2pre", "pre2sft")},
+        "component_sets": list(COMPONENT_SETS), "layer_groups": list(LAYER_GROUPS),
+    }

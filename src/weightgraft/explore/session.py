@@ -1,0 +1,216 @@
+"""The explore app's models and grafted passes. One request is one batched engine pass over the
+prompt: the grafted row, plus the PRE and SFT rows unless they are cached for these tokens (they
+do not change while a researcher paints). Rules go through the same checks and compilation as
+``wg.graft``; explicit cells become the engine's source map directly, each one validated."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from weightgraft.api.batch import encode
+from weightgraft.api.inputs import (
+    GraftInputError,
+    as_scheme,
+    check_prompts,
+    check_roles,
+    check_tokenizer,
+    compile_for,
+)
+from weightgraft.api.tokens import tokens as token_table
+from weightgraft.data.spans import SpanError, resolve_spans
+from weightgraft.engine.forward import graft_forward, slots
+from weightgraft.engine.precision import batch_invariant_attention
+from weightgraft.explore.layout import layout
+from weightgraft.explore.requests import Cell, GraftRequest, Limits, RequestError, TokensRequest
+from weightgraft.schemes.selectors import first_entity, token_span
+
+BASELINES = ("pre", "sft")
+
+
+class Explorer:
+    """Models by role (``pre`` and ``sft`` required, more allowed) and their tokenizer. Calls
+    are serialized: the engine swaps module forwards for the duration of a pass."""
+
+    def __init__(self, models: Mapping[str, torch.nn.Module], tokenizer: Any, limits: Limits | None = None,
+                 cache_size: int = 64) -> None:
+        missing = [r for r in BASELINES if r not in models]
+        if missing:
+            raise ValueError(f"explore needs models named 'pre' and 'sft' (missing: {', '.join(missing)})")
+        check_tokenizer(tokenizer)
+        self.roles = [*BASELINES, *(r for r in models if r not in BASELINES)]
+        self.models = [models[r] for r in self.roles]
+        batch_invariant_attention(self.models)
+        self.tokenizer = tokenizer
+        self.limits = limits or Limits()
+        self.slot_names = slots(self.models[0])
+        self.slot_index = {n: i for i, n in enumerate(self.slot_names)}
+        self.layout = layout(self.slot_names)
+        self.device = next(self.models[0].parameters()).device
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[int, ...], dict[str, torch.Tensor]] = OrderedDict()
+        self._cache_size = cache_size
+
+    def info(self) -> dict[str, Any]:
+        """What the page needs before the first prompt: roles, slots, grids, limits, presets."""
+        from weightgraft.explore.schemes import page_schemes
+
+        return {
+            "roles": self.roles, "slots": self.slot_names, "layout": self.layout,
+            "limits": {"max_prompt_chars": self.limits.max_prompt_chars,
+                       "max_tokens": self.limits.max_tokens, "max_k": self.limits.max_k},
+            "schemes": page_schemes(),
+        }
+
+    # ------------------------------------------------------------------ requests
+
+    def tokens(self, request: TokensRequest) -> list[dict[str, Any]]:
+        """The prompt's tokens with position labels and selectors (``wg.tokens``)."""
+        self._check_prompt(request.prompt)
+        try:
+            table = token_table(self.tokenizer, request.prompt, request.spans)
+            chars = resolve_spans(request.prompt, request.spans)
+        except (GraftInputError, SpanError) as exc:
+            raise RequestError(_one_line(exc)) from None
+        if len(table) > self.limits.max_tokens:
+            raise RequestError(f"the prompt has {len(table)} tokens; this server takes at most {self.limits.max_tokens}")
+        offsets = list(zip(table["start"].tolist(), table["end"].tolist()))
+        selectors: list[list[str]] = [[] for _ in offsets]  # the position selectors that pick each token
+        first = first_entity(chars, None)
+        for name, (start, end) in chars.items():
+            for i in token_span(offsets, start, end):
+                selectors[i] += [name, "first_entity"] if name == first else [name]
+        selectors[-1].append("last")
+        return [{"position": int(r["position"]), "token": r["token"], "token_id": int(r["id"]),
+                 "start": int(r["start"]), "end": int(r["end"]), "label": r["label"], "selectors": sel}
+                for r, sel in zip(table.to_dict("records"), selectors, strict=True)]
+
+    def graft(self, request: GraftRequest) -> dict[str, Any]:
+        """Top-k of PRE, SFT and the grafted pass at the prompt's last token, the answer's
+        probability and rank under each, and the source map the grafted pass ran."""
+        t0 = time.perf_counter()
+        if request.k > self.limits.max_k:
+            raise RequestError(f"k: at most {self.limits.max_k}")
+        if request.rules is not None and request.cells is not None:
+            raise RequestError("give rules or cells, not both")
+        toks = self.tokens(request)
+        ids = [t["token_id"] for t in toks]
+        base = request.base if request.base is not None else "pre"
+        if base not in self.roles:
+            raise RequestError(f"base {base!r} is not one of the models ({', '.join(self.roles)})")
+        if request.cells is not None:
+            source, heads = self.cell_source(len(ids), request.cells, base), {}
+        else:
+            source, heads = self.rule_source(request, base)
+        answer_id = self._answer_id(request.answer)
+        with self._lock:
+            logits = self._logits(ids, source, heads)
+        out = {
+            "tokens": toks,
+            "top": {name: self._top(row, request.k) for name, row in logits.items()},
+            "answer": None if answer_id is None else self._answer(request.answer, answer_id, logits),
+            "map": {"base": base, "roles": self.roles, "source": source.tolist(),
+                    "heads": sorted(heads)},
+        }
+        out["ms"] = round(1000 * (time.perf_counter() - t0), 2)
+        return out
+
+    # ------------------------------------------------------------------ source maps
+
+    def rule_source(self, request: GraftRequest, base: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``[n_tokens, n_slots]`` role indices (and per-head maps) that ``rules`` give this
+        prompt: the checks and compilation of ``wg.graft``, in this app's role order."""
+        try:
+            scheme = as_scheme(list(request.rules or []), base, base)
+            check_roles([scheme], self.roles)
+            spans = check_prompts([request.prompt], [request.spans])
+            (compiled,) = compile_for([scheme], self.models[0], self.roles, request.protocol)
+            (encoded,) = encode(self.tokenizer, [request.prompt], spans, compiled)
+        except (GraftInputError, ValueError) as exc:
+            raise RequestError(_one_line(exc)) from None
+        return encoded.source, encoded.heads
+
+    def cell_source(self, n_tokens: int, cells: list[Cell], base: str) -> torch.Tensor:
+        """The source map of explicit (position, slot) -> role assignments over ``base``;
+        a later assignment of the same cell wins. Positions count from 0 over the tokens
+        ``/api/tokens`` lists (special tokens included)."""
+        if len(cells) > n_tokens * len(self.slot_names):
+            raise RequestError(f"{len(cells)} cells for a prompt of {n_tokens * len(self.slot_names)} cells")
+        role = {r: i for i, r in enumerate(self.roles)}
+        source = torch.full((n_tokens, len(self.slot_names)), role[base], dtype=torch.long)
+        for k, cell in enumerate(cells):
+            if not 0 <= cell.position < n_tokens:
+                raise RequestError(f"cells.{k}: position {cell.position} is outside the prompt's {n_tokens} tokens (0..{n_tokens - 1})")
+            if cell.slot not in self.slot_index:
+                raise RequestError(f"cells.{k}: unknown slot {cell.slot!r}; slots look like "
+                                   f"{', '.join(self.slot_names[:3])}, ..., {self.slot_names[-1]}")
+            if cell.model not in role:
+                raise RequestError(f"cells.{k}: model {cell.model!r} is not one of {', '.join(self.roles)}")
+            source[cell.position, self.slot_index[cell.slot]] = role[cell.model]
+        return source
+
+    # ------------------------------------------------------------------ the pass
+
+    def _logits(self, ids: list[int], source: torch.Tensor,
+                heads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Last-token logits of the grafted row and of PRE and SFT (cached per token ids)."""
+        key = tuple(ids)
+        cached = self._cache.get(key)
+        rows = [source] + ([] if cached else [torch.full_like(source, i) for i in range(len(BASELINES))])
+        src = torch.stack(rows)
+        head_source = {}
+        for name, h in heads.items():  # rows without per-head maps: every head follows the slot
+            s = self.slot_index[name]
+            head_source[name] = torch.stack([h] + [r[:, s : s + 1].expand_as(h) for r in rows[1:]])
+        n = len(ids)
+        input_ids = torch.tensor([ids] * len(rows), dtype=torch.long)
+        with torch.no_grad():
+            logits = graft_forward(
+                self.models, input_ids.to(self.device), src.to(self.device),
+                attention_mask=torch.ones_like(input_ids).to(self.device),
+                logit_positions=torch.full((len(rows), 1), n - 1, device=self.device),
+                head_source={k: v.to(self.device) for k, v in head_source.items()} or None,
+            )[:, 0].float().cpu()
+        if cached is None:
+            cached = dict(zip(BASELINES, logits[1:]))
+            self._cache[key] = cached
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        return {**cached, "graft": logits[0]}
+
+    def _top(self, logits: torch.Tensor, k: int) -> list[dict[str, Any]]:
+        probs = torch.softmax(logits, dim=-1)
+        values, idx = probs.topk(min(k, probs.numel()))
+        return [{"token": self.tokenizer.decode([int(i)]), "token_id": int(i), "prob": float(p)}
+                for i, p in zip(idx.tolist(), values.tolist(), strict=True)]
+
+    def _answer_id(self, answer: str | None) -> int | None:
+        """The answer's first token, as runs score it (``" " + answer``)."""
+        if answer is None or not answer.strip():
+            return None
+        ids = self.tokenizer(" " + answer.strip(), add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise RequestError(f"answer {answer!r} tokenizes to nothing")
+        return int(ids[0])
+
+    def _answer(self, text: str, token_id: int, logits: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        prob, rank = {}, {}
+        for name, row in logits.items():
+            prob[name] = float(torch.softmax(row, dim=-1)[token_id])
+            rank[name] = int((row > row[token_id]).sum())  # 0-based, as in a run's results
+        return {"text": text, "token": self.tokenizer.decode([token_id]), "token_id": token_id,
+                "prob": prob, "rank": rank}
+
+    def _check_prompt(self, prompt: str) -> None:
+        if len(prompt) > self.limits.max_prompt_chars:
+            raise RequestError(f"prompt: {len(prompt)} characters; this server takes at most {self.limits.max_prompt_chars}")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

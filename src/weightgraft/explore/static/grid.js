@@ -1,0 +1,119 @@
+// The graft map: a position x layer grid per component group plus rows for embedding, final
+// norm and unembedding. Click and drag paint the chosen role into every slot of a cell.
+const COLORS = ["var(--pre)", "var(--sft)", "var(--r2)", "var(--r3)"];
+export const roleColor = (i) => COLORS[i % COLORS.length];
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+// Columns: a label column, then one per position. Rows top to bottom: last layer first.
+function makeGrid(tokens, nRows, rowLabel) {
+  const g = el("div", "grid");
+  g.style.gridTemplateColumns = `2.2em repeat(${tokens.length}, var(--cell))`;
+  const cells = [];
+  for (let r = 0; r < nRows; r++) {
+    g.appendChild(el("div", "ylab", rowLabel(r)));
+    const row = [];
+    for (let t = 0; t < tokens.length; t++) {
+      const c = el("div", "c");
+      c.dataset.row = r; c.dataset.t = t;
+      g.appendChild(c); row.push(c);
+    }
+    cells.push(row);
+  }
+  g.appendChild(el("div", "ylab", ""));
+  for (const tok of tokens) {
+    const x = el("div", "xlab", tok.token.replace(/\n/g, "⏎"));
+    x.title = `${tok.position}: ${JSON.stringify(tok.token)} (${tok.label})`;
+    g.appendChild(x);
+  }
+  return { g, cells };
+}
+
+// Draw every grid for these tokens; onPaint(slotIndices, position) is called per painted cell,
+// onStroke() when a stroke ends. Returns {update(source), heat(valueOf)} to recolor.
+export function drawGrids(root, layout, tokens, handlers) {
+  root.replaceChildren();
+  const blocks = [];  // {cells, slotsAt(row) -> slot indices, heat cells}
+  const L = layout.n_layers;
+  for (const grid of layout.grids) {
+    const block = el("div", "block");
+    block.appendChild(el("h3", null, grid.title));
+    const { g, cells } = makeGrid(tokens, L, (r) => String(L - 1 - r));
+    block.appendChild(g);
+    const heat = makeGrid(tokens, L, (r) => String(L - 1 - r));
+    heat.g.classList.add("heat"); heat.g.hidden = true;
+    block.appendChild(heat.g);
+    root.appendChild(block);
+    blocks.push({ cells, heat, slotsAt: (r) => grid.layers[L - 1 - r], key: grid.key });
+  }
+  const rowsBlock = el("div", "block rows");
+  rowsBlock.appendChild(el("h3", null, "embedding · final norm · unembedding"));
+  const rows = layout.rows;
+  const { g, cells } = makeGrid(tokens, rows.length, (r) => rows[r].key.replace("final_norm", "norm").slice(0, 6));
+  rowsBlock.appendChild(g);
+  const heat = makeGrid(tokens, rows.length, (r) => rows[r].key.slice(0, 6));
+  heat.g.classList.add("heat"); heat.g.hidden = true;
+  rowsBlock.appendChild(heat.g);
+  root.appendChild(rowsBlock);
+  blocks.push({ cells, heat, slotsAt: (r) => rows[r].slots, key: "rows" });
+
+  let painting = null;  // the role a stroke paints (or erases to)
+  const paint = (block, cell) => {
+    const slots = block.slotsAt(+cell.dataset.row);
+    handlers.onPaint(slots, +cell.dataset.t, (current) => {
+      if (painting === null) painting = current.every((r) => r === handlers.paintRole()) ? handlers.baseRole() : handlers.paintRole();
+      return painting;
+    });
+  };
+  blocks.forEach((block) => {
+    block.cells.flat().forEach((cell) => {
+      cell.addEventListener("mousedown", (ev) => { ev.preventDefault(); painting = null; paint(block, cell); });
+      cell.addEventListener("mouseenter", (ev) => { if (ev.buttons & 1 && painting !== null) paint(block, cell); });
+    });
+  });
+  const end = () => { if (painting !== null) { painting = null; handlers.onStroke(); } };
+  root.onmouseup = end; root.onmouseleave = end;
+
+  return {
+    blocks,
+    update(source) {
+      for (const block of blocks) {
+        block.cells.forEach((row, r) => row.forEach((cell, t) => {
+          const roles = block.slotsAt(r).map((s) => source[t][s]);
+          const first = roles[0];
+          const mixed = roles.some((x) => x !== first);
+          const shown = mixed ? roles.find((x) => x !== handlers.baseRole()) : first;
+          cell.style.backgroundColor = roleColor(shown);
+          cell.classList.toggle("mixed", mixed);
+          cell.title = `position ${t}, ${block.key} ${block.key === "rows" ? "" : "layer " + (L - 1 - r)}: ` +
+            block.slotsAt(r).map((s) => `${handlers.slotName(s)}=${handlers.roleName(source[t][s])}`).join(" ");
+        }));
+      }
+    },
+    // valueOf(slot, position) -> number | null; null hides the heat maps
+    heat(valueOf) {
+      if (!valueOf) { blocks.forEach((block) => { block.heat.g.hidden = true; }); return; }
+      let max = 0;
+      const values = blocks.map((block) => block.heat.cells.map((row, r) => row.map((_, t) => {
+        const vs = block.slotsAt(r).map((s) => valueOf(s, t)).filter((v) => v !== null && v !== undefined);
+        const v = vs.length ? vs.reduce((a, b) => a + b, 0) : null;
+        if (v !== null) max = Math.max(max, Math.abs(v));
+        return v;
+      })));
+      blocks.forEach((block, b) => {
+        block.heat.g.hidden = false;
+        block.heat.cells.forEach((row, r) => row.forEach((cell, t) => {
+          const v = values[b][r][t];
+          const a = v === null || !max ? 0 : Math.abs(v) / max;
+          cell.style.backgroundColor = v === null ? "#fff" : v >= 0 ? `rgba(200,30,30,${a})` : `rgba(30,80,200,${a})`;
+          cell.title = v === null ? "" : `${v.toPrecision(3)}`;
+        }));
+      });
+    },
+  };
+}

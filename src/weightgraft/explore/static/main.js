@@ -1,0 +1,220 @@
+// The page: holds the graft map (source[position][slot] = role index), sends it to the server on
+// every change, and draws what comes back.
+import { getJSON, postJSON } from "./api.js";
+import { drawGrids, roleColor } from "./grid.js";
+import { drawLocalize, drawRun } from "./panels.js";
+import { drawTokens, formatSpans, parseSpans } from "./tokens.js";
+import { drawAnswer, drawTop } from "./topk.js";
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  info: null, tokens: [], source: [], base: 0, paint: 1, rules: null, seq: 0, grids: null,
+  heat: null, heatColumn: null, activeScheme: null,
+};
+
+function showError(message) { $("error").textContent = message || ""; }
+function status(message) { $("status").textContent = message; }
+
+function request() {
+  const body = {
+    prompt: $("prompt").value, answer: $("answer").value || null, k: +$("k").value || 8,
+    protocol: $("protocol").value,
+  };
+  const spans = parseSpans($("spans").value);
+  if (Object.keys(spans).length) body.spans = spans;
+  return body;
+}
+
+// explicit cells over the most common role (the smallest message)
+function cells() {
+  const counts = new Map();
+  state.source.forEach((row) => row.forEach((r) => counts.set(r, (counts.get(r) || 0) + 1)));
+  const base = [...counts.entries()].sort((a, b) => b[1] - a[1])[0]?.[0] ?? state.base;
+  const out = [];
+  state.source.forEach((row, t) => row.forEach((r, s) => {
+    if (r !== base) out.push({ position: t, slot: state.info.slots[s], model: state.info.roles[r] });
+  }));
+  return { base: state.info.roles[base], cells: out };
+}
+
+async function graft() {
+  const seq = ++state.seq;
+  let body;
+  try {
+    body = request();
+    Object.assign(body, state.rules ? { rules: state.rules, base: state.info.roles[state.base] } : cells());
+  } catch (e) { showError(e.message); return; }
+  status("grafting…");
+  try {
+    const res = await postJSON("/api/graft", body);
+    if (seq !== state.seq) return;  // a newer change is on its way
+    showError("");
+    state.source = res.map.source;
+    state.base = state.info.roles.indexOf(res.map.base);
+    state.grids.update(state.source);
+    drawTop($("top"), res.top, res.answer);
+    drawAnswer($("answer-box"), res.answer);
+    status(`${res.tokens.length} tokens, ${res.ms} ms`);
+    document.body.dataset.ready = String(seq);
+  } catch (e) { if (seq === state.seq) { showError(e.message); status(""); } }
+}
+
+// tokens first (positions may move), then the graft
+async function refresh() {
+  let res;
+  try {
+    const body = request();
+    res = await postJSON("/api/tokens", { prompt: body.prompt, ...(body.spans ? { spans: body.spans } : {}) });
+  } catch (e) { showError(e.message); return; }
+  const same = res.tokens.length === state.tokens.length && res.tokens.every((t, i) => t.token_id === state.tokens[i].token_id && t.label === state.tokens[i].label);
+  state.tokens = res.tokens;
+  drawTokens($("tokens"), state.tokens);
+  if (!same) {
+    const n = state.tokens.length, S = state.info.slots.length;
+    state.source = Array.from({ length: n }, (_, t) => state.source[t] || Array(S).fill(state.base));
+    state.grids = drawGrids($("grids"), state.info.layout, state.tokens, handlers);
+    state.grids.update(state.source);
+    drawHeat();
+  }
+  enableSchemes();
+  await graft();
+}
+
+const handlers = {
+  paintRole: () => state.paint,
+  baseRole: () => (state.paint !== state.base ? state.base : state.paint === 0 ? 1 : 0),
+  roleName: (i) => state.info.roles[i],
+  slotName: (s) => state.info.slots[s],
+  onPaint(slots, t, choose) {
+    const role = choose(slots.map((s) => state.source[t][s]));
+    slots.forEach((s) => { state.source[t][s] = role; });
+    state.rules = null;
+    markScheme(null);
+    state.grids.update(state.source);
+  },
+  onStroke() { graft(); },
+};
+
+function drawHeat() {
+  if (!state.grids) return;
+  if (!state.heat) { state.grids.heat(null); return; }
+  const values = new Map((state.heat.values[state.heatColumn] || []).map(([label, slot, v]) => [`${label}|${slot}`, v]));
+  state.grids.heat((s, t) => values.get(`${state.tokens[t].label}|${state.info.slots[s]}`) ?? null);
+}
+
+function markScheme(button) {
+  document.querySelectorAll("button.scheme").forEach((b) => b.classList.toggle("on", b === button));
+}
+
+function applyScheme(scheme, button) {
+  state.rules = scheme.rules;
+  state.base = state.info.roles.indexOf(scheme.base);
+  if (state.base < 0) { showError(`scheme ${scheme.name} uses base ${scheme.base}, which is not loaded`); return; }
+  markScheme(button || null);
+  graft();
+}
+
+function enableSchemes() {
+  const have = new Set(state.tokens.flatMap((t) => t.selectors));
+  document.querySelectorAll("button.scheme").forEach((b) => {
+    const needs = JSON.parse(b.dataset.needs || "[]");
+    const missing = needs.filter((n) => !have.has(n));
+    b.disabled = missing.length > 0;
+    b.title = missing.length ? `mark span(s) ${missing.join(", ")} in the spans box` : b.dataset.rules;
+  });
+}
+
+function drawSchemes() {
+  const dir = $("direction").value;
+  const root = $("position-schemes");
+  root.replaceChildren();
+  for (const scheme of state.info.schemes.position[dir]) {
+    const b = document.createElement("button");
+    b.type = "button"; b.className = "scheme"; b.textContent = scheme.name;
+    b.dataset.needs = JSON.stringify(scheme.needs); b.dataset.rules = JSON.stringify(scheme.rules);
+    b.onclick = () => applyScheme(scheme, b);
+    root.appendChild(b);
+  }
+  enableSchemes();
+}
+
+function drawPalette() {
+  const root = $("palette");
+  root.replaceChildren();
+  state.info.roles.forEach((role, i) => {
+    const b = document.createElement("button");
+    b.type = "button"; b.className = "role" + (i === state.paint ? " on" : ""); b.textContent = role;
+    b.style.background = roleColor(i); b.dataset.role = role;
+    b.onclick = () => { state.paint = i; drawPalette(); };
+    root.appendChild(b);
+  });
+}
+
+const page = {
+  error: showError,
+  openExample(ex) {
+    $("prompt").value = ex.prompt;
+    $("spans").value = formatSpans(ex.prompt, ex.spans);
+    $("answer").value = ex.answer || "";
+    refresh();
+  },
+  openScheme(scheme, ex, protocol) {
+    $("protocol").value = protocol || "paper";
+    state.rules = scheme.rules;
+    state.base = Math.max(0, state.info.roles.indexOf(scheme.base));
+    markScheme(null);
+    if (ex) page.openExample(ex); else graft();
+  },
+  setHeat(map, column) { state.heat = map; state.heatColumn = column; drawHeat(); },
+  applySet(direction, keyed) {
+    const pre = state.info.roles.indexOf("pre"), sft = state.info.roles.indexOf("sft");
+    const [base, role] = direction === "necessity" ? [sft, pre] : [pre, sft];
+    const S = state.info.slots.length;
+    state.source = state.tokens.map(() => Array(S).fill(base));
+    state.base = base;
+    let found = 0;
+    for (const { position_label: label, slot } of keyed) {
+      const s = state.info.slots.indexOf(slot);
+      const ts = state.tokens.filter((t) => t.label === label).map((t) => t.position);
+      if (s >= 0 && ts.length) found++;
+      ts.forEach((t) => { if (s >= 0) state.source[t][s] = role; });
+    }
+    state.rules = null;
+    markScheme(null);
+    state.grids.update(state.source);
+    graft().then(() => { if (found < keyed.length) showError(`${keyed.length - found} of ${keyed.length} cells have no position labelled so on this prompt (mark its spans as the localize run did)`); });
+  },
+};
+
+function debounce(fn, ms) { let t; return () => { clearTimeout(t); t = setTimeout(fn, ms); }; }
+
+async function init() {
+  try { state.info = await getJSON("/api/info"); } catch (e) { showError(e.message); return; }
+  $("models").textContent = `models: ${state.info.roles.join(", ")}; ${state.info.layout.n_layers} layers, ${state.info.slots.length} slots per position`;
+  $("prompt").maxLength = state.info.limits.max_prompt_chars;
+  $("k").max = state.info.limits.max_k;
+  drawPalette();
+  drawSchemes();
+  $("direction").onchange = drawSchemes;
+  for (const name of state.info.schemes.component_sets) $("component-set").appendChild(new Option(name));
+  for (const name of state.info.schemes.layer_groups) $("layer-group").appendChild(new Option(name, name, false, name === "last_quarter"));
+  $("apply-component").onclick = () => {
+    const name = `${$("component-set").value}@${$("layer-group").value}`;
+    const scheme = state.info.schemes.component[$("direction").value].find((s) => s.name === name);
+    if (scheme) applyScheme(scheme);
+  };
+  $("reset").onclick = () => { state.rules = []; markScheme(null); graft(); };
+  const later = debounce(refresh, 250);
+  ["prompt", "spans"].forEach((id) => $(id).addEventListener("input", later));
+  ["answer", "k"].forEach((id) => $(id).addEventListener("input", debounce(graft, 250)));
+  $("protocol").onchange = () => graft();
+  if (state.info.run) {
+    try { drawRun($("run"), await getJSON("/api/run"), page); } catch (e) { showError(e.message); }
+  }
+  if (state.info.localize) {
+    try { drawLocalize($("localize"), await getJSON("/api/localize"), page); } catch (e) { showError(e.message); }
+  }
+  await refresh();
+}
+
+init();
