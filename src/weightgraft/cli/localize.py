@@ -24,6 +24,19 @@ def localize(
     for entry in result.search.get("searches", []):
         console.print(f"{entry['direction']:>11} / {entry['template']}: {entry['size']} cells carry "
                       f"{entry['share']:.0%} of the effect" + ("" if entry["reached"] else " (target not reached)"))
+        refined = entry.get("refined")
+        if refined:
+            console.print(f"{'':>11}   refined by exact marginal gain: {refined['size']} cells carry {refined['share']:.0%}")
+        controls = entry.get("controls")
+        if controls:
+            console.print(f"{'':>11}   random sets of {entry['size']}: mean {controls['random']['mean']:.0%}, "
+                          f"p95 {controls['random']['p95']:.0%}; matched p95 {controls['matched']['p95']:.0%}")
     if result.excluded:
         console.print(f"[yellow]{len(result.excluded)} prompt(s) excluded[/] (answer tokenizes to nothing)")
-    console.print(f"cells: {result.run_dir / 'cells.parquet'}\nreport: {result.run_dir / 'report' / 'index.html'}")
+    if result.directions_note:
+        console.print(result.directions_note)
+    console.print(f"cells: {result.run_dir / 'cells.parquet'}")
+    if result.report is not None:
+        console.print(f"report: {result.report}")
+    else:
+        console.print(f"no report (report: false); draw it later with weightgraft.report.localize.write_localize_report('{result.run_dir}')")

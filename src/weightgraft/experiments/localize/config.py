@@ -24,6 +24,21 @@ class SearchSettings(BaseModel):
     target_share: float = Field(0.9, gt=0, le=1)
     max_cells: int = Field(1024, ge=1)
     rank_by: Literal["gradient", "ig"] = "gradient"
+    # controls: random sets of the found set's size (uniform, and matched to its mix of
+    # (position label, component)), each this many; 0 turns them off
+    controls: int = Field(20, ge=0)
+    # exact effects of this many cells sampled below the ranking's cut (and above it, where
+    # the set is larger): the bound on what the ranking missed; 0 turns it off
+    missed_sample: int = Field(64, ge=0)
+    refine: bool = True  # shrink the found set by exact marginal gain
+    refine_rounds: int = Field(100, ge=1, description="at most this many exact marginal passes")
+
+    @field_validator("controls")
+    @classmethod
+    def _enough_controls(cls, value: int) -> int:
+        if 0 < value < 20:
+            raise ValueError("controls must be 0 (off) or at least 20 (a 95th percentile of fewer sets says little)")
+        return value
 
 
 class LocalizeConfig(BaseModel):
@@ -69,12 +84,15 @@ class LocalizeConfig(BaseModel):
         return value
 
     def identity(self) -> str:
-        """Hash of what determines the results (not batch sizes, device, output place)."""
-        data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device"})
+        """Hash of what determines the results (not batch sizes, device, output place, nor
+        ``exact``: exact maps are stored per example, so raising it extends a run)."""
+        data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device", "exact"})
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def run_dir(self) -> Path:
-        return Path(self.out if self.out is not None else Path("runs")) / self.name
+        """``out`` is the run directory itself, as in ``weightgraft run``; without it,
+        ``runs/{name}``."""
+        return Path(self.out) if self.out is not None else Path("runs") / self.name
 
 
 def parse_localize_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None) -> LocalizeConfig:

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from weightgraft.data.prompts import DatasetError, TestPrompt, load_test_prompts
+from weightgraft.data.freeform import load_prompts
+from weightgraft.data.prompts import DatasetError, TestPrompt
 from weightgraft.schemes.selectors import first_entity, token_span
 from weightgraft.engine.cells import ScoredExample
 
@@ -76,9 +77,15 @@ def build_examples(prompts: Sequence[TestPrompt], tokenizer: Any) -> tuple[list[
 
 
 def select_prompts(config: Any) -> list[TestPrompt]:
-    """The config's test prompts after its template, direction and per-template limit filters;
-    an error when a named template is missing or nothing is left."""
-    prompts = load_test_prompts(config.data)
+    """The config's test prompts (a dataset folder or a free-form JSONL, as ``run`` reads them)
+    after its template, direction and per-template limit filters; an error when a named
+    template is missing or nothing is left. Without ``directions``, the trained direction
+    (``localize.directions``); prompts that carry no direction are kept then."""
+    from weightgraft.experiments.localize.directions import choose_directions
+
+    prompts = load_prompts(config.data)
+    directions = choose_directions(config).directions
+    strict = config.directions is not None
     present = {p.template for p in prompts}
     if config.templates is not None:
         missing = [t for t in config.templates if t not in present]
@@ -88,7 +95,7 @@ def select_prompts(config: Any) -> list[TestPrompt]:
     for p in prompts:
         if config.templates is not None and p.template not in config.templates:
             continue
-        if config.directions is not None and p.direction not in config.directions:
+        if directions is not None and p.direction not in directions and (strict or p.direction is not None):
             continue
         if config.limit is not None and per_template[p.template] >= config.limit:
             continue

@@ -22,11 +22,10 @@ import torch
 from weightgraft.data.prompts import DatasetError
 from weightgraft.experiments.localize.config import LocalizeConfig, load_localize_config
 from weightgraft.experiments.localize.examples import LocalizeExample, build_examples, select_prompts
-from weightgraft.experiments.localize.maps import cell_map, estimate_frame, exact_frame
-from weightgraft.experiments.localize.search import minimal_graft_search
-
-EXACT_GROUP = 8  # examples per exact-map part file (the unit a killed run resumes from)
-
+from weightgraft.experiments.localize.directions import choose_directions
+from weightgraft.experiments.localize.exact_parts import exact_stage
+from weightgraft.experiments.localize.found_sets import find_sets
+from weightgraft.experiments.localize.maps import estimate_frame
 
 @dataclass
 class LocalizeResult:
@@ -35,18 +34,52 @@ class LocalizeResult:
     search: dict[str, Any]
     excluded: list[dict[str, str]]
     seconds: dict[str, float]
+    report: Path | None = None  # report/index.html, None with report: false
+    directions_note: str = ""  # which prompt directions were mapped, and why
 
 
-def _claim(run_dir: Path, config: LocalizeConfig) -> None:
-    """A run directory belongs to one config: resuming with another is refused."""
+def _digests(prompts: list[Any]) -> dict[str, str]:
+    """Per prompt (template/id), a digest of its content: rows of a changed prompt are never mixed in."""
+    import dataclasses
+    import hashlib
+
+    return {f"{p.template}/{p.id}": hashlib.sha256(json.dumps(dataclasses.asdict(p), sort_keys=True, default=str)
+                                                   .encode()).hexdigest()[:16] for p in prompts}
+
+
+def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
+    """A run directory belongs to one config (``exact`` aside: raising it extends the run);
+    resuming with another, or with prompts whose content changed, is refused."""
     manifest = run_dir / "manifest.json"
+    digests = _digests(prompts)
     if manifest.is_file():
         old = json.loads(manifest.read_text())
-        if old.get("identity") != config.identity():
+        try:  # the identity of the stored config under today's rules (so 'exact' may differ)
+            same = LocalizeConfig.model_validate(old.get("config", {})).identity() == config.identity()
+        except ValueError:
+            same = old.get("identity") == config.identity()
+        if not same:
             raise ValueError(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
+        known = old.get("examples", {})
+        changed = sorted(k for k in known.keys() & digests.keys() if known[k] != digests[k])
+        if changed:
+            raise ValueError(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
+                             f"({', '.join(changed[:3])}); choose another 'out' or delete the folder")
+        old.update({"identity": config.identity(), "config": config.model_dump(mode="json"),
+                    "examples": {**known, **digests}})
+        manifest.write_text(json.dumps(old, indent=2))
         return
     (run_dir / "parts").mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({"identity": config.identity(), "config": config.model_dump(mode="json")}, indent=2))
+    manifest.write_text(json.dumps({"identity": config.identity(), "config": config.model_dump(mode="json"),
+                                    "examples": digests}, indent=2))
+
+
+def _note(run_dir: Path, **fields: Any) -> None:
+    """Add what this run found out (direction choice, prompt counts) to the manifest."""
+    manifest = run_dir / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data.update(fields)
+    manifest.write_text(json.dumps(data, indent=2, default=str))
 
 
 def _check_peft(models: dict[str, str]) -> Any:
@@ -132,9 +165,11 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
 
         config = plan_before_localize(config)
     run_dir = config.run_dir()
-    _claim(run_dir, config)
+    _claim(run_dir, config, prompts)
+    choice = choose_directions(config)
     torch.manual_seed(config.seed)
     say = print if progress else (lambda *a, **k: None)
+    say(choice.note)
     seconds: dict[str, float] = {}
     t0 = time.time()
     dtype = getattr(torch, config.dtype)
@@ -152,6 +187,9 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
     examples, excluded = build_examples(prompts, pre.tokenizer)
     if excluded:
         say(f"{len(excluded)} prompt(s) excluded: {excluded[:3]}")
+    _note(run_dir, directions=choice.directions, directions_note=choice.note, excluded=excluded,
+          n_prompts={t: sum(e.prompt.template == t for e in examples) for t in dict.fromkeys(e.prompt.template for e in examples)},
+          prompt_directions=sorted({str(e.prompt.direction) for e in examples}))
     if config.metric == "logit_diff":
         examples = _with_distractors(examples)
     pad_id = pre.tokenizer.pad_token_id if pre.tokenizer.pad_token_id is not None else 0
@@ -169,17 +207,9 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
             seconds[f"estimates_{direction}"] = time.time() - t0
             say(f"[{direction}] estimates of every cell: {time.time() - t0:.1f}s")
         estimates = pd.read_parquet(path)
-        exact_parts = []
         chosen = _exact_subset(config, examples)
         t0 = time.time()
-        for g, start in enumerate(range(0, len(chosen), EXACT_GROUP)):
-            part = parts / f"exact_{direction}_{g:04d}.parquet"
-            if not part.is_file():
-                frame, _ = exact_frame(models, chosen[start : start + EXACT_GROUP], direction, config.metric,
-                                       pad_id, config.exact_chunk)
-                _write(frame, part)
-                say(f"[{direction}] exact cells: {min(start + EXACT_GROUP, len(chosen))}/{len(chosen)} examples, {time.time() - t0:.0f}s")
-            exact_parts.append(pd.read_parquet(part)[["example_id", "template", "direction", "position", "slot", "exact"]])
+        exact_parts = exact_stage(models, chosen, direction, config.metric, pad_id, config.exact_chunk, parts, say)
         if exact_parts:
             seconds[f"exact_{direction}"] = time.time() - t0
             estimates = estimates.merge(pd.concat(exact_parts), on=["example_id", "template", "direction", "position", "slot"], how="left")
@@ -188,42 +218,10 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
         frames.append(estimates)
     cells = pd.concat(frames, ignore_index=True)
     _write(cells, run_dir / "cells.parquet")
-    search = _search(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
+    search = find_sets(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
+    report = None
     if config.report:
         from weightgraft.report.localize import write_localize_report
 
-        write_localize_report(run_dir)
-    return LocalizeResult(run_dir, cells, search, excluded, seconds)
-
-
-def _search(config, run_dir, examples, cells, pairs, model, pad_id, say, seconds) -> dict[str, Any]:
-    path = run_dir / "search.json"
-    if not config.search.enabled:
-        return {}
-    if path.is_file():
-        return json.loads(path.read_text())
-    from weightgraft.engine.architectures import model_slots
-
-    slot_index = {s.name: i for i, s in enumerate(model_slots(model))}
-    column = "estimate_ig" if config.search.rank_by == "ig" else "estimate"
-    if column not in cells:
-        raise ValueError("search.rank_by 'ig' needs ig_steps > 1")
-    out: dict[str, Any] = {"metric": config.metric, "rank_by": column, "searches": []}
-    for direction in config.graft_directions:
-        for template in dict.fromkeys(e.prompt.template for e in examples):
-            t0 = time.time()
-            group = [e for e in examples if e.prompt.template == template]
-            sub = cells[(cells["direction"] == direction) & (cells["template"] == template)]
-            summed = sub.groupby(["position_label", "slot"])[column].sum()
-            maps = [cell_map(e, slot_index, model) for e in group]
-            estimates = {k: float(v) for k, v in summed.items()}
-            result = minimal_graft_search(pairs[direction], [e.scored for e in group], maps, estimates, pad_id,
-                                          config.search.target_share, config.search.max_cells,
-                                          chunk=config.exact_chunk)
-            entry = {"direction": direction, "template": template, "n_examples": len(group), **result.to_json()}
-            out["searches"].append(entry)
-            seconds[f"search_{direction}_{template}"] = time.time() - t0
-            say(f"[{direction}/{template}] {len(result.cells)} cells carry {result.share:.0%} "
-                f"({'reached' if result.reached else 'NOT reached'}), {time.time() - t0:.0f}s")
-    path.write_text(json.dumps(out, indent=2))
-    return out
+        report = write_localize_report(run_dir)
+    return LocalizeResult(run_dir, cells, search, excluded, seconds, report, choice.note)

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 
-from weightgraft.engine.cells import Cell, ScoredExample, exact_effects
-
-CellKey = tuple[str, str]  # (position label, slot name)
+from weightgraft.engine.attribution import Metric
+from weightgraft.engine.cells import Cell, ScoredExample
+from weightgraft.experiments.localize.verify import CellKey, SetVerifier
 
 
 @dataclass
@@ -51,24 +50,18 @@ def _schedule(n: int, dense: int = 16, growth: float = 1.25) -> list[int]:
 
 
 class _Verifier:
-    """Exact shares of cell sets over the dataset, each set one batched engine pass."""
+    """Exact shares of growing prefixes of a ranking (each batch of sizes one engine pass),
+    remembered by size."""
 
-    def __init__(self, models, examples, cell_maps, pad_id: int, chunk: int) -> None:
-        self.models, self.examples, self.cell_maps = models, examples, cell_maps
-        self.pad_id, self.chunk = pad_id, chunk
-        every = [[list(m.values())] for m in cell_maps]
-        _, full = exact_effects(models, examples, every, pad_id, chunk=chunk)
-        self.total = float(torch.stack([f[0] for f in full]).mean())
+    def __init__(self, sets: SetVerifier) -> None:
+        self.sets, self.total = sets, sets.total
         self.seen: dict[int, float] = {}
 
     def shares(self, ranking: Sequence[CellKey], sizes: Sequence[int]) -> list[float]:
         todo = [n for n in sizes if n not in self.seen]
         if todo:
-            sets = [[[m[k] for k in ranking[:n] if k in m] for n in todo] for m in self.cell_maps]
-            _, eff = exact_effects(self.models, self.examples, sets, self.pad_id, chunk=self.chunk)
-            mean = torch.stack(eff).mean(dim=0)
-            for n, v in zip(todo, mean.tolist()):
-                self.seen[n] = v / self.total if self.total else float("nan")
+            for n, v in zip(todo, self.sets.shares([ranking[:n] for n in todo])):
+                self.seen[n] = v
         return [self.seen[n] for n in sizes]
 
 
@@ -76,16 +69,18 @@ def minimal_graft_search(
     models: Sequence[nn.Module], examples: Sequence[ScoredExample],
     cell_maps: Sequence[dict[CellKey, Cell]], estimates: Mapping[CellKey, float], pad_id: int,
     target_share: float = 0.9, max_cells: int = 1024, batch_sizes: int = 8, chunk: int = 512,
+    metric: Metric = "logprob",
 ) -> SearchResult:
     """Rank keys by ``estimates`` in the direction of the donor's total effect, then verify
     growing prefixes of that ranking exactly (``batch_sizes`` sizes per pass) until one
     carries ``target_share``; then bisect down to the smallest prefix that does. ``cell_maps[i]``
-    maps each key to example i's cell."""
+    maps each key to example i's cell; ``metric`` is the exact metric the shares are measured in
+    (the one the estimates ranked)."""
     if not 0 < target_share <= 1:
         raise ValueError("target_share must lie in (0, 1]")
     if not estimates:
         raise ValueError("nothing to search: no cell estimates")
-    verify = _Verifier(models, examples, cell_maps, pad_id, chunk)
+    verify = _Verifier(SetVerifier(models, examples, cell_maps, pad_id, metric, chunk))
     if verify.total == 0:
         raise ValueError("the donor does not change the metric on these examples: no share to recover")
     ranking = rank_keys(estimates, 1.0 if verify.total > 0 else -1.0)

@@ -1,0 +1,72 @@
+"""Which prompt directions (``a2b`` / ``b2a``) ``localize`` maps when the config names none:
+the direction the SFT model was trained on. A map over untrained (reversed) prompts measures
+a fact the donor never learned, so mixing them in silently blurs the map.
+
+Read, in order: the SFT model's ``training_manifest.json`` (its ``data.split``; for a LoRA
+donor ``peft(pre, DIR)``, the adapter folder's), then the dataset's ``manifest.json`` (the
+directions its training lines hold). Neither found (a hub model, a free-form prompt file):
+every direction, and the note says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPLIT_DIRECTIONS = {"a2b": ["a2b"], "b2a": ["b2a"], "both": ["a2b", "b2a"]}
+
+
+@dataclass(frozen=True)
+class DirectionChoice:
+    """The prompt directions kept (``None``: every prompt) and why, in one sentence."""
+
+    directions: list[str] | None
+    note: str
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _sft_folder(spec: str) -> Path | None:
+    from weightgraft.models.peft_donor import parse_peft
+
+    lora = parse_peft(spec)
+    folder = Path(lora.directory) if lora is not None else Path(spec).expanduser()
+    return folder if folder.is_dir() else None
+
+
+def trained_directions(data: Path, sft_spec: str) -> DirectionChoice:
+    """The trained direction(s) of the pair, from the SFT's training manifest or the data's."""
+    folder = _sft_folder(sft_spec)
+    if folder is not None:
+        from weightgraft.training.outputs import MANIFEST_NAME
+
+        manifest = _read_json(folder / MANIFEST_NAME)
+        split = ((manifest or {}).get("data") or {}).get("split")
+        if split in SPLIT_DIRECTIONS:
+            return DirectionChoice(SPLIT_DIRECTIONS[split],
+                                   f"directions: {SPLIT_DIRECTIONS[split]}, the SFT model's training split "
+                                   f"({folder / MANIFEST_NAME}); set 'directions' to choose")
+    data = Path(data)
+    folder = data.parent if data.name == "test_prompts.jsonl" else data
+    manifest = _read_json(folder / "manifest.json") if folder.is_dir() else None
+    trained = (manifest or {}).get("directions")
+    if isinstance(trained, list) and trained and all(d in ("a2b", "b2a") for d in trained):
+        return DirectionChoice(sorted(trained), f"directions: {sorted(trained)}, the directions the dataset "
+                                                f"trains ({folder / 'manifest.json'}); set 'directions' to choose")
+    return DirectionChoice(None, "directions: every prompt (no training or dataset manifest names a trained "
+                                 "direction); set 'directions' to choose")
+
+
+def choose_directions(config: Any) -> DirectionChoice:
+    """The config's ``directions`` where set, else the trained direction(s)."""
+    if config.directions is not None:
+        return DirectionChoice(list(config.directions), f"directions: {list(config.directions)} (config)")
+    return trained_directions(config.data, config.models["sft"])

@@ -1,0 +1,56 @@
+"""Exact single-cell maps on disk, per group of prompts: ``parts/exact_{direction}_{n}.parquet``.
+
+Parts are keyed by the prompts they hold, not by their place in the list: a rerun reads every
+part, computes only the chosen prompts no part holds (a killed run's lost group, or the new
+prompts of a raised ``exact:``), and keeps the rows of the chosen prompts. Prompt content is
+checked by the run's manifest (``run._claim``), so a part never holds a stale prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from weightgraft.engine.attribution import Metric
+from weightgraft.experiments.localize.examples import LocalizeExample
+from weightgraft.experiments.localize.maps import exact_frame
+
+EXACT_GROUP = 8  # prompts per part file (the unit a killed run resumes from)
+COLUMNS = ["example_id", "template", "direction", "position", "slot", "exact"]
+
+
+def _free(parts: Path, direction: str) -> Callable[[], Path]:
+    """Part paths not in use yet, in order."""
+    def next_path() -> Path:
+        n = 0
+        while (parts / f"exact_{direction}_{n:04d}.parquet").exists():
+            n += 1
+        return parts / f"exact_{direction}_{n:04d}.parquet"
+    return next_path
+
+
+def exact_stage(models: Sequence[torch.nn.Module], chosen: Sequence[LocalizeExample], direction: str,
+                metric: Metric, pad_id: int, chunk: int, parts: Path, say: Callable[..., None]) -> list[pd.DataFrame]:
+    """The exact rows of the ``chosen`` prompts, computing only those no part holds yet."""
+    frames = [pd.read_parquet(p)[COLUMNS] for p in sorted(parts.glob(f"exact_{direction}_*.parquet"))]
+    done = set().union(*(set(zip(f["template"], f["example_id"])) for f in frames)) if frames else set()
+    todo = [e for e in chosen if (e.prompt.template, e.prompt.id) not in done]
+    if todo and done:
+        say(f"[{direction}] exact cells: {len(chosen) - len(todo)} of {len(chosen)} prompts already computed")
+    next_path = _free(parts, direction)
+    t0 = time.time()
+    for start in range(0, len(todo), EXACT_GROUP):
+        frame, _ = exact_frame(models, todo[start : start + EXACT_GROUP], direction, metric, pad_id, chunk)
+        path = next_path()
+        tmp = path.with_suffix(".tmp")
+        frame.to_parquet(tmp, index=False)
+        tmp.replace(path)
+        frames.append(frame[COLUMNS])
+        say(f"[{direction}] exact cells: {min(start + EXACT_GROUP, len(todo))}/{len(todo)} prompts, {time.time() - t0:.0f}s")
+    wanted = {(e.prompt.template, e.prompt.id) for e in chosen}
+    kept = [f[[k in wanted for k in zip(f["template"], f["example_id"])]] for f in frames]
+    return [f for f in kept if len(f)]

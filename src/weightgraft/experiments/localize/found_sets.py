@@ -1,0 +1,109 @@
+"""The found-sets stage of ``localize``: per (direction, template), the minimal graft search,
+then its exact greedy refinement, random and matched controls of both sets, and the bound on
+what the ranking missed; written to ``search.json`` after each step, so a killed run (or a run
+made before a step existed) continues from what is there.
+
+Each entry also says how many of its set's cells each prompt actually received: a key at a
+label a prompt lacks (``first_entity-3`` in a two-token name) grafts nothing there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from torch import nn
+
+from weightgraft.experiments.localize.controls import set_controls
+from weightgraft.experiments.localize.examples import LocalizeExample
+from weightgraft.experiments.localize.maps import cell_map
+from weightgraft.experiments.localize.missed import missed_bound
+from weightgraft.experiments.localize.refine import refine_set
+from weightgraft.experiments.localize.search import minimal_graft_search, rank_keys
+from weightgraft.experiments.localize.verify import CellKey, SetVerifier, received_summary
+
+
+def _keys(cells: list[dict[str, str]]) -> list[CellKey]:
+    return [(c["position_label"], c["slot"]) for c in cells]
+
+
+def _save(path: Path, out: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=2))
+    tmp.replace(path)
+
+
+def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], cells: pd.DataFrame,
+              pairs: dict[str, list[nn.Module]], model: nn.Module, pad_id: int,
+              say: Callable[..., None], seconds: dict[str, float]) -> dict[str, Any]:
+    """``search.json``: every (direction, template)'s found set, refined set, controls and
+    missed-effects bound, each step computed only where the file lacks it."""
+    settings = config.search
+    path = run_dir / "search.json"
+    if not settings.enabled:
+        return {}
+    from weightgraft.engine.architectures import model_slots
+
+    slot_index = {s.name: i for i, s in enumerate(model_slots(model))}
+    column = "estimate_ig" if settings.rank_by == "ig" else "estimate"
+    if column not in cells:
+        raise ValueError("search.rank_by 'ig' needs ig_steps > 1")
+    out: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    out.update({"metric": config.metric, "rank_by": column})
+    entries = {(e["direction"], e["template"]): e for e in out.get("searches", [])}
+    out["searches"] = []
+    for direction in config.graft_directions:
+        for template in dict.fromkeys(e.prompt.template for e in examples):
+            t0 = time.time()
+            group = [e for e in examples if e.prompt.template == template]
+            ids = [e.prompt.id for e in group]
+            maps = [cell_map(e, slot_index, model) for e in group]
+            entry = entries.get((direction, template))
+            if entry is not None and config.metric != "logprob" and not entry.get("search_checked"):
+                entry = None  # searched before shares were measured in the config's metric: again
+            sub = cells[(cells["direction"] == direction) & (cells["template"] == template)]
+            estimates = {k: float(v) for k, v in sub.groupby(["position_label", "slot"])[column].sum().items()}
+            if entry is None:
+                result = minimal_graft_search(pairs[direction], [e.scored for e in group], maps, estimates, pad_id,
+                                              settings.target_share, settings.max_cells, chunk=config.exact_chunk,
+                                              metric=config.metric)
+                entry = {"direction": direction, "template": template, "n_examples": len(group),
+                         "search_checked": True, **result.to_json()}
+                say(f"[{direction}/{template}] {len(result.cells)} cells carry {result.share:.0%} "
+                    f"({'reached' if result.reached else 'NOT reached'})")
+            verifier = SetVerifier(pairs[direction], [e.scored for e in group], maps, pad_id, config.metric,
+                                   config.exact_chunk, entry["total_effect"])
+            out["searches"].append(entry)
+            found = _keys(entry["cells"])
+            entry["received"] = received_summary(verifier, found, ids)
+            if settings.refine and "refined" not in entry:
+                entry["refined"] = refine_set(verifier, found, entry["share"], settings.target_share,
+                                              settings.refine_rounds)
+                _save(path, out)
+                say(f"[{direction}/{template}] refined: {entry['size']} -> {entry['refined']['size']} cells, "
+                    f"share {entry['refined']['share']:.0%}")
+            if "refined" in entry:
+                entry["refined"]["received"] = received_summary(verifier, _keys(entry["refined"]["cells"]), ids)
+            if settings.controls and "controls" not in entry:
+                entry["controls"] = set_controls(verifier, found, entry["share"], settings.controls, config.seed,
+                                                 direction, template)
+                if "refined" in entry:
+                    r = entry["refined"]
+                    r["controls"] = set_controls(verifier, _keys(r["cells"]), r["share"], settings.controls,
+                                                 config.seed, direction, template)
+                _save(path, out)
+                c = entry["controls"]
+                say(f"[{direction}/{template}] controls: found {entry['share']:.0%} vs random mean "
+                    f"{c['random']['mean']:.0%} / p95 {c['random']['p95']:.0%}, matched p95 {c['matched']['p95']:.0%}")
+            if settings.missed_sample and "missed" not in entry:
+                ranking = rank_keys(estimates, 1.0 if verifier.total > 0 else -1.0)
+                entry["missed"] = missed_bound(verifier, ranking, entry["size"], settings.missed_sample,
+                                               config.seed, direction, template)
+                _save(path, out)
+            seconds[f"search_{direction}_{template}"] = time.time() - t0
+            _save(path, out)
+    return out
