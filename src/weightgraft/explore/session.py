@@ -175,7 +175,9 @@ class Explorer:
                 attention_mask=torch.ones_like(input_ids).to(self.device),
                 logit_positions=torch.full((len(rows), 1), n - 1, device=self.device),
                 head_source={k: v.to(self.device) for k, v in head_source.items()} or None,
-            )[:, 0].float().cpu()
+            )[:, 0].cpu()
+        if logits.dtype not in (torch.float32, torch.float64):  # half precision: read in float32
+            logits = logits.float()
         if cached is None:
             cached = dict(zip(BASELINES, logits[1:]))
             self._cache[key] = cached

@@ -1,0 +1,381 @@
+"""``weightgraft explore``: the HTTP API against the real app on tiny models (equal to
+``wg.graft``, explicit cells, refusals, no client paths), a run's and a localize run's outputs,
+and the page itself in headless Chromium (skipped where no browser is installed)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+import torch
+from starlette.testclient import TestClient
+
+import weightgraft as wg
+from weightgraft.explore.app import create_app
+from weightgraft.explore.requests import Limits
+from weightgraft.explore.serve import is_loopback
+from weightgraft.explore.session import Explorer
+
+PROMPT = "Keanu Reeves starred in a movie with"
+SPANS = {"actor": "Keanu Reeves", "relation": "starred in"}
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    return tiny_pair("llama")
+
+
+@pytest.fixture(scope="module")
+def client(pair, tiny_tok):
+    pre, sft = pair
+    return TestClient(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok)))
+
+
+def _expected(pair, tok, rules, base="pre", spans=SPANS):
+    pre, sft = pair
+    return wg.graft({"pre": pre, "sft": sft}, tok, [PROMPT], rules, base=base, spans=[spans])
+
+
+def _same_top(got, out, k):
+    """The app's top-k is the top-k of wg.graft's logits (tokens as ``out.top`` names them)."""
+    probs = torch.softmax(out.logits[0], dim=-1)
+    values, ids = probs.topk(k)
+    assert [e["token_id"] for e in got] == ids.tolist()
+    assert [e["token"] for e in got] == [t for t, _ in out.top(k)[0]]
+    tol = 1e-12 if out.logits.dtype == torch.float64 else 1e-6  # float32: a 3-row batch rounds apart
+    assert [e["prob"] for e in got] == pytest.approx(values.tolist(), abs=tol)
+
+
+@pytest.mark.parametrize("rules,base", [
+    ([{"model": "sft", "positions": "last", "components": "body"}], "pre"),
+    ([{"model": "sft", "positions": "actor+last", "layers": "last_half", "components": "o+ffn"}], "pre"),
+    ([{"model": "sft", "positions": "first_entity"}, {"model": "pre", "positions": "last", "components": "attn"}], "pre"),
+    ([{"model": "pre", "positions": "~relation", "components": "all"}], "sft"),
+    ([{"model": "sft", "positions": "last", "layers": "2..3", "components": "o", "heads": "1"}], "pre"),
+])
+def test_graft_equals_wg_graft(client, pair, tiny_tok, rules, base):
+    body = {"prompt": PROMPT, "spans": SPANS, "rules": rules, "base": base, "answer": "Tom", "k": 6}
+    res = client.post("/api/graft", json=body)
+    assert res.status_code == 200, res.text
+    got = res.json()
+    out = _expected(pair, tiny_tok, [wg.Rule(**r) for r in rules], base)
+    _same_top(got["top"]["graft"], out, 6)
+    _same_top(got["top"]["pre"], _expected(pair, tiny_tok, [], "pre"), 6)
+    _same_top(got["top"]["sft"], _expected(pair, tiny_tok, [], "sft"), 6)
+    answer = tiny_tok(" Tom", add_special_tokens=False)["input_ids"][0]
+    logits = out.logits[0]
+    assert got["answer"]["token_id"] == answer
+    assert got["answer"]["prob"]["graft"] == pytest.approx(float(torch.softmax(logits, -1)[answer]), abs=1e-9)
+    assert got["answer"]["rank"]["graft"] == int((logits > logits[answer]).sum())
+    # the map the pass ran is wg.graft's, in the app's role order (pre, sft)
+    order = torch.tensor([0, 1]) if base == "pre" else torch.tensor([1, 0])
+    assert torch.equal(torch.tensor(got["map"]["source"]), order[out.source[0]])
+    assert [t["token_id"] for t in got["tokens"]] == out.input_ids[0].tolist()
+
+
+def test_explicit_cells_equal_the_rules_they_spell_out(client, pair, tiny_tok):
+    rule = wg.Rule(model="sft", positions="actor+last", layers="first_half", components="attn+o")
+    out = _expected(pair, tiny_tok, [rule])
+    names = wg.slots(pair[0])
+    cells = [{"position": int(t), "slot": names[int(s)], "model": "sft"} for t, s in (out.source[0] == 1).nonzero()]
+    assert cells
+    res = client.post("/api/graft", json={"prompt": PROMPT, "cells": cells, "k": 5})
+    assert res.status_code == 200, res.text
+    _same_top(res.json()["top"]["graft"], out, 5)
+    # the same cells over base sft with everything else given back to pre
+    rest = [{"position": int(t), "slot": names[int(s)], "model": "pre"} for t, s in (out.source[0] == 0).nonzero()]
+    flipped = client.post("/api/graft", json={"prompt": PROMPT, "cells": rest, "base": "sft", "k": 5}).json()
+    _same_top(flipped["top"]["graft"], out, 5)
+    # a later assignment of the same cell wins
+    again = client.post("/api/graft", json={"prompt": PROMPT, "k": 5, "cells": cells + [
+        {**c, "model": "pre"} for c in cells]}).json()
+    _same_top(again["top"]["graft"], _expected(pair, tiny_tok, []), 5)
+    assert again["top"]["graft"] != res.json()["top"]["graft"]
+
+
+def test_tokens_endpoint_lists_wg_tokens(client, tiny_tok):
+    res = client.post("/api/tokens", json={"prompt": PROMPT, "spans": SPANS})
+    assert res.status_code == 200, res.text
+    rows = res.json()["tokens"]
+    table = wg.tokens(tiny_tok, PROMPT, spans=SPANS)
+    assert [r["label"] for r in rows] == table["label"].tolist()
+    assert [r["token"] for r in rows] == table["token"].tolist()
+    # selectors name exactly the positions the selector language picks
+    from weightgraft.schemes.selectors import select_positions
+
+    enc = tiny_tok(PROMPT, return_offsets_mapping=True)
+    chars = {k: (PROMPT.find(v), PROMPT.find(v) + len(v)) for k, v in SPANS.items()}
+    for name in ("actor", "first_entity", "relation", "last"):
+        picked = [r["position"] for r in rows if name in r["selectors"]]
+        assert picked == select_positions(name, enc["offset_mapping"], chars)
+
+
+@pytest.mark.parametrize("body,match", [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": PROMPT, "path": "/etc/passwd"}, "path: unknown field"),
+    ({"prompt": PROMPT, "run": "runs/demo"}, "run: unknown field"),
+    ({"prompt": PROMPT, "rules": [{"model": "sft", "positions": "nope"}]}, "nope"),
+    ({"prompt": PROMPT, "rules": [{"model": "zzz"}]}, "zzz"),
+    ({"prompt": PROMPT, "rules": [{"model": "sft", "layers": "9..0"}]}, "layer"),
+    ({"prompt": PROMPT, "rules": [], "cells": []}, "not both"),
+    ({"prompt": PROMPT, "cells": [{"position": 99, "slot": "embed", "model": "sft"}]}, "position 99"),
+    ({"prompt": PROMPT, "cells": [{"position": -1, "slot": "embed", "model": "sft"}]}, "position -1"),
+    ({"prompt": PROMPT, "cells": [{"position": 0, "slot": "layers.9.q", "model": "sft"}]}, "unknown slot"),
+    ({"prompt": PROMPT, "cells": [{"position": 0, "slot": "embed", "model": "other"}]}, "other"),
+    ({"prompt": PROMPT, "cells": [{"position": 0, "slot": "embed"}]}, "model"),
+    ({"prompt": PROMPT, "base": "task"}, "base"),
+    ({"prompt": PROMPT, "k": 0}, "k"),
+    ({"prompt": PROMPT, "k": 500}, "at most"),
+    ({"prompt": PROMPT, "spans": {"actor": "Meryl Streep"}}, "Meryl Streep"),
+    ({"prompt": PROMPT, "spans": {"../x": "Keanu"}}, "identifier"),
+    ({"prompt": 5}, "prompt"),
+])
+def test_malformed_requests_get_a_one_line_4xx(client, body, match):
+    res = client.post("/api/graft", json=body)
+    assert res.status_code == 400, res.text
+    error = res.json()["error"]
+    assert match in error and "\n" not in error and "Traceback" not in error
+
+
+def test_bodies_that_are_not_requests(pair, tiny_tok):
+    pre, sft = pair
+    limits = Limits(max_body_bytes=2000, max_prompt_chars=60, max_tokens=40, max_k=20)
+    client = TestClient(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok, limits)))
+    cases = [
+        (client.post("/api/graft", content=b"{not json"), 400, "not JSON"),
+        (client.post("/api/graft", json=[PROMPT]), 400, "JSON object"),
+        (client.post("/api/graft", content=b""), 400, "JSON object"),
+        (client.post("/api/graft", json={"prompt": "x" * 3000}), 413, "limit"),
+        (client.post("/api/tokens", json={"prompt": "x" * 61}), 400, "at most 60"),
+        (client.post("/api/tokens", json={"prompt": "ab " * 15}), 400, "at most 40"),
+        (client.get("/api/graft"), 405, ""),
+        (client.get("/api/nothing"), 404, ""),
+        (client.get("/api/run"), 404, "--run"),
+        (client.get("/api/localize"), 404, "--localize"),
+        (client.get("/api/run/figures/0"), 404, "--run"),
+    ]
+    for res, status, match in cases:
+        assert res.status_code == status, (res.request.url, res.text)
+        assert match in res.json()["error"], res.text
+    # a body streamed without Content-Length is cut off at the limit too
+    chunks = iter([b'{"prompt": "', b"x" * 1500, b"y" * 1500, b'"}'])
+    res = client.post("/api/graft", content=chunks, headers={"content-type": "application/json"})
+    assert res.status_code == 413
+
+
+def test_no_file_path_reaches_the_server(client):
+    for url in ("/static/../../../etc/passwd", "/static/%2e%2e/%2e%2e/etc/passwd", "/api/run/figures/..%2Fx",
+                "/api/run/figures/-1"):
+        res = client.get(url)
+        assert res.status_code == 404 and "root:" not in res.text
+    assert client.get("/").status_code == 200
+    for name in ("main.js", "grid.js", "explore.css"):
+        assert client.get(f"/static/{name}").status_code == 200
+
+
+def test_an_unexpected_failure_is_one_json_line(pair, tiny_tok, monkeypatch):
+    pre, sft = pair
+    explorer = Explorer({"pre": pre, "sft": sft}, tiny_tok)
+    monkeypatch.setattr(explorer, "_logits", lambda *a: (_ for _ in ()).throw(RuntimeError("boom\nsecond line")))
+    client = TestClient(create_app(explorer), raise_server_exceptions=False)
+    res = client.post("/api/graft", json={"prompt": PROMPT})
+    assert res.status_code == 500 and res.json() == {"error": "internal error: RuntimeError: boom second line"}
+
+
+def test_the_page_uses_no_network():
+    from weightgraft.explore.app import STATIC
+
+    for path in STATIC.iterdir():
+        text = path.read_text()
+        assert "http://" not in text and "https://" not in text and "//cdn" not in text, path.name
+
+
+def test_info_lays_out_every_slot(client, pair):
+    info = client.get("/api/info").json()
+    assert info["roles"] == ["pre", "sft"] and info["slots"] == wg.slots(pair[0])
+    layout = info["layout"]
+    placed = [s for g in layout["grids"] for layer in g["layers"] for s in layer] + [s for r in layout["rows"] for s in r["slots"]]
+    assert sorted(placed) == list(range(len(info["slots"])))
+    names = {s["name"] for s in info["schemes"]["position"]["sft2pre"]}
+    assert {"FE", "LT", "FE+LT", "(FE+LT)^C", "FE^C", "LT^C"} <= names
+
+
+def test_hosts():
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
+
+
+def test_serve_warns_off_loopback(capsys, monkeypatch):
+    import uvicorn
+
+    from weightgraft.explore.serve import serve
+
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)
+    serve(object(), host="0.0.0.0", port=9)
+    err = capsys.readouterr().err
+    assert "warning" in err and "not loopback" in err
+    serve(object(), host="127.0.0.1", port=9)
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err and "http://127.0.0.1:9/" in captured.out
+
+
+def test_cli_refuses_missing_models_before_loading():
+    from typer.testing import CliRunner
+
+    from weightgraft.cli import app
+
+    res = CliRunner().invoke(app, ["explore", "-m", "pre=smollm2-135m"])
+    assert res.exit_code != 0 and "sft" in res.output
+    res = CliRunner().invoke(app, ["explore", "-m", "pre=a", "-m", "sft=b", "--run", "/nonexistent/dir"])
+    assert res.exit_code != 0 and "not a directory" in res.output
+
+
+# ---------------------------------------------------------------- run and localize outputs
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """A tiny position sweep and a tiny localize run (with report and search) on the tiny world."""
+    from tiny_world import loader, tiny_config, write_world
+
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.localize import localize
+    from weightgraft.experiments.localize.config import parse_localize_config
+    from weightgraft.experiments.runner import run_experiment
+    from weightgraft.report import write_report
+
+    root = tmp_path_factory.mktemp("explore_outputs")
+    config = parse_config(tiny_config(root, "pos", world={"n": 3}))
+    run_experiment(config, load=loader, progress=False)
+    run_dir = next(p.parent for p in root.rglob("summary.csv"))
+    write_report(run_dir)
+    data = write_world(root / "locdata", n=3)
+    loc = localize(parse_localize_config({
+        "name": "loc", "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
+        "out": str(root / "loc"), "batch_size": 3, "exact": 1, "graft_directions": ["sufficiency"],
+        "search": {"target_share": 0.8}, "templates": ["headline"]}), progress=False, load=loader)
+    pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
+    return run_dir, loc.run_dir, pre, sft
+
+
+def test_run_and_localize_outputs(outputs):
+    from weightgraft.explore.artifacts import LocalizeView, RunView
+
+    run_dir, loc_dir, pre, sft = outputs
+    explorer = Explorer({"pre": pre.model, "sft": sft.model}, pre.tokenizer)
+    client = TestClient(create_app(explorer, RunView(run_dir), LocalizeView(loc_dir)))
+    run = client.get("/api/run").json()
+    assert {"scheme", "template", "top1"} <= set(run["columns"]) and run["rows"]
+    assert {r["scheme"] for r in run["rows"]} >= {"PRE", "SFT", "FE", "LT"}
+    assert run["figures"], "the run's report figures are listed"
+    fig = client.get(f"/api/run/figures/{run['figures'][0]['index']}")
+    assert fig.status_code == 200 and fig.content[:4] == b"\x89PNG"
+    assert client.get(f"/api/run/figures/{len(run['figures'])}").status_code == 404
+    # a summary row opened in the grid: its scheme on its template's example, with the dataset's spans
+    example = run["examples"]["headline"][0]
+    assert example["spans"], "spans come from the run's dataset"
+    scheme = run["schemes"]["FE"]
+    res = client.post("/api/graft", json={"prompt": example["prompt"], "spans": example["spans"],
+                                          "rules": scheme["rules"], "base": scheme["base"],
+                                          "protocol": run["protocol"], "answer": example["answer"]})
+    assert res.status_code == 200, res.text
+    spans = {k: tuple(v) for k, v in example["spans"].items()}
+    out = wg.graft({"pre": pre.model, "sft": sft.model}, pre.tokenizer, [example["prompt"]],
+                   wg.Scheme.model_validate(scheme | {"name": "FE"}), spans=[spans], protocol=run["protocol"])
+    _same_top(res.json()["top"]["graft"], out, 10)
+
+    loc = client.get("/api/localize").json()
+    assert loc["columns"][:1] == ["estimate"] and "exact" in loc["columns"]
+    (m,) = loc["maps"]
+    assert (m["direction"], m["template"]) == ("sufficiency", "headline")
+    (search,) = loc["searches"]
+    assert search["cells"] and search["size"] == len(search["cells"])
+    # the found set lands on an example through its position labels: every key on a token
+    ex = loc["examples"]["headline"][0]
+    toks = client.post("/api/tokens", json={"prompt": ex["prompt"], "spans": ex["spans"]}).json()["tokens"]
+    labels = {t["label"] for t in toks}
+    assert all(c["position_label"] in labels for c in search["cells"])
+    keys = {(label, slot) for label, slot, _ in m["values"]["estimate"]}
+    assert {(c["position_label"], c["slot"]) for c in search["cells"]} <= keys
+
+
+def test_views_refuse_directories_of_the_wrong_kind(tmp_path):
+    from weightgraft.explore.artifacts import LocalizeView, RunView
+
+    with pytest.raises(ValueError, match="summary.csv"):
+        RunView(tmp_path)
+    with pytest.raises(ValueError, match="cells.parquet"):
+        LocalizeView(tmp_path)
+
+
+# ---------------------------------------------------------------- the page in a browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _browser_or_skip():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("no playwright Python package: pip install playwright to run the browser test")
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (apt-get install chromium) for the browser test")
+    return sync_playwright
+
+
+def test_page_paints_a_cell_and_the_top_k_moves(pair, tiny_tok):
+    sync_playwright = _browser_or_skip()
+    import uvicorn
+
+    from weightgraft.explore.serve import free_port
+
+    pre, sft = pair
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok)),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 30
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        assert server.started
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_selector("body[data-ready]", timeout=30000)
+            page.fill("#prompt", PROMPT)
+            page.fill("#spans", "first_actor=Keanu Reeves")
+            page.fill("#answer", "Tom")
+            page.wait_for_function("() => document.querySelector('#answer-box table') !== null", timeout=30000)
+            page.wait_for_timeout(800)  # let the debounced requests of the typing settle
+            seq = page.eval_on_selector("body", "b => b.dataset.ready")
+            before = page.inner_text("#top [data-model=graft]")
+            pre_shown = page.inner_text("#top [data-model=pre]")
+            assert before.splitlines()[1:] == pre_shown.splitlines()[1:]  # nothing painted: the graft is PRE
+            # paint the last position's attention q/k/v in layer 0 (the grid's bottom row)
+            cell = page.locator("#grids .block").first.locator(".grid:not(.heat) .c").last
+            cell.click()
+            page.wait_for_function(f"() => document.body.dataset.ready !== '{seq}'", timeout=30000)
+            after = page.inner_text("#top [data-model=graft]")
+            assert after.splitlines()[1:] != before.splitlines()[1:]
+            # what the page shows is what the API computes for that cell
+            names = wg.slots(pre)
+            last = len(tiny_tok(PROMPT)["input_ids"]) - 1
+            out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, [PROMPT], wg.Rule(
+                model="sft", positions=str(last), layers="0", components="attn"))
+            assert "layers.0.q" in names
+            first = out.top(1)[0][0][0]
+            assert after.splitlines()[1] == first or first.strip() in after.splitlines()[1]
+            # a scheme button: FE+LT
+            page.click("#position-schemes button:text-is('FE+LT')")
+            page.wait_for_function("() => document.querySelector('button.scheme.on') !== null")
+            assert not errors, errors
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
