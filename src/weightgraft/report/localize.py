@@ -1,110 +1,142 @@
-"""The report page of a ``weightgraft localize`` run: where the finetuned behaviour lives.
+"""The report page of a ``weightgraft localize`` run: where the finetuned behaviour lives, and
+how far the found sets can be trusted.
 
-Position x layer heatmaps per component, a layer x component map at the last token, estimate
-vs exact scatter plots with their agreement, and the recovery curve of the minimal graft search.
+One self-contained HTML page in the run report's look (``report/html.py``: its style and
+tables, figures embedded): a header (models, metric, prompts and their directions, exclusions),
+heatmaps per (direction, template) with the global slots, estimates vs exact effects, and the
+found sets with their refinement, random and matched controls, the bound on what the ranking
+missed and how many cells each prompt received. The PNG files stay beside the page.
 """
 
 from __future__ import annotations
 
-import html
+import base64
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from weightgraft.experiments.localize.agreement import agreement, spearman
+from weightgraft.experiments.localize.agreement import agreement
+from weightgraft.report import localize_figures as figs
+from weightgraft.report.html import CSS, _esc, html_table
 
 
-def _value_column(cells: pd.DataFrame) -> str:
+def value_column(cells: pd.DataFrame) -> str:
     """The exact effect where every cell has one, else the gradient estimate."""
     return "exact" if cells["exact"].notna().all() else "estimate"
 
 
-def _label_order(cells: pd.DataFrame) -> list[str]:
-    """Position labels in prompt order (by their mean position)."""
-    return list(cells.groupby("position_label")["position"].mean().sort_values().index)
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{_esc(alt)}">'
+            f"<figcaption>{_esc(alt)} ({_esc(path.name)})</figcaption></figure>")
 
 
-def _heatmaps(cells: pd.DataFrame, column: str, title: str, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    layered = cells[cells["layer"].notna()]
-    components = list(dict.fromkeys(layered["component"]))
-    labels = _label_order(layered)
-    n_layers = int(layered["layer"].max()) + 1
-    cols = min(len(components), 5)
-    rows = (len(components) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 0.25 * len(labels) * rows + 1.5), squeeze=False)
-    mean = layered.groupby(["component", "position_label", "layer"])[column].mean()
-    vmax = float(mean.abs().max()) or 1.0
-    for ax, comp in zip(axes.flat, components):
-        grid = mean.loc[comp].unstack("layer").reindex(index=labels, columns=range(n_layers))
-        im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax)
-        ax.set_title(comp, fontsize=9)
-        ax.set_yticks(range(len(labels)), labels, fontsize=6)
-        ax.set_xlabel("layer", fontsize=7)
-    for ax in list(axes.flat)[len(components):]:
-        ax.axis("off")
-    fig.colorbar(im, ax=axes, shrink=0.6)
-    fig.suptitle(title)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or x != x else f"{100 * x:.1f}%"
 
 
-def _last_token(cells: pd.DataFrame, column: str, title: str, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    last = cells[(cells["position_label"] == "last") & cells["layer"].notna()]
-    grid = last.groupby(["layer", "component"])[column].mean().unstack("component")
-    grid = grid[list(dict.fromkeys(last["component"]))]
-    vmax = float(grid.abs().max().max()) or 1.0
-    fig, ax = plt.subplots(figsize=(4 + 0.3 * grid.shape[1], 0.2 * grid.shape[0] + 1.5))
-    im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax)
-    ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=45, fontsize=7)
-    ax.set_yticks(range(grid.shape[0]), grid.index, fontsize=6)
-    ax.set_ylabel("layer")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-
-
-def _scatter(cells: pd.DataFrame, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    done = cells[cells["exact"].notna()]
-    directions = list(dict.fromkeys(done["direction"]))
-    fig, axes = plt.subplots(1, len(directions), figsize=(4.5 * len(directions), 4), squeeze=False)
-    for ax, direction in zip(axes.flat, directions):
-        sub = done[done["direction"] == direction]
-        for col, colour in (("estimate", "tab:blue"), ("estimate_ig", "tab:orange")):
-            if col in sub:
-                rho = spearman(sub[col], sub["exact"])
-                ax.scatter(sub["exact"], sub[col], s=3, alpha=0.4, color=colour, label=f"{col} (Spearman {rho:.2f})")
-        ax.axline((0, 0), slope=1, color="grey", lw=0.8)
-        ax.set_xlabel("exact effect")
-        ax.set_ylabel("estimate")
-        ax.set_title(direction)
-        ax.legend(fontsize=7)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+def _header(run_dir: Path, manifest: dict[str, Any], cells: pd.DataFrame) -> str:
+    config = manifest.get("config", {})
+    models = config.get("models", {})
+    loaded = manifest.get("models", {})
+    rows = [(role, spec, (loaded.get(role) or {}).get("source", ""), (loaded.get(role) or {}).get("weights_sha256", ""))
+            for role, spec in models.items()]
+    n_prompts = manifest.get("n_prompts") or cells.groupby("template")["example_id"].nunique().to_dict()
+    excluded = manifest.get("excluded") or []
+    facts = [
+        ("metric", config.get("metric", "logprob")),
+        ("graft directions", ", ".join(config.get("graft_directions", []))),
+        ("prompts per template", ", ".join(f"{t}: {n}" for t, n in n_prompts.items())),
+        ("prompt directions", ", ".join(manifest.get("prompt_directions") or []) or "n/a"),
+        ("direction choice", manifest.get("directions_note", "n/a")),
+        ("exact maps", f"{config.get('exact', 'all')} (prompts per template)"),
+        ("attribution", f"gradient{', integrated gradients (%s steps)' % config['ig_steps'] if config.get('ig_steps', 0) > 1 else ''}"),
+        ("excluded prompts", str(len(excluded))),
+        ("dtype / device", f"{config.get('dtype', '')} / {config.get('device', '')}"),
+    ]
+    parts = [f"<p>directory: <code>{_esc(run_dir)}</code></p>",
+             html_table(("role", "spec", "source", "weights sha256"), rows),
+             html_table(("setting", "value"), facts)]
+    if excluded:
+        parts.append("<details><summary>excluded prompts</summary>"
+                     + html_table(("template", "example", "reason"),
+                                  [(e.get("template", ""), e.get("example_id", ""), e.get("reason", "")) for e in excluded])
+                     + "</details>")
+    parts.append(f"<details><summary>config</summary><pre>{_esc(json.dumps(config, indent=2))}</pre></details>")
+    return "\n".join(parts)
 
 
-def _curves(search: dict, path: Path) -> None:
-    import matplotlib.pyplot as plt
+def _set_row(entry: dict[str, Any], which: str, found: dict[str, Any]) -> tuple[str, ...]:
+    c = found.get("controls") or {}
+    r, m = c.get("random") or {}, c.get("matched") or {}
+    got = found.get("received") or {}
+    verdict = []
+    for kind, stats in (("random", r), ("matched", m)):
+        if stats:
+            same = f" ({stats['identical_to_found']} of {c['n_sets']} identical to the set)" if stats.get("identical_to_found") else ""
+            verdict.append(f"beats {kind} p95{same}" if stats["beats_p95"]
+                           else f'<span class="warn">does not beat {kind} p95</span>{same}')
+    if c and not c.get("agrees", True):
+        verdict.append('<span class="warn">regrafted share disagrees with the search</span>')
+    if not got:
+        received = ""
+    elif got["min"] == got["max"] == got["size"]:
+        received = f"all {got['size']}"
+    else:
+        received = (f'<span class="warn">{got["min"]}-{got["max"]} of {got["size"]}</span> '
+                    f"({got['n_prompts_short']} prompts received fewer)")
+    return (_esc(entry["direction"]), _esc(entry["template"]), which, str(found["size"]), _pct(found["share"]),
+            "yes" if found["reached"] else '<span class="warn">no</span>',
+            f"{_pct(r.get('mean'))} / {_pct(r.get('p95'))}" if r else "",
+            f"{_pct(m.get('mean'))} / {_pct(m.get('p95'))}" if m else "",
+            f"{_pct(r.get('margin_over_p95'))} / {_pct(m.get('margin_over_p95'))}" if r else "",
+            "<br>".join(verdict), received)
 
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    for entry in search.get("searches", []):
-        xs = [p["size"] for p in entry["curve"]]
-        ys = [p["share"] for p in entry["curve"]]
-        ax.plot(xs, ys, marker=".", label=f"{entry['direction']} / {entry['template']} ({entry['size']} cells)")
-        ax.axhline(entry["target_share"], color="grey", ls=":", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("cells grafted (in attribution order)")
-    ax.set_ylabel("share of the finetuned effect (exact)")
-    ax.legend(fontsize=7)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+
+def _sets_section(search: dict[str, Any]) -> str:
+    header = ("direction", "template", "set", "cells", "exact share", "target met",
+              "random controls mean / p95", "matched controls mean / p95", "margin over p95 (random / matched)",
+              "verdict", "cells each prompt received")
+    rows = []
+    for e in search["searches"]:
+        rows.append(_set_row(e, "ranking", e))
+        if e.get("refined"):
+            rows.append(_set_row(e, "refined", e["refined"]))
+    n = next((e["controls"]["n_sets"] for e in search["searches"] if e.get("controls")), 0)
+    parts = ["<h2>Found sets</h2>",
+             f"<p>Every share is an exact graft in the metric <b>{_esc(search.get('metric', 'logprob'))}</b> "
+             "(share of the donor's total effect over the template's prompts). <i>ranking</i>: the smallest prefix "
+             "of the attribution ranking that carries the target; <i>refined</i>: that set shrunk by exact "
+             f"marginal gain. Controls: {n} random sets of the same size from the candidate cells and {n} matched "
+             "to the set's mix of (position label, component); their seeds and cells are in search.json.</p>",
+             html_table(header, rows, raw=True)]
+    missed = [e for e in search["searches"] if e.get("missed")]
+    if missed:
+        mrows = []
+        for e in missed:
+            m = e["missed"]
+            big = m.get("largest") or {}
+            mrows.append((e["direction"], e["template"], str(m["k"]), f"{m['sample_size']} of {m['n_below']}",
+                          " / ".join(big.get("cell", [])) or "-", f"{big.get('effect', 0):.3g} ({_pct(big.get('share_of_total'))} of total)" if big else "-",
+                          f"{_pct(m['share_below_k'])} [{_pct(m['ci95'][0])}, {_pct(m['ci95'][1])}]",
+                          f"{m['above_sample_size']} of {m['n_above']}" + (" (sampled)" if m.get("above_sampled") else " (all)")))
+        parts += ["<h3>What the ranking missed</h3>",
+                  "<p>Exact single-cell effects of a random sample of cells below the ranking's cut k; the share of "
+                  "the total |effect| that lies below k is estimated from the samples (95% bootstrap interval).</p>",
+                  html_table(("direction", "template", "k", "sample below k", "largest missed cell", "its effect",
+                              "share of |effect| below k", "cells above k measured"), mrows)]
+    for e in search["searches"]:
+        chosen = e.get("refined") or e
+        label = "refined" if e.get("refined") else "ranking"
+        cells = ", ".join(f"{c['position_label']}:{c['slot']}" for c in chosen["cells"])
+        short = (chosen.get("received") or {}).get("short") or {}
+        extra = ("<p>prompts that received fewer cells: " + _esc(", ".join(f"{k} ({v})" for k, v in short.items()))
+                 + "</p>") if short else ""
+        parts.append(f"<details><summary>{_esc(e['direction'])} / {_esc(e['template'])}: the {label} set "
+                     f"({chosen['size']} cells)</summary><p><code>{_esc(cells)}</code></p>{extra}</details>")
+    return "\n".join(parts)
 
 
 def write_localize_report(run_dir: Path) -> Path:
@@ -114,32 +146,38 @@ def write_localize_report(run_dir: Path) -> Path:
     matplotlib.use("Agg")
     run_dir = Path(run_dir)
     cells = pd.read_parquet(run_dir / "cells.parquet")
+    manifest_path = run_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     search_path = run_dir / "search.json"
     search = json.loads(search_path.read_text()) if search_path.is_file() else {}
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
-    parts = ["<h1>Where the finetuned behaviour lives</h1>"]
+    name = (manifest.get("config") or {}).get("name", run_dir.name)
+    parts = [f"<h1>weightgraft localize: {_esc(name)}</h1>", _header(run_dir, manifest, cells),
+             "<h2>Cell maps</h2><p>Mean effect per cell over the template's prompts (exact where every cell was "
+             "computed exactly, else the gradient estimate); sufficiency grafts SFT's cell into PRE, necessity "
+             "PRE's cell into SFT. Global slots (embed at every position, final_norm and unembed at the last) "
+             "share the colour scale.</p>"]
     for (direction, template), sub in cells.groupby(["direction", "template"], sort=False):
-        column = _value_column(sub)
+        column = value_column(sub)
         stem = f"{direction}_{template}"
-        _heatmaps(sub, column, f"{direction} / {template}: mean {column} per cell", out / f"heatmap_{stem}.png")
-        _last_token(sub, column, f"{direction} / {template}: last token, mean {column}", out / f"last_{stem}.png")
-        parts.append(f"<h2>{html.escape(direction)} / {html.escape(template)} ({column})</h2>"
-                     f"<img src='heatmap_{stem}.png'><br><img src='last_{stem}.png'>")
+        figs.heatmaps(sub, column, f"{direction} / {template}: mean {column} per cell", out / f"heatmap_{stem}.png")
+        figs.last_token(sub, column, f"{direction} / {template}: last token, mean {column}", out / f"last_{stem}.png")
+        parts.append(f"<h3>{_esc(direction)} / {_esc(template)} ({_esc(column)})</h3>"
+                     + _img(out / f"heatmap_{stem}.png", f"{direction} / {template}: position x layer per component")
+                     + _img(out / f"last_{stem}.png", f"{direction} / {template}: the last token"))
     if cells["exact"].notna().any():
         n_layers = int(cells["layer"].max()) + 1
         table = agreement(cells, n_layers)
         table.to_csv(out / "agreement.csv", index=False)
-        _scatter(cells, out / "scatter.png")
+        figs.scatter(cells, out / "scatter.png")
         parts.append("<h2>Estimates against exact effects</h2>" + table.to_html(index=False, float_format="%.3f")
-                     + "<img src='scatter.png'>")
+                     + _img(out / "scatter.png", "estimate vs exact effect per cell"))
     if search.get("searches"):
-        _curves(search, out / "recovery.png")
-        rows = "".join(
-            f"<tr><td>{html.escape(e['direction'])}</td><td>{html.escape(e['template'])}</td><td>{e['size']}</td>"
-            f"<td>{e['share']:.3f}</td><td>{'yes' if e['reached'] else 'no'}</td></tr>" for e in search["searches"])
-        parts.append("<h2>Minimal graft sets</h2><table><tr><th>direction</th><th>template</th><th>cells</th>"
-                     f"<th>share</th><th>target met</th></tr>{rows}</table><img src='recovery.png'>")
+        figs.curves(search, out / "recovery.png")
+        parts.append(_sets_section(search) + _img(out / "recovery.png", "exact share against cells grafted"))
     page = out / "index.html"
-    page.write_text("<!doctype html><meta charset='utf-8'><title>localize</title>\n" + "\n".join(parts))
+    body = "\n".join(parts)
+    page.write_text(f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>weightgraft localize: '
+                    f"{_esc(name)}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
     return page

@@ -189,7 +189,9 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
         say(f"{len(excluded)} prompt(s) excluded: {excluded[:3]}")
     _note(run_dir, directions=choice.directions, directions_note=choice.note, excluded=excluded,
           n_prompts={t: sum(e.prompt.template == t for e in examples) for t in dict.fromkeys(e.prompt.template for e in examples)},
-          prompt_directions=sorted({str(e.prompt.direction) for e in examples}))
+          prompt_directions=sorted({str(e.prompt.direction) for e in examples}),
+          models={role: {"spec": config.models[role], "source": str(getattr(m, "source", "")),
+                         "weights_sha256": str(getattr(m, "weights_sha256", ""))} for role, m in (("pre", pre), ("sft", sft))})
     if config.metric == "logit_diff":
         examples = _with_distractors(examples)
     pad_id = pre.tokenizer.pad_token_id if pre.tokenizer.pad_token_id is not None else 0

@@ -1,0 +1,154 @@
+"""The found sets' checks on a tiny pair: controls reproducible from their seeds and regrafted
+to their recorded shares, the refined set verified exact, the missed-effects sample equal to
+exact effects, and the cells each prompt received (a label some prompts lack)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.cells import exact_effects
+from weightgraft.experiments.localize import localize
+from weightgraft.experiments.localize.config import parse_localize_config
+from weightgraft.experiments.localize.controls import draw_control, mix_key
+from weightgraft.experiments.localize.examples import build_examples, select_prompts
+from weightgraft.experiments.localize.maps import cell_map
+from weightgraft.experiments.localize.search import rank_keys
+from weightgraft.experiments.localize.verify import SetVerifier, received_summary
+from tiny_world import loader, write_world
+
+TOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One tiny localize run (both directions, one template) and what an outside check needs."""
+    tmp = tmp_path_factory.mktemp("sets")
+    raw = {"name": "sets", "data": str(write_world(tmp / "data", n=6)), "out": str(tmp / "run"),
+           "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "templates": ["headline"],
+           "exact": "none", "batch_size": 3, "exact_chunk": 64, "report": False,
+           "search": {"target_share": 0.9, "controls": 20, "missed_sample": 16}}
+    config = parse_localize_config(raw)
+    result = localize(config, progress=False, load=loader)
+    pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
+    examples, _ = build_examples(select_prompts(config), pre.tokenizer)
+    index = {s.name: i for i, s in enumerate(model_slots(pre.model))}
+    maps = [cell_map(e, index, pre.model) for e in examples]
+    pairs = {"sufficiency": [pre.model, sft.model], "necessity": [sft.model, pre.model]}
+    return result, examples, maps, pairs
+
+
+def _share(models, examples, maps, keys) -> float:
+    """An outside regraft: the set's exact share, straight from the engine."""
+    sets = [[[m[k] for k in keys if k in m], list(m.values())] for m in maps]
+    _, eff = exact_effects(models, [e.scored for e in examples], sets, pad_id=0)
+    eff = torch.stack(eff)
+    return float(eff[:, 0].mean() / eff[:, 1].mean())
+
+
+def _keys(cells):
+    return [tuple(c) if isinstance(c, list) else (c["position_label"], c["slot"]) for c in cells]
+
+
+def test_controls_redraw_from_their_seeds_and_regraft_to_their_shares(finished):
+    result, examples, maps, pairs = finished
+    candidates = sorted(set().union(*(m.keys() for m in maps)))
+    for entry in result.search["searches"]:
+        found = _keys(entry["cells"])
+        controls = entry["controls"]
+        assert controls["n_sets"] == 20 and controls["agrees"]
+        assert controls["n_candidates"] == len(candidates)
+        for kind in ("random", "matched"):
+            sets = controls[kind]["sets"]
+            assert len(sets) == 20 and len({s["seed"] for s in sets}) == 20
+            shares = [s["share"] for s in sets]
+            assert controls[kind]["mean"] == pytest.approx(np.mean(shares), abs=1e-12)
+            assert controls[kind]["p95"] == pytest.approx(np.percentile(shares, 95), abs=1e-12)
+            assert controls[kind]["margin_over_p95"] == pytest.approx(entry["share"] - controls[kind]["p95"], abs=1e-12)
+            assert controls[kind]["beats_p95"] == (entry["share"] > controls[kind]["p95"])
+            for s in sets[:3]:
+                cells = _keys(s["cells"])
+                assert draw_control(candidates, found, kind, s["seed"]) == cells
+                assert len(set(cells)) == len(found) and set(cells) <= set(candidates)
+                if kind == "matched":
+                    assert Counter(map(mix_key, cells)) == Counter(map(mix_key, found))
+                assert _share(pairs[entry["direction"]], examples, maps, cells) == pytest.approx(s["share"], abs=TOL)
+        # controls of the refined set too
+        assert len(entry["refined"]["controls"]["random"]["sets"]) == 20
+
+
+def test_random_controls_differ_by_seed():
+    pool = [(f"l{i}", f"layers.{j}.o") for i in range(5) for j in range(4)]
+    a = draw_control(pool, pool[:6], "random", "0:s:t:random:6:0")
+    b = draw_control(pool, pool[:6], "random", "0:s:t:random:6:1")
+    assert a != b and a == draw_control(list(reversed(pool)), pool[:6], "random", "0:s:t:random:6:0")
+    with pytest.raises(ValueError, match="unknown control kind"):
+        draw_control(pool, pool[:2], "other", "x")
+
+
+def test_refined_set_is_exact_and_minimal_under_single_removals(finished):
+    result, examples, maps, pairs = finished
+    for entry in result.search["searches"]:
+        refined = entry["refined"]
+        models = pairs[entry["direction"]]
+        cells = _keys(refined["cells"])
+        assert refined["from_size"] == entry["size"] and refined["size"] <= entry["size"]
+        assert set(cells) <= set(_keys(entry["cells"]))
+        share = _share(models, examples, maps, cells)
+        assert share == pytest.approx(refined["share"], abs=TOL)
+        assert refined["reached"] == (share >= entry["target_share"])
+        sizes = [s["size"] for s in refined["steps"]]
+        assert sizes == sorted(sizes, reverse=True) and sizes[-1] == refined["size"]
+        if refined["stopped"] == "minimal" and refined["reached"] and len(cells) > 1:
+            for i in range(len(cells)):  # every single removal falls below the target
+                assert _share(models, examples, maps, cells[:i] + cells[i + 1 :]) < entry["target_share"]
+
+
+def test_missed_sample_effects_are_exact_and_below_the_cut(finished):
+    result, examples, maps, pairs = finished
+    cells = result.cells
+    for entry in result.search["searches"]:
+        missed = entry["missed"]
+        models = pairs[entry["direction"]]
+        sub = cells[(cells["direction"] == entry["direction"]) & (cells["template"] == entry["template"])]
+        estimates = {k: float(v) for k, v in sub.groupby(["position_label", "slot"])["estimate"].sum().items()}
+        ranking = rank_keys(estimates, 1.0 if entry["total_effect"] > 0 else -1.0)
+        top = set(ranking[: entry["size"]])
+        sample = [(tuple(s["cell"]), s["effect"]) for s in missed["sample"]]
+        assert missed["k"] == entry["size"] and missed["n_below"] == len(ranking) - entry["size"]
+        assert len(sample) == missed["sample_size"] == min(16, missed["n_below"])
+        assert not {k for k, _ in sample} & top
+        keys = [k for k, _ in sample[:5]]
+        per = [[[m[k]] if k in m else [] for k in keys] for m in maps]
+        _, eff = exact_effects(models, [e.scored for e in examples], per, pad_id=0)
+        exact = torch.stack(eff).double().mean(dim=0).tolist()
+        assert exact == pytest.approx([v for _, v in sample[:5]], abs=TOL)
+        largest = max(sample, key=lambda kv: abs(kv[1]))
+        assert tuple(missed["largest"]["cell"]) == largest[0]
+        assert 0 <= missed["ci95"][0] <= missed["share_below_k"] + 1e-12 <= missed["ci95"][1] + 2e-12 <= 1 + 1e-12
+
+
+def test_received_counts_cells_at_labels_some_prompts_lack(tmp_path):
+    # free-form prompts whose first entity is 2 or 3 words: 'first_entity-2' exists in one only
+    lines = [{"prompt": "Keanu Reeves starred in a movie with", "answer": "Nicole Kidman", "id": "a",
+              "spans": {"first_actor": "Keanu Reeves", "relation": "starred in a movie"}},
+             {"prompt": "Tom Hanks Brad starred in a movie with", "answer": "Will Smith", "id": "b",
+              "spans": {"first_actor": "Tom Hanks Brad", "relation": "starred in a movie"}}]
+    data = tmp_path / "own.jsonl"
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    config = parse_localize_config({"data": str(data), "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
+                                    "out": str(tmp_path / "run")})
+    pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
+    examples, _ = build_examples(select_prompts(config), pre.tokenizer)
+    assert "first_entity-2" in examples[1].labels and "first_entity-2" not in examples[0].labels
+    index = {s.name: i for i, s in enumerate(model_slots(pre.model))}
+    maps = [cell_map(e, index, pre.model) for e in examples]
+    verifier = SetVerifier([pre.model, sft.model], [e.scored for e in examples], maps, pad_id=0)
+    keys = [("first_entity-2", "layers.0.o"), ("first_entity", "layers.0.o"), ("last", "unembed")]
+    got = received_summary(verifier, keys, ["a", "b"])
+    assert got == {"size": 3, "min": 2, "max": 3, "n_prompts_short": 1, "short": {"a": 2}}
