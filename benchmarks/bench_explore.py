@@ -1,0 +1,106 @@
+"""Latency of ``weightgraft explore``'s ``POST /api/graft`` on SmolLM2-135M, CPU, over real HTTP
+(uvicorn in a thread, an HTTP client in the main thread): what a researcher waits for after each
+painted stroke (PRE and SFT cached for the prompt: one grafted row) and after a new prompt (the
+grafted, PRE and SFT rows in one pass). Prompts: the README's two (8 and 22 tokens), taken in
+turn; each stroke paints a fresh random set of cells.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_explore.py [--sft DIR] [--n 40]
+
+The donor is the demo finetune when ``weightgraft demo`` has cached one (``--sft`` names another),
+else SmolLM2 with every weight moved by noise (the latency does not depend on what the weights are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+
+PROMPTS = ["Keanu Reeves starred in a movie with",
+           "Q: Who starred in a movie alongside Meryl Streep? A: An actor named"]
+
+
+def _donor(pre, spec: str | None):
+    import copy
+
+    import torch
+
+    from weightgraft.models import load_model
+
+    if spec is None:
+        found = sorted(Path("~/.cache/weightgraft/demo").expanduser().glob("sft-*"))
+        spec = str(found[0]) if found else None
+    if spec is not None:
+        return load_model(spec).model, spec
+    donor = copy.deepcopy(pre)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in donor.parameters():
+            p.add_(0.01 * p.std() * torch.randn(p.shape, generator=gen))
+    return donor, "smollm2-135m + noise"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sft", default=None)
+    ap.add_argument("--n", type=int, default=40, help="requests per measurement")
+    args = ap.parse_args()
+
+    import httpx2 as httpx
+    import torch
+    import uvicorn
+
+    from weightgraft.explore.app import create_app
+    from weightgraft.explore.serve import free_port
+    from weightgraft.explore.session import Explorer
+    from weightgraft.models import load_model
+
+    pre = load_model("smollm2-135m")
+    sft, sft_name = _donor(pre.model, args.sft)
+    explorer = Explorer({"pre": pre.model, "sft": sft}, pre.tokenizer)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(explorer), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}/api/graft"
+    slots = explorer.slot_names
+    rng = random.Random(0)
+    client = httpx.Client(timeout=60)
+    lengths = [len(pre.tokenizer(p)["input_ids"]) for p in PROMPTS]
+
+    def stroke(prompt: str, n_tokens: int) -> dict:
+        cells = [{"position": rng.randrange(n_tokens), "slot": rng.choice(slots), "model": "sft"} for _ in range(40)]
+        return {"prompt": prompt, "cells": cells, "answer": "Tom Hanks", "k": 10}
+
+    def timed(body: dict) -> float:
+        t0 = time.perf_counter()
+        res = client.post(url, json=body)
+        ms = 1000 * (time.perf_counter() - t0)
+        res.raise_for_status()
+        return ms
+
+    for i in range(4):  # warm-up: first passes allocate
+        timed(stroke(PROMPTS[i % 2], lengths[i % 2]))
+    paint = [timed(stroke(PROMPTS[i % 2], lengths[i % 2])) for i in range(args.n)]
+    fresh = []
+    for i in range(args.n):  # a new prompt each time: PRE and SFT are not cached
+        explorer._cache.clear()
+        fresh.append(timed(stroke(PROMPTS[i % 2], lengths[i % 2])))
+    server.should_exit = True
+    print(f"SmolLM2-135M (pre) vs {sft_name} (sft), float32, CPU, torch threads {torch.get_num_threads()} "
+          f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}); prompts of {lengths} tokens in turn, "
+          f"40 random cells painted per request, {args.n} requests each")
+    for name, values in (("painted stroke (PRE/SFT cached, 1 grafted row)", paint),
+                         ("new prompt (grafted + PRE + SFT rows, one pass)", fresh)):
+        q = statistics.quantiles(values, n=10)
+        print(f"  {name}: median {statistics.median(values):.1f} ms, p10 {q[0]:.1f}, p90 {q[-1]:.1f}")
+    print(f"median_graft_ms={statistics.median(paint):.1f} target<=150")
+
+
+if __name__ == "__main__":
+    main()
