@@ -23,9 +23,7 @@ def _cmap():
     """Red-blue diverging, with cells that do not exist in grey (not white, which reads as 0)."""
     import matplotlib
 
-    cmap = matplotlib.colormaps["RdBu_r"].copy()
-    cmap.set_bad(NO_CELL)
-    return cmap
+    return matplotlib.colormaps["RdBu_r"].with_extremes(bad=NO_CELL)
 
 
 def label_order(cells: pd.DataFrame) -> list[str]:
@@ -42,18 +40,25 @@ def _style_layers(ax, n_layers: int) -> None:
     ax.set_xlabel("layer", fontsize=7)
 
 
-def heatmaps(cells: pd.DataFrame, column: str, title: str, path: Path) -> None:
-    """Position x layer per layer component, and position x (embed, final_norm, unembed)."""
+def global_grid(cells: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Position label x (embed, final_norm, unembed): the mean of ``column``; NaN where a slot
+    has no cell (final_norm and unembed exist at the last position only)."""
+    glob = cells[cells["layer"].isna()]
+    grid = glob.groupby(["position_label", "component"])[column].mean().unstack("component")
+    return grid.reindex(index=label_order(cells), columns=[c for c in GLOBAL if c in set(glob["component"])])
+
+
+def heatmaps(cells: pd.DataFrame, column: str, title: str, path: Path) -> list[str]:
+    """Position x layer per layer component, and position x (embed, final_norm, unembed);
+    returns the panels drawn."""
     import matplotlib.pyplot as plt
 
     layered = cells[cells["layer"].notna()]
-    glob = cells[cells["layer"].isna()]
     components = list(dict.fromkeys(layered["component"]))
     labels = label_order(cells)
     n_layers = int(layered["layer"].max()) + 1 if len(layered) else 1
     mean = layered.groupby(["component", "position_label", "layer"])[column].mean()
-    gmean = glob.groupby(["position_label", "component"])[column].mean().unstack("component")
-    gmean = gmean.reindex(index=labels, columns=[c for c in GLOBAL if c in set(glob["component"])])
+    gmean = global_grid(cells, column)
     vmax = max(float(mean.abs().max()) if len(mean) else 0.0, float(gmean.abs().max().max()) if gmean.size else 0.0)
     vmax = vmax if vmax > 0 and vmax == vmax else 1.0
     panels = components + (["global"] if gmean.shape[1] else [])
@@ -68,7 +73,7 @@ def heatmaps(cells: pd.DataFrame, column: str, title: str, path: Path) -> None:
         if comp == "global":
             im = ax.imshow(gmean.to_numpy(dtype=float), aspect="auto", cmap=_cmap(), vmin=-vmax, vmax=vmax)
             ax.set_xticks(range(gmean.shape[1]), gmean.columns, rotation=30, ha="right", fontsize=7)
-            ax.set_title("embed / final_norm / unembed", fontsize=8)
+            ax.set_title(" / ".join(gmean.columns), fontsize=8)
         else:
             grid = mean.loc[comp].unstack("layer").reindex(index=labels, columns=range(n_layers))
             im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap=_cmap(), vmin=-vmax, vmax=vmax)
@@ -84,6 +89,7 @@ def heatmaps(cells: pd.DataFrame, column: str, title: str, path: Path) -> None:
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return [" / ".join(gmean.columns) if p == "global" else p for p in panels]
 
 
 def last_token(cells: pd.DataFrame, column: str, title: str, path: Path) -> None:
