@@ -85,7 +85,7 @@ def main() -> None:
     # 2. the localize pipeline: exact maps on a subset, search, report
     raw = {"name": "demo", "data": str(args.data), "models": {"pre": "smollm2-135m", "sft": str(sft_dir)},
            "templates": ["headline", "qa"], "directions": ["a2b"], "ig_steps": args.ig_steps,
-           "exact": args.exact, "out": str(args.out)}
+           "exact": args.exact, "out": str(args.out / "demo")}
     t0 = time.time()
     result = localize(parse_localize_config(raw), progress=True)
     print(f"localize run: {time.time() - t0:.0f}s; stages: " + ", ".join(f"{k} {v:.0f}s" for k, v in result.seconds.items()))

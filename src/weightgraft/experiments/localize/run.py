@@ -1,10 +1,12 @@
 """``localize``: cell maps (attribution estimates, exact effects) and minimal graft sets of a
-model pair on a dataset, written to a run directory and resumed from it.
+model pair on a dataset (a dataset folder or a free-form JSONL, as ``run`` reads them),
+written to a run directory (``out``, else ``runs/{name}``) and resumed from it.
 
-Stages, each written when finished (a rerun skips what exists; the exact map is written per
-group of examples, so a killed run continues from the last group):
-``parts/estimates_{direction}.parquet``, ``parts/exact_{direction}_{n}.parquet``,
-``cells.parquet`` (both joined), ``search.json``, ``report/``.
+Stages, each written when finished (a rerun skips what exists): ``parts/estimates_{direction}
+.parquet``; ``parts/exact_{direction}_{n}.parquet`` per group of prompts (``exact_parts``: a
+killed run, or a raised ``exact:``, computes only the prompts no part holds); ``cells.parquet``
+(both joined); ``search.json`` (``found_sets``: search, refinement, controls, missed bound);
+``report/``. Without ``directions``, the prompts of the trained direction (``directions``).
 """
 
 from __future__ import annotations
