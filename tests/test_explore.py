@@ -291,11 +291,23 @@ def test_run_and_localize_outputs(outputs):
     assert (m["direction"], m["template"]) == ("sufficiency", "headline")
     (search,) = loc["searches"]
     assert search["cells"] and search["size"] == len(search["cells"])
+    # the found set, and the refinement and control sets where the run wrote them, as buttons
+    import json
+
+    raw = json.loads((loc_dir / "search.json").read_text())["searches"][0]
+    names = [s["name"] for s in search["sets"]]
+    assert names[0] == "minimal set" and search["sets"][0]["cells"] == search["cells"]
+    if "controls" in raw:
+        assert "random control #1" in names and "matched control #1" in names
+        drawn = raw["controls"]["random"]["sets"][0]["cells"]
+        shown = next(s for s in search["sets"] if s["name"] == "random control #1")["cells"]
+        assert [[c["position_label"], c["slot"]] for c in shown] == drawn
+    assert ("refined set" in names) == bool(raw.get("refined", {}).get("cells"))
     # the found set lands on an example through its position labels: every key on a token
     ex = loc["examples"]["headline"][0]
     toks = client.post("/api/tokens", json={"prompt": ex["prompt"], "spans": ex["spans"]}).json()["tokens"]
     labels = {t["label"] for t in toks}
-    assert all(c["position_label"] in labels for c in search["cells"])
+    assert all(c["position_label"] in labels for s in search["sets"] for c in s["cells"])
     keys = {(label, slot) for label, slot, _ in m["values"]["estimate"]}
     assert {(c["position_label"], c["slot"]) for c in search["cells"]} <= keys
 

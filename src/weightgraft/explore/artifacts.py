@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 EXAMPLES_PER_TEMPLATE = 8
+CONTROLS_SHOWN = 2  # control sets per kind offered on the page
 SUMMARY_COLUMNS = ("model_set", "template", "direction", "scheme", "family", "n", "top1", "top5",
                    "mean_rank", "mean_prob", "mean_recovery", "recovery_note")
 
@@ -28,6 +29,17 @@ def _clean(value: Any) -> Any:
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def _cell_keys(cells: Any) -> list[dict[str, str]]:
+    """Cell keys as ``{position_label, slot}``, from either way search.json writes them."""
+    out = []
+    for c in cells or []:
+        if isinstance(c, dict) and "position_label" in c and "slot" in c:
+            out.append({"position_label": str(c["position_label"]), "slot": str(c["slot"])})
+        elif isinstance(c, (list, tuple)) and len(c) == 2:
+            out.append({"position_label": str(c[0]), "slot": str(c[1])})
+    return out
 
 
 def _find_data(data: str | None, where: Path) -> Path | None:
@@ -137,12 +149,21 @@ class LocalizeView:
 
     @staticmethod
     def _search(entry: dict[str, Any]) -> dict[str, Any]:
-        keep = ("direction", "template", "n_examples", "target_share", "size", "share", "reached", "cells")
+        """One search as the page's buttons: the found set, its exact refinement and the first
+        control sets of each kind (random, matched) where the run wrote them."""
+        keep = ("direction", "template", "n_examples", "target_share", "size", "share", "reached")
         out = {k: entry.get(k) for k in keep}
-        controls = entry.get("controls")  # sets a search may write beside the found one
-        if isinstance(controls, dict):
-            controls = [{"name": k, **(v if isinstance(v, dict) else {"cells": v})} for k, v in controls.items()]
-        out["controls"] = [c for c in controls or [] if isinstance(c, dict) and isinstance(c.get("cells"), list)]
+        out["cells"] = _cell_keys(entry.get("cells"))
+        sets = [{"name": "minimal set", "share": entry.get("share"), "cells": out["cells"]}]
+        refined = entry.get("refined")
+        if isinstance(refined, dict) and refined.get("cells"):
+            sets.append({"name": "refined set", "share": refined.get("share"), "cells": _cell_keys(refined["cells"])})
+        controls = entry.get("controls")
+        for kind in ("random", "matched"):
+            drawn = controls.get(kind, {}).get("sets", []) if isinstance(controls, dict) else []
+            for i, c in enumerate(drawn[:CONTROLS_SHOWN]):
+                sets.append({"name": f"{kind} control #{i + 1}", "share": c.get("share"), "cells": _cell_keys(c.get("cells"))})
+        out["sets"] = [s for s in sets if s["cells"]]
         return out
 
     def to_json(self) -> dict[str, Any]:

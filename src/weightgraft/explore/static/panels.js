@@ -63,13 +63,11 @@ export function drawLocalize(root, loc, page) {
   root.appendChild(line);
   const sets = el("div");
   for (const s of loc.searches) {
-    const b = el("button", `${s.direction}/${s.template}: minimal set, ${s.size} cells, share ${fmt(s.share)}${s.reached ? "" : " (target not reached)"}`, { type: "button" });
-    b.onclick = () => page.applySet(s.direction, s.cells);
-    sets.appendChild(b);
-    for (const c of s.controls) {
-      const cb = el("button", `control ${c.name || ""}: ${c.cells.length} cells`, { type: "button" });
-      cb.onclick = () => page.applySet(s.direction, c.cells);
-      sets.appendChild(cb);
+    for (const set of s.sets) {
+      const share = set.share === null || set.share === undefined ? "" : `, share ${fmt(set.share)}`;
+      const b = el("button", `${s.direction}/${s.template}: ${set.name}, ${set.cells.length} cells${share}`, { type: "button" });
+      b.onclick = () => page.applySet(s.direction, set.cells);
+      sets.appendChild(b);
     }
   }
   root.appendChild(sets);
