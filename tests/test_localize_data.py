@@ -107,6 +107,9 @@ def test_the_trained_direction_by_default(tmp_path):
     config = parse_localize_config({"data": str(data), "models": MODELS})
     assert {p.direction for p in select_prompts(config)} == {"a2b"}
     assert "manifest.json" in choose_directions(config).note
+    from weightgraft.experiments.localize.directions import left_out
+
+    assert left_out(config, choose_directions(config)) == 6  # 3 relations x 2 templates, b2a: counted
     # the SFT model's training manifest comes first
     sft = tmp_path / "sft"
     sft.mkdir()

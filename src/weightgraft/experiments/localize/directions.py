@@ -70,3 +70,15 @@ def choose_directions(config: Any) -> DirectionChoice:
     if config.directions is not None:
         return DirectionChoice(list(config.directions), f"directions: {list(config.directions)} (config)")
     return trained_directions(config.data, config.models["sft"])
+
+
+def left_out(config: Any, choice: DirectionChoice) -> int:
+    """How many prompts of the chosen templates the direction filter leaves out (counted, never
+    dropped silently)."""
+    if choice.directions is None:
+        return 0
+    from weightgraft.data.freeform import load_prompts
+
+    return sum(1 for p in load_prompts(config.data)
+               if (config.templates is None or p.template in config.templates)
+               and p.direction not in choice.directions and (config.directions is not None or p.direction is not None))

@@ -24,7 +24,7 @@ import torch
 from weightgraft.data.prompts import DatasetError
 from weightgraft.experiments.localize.config import LocalizeConfig, load_localize_config
 from weightgraft.experiments.localize.examples import LocalizeExample, build_examples, select_prompts
-from weightgraft.experiments.localize.directions import choose_directions
+from weightgraft.experiments.localize.directions import choose_directions, left_out
 from weightgraft.experiments.localize.exact_parts import exact_stage
 from weightgraft.experiments.localize.found_sets import find_sets
 from weightgraft.experiments.localize.maps import estimate_frame
@@ -169,6 +169,9 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
     run_dir = config.run_dir()
     _claim(run_dir, config, prompts)
     choice = choose_directions(config)
+    other = left_out(config, choice)
+    if other:
+        choice = type(choice)(choice.directions, f"{choice.note} ({other} prompt(s) of other directions left out)")
     torch.manual_seed(config.seed)
     say = print if progress else (lambda *a, **k: None)
     say(choice.note)
