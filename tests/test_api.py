@@ -171,6 +171,17 @@ def test_top_k_is_readable_and_ordered(tiny_pair, tiny_tok):
     assert "3 prompts" in repr(out)
     with pytest.raises(ValueError):
         out.top(0)
+    frame = out.top_frame(3)  # the same, as a tidy table
+    assert list(frame.columns) == ["prompt", "text", "rank", "token", "token_id", "probability"]
+    assert len(frame) == 9 and frame["rank"].tolist() == [1, 2, 3] * 3
+    for b, row in enumerate(top):
+        part = frame[frame.prompt == b]
+        assert part.text.unique().tolist() == [PROMPTS[b]]
+        assert part.token.tolist() == [t for t, _ in row]
+        assert part.probability.tolist() == pytest.approx([p for _, p in row])
+        assert [tiny_tok.decode([i]) for i in part.token_id] == part.token.tolist()
+    with pytest.raises(ValueError):
+        out.top_frame(0)
 
 
 def test_scheme_and_base_role(tiny_pair, tiny_tok):
