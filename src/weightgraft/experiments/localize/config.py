@@ -41,14 +41,21 @@ class SearchSettings(BaseModel):
         return value
 
 
+def sft_labels(sft: str | list[str]) -> list[str]:
+    """The role label of each SFT model: ``sft`` for a single spec, ``sft[0]``, ``sft[1]``, ...
+    for a list (a list of one included), as ``cells.parquet``'s ``model`` column names them."""
+    return ["sft"] if isinstance(sft, str) else [f"sft[{i}]" for i in range(len(sft))]
+
+
 class LocalizeConfig(BaseModel):
-    """Cell maps of one model pair (``pre`` and ``sft``) on a dataset's test prompts."""
+    """Cell maps of a model pair (``pre`` and ``sft``) on a dataset's test prompts; ``sft`` may
+    list several models (training seeds), each mapped against the same ``pre``."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = "localize"
     data: Path
-    models: dict[str, str]  # must name "pre" and "sft"
+    models: dict[str, str | list[str]]  # must name "pre" and "sft" (one spec or a list of them)
     templates: list[str] | None = None
     directions: list[Literal["a2b", "b2a"]] | None = None
     limit: int | None = Field(None, ge=1, description="max examples per template")
@@ -68,13 +75,34 @@ class LocalizeConfig(BaseModel):
     out: Path | None = None
     report: bool = True
 
-    @field_validator("models")
+    @field_validator("models", mode="before")
     @classmethod
-    def _pair(cls, value: dict[str, str]) -> dict[str, str]:
+    def _pair(cls, value: object) -> object:
+        if not isinstance(value, dict):
+            return value
         missing = {"pre", "sft"} - set(value)
         if missing:
             raise ValueError(f"models must name 'pre' and 'sft' (missing {sorted(missing)})")
+        for role, spec in value.items():
+            if role == "sft" and isinstance(spec, list):
+                if not spec or not all(isinstance(x, str) and x.strip() for x in spec):
+                    raise ValueError("models.sft: a model spec or a non-empty list of model specs")
+                twice = sorted({x for x in spec if spec.count(x) > 1})
+                if twice:
+                    raise ValueError(f"models.sft lists {twice[0]!r} more than once")
+            elif not isinstance(spec, str) or not spec.strip():
+                raise ValueError(f"models.{role}: one model spec (a string; only 'sft' takes a list), got {spec!r}")
         return value
+
+    def sft_models(self) -> list[tuple[str, str]]:
+        """(role label, spec) of each SFT model, in the config's order."""
+        sft = self.models["sft"]
+        return list(zip(sft_labels(sft), [sft] if isinstance(sft, str) else sft))
+
+    def roles(self) -> dict[str, str]:
+        """Every role by label (``pre``, ``sft`` or ``sft[i]``, other roles): one spec each."""
+        flat = {role: spec for role, spec in self.models.items() if role != "sft"}
+        return {**flat, **dict(self.sft_models())}
 
     @field_validator("exact")
     @classmethod
@@ -85,8 +113,11 @@ class LocalizeConfig(BaseModel):
 
     def identity(self) -> str:
         """Hash of what determines the results (not batch sizes, device, output place, nor
-        ``exact``: exact maps are stored per example, so raising it extends a run)."""
+        ``exact``: exact maps are stored per example, so raising it extends a run; of the SFT
+        models only the first, whose found sets the run searches: appending SFT models extends
+        a run, and ``run._claim`` refuses any other change of the list)."""
         data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device", "exact"})
+        data["models"]["sft"] = self.sft_models()[0][1]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def run_dir(self) -> Path:

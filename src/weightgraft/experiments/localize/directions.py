@@ -69,7 +69,13 @@ def choose_directions(config: Any) -> DirectionChoice:
     """The config's ``directions`` where set, else the trained direction(s)."""
     if config.directions is not None:
         return DirectionChoice(list(config.directions), f"directions: {list(config.directions)} (config)")
-    return trained_directions(config.data, config.models["sft"])
+    choices = [(label, trained_directions(config.data, spec)) for label, spec in config.sft_models()]
+    first = choices[0][1]
+    for label, choice in choices[1:]:  # seeds of one recipe agree; a mix would blur the comparison
+        if choice.directions != first.directions:
+            raise ValueError(f"the SFT models were trained on different directions ({choices[0][0]}: "
+                             f"{first.directions}, {label}: {choice.directions}); set 'directions' to choose")
+    return first
 
 
 def left_out(config: Any, choice: DirectionChoice) -> int:

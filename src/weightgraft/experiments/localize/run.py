@@ -7,10 +7,18 @@ Stages, each written when finished (a rerun skips what exists): ``parts/estimate
 killed run, or a raised ``exact:``, computes only the prompts no part holds); ``cells.parquet``
 (both joined); ``search.json`` (``found_sets``: search, refinement, controls, missed bound);
 ``report/``. Without ``directions``, the prompts of the trained direction (``directions``).
+
+Several SFT models (``models: {pre: X, sft: [A, B, C]}``, e.g. training seeds) are loaded one
+at a time, each mapped against ``pre``; ``cells.parquet``'s ``model`` column names each one's
+rows (``sft``, or ``sft[i]`` for a list). The first SFT model's parts stay in ``parts/``, the
+i-th's in ``parts/sft{i}/``. The found sets are searched for the first SFT model only (each
+search costs minutes on a real pair); ``stability.csv`` compares the maps of SFT models and
+of templates (``stability``). Appending SFT models to the list extends a run.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections import defaultdict
@@ -49,9 +57,15 @@ def _digests(prompts: list[Any]) -> dict[str, str]:
                                                    .encode()).hexdigest()[:16] for p in prompts}
 
 
+def _sft_list(config: dict[str, Any]) -> list[str]:
+    sft = (config.get("models") or {}).get("sft")
+    return [sft] if isinstance(sft, str) else list(sft or [])
+
+
 def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
-    """A run directory belongs to one config (``exact`` aside: raising it extends the run);
-    resuming with another, or with prompts whose content changed, is refused."""
+    """A run directory belongs to one config (``exact`` aside: raising it extends the run, and
+    SFT models appended to the list extend it too); resuming with another, with the SFT list
+    changed or shortened, or with prompts whose content changed, is refused."""
     manifest = run_dir / "manifest.json"
     digests = _digests(prompts)
     if manifest.is_file():
@@ -62,6 +76,10 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
             same = old.get("identity") == config.identity()
         if not same:
             raise ValueError(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
+        before, now = _sft_list(old.get("config", {})), [spec for _, spec in config.sft_models()]
+        if now[: len(before)] != before:
+            raise ValueError(f"{run_dir} holds maps of the SFT models {before}; a config may append SFT models "
+                             "to that list, not change or drop them; choose another 'out' or 'name'")
         known = old.get("examples", {})
         changed = sorted(k for k in known.keys() & digests.keys() if known[k] != digests[k])
         if changed:
@@ -84,21 +102,25 @@ def _note(run_dir: Path, **fields: Any) -> None:
     manifest.write_text(json.dumps(data, indent=2, default=str))
 
 
-def _check_peft(models: dict[str, str]) -> Any:
-    """``sft: peft(pre, DIR)`` (a LoRA donor on the pair's base), checked before loading."""
+def _check_peft(config: LocalizeConfig) -> list[Any]:
+    """``sft: peft(pre, DIR)`` (a LoRA donor on the pair's base), checked before loading; one
+    adapter spec (or None) per SFT model."""
     from weightgraft.models.peft_donor import PeftError, check_peft_roles, parse_peft
 
-    check_peft_roles(models, "models")
-    spec = parse_peft(models["sft"])
-    if parse_peft(models["pre"]) is not None or (spec is not None and spec.base != "pre"):
+    roles = config.roles()
+    check_peft_roles(roles, "models")
+    specs = [parse_peft(spec) for _, spec in config.sft_models()]
+    if parse_peft(roles["pre"]) is not None or any(s is not None and s.base != "pre" for s in specs):
         raise PeftError("models: a LoRA donor is the 'sft' model, on the base 'pre': sft: peft(pre, DIR)")
-    return spec
+    return specs
 
 
-def _load_sft(config: LocalizeConfig, pre: Any, adapter: Any, load: Any, dtype: torch.dtype, run_dir: Path) -> Any:
-    """The donor: loaded by spec, or the LoRA adapter on ``pre`` (recorded in the manifest)."""
+def _load_sft(spec: str, label: str, first: bool, pre: Any, adapter: Any, load: Any, dtype: torch.dtype,
+              run_dir: Path) -> Any:
+    """One donor: loaded by spec, or the LoRA adapter on ``pre`` (recorded in the manifest:
+    ``adapters`` by label, and ``adapter`` for the first SFT model)."""
     if adapter is None:
-        return load(config.models["sft"], dtype)
+        return load(spec, dtype)
     from types import SimpleNamespace
 
     from weightgraft.models.peft_donor import adapter_info, load_peft
@@ -106,9 +128,17 @@ def _load_sft(config: LocalizeConfig, pre: Any, adapter: Any, load: Any, dtype: 
     model = load_peft(pre.model, adapter.directory)
     manifest = run_dir / "manifest.json"
     data = json.loads(manifest.read_text())
-    data["adapter"] = adapter_info(model).as_dict("pre")
+    info = adapter_info(model).as_dict("pre")
+    data.setdefault("adapters", {})[label] = info
+    if first:
+        data["adapter"] = info
     manifest.write_text(json.dumps(data, indent=2))
     return SimpleNamespace(model=model, tokenizer=pre.tokenizer)
+
+
+def _model_info(spec: str, model: Any) -> dict[str, str]:
+    return {"spec": spec, "source": str(getattr(model, "source", "")),
+            "weights_sha256": str(getattr(model, "weights_sha256", ""))}
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
@@ -150,18 +180,48 @@ def _exact_subset(config: LocalizeConfig, examples: list[LocalizeExample]) -> li
     return chosen
 
 
+def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: Any, sft: Any,
+                pairs: dict[str, list[Any]], pad_id: int, parts: Path, stamp: str, say: Any,
+                seconds: dict[str, float]) -> pd.DataFrame:
+    """One SFT model's cells (estimates joined with exact effects) in every graft direction,
+    each stage read from ``parts`` where a run already wrote it."""
+    from weightgraft.engine.partial import PartialGraft
+
+    graft = PartialGraft(pre, sft)
+    frames = []
+    tell = (lambda msg: say(f"[{stamp.rstrip('/')}] {msg}")) if stamp else say
+    for direction in config.graft_directions:
+        models = pairs[direction]
+        pair = graft if direction == "sufficiency" else graft.swapped()
+        path = parts / f"estimates_{direction}.parquet"
+        t0 = time.time()
+        if not path.is_file():
+            _write(estimate_frame(pair, examples, direction, config.metric, config.batch_size, config.ig_steps), path)
+            seconds[f"{stamp}estimates_{direction}"] = time.time() - t0
+            tell(f"[{direction}] estimates of every cell: {time.time() - t0:.1f}s")
+        estimates = pd.read_parquet(path)
+        chosen = _exact_subset(config, examples)
+        t0 = time.time()
+        exact_parts = exact_stage(models, chosen, direction, config.metric, pad_id, config.exact_chunk, parts, tell)
+        if exact_parts:
+            seconds[f"{stamp}exact_{direction}"] = time.time() - t0
+            estimates = estimates.merge(pd.concat(exact_parts), on=["example_id", "template", "direction", "position", "slot"], how="left")
+        else:
+            estimates["exact"] = float("nan")
+        frames.append(estimates)
+    return pd.concat(frames, ignore_index=True)
+
+
 def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = None,
              progress: bool = True, load: Any = None) -> LocalizeResult:
     """Run (or resume) a localize config; see the module docstring for what it writes.
 
     ``load(spec, dtype)`` returns an object with ``model`` and ``tokenizer`` (default:
     ``weightgraft.models.load_model``)."""
-    from weightgraft.engine.partial import PartialGraft
-
     if not isinstance(config, LocalizeConfig):
         config = load_localize_config(Path(config), overrides)
     prompts = select_prompts(config)  # fail on data before any model loads
-    adapter = _check_peft(config.models)
+    adapters = _check_peft(config)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_localize
 
@@ -184,48 +244,52 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
         def load(spec, dt):
             return load_model(spec, device=config.device, dtype=dt)
     pre = load(config.models["pre"], dtype)
-    sft = _load_sft(config, pre, adapter, load, dtype, run_dir)
-    from weightgraft.models.tokenization import check_same_tokenizer
-
-    check_same_tokenizer(pre.tokenizer, sft.tokenizer, "model 'sft'")
     seconds["load"] = time.time() - t0
     examples, excluded = build_examples(prompts, pre.tokenizer)
     if excluded:
         say(f"{len(excluded)} prompt(s) excluded: {excluded[:3]}")
+    sfts = config.sft_models()
     _note(run_dir, directions=choice.directions, directions_note=choice.note, excluded=excluded,
           n_prompts={t: sum(e.prompt.template == t for e in examples) for t in dict.fromkeys(e.prompt.template for e in examples)},
           prompt_directions=sorted({str(e.prompt.direction) for e in examples}),
-          models={role: {"spec": config.models[role], "source": str(getattr(m, "source", "")),
-                         "weights_sha256": str(getattr(m, "weights_sha256", ""))} for role, m in (("pre", pre), ("sft", sft))})
+          sft_models=[label for label, _ in sfts],
+          search_model=sfts[0][0] if config.search.enabled else None,
+          models={"pre": _model_info(config.models["pre"], pre)})
     if config.metric == "logit_diff":
         examples = _with_distractors(examples)
     pad_id = pre.tokenizer.pad_token_id if pre.tokenizer.pad_token_id is not None else 0
-    pairs = {"sufficiency": [pre.model, sft.model], "necessity": [sft.model, pre.model]}
-    graft = PartialGraft(pre.model, sft.model)
-    parts = run_dir / "parts"
     frames = []
-    for direction in config.graft_directions:
-        models = pairs[direction]
-        pair = graft if direction == "sufficiency" else graft.swapped()
-        path = parts / f"estimates_{direction}.parquet"
+    search: dict[str, Any] = {}
+    for i, (label, spec) in enumerate(sfts):  # one SFT model in memory at a time
         t0 = time.time()
-        if not path.is_file():
-            _write(estimate_frame(pair, examples, direction, config.metric, config.batch_size, config.ig_steps), path)
-            seconds[f"estimates_{direction}"] = time.time() - t0
-            say(f"[{direction}] estimates of every cell: {time.time() - t0:.1f}s")
-        estimates = pd.read_parquet(path)
-        chosen = _exact_subset(config, examples)
-        t0 = time.time()
-        exact_parts = exact_stage(models, chosen, direction, config.metric, pad_id, config.exact_chunk, parts, say)
-        if exact_parts:
-            seconds[f"exact_{direction}"] = time.time() - t0
-            estimates = estimates.merge(pd.concat(exact_parts), on=["example_id", "template", "direction", "position", "slot"], how="left")
-        else:
-            estimates["exact"] = float("nan")
-        frames.append(estimates)
+        sft = _load_sft(spec, label, i == 0, pre, adapters[i], load, dtype, run_dir)
+        from weightgraft.models.tokenization import check_same_tokenizer
+
+        check_same_tokenizer(pre.tokenizer, sft.tokenizer, f"model {label!r}")
+        seconds["load"] += time.time() - t0
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        _note(run_dir, models={**manifest.get("models", {}), label: _model_info(spec, sft)})
+        if len(sfts) > 1:
+            say(f"[{label}] {spec}")
+        pairs = {"sufficiency": [pre.model, sft.model], "necessity": [sft.model, pre.model]}
+        parts = run_dir / "parts" if i == 0 else run_dir / "parts" / f"sft{i}"
+        parts.mkdir(parents=True, exist_ok=True)
+        stamp = "" if i == 0 else f"{label}/"
+        cells = _model_maps(config, examples, pre.model, sft.model, pairs, pad_id, parts, stamp, say, seconds)
+        if i == 0:
+            search = find_sets(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
+            if search:
+                search["model"] = label
+                (run_dir / "search.json").write_text(json.dumps(search, indent=2))
+        cells.insert(0, "model", label)
+        frames.append(cells)
+        del sft, pairs, cells
+        gc.collect()
     cells = pd.concat(frames, ignore_index=True)
     _write(cells, run_dir / "cells.parquet")
-    search = find_sets(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
+    from weightgraft.experiments.localize.stability import stability_table
+
+    stability_table(cells).to_csv(run_dir / "stability.csv", index=False)
     report = None
     if config.report:
         from weightgraft.report.localize import write_localize_report
