@@ -188,6 +188,20 @@ def test_localize_plans_and_refuses_before_loading(run_raw: dict, tmp_path: Path
         localize(parse_localize_config(raw), progress=False)
 
 
+def test_localize_plan_holds_pre_and_one_sft_model_at_a_time(run_raw: dict, tmp_path: Path) -> None:
+    one = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": 2}
+    three = {**one, "models": {"pre": run_raw["models"]["pre"], "sft": [run_raw["models"]["sft"], run_raw["models"]["pre"]]}}
+    a = plan_localize(parse_localize_config(one))
+    b = plan_localize(parse_localize_config(three))
+    assert [r.role for r in b.roles] == ["pre", "sft[0]", "sft[1]"]
+    assert all("one SFT model at a time" in r.holds for r in b.roles[1:])
+    assert b.memory["parameters"] == a.memory["parameters"]  # never two SFT models at once
+    assert b.memory["cell tables"] == 2 * a.memory["cell tables"]  # every SFT model's cells end in one table
+    assert b.time_parts["attribution"] == pytest.approx(2 * a.time_parts["attribution"])
+    assert b.time_parts["exact cells"] == pytest.approx(2 * a.time_parts["exact cells"])
+    assert any("2 SFT models" in n for n in b.notes)
+
+
 def test_batch_size_comes_from_the_plan(run_raw: dict, steady_rss: int, monkeypatch: pytest.MonkeyPatch) -> None:
     at3 = plan_experiment(parse_config({**run_raw, "batch_size": 3}), with_time=False).peak_bytes
     at4 = plan_experiment(parse_config({**run_raw, "batch_size": 4}), with_time=False).peak_bytes

@@ -406,10 +406,19 @@ def plan_localize(config: Any, *, memory: str | None = None, with_time: bool = T
     prompts = select_prompts(config)
     from weightgraft.models.peft_donor import adapter_bytes, parse_peft
 
-    lora = parse_peft(config.models["sft"])  # a LoRA donor holds its adapter, on pre's tensors
     pre = resolve_footprint(config.models["pre"])
-    sft = pre if lora is not None else resolve_footprint(config.models["sft"])
-    sft_bytes = (lambda dtype: adapter_bytes(lora.directory, dtype)) if lora is not None else sft.param_bytes
+    sfts = []  # (label, spec, footprint, bytes(dtype), holds): loaded one at a time, after each other
+    several = len(config.sft_models()) > 1
+    for label, spec in config.sft_models():
+        lora = parse_peft(spec)  # a LoRA donor holds its adapter, on pre's tensors
+        fp = pre if lora is not None else resolve_footprint(spec)
+        size = (lambda dtype, d=lora.directory: adapter_bytes(d, dtype)) if lora is not None else fp.param_bytes
+        holds = "LoRA adapter" if lora is not None else "whole"
+        sfts.append((label, spec, fp, size, holds + (", one SFT model at a time" if several else "")))
+
+    def sft_bytes(dtype: str) -> int:  # the largest SFT model: the one held beside pre at the peak
+        return max(size(dtype) for _, _, _, size, _ in sfts)
+
     tok, how = _tokenizer(pre)
     lengths = [len(tok(p.prompt, return_offsets_mapping=True, add_special_tokens=True)["input_ids"]) for p in prompts]
     info = _lengths(lengths, how)
@@ -422,7 +431,7 @@ def plan_localize(config: Any, *, memory: str | None = None, with_time: bool = T
         attr = pre.attribution_bytes(min(b, len(lengths)), seq, dtype)
         exact = pre.inference_bytes(config.exact_chunk, seq, 1, dtype) if exact_examples else {}
         batch_part = max(sum(attr.values()), sum(exact.values()) if exact else 0)
-        cells = 2 * len(config.graft_directions) * sum(lengths) * len(pre.slot_names) * 120  # cell tables
+        cells = 2 * len(config.graft_directions) * len(sfts) * sum(lengths) * len(pre.slot_names) * 120  # cell tables
         return {"process before loading": held_now,
                 "parameters": pre.param_bytes(dtype) + sft_bytes(dtype),
                 "graft deltas": pre.delta_bytes(dtype), "batch (attribution or exact cells)": batch_part,
@@ -430,11 +439,14 @@ def plan_localize(config: Any, *, memory: str | None = None, with_time: bool = T
 
     batch = _choose_batch(fixed, DEFAULT_LOCALIZE_BATCH, len(lengths), memory_at, HEADROOM * limit)
     mem = memory_at(batch)
-    roles = [RolePlan("default", r, config.models[r], fp.where, fp.n_params, held(config.dtype), holds)
-             for r, fp, held, holds in (("pre", pre, pre.param_bytes, "whole"),
-                                        ("sft", sft, sft_bytes, "LoRA adapter" if lora else "whole"))]
+    roles = [RolePlan("default", "pre", config.models["pre"], pre.where, pre.n_params, pre.param_bytes(config.dtype), "whole")]
+    roles += [RolePlan("default", label, spec, fp.where, fp.n_params, size(config.dtype), holds)
+              for label, spec, fp, size, holds in sfts]
     seconds, parts = None, {}
     notes = ["the minimal graft search is not predicted (its length depends on the effects found)"]
+    if several:
+        notes.append(f"{len(sfts)} SFT models, held one at a time beside pre (memory: the largest); "
+                     "maps and time are per SFT model, the search runs for the first only")
     if with_time:
         from weightgraft.models.calibration import module_calls, throughput
 
@@ -447,14 +459,15 @@ def plan_localize(config: Any, *, memory: str | None = None, with_time: bool = T
             flops = pre.forward_flops(len(chunk) * max(chunk), max(chunk), len(chunk))
             attr += rate.attribution_ratio * rate.batch_seconds(flops, calls)
         steps = 1 + (config.ig_steps if config.ig_steps > 1 else 0)
-        parts["attribution"] = attr * steps * len(config.graft_directions)
+        parts["attribution"] = attr * steps * len(config.graft_directions) * len(sfts)
         if exact_examples:
             n_slots = len(pre.slot_names)
             per_example = [sum((t - p) * (n_slots - 2) for p in range(t)) + 2 for t in lengths[:exact_examples]]
             tokens = sum(per_example) * len(config.graft_directions)
             cells = sum(t * (n_slots - 2) + 2 for t in lengths[:exact_examples]) * len(config.graft_directions)
             flops = pre.forward_flops(tokens, seq, cells)
-            parts["exact cells"] = rate.batch_seconds(flops, calls * math.ceil(cells / config.exact_chunk))
+            per_sft = rate.batch_seconds(flops, calls * math.ceil(cells / config.exact_chunk))
+            parts["exact cells"] = per_sft * len(sfts)
         seconds = sum(parts.values())
     plan = Plan("localize", config.device, config.dtype, roles, info, len(lengths), batch, fixed is not None,
                 math.ceil(len(lengths) / batch), mem, sum(mem.values()), limit, source, seconds, parts, notes)
@@ -527,7 +540,7 @@ def plan_before_localize(config: Any) -> Any:
     """``plan_before_run`` for ``localize``."""
     from weightgraft.models.random_models import refuse_random
 
-    refuse_random(config.models, "weightgraft localize")
+    refuse_random(config.roles(), "weightgraft localize")
     try:
         plan = plan_localize(config, with_time=False)
     except Exception as exc:
