@@ -261,8 +261,15 @@ def _has_parameters(module: nn.Module) -> bool:
 
 
 # Components that can be grafted head by head, and which side of the module the heads are on:
-# q/k/v heads are groups of output columns, o's heads are groups of its input columns.
+# q/k/v heads are groups of output columns, o's heads are groups of its input columns. Under
+# grouped-query attention k and v have ``num_key_value_heads`` heads: one k/v head's columns
+# serve its whole group of q heads, so a k/v head is that shared key/value head, not a q head's.
 HEAD_COMPONENTS: dict[str, Literal["out", "in"]] = {"q": "out", "k": "out", "v": "out", "o": "in"}
+# Components that can be grafted neuron by neuron (MLP neurons): a neuron of gate/up is one
+# output column (its bias entry included), of down one input column (down's bias belongs to no
+# neuron). GPT-2's ``c_fc`` and GPT-NeoX's ``dense_h_to_4h`` are ``up``.
+NEURON_COMPONENTS: dict[str, Literal["out", "in"]] = {"gate": "out", "up": "out", "down": "in"}
+UnitKind = Literal["head", "neuron"]
 
 
 @dataclass(frozen=True)
@@ -277,20 +284,40 @@ class Slot:
     parts: tuple[Part, ...]
     heads: int = 0
     head_side: Literal["out", "in"] | None = None
+    neurons: int = 0  # MLP neurons (gate/up: output columns, down: input columns); 0: not per-neuron
+    neuron_side: Literal["out", "in"] | None = None
+
+    def units(self, kind: UnitKind) -> int:
+        """How many units of ``kind`` (heads or neurons) the slot splits into (0: none)."""
+        return self.heads if kind == "head" else self.neurons
+
+    def unit_side(self, kind: UnitKind) -> Literal["out", "in"] | None:
+        """Whether a unit of ``kind`` is a group of output or of input columns."""
+        return self.head_side if kind == "head" else self.neuron_side
+
+    def unit_kind(self) -> UnitKind | None:
+        """``head`` for q/k/v/o, ``neuron`` for gate/up/down, else None."""
+        return "head" if self.heads else "neuron" if self.neurons else None
 
     def head_columns(self, module: nn.Module) -> list[torch.Tensor]:
         """Per head, the columns of ``module`` (output side for q/k/v, input side for o)."""
+        return self.unit_columns(module, "head")
+
+    def unit_columns(self, module: nn.Module, kind: UnitKind) -> list[torch.Tensor]:
+        """Per unit (head or neuron), the columns of ``module`` it owns (output side for
+        q/k/v/gate/up, input side for o/down)."""
         part = self.parts[0]
-        if self.head_side == "in":
+        n, side = self.units(kind), self.unit_side(kind)
+        if side == "in":
             width = _in_features(module)
             cols = torch.arange(width)
         else:
             cols = part.columns if part.columns is not None else torch.arange(_out_features(module))
-        if not self.heads or cols.numel() % self.heads:
+        if not n or cols.numel() % n:
             raise UnsupportedArchitectureError(
-                f"slot {self.name} cannot be split into {self.heads} heads ({cols.numel()} columns)"
+                f"slot {self.name} cannot be split into {n} {kind}s ({cols.numel()} columns)"
             )
-        return list(cols.view(self.heads, -1))
+        return list(cols.view(n, -1))
 
 
 _SLOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (config json, slots)
@@ -345,16 +372,22 @@ def _build_slots(model: nn.Module) -> list[Slot]:
             axis = adapter.pos_axis.get(comp, 1)
             heads = {"k": n_kv, "v": n_kv}.get(comp, n_heads) if comp in HEAD_COMPONENTS else 0
             side = HEAD_COMPONENTS.get(comp)
+            n_side = NEURON_COMPONENTS.get(comp)
             if isinstance(spec, Fused):
                 path = f"{prefix}.{spec.module}"
                 module = model.get_submodule(path)
                 cols = fused_columns(spec, config, _out_features(module))
-                out.append(Slot(f"layers.{i}.{comp}", (part(path, axis, cols),), heads, side))
+                neurons = cols.numel() if n_side else 0
+                out.append(Slot(f"layers.{i}.{comp}", (part(path, axis, cols),), heads, side, neurons, n_side))
             else:
                 path = f"{prefix}.{spec}"
                 bound = part(path, axis)
-                if _has_parameters(model.get_submodule(path)):
-                    out.append(Slot(f"layers.{i}.{comp}", (bound,), heads, side))
+                module = model.get_submodule(path)
+                if _has_parameters(module):
+                    neurons = 0
+                    if n_side is not None:
+                        neurons = _in_features(module) if n_side == "in" else _out_features(module)
+                    out.append(Slot(f"layers.{i}.{comp}", (bound,), heads, side, neurons, n_side))
     if adapter.final_norm is not None and _has_parameters(model.get_submodule(adapter.final_norm)):
         out.append(Slot("final_norm", (part(adapter.final_norm),)))
     out.append(Slot("unembed", (part(adapter.unembed),)))
@@ -373,7 +406,7 @@ def _in_features(module: nn.Module) -> int:
     try:
         return projections.in_features(module)
     except projections.UnsupportedProjection as exc:
-        raise UnsupportedArchitectureError(f"per-head o on a {exc}") from exc
+        raise UnsupportedArchitectureError(f"per-head o / per-neuron down on a {exc}") from exc
 
 
 def _check_coverage(model: nn.Module, slots_: list[Slot]) -> None:

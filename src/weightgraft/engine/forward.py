@@ -41,10 +41,18 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _Group:
-    """One slot's share of a module: its output columns and its ``[batch, rows]`` model map."""
+    """One slot's share of a module: its output columns and its ``[batch, rows]`` model map;
+    a slot grafted unit by unit (heads of q/k/v, neurons of gate/up) is one group with
+    ``columns [units, width]`` and ``models [batch, rows, units]``."""
 
     columns: torch.Tensor | slice | None
     models: torch.Tensor
+
+    def bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row, the smallest and largest model index serving the group."""
+        if self.models.dim() == 2:
+            return self.models, self.models
+        return self.models.amin(-1), self.models.amax(-1)
 
 
 def _as_index(columns: torch.Tensor | None) -> torch.Tensor | slice | None:
@@ -55,14 +63,6 @@ def _as_index(columns: torch.Tensor | None) -> torch.Tensor | slice | None:
     if torch.equal(columns, torch.arange(start, start + n)):
         return slice(start, start + n)
     return columns
-
-
-def _columns_output(module: nn.Module, x: torch.Tensor, cols: torch.Tensor | slice) -> torch.Tensor:
-    """Output columns ``cols`` of a Linear / GPT-2 Conv1D, computing only those columns."""
-    try:
-        return projections.output_columns(module, x, cols)
-    except projections.UnsupportedProjection as exc:
-        raise TypeError(f"column grafting on {exc}") from exc
 
 
 def _module_fn(module: nn.Module, is_base: bool):
@@ -115,7 +115,7 @@ class _Lookup:
         """``(single model or None, [(model, rows b, rows t)], mixed rows)`` for ``groups``."""
         key = tuple(g.models.cpu().numpy().tobytes() for g in groups)
         if key not in self.splits:
-            stacked = torch.stack([g.models for g in groups], dim=-1)  # [batch, rows, groups]
+            stacked = torch.stack([b for g in groups for b in g.bounds()], dim=-1)  # [batch, rows, 2 groups]
             uniform = (stacked == stacked[..., :1]).all(dim=-1)
             whole = stacked[..., 0]
             present = whole.unique().tolist()
@@ -151,29 +151,46 @@ def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis
         if mixed[0].numel():
             b_mix, t_mix = mixed
             x_mix = xv[b_mix, t_mix]
-            for g in groups:
-                chosen = g.models[b_mix, t_mix]
-                for m in chosen.unique().tolist():
-                    sel = (chosen == m).nonzero().flatten()
-                    y = _columns_output(targets[m], x_mix[sel], g.columns)
-                    if out is None:
-                        out = y.new_empty(*xv.shape[:2], _out_width(targets[0]))
-                    if isinstance(g.columns, slice):
-                        out[b_mix[sel], t_mix[sel], g.columns] = y
-                    else:
-                        out[b_mix[sel][:, None], t_mix[sel][:, None], g.columns[None, :]] = y
+            chosen = _column_models(groups, b_mix, t_mix, _out_width(targets[0]))  # [rows, out]
+            y_mix = None
+            for m in chosen.unique().tolist():
+                sel = (chosen == m).any(dim=1).nonzero().flatten()
+                y = fns[m](x_mix[sel], *args, **kwargs)  # every column of model m, kept where m serves
+                if y_mix is None:
+                    y_mix = y.new_zeros(len(b_mix), y.shape[-1])
+                y_mix[sel] = torch.where(chosen[sel] == m, y, y_mix[sel])
+            if out is None:
+                out = y_mix.new_empty(*xv.shape[:2], y_mix.shape[-1])
+            out[b_mix, t_mix] = y_mix
         return out if pos_axis == 1 else out.movedim(1, pos_axis)
 
     return forward
+
+
+def _column_models(groups: list[_Group], b: torch.Tensor, t: torch.Tensor, width: int) -> torch.Tensor:
+    """``[len(b), width]``: the model serving each output column of rows ``(b, t)``."""
+    out = torch.full((len(b), width), -1, dtype=torch.long, device=b.device)
+    for g in groups:
+        chosen = g.models[b, t]
+        if g.columns is None:
+            out[:] = chosen[:, None]
+        elif isinstance(g.columns, torch.Tensor) and g.columns.dim() == 2:  # units: [units, w]
+            out[:, g.columns.reshape(-1)] = chosen.repeat_interleave(g.columns.shape[1], dim=1)
+        else:
+            out[:, g.columns] = chosen[:, None]
+    if bool((out < 0).any()):
+        raise RuntimeError("a grafted module has output columns that no slot owns")
+    return out
 
 
 def _in_head_forward(
     path: str, lookup: _Lookup, head_models: torch.Tensor, bias_models: torch.Tensor,
     head_width: int, pos_axis: int,
 ):
-    """A forward for an output projection grafted head by head: its input columns (one group
-    per head) are multiplied by the weights of the model serving that head and summed; the
-    bias, which belongs to no head, comes from ``bias_models``."""
+    """A forward for a projection grafted unit by unit on its input side (o by head, down by
+    neuron): its input columns (one group of ``head_width`` per unit) are multiplied by the
+    weights of the model serving that unit and summed; the bias, which belongs to no unit,
+    comes from ``bias_models``."""
     targets = lookup.targets(path)
     fns = [_module_fn(t, i == 0) for i, t in enumerate(targets)]
     stacked = torch.cat([head_models, bias_models[..., None]], dim=-1)  # [batch, rows, heads+1]
@@ -233,8 +250,8 @@ def _out_width(module: nn.Module) -> int:
 def _plan(
     base: nn.Module, slot_list: list[Slot], columns: list[torch.Tensor], heads: dict[int, torch.Tensor]
 ) -> dict[str, tuple[list[_Group], int]]:
-    """Per base module that some slot grafts: the column groups of all its slots (one group
-    per head for q/k/v grafted head by head)."""
+    """Per base module that some slot grafts: the column groups of all its slots (one unit
+    group for q/k/v grafted head by head, gate/up neuron by neuron; ``heads`` holds both)."""
     by_module: dict[str, tuple[list[_Group], int]] = {}
     grafted_paths = {
         part.path for s, column in enumerate(columns)
@@ -247,9 +264,8 @@ def _plan(
                 continue
             groups, _ = by_module.setdefault(part.path, ([], part.pos_axis))
             if s in heads:
-                head_cols = slot.head_columns(base.get_submodule(part.path))
-                for h, cols in enumerate(head_cols):
-                    groups.append(_Group(_as_index(cols.to(columns[s].device)), heads[s][..., h]))
+                unit_cols = slot.unit_columns(base.get_submodule(part.path), slot.unit_kind())
+                groups.append(_Group(torch.stack(unit_cols).to(columns[s].device), heads[s]))
                 continue
             cols = _as_index(part.columns)
             if isinstance(cols, torch.Tensor):
@@ -260,31 +276,34 @@ def _plan(
 
 def _check_heads(
     head_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
-    n_models: int, device: torch.device,
+    n_models: int, device: torch.device, kind: str = "head",
 ) -> dict[int, torch.Tensor]:
-    """``head_source`` keyed by slot index, validated: per-head slots only, right shapes."""
+    """``head_source`` (or ``neuron_source``, ``kind="neuron"``) keyed by slot index,
+    validated: per-head (per-neuron) slots only, right shapes."""
+    arg, which = f"{kind}_source", "q, k, v and o" if kind == "head" else "gate, up and down"
     index = {slot.name: s for s, slot in enumerate(slot_list)}
     out: dict[int, torch.Tensor] = {}
     for name, tensor in head_source.items():
         if name not in index:
-            raise ValueError(f"head_source names {name!r}, which is not a slot of this model")
+            raise ValueError(f"{arg} names {name!r}, which is not a slot of this model")
         slot = slot_list[index[name]]
-        if not slot.heads:
-            per_head = [s.name for s in slot_list if s.heads][:4]
+        n = slot.units(kind)
+        if not n:
+            per_unit = [s.name for s in slot_list if s.units(kind)][:4]
             raise ValueError(
-                f"slot {name!r} cannot be grafted per head; only q, k, v and o can "
-                f"(e.g. {', '.join(per_head)})"
+                f"slot {name!r} cannot be grafted per {kind}; only {which} can "
+                f"(e.g. {', '.join(per_unit)})"
             )
-        if tuple(tensor.shape) != (batch, seq, slot.heads):
+        if tuple(tensor.shape) != (batch, seq, n):
             raise ValueError(
-                f"head_source[{name!r}] must have shape [batch, seq, heads] = "
-                f"{[batch, seq, slot.heads]}, got {list(tensor.shape)}"
+                f"{arg}[{name!r}] must have shape [batch, seq, {kind}s] = "
+                f"{[batch, seq, n]}, got {list(tensor.shape)}"
             )
         if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
-            raise TypeError(f"head_source[{name!r}] must be an integer tensor, got {tensor.dtype}")
+            raise TypeError(f"{arg}[{name!r}] must be an integer tensor, got {tensor.dtype}")
         tensor = tensor.to(device=device, dtype=torch.long)
         if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= n_models):
-            raise ValueError(f"head_source[{name!r}] values must index the {n_models} models")
+            raise ValueError(f"{arg}[{name!r}] values must index the {n_models} models")
         out[index[name]] = tensor
     return out
 
@@ -340,10 +359,12 @@ def graft_forward(
     logit_positions: torch.Tensor | None = None,
     head_source: Mapping[str, torch.Tensor] | None = None,
     past_key_values: Cache | None = None,
+    *,
+    neuron_source: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` of the grafted pass: see :func:`graft_call`."""
     return graft_call(models, input_ids, source, attention_mask, logit_positions, head_source,
-                      past_key_values).logits
+                      past_key_values, neuron_source=neuron_source).logits
 
 
 def graft_call(
@@ -355,6 +376,8 @@ def graft_call(
     head_source: Mapping[str, torch.Tensor] | None = None,
     past_key_values: Cache | None = None,
     use_cache: bool | None = None,
+    *,
+    neuron_source: Mapping[str, torch.Tensor] | None = None,
 ) -> Any:
     """The base model's output (``.logits`` ``[batch, seq, vocab]``, ``.past_key_values``) of
     one batched forward pass in which slot ``s`` at position ``t`` of row ``b`` uses the
@@ -368,7 +391,15 @@ def graft_call(
     ``head_source`` grafts attention head by head: ``{"layers.3.o": [batch, seq, heads]}``
     names, per head, the model whose weights serve it, and overrides ``source`` for that slot
     (q/k/v: the head's output columns, bias included; o: the head's input columns, while o's
-    bias, which belongs to no head, comes from ``source``).
+    bias, which belongs to no head, comes from ``source``). Under grouped-query attention k
+    and v have ``num_key_value_heads`` heads: a k/v head is one shared key/value head, serving
+    its whole group of q heads.
+
+    ``neuron_source`` grafts the MLP neuron by neuron: ``{"layers.3.up": [batch, seq,
+    neurons]}`` (gate/up: the neuron's output column, bias entry included; down: its input
+    column, while down's bias, which belongs to no neuron, comes from ``source``). GPT-2's
+    ``c_fc`` and GPT-NeoX's ``dense_h_to_4h`` are ``up``; Phi-3's fused ``gate_up_proj`` is
+    split into its gate and up halves first.
 
     ``past_key_values`` (a ``transformers.DynamicCache``) continues rows whose earlier
     positions an earlier call computed (prefix sharing, ``weightgraft.engine.prefix``): the cache is
@@ -412,6 +443,7 @@ def graft_call(
     position_ids = position_ids_from_mask(attention_mask)[:, cached:]
 
     heads = _check_heads(head_source or {}, slot_list, batch, seq, len(models), device)
+    heads.update(_check_heads(neuron_source or {}, slot_list, batch, seq, len(models), device, "neuron"))
     models, source, heads = _distinct(models, source, heads)
     columns = [source[:, :, s] for s in range(len(slot_list))]
     handles: list = []
@@ -430,15 +462,19 @@ def graft_call(
         lookup = _Lookup(models)
         for s, head_models in heads.items():
             slot = slot_list[s]
-            if slot.head_side != "in" or not bool((head_models != columns[s][..., None]).any()):
+            kind = slot.unit_kind()
+            if slot.unit_side(kind) != "in" or not bool((head_models != columns[s][..., None]).any()):
                 continue
             (part,) = slot.parts
             module = base.get_submodule(part.path)
-            width = len(slot.head_columns(module)[0])
+            width = len(slot.unit_columns(module, kind)[0])
             patched.append((module, module.__dict__.get("forward")))
             module.forward = _in_head_forward(part.path, lookup, head_models, columns[s], width, part.pos_axis)
-        in_head = {slot_list[s].parts[0].path for s in heads if slot_list[s].head_side == "in"}
-        out_heads = {s: h for s, h in heads.items() if slot_list[s].head_side == "out"}
+        def side(s: int) -> str | None:
+            return slot_list[s].unit_side(slot_list[s].unit_kind())
+
+        in_head = {slot_list[s].parts[0].path for s in heads if side(s) == "in"}
+        out_heads = {s: h for s, h in heads.items() if side(s) == "out"}
         for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_heads).items():
             if path in in_head and any(m is base.get_submodule(path) for m, _ in patched):
                 continue

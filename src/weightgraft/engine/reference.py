@@ -57,7 +57,8 @@ class CompositeModel:
     @torch.no_grad()
     def load(self, sources: Sequence[int], heads: Mapping[int, Sequence[int]] | None = None) -> None:
         """Copy every slot's weights from ``models[sources[s]]`` (only slots that change);
-        ``heads[s]`` (per head model indices) then overrides slot ``s`` head by head."""
+        ``heads[s]`` (per unit model indices: heads of q/k/v/o, neurons of gate/up/down) then
+        overrides slot ``s`` unit by unit."""
         heads = heads or {}
         for s, (slot, m) in enumerate(zip(self.slots, sources)):
             if s in heads:
@@ -79,19 +80,23 @@ class CompositeModel:
 
 
     def _load_heads(self, slot: Slot, whole: int, head_models: list[int]) -> None:
-        """q/k/v: each head's output columns (and bias) from its model; o: each head's input
-        columns from its model, the bias from ``whole``."""
+        """q/k/v (gate/up): each head's (neuron's) output columns, bias included, from its
+        model; o (down): each head's (neuron's) input columns from its model, the bias from
+        ``whole``. The columns of all units served by one model are copied at once."""
         (part,) = slot.parts
         dst = self.model.get_submodule(part.path)
-        cols = slot.head_columns(dst)
-        for h, m in enumerate(head_models):
+        kind = slot.unit_kind()
+        cols = torch.stack(slot.unit_columns(dst, kind))  # [units, width]
+        chosen = torch.tensor(head_models)
+        for m in chosen.unique().tolist():
             src = self.models[m].get_submodule(part.path)
-            if slot.head_side == "out":
-                _copy_columns(dst, src, cols[h])
+            mine = cols[chosen == m].reshape(-1)
+            if slot.unit_side(kind) == "out":
+                _copy_columns(dst, src, mine)
             else:
-                index = projections.in_index(dst, cols[h])
+                index = projections.in_index(dst, mine)
                 dst.weight[index] = src.weight[index]
-        if slot.head_side == "in" and dst.bias is not None:
+        if slot.unit_side(kind) == "in" and dst.bias is not None:
             dst.bias.copy_(self.models[whole].get_submodule(part.path).bias)
 
 
@@ -111,9 +116,12 @@ def per_token_forward(
     composite: CompositeModel | None = None,
     copy_per_position: bool = False,
     head_source: Mapping[str, torch.Tensor] | None = None,
+    neuron_source: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` by the per-token definition. Each row is run alone
-    without its padding; padded positions of the result are zero.
+    without its padding; padded positions of the result are zero. ``head_source`` /
+    ``neuron_source`` (slot name -> ``[batch, seq, units]``) load a slot unit by unit, as
+    ``graft_forward`` reads them.
 
     ``copy_per_position=True`` is the authors' procedure verbatim: a fresh copy of the base
     model, with the grafted weights swapped in, for every position (slow; for benchmarks).
@@ -128,7 +136,7 @@ def per_token_forward(
     device = input_ids.device
     out = torch.zeros(batch, seq, vocab, dtype=model.dtype, device=device)
     index = {slot.name: s for s, slot in enumerate(composite.slots)}
-    heads = {index[name]: h for name, h in (head_source or {}).items()}
+    heads = {index[name]: h for name, h in {**(head_source or {}), **(neuron_source or {})}.items()}
     for b in range(batch):
         real = attention_mask[b].bool().nonzero().flatten()
         cache = DynamicCache(config=model.config)
