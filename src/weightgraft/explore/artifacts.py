@@ -134,6 +134,11 @@ class LocalizeView:
         self.metric = search.get("metric") or (manifest.get("config") or {}).get("metric", "")
         self.searches = [self._search(s) for s in search.get("searches", [])]
         cells = pd.read_parquet(cells_path)
+        # several SFT models (training seeds): the first one's maps, the model the found sets belong to
+        self.models = list(dict.fromkeys(cells["model"])) if "model" in cells else []
+        self.model = self.models[0] if self.models else "sft"
+        if self.models:
+            cells = cells[cells["model"] == self.model]
         self.columns = [c for c in ("estimate", "estimate_ig", "exact") if c in cells and cells[c].notna().any()]
         self.maps = []
         for (direction, template), group in cells.groupby(["direction", "template"], sort=False):
@@ -167,5 +172,6 @@ class LocalizeView:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "metric": self.metric, "columns": self.columns, "maps": self.maps,
+        return {"name": self.name, "metric": self.metric, "model": self.model, "models": self.models,
+                "columns": self.columns, "maps": self.maps,
                 "searches": self.searches, "examples": self.examples}

@@ -3,7 +3,8 @@ how far the found sets can be trusted.
 
 One self-contained HTML page in the run report's look (``report/html.py``: its style and
 tables, figures embedded): a header (models, metric, prompts and their directions, exclusions),
-heatmaps per (direction, template) with the global slots, estimates vs exact effects, and the
+heatmaps per (SFT model, direction, template) with the global slots, the stability of the maps
+over SFT models and templates, estimates vs exact effects, and the
 found sets with their refinement, random and matched controls, the bound on what the ranking
 missed and how many cells each prompt received. The PNG files stay beside the page.
 """
@@ -18,6 +19,9 @@ from typing import Any
 import pandas as pd
 
 from weightgraft.experiments.localize.agreement import agreement
+from weightgraft.experiments.localize.config import sft_labels
+from weightgraft.experiments.localize.stability import COLUMNS as STABILITY_COLUMNS
+from weightgraft.experiments.localize.stability import stability_table
 from weightgraft.report import localize_figures as figs
 from weightgraft.report.html import CSS, _esc, html_table
 
@@ -41,8 +45,12 @@ def _header(run_dir: Path, manifest: dict[str, Any], cells: pd.DataFrame) -> str
     config = manifest.get("config", {})
     models = config.get("models", {})
     loaded = manifest.get("models", {})
+    roles: dict[str, str] = {}
+    for role, spec in models.items():  # sft: one spec, or a list of them (sft[0], sft[1], ...)
+        roles.update(dict(zip(sft_labels(spec), [spec] if isinstance(spec, str) else spec)) if role == "sft"
+                     else {role: spec})
     rows = [(role, spec, (loaded.get(role) or {}).get("source", ""), (loaded.get(role) or {}).get("weights_sha256", ""))
-            for role, spec in models.items()]
+            for role, spec in roles.items()]
     n_prompts = manifest.get("n_prompts") or cells.groupby("template")["example_id"].nunique().to_dict()
     excluded = manifest.get("excluded") or []
     facts = [
@@ -95,6 +103,31 @@ def _set_row(entry: dict[str, Any], which: str, found: dict[str, Any]) -> tuple[
             "<br>".join(verdict), received)
 
 
+def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
+    """``stability.csv`` as a table and a bar figure (computed from the cells where a run made
+    before it existed lacks the file)."""
+    path = run_dir / "stability.csv"
+    table = pd.read_csv(path) if path.is_file() else stability_table(cells)
+    intro = ("<h2>Stability</h2><p>Do two maps put the behaviour in the same place? Each row compares two maps of "
+             "one graft direction: two SFT models on one template (<i>sft</i>), or two templates of one SFT model "
+             "(<i>template</i>). <b>Spearman, coarse</b>: rank correlation of the maps grouped by (span, layer "
+             "quarter, component), each group valued by the sum of |effect| of its cells over the template's "
+             "prompts, divided by the prompts (magnitudes: opposite cells of a group do not cancel); a group one "
+             "map lacks counts 0. <b>Top-k overlap</b>: the share of the k = 50 largest cells (by the same "
+             "|effect| per (position label, slot)) the two maps have in common. Values: exact effects where every "
+             "cell of both maps has one, else the estimate (column <i>value</i>). Written to "
+             "<code>stability.csv</code>.</p>")
+    if table.empty:
+        return intro + "<p>Nothing to compare: the run maps one SFT model and one template.</p>"
+    figs.stability(table, out / "stability.png")
+    rows = [(r["kind"], r["direction"], figs.stability_label(r), r["value"], f"{r['n_prompts_a']} / {r['n_prompts_b']}",
+             str(r["n_bins"]), f"{r['spearman_coarse']:.3f}", f"{r['top_overlap']:.2f} (k={r['top_k']})")
+            for _, r in table[STABILITY_COLUMNS].iterrows()]
+    return (intro + html_table(("kind", "direction", "maps compared", "value", "prompts", "coarse groups",
+                                "Spearman, coarse", "top-k overlap"), rows)
+            + _img(out / "stability.png", "Spearman of coarse maps and top-k overlap per compared pair"))
+
+
 def _sets_section(search: dict[str, Any]) -> str:
     header = ("direction", "template", "set", "cells", "exact share", "target met",
               "random controls mean / p95", "matched controls mean / p95", "margin over p95 (random / matched)",
@@ -112,6 +145,9 @@ def _sets_section(search: dict[str, Any]) -> str:
              f"marginal gain. Controls: {n} random sets of the same size from the candidate cells and {n} matched "
              "to the set's mix of (position label, component); their seeds and cells are in search.json.</p>",
              html_table(header, rows, raw=True)]
+    if search.get("model"):
+        parts.insert(2, f"<p>Searched for the SFT model <b>{_esc(search['model'])}</b> only (the first in the "
+                        "config's list: each search costs minutes on a real pair); the other SFT models have maps.</p>")
     missed = [e for e in search["searches"] if e.get("missed")]
     if missed:
         mrows = []
@@ -158,17 +194,24 @@ def write_localize_report(run_dir: Path) -> Path:
              "computed exactly, else the gradient estimate); sufficiency grafts SFT's cell into PRE, necessity "
              "PRE's cell into SFT. Global slots (embed at every position, final_norm and unembed at the last) "
              "share the colour scale.</p>"]
-    for (direction, template), sub in cells.groupby(["direction", "template"], sort=False):
+    if "model" not in cells:  # a run made before several SFT models were possible
+        cells = cells.assign(model="sft")
+    several = cells["model"].nunique() > 1
+    for (model, direction, template), sub in cells.groupby(["model", "direction", "template"], sort=False):
         column = value_column(sub)
-        stem = f"{direction}_{template}"
-        figs.heatmaps(sub, column, f"{direction} / {template}: mean {column} per cell", out / f"heatmap_{stem}.png")
-        figs.last_token(sub, column, f"{direction} / {template}: last token, mean {column}", out / f"last_{stem}.png")
-        parts.append(f"<h3>{_esc(direction)} / {_esc(template)} ({_esc(column)})</h3>"
-                     + _img(out / f"heatmap_{stem}.png", f"{direction} / {template}: position x layer per component")
-                     + _img(out / f"last_{stem}.png", f"{direction} / {template}: the last token"))
+        name = f"{model} / {direction} / {template}" if several else f"{direction} / {template}"
+        stem = f"{model}_{direction}_{template}".replace("[", "").replace("]", "") if several else f"{direction}_{template}"
+        figs.heatmaps(sub, column, f"{name}: mean {column} per cell", out / f"heatmap_{stem}.png")
+        figs.last_token(sub, column, f"{name}: last token, mean {column}", out / f"last_{stem}.png")
+        parts.append(f"<h3>{_esc(name)} ({_esc(column)})</h3>"
+                     + _img(out / f"heatmap_{stem}.png", f"{name}: position x layer per component")
+                     + _img(out / f"last_{stem}.png", f"{name}: the last token"))
+    parts.append(_stability_section(run_dir, cells, out))
     if cells["exact"].notna().any():
         n_layers = int(cells["layer"].max()) + 1
-        table = agreement(cells, n_layers)
+        table = pd.concat([agreement(sub, n_layers).assign(model=model) for model, sub in cells.groupby("model", sort=False)],
+                          ignore_index=True)
+        table = table[["model", *[c for c in table.columns if c != "model"]]] if several else table.drop(columns="model")
         table.to_csv(out / "agreement.csv", index=False)
         figs.scatter(cells, out / "scatter.png")
         parts.append("<h2>Estimates against exact effects</h2>" + table.to_html(index=False, float_format="%.3f")

@@ -172,3 +172,32 @@ def curves(search: dict, path: Path) -> None:
               loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def stability_label(row: pd.Series) -> str:
+    """``sft[0] vs sft[1] (headline, sufficiency)`` or ``headline vs qa (sft, sufficiency)``."""
+    if row["kind"] == "sft":
+        return f"{row['model_a']} vs {row['model_b']} ({row['template_a']}, {row['direction']})"
+    return f"{row['template_a']} vs {row['template_b']} ({row['model_a']}, {row['direction']})"
+
+
+def stability(table: pd.DataFrame, path: Path) -> None:
+    """One pair of bars per compared pair of maps: Spearman of the coarse maps and the
+    overlap of the top cells (both 1 for identical maps)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels = [stability_label(r) for _, r in table.iterrows()]
+    y = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(8.5, 1.0 + 0.32 * len(labels)), layout="constrained")
+    ax.barh(y - 0.2, table["spearman_coarse"].to_numpy(dtype=float), height=0.4, color="tab:blue",
+            label="Spearman, coarse maps")
+    ax.barh(y + 0.2, table["top_overlap"].to_numpy(dtype=float), height=0.4, color="tab:orange",
+            label="top-k cell overlap")
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(min(0.0, float(table["spearman_coarse"].min()) if len(table) else 0.0), 1.0)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -49,7 +49,8 @@ export function drawRun(root, run, page) {
 
 export function drawLocalize(root, loc, page) {
   root.hidden = false;
-  root.replaceChildren(el("h2", `localize ${loc.name} (metric ${loc.metric}): cell map drawn under each grid (red: raises the metric, blue: lowers it)`));
+  const which = loc.models && loc.models.length > 1 ? `, maps of ${loc.model}, the first of ${loc.models.length} SFT models` : "";
+  root.replaceChildren(el("h2", `localize ${loc.name} (metric ${loc.metric}${which}): cell map drawn under each grid (red: raises the metric, blue: lowers it)`));
   const mapSel = el("select");
   loc.maps.forEach((m, i) => mapSel.appendChild(el("option", `${m.direction} / ${m.template} (${m.n_examples} prompts)`, { value: i })));
   const colSel = el("select");
