@@ -127,3 +127,90 @@ def test_bad_neuron_source_is_refused():
         wg.graft_forward(models, ids, source, neuron_source={"layers.0.q": torch.zeros(1, 4, 4, dtype=torch.long)})
     with pytest.raises(ValueError, match=r"shape \[batch, seq, neurons\]"):
         wg.graft_forward(models, ids, source, neuron_source={"layers.0.up": torch.zeros(1, 4, 47, dtype=torch.long)})
+
+
+# ---- partial grafts and attribution per unit ---------------------------------------------------
+
+PARTIAL_ARCHS = ["llama", "gpt2", "gpt_neox", "phi3", "gemma3_text"]
+
+
+def _scored(batch: int = 2, seq: int = 6):
+    ids = _ids(batch, seq, seed=3)
+    return ids, torch.full((batch,), seq - 1), torch.tensor([7, 11][:batch])
+
+
+@pytest.mark.parametrize("model_type", PARTIAL_ARCHS)
+@pytest.mark.parametrize("kind", ["head", "neuron"])
+def test_unit_gradients_sum_to_the_cell_gradient(model_type, kind):
+    """Each split slot's unit gradients plus its rest (o's / down's bias) equal the unsplit
+    cell's gradient; the backward-only gradient equals autograd through the mixed forward."""
+    base, donor = _models(model_type, 2, torch.float64)
+    pair = PartialGraft(base, donor)
+    ids, pos, targets = _scored()
+    cells = attribution.graft_attribution(pair, ids, pos, targets)
+    split, units = attribution.graft_unit_attribution(pair, ids, pos, targets, kind)
+    names = [s.name for s in pair.slots]
+    assert set(units) == set(attribution.unit_slots(pair, kind)) and units
+    for name, g in units.items():
+        s = names.index(name)
+        assert torch.allclose(g.sum(-1) + split[..., s], cells[..., s], atol=1e-10, rtol=1e-8)
+        assert g.abs().max() > 1e-6
+    others = [i for i, n in enumerate(names) if n not in units]
+    assert torch.allclose(split[..., others], cells[..., others], atol=1e-12)
+    # backward-only (at a = 0) against plain autograd through the mixed forward
+    alpha = torch.zeros(2, ids.shape[1], len(names), dtype=torch.float64, requires_grad=True)
+    ua = {n: torch.zeros(2, ids.shape[1], g.shape[-1], dtype=torch.float64, requires_grad=True) for n, g in units.items()}
+    logits = pair.forward(ids, alpha, logit_positions=pos[:, None], unit_alpha=ua, first_order=False)[:, 0]
+    value = torch.log_softmax(logits, -1)[torch.arange(2), targets].sum()
+    grads = torch.autograd.grad(value, [alpha, *ua.values()])
+    assert torch.allclose(grads[0], split, atol=1e-10)
+    for (name, g), auto in zip(units.items(), grads[1:]):
+        assert torch.allclose(auto, g, atol=1e-10)
+
+
+@pytest.mark.parametrize("model_type", PARTIAL_ARCHS)
+@pytest.mark.parametrize("component", ["q", "k", "o", "up", "down"])
+@torch.no_grad()
+def test_a_unit_at_share_one_equals_its_integer_graft(model_type, component):
+    """The partial graft with one unit's share at 1 is the engine's graft of that unit (and a
+    split o/down slot's own share at 1 grafts its bias alone): the unit cells that attribution
+    estimates are the cells that exact maps and search graft."""
+    base, donor = _models(model_type, 2, torch.float64)
+    pair = PartialGraft(base, donor)
+    names = [s.name for s in pair.slots]
+    name = f"layers.1.{component}"
+    slot = pair.slots[names.index(name)]
+    kind = slot.unit_kind()
+    ids = _ids(1, 6, seed=4)
+    n = slot.units(kind)
+    for unit in (0, n - 1):
+        alpha = torch.zeros(1, 6, len(names), dtype=torch.float64)
+        ua = torch.zeros(1, 6, n, dtype=torch.float64)
+        ua[0, 4, unit] = 1.0
+        mixed = pair.forward(ids, alpha, unit_alpha={name: ua})
+        source = torch.zeros(1, 6, len(names), dtype=torch.long)
+        arg = "neuron_source" if kind == "neuron" else "head_source"
+        engine = wg.graft_forward([base, donor], ids, source, **{arg: {name: ua.long()}})
+        assert (mixed - engine).abs().max().item() <= 1e-10
+        assert (engine - base(ids).logits).abs().max().item() > 1e-6
+    # the rest of a split slot (o/down bias; nothing for q/k/up) at share one
+    alpha = torch.zeros(1, 6, len(names), dtype=torch.float64)
+    alpha[0, 4, names.index(name)] = 1.0
+    mixed = pair.forward(ids, alpha, unit_alpha={name: torch.zeros(1, 6, n, dtype=torch.float64)})
+    source = (alpha > 0).long()
+    arg = "neuron_source" if kind == "neuron" else "head_source"
+    engine = wg.graft_forward([base, donor], ids, source, **{arg: {name: torch.zeros(1, 6, n, dtype=torch.long)}})
+    assert (mixed - engine).abs().max().item() <= 1e-10
+
+
+def test_bad_unit_alpha_is_refused():
+    base, donor = _models("llama", 2)
+    pair = PartialGraft(base, donor)
+    ids = _ids(1, 4)
+    alpha = torch.zeros(1, 4, len(pair.slots))
+    with pytest.raises(ValueError, match="has no units"):
+        pair.forward(ids, alpha, unit_alpha={"layers.0.attn_norm": torch.zeros(1, 4, 4)})
+    with pytest.raises(ValueError, match=r"shape \[batch, seq, neurons\]"):
+        pair.forward(ids, alpha, unit_alpha={"layers.0.up": torch.zeros(1, 4, 4)})
+    with pytest.raises(ValueError, match="kind must be"):
+        attribution.graft_unit_attribution(pair, ids, torch.tensor([3]), torch.tensor([5]), "cell")

@@ -16,7 +16,7 @@ removing the finetuned cell. Both estimate ``M(graft one cell) - M(no graft)``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Literal
 
 import torch
@@ -24,7 +24,7 @@ from torch import nn
 
 from weightgraft.engine.partial import PartialGraft
 
-__all__ = ["Metric", "graft_attribution", "graft_metric", "metric_values"]
+__all__ = ["Metric", "graft_attribution", "graft_unit_attribution", "graft_metric", "metric_values", "unit_slots"]
 
 Metric = Literal["logprob", "logit_diff", "kl"]
 
@@ -76,9 +76,11 @@ def graft_metric(
     pair: PartialGraft, input_ids: torch.Tensor, alpha: torch.Tensor, positions: torch.Tensor,
     targets: torch.Tensor, metric: Metric = "logprob", distractors: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None, reference_logprobs: torch.Tensor | None = None,
+    unit_alpha: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """The metric ``[batch]`` at ``positions [batch]`` under the partial graft ``alpha``."""
-    logits = pair.forward(input_ids, alpha, attention_mask, logit_positions=positions[:, None])
+    """The metric ``[batch]`` at ``positions [batch]`` under the partial graft ``alpha`` (and
+    ``unit_alpha``, see ``PartialGraft.forward``)."""
+    logits = pair.forward(input_ids, alpha, attention_mask, logit_positions=positions[:, None], unit_alpha=unit_alpha)
     return metric_values(logits[:, 0].float() if logits.dtype != torch.float64 else logits[:, 0],
                          targets, metric, distractors, reference_logprobs)
 
@@ -104,8 +106,40 @@ def graft_attribution(
     ``start`` (default 0: every cell's first-order effect); with ``steps > 1`` integrated
     gradients along ``start -> end`` (default 0 -> 1, midpoint rule). Positions after a row's
     scored position get 0 (nothing there can change it)."""
+    return _attribution(pair, input_ids, positions, targets, metric, distractors, attention_mask, steps,
+                        start, end, None)[0]
+
+
+def unit_slots(pair: PartialGraft, kind: Literal["head", "neuron"]) -> dict[str, int]:
+    """Slot name -> number of units, for every slot that splits into ``kind`` units."""
+    return {s.name: s.units(kind) for s in pair.slots if s.units(kind)}
+
+
+def graft_unit_attribution(
+    pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
+    kind: Literal["head", "neuron"], metric: Metric = "logprob", distractors: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None, steps: int = 1,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``graft_attribution`` with every q/k/v/o slot split into heads (``kind="head"``) or
+    every gate/up/down slot into neurons (``"neuron"``), in the same one backward pass:
+    ``(cells [batch, seq, n_slots], {slot name: [batch, seq, units]})``. A split slot's entry
+    in ``cells`` is what belongs to no unit (o's and down's bias; 0 where there is none), so
+    a split slot's units plus that entry are its whole cell (exactly, for integrated gradients;
+    to first order, for the gradient, where they sum to the unsplit cell's gradient)."""
+    if kind not in ("head", "neuron"):
+        raise ValueError(f"kind must be 'head' or 'neuron', got {kind!r}")
+    return _attribution(pair, input_ids, positions, targets, metric, distractors, attention_mask, steps,
+                        None, None, unit_slots(pair, kind))
+
+
+def _attribution(
+    pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
+    metric: Metric, distractors: torch.Tensor | None, attention_mask: torch.Tensor | None, steps: int,
+    start: torch.Tensor | None, end: torch.Tensor | None, units: Mapping[str, int] | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     if steps < 1:
         raise ValueError("steps must be at least 1")
+    units = units or {}
     batch, seq = input_ids.shape
     n_slots = len(pair.slots)
     dtype = torch.promote_types(pair.base.get_input_embeddings().weight.dtype, torch.float32)
@@ -115,13 +149,26 @@ def graft_attribution(
     a0, a1 = a0.to(dtype), a1.to(dtype)
     reference = donor_logprobs(pair, ids, positions, mask) if metric == "kl" else None
     total = torch.zeros(batch, stop, n_slots, dtype=dtype)
+    unit_totals = {name: torch.zeros(batch, stop, n, dtype=dtype) for name, n in units.items()}
     with _frozen([pair.base, pair.donor]), torch.enable_grad():
         for j in range(steps):
-            point = a0 if steps == 1 else a0 + (j + 0.5) / steps * (a1 - a0)
+            share = 0.0 if steps == 1 else (j + 0.5) / steps  # units go 0 -> 1 along the same path
+            point = a0 if steps == 1 else a0 + share * (a1 - a0)
             alpha = point.detach().clone().requires_grad_(True)
-            values = graft_metric(pair, ids, alpha, positions, targets, metric, distractors, mask, reference)
-            (grad,) = torch.autograd.grad(values.sum(), alpha)
-            total += grad.detach().to(total.device)
+            unit_alpha = {name: torch.full((batch, stop, n), share, dtype=dtype, requires_grad=True)
+                          for name, n in units.items()}
+            values = graft_metric(pair, ids, alpha, positions, targets, metric, distractors, mask, reference,
+                                  unit_alpha or None)
+            grads = torch.autograd.grad(values.sum(), [alpha, *unit_alpha.values()], allow_unused=True)
+            total += grads[0].detach().to(total.device)
+            for name, g in zip(unit_alpha, grads[1:]):
+                if g is not None:
+                    unit_totals[name] += g.detach().to(total.device)
     out = torch.zeros(batch, seq, n_slots, dtype=dtype)
     out[:, :stop] = total if steps == 1 else total / steps * (a1 - a0)
-    return out
+    unit_out = {}
+    for name, t in unit_totals.items():
+        full = torch.zeros(batch, seq, t.shape[-1], dtype=dtype)
+        full[:, :stop] = t if steps == 1 else t / steps
+        unit_out[name] = full
+    return out, unit_out

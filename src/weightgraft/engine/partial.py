@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -53,15 +53,20 @@ class _ModulePlan:
     slots: list[int]  # slot indices that own (part of) this module
     onehot: torch.Tensor | None  # [len(slots), out]: which output columns each slot owns
     delta: Callable[[torch.Tensor], torch.Tensor]
+    # projections only: ``x -> x ΔW`` without the bias, and the bias difference (unit grafts)
+    weight_delta: Callable[[torch.Tensor], torch.Tensor] | None = None
+    bias_delta: torch.Tensor | None = None
 
 
-def _linear_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Callable:
+def _linear_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> tuple[Callable, Callable, torch.Tensor | None]:
+    """``D``, its weight part ``x -> x ΔW`` and the bias difference ``Δb`` (or None)."""
     # effective weights: a LoRA layer's ``.weight`` is its base projection's alone
     dw = projections.effective_weight(donor, dtype) - projections.effective_weight(module, dtype)
     db = None
     if module.bias is not None:
         db = donor.bias.detach().to(dtype) - module.bias.detach().to(dtype)
-    return lambda x, *a, **k: projections.apply_weight(module, x.to(dtype), dw, db)
+    return (lambda x, *a, **k: projections.apply_weight(module, x.to(dtype), dw, db),
+            lambda x: projections.apply_weight(module, x.to(dtype), dw, None), db)
 
 
 def _adapter_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Callable:
@@ -169,13 +174,15 @@ class PartialGraft:
                 onehot = torch.zeros(len(owners), projections.out_features(module), dtype=dtype, device=weight.device)
                 for i, (_, cols, _) in enumerate(owners):
                     onehot[i, cols if cols is not None else slice(None)] = 1.0
+            weight_delta, bias_delta = None, None
             if projections.is_projection(module) and lora.same_projection(module, donor):
-                delta = _adapter_delta(module, donor, dtype)
+                delta = weight_delta = _adapter_delta(module, donor, dtype)  # LoRA: no bias change
             elif projections.is_projection(module):
-                delta = _linear_delta(module, donor, dtype)
+                delta, weight_delta, bias_delta = _linear_delta(module, donor, dtype)
             else:
                 delta = _general_delta(module, donor, dtype)
-            plans.append(_ModulePlan(path, owners[0][2], [s for s, _, _ in owners], onehot, delta))
+            plans.append(_ModulePlan(path, owners[0][2], [s for s, _, _ in owners], onehot, delta,
+                                     weight_delta, bias_delta))
         return plans
 
     def swapped(self) -> PartialGraft:
@@ -185,12 +192,20 @@ class PartialGraft:
     def forward(
         self, input_ids: torch.Tensor, alpha: torch.Tensor, attention_mask: torch.Tensor | None = None,
         logit_positions: torch.Tensor | None = None, first_order: bool = True,
+        unit_alpha: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits ``[batch, seq, vocab]`` (or ``[batch, k, vocab]`` at ``logit_positions``) with
         cell ``(b, t, s)`` served by ``(1 - alpha[b, t, s]) * base + alpha[b, t, s] * donor``.
         Differentiable in ``alpha``; run it under ``torch.enable_grad()`` for gradients.
         ``first_order``: when every ``alpha`` is 0, compute ``D`` in the backward only (the same
-        values and first derivatives w.r.t. ``alpha``; not for second derivatives)."""
+        values and first derivatives w.r.t. ``alpha``; not for second derivatives).
+
+        ``unit_alpha`` (slot name -> ``[batch, seq, units]``) mixes a q/k/v/o slot head by head
+        or a gate/up/down slot neuron by neuron, each unit's columns (as ``graft_forward``'s
+        ``head_source`` / ``neuron_source`` define them) with its own share; ``alpha`` of such a
+        slot then mixes only what belongs to no unit: o's and down's bias (nothing for
+        q/k/v/gate/up, whose bias entries belong to their units). All units at 1 and ``alpha``
+        at 1 is the whole slot grafted."""
         batch, seq = input_ids.shape
         expected = (batch, seq, len(self.slots))
         if tuple(alpha.shape) != expected:
@@ -204,6 +219,7 @@ class PartialGraft:
             attention_mask = torch.ones(batch, seq, dtype=torch.long, device=device)
         attention_mask = attention_mask.to(device)
         unembed_alpha = alpha[..., -1]  # "unembed" is always the last slot
+        units = self._check_units(unit_alpha or {}, batch, seq, device)
         with contextlib.ExitStack() as stack:
             if logit_positions is not None:
                 logit_positions = logit_positions.to(device=device, dtype=torch.long)
@@ -213,8 +229,9 @@ class PartialGraft:
                 head = self.base.get_submodule(self.slots[-1].parts[0].path)
                 handle = head.register_forward_pre_hook(_gather_rows(logit_positions))
                 stack.callback(handle.remove)
-            at_zero = first_order and not bool(alpha.detach().any())
-            stack.enter_context(self._patched(alpha, unembed_alpha, at_zero))
+            at_zero = first_order and not bool(alpha.detach().any()) and not any(
+                bool(u.detach().any()) for u in units.values())
+            stack.enter_context(self._patched(alpha, unembed_alpha, at_zero, units))
             stack.enter_context(_eval_mode([self.base]))
             out = self.base(input_ids=input_ids, attention_mask=attention_mask,
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
@@ -222,15 +239,62 @@ class PartialGraft:
 
     __call__ = forward
 
+    def _check_units(self, unit_alpha: Mapping[str, torch.Tensor], batch: int, seq: int,
+                     device: torch.device) -> dict[int, torch.Tensor]:
+        """``unit_alpha`` by slot index, checked: unit slots only, ``[batch, seq, units]``, float."""
+        index = {slot.name: s for s, slot in enumerate(self.slots)}
+        out = {}
+        for name, tensor in unit_alpha.items():
+            if name not in index:
+                raise ValueError(f"unit_alpha names {name!r}, which is not a slot of this model")
+            slot = self.slots[index[name]]
+            kind = slot.unit_kind()
+            if kind is None:
+                raise ValueError(f"slot {name!r} has no units; only q, k, v, o (heads) and gate, up, down "
+                                 "(neurons) can be mixed unit by unit")
+            if tuple(tensor.shape) != (batch, seq, slot.units(kind)):
+                raise ValueError(f"unit_alpha[{name!r}] must have shape [batch, seq, {kind}s] = "
+                                 f"{[batch, seq, slot.units(kind)]}, got {list(tensor.shape)}")
+            if not tensor.dtype.is_floating_point:
+                raise TypeError(f"unit_alpha[{name!r}] must be a float tensor, got {tensor.dtype}")
+            out[index[name]] = tensor.to(device)
+        return out
+
+    def _unit_layout(self, plan: _ModulePlan, units: dict[int, torch.Tensor]) -> tuple[str, torch.Tensor, list[int]]:
+        """For a module some of whose slots are mixed unit by unit: the side units sit on, the
+        index of each column (output side: of the module's output; input side: of its input)
+        into the concatenated unit shares of those slots (their total where a column is in no
+        unit), and those slots in order."""
+        module = self.base.get_submodule(plan.path)
+        split = [s for s in plan.slots if s in units]
+        sides = {self.slots[s].unit_side(self.slots[s].unit_kind()) for s in split}
+        if len(sides) != 1:
+            raise TypeError(f"{plan.path}: units on both sides of one module")
+        side = sides.pop()
+        width = projections.in_features(module) if side == "in" else projections.out_features(module)
+        total = sum(self.slots[s].units(self.slots[s].unit_kind()) for s in split)
+        index = torch.full((width,), total, dtype=torch.long)
+        offset = 0
+        for s in split:
+            cols = torch.stack(self.slots[s].unit_columns(module, self.slots[s].unit_kind()))  # [units, w]
+            index[cols.reshape(-1)] = torch.arange(offset, offset + cols.shape[0]).repeat_interleave(cols.shape[1])
+            offset += cols.shape[0]
+        return side, index, split
+
     @contextlib.contextmanager
-    def _patched(self, alpha: torch.Tensor, unembed_alpha: torch.Tensor, at_zero: bool) -> Iterator[None]:
+    def _patched(self, alpha: torch.Tensor, unembed_alpha: torch.Tensor, at_zero: bool,
+                 units: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
         unembed = len(self.slots) - 1
+        units = units or {}
         patched: list[tuple[nn.Module, object]] = []
         try:
             for plan in self.plans:
                 module = self.base.get_submodule(plan.path)
                 coef = unembed_alpha[..., None] if plan.slots == [unembed] else alpha[..., plan.slots]
                 patched.append((module, module.__dict__.get("forward")))
+                if any(s in units for s in plan.slots):
+                    module.forward = self._unit_forward(module, plan, coef, units, at_zero)
+                    continue
                 module.forward = self._mixed_forward(module, plan, coef, at_zero)
             yield
         finally:
@@ -260,6 +324,87 @@ class PartialGraft:
             return y + (sign * c * d).to(y.dtype)
 
         return forward
+
+
+    def _unit_forward(self, module: nn.Module, plan: _ModulePlan, coef: torch.Tensor,
+                      units: dict[int, torch.Tensor], at_zero: bool) -> Callable:
+        """``base(x)`` plus each unit's share of ``D``: output side (q/k/v, gate/up), column
+        ``c`` gets ``a[unit(c)] * D(x)_c`` (slots of the module not split keep their own share);
+        input side (o, down), ``(x * a[unit(column)]) ΔW`` plus the slot's share of ``Δb``."""
+        fn = _module_fn(module, True)
+        sign = self.sign
+        side, index, split = self._unit_layout(plan, units)
+        ucoef = torch.cat([units[s] for s in split], dim=-1)  # [batch, seq, U]
+        keep = torch.tensor([s not in units for s in plan.slots], dtype=coef.dtype, device=coef.device)
+        index = index.to(coef.device)
+        layout = _UnitLayout(side, index, int(ucoef.shape[-1]), keep)
+
+        def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            y = fn(x, *args, **kwargs)
+            if at_zero:
+                if coef.requires_grad or ucoef.requires_grad:
+                    return _UnitsAtZero.apply(y, coef, ucoef, x, plan, layout, sign)
+                return y
+            padded = torch.cat([ucoef, ucoef.new_zeros(*ucoef.shape[:-1], 1)], dim=-1)
+            if side == "out":
+                d = plan.delta(x)
+                c = padded[..., index].to(d.dtype)
+                if plan.onehot is not None:  # fused: the module's other slots keep their share
+                    c = c + (coef * keep).to(d.dtype) @ plan.onehot.to(device=d.device)
+                return y + (sign * c * d).to(y.dtype)
+            scaled = x * padded[..., index].to(x.dtype)
+            d = plan.weight_delta(scaled)
+            if plan.bias_delta is not None:
+                d = d + coef[..., :1].to(d.dtype) * plan.bias_delta
+            return y + (sign * d).to(y.dtype)
+
+        return forward
+
+
+@dataclass(frozen=True)
+class _UnitLayout:
+    side: str  # "out" | "in"
+    index: torch.Tensor  # per column, its unit (``n_units`` for a column in no unit)
+    n_units: int
+    keep: torch.Tensor  # per slot of the module: 1 where it is not split (its share still counts)
+
+
+class _UnitsAtZero(torch.autograd.Function):
+    """``y`` unchanged at ``a = 0``, with the gradients w.r.t. the slot shares and the unit
+    shares computed in the backward only (as ``_AtZero``, per unit)."""
+
+    @staticmethod
+    def forward(ctx, y, coef, ucoef, x, plan, layout, sign):
+        ctx.save_for_backward(x)
+        ctx.plan, ctx.layout, ctx.sign = plan, layout, sign
+        ctx.shapes = (coef.shape, ucoef.shape)
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        plan, layout = ctx.plan, ctx.layout
+        coef_shape, ucoef_shape = ctx.shapes
+        with torch.no_grad():
+            if layout.side == "out":
+                d = plan.delta(x) * ctx.sign
+                per_column = grad.to(d.dtype) * d
+                g = (per_column @ plan.onehot.to(device=d.device).T if plan.onehot is not None
+                     else per_column.sum(-1, keepdim=True))
+                g = g * layout.keep.to(device=g.device, dtype=g.dtype)  # a split slot's share moves nothing here
+            else:
+                with torch.enable_grad():
+                    xs = x.detach().requires_grad_(True)
+                    out = plan.weight_delta(xs)
+                    (g_in,) = torch.autograd.grad(out, xs, grad.to(out.dtype) * ctx.sign)
+                per_column = x.to(g_in.dtype) * g_in
+                g = torch.zeros(*grad.shape[:-1], 1, dtype=per_column.dtype, device=grad.device)
+                if plan.bias_delta is not None:
+                    g = (grad.to(plan.bias_delta.dtype) * plan.bias_delta * ctx.sign).sum(-1, keepdim=True)
+            index = layout.index.to(per_column.device)
+            gu = per_column.new_zeros(*per_column.shape[:-1], layout.n_units + 1)
+            gu.index_add_(-1, index, per_column)
+        return grad, g.reshape(coef_shape), gu[..., :-1].reshape(ucoef_shape), None, None, None, None
 
 
 def partial_graft_forward(
