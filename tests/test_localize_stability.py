@@ -220,3 +220,40 @@ def test_appending_sft_models_extends_a_run_and_other_changes_are_refused(tmp_pa
         with pytest.raises(ValueError, match="another config|append SFT models") as err:
             localize(parse_localize_config(_raw(tmp_path, changed, **extra)), progress=False, load=no_load)
         assert "\n" not in str(err.value)
+
+
+def test_sft_models_trained_on_different_directions_are_refused(tmp_path):
+    from weightgraft.training.outputs import MANIFEST_NAME
+
+    folders = []
+    for name, split in (("seed0", "a2b"), ("seed1", "a2b"), ("seed2", "b2a")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / MANIFEST_NAME).write_text(json.dumps({"data": {"split": split}}))
+        folders.append(str(folder))
+    same = parse_localize_config({**_raw(tmp_path, folders[:2]), "out": str(tmp_path / "a")})
+    from weightgraft.experiments.localize.directions import choose_directions
+
+    assert choose_directions(same).directions == ["a2b"]
+    mixed = parse_localize_config({**_raw(tmp_path, folders), "out": str(tmp_path / "b")})
+    with pytest.raises(ValueError, match=r"different directions \(sft\[0\]: \['a2b'\], sft\[2\]: \['b2a'\]\)") as err:
+        localize(mixed, progress=False, load=no_load)
+    assert "\n" not in str(err.value) and not (tmp_path / "b").exists()
+
+
+def test_cli_prints_the_stability_summary(tmp_path, monkeypatch):
+    import yaml
+    from typer.testing import CliRunner
+
+    import weightgraft.experiments.localize as loc
+    from weightgraft.cli import app
+
+    real = loc.localize
+    monkeypatch.setattr(loc, "localize", lambda cfg, progress=True: real(cfg, progress=False, load=copy_loader))
+    cfg = tmp_path / "loc.yaml"
+    cfg.write_text(yaml.safe_dump({**_raw(tmp_path, SFTS[:2]), "exact": "none", "report": False,
+                                   "graft_directions": ["sufficiency"], "search": {"enabled": False}}))
+    out = CliRunner().invoke(app, ["localize", str(cfg)], catch_exceptions=False).output.replace("\n", "")
+    table = pd.read_csv(tmp_path / "run" / "stability.csv")
+    assert "stability over SFT models: 2 pair(s)" in out and "stability over templates: 2 pair(s)" in out
+    assert f"stability: {tmp_path / 'run' / 'stability.csv'}" in out and len(table) == 4

@@ -11,7 +11,7 @@ console = Console()
 
 
 def localize(
-    config: Path = typer.Argument(..., help="Localize YAML (data, models.pre, models.sft, ...)."),
+    config: Path = typer.Argument(..., help="Localize YAML (data, models.pre, models.sft: one model or a list, ...)."),
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. limit=5 exact=none"),
     progress: bool = typer.Option(True, help="Print each stage as it finishes."),
 ) -> None:
@@ -36,6 +36,16 @@ def localize(
     if result.directions_note:
         console.print(result.directions_note)
     console.print(f"cells: {result.run_dir / 'cells.parquet'}")
+    stability = result.run_dir / "stability.csv"
+    if stability.is_file():
+        import pandas as pd
+
+        table = pd.read_csv(stability)
+        for kind, rows in table.groupby("kind", sort=False):
+            console.print(f"stability over {'SFT models' if kind == 'sft' else 'templates'}: {len(rows)} pair(s), "
+                          f"Spearman of coarse maps {rows['spearman_coarse'].min():.2f}-{rows['spearman_coarse'].max():.2f}, "
+                          f"top-k overlap {rows['top_overlap'].min():.2f}-{rows['top_overlap'].max():.2f}")
+        console.print(f"stability: {stability}")
     if result.report is not None:
         console.print(f"report: {result.report}")
     else:
