@@ -176,7 +176,8 @@ def test_report_has_a_stability_section(multi):
     text = (multi.run_dir / "report" / "index.html").read_text()
     for what in ("<h2>Stability</h2>", "stability.png", "sft[0] vs sft[2] (headline, sufficiency)",
                  "headline vs qa (sft[1], necessity)", "Spearman, coarse", "top-k overlap",
-                 "Searched for the SFT model <b>sft[0]</b>", "tiny-llama:task", "sft[2]"):
+                 "Searched for the SFT model <b>sft[0]</b>", "tiny-llama:task", "sft[2]",
+                 "Spearman, coarse: mean (min to max)"):
         assert what in text, what
     assert (multi.run_dir / "report" / "stability.png").stat().st_size > 5_000
     assert (multi.run_dir / "report" / "heatmap_sft1_necessity_qa.png").is_file()

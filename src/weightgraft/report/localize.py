@@ -123,8 +123,13 @@ def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
     rows = [(r["kind"], r["direction"], figs.stability_label(r), r["value"], f"{r['n_prompts_a']} / {r['n_prompts_b']}",
              str(r["n_bins"]), f"{r['spearman_coarse']:.3f}", f"{r['top_overlap']:.2f} (k={r['top_k']})")
             for _, r in table[STABILITY_COLUMNS].iterrows()]
-    return (intro + html_table(("kind", "direction", "maps compared", "value", "prompts", "coarse groups",
-                                "Spearman, coarse", "top-k overlap"), rows)
+    summary = [(kind, direction, str(len(g)), f"{g['spearman_coarse'].mean():.3f} ({g['spearman_coarse'].min():.3f} to "
+                f"{g['spearman_coarse'].max():.3f})", f"{g['top_overlap'].mean():.2f} ({g['top_overlap'].min():.2f} to "
+                f"{g['top_overlap'].max():.2f})") for (kind, direction), g in table.groupby(["kind", "direction"], sort=False)]
+    return (intro + html_table(("kind", "direction", "pairs", "Spearman, coarse: mean (min to max)",
+                                "top-k overlap: mean (min to max)"), summary)
+            + html_table(("kind", "direction", "maps compared", "value", "prompts", "coarse groups",
+                          "Spearman, coarse", "top-k overlap"), rows)
             + _img(out / "stability.png", "Spearman of coarse maps and top-k overlap per compared pair"))
 
 

@@ -198,6 +198,6 @@ def stability(table: pd.DataFrame, path: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlim(min(0.0, float(table["spearman_coarse"].min()) if len(table) else 0.0), 1.0)
     ax.axvline(0, color="grey", lw=0.8)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
     fig.savefig(path, dpi=100)
     plt.close(fig)
