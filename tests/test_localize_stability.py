@@ -6,7 +6,6 @@ identical SFT models agree exactly, the report's stability section, explore's fi
 from __future__ import annotations
 
 import json
-import re
 from itertools import combinations
 
 import numpy as np
@@ -58,7 +57,24 @@ def _spearman(a: list[float], b: list[float]) -> float:
 
 
 def _span(label: str) -> str:
-    return "other" if label.startswith("tok") else re.split(r"[-+#]", label)[0]
+    """The span group, written out another way: strip a ``#n``, then a trailing ``-k`` / ``+k``."""
+    base = label.partition("#")[0]
+    if base.startswith("tok") and base[3:].isdigit():
+        return "other"
+    head, sign, tail = max(base.rpartition("-"), base.rpartition("+"), key=lambda p: len(p[0]))
+    if sign and tail.isdigit():
+        return head + ("+" if sign == "+" else "")
+    return base
+
+
+def test_span_groups_keep_the_words_after_a_span_apart():
+    from weightgraft.experiments.localize.stability import span_group
+
+    labels = ["first_entity-2", "first_entity", "first_entity+3", "tok0", "relation#2", "relation_preposition+1",
+              "last", "my-span", "my-span-1"]
+    want = ["first_entity", "first_entity", "first_entity+", "other", "relation", "relation_preposition+", "last",
+            "my-span", "my-span"]
+    assert [span_group(x) for x in labels] == want == [_span(x) for x in labels]
 
 
 def _maps(cells: pd.DataFrame, column: str, n_layers: int) -> tuple[dict, dict]:

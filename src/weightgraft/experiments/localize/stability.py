@@ -2,10 +2,11 @@
 every pair of SFT models (training seeds; per template and graft direction) and every pair of
 templates (per SFT model and direction).
 
-Coarse map: cells grouped by (span, layer quarter, component) as in ``agreement.coarse``: the
-span from the position label (``first_entity-2`` -> ``first_entity``, ``relation+1`` ->
-``relation``, ``last``; tokens before any span -> ``other``), the layer quarter ``layer * 4 //
-n_layers`` (-1 for embed / final_norm / unembed), the component as in ``cells.parquet``. A bin's
+Coarse map: cells grouped by (span, layer quarter, component): the span from the position
+label (``span_group``: the tokens of a span, ``first_entity-2`` -> ``first_entity``; the
+template words after a span apart from it, ``first_entity+3`` -> ``first_entity+``; ``last``;
+tokens before any span -> ``other``), the layer quarter ``layer * 4 // n_layers`` (-1 for
+embed / final_norm / unembed), the component as in ``cells.parquet``. A bin's
 value is the sum of |effect| of its cells over the template's prompts, divided by the number of
 prompts (the effect mass a prompt carries there on average). Magnitude, not the signed mean: a
 location matters when grafting it moves the metric either way, and a signed sum would let a
@@ -20,17 +21,31 @@ one, else the attribution estimate (integrated gradients where the run computed 
 
 from __future__ import annotations
 
+import re
 from itertools import combinations
 
 import pandas as pd
 
-from weightgraft.experiments.localize.agreement import span_of, spearman
+from weightgraft.experiments.localize.agreement import spearman
 
 TOP_K = 50
 COLUMNS = ["kind", "direction", "model_a", "template_a", "model_b", "template_b", "value", "n_prompts_a",
            "n_prompts_b", "n_bins", "spearman_coarse", "top_k", "top_overlap"]
 CELL_KEY = ["position_label", "slot"]
 UNIT_COLUMNS = ("unit",)  # a head or neuron index where the run split cells by unit
+
+
+def span_group(label: str) -> str:
+    """``first_entity-2`` / ``first_entity`` -> ``first_entity``; ``first_entity+3`` ->
+    ``first_entity+`` (the words after the entity are not the entity); ``tok3`` -> ``other``;
+    a repeated label's ``#2`` dropped."""
+    label = re.sub(r"#\d+$", "", label)
+    if re.fullmatch(r"tok\d+", label):
+        return "other"
+    m = re.fullmatch(r"(.+)([-+])\d+", label)
+    if m is None:
+        return label
+    return m.group(1) + "+" if m.group(2) == "+" else m.group(1)
 
 
 def cell_key(cells: pd.DataFrame) -> list[str]:
@@ -51,7 +66,7 @@ def value_for(a: pd.DataFrame, b: pd.DataFrame) -> str:
 def coarse_map(cells: pd.DataFrame, column: str, n_layers: int) -> pd.Series:
     """(span, layer quarter, component) -> sum of |``column``| over the prompts' cells / prompts."""
     layer = cells["layer"].astype("float")
-    keys = pd.DataFrame({"span": cells["position_label"].map(span_of),
+    keys = pd.DataFrame({"span": cells["position_label"].map(span_group),
                          "quarter": (layer * 4 // max(n_layers, 1)).fillna(-1).astype(int),
                          "component": cells["component"]})
     mass = cells[column].abs().groupby([keys["span"], keys["quarter"], keys["component"]]).sum()
