@@ -214,3 +214,64 @@ def test_bad_unit_alpha_is_refused():
         pair.forward(ids, alpha, unit_alpha={"layers.0.up": torch.zeros(1, 4, 4)})
     with pytest.raises(ValueError, match="kind must be"):
         attribution.graft_unit_attribution(pair, ids, torch.tensor([3]), torch.tensor([5]), "cell")
+
+
+# ---- exact effects of unit cells ----------------------------------------------------------------
+
+from weightgraft.engine.cells import (  # noqa: E402
+    REST, Cell, ScoredExample, cell_name, exact_effects, has_rest, parse_cell_name,
+)
+
+
+def test_cell_names_round_trip():
+    for slot, unit, name in [("layers.3.o", -1, "layers.3.o"), ("layers.3.o", 2, "layers.3.o/h2"),
+                             ("layers.0.up", 17, "layers.0.up/n17"), ("layers.1.down", REST, "layers.1.down/bias")]:
+        assert cell_name(slot, unit) == name and parse_cell_name(name) == (slot, unit)
+    with pytest.raises(ValueError, match="not a cell name"):
+        parse_cell_name("layers.3.o/x2")
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "phi3"])
+@torch.no_grad()
+def test_exact_effects_of_unit_cells_are_their_grafts(model_type):
+    """Unit cells (and a split slot's rest) through exact_effects equal each set's graft through
+    the engine, in one pass or one item per pass; all units plus the rest of a cell equal the
+    whole cell; a small unit budget splits the passes."""
+    import weightgraft.engine.cells as cells_mod
+
+    base, donor = _models(model_type, 2, torch.float64)
+    names = wg.slots(base)
+    slots = {s.name: s for s in model_slots(base)}
+    ids = _ids(1, 6, seed=8)[0]
+    ex = ScoredExample(tuple(ids.tolist()), position=5, target=9)
+    up, down, o = names.index("layers.0.up"), names.index("layers.0.down"), names.index("layers.0.o")
+    n_up, n_down = slots["layers.0.up"].neurons, slots["layers.0.down"].neurons
+    sets = [[Cell(3, up, k) for k in (4, 5, 6)], [Cell(2, down, 0), Cell(4, o, 1)], [Cell(4, down, REST)],
+            [Cell(4, down, k) for k in range(n_down)] + [Cell(4, down, REST)], [Cell(4, down)],
+            [Cell(1, up, k) for k in range(0, n_up, 2)]]
+    base_metric, (effects,) = exact_effects([base, donor], [ex], [sets], pad_id=0, chunk=4)
+    small = cells_mod._chunks([cells_mod._item(ex, c, model_slots(base)) for c in sets], range(len(sets)), 4, budget=200)
+    assert max(len(c) for c in small) < len(sets) and sorted(sum(small, [])) == list(range(len(sets)))
+    _, (again,) = exact_effects([base, donor], [ex], [sets], pad_id=0, chunk=1)  # one item per pass
+    assert torch.allclose(effects, again, atol=1e-12)
+    logp = lambda logits: torch.log_softmax(logits[0, -1].double(), -1)[9]  # noqa: E731
+    assert abs(base_metric[0].item() - logp(base(ids[None]).logits).item()) < 1e-10
+    for cells, effect in zip(sets, effects.tolist()):
+        source = torch.zeros(1, 6, len(names), dtype=torch.long)
+        neurons = {"layers.0.up": torch.zeros(1, 6, n_up, dtype=torch.long),
+                   "layers.0.down": torch.zeros(1, 6, n_down, dtype=torch.long)}
+        heads = {"layers.0.o": torch.zeros(1, 6, slots["layers.0.o"].heads, dtype=torch.long)}
+        for c in cells:
+            name = names[c.slot]
+            maps = neurons.get(name, heads.get(name))
+            if c.unit >= 0:
+                maps[0, c.position, c.unit] = 1
+            else:
+                source[0, c.position, c.slot] = 1
+                if c.unit == -1:
+                    maps[0, c.position] = 1
+        got = logp(wg.graft_forward([base, donor], ids[None], source, head_source=heads, neuron_source=neurons))
+        assert abs(effect - (got.item() - base_metric[0].item())) < 1e-10
+        rest_only = cells == [Cell(4, down, REST)]
+        assert (abs(effect) > 1e-8) == (not rest_only or has_rest(base, slots["layers.0.down"]))
+    assert abs(effects[3].item() - effects[4].item()) < 1e-10

@@ -7,6 +7,14 @@ logits only, so they are cells at the scored position alone. Grafting a set of c
 donor into the base changes only positions from the set's first position on: with prefix
 sharing (``weightgraft.engine.prefix``) the positions before it run once per (example, first
 position) and each set recomputes only from there.
+
+A unit cell is one attention head of a q/k/v/o slot or one MLP neuron of a gate/up/down slot
+at one position (``Cell(position, slot, unit=k)``), grafted as ``graft_forward``'s
+``head_source`` / ``neuron_source`` define it; under grouped-query attention a k/v head cell is
+one shared key/value head (serving its group of q heads). ``unit=REST`` is what of a split slot
+belongs to no unit: o's or down's bias, where the module has one. A slot's units and its rest
+together are its whole cell. Their names (``cell_name``): ``layers.3.o/h2``, ``layers.3.up/n17``,
+``layers.3.down/bias``.
 """
 
 from __future__ import annotations
@@ -17,21 +25,58 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from weightgraft.engine.architectures import model_slots
+from weightgraft.engine import lora
+from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, model_slots
 from weightgraft.engine.attribution import Metric, metric_values
 from weightgraft.engine.prefix import GraftItem, prefix_forward
 
-__all__ = ["Cell", "ScoredExample", "exact_effects", "example_cells", "group_cells"]
+__all__ = ["Cell", "ScoredExample", "exact_effects", "example_cells", "group_cells", "cell_name",
+           "parse_cell_name", "has_rest", "WHOLE", "REST"]
 
 OUTPUT_ONLY = ("final_norm", "unembed")
+WHOLE, REST = -1, -2  # ``Cell.unit``: the whole slot; a split slot's part in no unit (o/down bias)
+UNIT_BUDGET = 1 << 24  # unit-map entries per engine pass in ``exact_effects`` (int64: 128 MiB)
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One slot at one position."""
+    """One slot at one position; with ``unit >= 0`` one head (q/k/v/o) or neuron (gate/up/down)
+    of it, with ``unit == REST`` the slot's part that belongs to no unit."""
 
     position: int
     slot: int  # index into ``slots(model)``
+    unit: int = WHOLE
+
+
+def cell_name(slot_name: str, unit: int = WHOLE) -> str:
+    """``layers.3.o`` (whole), ``layers.3.o/h2`` (head 2), ``layers.3.up/n17`` (neuron 17),
+    ``layers.3.down/bias`` (the rest of a split down)."""
+    if unit == WHOLE:
+        return slot_name
+    if unit == REST:
+        return f"{slot_name}/bias"
+    component = slot_name.rsplit(".", 1)[-1]
+    return f"{slot_name}/{'n' if component in NEURON_COMPONENTS else 'h'}{unit}"
+
+
+def parse_cell_name(name: str) -> tuple[str, int]:
+    """The inverse of ``cell_name``: ``(slot name, unit)``."""
+    slot_name, _, unit = name.partition("/")
+    if not unit:
+        return slot_name, WHOLE
+    if unit == "bias":
+        return slot_name, REST
+    if unit[0] in "hn" and unit[1:].isdigit():
+        return slot_name, int(unit[1:])
+    raise ValueError(f"not a cell name: {name!r} (e.g. layers.3.o, layers.3.o/h2, layers.3.up/n17, layers.3.down/bias)")
+
+
+def has_rest(model: nn.Module, slot: Slot) -> bool:
+    """Whether a split slot keeps a part of its own: o's or down's bias (input-side units)."""
+    kind = slot.unit_kind()
+    if kind is None or slot.unit_side(kind) != "in":
+        return False
+    return getattr(lora.base_layer(model.get_submodule(slot.parts[0].path)), "bias", None) is not None
 
 
 @dataclass(frozen=True)
@@ -76,21 +121,76 @@ def group_cells(model: nn.Module, example: ScoredExample, positions: Sequence[in
     return chosen
 
 
-def _item(example: ScoredExample, cells: Sequence[Cell], n_slots: int) -> GraftItem:
+def _item(example: ScoredExample, cells: Sequence[Cell], slot_list: Sequence[Slot]) -> GraftItem:
+    """The graft of ``cells``: whole cells and rests in ``source``, units in unit maps (a unit
+    map row starts from the slot's whole cells, so a whole cell grafts every unit too, a rest
+    none)."""
     n = example.position + 1
-    source = torch.zeros(n, n_slots, dtype=torch.long)
+    source = torch.zeros(n, len(slot_list), dtype=torch.long)
+    whole = torch.zeros_like(source)
+    units: dict[int, list[Cell]] = {}
     for c in cells:
         if c.position >= n:
             raise ValueError(f"cell at position {c.position} is after the scored position {example.position}")
-        source[c.position, c.slot] = 1
-    return GraftItem(input_ids=example.input_ids[:n], source=source, logit_start=example.position, n_logits=1)
+        if c.unit < 0:
+            source[c.position, c.slot] = 1
+        if c.unit == WHOLE:
+            whole[c.position, c.slot] = 1
+        if c.unit != WHOLE:
+            units.setdefault(c.slot, []).append(c)
+    heads, neurons = {}, {}
+    for s, chosen in units.items():
+        slot = slot_list[s]
+        kind = slot.unit_kind()
+        if kind is None:
+            raise ValueError(f"slot {slot.name} has no heads or neurons; unit cells name q/k/v/o or gate/up/down")
+        maps = whole[:, s, None].repeat(1, slot.units(kind))
+        for c in chosen:
+            if c.unit == REST:
+                continue
+            if not 0 <= c.unit < slot.units(kind):
+                raise ValueError(f"{slot.name} has {slot.units(kind)} {kind}s; no {kind} {c.unit}")
+            maps[c.position, c.unit] = 1
+        (heads if kind == "head" else neurons)[slot.name] = maps
+    return GraftItem(input_ids=example.input_ids[:n], source=source, head_source=heads or None,
+                     logit_start=example.position, n_logits=1, neuron_source=neurons or None)
 
 
 def _suffix(item: GraftItem) -> int:
     """Positions an item recomputes: from its first grafted position to its scored one."""
-    grafted = item.source.any(dim=1).nonzero()
-    first = int(grafted[0]) if len(grafted) else item.logit_start
+    grafted = item.source.any(dim=1)
+    for maps in item.unit_maps().values():
+        grafted = grafted | maps.any(dim=1)
+    first = int(grafted.nonzero()[0]) if bool(grafted.any()) else item.logit_start
     return item.logit_start - first
+
+
+def _unit_cost(item: GraftItem) -> tuple[tuple[str, ...], int]:
+    """The slots an item maps unit by unit, and their total width."""
+    maps = item.unit_maps()
+    return tuple(sorted(maps)), sum(int(m.shape[1]) for m in maps.values())
+
+
+def _chunks(items: Sequence[GraftItem], order: Sequence[int], chunk: int, budget: int = UNIT_BUDGET) -> list[list[int]]:
+    """``order`` cut into passes of at most ``chunk`` items whose padded unit maps (every item
+    holds a map for every slot some item of its pass maps) stay within ``budget`` entries."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    widths: dict[str, int] = {}
+    longest = 0
+    for i in order:
+        item_widths = {n: int(m.shape[1]) for n, m in items[i].unit_maps().items()}
+        grown = {**widths, **item_widths}
+        cost = (len(current) + 1) * max(longest, len(items[i])) * sum(grown.values())
+        if current and (len(current) >= chunk or cost > budget):
+            out.append(current)
+            current, widths, longest = [], {}, 0
+            grown = dict(item_widths)
+        current.append(i)
+        widths, longest = grown, max(longest, len(items[i]))
+    if current:
+        out.append(current)
+    return out
 
 
 @torch.no_grad()
@@ -106,25 +206,25 @@ def exact_effects(
         raise ValueError("exact cell effects need exactly two models: [base, donor]")
     if len(cell_sets) != len(examples):
         raise ValueError("give one list of cell sets per example")
-    n_slots = len(model_slots(models[0]))
+    slot_list = model_slots(models[0])
     items: list[GraftItem] = []
     owner: list[int] = []
     for i, (ex, sets) in enumerate(zip(examples, cell_sets)):
-        items.append(_item(ex, [], n_slots))  # the base itself
+        items.append(_item(ex, [], slot_list))  # the base itself
         owner.append(i)
         if metric == "kl":
-            donor = _item(ex, [], n_slots)
+            donor = _item(ex, [], slot_list)
             items.append(GraftItem(donor.input_ids, torch.ones_like(donor.source), logit_start=ex.position))
             owner.append(i)
         for cells in sets:
-            items.append(_item(ex, cells, n_slots))
+            items.append(_item(ex, cells, slot_list))
             owner.append(i)
     # Batches of items with similar suffixes (positions from the first grafted one on): a batch's
-    # suffixes are padded to its longest, so mixing long and short ones would waste the sharing.
-    order = sorted(range(len(items)), key=lambda i: (_suffix(items[i]), i))
+    # suffixes are padded to its longest, so mixing long and short ones would waste the sharing;
+    # items that map the same slots unit by unit go together (their maps pad to fewer slots).
+    order = sorted(range(len(items)), key=lambda i: (_suffix(items[i]), _unit_cost(items[i]), i))
     logits = None
-    for start in range(0, len(order), chunk):
-        rows = order[start : start + chunk]
+    for rows in _chunks(items, order, chunk):
         part = prefix_forward(models, [items[i] for i in rows], pad_id, share=share)[:, 0].double().cpu()
         if logits is None:
             logits = part.new_empty(len(items), part.shape[-1])

@@ -23,7 +23,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.architectures import NEURON_COMPONENTS, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
 
@@ -43,6 +43,11 @@ class GraftItem:
     head_source: Mapping[str, torch.Tensor] | None = None  # slot name -> [len(input_ids), heads]
     logit_start: int = -1  # first position whose logits are wanted (negative: from the end)
     n_logits: int = 1  # logits at logit_start .. logit_start + n_logits - 1
+    neuron_source: Mapping[str, torch.Tensor] | None = None  # slot name -> [len(input_ids), neurons]
+
+    def unit_maps(self) -> dict[str, torch.Tensor]:
+        """Head and neuron maps together, by slot name (a slot has one kind of unit)."""
+        return {**(self.head_source or {}), **(self.neuron_source or {})}
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -82,14 +87,21 @@ class PrefixPlan:
 
 
 def _head_slot_names(items: Sequence[GraftItem]) -> list[str]:
-    """Every slot that some item grafts head by head, in a fixed order."""
-    return sorted({name for item in items for name in (item.head_source or {})})
+    """Every slot that some item grafts head by head (or neuron by neuron), in a fixed order."""
+    return sorted({name for item in items for name in item.unit_maps()})
+
+
+def _split_units(maps: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
+    """Unit maps as ``graft_forward``'s ``head_source`` and ``neuron_source``."""
+    heads = {n: m for n, m in maps.items() if n.rsplit(".", 1)[-1] not in NEURON_COMPONENTS}
+    neurons = {n: m for n, m in maps.items() if n.rsplit(".", 1)[-1] in NEURON_COMPONENTS}
+    return heads or None, neurons or None
 
 
 def _head_widths(items: Sequence[GraftItem], names: Sequence[str]) -> dict[str, int]:
     widths: dict[str, int] = {}
     for item in items:
-        for name, tensor in (item.head_source or {}).items():
+        for name, tensor in item.unit_maps().items():
             widths.setdefault(name, int(tensor.shape[-1]))
     return {name: widths[name] for name in names}
 
@@ -103,7 +115,7 @@ def _full_heads(
     n = len(item.input_ids)
     out: dict[str, torch.Tensor] = {}
     for name, width in widths.items():
-        given = (item.head_source or {}).get(name)
+        given = item.unit_maps().get(name)
         if given is not None:
             if tuple(given.shape) != (n, width):
                 raise ValueError(
@@ -279,9 +291,11 @@ def _run_whole(
 ) -> torch.Tensor:
     """The plain path: items run whole, right-padded, in one ``graft_forward`` call."""
     batch = _pad([_segment(it, 0, len(it), widths, slot_index) for it in items], pad_id, left=False)
+    heads, neurons = _split_units(batch.heads)
     return graft_forward(
         models, batch.input_ids, batch.source, attention_mask=batch.mask,
-        logit_positions=_logit_positions(items, [0] * len(items), k), head_source=batch.heads or None,
+        logit_positions=_logit_positions(items, [0] * len(items), k), head_source=heads,
+        neuron_source=neurons,
     )
 
 
@@ -294,9 +308,10 @@ def _run_prefixes(
     segments = [_segment(items[g.members[0]], 0, g.length, widths, slot_index) for g in groups]
     batch = _pad(segments, pad_id, left=True)
     last = torch.full((len(groups), 1), batch.input_ids.shape[1] - 1, dtype=torch.long)
+    heads, neurons = _split_units(batch.heads)
     graft_forward(
         models, batch.input_ids, batch.source, attention_mask=batch.mask, logit_positions=last,
-        head_source=batch.heads or None, past_key_values=cache,
+        head_source=heads, past_key_values=cache, neuron_source=neurons,
     )
     return batch.mask
 
@@ -315,11 +330,12 @@ def _run_suffixes(
     cache.batch_select_indices(rows)  # CPU indices serve cache layers on any device (device_map)
     segments = [_segment(items[i], n, len(items[i]), widths, slot_index) for i, n in zip(members, lengths)]
     batch = _pad(segments, pad_id, left=False)
+    heads, neurons = _split_units(batch.heads)
     logits = graft_forward(
         models, batch.input_ids, batch.source,
         attention_mask=torch.cat([prefix_mask[rows], batch.mask], dim=1),
         logit_positions=_logit_positions([items[i] for i in members], lengths, k),
-        head_source=batch.heads or None, past_key_values=cache,
+        head_source=heads, past_key_values=cache, neuron_source=neurons,
     )
     return members, logits
 
@@ -327,16 +343,19 @@ def _run_suffixes(
 def _checked_head_widths(
     items: Sequence[GraftItem], slot_list: Sequence, slot_index: Mapping[str, int]
 ) -> dict[str, int]:
-    """Heads per head-mapped slot, from the slot table; names that cannot be head-mapped are
-    refused here, before padding would fail on them less clearly."""
+    """Heads (neurons) per head- (neuron-) mapped slot, from the slot table; names that cannot
+    be so mapped are refused here, before padding would fail on them less clearly."""
     widths = {}
-    for name in _head_slot_names(items):
-        if name not in slot_index:
-            raise ValueError(f"head_source names {name!r}, which is not a slot of this model")
-        widths[name] = slot_list[slot_index[name]].heads
-        if not widths[name]:
-            raise ValueError(f"slot {name!r} cannot be grafted per head; only q, k, v and o can")
-    return widths
+    for item in items:
+        for arg, kind in ((item.head_source, "head"), (item.neuron_source, "neuron")):
+            for name in arg or {}:
+                if name not in slot_index:
+                    raise ValueError(f"{kind}_source names {name!r}, which is not a slot of this model")
+                widths[name] = slot_list[slot_index[name]].units(kind)
+                if not widths[name]:
+                    which = "q, k, v and o" if kind == "head" else "gate, up and down"
+                    raise ValueError(f"slot {name!r} cannot be grafted per {kind}; only {which} can")
+    return {name: widths[name] for name in sorted(widths)}
 
 
 @torch.no_grad()
