@@ -274,3 +274,13 @@ def test_cli_prints_the_stability_summary(tmp_path, monkeypatch):
     table = pd.read_csv(tmp_path / "run" / "stability.csv")
     assert "stability over SFT models: 2 pair(s)" in out and "stability over templates: 2 pair(s)" in out
     assert f"stability: {tmp_path / 'run' / 'stability.csv'}" in out and len(table) == 4
+
+
+def test_rows_finer_than_a_cell_are_refused_not_summed(multi):
+    from weightgraft.experiments.localize.stability import stability_table
+
+    cells = pd.read_parquet(multi.run_dir / "cells.parquet")
+    split = pd.concat([cells.assign(estimate=cells["estimate"] / 2)] * 2)  # two rows per cell, as units would be
+    with pytest.raises(ValueError, match="several rows per cell"):
+        stability_table(split)
+    pd.testing.assert_frame_equal(stability_table(cells), pd.read_csv(multi.run_dir / "stability.csv"), check_dtype=False)

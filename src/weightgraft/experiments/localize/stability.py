@@ -104,6 +104,10 @@ def stability_table(cells: pd.DataFrame, k: int = TOP_K) -> pd.DataFrame:
     direction), in the order the run lists them; ``cells`` as ``cells.parquet`` holds them."""
     if "model" not in cells:
         cells = cells.assign(model="sft")
+    keys = ["model", "template", "direction", "example_id", "position", *cell_key(cells)]
+    if cells.duplicated(keys).any():  # rows finer than the key (units under another name): never summed blindly
+        raise ValueError(f"stability: cells.parquet holds several rows per cell {keys}; a unit column must be "
+                         f"named in weightgraft.experiments.localize.stability.UNIT_COLUMNS")
     n_layers = int(cells["layer"].max()) + 1 if cells["layer"].notna().any() else 1
     models = list(dict.fromkeys(cells["model"]))
     templates = list(dict.fromkeys(cells["template"]))
