@@ -67,6 +67,12 @@ class LocalizeConfig(BaseModel):
     # exact single-cell maps: "all" examples, "none", or the first N examples of each template
     exact: Literal["all", "none"] | int = "all"
     search: SearchSettings = Field(default_factory=SearchSettings)
+    # cell: whole slots; head: q/k/v/o split by attention head (under grouped-query attention a
+    # k/v head is one shared key/value head, serving its group of q heads); neuron: gate/up/down
+    # split by MLP neuron. Split slots' units are estimated, mapped exactly and searched as cells.
+    units: Literal["cell", "head", "neuron"] = "cell"
+    unit_rows: int = Field(20000, ge=1, description="unit rows kept per prompt and direction, by |estimate|")
+    exact_units: int = Field(64, ge=0, description="exact unit cells per exact prompt: its top by |estimate|")
     batch_size: int = Field(16, ge=1)
     exact_chunk: int = Field(512, ge=1)
     dtype: Literal["float32", "float64"] = "float32"

@@ -20,7 +20,14 @@ from weightgraft.experiments.localize.examples import LocalizeExample
 from weightgraft.experiments.localize.maps import exact_frame
 
 EXACT_GROUP = 8  # prompts per part file (the unit a killed run resumes from)
-COLUMNS = ["example_id", "template", "direction", "position", "slot", "exact"]
+COLUMNS = ["example_id", "template", "direction", "position", "slot", "unit", "exact"]
+
+
+def _read(path: Path) -> pd.DataFrame:
+    frame = pd.read_parquet(path)
+    if "unit" not in frame:  # parts written before units: whole cells
+        frame["unit"] = -1
+    return frame[COLUMNS]
 
 
 def _free(parts: Path, direction: str) -> Callable[[], Path]:
@@ -34,9 +41,11 @@ def _free(parts: Path, direction: str) -> Callable[[], Path]:
 
 
 def exact_stage(models: Sequence[torch.nn.Module], chosen: Sequence[LocalizeExample], direction: str,
-                metric: Metric, pad_id: int, chunk: int, parts: Path, say: Callable[..., None]) -> list[pd.DataFrame]:
-    """The exact rows of the ``chosen`` prompts, computing only those no part holds yet."""
-    frames = [pd.read_parquet(p)[COLUMNS] for p in sorted(parts.glob(f"exact_{direction}_*.parquet"))]
+                metric: Metric, pad_id: int, chunk: int, parts: Path, say: Callable[..., None],
+                unit_cells: Callable[[LocalizeExample], list] | None = None) -> list[pd.DataFrame]:
+    """The exact rows of the ``chosen`` prompts, computing only those no part holds yet
+    (``unit_cells(example)``: the unit cells to map exactly besides every whole cell)."""
+    frames = [_read(p) for p in sorted(parts.glob(f"exact_{direction}_*.parquet"))]
     done = set().union(*(set(zip(f["template"], f["example_id"])) for f in frames)) if frames else set()
     todo = [e for e in chosen if (e.prompt.template, e.prompt.id) not in done]
     if todo and done:
@@ -44,7 +53,9 @@ def exact_stage(models: Sequence[torch.nn.Module], chosen: Sequence[LocalizeExam
     next_path = _free(parts, direction)
     t0 = time.time()
     for start in range(0, len(todo), EXACT_GROUP):
-        frame, _ = exact_frame(models, todo[start : start + EXACT_GROUP], direction, metric, pad_id, chunk)
+        group = todo[start : start + EXACT_GROUP]
+        units = [unit_cells(e) for e in group] if unit_cells is not None else None
+        frame, _ = exact_frame(models, group, direction, metric, pad_id, chunk, units)
         path = next_path()
         tmp = path.with_suffix(".tmp")
         frame.to_parquet(tmp, index=False)

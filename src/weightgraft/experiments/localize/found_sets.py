@@ -20,7 +20,8 @@ from torch import nn
 
 from weightgraft.experiments.localize.controls import set_controls
 from weightgraft.experiments.localize.examples import LocalizeExample
-from weightgraft.experiments.localize.maps import cell_map
+from weightgraft.engine.cells import WHOLE, cell_name
+from weightgraft.experiments.localize.maps import UnitCellMap, cell_map, whole_cells
 from weightgraft.experiments.localize.missed import missed_bound
 from weightgraft.experiments.localize.refine import refine_set
 from weightgraft.experiments.localize.search import minimal_graft_search, rank_keys
@@ -35,6 +36,22 @@ def _save(path: Path, out: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=2))
     tmp.replace(path)
+
+
+def _estimates(sub: pd.DataFrame, column: str, units: str, model: nn.Module) -> dict[CellKey, float]:
+    """Summed estimate per key: whole cells, or with units the unit cells (and rests) of the
+    split slots and the whole cells of the others."""
+    if units == "cell":
+        sub = whole_cells(sub)
+        return {k: float(v) for k, v in sub.groupby(["position_label", "slot"])[column].sum().items()}
+    from weightgraft.engine.architectures import model_slots
+
+    split = {s.name for s in model_slots(model) if s.units(units)}
+    keep = (sub["unit"] != WHOLE) | ~sub["slot"].isin(split)
+    sub = sub[keep]
+    names = [cell_name(s, int(u)) for s, u in zip(sub["slot"], sub["unit"])]
+    sums = sub[column].groupby([sub["position_label"].to_numpy(), pd.Series(names, index=sub.index)]).sum()
+    return {(str(label), str(name)): float(v) for (label, name), v in sums.items()}
 
 
 def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], cells: pd.DataFrame,
@@ -61,16 +78,22 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
             t0 = time.time()
             group = [e for e in examples if e.prompt.template == template]
             ids = [e.prompt.id for e in group]
-            maps = [cell_map(e, slot_index, model) for e in group]
+            sub = cells[(cells["direction"] == direction) & (cells["template"] == template)]
+            estimates = _estimates(sub, column, config.units, model)
+            whole_maps = [cell_map(e, slot_index, model) for e in group]
+            maps = whole_maps if config.units == "cell" else [UnitCellMap(e, slot_index, model, list(estimates))
+                                                               for e in group]
             entry = entries.get((direction, template))
             if entry is not None and config.metric != "logprob" and not entry.get("search_checked"):
                 entry = None  # searched before shares were measured in the config's metric: again
-            sub = cells[(cells["direction"] == direction) & (cells["template"] == template)]
-            estimates = {k: float(v) for k, v in sub.groupby(["position_label", "slot"])[column].sum().items()}
+            total = None
+            if config.units != "cell":  # the donor's whole effect: every whole cell (the unit keys are a top few)
+                total = SetVerifier(pairs[direction], [e.scored for e in group], whole_maps, pad_id, config.metric,
+                                    config.exact_chunk).total
             if entry is None:
                 result = minimal_graft_search(pairs[direction], [e.scored for e in group], maps, estimates, pad_id,
                                               settings.target_share, settings.max_cells, chunk=config.exact_chunk,
-                                              metric=config.metric)
+                                              metric=config.metric, total=total)
                 entry = {"direction": direction, "template": template, "n_examples": len(group),
                          "search_checked": True, **result.to_json()}
                 say(f"[{direction}/{template}] {len(result.cells)} cells carry {result.share:.0%} "

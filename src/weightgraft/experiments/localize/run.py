@@ -35,7 +35,7 @@ from weightgraft.experiments.localize.examples import LocalizeExample, build_exa
 from weightgraft.experiments.localize.directions import choose_directions, left_out
 from weightgraft.experiments.localize.exact_parts import exact_stage
 from weightgraft.experiments.localize.found_sets import find_sets
-from weightgraft.experiments.localize.maps import estimate_frame
+from weightgraft.experiments.localize.maps import estimate_frame, unit_picks, whole_cells
 
 @dataclass
 class LocalizeResult:
@@ -196,16 +196,21 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
         path = parts / f"estimates_{direction}.parquet"
         t0 = time.time()
         if not path.is_file():
-            _write(estimate_frame(pair, examples, direction, config.metric, config.batch_size, config.ig_steps), path)
+            _write(estimate_frame(pair, examples, direction, config.metric, config.batch_size, config.ig_steps,
+                                  config.units, config.unit_rows), path)
             seconds[f"{stamp}estimates_{direction}"] = time.time() - t0
             tell(f"[{direction}] estimates of every cell: {time.time() - t0:.1f}s")
         estimates = pd.read_parquet(path)
+        if "unit" not in estimates:  # written before units: whole cells
+            estimates.insert(estimates.columns.get_loc("slot") + 1, "unit", -1)
         chosen = _exact_subset(config, examples)
         t0 = time.time()
-        exact_parts = exact_stage(models, chosen, direction, config.metric, pad_id, config.exact_chunk, parts, tell)
+        picks = unit_picks(estimates, examples, pre, config.units, config.exact_units) if config.units != "cell" else None
+        exact_parts = exact_stage(models, chosen, direction, config.metric, pad_id, config.exact_chunk, parts, tell,
+                                  picks)
         if exact_parts:
             seconds[f"{stamp}exact_{direction}"] = time.time() - t0
-            estimates = estimates.merge(pd.concat(exact_parts), on=["example_id", "template", "direction", "position", "slot"], how="left")
+            estimates = estimates.merge(pd.concat(exact_parts), on=["example_id", "template", "direction", "position", "slot", "unit"], how="left")
         else:
             estimates["exact"] = float("nan")
         frames.append(estimates)
@@ -289,7 +294,7 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
     _write(cells, run_dir / "cells.parquet")
     from weightgraft.experiments.localize.stability import stability_table
 
-    stability_table(cells).to_csv(run_dir / "stability.csv", index=False)
+    stability_table(whole_cells(cells)).to_csv(run_dir / "stability.csv", index=False)
     report = None
     if config.report:
         from weightgraft.report.localize import write_localize_report

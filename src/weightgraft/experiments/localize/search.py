@@ -69,18 +69,19 @@ def minimal_graft_search(
     models: Sequence[nn.Module], examples: Sequence[ScoredExample],
     cell_maps: Sequence[dict[CellKey, Cell]], estimates: Mapping[CellKey, float], pad_id: int,
     target_share: float = 0.9, max_cells: int = 1024, batch_sizes: int = 8, chunk: int = 512,
-    metric: Metric = "logprob",
+    metric: Metric = "logprob", total: float | None = None,
 ) -> SearchResult:
     """Rank keys by ``estimates`` in the direction of the donor's total effect, then verify
     growing prefixes of that ranking exactly (``batch_sizes`` sizes per pass) until one
     carries ``target_share``; then bisect down to the smallest prefix that does. ``cell_maps[i]``
     maps each key to example i's cell; ``metric`` is the exact metric the shares are measured in
-    (the one the estimates ranked)."""
+    (the one the estimates ranked). ``total``: the donor's whole effect, where the maps'
+    keys do not cover every cell (unit keys: the top few by estimate)."""
     if not 0 < target_share <= 1:
         raise ValueError("target_share must lie in (0, 1]")
     if not estimates:
         raise ValueError("nothing to search: no cell estimates")
-    verify = _Verifier(SetVerifier(models, examples, cell_maps, pad_id, metric, chunk))
+    verify = _Verifier(SetVerifier(models, examples, cell_maps, pad_id, metric, chunk, total))
     if verify.total == 0:
         raise ValueError("the donor does not change the metric on these examples: no share to recover")
     ranking = rank_keys(estimates, 1.0 if verify.total > 0 else -1.0)
