@@ -59,6 +59,11 @@ def test_shares_equal_a_recomputation_by_hand():
     assert set(out.index) == {c.name for c in CLAIMS}
     assert (out["ci_low"] <= out["share"]).all() and (out["share"] <= out["ci_high"]).all()
     assert (out["n_prompts"] == 12).all() and (out["n_prompts_without"] == 0).all()
+    # the layer count defaults to the map's; unit rows of a units: run are not counted again
+    pd.testing.assert_frame_equal(check_claims(cells, n_boot=200).set_index("claim"), out)
+    units = cells[cells.component == "o"].assign(unit=0, estimate=9.0)
+    with_units = pd.concat([cells.assign(unit=-1), units], ignore_index=True)
+    pd.testing.assert_frame_equal(check_claims(with_units, n_boot=200).set_index("claim"), out)
 
 
 def test_verdicts_follow_the_ci_and_the_bootstrap_is_seeded():

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from weightgraft.experiments.localize.agreement import span_of
+from weightgraft.experiments.localize.maps import whole_cells
 
 FFN = ("gate", "up", "down")
 QKV = ("q", "k", "v")
@@ -96,14 +97,20 @@ def _verdict(claim: Claim, low: float, high: float) -> str:
     return "holds" if high < claim.threshold else ("fails" if low >= claim.threshold else "undecided")
 
 
-def check_claims(cells: pd.DataFrame, n_layers: int, column: str = "estimate", n_boot: int = 2000,
-                seed: int = 0, by: tuple[str, ...] = ("template", "direction")) -> pd.DataFrame:
-    """One row per claim and group of ``by``: the share, its CI, the verdict, and how many
-    prompts and cells it rests on. ``column`` is the effect used (``exact`` or ``estimate``);
-    prompts without a value in it are left out and counted (``n_prompts_without``)."""
+def check_claims(cells: pd.DataFrame, n_layers: int | None = None, column: str = "estimate",
+                 n_boot: int = 2000, seed: int = 0, by: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """One row per claim and group of ``by`` (default: SFT model where the map has several,
+    template, direction): the share, its CI, the verdict, and how many prompts and cells it
+    rests on. ``column`` is the effect used (``exact`` or ``estimate``); prompts without a value
+    in it are left out and counted (``n_prompts_without``). Whole cells only (unit cells of a
+    ``units:`` run would count their slot twice). ``n_layers`` defaults to the map's."""
     if column not in cells:
         raise ValueError(f"the cell map has no column {column!r} (it has {', '.join(map(str, cells.columns))})")
-    frame = cells.copy()
+    frame = whole_cells(cells).copy()
+    if n_layers is None:
+        n_layers = int(frame["layer"].max()) + 1
+    if by is None:
+        by = (("model",) if "model" in frame else ()) + ("template", "direction")
     frame["span"] = frame["position_label"].map(span_of)
     rows = []
     for key, group in frame.groupby(list(by), sort=True):
