@@ -99,3 +99,18 @@ def test_units_settings_are_checked(tmp_path):
         parse_localize_config({"data": "x", "models": {"pre": "a", "sft": "b"}, "units": "layer"})
     with pytest.raises(ConfigError, match="unit_rows"):
         parse_localize_config({"data": "x", "models": {"pre": "a", "sft": "b"}, "unit_rows": 0})
+
+
+def test_report_and_explore_read_a_unit_run(finished):
+    from weightgraft.explore.artifacts import LocalizeView
+    from weightgraft.report.localize import write_localize_report
+
+    units, config, result, examples, pre, sft = finished
+    page = write_localize_report(result.run_dir).read_text()
+    assert "Heads and neurons" in page and f"units: {units}" in page
+    assert ("/h" if units == "head" else "/n") in page
+    view = LocalizeView(result.run_dir).to_json()
+    (search,) = view["searches"]
+    assert all("/" not in c["slot"] for s in search["sets"] for c in s["cells"])
+    n_maps = sum(len(v) for m in view["maps"] for v in m["values"].values())
+    assert n_maps == len(whole_cells(result.cells).groupby(["position_label", "slot"])) * len(view["columns"])

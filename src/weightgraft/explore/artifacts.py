@@ -134,6 +134,8 @@ class LocalizeView:
         self.metric = search.get("metric") or (manifest.get("config") or {}).get("metric", "")
         self.searches = [self._search(s) for s in search.get("searches", [])]
         cells = pd.read_parquet(cells_path)
+        if "unit" in cells:  # heads / neurons: the page paints whole cells (a split slot's units summed)
+            cells = cells[cells["unit"] == -1]
         # several SFT models (training seeds): the first one's maps, the model the found sets belong to
         self.models = list(dict.fromkeys(cells["model"])) if "model" in cells else []
         self.model = self.models[0] if self.models else "sft"
@@ -168,7 +170,9 @@ class LocalizeView:
             drawn = controls.get(kind, {}).get("sets", []) if isinstance(controls, dict) else []
             for i, c in enumerate(drawn[:CONTROLS_SHOWN]):
                 sets.append({"name": f"{kind} control #{i + 1}", "share": c.get("share"), "cells": _cell_keys(c.get("cells"))})
-        out["sets"] = [s for s in sets if s["cells"]]
+        # the page grafts whole cells: a set holding heads or neurons (``layers.3.o/h2``) is counted, not applied
+        out["sets"] = [s for s in sets if s["cells"] and not any("/" in c["slot"] for c in s["cells"])]
+        out["unit_sets_left_out"] = sum(1 for s in sets if any("/" in c["slot"] for c in s["cells"]))
         return out
 
     def to_json(self) -> dict[str, Any]:

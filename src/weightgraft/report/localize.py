@@ -181,6 +181,28 @@ def _sets_section(search: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _units_section(units: pd.DataFrame, manifest: dict) -> str:
+    """The strongest heads or neurons: mean estimate (and exact effect where computed) per
+    (direction, template, position label, unit cell), the 20 largest by |mean estimate|."""
+    from weightgraft.engine.cells import cell_name
+
+    config = manifest.get("config") or {}
+    kind = config.get("units", "unit")
+    frame = units.assign(cell=[cell_name(s, int(u)) for s, u in zip(units["slot"], units["unit"])])
+    keys = [k for k in ("model", "direction", "template") if k in frame] + ["position_label", "cell", "unit"]
+    table = frame.groupby(keys, sort=False).agg(prompts=("estimate", "size"), estimate=("estimate", "mean"),
+                                                exact=("exact", "mean")).reset_index()
+    table = table.loc[table["estimate"].abs().nlargest(20).index]
+    note = (f"<p><code>units: {_esc(kind)}</code>: q/k/v/o split by attention head (a k/v head under grouped-query "
+            "attention is one shared key/value head, serving its group of q heads) or gate/up/down by MLP neuron; "
+            "<code>unit</code> -2 is o's or down's bias, which belongs to no unit. Per prompt only its "
+            f"{_esc(config.get('unit_rows', ''))} unit cells of largest |estimate| are stored, and exact effects "
+            f"only for each exact prompt's top {_esc(config.get('exact_units', ''))}: <em>prompts</em> counts the "
+            "prompts whose stored rows hold the cell, and the means are over them. The cell maps above sum each "
+            "split slot's units back into its cell.</p>")
+    return "<h2>Heads and neurons</h2>" + note + table.to_html(index=False, float_format="%.4f", na_rep="")
+
+
 def write_localize_report(run_dir: Path) -> Path:
     """Draw every figure of a localize run and write ``report/index.html``; returns its path."""
     import matplotlib
@@ -188,6 +210,9 @@ def write_localize_report(run_dir: Path) -> Path:
     matplotlib.use("Agg")
     run_dir = Path(run_dir)
     cells = pd.read_parquet(run_dir / "cells.parquet")
+    units = cells[cells["unit"] != -1] if "unit" in cells else cells.iloc[:0]
+    if "unit" in cells:  # the maps, stability and agreement are of whole cells (a split slot's: its units summed)
+        cells = cells[cells["unit"] == -1]
     manifest_path = run_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     search_path = run_dir / "search.json"
@@ -213,6 +238,8 @@ def write_localize_report(run_dir: Path) -> Path:
                      + _img(out / f"heatmap_{stem}.png", f"{name}: position x layer per component")
                      + _img(out / f"last_{stem}.png", f"{name}: the last token"))
     parts.append(_stability_section(run_dir, cells, out))
+    if len(units):
+        parts.append(_units_section(units, manifest))
     if cells["exact"].notna().any():
         n_layers = int(cells["layer"].max()) + 1
         table = pd.concat([agreement(sub, n_layers).assign(model=model) for model, sub in cells.groupby("model", sort=False)],
