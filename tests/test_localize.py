@@ -48,6 +48,17 @@ def test_localize_end_to_end(tmp_path):
             assert entry["size"] == 1 or share.get(entry["size"] - 1, 0) < 0.8 or entry["size"] - 1 not in share
     assert (result.run_dir / "report" / "index.html").is_file()
     assert (result.run_dir / "report" / "scatter.png").is_file()
+    # claims.csv: the paper's claims on the estimates of every prompt and the exact maps of 2 per template
+    from weightgraft.experiments.localize.claims import CLAIMS, check_claims
+
+    claims = pd.read_csv(result.run_dir / "claims.csv")
+    assert set(claims["effect"]) == {"estimate", "exact"} and set(claims["claim"]) == {c.name for c in CLAIMS}
+    exact = claims[claims.effect == "exact"]
+    assert (exact["n_prompts"] == 2).all() and (exact["n_prompts_without"] == 2).all()
+    again = check_claims(cells, column="estimate", seed=config.seed)
+    pd.testing.assert_frame_equal(claims[claims.effect == "estimate"].reset_index(drop=True), again, check_dtype=False)
+    html = (result.run_dir / "report" / "index.html").read_text()
+    assert "The paper's claims" in html and "recall_o_late_ffn" in html
 
 
 def test_search_share_is_the_exact_effect_of_the_set(tmp_path):

@@ -46,6 +46,17 @@ def localize(
                           f"Spearman of coarse maps {rows['spearman_coarse'].min():.2f}-{rows['spearman_coarse'].max():.2f}, "
                           f"top-k overlap {rows['top_overlap'].min():.2f}-{rows['top_overlap'].max():.2f}")
         console.print(f"stability: {stability}")
+    claims = result.run_dir / "claims.csv"
+    if claims.is_file():
+        import pandas as pd
+
+        table = pd.read_csv(claims)
+        table = table[table["effect"] == "estimate"]
+        for claim, rows in table.groupby("claim", sort=False):
+            counts = rows["verdict"].value_counts()
+            console.print(f"claim {claim}: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in ("holds", "fails", "undecided"))
+                          + f" of {len(rows)} map(s), share {rows['share'].min():.2f} to {rows['share'].max():.2f}")
+        console.print(f"claims: {claims}")
     if result.report is not None:
         console.print(f"report: {result.report}")
     else:

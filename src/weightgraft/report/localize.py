@@ -134,6 +134,30 @@ def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
             + _img(out / "stability.png", "Spearman of coarse maps and top-k overlap per compared pair"))
 
 
+def _claims_section(run_dir: Path, cells: pd.DataFrame) -> str:
+    """``claims.csv``: the paper's claims as tests on this map (computed from the cells where
+    a run made before it existed lacks the file)."""
+    from weightgraft.experiments.localize.claims import CLAIMS, claims_table
+
+    path = run_dir / "claims.csv"
+    table = pd.read_csv(path) if path.is_file() else claims_table(cells)
+    intro = ("<h2>The paper's claims</h2><p>Each claim compares a share of the summed single-cell effects "
+             "(interactions between cells are not in it) with a threshold: a ratio of sums over the prompts, "
+             "with a 95% paired bootstrap CI over prompts. <i>holds</i>: the whole CI is on the claim's side; "
+             "<i>fails</i>: on the other; else <i>undecided</i>. Written to <code>claims.csv</code>.</p>"
+             + html_table(("claim", "statement", "share of", "test"),
+                          [(c.name, c.statement, "the layer cells at the last token" if c.name.startswith("recall_")
+                            else "every cell", f"share {'>' if c.above else '<'} {c.threshold:g}") for c in CLAIMS]))
+    if table.empty:
+        return intro
+    keys = [k for k in ("model", "effect") if k in table and table[k].nunique() > 1] + ["direction", "template"]
+    rows = [(*[str(r[k]) for k in keys], r["claim"], f"{r['share']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
+             f"{r['side']} {r['threshold']:g}", r["verdict"], f"{r['n_prompts']}" + (f" ({r['n_prompts_without']} without)"
+                                                                                 if r["n_prompts_without"] else ""))
+            for _, r in table.iterrows()]
+    return intro + html_table((*keys, "claim", "share [95% CI]", "test", "verdict", "prompts"), rows)
+
+
 def _sets_section(search: dict[str, Any]) -> str:
     header = ("direction", "template", "set", "cells", "exact share", "target met",
               "random controls mean / p95", "matched controls mean / p95", "margin over p95 (random / matched)",
@@ -238,6 +262,7 @@ def write_localize_report(run_dir: Path) -> Path:
                      + _img(out / f"heatmap_{stem}.png", f"{name}: position x layer per component")
                      + _img(out / f"last_{stem}.png", f"{name}: the last token"))
     parts.append(_stability_section(run_dir, cells, out))
+    parts.append(_claims_section(run_dir, cells))
     if len(units):
         parts.append(_units_section(units, manifest))
     if cells["exact"].notna().any():

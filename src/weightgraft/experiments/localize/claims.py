@@ -15,6 +15,8 @@ The claims (Nief et al., sections 4.1 and 4.3):
 - ``recall_o_late_ffn``: of the last token's layer cells, O and the FFN of the last quarter of
   layers carry most (> 0.5).
 - ``recall_not_qkv``: of the last token's layer cells, q/k/v carry little (< 0.25).
+
+``claims_table`` writes them for a localize run (``claims.csv``).
 """
 
 from __future__ import annotations
@@ -132,3 +134,13 @@ def check_claims(cells: pd.DataFrame, n_layers: int | None = None, column: str =
                          "n_prompts": int(len(num)), "n_prompts_without": int((~has).sum()),
                          "n_cells": int(region.sum())})
     return pd.DataFrame(rows)
+
+
+def claims_table(cells: pd.DataFrame, seed: int = 0, n_boot: int = 2000) -> pd.DataFrame:
+    """``claims.csv`` of a localize run: the claims on the gradient estimates of every prompt,
+    and on the exact effects of the prompts that have an exact map (``effect`` says which)."""
+    frames = [check_claims(cells, column="estimate", n_boot=n_boot, seed=seed)]
+    if "exact" in cells and whole_cells(cells)["exact"].notna().any():
+        exact = check_claims(cells, column="exact", n_boot=n_boot, seed=seed)
+        frames.append(exact[exact["n_prompts"] > 0])
+    return pd.concat(frames, ignore_index=True)

@@ -292,9 +292,11 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
         gc.collect()
     cells = pd.concat(frames, ignore_index=True)
     _write(cells, run_dir / "cells.parquet")
+    from weightgraft.experiments.localize.claims import claims_table
     from weightgraft.experiments.localize.stability import stability_table
 
     stability_table(whole_cells(cells)).to_csv(run_dir / "stability.csv", index=False)
+    claims_table(cells, config.seed).to_csv(run_dir / "claims.csv", index=False)
     report = None
     if config.report:
         from weightgraft.report.localize import write_localize_report
