@@ -56,3 +56,14 @@ def test_example_runs_on_tiny_models(script, tiny_model_dirs):
 
 def test_there_are_examples():
     assert {p.name for p in EXAMPLES} >= {"01_graft.py", "02_compare.py"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "docs" / "localize").glob("*.yaml")), ids=lambda p: p.stem)
+def test_the_localize_configs_of_the_docs_validate(path):
+    """The configs docs/localize.md was measured with are valid localize configs, reading
+    the demo's data relative to their folder."""
+    from weightgraft.experiments.localize.config import load_localize_config
+
+    config = load_localize_config(path)
+    assert config.data.resolve().parent.parent == (ROOT / "runs").resolve() and config.data.name == "data"
+    assert config.templates == ["paper_headline", "paper_qa"]
