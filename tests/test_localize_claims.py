@@ -10,7 +10,7 @@ import pytest
 from weightgraft.experiments.localize.claims import CLAIMS, check_claims
 
 N_LAYERS = 8
-LABELS = ["tok0", "first_entity-1", "first_entity", "relation", "relation+1", "last"]
+LABELS = ["tok0", "first_entity-1", "first_entity", "first_entity+1", "relation", "last"]
 COMPONENTS = ["q", "k", "v", "o", "gate", "up", "down", "attn_norm"]
 
 
@@ -25,7 +25,7 @@ def _cells(seed: int, n_prompts: int = 12) -> pd.DataFrame:
                     rows.append({"example_id": f"p{p}", "template": "t", "direction": "sufficiency",
                                  "position": pos, "position_label": label, "slot": f"layers.{layer}.{comp}",
                                  "layer": layer, "component": comp, "estimate": rng.normal(0.05, 0.02)})
-        rows.append({"example_id": f"p{p}", "template": "t", "direction": "sufficiency", "position": 5,
+        rows.append({"example_id": f"p{p}", "template": "t", "direction": "sufficiency", "position": len(LABELS) - 1,
                      "position_label": "last", "slot": "unembed", "layer": None, "component": "unembed",
                      "estimate": rng.normal(1.0, 0.1)})
     frame = pd.DataFrame(rows)
@@ -46,7 +46,8 @@ def _by_hand(cells: pd.DataFrame, keep, within) -> float:
 def test_shares_equal_a_recomputation_by_hand():
     cells = _cells(0)
     out = check_claims(cells, N_LAYERS, n_boot=200).set_index("claim")
-    fe = lambda r: r["position_label"].startswith("first_entity")  # noqa: E731
+    # the entity's own tokens, not the words after it (first_entity+1)
+    fe = lambda r: r["position_label"] in ("first_entity", "first_entity-1")  # noqa: E731
     lt = lambda r: r["position_label"] == "last"  # noqa: E731
     lt_layer = lambda r: lt(r) and r["component"] != "unembed"  # noqa: E731
     assert out.loc["enrichment", "share"] == pytest.approx(_by_hand(cells, fe, lambda r: True))

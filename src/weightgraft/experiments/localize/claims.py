@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from weightgraft.experiments.localize.agreement import span_of
 from weightgraft.experiments.localize.maps import whole_cells
 
 FFN = ("gate", "up", "down")
@@ -47,7 +46,9 @@ class Claim:
 
 
 def _fe(c: pd.DataFrame, n: int) -> pd.Series:
-    return c["span"] == "first_entity"
+    """The first entity's own tokens (``first_entity``, ``first_entity-k``), not the words
+    after it (``first_entity+k``)."""
+    return c["position_label"].str.fullmatch(r"first_entity(-\d+)?(#\d+)?")
 
 
 def _lt(c: pd.DataFrame, n: int) -> pd.Series:
@@ -108,12 +109,11 @@ def check_claims(cells: pd.DataFrame, n_layers: int | None = None, column: str =
     ``units:`` run would count their slot twice). ``n_layers`` defaults to the map's."""
     if column not in cells:
         raise ValueError(f"the cell map has no column {column!r} (it has {', '.join(map(str, cells.columns))})")
-    frame = whole_cells(cells).copy()
+    frame = whole_cells(cells)
     if n_layers is None:
         n_layers = int(frame["layer"].max()) + 1
     if by is None:
         by = (("model",) if "model" in frame else ()) + ("template", "direction")
-    frame["span"] = frame["position_label"].map(span_of)
     rows = []
     for key, group in frame.groupby(list(by), sort=True):
         key = key if isinstance(key, tuple) else (key,)
