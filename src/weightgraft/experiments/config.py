@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -226,7 +227,9 @@ def _anchor(value: Any, folder: Path, must_exist: bool) -> Any:
     if not isinstance(value, str) or not value or Path(value).is_absolute() or "(" in value:
         return value
     anchored = folder / value
-    return str(anchored) if not must_exist or anchored.exists() else value
+    if not must_exist or anchored.exists():
+        return os.path.normpath(anchored)  # docs/x/../../runs/y is shown as runs/y
+    return value
 
 
 def anchor_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
