@@ -248,7 +248,8 @@ def write_localize_report(run_dir: Path) -> Path:
              "<h2>Cell maps</h2><p>Mean effect per cell over the template's prompts (exact where every cell was "
              "computed exactly, else the gradient estimate); sufficiency grafts SFT's cell into PRE, necessity "
              "PRE's cell into SFT. Global slots (embed at every position, final_norm and unembed at the last) "
-             "share the colour scale.</p>"]
+             "have a colour scale of their own (the unembedding can be 10-100x any layer cell); layer cells "
+             "share one.</p>"]
     if "model" not in cells:  # a run made before several SFT models were possible
         cells = cells.assign(model="sft")
     several = cells["model"].nunique() > 1

@@ -48,6 +48,11 @@ def global_grid(cells: pd.DataFrame, column: str) -> pd.DataFrame:
     return grid.reindex(index=label_order(cells), columns=[c for c in GLOBAL if c in set(glob["component"])])
 
 
+def _scale(vmax: float) -> float:
+    """A symmetric colour limit: the largest |value|, or 1 where there is none."""
+    return vmax if vmax > 0 and vmax == vmax else 1.0
+
+
 def heatmaps(cells: pd.DataFrame, column: str, title: str, path: Path) -> list[str]:
     """Position x layer per layer component, and position x (embed, final_norm, unembed);
     returns the panels drawn."""
@@ -59,8 +64,10 @@ def heatmaps(cells: pd.DataFrame, column: str, title: str, path: Path) -> list[s
     n_layers = int(layered["layer"].max()) + 1 if len(layered) else 1
     mean = layered.groupby(["component", "position_label", "layer"])[column].mean()
     gmean = global_grid(cells, column)
-    vmax = max(float(mean.abs().max()) if len(mean) else 0.0, float(gmean.abs().max().max()) if gmean.size else 0.0)
-    vmax = vmax if vmax > 0 and vmax == vmax else 1.0
+    # the global slots (above all the unembedding) can be 10-100x any layer cell: each kind
+    # gets its own colour scale, else the layer panels would all read as zero
+    vmax = _scale(float(mean.abs().max()) if len(mean) else 0.0)
+    gmax = _scale(float(gmean.abs().max().max()) if gmean.size else 0.0)
     panels = components + (["global"] if gmean.shape[1] else [])
     cols = min(len(panels), 5)
     rows = (len(panels) + cols - 1) // cols
@@ -68,10 +75,10 @@ def heatmaps(cells: pd.DataFrame, column: str, title: str, path: Path) -> list[s
     height = max(2.2, 0.16 * len(labels) + 1.1)
     fig, axes = plt.subplots(rows, cols, figsize=(label_width + 2.4 * cols, height * rows + 0.8), squeeze=False,
                              layout="constrained")
-    im = None
+    im = gim = None
     for k, (ax, comp) in enumerate(zip(axes.flat, panels)):
         if comp == "global":
-            im = ax.imshow(gmean.to_numpy(dtype=float), aspect="auto", cmap=_cmap(), vmin=-vmax, vmax=vmax)
+            gim = ax.imshow(gmean.to_numpy(dtype=float), aspect="auto", cmap=_cmap(), vmin=-gmax, vmax=gmax)
             ax.set_xticks(range(gmean.shape[1]), gmean.columns, rotation=30, ha="right", fontsize=7)
             ax.set_title(" / ".join(gmean.columns), fontsize=8)
         else:
@@ -85,7 +92,12 @@ def heatmaps(cells: pd.DataFrame, column: str, title: str, path: Path) -> list[s
             ax.set_yticks(range(len(labels)), [""] * len(labels))
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.colorbar(im, ax=axes, shrink=0.8, label=column)
+    layer_axes = [ax for ax, comp in zip(axes.flat, panels) if comp != "global"]
+    if im is not None:
+        fig.colorbar(im, ax=layer_axes, shrink=0.8, label=f"{column} (layer cells)")
+    if gim is not None:
+        fig.colorbar(gim, ax=list(axes.flat)[panels.index("global")], location="bottom", shrink=0.9,
+                     label=f"{column} (global slots)")
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -102,8 +114,8 @@ def last_token(cells: pd.DataFrame, column: str, title: str, path: Path) -> None
     grid = grid[list(dict.fromkeys(layered["component"]))]
     glob = last[last["layer"].isna()].groupby("component")[column].mean()
     glob = glob.reindex([c for c in GLOBAL if c in glob.index])
-    vmax = max(float(grid.abs().max().max()) if grid.size else 0.0, float(glob.abs().max()) if len(glob) else 0.0)
-    vmax = vmax if vmax > 0 and vmax == vmax else 1.0
+    vmax = _scale(float(grid.abs().max().max()) if grid.size else 0.0)  # own scales, as in heatmaps
+    gmax = _scale(float(glob.abs().max()) if len(glob) else 0.0)
     height = max(2.5, 0.16 * grid.shape[0] + 1.4)
     fig, (ax, gx) = plt.subplots(1, 2, figsize=(3.2 + 0.32 * grid.shape[1] + 1.2, height), layout="constrained",
                                  gridspec_kw={"width_ratios": [max(grid.shape[1], 1), max(len(glob), 1)]})
@@ -112,12 +124,13 @@ def last_token(cells: pd.DataFrame, column: str, title: str, path: Path) -> None
     step = max(1, grid.shape[0] // 16)
     ax.set_yticks(range(0, grid.shape[0], step), [int(x) for x in grid.index[::step]], fontsize=6)
     ax.set_ylabel("layer", fontsize=8)
-    gx.imshow(glob.to_numpy(dtype=float)[None, :], aspect="auto", cmap=_cmap(), vmin=-vmax, vmax=vmax)
+    gim = gx.imshow(glob.to_numpy(dtype=float)[None, :], aspect="auto", cmap=_cmap(), vmin=-gmax, vmax=gmax)
     gx.set_xticks(range(len(glob)), glob.index, rotation=45, ha="right", fontsize=7)
     gx.set_yticks([])
     for j, v in enumerate(glob.to_numpy(dtype=float)):
-        gx.text(j, 0, f"{v:.2g}", ha="center", va="center", fontsize=7, color="white" if abs(v) > 0.6 * vmax else "black")
-    fig.colorbar(im, ax=[ax, gx], label=column)
+        gx.text(j, 0, f"{v:.2g}", ha="center", va="center", fontsize=7, color="white" if abs(v) > 0.6 * gmax else "black")
+    fig.colorbar(im, ax=ax, label=f"{column} (layer cells)")
+    fig.colorbar(gim, ax=gx, label=f"{column} (global slots)")
     fig.suptitle(title, fontsize=9)
     fig.savefig(path, dpi=100)
     plt.close(fig)
