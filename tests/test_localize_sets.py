@@ -152,3 +152,20 @@ def test_received_counts_cells_at_labels_some_prompts_lack(tmp_path):
     keys = [("first_entity-2", "layers.0.o"), ("first_entity", "layers.0.o"), ("last", "unembed")]
     got = received_summary(verifier, keys, ["a", "b"])
     assert got == {"size": 3, "min": 2, "max": 3, "n_prompts_short": 1, "short": {"a": 2}}
+
+
+def test_refinement_reports_each_round_as_it_goes():
+    """``refine_set`` tells ``progress`` every round's size and exact share (a round costs
+    minutes on a CPU for hundreds of cells), the same numbers its steps record."""
+    from weightgraft.experiments.localize.refine import refine_set
+
+    weight = {("last", f"layers.{i}.down"): w for i, w in enumerate([0.5, 0.3, 0.1, 0.05, 0.03, 0.02])}
+
+    class Additive:  # the share of a set is the sum of its cells' weights
+        def shares(self, sets):
+            return [sum(weight[c] for c in s) for s in sets]
+
+    seen = []
+    out = refine_set(Additive(), list(weight), 1.0, 0.8, progress=lambda r, n, s: seen.append((r, n, s)))
+    assert [(n, pytest.approx(s)) for _, n, s in seen] == [(st["size"], st["share"]) for st in out["steps"][1:]]
+    assert [r for r, _, _ in seen] == list(range(1, len(seen) + 1)) and out["size"] == 2

@@ -104,8 +104,10 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
             found = _keys(entry["cells"])
             entry["received"] = received_summary(verifier, found, ids)
             if settings.refine and "refined" not in entry:
-                entry["refined"] = refine_set(verifier, found, entry["share"], settings.target_share,
-                                              settings.refine_rounds)
+                tag = f"[{direction}/{template}]"
+                entry["refined"] = refine_set(
+                    verifier, found, entry["share"], settings.target_share, settings.refine_rounds,
+                    lambda r, n, sh, tag=tag: say(f"{tag} refinement round {r}: {n} cells, share {sh:.0%}"))
                 _save(path, out)
                 say(f"[{direction}/{template}] refined: {entry['size']} -> {entry['refined']['size']} cells, "
                     f"share {entry['refined']['share']:.0%}")
