@@ -17,17 +17,14 @@ import torch
 
 
 def _batches(examples, size: int):
-    """Right-padded batches of examples sorted by length (as localize's estimate stage)."""
+    """Batches of examples sorted by length, padded as localize's estimate stage pads them."""
+    from weightgraft.experiments.localize.maps import _batch
+
     ordered = sorted(examples, key=lambda e: e.scored.position)
     for start in range(0, len(ordered), size):
         chunk = ordered[start : start + size]
-        n = max(e.scored.position + 1 for e in chunk)
-        ids = torch.zeros(len(chunk), n, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, e in enumerate(chunk):
-            ids[i, : e.scored.position + 1] = torch.tensor(e.scored.input_ids)
-            mask[i, : e.scored.position + 1] = 1
-        yield chunk, ids, mask, torch.tensor([e.scored.position for e in chunk]), torch.tensor([e.scored.target for e in chunk])
+        ids, mask, pos, targets, _ = _batch(chunk)
+        yield chunk, ids, mask, pos, targets
 
 
 def main() -> None:
