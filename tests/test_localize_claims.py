@@ -95,3 +95,15 @@ def test_prompts_without_values_are_counted_not_mixed():
     np.testing.assert_allclose(out["share"], full["share"])
     with pytest.raises(ValueError, match="no column 'ig'"):
         check_claims(cells, N_LAYERS, column="ig")
+
+
+def test_a_region_the_prompts_lack_is_no_cells_not_a_failure():
+    """Free-form prompts without an entity span have no first-entity cells: the claims on it
+    say so instead of failing with a share of 0."""
+    cells = _cells(3)
+    cells = cells[~cells.position_label.str.startswith("first_entity-")]
+    cells = cells.assign(position_label=cells.position_label.replace({"first_entity": "tok2"}))
+    out = check_claims(cells, N_LAYERS, n_boot=100).set_index("claim")
+    assert out.loc["enrichment", "verdict"] == "no cells" and np.isnan(out.loc["enrichment", "share"])
+    assert out.loc["enrichment", "n_cells"] == 0
+    assert out.loc["recall", "verdict"] == "holds"

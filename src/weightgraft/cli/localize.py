@@ -54,7 +54,7 @@ def localize(
         table = table[table["effect"] == "estimate"]
         for claim, rows in table.groupby("claim", sort=False):
             counts = rows["verdict"].value_counts()
-            console.print(f"claim {claim}: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in ("holds", "fails", "undecided"))
+            console.print(f"claim {claim}: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in ("holds", "fails", "undecided", "no cells") if v != "no cells" or counts.get(v, 0))
                           + f" of {len(rows)} map(s), share {rows['share'].min():.2f} to {rows['share'].max():.2f}")
         console.print(f"claims: {claims}")
     if result.report is not None:

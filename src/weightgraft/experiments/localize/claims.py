@@ -5,7 +5,8 @@ first-order decomposition of the graft: interactions between cells are not in it
 threshold. Shares are ratios of sums over prompts, ``sum_p E_p(region) / sum_p E_p(whole)``, so
 that prompts with a small total do not dominate, with a paired bootstrap CI over prompts
 (seeded). A claim *holds* where the whole CI lies on its side of the threshold, *fails* where
-it lies on the other side, and is *undecided* otherwise.
+it lies on the other side, and is *undecided* otherwise; a claim whose region has no cells in the
+map (prompts without a first entity span) says *no cells*, never *fails*.
 
 The claims (Nief et al., sections 4.1 and 4.3):
 
@@ -127,10 +128,14 @@ def check_claims(cells: pd.DataFrame, n_layers: int | None = None, column: str =
             num = values.where(region, 0.0).groupby(kept["example_id"]).sum()
             den = values.where(within, 0.0).groupby(kept["example_id"]).sum().reindex(num.index)
             share, low, high = _ratio_ci(num.to_numpy(float), den.to_numpy(float), n_boot, rng)
+            verdict = _verdict(claim, low, high)
+            if not bool(region.any()):  # e.g. free-form prompts without a first entity span
+                share = low = high = float("nan")
+                verdict = "no cells"
             rows.append({**dict(zip(by, key)), "claim": claim.name, "statement": claim.statement,
                          "share": share, "ci_low": low, "ci_high": high,
                          "threshold": claim.threshold, "side": ">" if claim.above else "<",
-                         "verdict": _verdict(claim, low, high), "effect": column,
+                         "verdict": verdict, "effect": column,
                          "n_prompts": int(len(num)), "n_prompts_without": int((~has).sum()),
                          "n_cells": int(region.sum())})
     return pd.DataFrame(rows)
