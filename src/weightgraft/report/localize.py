@@ -144,7 +144,8 @@ def _claims_section(run_dir: Path, cells: pd.DataFrame) -> str:
     intro = ("<h2>The paper's claims</h2><p>Each claim compares a share of the summed single-cell effects "
              "(interactions between cells are not in it) with a threshold: a ratio of sums over the prompts, "
              "with a 95% paired bootstrap CI over prompts. <i>holds</i>: the whole CI is on the claim's side; "
-             "<i>fails</i>: on the other; else <i>undecided</i>. Written to <code>claims.csv</code>.</p>"
+             "<i>fails</i>: on the other; else <i>undecided</i>; <i>no cells</i>: the map has none in the claim's "
+             "region (prompts without a first entity span). Written to <code>claims.csv</code>.</p>"
              + html_table(("claim", "statement", "share of", "test"),
                           [(c.name, c.statement, "the layer cells at the last token" if c.name.startswith("recall_")
                             else "every cell", f"share {'>' if c.above else '<'} {c.threshold:g}") for c in CLAIMS]))
