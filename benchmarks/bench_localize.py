@@ -42,11 +42,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from weightgraft.data.prompts import load_test_prompts
-    from weightgraft.experiments.localize import localize
-    from weightgraft.experiments.localize.agreement import agreement
-    from weightgraft.experiments.localize.config import parse_localize_config
-    from weightgraft.experiments.localize.examples import build_examples
-    from weightgraft.experiments.localize.maps import estimate_frame
+    from weightgraft.localize import localize
+    from weightgraft.localize.agreement import agreement
+    from weightgraft.localize.config import parse_localize_config
+    from weightgraft.localize.examples import build_examples
+    from weightgraft.localize.maps import estimate_frame
     from weightgraft.engine.attribution import graft_attribution
     from weightgraft.engine.cells import exact_effects, example_cells
     from weightgraft.engine.partial import PartialGraft

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from weightgraft.experiments.config import ConfigError
-from weightgraft.experiments.localize import localize
-from weightgraft.experiments.localize.config import parse_localize_config
-from weightgraft.experiments.localize.examples import position_labels
+from weightgraft.localize import localize
+from weightgraft.localize.config import parse_localize_config
+from weightgraft.localize.examples import position_labels
 from weightgraft.engine.cells import exact_effects
 from tiny_world import loader, write_world
 
@@ -49,7 +49,7 @@ def test_localize_end_to_end(tmp_path):
     assert (result.run_dir / "report" / "index.html").is_file()
     assert (result.run_dir / "report" / "scatter.png").is_file()
     # claims.csv: the paper's claims on the estimates of every prompt and the exact maps of 2 per template
-    from weightgraft.experiments.localize.claims import CLAIMS, check_claims
+    from weightgraft.localize.claims import CLAIMS, check_claims
 
     claims = pd.read_csv(result.run_dir / "claims.csv")
     assert set(claims["effect"]) == {"estimate", "exact"} and set(claims["claim"]) == {c.name for c in CLAIMS}
@@ -66,9 +66,9 @@ def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     result = localize(config, progress=False, load=loader)
     entry = result.search["searches"][0]
     pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
-    from weightgraft.experiments.localize.examples import build_examples
-    from weightgraft.experiments.localize.maps import cell_map
-    from weightgraft.experiments.localize.examples import select_prompts
+    from weightgraft.localize.examples import build_examples
+    from weightgraft.localize.maps import cell_map
+    from weightgraft.localize.examples import select_prompts
     from weightgraft.engine.architectures import model_slots
 
     examples, _ = build_examples(select_prompts(config), pre.tokenizer)
@@ -125,7 +125,7 @@ def test_position_labels_line_up_template_words_around_entities():
 
 
 def test_agreement_ranks_and_coarse_groups():
-    from weightgraft.experiments.localize.agreement import agreement, span_of, spearman
+    from weightgraft.localize.agreement import agreement, span_of, spearman
 
     assert spearman(pd.Series([1.0, 2, 3, 4]), pd.Series([10.0, 20, 30, 100])) == pytest.approx(1.0)
     assert spearman(pd.Series([1.0, 2, 3]), pd.Series([3.0, 2, 1])) == pytest.approx(-1.0)

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from weightgraft.experiments.localize.claims import CLAIMS, check_claims
+from weightgraft.localize.claims import CLAIMS, check_claims
 
 N_LAYERS = 8
 LABELS = ["tok0", "first_entity-1", "first_entity", "first_entity+1", "relation", "last"]

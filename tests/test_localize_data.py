@@ -11,10 +11,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from weightgraft.experiments.localize import localize
-from weightgraft.experiments.localize.config import parse_localize_config
-from weightgraft.experiments.localize.directions import choose_directions
-from weightgraft.experiments.localize.examples import select_prompts
+from weightgraft.localize import localize
+from weightgraft.localize.config import parse_localize_config
+from weightgraft.localize.directions import choose_directions
+from weightgraft.localize.examples import select_prompts
 from tiny_world import FIRST, SECOND, TEMPLATES, loader, write_world
 
 MODELS = {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}
@@ -107,7 +107,7 @@ def test_the_trained_direction_by_default(tmp_path):
     config = parse_localize_config({"data": str(data), "models": MODELS})
     assert {p.direction for p in select_prompts(config)} == {"a2b"}
     assert "manifest.json" in choose_directions(config).note
-    from weightgraft.experiments.localize.directions import left_out
+    from weightgraft.localize.directions import left_out
 
     assert left_out(config, choose_directions(config)) == 6  # 3 relations x 2 templates, b2a: counted
     # the SFT model's training manifest comes first
@@ -129,7 +129,7 @@ def test_the_trained_direction_by_default(tmp_path):
 
 @pytest.mark.parametrize("report", [False, True])
 def test_cli_names_a_report_only_when_there_is_one(tmp_path, monkeypatch, report):
-    import weightgraft.experiments.localize as loc
+    import weightgraft.localize as loc
     from weightgraft.cli import app
 
     real = loc.localize

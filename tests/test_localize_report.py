@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from weightgraft.experiments.localize import localize
-from weightgraft.experiments.localize.config import parse_localize_config
+from weightgraft.localize import localize
+from weightgraft.localize.config import parse_localize_config
 from tiny_world import loader, write_world
 
 

@@ -13,13 +13,13 @@ import torch
 
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import exact_effects
-from weightgraft.experiments.localize import localize
-from weightgraft.experiments.localize.config import parse_localize_config
-from weightgraft.experiments.localize.controls import draw_control, mix_key
-from weightgraft.experiments.localize.examples import build_examples, select_prompts
-from weightgraft.experiments.localize.maps import cell_map
-from weightgraft.experiments.localize.search import rank_keys
-from weightgraft.experiments.localize.verify import SetVerifier, received_summary
+from weightgraft.localize import localize
+from weightgraft.localize.config import parse_localize_config
+from weightgraft.localize.controls import draw_control, mix_key
+from weightgraft.localize.examples import build_examples, select_prompts
+from weightgraft.localize.maps import cell_map
+from weightgraft.localize.search import rank_keys
+from weightgraft.localize.verify import SetVerifier, received_summary
 from tiny_world import loader, write_world
 
 TOL = 1e-6
@@ -157,7 +157,7 @@ def test_received_counts_cells_at_labels_some_prompts_lack(tmp_path):
 def test_refinement_reports_each_round_as_it_goes():
     """``refine_set`` tells ``progress`` every round's size and exact share (a round costs
     minutes on a CPU for hundreds of cells), the same numbers its steps record."""
-    from weightgraft.experiments.localize.refine import refine_set
+    from weightgraft.localize.refine import refine_set
 
     weight = {("last", f"layers.{i}.down"): w for i, w in enumerate([0.5, 0.3, 0.1, 0.05, 0.03, 0.02])}
 

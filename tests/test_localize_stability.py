@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from weightgraft.experiments.config import ConfigError
-from weightgraft.experiments.localize import localize
-from weightgraft.experiments.localize.config import parse_localize_config
+from weightgraft.localize import localize
+from weightgraft.localize.config import parse_localize_config
 from tiny_world import loader, write_world
 
 SFTS = ["tiny-llama:sft", "tiny-llama:task", "tiny-llama:sft-copy"]  # the third: the first's weights again
@@ -68,7 +68,7 @@ def _span(label: str) -> str:
 
 
 def test_span_groups_keep_the_words_after_a_span_apart():
-    from weightgraft.experiments.localize.stability import span_group
+    from weightgraft.localize.stability import span_group
 
     labels = ["first_entity-2", "first_entity", "first_entity+3", "tok0", "relation#2", "relation_preposition+1",
               "last", "my-span", "my-span-1"]
@@ -249,7 +249,7 @@ def test_sft_models_trained_on_different_directions_are_refused(tmp_path):
         (folder / MANIFEST_NAME).write_text(json.dumps({"data": {"split": split}}))
         folders.append(str(folder))
     same = parse_localize_config({**_raw(tmp_path, folders[:2]), "out": str(tmp_path / "a")})
-    from weightgraft.experiments.localize.directions import choose_directions
+    from weightgraft.localize.directions import choose_directions
 
     assert choose_directions(same).directions == ["a2b"]
     mixed = parse_localize_config({**_raw(tmp_path, folders), "out": str(tmp_path / "b")})
@@ -262,7 +262,7 @@ def test_cli_prints_the_stability_summary(tmp_path, monkeypatch):
     import yaml
     from typer.testing import CliRunner
 
-    import weightgraft.experiments.localize as loc
+    import weightgraft.localize as loc
     from weightgraft.cli import app
 
     real = loc.localize
@@ -277,7 +277,7 @@ def test_cli_prints_the_stability_summary(tmp_path, monkeypatch):
 
 
 def test_rows_finer_than_a_cell_are_refused_not_summed(multi):
-    from weightgraft.experiments.localize.stability import stability_table
+    from weightgraft.localize.stability import stability_table
 
     cells = pd.read_parquet(multi.run_dir / "cells.parquet")
     split = pd.concat([cells.assign(estimate=cells["estimate"] / 2)] * 2)  # two rows per cell, as units would be

@@ -11,10 +11,10 @@ import torch
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import WHOLE, Cell, exact_effects, parse_cell_name
 from weightgraft.experiments.config import ConfigError
-from weightgraft.experiments.localize import localize
-from weightgraft.experiments.localize.config import parse_localize_config
-from weightgraft.experiments.localize.examples import build_examples, select_prompts
-from weightgraft.experiments.localize.maps import UnitCellMap, cell_map, whole_cells
+from weightgraft.localize import localize
+from weightgraft.localize.config import parse_localize_config
+from weightgraft.localize.examples import build_examples, select_prompts
+from weightgraft.localize.maps import UnitCellMap, cell_map, whole_cells
 from tiny_world import loader, write_world
 
 TOL = 1e-6

@@ -20,7 +20,7 @@ import weightgraft.experiments.plan as plan_mod
 import weightgraft.experiments.runner as runner
 from weightgraft.cli import app
 from weightgraft.experiments.config import parse_config
-from weightgraft.experiments.localize.config import parse_localize_config
+from weightgraft.localize.config import parse_localize_config
 from weightgraft.experiments.plan import HEADROOM, PlanError, plan_before_run, plan_experiment, plan_localize
 from weightgraft.models.footprint import resolve_footprint
 from weightgraft.models.lean import memory_report
@@ -175,7 +175,7 @@ def test_a_run_that_cannot_fit_is_refused_before_loading(run_raw: dict, tmp_path
 
 def test_localize_plans_and_refuses_before_loading(run_raw: dict, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from weightgraft.experiments.localize.run import localize
+    from weightgraft.localize.run import localize
 
     raw = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": "none"}
     plan = plan_localize(parse_localize_config(raw), with_time=False)

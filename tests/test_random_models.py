@@ -138,8 +138,8 @@ def test_commands_that_tokenize_refuse_random_models_before_loading(tmp_path: Pa
 
     import weightgraft.experiments.runner as runner
     from weightgraft.experiments.config import parse_config
-    from weightgraft.experiments.localize.config import parse_localize_config
-    from weightgraft.experiments.localize.run import localize
+    from weightgraft.localize.config import parse_localize_config
+    from weightgraft.localize.run import localize
 
     def no_load(*a, **k):
         raise AssertionError("a model was loaded")

@@ -28,7 +28,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "slots": ("weightgraft.engine.forward", "slots"),
     "graft_forward": ("weightgraft.engine.forward", "graft_forward"),
     "generate": ("weightgraft.api.generate", "generate"),
-    "localize": ("weightgraft.experiments.localize", "localize"),
+    "localize": ("weightgraft.localize", "localize"),
     "graft": ("weightgraft.api.graft", "graft"),
     "explain": ("weightgraft.api.explain", "explain"),
     "grafted": ("weightgraft.api.grafted", "grafted"),

@@ -10,7 +10,7 @@ import pandas as pd
 
 from weightgraft.api.inputs import GraftInputError, check_tokenizer
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
-from weightgraft.experiments.localize.examples import position_labels
+from weightgraft.localize.examples import position_labels
 from weightgraft.schemes.selectors import first_entity, token_span
 
 

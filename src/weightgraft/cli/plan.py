@@ -44,7 +44,7 @@ def plan(
         parse_size(memory)  # a bad size is one line, before anything else
     raw = read_yaml_config(config, overrides or [], "experiment or localize")
     if isinstance(raw, dict) and "schemes" not in raw:
-        from weightgraft.experiments.localize.config import parse_localize_config
+        from weightgraft.localize.config import parse_localize_config
 
         result = plan_localize(parse_localize_config(raw, str(config)), memory=memory, with_time=time)
     else:

@@ -400,7 +400,7 @@ def _run_suggestions(config: Any, memory_at: Any, limit: int, fixed: bool) -> li
 def plan_localize(config: Any, *, memory: str | None = None, with_time: bool = True) -> Plan:
     """The plan of a ``localize`` config: both models whole, the partial graft's deltas,
     attribution (forward + backward) of one batch, and the exact-cell batches."""
-    from weightgraft.experiments.localize.examples import select_prompts
+    from weightgraft.localize.examples import select_prompts
     from weightgraft.models.footprint import resolve_footprint
 
     prompts = select_prompts(config)

@@ -18,10 +18,10 @@ from typing import Any
 
 import pandas as pd
 
-from weightgraft.experiments.localize.agreement import agreement
-from weightgraft.experiments.localize.config import sft_labels
-from weightgraft.experiments.localize.stability import COLUMNS as STABILITY_COLUMNS
-from weightgraft.experiments.localize.stability import stability_table
+from weightgraft.localize.agreement import agreement
+from weightgraft.localize.config import sft_labels
+from weightgraft.localize.stability import COLUMNS as STABILITY_COLUMNS
+from weightgraft.localize.stability import stability_table
 from weightgraft.report import localize_figures as figs
 from weightgraft.report.html import CSS, _esc, html_table
 
@@ -137,7 +137,7 @@ def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
 def _claims_section(run_dir: Path, cells: pd.DataFrame) -> str:
     """``claims.csv``: the paper's claims as tests on this map (computed from the cells where
     a run made before it existed lacks the file)."""
-    from weightgraft.experiments.localize.claims import CLAIMS, claims_table
+    from weightgraft.localize.claims import CLAIMS, claims_table
 
     path = run_dir / "claims.csv"
     table = pd.read_csv(path) if path.is_file() else claims_table(cells)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from weightgraft.experiments.localize.agreement import spearman
+from weightgraft.localize.agreement import spearman
 
 GLOBAL = ("embed", "final_norm", "unembed")
 NO_CELL = "#d9d9d9"  # a label a template's prompts lack, or a global slot not at that position

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from weightgraft.experiments.localize.maps import whole_cells
+from weightgraft.localize.maps import whole_cells
 
 FFN = ("gate", "up", "down")
 QKV = ("q", "k", "v")

@@ -1,6 +1,6 @@
 """Localize a finetuned behaviour cell by cell (``weightgraft localize``)."""
 
-from weightgraft.experiments.localize.config import LocalizeConfig, load_localize_config
-from weightgraft.experiments.localize.run import LocalizeResult, localize
+from weightgraft.localize.config import LocalizeConfig, load_localize_config
+from weightgraft.localize.run import LocalizeResult, localize
 
 __all__ = ["LocalizeConfig", "LocalizeResult", "load_localize_config", "localize"]

@@ -30,12 +30,12 @@ import pandas as pd
 import torch
 
 from weightgraft.data.prompts import DatasetError
-from weightgraft.experiments.localize.config import LocalizeConfig, load_localize_config
-from weightgraft.experiments.localize.examples import LocalizeExample, build_examples, select_prompts
-from weightgraft.experiments.localize.directions import choose_directions, left_out
-from weightgraft.experiments.localize.exact_parts import exact_stage
-from weightgraft.experiments.localize.found_sets import find_sets
-from weightgraft.experiments.localize.maps import estimate_frame, unit_picks, whole_cells
+from weightgraft.localize.config import LocalizeConfig, load_localize_config
+from weightgraft.localize.examples import LocalizeExample, build_examples, select_prompts
+from weightgraft.localize.directions import choose_directions, left_out
+from weightgraft.localize.exact_parts import exact_stage
+from weightgraft.localize.found_sets import find_sets
+from weightgraft.localize.maps import estimate_frame, unit_picks, whole_cells
 
 @dataclass
 class LocalizeResult:
@@ -292,8 +292,8 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
         gc.collect()
     cells = pd.concat(frames, ignore_index=True)
     _write(cells, run_dir / "cells.parquet")
-    from weightgraft.experiments.localize.claims import claims_table
-    from weightgraft.experiments.localize.stability import stability_table
+    from weightgraft.localize.claims import claims_table
+    from weightgraft.localize.stability import stability_table
 
     stability_table(whole_cells(cells)).to_csv(run_dir / "stability.csv", index=False)
     claims_table(cells, config.seed).to_csv(run_dir / "claims.csv", index=False)

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from weightgraft.experiments.localize.maps import slot_parts
-from weightgraft.experiments.localize.verify import CellKey, SetVerifier
+from weightgraft.localize.maps import slot_parts
+from weightgraft.localize.verify import CellKey, SetVerifier
 
 Kind = Literal["random", "matched"]
 KINDS: tuple[Kind, ...] = ("random", "matched")

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from weightgraft.experiments.localize.verify import CellKey, SetVerifier
+from weightgraft.localize.verify import CellKey, SetVerifier
 
 BOOTSTRAP = 2000
 

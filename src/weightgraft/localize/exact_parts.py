@@ -16,8 +16,8 @@ import pandas as pd
 import torch
 
 from weightgraft.engine.attribution import Metric
-from weightgraft.experiments.localize.examples import LocalizeExample
-from weightgraft.experiments.localize.maps import exact_frame
+from weightgraft.localize.examples import LocalizeExample
+from weightgraft.localize.maps import exact_frame
 
 EXACT_GROUP = 8  # prompts per part file (the unit a killed run resumes from)
 COLUMNS = ["example_id", "template", "direction", "position", "slot", "unit", "exact"]

@@ -18,14 +18,14 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
-from weightgraft.experiments.localize.controls import set_controls
-from weightgraft.experiments.localize.examples import LocalizeExample
+from weightgraft.localize.controls import set_controls
+from weightgraft.localize.examples import LocalizeExample
 from weightgraft.engine.cells import WHOLE, cell_name
-from weightgraft.experiments.localize.maps import UnitCellMap, cell_map, whole_cells
-from weightgraft.experiments.localize.missed import missed_bound
-from weightgraft.experiments.localize.refine import refine_set
-from weightgraft.experiments.localize.search import minimal_graft_search, rank_keys
-from weightgraft.experiments.localize.verify import CellKey, SetVerifier, received_summary
+from weightgraft.localize.maps import UnitCellMap, cell_map, whole_cells
+from weightgraft.localize.missed import missed_bound
+from weightgraft.localize.refine import refine_set
+from weightgraft.localize.search import minimal_graft_search, rank_keys
+from weightgraft.localize.verify import CellKey, SetVerifier, received_summary
 
 
 def _keys(cells: list[dict[str, str]]) -> list[CellKey]:
