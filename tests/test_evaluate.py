@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 
 from weightgraft.experiments.metrics import answer_logprob, bootstrap_ci, score_next_token, summarize
