@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from weightgraft.errors import WeightgraftError
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -43,6 +45,10 @@ class DemoResult:
     seconds: dict[str, float]
 
 
+class DemoError(WeightgraftError, ValueError):
+    """A demo option the recipe does not serve (a model it was not written for)."""
+
+
 def demo_out(model: str) -> Path:
     """The default output directory: ``runs/demo`` for the default model, else
     ``runs/demo-{model}`` (so two models' demos never share a run directory)."""
@@ -52,7 +58,7 @@ def demo_out(model: str) -> Path:
 def check_demo_model(model: str) -> None:
     """Refuse a model the recipe is not for, in one line, before anything is built."""
     if model not in DEMO_MODELS:
-        raise ValueError(f"the demo runs on an embedded model ({', '.join(DEMO_MODELS)}), not {model!r}; "
+        raise DemoError(f"the demo runs on an embedded model ({', '.join(DEMO_MODELS)}), not {model!r}; "
                          "for another model use `weightgraft train` and `weightgraft run`")
 
 

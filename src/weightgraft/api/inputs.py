@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
+from weightgraft.errors import WeightgraftError
 from weightgraft.schemes.protocol import PROTOCOLS, embeddings_tied
 from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme
 from weightgraft.engine.activations import activation_names
@@ -19,7 +20,7 @@ Rules = Rule | Sequence[Rule] | Scheme
 Spans = Sequence[Mapping[str, SpanSpec] | None] | None
 
 
-class GraftInputError(ValueError):
+class GraftInputError(WeightgraftError, ValueError):
     """A notebook call whose inputs cannot be grafted as given (raised before any compute)."""
 
 

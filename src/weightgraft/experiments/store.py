@@ -20,14 +20,16 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft.errors import WeightgraftError
+
 KEY = ("model_set", "template", "scheme", "example_id")
 
 
-class ResultsDirConflict(ValueError):
+class ResultsDirConflict(WeightgraftError, ValueError):
     """The results directory holds results of a different experiment config."""
 
 
-class ResultsWriteError(OSError):
+class ResultsWriteError(WeightgraftError, OSError):
     """Results could not be written (disk full, permissions); earlier results are intact."""
 
 

@@ -41,7 +41,7 @@ class Explorer:
                  cache_size: int = 64) -> None:
         missing = [r for r in BASELINES if r not in models]
         if missing:
-            raise ValueError(f"explore needs models named 'pre' and 'sft' (missing: {', '.join(missing)})")
+            raise GraftInputError(f"explore needs models named 'pre' and 'sft' (missing: {', '.join(missing)})")
         check_tokenizer(tokenizer)
         self.roles = [*BASELINES, *(r for r in models if r not in BASELINES)]
         self.models = [models[r] for r in self.roles]

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
+from weightgraft.experiments.config import ConfigError
 from weightgraft.localize.controls import set_controls
 from weightgraft.localize.examples import LocalizeExample
 from weightgraft.engine.cells import WHOLE, cell_name
@@ -68,7 +69,7 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
     slot_index = {s.name: i for i, s in enumerate(model_slots(model))}
     column = "estimate_ig" if settings.rank_by == "ig" else "estimate"
     if column not in cells:
-        raise ValueError("search.rank_by 'ig' needs ig_steps > 1")
+        raise ConfigError("search.rank_by 'ig' needs ig_steps > 1")
     out: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
     out.update({"metric": config.metric, "rank_by": column})
     entries = {(e["direction"], e["template"]): e for e in out.get("searches", [])}

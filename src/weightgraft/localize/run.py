@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from weightgraft.data.prompts import DatasetError
+from weightgraft.experiments.store import ResultsDirConflict
 from weightgraft.localize.config import LocalizeConfig, load_localize_config
 from weightgraft.localize.examples import LocalizeExample, build_examples, select_prompts
 from weightgraft.localize.directions import choose_directions, left_out
@@ -75,15 +76,15 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
         except ValueError:
             same = old.get("identity") == config.identity()
         if not same:
-            raise ValueError(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
+            raise ResultsDirConflict(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
         before, now = _sft_list(old.get("config", {})), [spec for _, spec in config.sft_models()]
         if now[: len(before)] != before:
-            raise ValueError(f"{run_dir} holds maps of the SFT models {before}; a config may append SFT models "
+            raise ResultsDirConflict(f"{run_dir} holds maps of the SFT models {before}; a config may append SFT models "
                              "to that list, not change or drop them; choose another 'out' or 'name'")
         known = old.get("examples", {})
         changed = sorted(k for k in known.keys() & digests.keys() if known[k] != digests[k])
         if changed:
-            raise ValueError(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
+            raise ResultsDirConflict(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
                              f"({', '.join(changed[:3])}); choose another 'out' or delete the folder")
         old.update({"identity": config.identity(), "config": config.model_dump(mode="json"),
                     "examples": {**known, **digests}})
