@@ -18,16 +18,17 @@ from typing import Any
 
 
 def _temporary(path: Path) -> Path:
-    """Same folder (so ``os.replace`` is one rename), same suffix (writers that pick a format
-    from the name, like matplotlib's ``savefig``, still pick the right one)."""
-    return path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
+    """Same folder, so ``os.replace`` is one rename; hidden and ending in ``.tmpPID``, so that
+    no glob of the folder's files (``*.parquet``, ``part-*``) ever takes it for a finished one."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path to write ``path``'s new content to (for writers that want a path:
     pandas, pyarrow, matplotlib); on a clean exit it replaces ``path``, on any error it is
-    removed and ``path`` is left as it was."""
+    removed and ``path`` is left as it was. Its name does not end in ``path``'s suffix: a
+    writer that picks the format from the name needs it given (``savefig(format=...)``)."""
     path = Path(path)
     tmp = _temporary(path)
     try:

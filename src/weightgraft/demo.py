@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from weightgraft import atomic
 from weightgraft.errors import WeightgraftError
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ def run_demo(
     t0 = time.time()
     console.rule("4/4 report")
     paths = write_report(result.run_dir)
-    result.summary.to_csv(out / "summary.csv", index=False)
+    atomic.write_text(out / "summary.csv", result.summary.to_csv(index=False))
     seconds["report"] = time.time() - t0
 
     from weightgraft.report.console import print_summary

@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from weightgraft import atomic
 from weightgraft.data.prompts import DatasetError
 from weightgraft.experiments.store import ResultsDirConflict
 from weightgraft.localize.config import LocalizeConfig, load_localize_config
@@ -88,11 +89,11 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
                              f"({', '.join(changed[:3])}); choose another 'out' or delete the folder")
         old.update({"identity": config.identity(), "config": config.model_dump(mode="json"),
                     "examples": {**known, **digests}})
-        manifest.write_text(json.dumps(old, indent=2))
+        atomic.write_json(manifest, old)
         return
     (run_dir / "parts").mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({"identity": config.identity(), "config": config.model_dump(mode="json"),
-                                    "examples": digests}, indent=2))
+    atomic.write_json(manifest, {"identity": config.identity(), "config": config.model_dump(mode="json"),
+                                 "examples": digests})
 
 
 def _note(run_dir: Path, **fields: Any) -> None:
@@ -100,7 +101,7 @@ def _note(run_dir: Path, **fields: Any) -> None:
     manifest = run_dir / "manifest.json"
     data = json.loads(manifest.read_text())
     data.update(fields)
-    manifest.write_text(json.dumps(data, indent=2, default=str))
+    atomic.write_json(manifest, data, default=str)
 
 
 def _check_peft(config: LocalizeConfig) -> list[Any]:
@@ -133,7 +134,7 @@ def _load_sft(spec: str, label: str, first: bool, pre: Any, adapter: Any, load: 
     data.setdefault("adapters", {})[label] = info
     if first:
         data["adapter"] = info
-    manifest.write_text(json.dumps(data, indent=2))
+    atomic.write_json(manifest, data)
     return SimpleNamespace(model=model, tokenizer=pre.tokenizer)
 
 
@@ -143,9 +144,8 @@ def _model_info(spec: str, model: Any) -> dict[str, str]:
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    frame.to_parquet(tmp, index=False)
-    tmp.replace(path)
+    with atomic.atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False)
 
 
 def _with_distractors(examples: list[LocalizeExample]) -> list[LocalizeExample]:
@@ -286,7 +286,7 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
             search = find_sets(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
             if search:
                 search["model"] = label
-                (run_dir / "search.json").write_text(json.dumps(search, indent=2))
+                atomic.write_json(run_dir / "search.json", search)
         cells.insert(0, "model", label)
         frames.append(cells)
         del sft, pairs, cells
@@ -296,8 +296,8 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
     from weightgraft.localize.claims import claims_table
     from weightgraft.localize.stability import stability_table
 
-    stability_table(whole_cells(cells)).to_csv(run_dir / "stability.csv", index=False)
-    claims_table(cells, config.seed).to_csv(run_dir / "claims.csv", index=False)
+    atomic.write_text(run_dir / "stability.csv", stability_table(whole_cells(cells)).to_csv(index=False))
+    atomic.write_text(run_dir / "claims.csv", claims_table(cells, config.seed).to_csv(index=False))
     report = None
     if config.report:
         from weightgraft.report.localize import write_localize_report
