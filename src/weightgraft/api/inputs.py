@@ -14,7 +14,6 @@ from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_sch
 from weightgraft.engine.activations import activation_names
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.forward import slots
-from weightgraft.engine.precision import batch_invariant_attention
 
 Rules = Rule | Sequence[Rule] | Scheme
 Spans = Sequence[Mapping[str, SpanSpec] | None] | None
@@ -33,9 +32,9 @@ def check_protocol(protocol: str) -> str:
 
 
 def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[str], list[Any]]:
-    """Roles and models with the base first (the engine runs the base's modules); models in
-    half precision are switched to eager attention, so that a prompt's logits do not depend
-    on the other prompts of its batch (see ``weightgraft.engine.precision``)."""
+    """Roles and models with the base first (the engine runs the base's modules). The models
+    are not changed: the engine runs half-precision models with eager attention for the
+    duration of each pass only (``weightgraft.engine.precision.eager_attention``)."""
     if not isinstance(models, Mapping) or not models:
         raise GraftInputError("models must be a non-empty mapping role -> model, e.g. {'pre': pre, 'sft': sft}")
     roles = list(models)
@@ -43,7 +42,6 @@ def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[st
         raise GraftInputError(f"base {base!r} is not one of the models' roles ({', '.join(roles)})")
     first = base if base is not None else roles[0]
     ordered = [first, *(r for r in roles if r != first)]
-    batch_invariant_attention(models.values())
     return ordered, [models[r] for r in ordered]
 
 

@@ -23,6 +23,7 @@ from transformers.cache_utils import Cache
 from weightgraft.engine import projections
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
+from weightgraft.engine.precision import eager_attention
 
 __all__ = ["slots", "graft_forward", "graft_call", "position_ids_from_mask"]
 
@@ -481,7 +482,7 @@ def graft_call(
             module = base.get_submodule(path)
             patched.append((module, module.__dict__.get("forward")))
             module.forward = _dispatch_forward(path, lookup, groups, pos_axis)
-        with _eval_mode(models):
+        with _eval_mode(models), eager_attention(models):  # half precision: rows independent of their batch
             out = base(
                 input_ids=input_ids,
                 attention_mask=attention_mask,

@@ -32,6 +32,7 @@ from weightgraft.engine.forward import (
     _module_fn,
     position_ids_from_mask,
 )
+from weightgraft.engine.precision import eager_attention
 
 __all__ = ["PartialGraft", "partial_graft_forward"]
 
@@ -233,6 +234,7 @@ class PartialGraft:
                 bool(u.detach().any()) for u in units.values())
             stack.enter_context(self._patched(alpha, unembed_alpha, at_zero, units))
             stack.enter_context(_eval_mode([self.base]))
+            stack.enter_context(eager_attention([self.base]))
             out = self.base(input_ids=input_ids, attention_mask=attention_mask,
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         return out.logits

@@ -25,7 +25,6 @@ from weightgraft.api.inputs import (
 from weightgraft.api.tokens import tokens as token_table
 from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.forward import graft_forward, slots
-from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.explore.layout import layout
 from weightgraft.explore.requests import Cell, GraftRequest, Limits, RequestError, TokensRequest
 from weightgraft.schemes.selectors import first_entity, token_span
@@ -45,7 +44,6 @@ class Explorer:
         check_tokenizer(tokenizer)
         self.roles = [*BASELINES, *(r for r in models if r not in BASELINES)]
         self.models = [models[r] for r in self.roles]
-        batch_invariant_attention(self.models)
         self.tokenizer = tokenizer
         self.limits = limits or Limits()
         self.slot_names = slots(self.models[0])
