@@ -17,9 +17,11 @@ step() {  # step SECONDS NAME COMMAND...: one benchmark, its own time limit, its
     timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
     echo "== $name: exit ${PIPESTATUS[0]}"
 }
-step 90 exact_cells_1b $PY benchmarks/bench_exact_cells.py --model random:llama-3.2-1b --device cuda \
-    --dtype bfloat16 --prompts 8 --cells 0
-step 120 engine_1b $PY benchmarks/bench_engine.py --model random:llama-3.2-1b --donor random:llama-3.2-1b@1 \
+step 70 exact_cells_1b $PY benchmarks/bench_exact_cells.py --model random:llama-3.2-1b --device cuda \
+    --dtype bfloat16 --prompts 8 --cells 0 
+step 100 engine_1b $PY benchmarks/bench_engine.py --model random:llama-3.2-1b --donor random:llama-3.2-1b@1 \
     --n 64 --per-token-items 8 --device cuda --dtype bfloat16
-step 300 paper_scale $PY benchmarks/bench_paper_scale.py --models llama-3.2-1b,llama-3.1-8b --device cuda \
-    --dtype bfloat16 --prompts 64 --per-token-rows 2 --results "$OUT/paper_scale.md"
+for m in llama-3.2-1b llama-3.1-8b; do
+    step 150 "paper_scale_$m" $PY benchmarks/bench_paper_scale.py --models "$m" --device cuda --dtype bfloat16 \
+        --prompts 32 --per-token-rows 1 --results "$OUT/paper_scale_$m.md"
+done
