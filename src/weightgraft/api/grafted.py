@@ -30,6 +30,7 @@ from weightgraft.api.inputs import (
 )
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.engine.forward import graft_call
+from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.schemes.scheme import CompiledScheme
 from weightgraft.schemes.selectors import SpanNotFound
 
@@ -111,8 +112,7 @@ def grafted(
     check_tokenizer(tokenizer)
     (compiled,) = compile_for([scheme], ordered[0], roles, protocol)
     model = ordered[0]
-    own = model.__dict__.get("forward")
-    plain = own if own is not None else type(model).forward.__get__(model)
+    plain = own_forward(model)
     state = _State()
 
     @functools.wraps(plain)
@@ -158,11 +158,6 @@ def grafted(
         finally:
             state.inside = False
 
-    model.forward = forward
-    try:
+    with swaps() as swap:
+        swap.forward(model, forward)
         yield model
-    finally:
-        if own is None:
-            del model.forward
-        else:
-            model.forward = own
