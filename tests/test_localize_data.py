@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from weightgraft.localize import localize
+from weightgraft.api.localize import localize
 from weightgraft.localize.config import parse_localize_config
 from weightgraft.localize.directions import choose_directions
 from weightgraft.localize.examples import select_prompts

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from weightgraft.experiments.config import ConfigError
-from weightgraft.localize import localize
+from weightgraft.api.localize import localize
 from weightgraft.localize.config import parse_localize_config
 from tiny_world import loader, write_world
 

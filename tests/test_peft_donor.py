@@ -408,7 +408,7 @@ def test_bad_peft_specs_are_one_line_errors_before_any_model_loads(tmp_path):
 
 
 def test_localize_takes_a_peft_donor(tmp_path):
-    from weightgraft.localize import localize
+    from weightgraft.api.localize import localize
     from weightgraft.localize.config import parse_localize_config
 
     path, merged = _world_adapter(tmp_path)
