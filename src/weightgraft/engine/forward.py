@@ -236,7 +236,7 @@ def _matmul_no_bias(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     try:
         return projections.matmul_no_bias(module, x)
     except projections.UnsupportedProjection as exc:
-        raise TypeError(f"per-unit grafting on {exc}") from exc
+        raise TypeError(f"per-head or per-neuron grafting on {exc}") from exc
 
 
 def _plan(
