@@ -3,7 +3,7 @@ stays float64 through HF's float32 casts."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -51,19 +51,32 @@ def batch_invariant_attention(models: Iterable[Any]) -> None:
         cfg._attn_implementation = "eager"
 
 
-@contextmanager
-def eager_attention(models: Iterable[Any]) -> Iterator[None]:
-    """:func:`batch_invariant_attention` for the block only: on any exit every config has
-    the attention implementation it had before (the user's model is theirs again)."""
-    configs = _half_configs(models)
-    saved = [(cfg, cfg._attn_implementation) for cfg in configs]
-    try:
-        for cfg in configs:
-            cfg._attn_implementation = "eager"
-        yield
-    finally:
+def switch_to_eager(models: Iterable[Any]) -> Callable[[], None]:
+    """:func:`batch_invariant_attention` until the returned function is called: it gives every
+    config back the attention implementation it had (the user's model is theirs again)."""
+    saved = [(cfg, cfg._attn_implementation) for cfg in _half_configs(models)]
+
+    def restore() -> None:
         for cfg, before in saved:  # each config's own value (the setter would recurse into sub-configs)
             cfg._attn_implementation_internal = before
+
+    try:
+        for cfg, _ in saved:
+            cfg._attn_implementation = "eager"
+    except BaseException:
+        restore()
+        raise
+    return restore
+
+
+@contextmanager
+def eager_attention(models: Iterable[Any]) -> Iterator[None]:
+    """:func:`switch_to_eager` for the block, restored on any exit."""
+    restore = switch_to_eager(models)
+    try:
+        yield
+    finally:
+        restore()
 
 
 class _Float64Casts(TorchFunctionMode):
