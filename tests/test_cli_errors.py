@@ -25,7 +25,7 @@ def _lines(err: str) -> list[str]:
 
 
 def test_every_error_class_has_the_root_and_keeps_its_builtin_base():
-    from weightgraft.api.inputs import GraftInputError
+    from weightgraft.schemes.binding import GraftInputError
     from weightgraft.data.errors import TemplateFieldError
     from weightgraft.experiments.config import ConfigError
     from weightgraft.experiments.store import ResultsWriteError
