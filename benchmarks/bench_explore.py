@@ -63,7 +63,7 @@ def main() -> None:
     sft, sft_name = _donor(pre.model, args.sft)
     explorer = Explorer({"pre": pre.model, "sft": sft}, pre.tokenizer)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(explorer), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(explorer, address=("127.0.0.1", port)), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)

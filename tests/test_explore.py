@@ -19,6 +19,8 @@ from weightgraft.explore.serve import is_loopback
 from weightgraft.explore.session import Explorer
 
 PROMPT = "Keanu Reeves starred in a movie with"
+SERVED = "http://127.0.0.1:8765"  # the address create_app answers by default
+JSON = {"content-type": "application/json"}
 SPANS = {"actor": "Keanu Reeves", "relation": "starred in"}
 
 
@@ -30,7 +32,7 @@ def pair(tiny_pair):
 @pytest.fixture(scope="module")
 def client(pair, tiny_tok):
     pre, sft = pair
-    return TestClient(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok)))
+    return TestClient(base_url=SERVED, app=create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok)))
 
 
 def _expected(pair, tok, rules, base="pre", spans=SPANS):
@@ -142,11 +144,11 @@ def test_malformed_requests_get_a_one_line_4xx(client, body, match):
 def test_bodies_that_are_not_requests(pair, tiny_tok):
     pre, sft = pair
     limits = Limits(max_body_bytes=2000, max_prompt_chars=60, max_tokens=40, max_k=20)
-    client = TestClient(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok, limits)))
+    client = TestClient(base_url=SERVED, app=create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok, limits)))
     cases = [
-        (client.post("/api/graft", content=b"{not json"), 400, "not JSON"),
+        (client.post("/api/graft", content=b"{not json", headers=JSON), 400, "not JSON"),
         (client.post("/api/graft", json=[PROMPT]), 400, "JSON object"),
-        (client.post("/api/graft", content=b""), 400, "JSON object"),
+        (client.post("/api/graft", content=b"", headers=JSON), 400, "JSON object"),
         (client.post("/api/graft", json={"prompt": "x" * 3000}), 413, "limit"),
         (client.post("/api/tokens", json={"prompt": "x" * 61}), 400, "at most 60"),
         (client.post("/api/tokens", json={"prompt": "ab " * 15}), 400, "at most 40"),
@@ -179,7 +181,7 @@ def test_an_unexpected_failure_is_one_json_line(pair, tiny_tok, monkeypatch):
     pre, sft = pair
     explorer = Explorer({"pre": pre, "sft": sft}, tiny_tok)
     monkeypatch.setattr(explorer, "_logits", lambda *a: (_ for _ in ()).throw(RuntimeError("boom\nsecond line")))
-    client = TestClient(create_app(explorer), raise_server_exceptions=False)
+    client = TestClient(create_app(explorer), base_url=SERVED, raise_server_exceptions=False)
     res = client.post("/api/graft", json={"prompt": PROMPT})
     assert res.status_code == 500 and res.json() == {"error": "internal error: RuntimeError: boom second line"}
 
@@ -264,7 +266,7 @@ def test_run_and_localize_outputs(outputs):
 
     run_dir, loc_dir, pre, sft = outputs
     explorer = Explorer({"pre": pre.model, "sft": sft.model}, pre.tokenizer)
-    client = TestClient(create_app(explorer, RunView(run_dir), LocalizeView(loc_dir)))
+    client = TestClient(base_url=SERVED, app=create_app(explorer, RunView(run_dir), LocalizeView(loc_dir)))
     run = client.get("/api/run").json()
     assert {"scheme", "template", "top1"} <= set(run["columns"]) and run["rows"]
     assert {r["scheme"] for r in run["rows"]} >= {"PRE", "SFT", "FE", "LT"}
@@ -344,7 +346,7 @@ def test_page_paints_a_cell_and_the_top_k_moves(pair, tiny_tok):
 
     pre, sft = pair
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok)),
+    server = uvicorn.Server(uvicorn.Config(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok), address=("127.0.0.1", port)),
                                            host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -28,6 +28,9 @@ class Limits:
     max_prompt_chars: int = 2000
     max_tokens: int = 128
     max_k: int = 50
+    max_answer_chars: int = 200
+    body_timeout_s: float = 10.0
+    max_waiting: int = 4  # grafts queued behind the running one; more get a 503
 
 
 class TokensRequest(BaseModel):
