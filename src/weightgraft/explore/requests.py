@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from weightgraft.schemes.scheme import Rule
 
@@ -34,12 +34,13 @@ class Limits:
 
 
 class TokensRequest(BaseModel):
-    """``POST /api/tokens``: a prompt and its named spans (substring or ``[start, end]``)."""
+    """``POST /api/tokens``: a prompt and its named spans (a substring that occurs once, or
+    ``[start, end]``). Numbers are JSON integers: ``true`` is not 1 here."""
 
     model_config = ConfigDict(extra="forbid")
 
     prompt: str = Field(min_length=1)
-    spans: dict[str, str | tuple[int, int]] | None = None
+    spans: dict[str, str | tuple[StrictInt, StrictInt]] | None = None
 
     @field_validator("spans")
     @classmethod
@@ -56,7 +57,7 @@ class Cell(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    position: int
+    position: StrictInt
     slot: str
     model: str
 
@@ -69,7 +70,7 @@ class GraftRequest(TokensRequest):
     cells: list[Cell] | None = None
     base: str | None = None
     answer: str | None = None
-    k: int = Field(10, ge=1)
+    k: StrictInt = Field(10, ge=1)
     protocol: Literal["paper", "authors"] = "paper"
 
 
@@ -82,7 +83,7 @@ def parse(model: type[BaseModel], data: Any) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"]) or "body"
-        msg = str(err["msg"]).replace("\n", " ")
+        msg = str(err["msg"]).replace("\n", " ").removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown field (allowed: {', '.join(model.model_fields)})" if len(err["loc"]) == 1 else "unknown field"
         raise RequestError(f"{where}: {msg}") from None

@@ -3,16 +3,18 @@
 import { getJSON, postJSON } from "./api.js";
 import { drawGrids, roleColor } from "./grid.js";
 import { drawLocalize, drawRun } from "./panels.js";
-import { drawTokens, formatSpans, parseSpans } from "./tokens.js";
+import { drawTokens, formatSpans, parseSpans, shiftSpans } from "./tokens.js";
 import { drawAnswer, drawTop } from "./topk.js";
 
 const $ = (id) => document.getElementById(id);
 const state = {
   info: null, tokens: [], source: [], base: 0, paint: 1, rules: null, seq: 0, grids: null,
-  heat: null, heatColumn: null, activeScheme: null,
+  heat: null, heatColumn: null, activeScheme: null, prompt: "",
 };
 
 function showError(message) { $("error").textContent = message || ""; }
+// what the page changed on its own (spans or paint moved, dropped): said, never silent
+function notice(message) { $("notice").textContent = message || ""; }
 function status(message) { $("status").textContent = message; }
 
 function request() {
@@ -150,10 +152,23 @@ function drawPalette() {
   });
 }
 
+// character ranges in the spans box follow an edit of the prompt (text spans are found again)
+function moveSpans() {
+  const before = state.prompt, after = $("prompt").value;
+  state.prompt = after;
+  let spans;
+  try { spans = parseSpans($("spans").value); } catch (e) { return; }
+  if (!Object.values(spans).some(Array.isArray)) return;
+  const { spans: kept, dropped } = shiftSpans(before, after, spans);
+  $("spans").value = formatSpans(after, kept);
+  if (dropped.length) notice(`the edit cut through span(s) ${dropped.join(", ")}: removed from the spans box, mark them again`);
+}
+
 const page = {
   error: showError,
   openExample(ex) {
     $("prompt").value = ex.prompt;
+    state.prompt = ex.prompt;
     $("spans").value = formatSpans(ex.prompt, ex.spans);
     $("answer").value = ex.answer || "";
     refresh();
@@ -205,7 +220,9 @@ async function init() {
   };
   $("reset").onclick = () => { state.rules = []; markScheme(null); graft(); };
   const later = debounce(refresh, 250);
-  ["prompt", "spans"].forEach((id) => $(id).addEventListener("input", later));
+  state.prompt = $("prompt").value;
+  $("prompt").addEventListener("input", () => { moveSpans(); later(); });
+  $("spans").addEventListener("input", later);
   ["answer", "k"].forEach((id) => $(id).addEventListener("input", debounce(graft, 250)));
   $("protocol").onchange = () => graft();
   if (state.info.run) {
