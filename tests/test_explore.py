@@ -4,6 +4,7 @@ and the page itself in headless Chromium (skipped where no browser is installed)
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -268,8 +269,7 @@ def test_run_and_localize_outputs(outputs):
     explorer = Explorer({"pre": pre.model, "sft": sft.model}, pre.tokenizer)
     client = TestClient(base_url=SERVED, app=create_app(explorer, RunView(run_dir), LocalizeView(loc_dir)))
     run = client.get("/api/run").json()
-    assert {"scheme", "template", "top1"} <= set(run["columns"]) and run["rows"]
-    assert {r["scheme"] for r in run["rows"]} >= {"PRE", "SFT", "FE", "LT"}
+    assert run["rows"] and {r["scheme"] for r in run["rows"]} >= {"PRE", "SFT", "FE", "LT"}
     assert run["figures"], "the run's report figures are listed"
     fig = client.get(f"/api/run/figures/{run['figures'][0]['index']}")
     assert fig.status_code == 200 and fig.content[:4] == b"\x89PNG"
@@ -312,6 +312,29 @@ def test_run_and_localize_outputs(outputs):
     assert all(c["position_label"] in labels for s in search["sets"] for c in s["cells"])
     keys = {(label, slot) for label, slot, _ in m["values"]["estimate"]}
     assert {(c["position_label"], c["slot"]) for c in search["cells"]} <= keys
+
+
+def test_the_run_table_shows_every_metric_the_report_shows(outputs):
+    """Each row of the report's summary tables (summary.md) is a row of the page's table, cell
+    for cell, under the same headers; recovery is a number, not an empty column."""
+    from weightgraft.explore.artifacts import RunView
+    from weightgraft.report.tables import TABLE_HEADER
+
+    run_dir = outputs[0]
+    view = RunView(run_dir)
+    assert view.columns[: -len(TABLE_HEADER) - 1][:1] == ["template"]
+    assert list(TABLE_HEADER) == view.columns[view.columns.index("scheme"):][: len(TABLE_HEADER)]
+    page = {tuple(r["cells"][view.columns.index("scheme"):][: len(TABLE_HEADER)]) for r in view.rows}
+    report_rows = [tuple(c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1])
+                   for line in (run_dir / "report" / "summary.md").read_text().splitlines()
+                   if line.startswith("| ") and not line.startswith("| scheme |")]
+    report_rows = [r for r in report_rows if len(r) == len(TABLE_HEADER)]
+    assert len(report_rows) == len(view.rows) and set(report_rows) == page
+    recovery = view.columns.index("recovery (first token)")
+    assert any(r["cells"][recovery][:1].isdigit() or r["cells"][recovery].startswith("-") for r in view.rows)
+    if "recovery (whole answer)" in view.columns:
+        whole = view.columns.index("recovery (whole answer)")
+        assert any(r["cells"][whole] != "n/a" for r in view.rows)
 
 
 def test_views_refuse_directories_of_the_wrong_kind(tmp_path):

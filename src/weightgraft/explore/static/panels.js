@@ -29,7 +29,7 @@ export function drawRun(root, run, page) {
   table.appendChild(head);
   for (const row of run.rows) {
     const tr = el("tr", undefined, { className: "row" });
-    run.columns.forEach((c) => tr.appendChild(el("td", String(fmt(row[c])))));
+    row.cells.forEach((c) => tr.appendChild(el("td", c)));
     tr.onclick = () => {
       const scheme = run.schemes[row.scheme];
       const example = (run.examples[row.template] || [])[0];
