@@ -205,6 +205,17 @@ def test_info_lays_out_every_slot(client, pair):
     assert {"FE", "LT", "FE+LT", "(FE+LT)^C", "FE^C", "LT^C"} <= names
 
 
+def test_every_result_names_its_protocol_and_what_it_means(client):
+    from weightgraft.schemes.protocol import PROTOCOLS
+
+    meanings = client.get("/api/info").json()["schemes"]["protocols"]
+    assert set(meanings) == set(PROTOCOLS) and all(len(m) > 20 and "\n" not in m for m in meanings.values())
+    for protocol in PROTOCOLS:
+        res = client.post("/api/graft", json={"prompt": PROMPT, "spans": SPANS, "protocol": protocol, "k": 2,
+                                              "rules": [{"model": "sft", "positions": "first_entity+last"}]})
+        assert res.status_code == 200 and res.json()["protocol"] == protocol
+
+
 def test_hosts():
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")

@@ -114,6 +114,7 @@ class Explorer:
             "tokens": toks,
             "top": {name: self._top(row, request.k) for name, row in logits.items()},
             "answer": None if answer_id is None else self._answer(request.answer, answer_id, logits),
+            "protocol": request.protocol,
             "map": {"base": base, "roles": self.roles, "source": source.tolist(),
                     "heads": sorted(heads)},
         }

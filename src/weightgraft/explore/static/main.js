@@ -9,7 +9,7 @@ import { drawAnswer, drawTop } from "./topk.js";
 const $ = (id) => document.getElementById(id);
 const state = {
   info: null, tokens: [], source: [], base: 0, paint: 1, rules: null, seq: 0, grids: null,
-  heat: null, heatColumn: null, activeScheme: null, prompt: "",
+  heat: null, heatColumn: null, activeScheme: null, prompt: "", protocolBefore: null,
 };
 
 function showError(message) { $("error").textContent = message || ""; }
@@ -56,6 +56,7 @@ async function graft() {
     state.grids.update(state.source);
     drawTop($("top"), res.top, res.answer);
     drawAnswer($("answer-box"), res.answer);
+    drawProtocol(res.protocol);
     status(`${res.tokens.length} tokens, ${res.ms} ms`);
     document.body.dataset.ready = String(seq);
   } catch (e) { if (seq === state.seq) { showError(e.message); status(""); } }
@@ -164,6 +165,23 @@ function moveSpans() {
   if (dropped.length) notice(`the edit cut through span(s) ${dropped.join(", ")}: removed from the spans box, mark them again`);
 }
 
+// the protocol the shown numbers were computed under, what it means, and (after a run row
+// switched it) the way back to the one chosen before
+function drawProtocol(protocol) {
+  const line = $("protocol-line");
+  line.replaceChildren();
+  const b = document.createElement("b"); b.textContent = `protocol ${protocol}`;
+  line.append(b, `: ${state.info.schemes.protocols[protocol] || ""}`);
+  const back = state.protocolBefore;
+  line.classList.toggle("switched", back !== null && back !== protocol);
+  if (back !== null && back !== protocol) {
+    const button = document.createElement("button");
+    button.type = "button"; button.textContent = `back to ${back}`;
+    button.onclick = () => { $("protocol").value = back; state.protocolBefore = null; graft(); };
+    line.append(" (switched by the run row: the run was computed so) ", button);
+  }
+}
+
 const page = {
   error: showError,
   openExample(ex) {
@@ -174,7 +192,9 @@ const page = {
     refresh();
   },
   openScheme(scheme, ex, protocol) {
-    $("protocol").value = protocol || "paper";
+    const wanted = protocol || "paper";
+    if (wanted !== $("protocol").value && state.protocolBefore === null) state.protocolBefore = $("protocol").value;
+    $("protocol").value = wanted;
     state.rules = scheme.rules;
     state.base = Math.max(0, state.info.roles.indexOf(scheme.base));
     markScheme(null);
@@ -224,7 +244,7 @@ async function init() {
   $("prompt").addEventListener("input", () => { moveSpans(); later(); });
   $("spans").addEventListener("input", later);
   ["answer", "k"].forEach((id) => $(id).addEventListener("input", debounce(graft, 250)));
-  $("protocol").onchange = () => graft();
+  $("protocol").onchange = () => { state.protocolBefore = null; graft(); };
   if (state.info.run) {
     try { drawRun($("run"), await getJSON("/api/run"), page); } catch (e) { showError(e.message); }
   }
