@@ -75,7 +75,8 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
 
     async def tokens(request: Request) -> Response:
         req = parse(TokensRequest, await _body(request, limit, timeout))
-        return JSONResponse({"tokens": await run_in_threadpool(explorer.tokens, req)})
+        toks = await run_in_threadpool(explorer.tokens, req)
+        return JSONResponse({"tokens": toks, "anchor": explorer.anchor(req, toks)})
 
     async def graft(request: Request) -> Response:
         req = parse(GraftRequest, await _body(request, limit, timeout))

@@ -33,9 +33,9 @@ class Limits:
     max_waiting: int = 4  # grafts queued behind the running one; more get a 503
 
 
-class TokensRequest(BaseModel):
-    """``POST /api/tokens``: a prompt and its named spans (a substring that occurs once, or
-    ``[start, end]``). Numbers are JSON integers: ``true`` is not 1 here."""
+class PromptRequest(BaseModel):
+    """A prompt and its named spans (a substring that occurs once, or ``[start, end]``).
+    Numbers are JSON integers: ``true`` is not 1 here."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -51,6 +51,13 @@ class TokensRequest(BaseModel):
         return value
 
 
+class TokensRequest(PromptRequest):
+    """``POST /api/tokens``; ``previous``: the token texts of the prompt before an edit, to
+    carry painted cells over to the same tokens (``anchor``)."""
+
+    previous: list[str] | None = None
+
+
 class Cell(BaseModel):
     """One explicit assignment: slot ``slot`` (a name of ``wg.slots``) at token ``position``
     is served by role ``model``."""
@@ -62,7 +69,7 @@ class Cell(BaseModel):
     model: str
 
 
-class GraftRequest(TokensRequest):
+class GraftRequest(PromptRequest):
     """``POST /api/graft``: ``rules`` (as ``wg.Rule`` fields) or explicit ``cells``; cells no
     rule or assignment claims come from ``base`` (default ``pre``)."""
 

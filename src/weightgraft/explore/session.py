@@ -27,7 +27,8 @@ from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.forward import graft_forward, slots
 from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.explore.layout import layout
-from weightgraft.explore.requests import Cell, GraftRequest, Limits, RequestError, TokensRequest
+from weightgraft.explore.anchor import anchoring
+from weightgraft.explore.requests import Cell, GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
 from weightgraft.schemes.selectors import first_entity, token_span
 
 BASELINES = ("pre", "sft")
@@ -69,7 +70,15 @@ class Explorer:
 
     # ------------------------------------------------------------------ requests
 
-    def tokens(self, request: TokensRequest) -> list[dict[str, Any]]:
+    def anchor(self, request: TokensRequest, tokens: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Where the tokens of ``request.previous`` are in ``tokens`` (``anchor.anchoring``)."""
+        if request.previous is None:
+            return None
+        if len(request.previous) > self.limits.max_tokens:
+            raise RequestError(f"previous: {len(request.previous)} tokens; this server takes at most {self.limits.max_tokens}")
+        return anchoring(request.previous, [t["token"] for t in tokens])
+
+    def tokens(self, request: PromptRequest) -> list[dict[str, Any]]:
         """The prompt's tokens with position labels and selectors (``wg.tokens``)."""
         self._check_prompt(request.prompt)
         try:

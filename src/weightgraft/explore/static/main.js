@@ -62,25 +62,46 @@ async function graft() {
   } catch (e) { if (seq === state.seq) { showError(e.message); status(""); } }
 }
 
-// tokens first (positions may move), then the graft
+// tokens first (positions may move: painted cells follow their tokens), then the graft
 async function refresh() {
   let res;
   try {
     const body = request();
-    res = await postJSON("/api/tokens", { prompt: body.prompt, ...(body.spans ? { spans: body.spans } : {}) });
+    res = await postJSON("/api/tokens", {
+      prompt: body.prompt, ...(body.spans ? { spans: body.spans } : {}),
+      ...(state.tokens.length ? { previous: state.tokens.map((t) => t.token) } : {}),
+    });
   } catch (e) { showError(e.message); return; }
   const same = res.tokens.length === state.tokens.length && res.tokens.every((t, i) => t.token_id === state.tokens[i].token_id && t.label === state.tokens[i].label);
+  if (!same) {
+    const S = state.info.slots.length;
+    const painted = state.rules === null && state.tokens.length > 0;
+    const origin = res.anchor ? res.anchor.origin : res.tokens.map(() => null);
+    const old = state.source;
+    state.source = res.tokens.map((_, t) => (painted && origin[t] !== null && old[origin[t]] ? [...old[origin[t]]] : Array(S).fill(state.base)));
+    if (painted && res.anchor) reportAnchor(res.anchor, old);
+  }
   state.tokens = res.tokens;
   drawTokens($("tokens"), state.tokens);
   if (!same) {
-    const n = state.tokens.length, S = state.info.slots.length;
-    state.source = Array.from({ length: n }, (_, t) => state.source[t] || Array(S).fill(state.base));
     state.grids = drawGrids($("grids"), state.info.layout, state.tokens, handlers);
     state.grids.update(state.source);
     drawHeat();
   }
   enableSchemes();
   await graft();
+}
+
+// say which painted tokens moved to another position and which paint found no token again
+function reportAnchor(anchor, old) {
+  const paintedAt = (p) => old[p] && old[p].some((r) => r !== state.base);
+  const moved = anchor.moved.filter((m) => paintedAt(m.from));
+  const dropped = anchor.dropped.filter((d) => paintedAt(d.from));
+  const q = (t) => JSON.stringify(t);
+  const parts = [];
+  if (moved.length) parts.push(`paint kept on its token${moved.length > 1 ? "s" : ""}: ` + moved.map((m) => `${q(m.token)} ${m.from}→${m.to}`).join(", "));
+  if (dropped.length) parts.push(`paint dropped (its token is gone): ` + dropped.map((d) => `${q(d.token)} at ${d.from}`).join(", "));
+  notice(parts.join("; "));
 }
 
 const handlers = {
