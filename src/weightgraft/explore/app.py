@@ -1,6 +1,7 @@
 """The explore app's routes (Starlette): the page and its static files, and the JSON API the page
 uses. Every refusal is a 4xx JSON ``{"error": "one line"}``; an unexpected failure is a 500
-JSON with one line, never a traceback page. Model passes run one at a time in a worker thread.
+JSON with one line, never a traceback page. Model passes run one at a time in a worker thread,
+in a bounded line where a page's superseded strokes are dropped (``work``).
 Only requests for the served address, from no other site's page, get through (``guard``)."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from weightgraft.explore.artifacts import LocalizeView, RunView
 from weightgraft.explore.guard import Guard, served_hosts
 from weightgraft.explore.requests import GraftRequest, RequestError, TokensRequest, parse
 from weightgraft.explore.session import Explorer
+from weightgraft.explore.work import Work
 
 DEFAULT_PORT = 8765
 STATIC = Path(str(files("weightgraft.explore") / "static"))
@@ -64,6 +66,7 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
     """The ASGI app over one loaded model set (and optionally a run's and a localize run's
     outputs, read once here), answering requests addressed to ``address`` (host, port) only."""
     limit, timeout = explorer.limits.max_body_bytes, explorer.limits.body_timeout_s
+    work = Work(explorer.limits.max_waiting)
     run_json = run.to_json() if run is not None else None
     localize_json = localize.to_json() if localize is not None else None
 
@@ -80,7 +83,7 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
 
     async def graft(request: Request) -> Response:
         req = parse(GraftRequest, await _body(request, limit, timeout))
-        return JSONResponse(await run_in_threadpool(explorer.graft, req))
+        return JSONResponse(await work.run(req.page, req.seq, lambda: run_in_threadpool(explorer.graft, req)))
 
     async def run_info(request: Request) -> Response:
         if run_json is None:

@@ -79,6 +79,9 @@ class GraftRequest(PromptRequest):
     answer: str | None = None
     k: StrictInt = Field(10, ge=1)
     protocol: Literal["paper", "authors"] = "paper"
+    # which page sent it and its stroke number: a page's older strokes still waiting are dropped
+    page: str | None = Field(None, min_length=1, max_length=64)
+    seq: StrictInt | None = None
 
 
 def parse(model: type[BaseModel], data: Any) -> Any:

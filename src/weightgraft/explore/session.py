@@ -105,6 +105,8 @@ class Explorer:
         t0 = time.perf_counter()
         if request.k > self.limits.max_k:
             raise RequestError(f"k: at most {self.limits.max_k}")
+        if request.answer is not None and len(request.answer) > self.limits.max_answer_chars:
+            raise RequestError(f"answer: {len(request.answer)} characters; this server takes at most {self.limits.max_answer_chars}")
         if request.rules is not None and request.cells is not None:
             raise RequestError("give rules or cells, not both")
         toks = self.tokens(request)

@@ -7,6 +7,8 @@ import { drawTokens, formatSpans, parseSpans, shiftSpans } from "./tokens.js";
 import { drawAnswer, drawTop } from "./topk.js";
 
 const $ = (id) => document.getElementById(id);
+// this page's name to the server: its strokes still waiting when a newer one comes are dropped
+const PAGE = Math.random().toString(36).slice(2, 12);
 const state = {
   info: null, tokens: [], source: [], base: 0, paint: 1, rules: null, seq: 0, grids: null,
   heat: null, heatColumn: null, activeScheme: null, prompt: "", protocolBefore: null,
@@ -44,7 +46,7 @@ async function graft() {
   let body;
   try {
     body = request();
-    Object.assign(body, state.rules ? { rules: state.rules, base: state.info.roles[state.base] } : cells());
+    Object.assign(body, state.rules ? { rules: state.rules, base: state.info.roles[state.base] } : cells(), { page: PAGE, seq });
   } catch (e) { showError(e.message); return; }
   status("grafting…");
   try {
@@ -59,7 +61,7 @@ async function graft() {
     drawProtocol(res.protocol);
     status(`${res.tokens.length} tokens, ${res.ms} ms`);
     document.body.dataset.ready = String(seq);
-  } catch (e) { if (seq === state.seq) { showError(e.message); status(""); } }
+  } catch (e) { if (seq === state.seq && e.status !== 409) { showError(e.message); status(""); } }
 }
 
 // tokens first (positions may move: painted cells follow their tokens), then the graft
