@@ -164,6 +164,22 @@ function drawSchemes() {
   enableSchemes();
 }
 
+// what the grid's colours mean: a colour per model, stripes where a cell's slots differ
+function drawLegend() {
+  const root = $("legend");
+  root.replaceChildren("cells:");
+  state.info.roles.forEach((role, i) => {
+    const item = document.createElement("span");
+    const sw = document.createElement("span"); sw.className = "swatch"; sw.style.background = roleColor(i);
+    item.append(sw, `from ${role}`);
+    root.appendChild(item);
+  });
+  const mixed = document.createElement("span");
+  const sw = document.createElement("span"); sw.className = "swatch mixed"; sw.style.backgroundColor = roleColor(1);
+  mixed.append(sw, "some slots of the cell from another model");
+  root.appendChild(mixed);
+}
+
 function drawPalette() {
   const root = $("palette");
   root.replaceChildren();
@@ -252,6 +268,7 @@ async function init() {
   $("prompt").maxLength = state.info.limits.max_prompt_chars;
   $("k").max = state.info.limits.max_k;
   drawPalette();
+  drawLegend();
   drawSchemes();
   $("direction").onchange = drawSchemes;
   for (const name of state.info.schemes.component_sets) $("component-set").appendChild(new Option(name));

@@ -1,3 +1,5 @@
+import { shownToken } from "./grid.js";
+
 // The token strip: each token with its position, its position label, and the spans it is in.
 export function drawTokens(root, tokens) {
   root.replaceChildren();
@@ -6,7 +8,7 @@ export function drawTokens(root, tokens) {
     box.className = "tok" + (tok.selectors.some((s) => s !== "last") ? " span" : "");
     box.title = `selected by: ${tok.selectors.join(", ") || "(no named span)"}; characters ${tok.start}-${tok.end}`;
     const pos = document.createElement("span"); pos.className = "pos"; pos.textContent = tok.position;
-    const text = document.createElement("span"); text.className = "text"; text.textContent = tok.token.replace(/\n/g, "⏎");
+    const text = document.createElement("span"); text.className = "text"; text.textContent = shownToken(tok.token);
     const label = document.createElement("span"); label.className = "label"; label.textContent = tok.label;
     box.append(pos, text, label);
     root.appendChild(box);
