@@ -1,6 +1,6 @@
 """``weightgraft explore``: the HTTP API against the real app on tiny models (equal to
-``wg.graft``, explicit cells, refusals, no client paths), a run's and a localize run's outputs,
-and the page itself in headless Chromium (skipped where no browser is installed)."""
+``wg.graft``, explicit cells, refusals, no client paths), a run's and a localize run's outputs
+(the page itself in a browser: test_explore_browser.py)."""
 
 from __future__ import annotations
 
@@ -355,75 +355,3 @@ def test_views_refuse_directories_of_the_wrong_kind(tmp_path):
         RunView(tmp_path)
     with pytest.raises(ValueError, match="cells.parquet"):
         LocalizeView(tmp_path)
-
-
-# ---------------------------------------------------------------- the page in a browser
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _browser_or_skip():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("no playwright Python package: pip install playwright to run the browser test")
-    if CHROMIUM is None:
-        pytest.skip("no chromium on this machine (apt-get install chromium) for the browser test")
-    return sync_playwright
-
-
-def test_page_paints_a_cell_and_the_top_k_moves(pair, tiny_tok):
-    sync_playwright = _browser_or_skip()
-    import uvicorn
-
-    from weightgraft.explore.serve import free_port
-
-    pre, sft = pair
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok), address=("127.0.0.1", port)),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 30
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert server.started
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.wait_for_selector("body[data-ready]", timeout=30000)
-            page.fill("#prompt", PROMPT)
-            page.fill("#spans", "first_actor=Keanu Reeves")
-            page.fill("#answer", "Tom")
-            page.wait_for_function("() => document.querySelector('#answer-box table') !== null", timeout=30000)
-            page.wait_for_timeout(800)  # let the debounced requests of the typing settle
-            seq = page.eval_on_selector("body", "b => b.dataset.ready")
-            before = page.inner_text("#top [data-model=graft]")
-            pre_shown = page.inner_text("#top [data-model=pre]")
-            assert before.splitlines()[1:] == pre_shown.splitlines()[1:]  # nothing painted: the graft is PRE
-            # paint the last position's attention q/k/v in layer 0 (the grid's bottom row)
-            cell = page.locator("#grids .block").first.locator(".grid:not(.heat) .c").last
-            cell.click()
-            page.wait_for_function(f"() => document.body.dataset.ready !== '{seq}'", timeout=30000)
-            after = page.inner_text("#top [data-model=graft]")
-            assert after.splitlines()[1:] != before.splitlines()[1:]
-            # what the page shows is what the API computes for that cell
-            names = wg.slots(pre)
-            last = len(tiny_tok(PROMPT)["input_ids"]) - 1
-            out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, [PROMPT], wg.Rule(
-                model="sft", positions=str(last), layers="0", components="attn"))
-            assert "layers.0.q" in names
-            first = out.top(1)[0][0][0]
-            assert after.splitlines()[1] == first or first.strip() in after.splitlines()[1]
-            # a scheme button: FE+LT
-            page.click("#position-schemes button:text-is('FE+LT')")
-            page.wait_for_function("() => document.querySelector('button.scheme.on') !== null")
-            assert not errors, errors
-            browser.close()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
