@@ -83,6 +83,9 @@ def test_a_pages_superseded_strokes_do_not_run():
 def test_the_line_is_bounded():
     ran, answers = _line(2, [("a", 1), ("b", 1), ("c", 1), ("d", 1)])
     assert answers == ["ok", "ok", "503", "503"] and ran == ["first", "a:1", "b:1"]
+    # a page's own superseded strokes do not fill the line: its 30th stroke runs
+    ran, answers = _line(2, [("a", i) for i in range(1, 31)])
+    assert ran == ["first", "a:30"] and answers == ["409"] * 29 + ["ok"]
 
 
 @pytest.mark.parametrize("positions", ["~" * 20000 + "last", "(" * 5000 + "last" + ")" * 5000, "~(" * 40 + "last" + ")" * 40])

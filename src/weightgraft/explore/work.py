@@ -1,7 +1,8 @@
 """Grafts wait in one bounded line, and a page's superseded strokes never run: the model runs one
 pass at a time, a stroke painted while others wait makes the page's older ones pointless
-(latest wins: they are answered 409 without running), and past ``max_waiting`` a request is
-answered 503 at once rather than piling up."""
+(latest wins: they are answered 409 without running), and past ``max_waiting`` live requests
+(superseded ones do not count: a page's newest stroke is never refused for its own old ones) a
+request is answered 503 at once rather than piling up."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ class Work:
 
     def __init__(self, max_waiting: int) -> None:
         self.max_waiting = max_waiting
-        self.waiting = 0
+        self._waiting: list[tuple[str | None, int | None]] = []
         self._lock: anyio.Lock | None = None  # made in the server's event loop, at first use
         self._latest: OrderedDict[str, int] = OrderedDict()
 
@@ -41,16 +42,18 @@ class Work:
         sent a newer stroke while this one waited (409)."""
         if page is not None and seq is not None:
             self._note(page, seq)
-        if self.waiting >= self.max_waiting:
-            raise RequestError(f"busy: {self.waiting} grafts are already waiting; try again", 503)
+        live = sum(1 for p, s in self._waiting if not self.superseded(p, s))
+        if live >= self.max_waiting:
+            raise RequestError(f"busy: {live} grafts are already waiting; try again", 503)
         if self._lock is None:
             self._lock = anyio.Lock()
         lock = self._lock
-        self.waiting += 1
+        entry = (page, seq)
+        self._waiting.append(entry)
         try:
             await lock.acquire()
         finally:
-            self.waiting -= 1
+            self._waiting.remove(entry)
         try:
             if self.superseded(page, seq):
                 raise RequestError(f"superseded: this page sent stroke {self._latest[page]} after stroke {seq}", 409)
