@@ -29,8 +29,11 @@ function makeGrid(tokens, nRows, rowLabel) {
     cells.push(row);
   }
   g.appendChild(el("div", "ylab axis", "token →"));
+  const longest = Math.max(1, ...tokens.map((t) => shownToken(t.token).length));
+  const labelHeight = `${Math.min(8, 0.7 * longest + 0.6).toFixed(1)}em`;  // room for the longest token, no more
   for (const tok of tokens) {
     const x = el("div", "xlab", shownToken(tok.token));
+    x.style.height = labelHeight;
     x.title = `${tok.position}: ${JSON.stringify(tok.token)} (${tok.label})`;
     g.appendChild(x);
   }
