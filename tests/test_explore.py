@@ -5,9 +5,6 @@
 from __future__ import annotations
 
 import re
-import shutil
-import threading
-import time
 
 import pytest
 import torch
