@@ -13,8 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-LONG = ("Q: In the film that was released last year to wide acclaim, which actor starred in a movie "
-        "alongside Keanu Reeves? A: An actor named")
+LONG = ("Q: In the film that was released last year to wide acclaim in cinemas all over the world, which "
+        "actor starred in a movie alongside Keanu Reeves? A: An actor named")  # 41 SmolLM2 tokens
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run"]
 
@@ -38,7 +38,7 @@ def main() -> None:
     pre, sft = load_model("smollm2-135m"), load_model(args.sft)
     explorer = Explorer({"pre": pre.model, "sft": sft.model}, pre.tokenizer)
     port = free_port()
-    run = RunView(Path(args.run)) if args.run else None
+    run = RunView(Path(args.run)) if args.run and (Path(args.run) / "summary.csv").is_file() else None
     server = uvicorn.Server(uvicorn.Config(create_app(explorer, run, address=("127.0.0.1", port)),
                                            host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
