@@ -118,8 +118,9 @@ def run_demo(
     seconds["model"] = time.time() - t0
 
     t0 = time.time()
-    console.rule("3/4 position-grafting sweep (PRE, SFT, FE, LT, FE+LT, (FE+LT)^C, FE^C, LT^C), "
-                 f"protocol {DEMO_PROTOCOL}")
+    console.rule(f"3/4 position sweep, protocol {DEMO_PROTOCOL}")
+    console.print(f"PRE, SFT, FE, LT, FE+LT, (FE+LT)^C, FE^C, LT^C under the {DEMO_PROTOCOL} protocol: "
+                  "the paper's code, to replicate its figures (wg.graft and configs default to paper)")
     config = parse_config({
         "name": "demo",
         "protocol": DEMO_PROTOCOL,
@@ -143,7 +144,8 @@ def run_demo(
 
     from weightgraft.report.console import print_summary
 
-    print_summary(result.summary, title=f"demo ({model}): top-k accuracy of the finetuned answer", console=console)
+    print_summary(result.summary, protocol=DEMO_PROTOCOL, title=f"demo ({model}): top-k accuracy of the finetuned answer",
+                  console=console)
     console.print("answer log-probability: the answer's tokens follow the prompt and are grafted as "
                   "its last token, as in generation with a KV cache")
     for line in shape_checks(result.summary):

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.api.inputs import (
     GraftInputError,
     Rules,
@@ -32,7 +33,7 @@ from weightgraft.experiments.scoring import baselines, compute_logits, score_row
 
 def compare(
     models: Mapping[str, Any], tokenizer: Any, prompts: Sequence[str], answers: Sequence[str],
-    schemes: Rules | Sequence[Scheme], spans: Spans = None, protocol: str = "paper",
+    schemes: Rules | Sequence[Scheme], spans: Spans = None, protocol: str = DEFAULT_PROTOCOL,
     batch_size: int = 16, score_answer: bool = True, model_set: str = "default",
     template: str = "custom", prefix_sharing: bool = True,
 ) -> pd.DataFrame:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.api.batch import encode, pad
 from weightgraft.api.inputs import (
     Rules,
@@ -26,7 +27,7 @@ from weightgraft.engine.forward import graft_forward
 
 def graft(
     models: Mapping[str, Any], tokenizer: Any, prompts: Sequence[str], rules: Rules,
-    base: str | None = None, spans: Spans = None, protocol: str = "paper",
+    base: str | None = None, spans: Spans = None, protocol: str = DEFAULT_PROTOCOL,
     full_logits: bool = False, cache: bool | Sequence[str] = False,
 ) -> GraftOutput:
     """Run ``prompts`` once with the weights ``rules`` choose, and return the logits.
@@ -65,6 +66,6 @@ def graft(
         prompts=list(prompts), logits=last, input_ids=batch.input_ids,
         attention_mask=batch.attention_mask, tokenizer=tokenizer, source=batch.source, roles=roles,
         head_source=batch.head_source, full_logits=logits if full_logits else None,
-        cache=stacked(seen) if names else None,
+        cache=stacked(seen) if names else None, protocol=protocol,
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.api.inputs import (
     GraftInputError,
     Rules,
@@ -97,7 +98,7 @@ def _extend(row: _Row, n_new: int) -> None:
 @contextmanager
 def grafted(
     models: Mapping[str, Any], tokenizer: Any, rules: Rules, base: str | None = None,
-    spans: Mapping[str, SpanSpec] | None = None, protocol: str = "paper",
+    spans: Mapping[str, SpanSpec] | None = None, protocol: str = DEFAULT_PROTOCOL,
 ) -> Iterator[Any]:
     """The base model (the first role, or ``base``), running grafted inside the block.
 

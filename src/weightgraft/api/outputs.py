@@ -9,6 +9,8 @@ from typing import Any
 import pandas as pd
 import torch
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
+
 
 @dataclass(frozen=True)
 class GraftOutput:
@@ -36,6 +38,7 @@ class GraftOutput:
     head_source: dict[str, torch.Tensor] = field(default_factory=dict)
     full_logits: torch.Tensor | None = None
     cache: dict[str, torch.Tensor] | None = None
+    protocol: str = DEFAULT_PROTOCOL  # what the rules were compiled under (README: protocols)
 
     def top(self, k: int = 5) -> list[list[tuple[str, float]]]:
         """Per prompt, the ``k`` most probable next tokens as (decoded token, probability)."""
@@ -66,4 +69,5 @@ class GraftOutput:
     def __repr__(self) -> str:
         full = "" if self.full_logits is None else f", full_logits={list(self.full_logits.shape)}"
         cache = "" if self.cache is None else f", cache={len(self.cache)} activations"
-        return f"GraftOutput({len(self.prompts)} prompts, logits={list(self.logits.shape)}{full}{cache})"
+        return (f"GraftOutput({len(self.prompts)} prompts, protocol={self.protocol}, "
+                f"logits={list(self.logits.shape)}{full}{cache})")

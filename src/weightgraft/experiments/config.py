@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from weightgraft.experiments.pairs import SchemePair, check_pairs
 from weightgraft.schemes.presets import preset
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, ProtocolName
 from weightgraft.schemes.scheme import Scheme
 
 
@@ -30,7 +31,7 @@ class PresetRef(BaseModel):
     direction: str | None = None
     only: list[str] | None = None  # keep only these scheme names of the family
 
-    def expand(self, protocol: str = "paper") -> list[Scheme]:
+    def expand(self, protocol: str = DEFAULT_PROTOCOL) -> list[Scheme]:
         params = dict(self.model_extra or {})
         if self.direction is not None:
             params["direction"] = self.direction
@@ -81,7 +82,7 @@ class ExperimentConfig(BaseModel):
     schemes: list[SchemeEntry] = Field(min_length=1)
     # "paper": the paper's text; "authors": what the authors' code computes
     # (weightgraft.schemes.protocol lists every difference)
-    protocol: Literal["paper", "authors"] = "paper"
+    protocol: ProtocolName = DEFAULT_PROTOCOL
     templates: list[str] | None = None
     directions: list[Literal["a2b", "b2a"]] | None = None
     groups: list[str] | None = None

@@ -5,10 +5,11 @@ unknown fields are refused, so a path can never reach the server's filesystem.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, ProtocolName
 from weightgraft.schemes.scheme import Rule
 
 
@@ -67,7 +68,7 @@ class GraftRequest(TokensRequest):
     base: str | None = None
     answer: str | None = None
     k: int = Field(10, ge=1)
-    protocol: Literal["paper", "authors"] = "paper"
+    protocol: ProtocolName = DEFAULT_PROTOCOL
 
 
 def parse(model: type[BaseModel], data: Any) -> Any:

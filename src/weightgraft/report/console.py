@@ -9,13 +9,14 @@ from rich.table import Table
 from rich.text import Text
 
 
-def print_summary(summary: Any, title: str = "summary", console: Console | None = None) -> None:
+def print_summary(summary: Any, *, protocol: str, title: str = "summary", console: Console | None = None) -> None:
     """The summary as a rich table: top-1 / top-5 (%), mean rank and first-token recovery with
     its 95% CI per template, direction and scheme. A model set or direction that is the same on
-    every row goes into the title instead of a column. Names are never cut: long ones wrap
+    every row goes into the title instead of a column, after the grafting ``protocol`` (the
+    same schemes give other numbers under the other one). Names are never cut: long ones wrap
     within their cell."""
     keys = [("model_set", "model set"), ("template", "template"), ("direction", "direction"), ("scheme", "scheme")]
-    shown, fixed = [], []
+    shown, fixed = [], [f"protocol {protocol}"]
     for col, label in keys:
         values = summary[col].astype(str).unique() if col in summary else []
         if col in ("model_set", "direction") and len(values) <= 1:
@@ -23,7 +24,7 @@ def print_summary(summary: Any, title: str = "summary", console: Console | None 
                 fixed.append(f"{label} {values[0]}")
             continue
         shown.append((col, label))
-    table = Table(title=title + (f" ({', '.join(fixed)})" if fixed else ""))
+    table = Table(title=f"{title} ({', '.join(fixed)})")
     for _, label in shown:
         table.add_column(label, overflow="fold")
     has_recovery = "recovery" in summary and summary["recovery"].notna().any()

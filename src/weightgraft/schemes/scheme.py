@@ -12,7 +12,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from weightgraft.schemes.families import BASELINE
-from weightgraft.schemes.protocol import get_protocol
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, get_protocol
 from weightgraft.schemes.selectors import (
     SelectorError,
     SpanNotFound,
@@ -176,7 +176,7 @@ def _slot_index(slot_names: Sequence[str]) -> tuple[dict[tuple[int, str], int], 
 def compile_scheme(
     scheme: Scheme, slot_names: Sequence[str], roles: Mapping[str, int],
     slot_heads: Mapping[str, int] | None = None, *,
-    protocol: str = "paper", tied_embeddings: bool = False,
+    protocol: str = DEFAULT_PROTOCOL, tied_embeddings: bool = False,
 ) -> CompiledScheme:
     """Bind ``scheme`` to a model's slots; errors name the scheme and the bad selector.
 
