@@ -4,8 +4,11 @@ one line that names the bad input."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import torch
 
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.schemes.protocol import PROTOCOLS, embeddings_tied
@@ -38,6 +41,10 @@ def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[st
     if not isinstance(models, Mapping) or not models:
         raise GraftInputError("models must be a non-empty mapping role -> model, e.g. {'pre': pre, 'sft': sft}")
     roles = list(models)
+    for role, model in models.items():
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            hint = " (load it first: model, tok = wg.load(SPEC))" if isinstance(model, (str, os.PathLike)) else ""
+            raise GraftInputError(f"model {role!r} is a {type(model).__name__}, not a Hugging Face model{hint}")
     if base is not None and base not in models:
         raise GraftInputError(f"base {base!r} is not one of the models' roles ({', '.join(roles)})")
     first = base if base is not None else roles[0]

@@ -104,6 +104,10 @@ def run_experiment(
         check_peft_roles(roles_spec, f"model set {set_name!r}")
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_run
+        from weightgraft.models.loading import check_model_specs
+
+        for set_name, roles_spec in config.sets().items():  # a missing model first, before the run dir
+            check_model_specs(roles_spec, f"model set {set_name!r}")
 
         config = plan_before_run(config, prompts)
     lowrank_cache: dict = {}  # SVD factors per (base, donor) pair, shared by every k

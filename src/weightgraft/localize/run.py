@@ -229,6 +229,9 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
     adapters = _check_peft(config)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_localize
+        from weightgraft.models.loading import check_model_specs
+
+        check_model_specs(config.roles(), "models")
 
         config = plan_before_localize(config)
     run_dir = config.run_dir()

@@ -16,6 +16,7 @@ from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, get_protocol
 from weightgraft.schemes.selectors import (
     SelectorError,
     SpanNotFound,
+    check_component_selector,
     check_layer_selector,
     select_components,
     select_heads,
@@ -45,6 +46,12 @@ class Rule(BaseModel):
     @classmethod
     def _layers_can_select(cls, value: str) -> str:
         check_layer_selector(value)
+        return value
+
+    @field_validator("components")
+    @classmethod
+    def _components_are_known(cls, value: str) -> str:
+        check_component_selector(value)
         return value
 
 
