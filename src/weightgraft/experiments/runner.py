@@ -179,6 +179,8 @@ def run_experiment(
             except KeyboardInterrupt:
                 print(f"interrupted: {len(store.done())} row(s) are saved in {run_dir}; "
                       "the same command resumes from them", file=sys.stderr)
+                if ranks.is_main:
+                    _note_interrupted(run_dir, started, computed)
                 raise
         if config.generate is not None and ranks.is_main:
             g = config.generate
@@ -291,6 +293,18 @@ def _follow_main(run_dir: Path, ranks: Ranks, computed: int) -> RunResult:
                      manifest["exclusions"], computed, is_main=False)
 
 
+_INTERRUPTED = "sessions_interrupted.jsonl"  # sessions stopped before a manifest was written
+
+
+def _note_interrupted(run_dir: Path, started: float, computed: int) -> None:
+    """A stopped session's timing, for the manifest the next finished session writes."""
+    session = {"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": round(time.time() - started, 2),
+               "computed_this_run": computed, "interrupted": True}
+    with (run_dir / _INTERRUPTED).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(session) + "\n")
+
+
 def _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks, continuations=()) -> RunResult:
     """Merge the parts into ``results.parquet``, then the summary, exclusions and manifest."""
     exclusion_summary = exclusions.summary()
@@ -331,8 +345,12 @@ def _finish(run_dir, config, schemes, store, order, exclusions, model_info, comp
             earlier = json.loads((run_dir / "manifest.json").read_text()).get("sessions", [])
         except (ValueError, OSError):
             earlier = []
+    stopped = run_dir / _INTERRUPTED
+    if stopped.is_file():
+        earlier += [json.loads(line) for line in stopped.read_text(encoding="utf-8").splitlines() if line.strip()]
     manifest["sessions"] = [*earlier, {k: manifest[k] for k in ("started", "finished", "wall_seconds", "computed_this_run")}]
     write_atomic(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str).encode())
+    stopped.unlink(missing_ok=True)
     return RunResult(run_dir, results, summary, exclusion_summary, computed)
 
 
