@@ -55,7 +55,7 @@ from weightgraft.models.lowrank import (
     parse_lowrank,
 )
 from weightgraft.models.peft_donor import check_peft_roles, load_peft_role, parse_peft
-from weightgraft.models.tokenization import check_same_tokenizer
+from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 
 
 @dataclass
@@ -102,6 +102,9 @@ def run_experiment(
     for set_name, roles_spec in config.sets().items():
         check_lowrank_roles(roles_spec, f"model set {set_name!r}")
         check_peft_roles(roles_spec, f"model set {set_name!r}")
+    every_role = {f"{name}/{role}": spec for name, roles in config.sets().items() for role, spec in roles.items()}
+    # before any model loads; a vocabulary too small for it is refused from the models' configs
+    shared_tokenizer = config_tokenizer(config.tokenizer, every_role if load is None else None)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_run
         from weightgraft.models.loading import check_model_specs
@@ -130,6 +133,7 @@ def run_experiment(
         first = (load_lowrank_role(low, roles_spec, load, config, {}, lowrank_cache) if low
                  else load_peft_role(lora, roles_spec, load, config, {}, peft_bases) if lora
                  else load(roles_spec[used[0]], config))
+        give_tokenizer(first, shared_tokenizer, used[0])
         store.add_model(set_name, used[0], first.weights_sha256)
         roles = {r: i for i, r in enumerate(used)}
         base = baselines(schemes, used[0])
@@ -150,6 +154,7 @@ def run_experiment(
                 else load_peft_role(lora, roles_spec, load, config, loaded, peft_bases) if lora
                 else load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
             )
+            give_tokenizer(loaded[role], shared_tokenizer, role)
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
             store.add_model(set_name, role, loaded[role].weights_sha256)
         models = [loaded[r].model for r in used]
