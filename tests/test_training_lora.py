@@ -55,3 +55,39 @@ def test_lora_flags_are_refused_in_one_line(base_dir: Path, data_dir: Path, tmp_
     assert alone.exit_code == 2 and "--lora-targets needs --lora RANK" in alone.output
     bad = _train(base_dir, data_dir, tmp_path / "b", "--lora", "4", "--lora-targets", "o_prj")
     assert bad.exit_code == 2 and "o_prj" in bad.output and "Traceback" not in bad.output
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_demo_lora_trains_an_adapter_and_grafts_it_as_peft(tmp_path: Path, monkeypatch) -> None:
+    """The wiring of ``weightgraft demo --lora 8``: an adapter of that rank, cached apart from
+    the full finetune, named ``peft(pre, ADAPTER)`` in the sweep, in its own run directory."""
+    import weightgraft.data
+    import weightgraft.experiments.runner
+    import weightgraft.models
+    import weightgraft.training
+    from weightgraft.demo import demo_out, run_demo
+
+    seen: dict = {}
+    monkeypatch.setattr(weightgraft.models, "ensure_converted", lambda name: None)
+    monkeypatch.setattr(weightgraft.training, "finetune", lambda *a, **k: seen.update(train=k))
+
+    def stop(config, **kwargs):
+        seen["config"] = config
+        raise _Stop
+
+    monkeypatch.setattr(weightgraft.experiments.runner, "run_experiment", stop)
+    for lora in (None, 8):
+        try:
+            run_demo(out=tmp_path / f"demo-{lora}", n_relations=4, lora=lora)
+        except _Stop:
+            pass
+        seen[lora] = (seen.pop("train"), seen.pop("config"))
+    (full_train, full_config), (lora_train, lora_config) = seen[None], seen[8]
+    assert full_train["lora"] is None and lora_train["lora"].rank == 8
+    assert lora_train["out"] != full_train["out"] and lora_train["out"].name.startswith("lora-")
+    assert full_config.models["sft"] == str(full_train["out"])
+    assert lora_config.models["sft"] == f"peft(pre, {lora_train['out']})"
+    assert str(demo_out("smollm2-135m", 8)) == "runs/demo-lora" and str(demo_out("smollm2-135m")) == "runs/demo"
