@@ -173,7 +173,7 @@ def test_top_k_is_readable_and_ordered(tiny_pair, tiny_tok):
         out.top(0)
     frame = out.top_frame(3)  # the same, as a tidy table
     assert list(frame.columns) == ["prompt", "text", "rank", "token", "token_id", "probability"]
-    assert len(frame) == 9 and frame["rank"].tolist() == [1, 2, 3] * 3
+    assert len(frame) == 9 and frame["rank"].tolist() == [0, 1, 2] * 3
     for b, row in enumerate(top):
         part = frame[frame.prompt == b]
         assert part.text.unique().tolist() == [PROMPTS[b]]

@@ -75,3 +75,28 @@ def test_a_span_the_input_lacks_is_one_error(tiny_pair, tiny_tok):
                     spans=SPANS) as model, pytest.raises(wg.GraftInputError, match="Paris"):
         model(ids)
     assert "forward" not in pre.__dict__
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_padded_batch_generates_what_each_prompt_alone_generates(tiny_pair, tiny_tok, side):
+    """A right-padded batch (what ``wg.load``'s tokenizer gives) is generated left-padded
+    inside ``wg.grafted``: no row continues from its padding."""
+    pre, sft = tiny_pair("llama")
+    models = {"pre": pre, "sft": sft}
+    prompts = [PROMPTS[1], PROMPTS[2]]  # of different lengths, so one row is padded
+    alone = [wg.generate(models, tiny_tok, p, _rules(), max_new_tokens=5) for p in prompts]
+    assert wg.generate(models, tiny_tok, prompts, _rules(), max_new_tokens=5) == alone
+    tiny_tok.padding_side = side
+    try:
+        enc = tiny_tok(prompts, padding=True, return_tensors="pt")
+    finally:
+        tiny_tok.padding_side = "right"
+    assert not enc["attention_mask"].all()
+    n = enc["input_ids"].shape[1]
+    with torch.no_grad(), wg.grafted(models, tiny_tok, _rules()) as model:
+        for out in (model.generate(**enc, max_new_tokens=5, do_sample=False, pad_token_id=tiny_tok.pad_token_id),
+                    model.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=5,
+                                   do_sample=False, pad_token_id=tiny_tok.pad_token_id)):
+            got = [tiny_tok.decode(row[n:].tolist(), skip_special_tokens=True) for row in out]
+            assert got == alone
+    assert "generate" not in pre.__dict__  # itself again on exit

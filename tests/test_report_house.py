@@ -148,9 +148,10 @@ def test_console_names_are_not_cut():
          "prob": 1.0, "answer_logprob": 0.0, **{f"top{k}": True for k in (1, 5, 10, 20, 50, 100)}}
         for s in names]), n_boot=10)
     console = Console(width=60, record=True)
-    print_summary(summary, console=console)
+    print_summary(summary, protocol="authors", console=console)
     text = console.export_text()
-    assert "(model set m)" in text  # one model set: named in the title, not a column
+    # the protocol, then one model set: named in the title, not a column
+    assert "(protocol authors, model set m)" in text
     cells: list[str] = []  # the scheme column, folded pieces joined back per row
     for line in text.splitlines():
         parts = line.split("│")

@@ -153,3 +153,25 @@ def make_lora_adapter(base: torch.nn.Module, targets: list[str], out: Path, seed
     pm.save_pretrained(out)
     merged = pm.merge_and_unload().eval()
     return out, merged
+
+
+def tiny_spaced_tokenizer(texts: list[str]) -> T.PreTrainedTokenizerFast:
+    """A word-level fast tokenizer whose words carry their leading space, as GPT-2's and
+    Llama's do: ``" Tilda"`` is one token and a second space before it is a bare ``" "``."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    pre = pre_tokenizers.Split(Regex(r" ?[^\s]+|\s"), behavior="isolated")
+    pieces: dict[str, None] = {" ": None}
+    for text in texts:
+        for word, _ in pre.pre_tokenize_str(text):
+            pieces.setdefault(word, None)
+            pieces.setdefault(word.lstrip(" "), None)
+            pieces.setdefault(" " + word.lstrip(" "), None)
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {tok: i for i, tok in enumerate(specials + list(pieces))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre
+    return T.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        unk_token="<unk>",
+    )

@@ -50,10 +50,12 @@ class DemoError(WeightgraftError, ValueError):
     """A demo option the recipe does not serve (a model it was not written for)."""
 
 
-def demo_out(model: str) -> Path:
+def demo_out(model: str, lora: int | None = None) -> Path:
     """The default output directory: ``runs/demo`` for the default model, else
-    ``runs/demo-{model}`` (so two models' demos never share a run directory)."""
-    return Path("runs/demo") if model == DEMO_MODEL else Path(f"runs/demo-{model}")
+    ``runs/demo-{model}``, with ``-lora`` for a LoRA demo (two demos never share a run
+    directory)."""
+    name = "demo" if model == DEMO_MODEL else f"demo-{model}"
+    return Path(f"runs/{name}-lora" if lora is not None else f"runs/{name}")
 
 
 def check_demo_model(model: str) -> None:
@@ -63,9 +65,10 @@ def check_demo_model(model: str) -> None:
                          "for another model use `weightgraft train` and `weightgraft run`")
 
 
-def _sft_cache_dir(data_dir: Path, preset: str, split: str, seed: int, model: str = DEMO_MODEL) -> Path:
-    """The finetuned model depends on the training data and templates, preset, split, seed and
-    base model."""
+def _sft_cache_dir(data_dir: Path, preset: str, split: str, seed: int, model: str = DEMO_MODEL,
+                   lora: int | None = None) -> Path:
+    """The finetuned model (or LoRA adapter) depends on the training data and templates,
+    preset, split, seed, base model and adapter rank."""
     from weightgraft.models import cache_root
     from weightgraft.training import get_preset
 
@@ -73,8 +76,9 @@ def _sft_cache_dir(data_dir: Path, preset: str, split: str, seed: int, model: st
     for name in ("train.jsonl", "validation.jsonl"):
         h.update(hashlib.sha256((data_dir / name).read_bytes()).digest())
     settings = get_preset(preset).model_dump(mode="json")
-    h.update(json.dumps([model, settings, split, seed, DEMO_TRAIN_TEMPLATES], sort_keys=True).encode())
-    return cache_root() / "demo" / f"sft-{h.hexdigest()[:16]}"
+    key = [model, settings, split, seed, DEMO_TRAIN_TEMPLATES] + ([{"lora": lora}] if lora is not None else [])
+    h.update(json.dumps(key, sort_keys=True).encode())
+    return cache_root() / "demo" / f"{'lora' if lora is not None else 'sft'}-{h.hexdigest()[:16]}"
 
 
 def run_demo(
@@ -86,9 +90,11 @@ def run_demo(
     retrain: bool = False,
     console: Console | None = None,
     model: str = DEMO_MODEL,
+    lora: int | None = None,
 ) -> DemoResult:
     """Run the demo end to end on ``model`` (one of ``DEMO_MODELS``); every step longer than a
-    few seconds shows progress. ``out`` defaults to ``demo_out(model)``."""
+    few seconds shows progress. ``out`` defaults to ``demo_out(model, lora)``. With ``lora``
+    the SFT model is a LoRA adapter of that rank, grafted as ``peft(pre, ADAPTER)``."""
     check_demo_model(model)
     from weightgraft.data import build_dataset
     from weightgraft.experiments.config import parse_config
@@ -98,7 +104,7 @@ def run_demo(
     from weightgraft.training import finetune
 
     console = console or Console()
-    out = Path(out) if out is not None else demo_out(model)
+    out = Path(out) if out is not None else demo_out(model, lora)
     seconds: dict[str, float] = {}
 
     t0 = time.time()
@@ -110,28 +116,31 @@ def run_demo(
     t0 = time.time()
     console.rule(f"2/4 base model: {model}")
     ensure_converted(model)
-    sft_dir = _sft_cache_dir(data_dir, preset, split, seed, model)
+    sft_dir = _sft_cache_dir(data_dir, preset, split, seed, model, lora)
     trained = False
     if retrain and sft_dir.exists():
         shutil.rmtree(sft_dir)
     if not (sft_dir / "training_manifest.json").is_file():
         console.rule(f"finetuning ({preset}, split {split}) -> {sft_dir}")
         # resume=True: a killed first run picks up its checkpoints
+        from weightgraft.training.lora import LoraSettings
+
         finetune(model, data_dir, split=split, preset=preset, out=sft_dir, seed=seed, resume=True,
-                 templates=list(DEMO_TRAIN_TEMPLATES))
+                 templates=list(DEMO_TRAIN_TEMPLATES), lora=None if lora is None else LoraSettings(rank=lora))
         trained = True
     else:
         console.print(f"finetuned model cached in {sft_dir} (pass --retrain to train again)")
     seconds["model"] = time.time() - t0
 
     t0 = time.time()
-    console.rule("3/4 position-grafting sweep (PRE, SFT, FE, LT, FE+LT, (FE+LT)^C, FE^C, LT^C), "
-                 f"protocol {DEMO_PROTOCOL}")
+    console.rule(f"3/4 position sweep, protocol {DEMO_PROTOCOL}")
+    console.print(f"PRE, SFT, FE, LT, FE+LT, (FE+LT)^C, FE^C, LT^C under the {DEMO_PROTOCOL} protocol: "
+                  "the paper's code, to replicate its figures (wg.graft and configs default to paper)")
     config = parse_config({
         "name": "demo",
         "protocol": DEMO_PROTOCOL,
         "data": str(data_dir),
-        "models": {"pre": model, "sft": str(sft_dir)},
+        "models": {"pre": model, "sft": str(sft_dir) if lora is None else f"peft(pre, {sft_dir})"},
         "schemes": [{"preset": "position"}],
         "templates": list(DEMO_TEMPLATES),
         "directions": ["a2b"],
@@ -150,7 +159,8 @@ def run_demo(
 
     from weightgraft.report.console import print_summary
 
-    print_summary(result.summary, title=f"demo ({model}): top-k accuracy of the finetuned answer", console=console)
+    print_summary(result.summary, protocol=DEMO_PROTOCOL, title=f"demo ({model}): top-k accuracy of the finetuned answer",
+                  console=console)
     console.print("answer log-probability: the answer's tokens follow the prompt and are grafted as "
                   "its last token, as in generation with a KV cache")
     for line in shape_checks(result.summary):

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.data.prompts import TestPrompt
 from weightgraft.experiments.examples import Exclusions, prepare
 from weightgraft.experiments.metrics import add_recovery
@@ -22,7 +23,7 @@ from weightgraft.schemes.binding import GraftInputError, Rules, Spans, prepare_g
 
 def compare(
     models: Mapping[str, Any], tokenizer: Any, prompts: Sequence[str], answers: Sequence[str],
-    schemes: Rules | Sequence[Scheme], spans: Spans = None, protocol: str = "paper",
+    schemes: Rules | Sequence[Scheme], spans: Spans = None, protocol: str = DEFAULT_PROTOCOL,
     batch_size: int = 16, score_answer: bool = True, model_set: str = "default",
     template: str = "custom", prefix_sharing: bool = True,
 ) -> pd.DataFrame:

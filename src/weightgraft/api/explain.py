@@ -6,10 +6,11 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.schemes.binding import Rules, as_scheme, compile_for, input_errors
 
 
-def explain(rules: Rules, model: Any, protocol: str = "paper", base: str = "pre") -> pd.DataFrame:
+def explain(rules: Rules, model: Any, protocol: str = DEFAULT_PROTOCOL, base: str = "pre") -> pd.DataFrame:
     """One row per rule: the role it takes weights from, its position selector, and the layers,
     per-layer components and global slots (embed, final_norm, unembed) it selects on ``model``
     (later rules win where they overlap). Nothing runs: this is the rule as compiled.

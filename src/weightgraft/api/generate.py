@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.data.spans import SpanSpec
 from weightgraft.engine.generate import generate_one
 from weightgraft.schemes.binding import GraftInputError, Rules, prepare_graft
@@ -38,7 +39,7 @@ def generate(
     top_k: int | None = None,
     seed: int = 0,
     base: str | None = None,
-    protocol: str = "paper",
+    protocol: str = DEFAULT_PROTOCOL,
 ) -> str | list[str]:
     """The continuation of ``prompt`` (a str, or a list of them) by the grafted model.
 

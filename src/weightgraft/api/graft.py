@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.api.batch import pad
 from weightgraft.api.outputs import GraftOutput
 from weightgraft.engine.activations import activation_names, record, stacked
@@ -16,7 +17,7 @@ from weightgraft.schemes.binding import GraftInputError, Rules, Spans, prepare_g
 
 def graft(
     models: Mapping[str, Any], tokenizer: Any, prompts: Sequence[str], rules: Rules,
-    base: str | None = None, spans: Spans = None, protocol: str = "paper",
+    base: str | None = None, spans: Spans = None, protocol: str = DEFAULT_PROTOCOL,
     full_logits: bool = False, cache: bool | Sequence[str] = False,
 ) -> GraftOutput:
     """Run ``prompts`` once with the weights ``rules`` choose, and return the logits.
@@ -52,7 +53,7 @@ def graft(
         prompts=list(prompts), logits=last, input_ids=batch.input_ids,
         attention_mask=batch.attention_mask, tokenizer=tokenizer, source=batch.source, roles=roles,
         head_source=batch.head_source, full_logits=logits if full_logits else None,
-        cache=stacked(seen) if names else None,
+        cache=stacked(seen) if names else None, protocol=protocol,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.engine.forward import graft_call
 from weightgraft.engine.swaps import own_forward, swaps
@@ -87,17 +88,33 @@ def _extend(row: _Row, n_new: int) -> None:
     row.added += n_new
 
 
+def _left_padded(input_ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch with each row's tokens moved to the right end: generation appends after the
+    last column, so a right-padded row would continue from its padding."""
+    n_real = mask.sum(1)
+    n = mask.shape[1]
+    ids = torch.full_like(input_ids, pad_id)
+    new_mask = torch.zeros_like(mask)
+    for b in range(input_ids.shape[0]):
+        real = input_ids[b][mask[b].bool()]
+        ids[b, n - int(n_real[b]):] = real
+        new_mask[b, n - int(n_real[b]):] = 1
+    return ids, new_mask
+
+
 @contextmanager
 def grafted(
     models: Mapping[str, Any], tokenizer: Any, rules: Rules, base: str | None = None,
-    spans: Mapping[str, SpanSpec] | None = None, protocol: str = "paper",
+    spans: Mapping[str, SpanSpec] | None = None, protocol: str = DEFAULT_PROTOCOL,
 ) -> Iterator[Any]:
     """The base model (the first role, or ``base``), running grafted inside the block.
 
     ``rules`` as in :func:`weightgraft.graft` (one Rule, a list, or a Scheme); ``spans`` names
     spans of the prompts by substring (``{"actor": "Keanu Reeves"}``), found in each row's
     text. ``model(input_ids, attention_mask=...)``, ``model.generate(...)``, hooks and
-    tracers see the grafted pass; the model is itself again on exit."""
+    tracers see the grafted pass; the model is itself again on exit. ``model.generate`` runs a
+    right-padded batch left-padded (rows keep their width; the continuation of every row
+    starts at the batch's prompt width), so each row generates what it would alone."""
     prepared = prepare_graft(models, rules, base=base, tokenizer=tokenizer, protocol=protocol)
     ordered, (compiled,) = prepared.models, prepared.compiled
     model = ordered[0]
@@ -147,6 +164,22 @@ def grafted(
         finally:
             state.inside = False
 
+    plain_generate = model.__dict__.get("generate") or type(model).generate.__get__(model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    @functools.wraps(plain_generate)
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        mask = kwargs.get("attention_mask")
+        if isinstance(ids, torch.Tensor) and mask is not None and ids.dim() == 2 and not mask[:, -1].all():
+            ids, kwargs["attention_mask"] = _left_padded(ids, mask, pad_id)
+            if args:
+                args = (ids, *args[1:])
+            else:
+                kwargs["input_ids"] = ids
+        return plain_generate(*args, **kwargs)
+
     with swaps() as swap:
         swap.forward(model, forward)
+        swap.method(model, "generate", generate)
         yield model

@@ -9,6 +9,8 @@ from typing import Any
 import pandas as pd
 import torch
 
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
+
 
 @dataclass(frozen=True)
 class GraftOutput:
@@ -36,6 +38,7 @@ class GraftOutput:
     head_source: dict[str, torch.Tensor] = field(default_factory=dict)
     full_logits: torch.Tensor | None = None
     cache: dict[str, torch.Tensor] | None = None
+    protocol: str = DEFAULT_PROTOCOL  # what the rules were compiled under (README: protocols)
 
     def top(self, k: int = 5) -> list[list[tuple[str, float]]]:
         """Per prompt, the ``k`` most probable next tokens as (decoded token, probability)."""
@@ -50,13 +53,14 @@ class GraftOutput:
 
     def top_frame(self, k: int = 5) -> pd.DataFrame:
         """``top(k)`` as a tidy table, one row per (prompt, rank): columns ``prompt`` (its index),
-        ``text``, ``rank`` (1 = likeliest), ``token``, ``token_id`` and ``probability``."""
+        ``text``, ``rank`` (0 =
+        likeliest, the convention of a run's ``rank`` column), ``token``, ``token_id`` and ``probability``."""
         if k < 1:
             raise ValueError("k must be at least 1")
         probs = torch.softmax(self.logits.detach().float(), dim=-1)
         values, ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
         rows = [
-            {"prompt": b, "text": self.prompts[b], "rank": r + 1, "token": self.tokenizer.decode([int(i)]),
+            {"prompt": b, "text": self.prompts[b], "rank": r, "token": self.tokenizer.decode([int(i)]),
              "token_id": int(i), "probability": float(p)}
             for b, (row_ids, row_p) in enumerate(zip(ids.tolist(), values.tolist(), strict=True))
             for r, (i, p) in enumerate(zip(row_ids, row_p, strict=True))
@@ -66,4 +70,5 @@ class GraftOutput:
     def __repr__(self) -> str:
         full = "" if self.full_logits is None else f", full_logits={list(self.full_logits.shape)}"
         cache = "" if self.cache is None else f", cache={len(self.cache)} activations"
-        return f"GraftOutput({len(self.prompts)} prompts, logits={list(self.logits.shape)}{full}{cache})"
+        return (f"GraftOutput({len(self.prompts)} prompts, protocol={self.protocol}, "
+                f"logits={list(self.logits.shape)}{full}{cache})")

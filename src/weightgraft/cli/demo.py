@@ -18,12 +18,15 @@ def demo(
     seed: int = typer.Option(0),
     preset: str = typer.Option("cpu-quick", help="Finetuning preset."),
     retrain: bool = typer.Option(False, help="Finetune again even if a cached model exists."),
+    lora: int = typer.Option(None, "--lora", min=1, help="Finetune a LoRA adapter of this rank (the SFT "
+                             "model is peft(pre, ADAPTER)); default output runs/demo-lora."),
 ) -> None:
     """The whole workflow on an embedded model (SmolLM2-135M by default, or Gemma 3 270M): data,
     finetune (cached), sweep, report."""
     from weightgraft.demo import check_demo_model, run_demo
 
     check_demo_model(model)  # a DemoError: one line, before anything is built
-    run_demo(model=model, out=out, n_relations=relations, seed=seed, preset=preset, retrain=retrain, console=console)
+    run_demo(model=model, out=out, n_relations=relations, seed=seed, preset=preset, retrain=retrain, console=console,
+             lora=lora)
 
 

@@ -59,11 +59,13 @@ def generate(
     device: str = typer.Option("cpu", "--device"),
 ) -> None:
     """Continue prompts with a grafted model (rules apply to each new token as the last token)."""
+    from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
     from weightgraft.schemes.scheme import Scheme
 
     if sample and temperature <= 0:
         raise typer.BadParameter(f"--temperature must be positive when sampling, got {temperature}")
     spans = _spans(span)
+    protocol = DEFAULT_PROTOCOL
     roles = _pairs(model, "model")
     if config is not None:
         from weightgraft.experiments.config import load_config
@@ -74,6 +76,7 @@ def generate(
         if missing:
             raise typer.BadParameter(f"schemes {missing} are not in {config}")
         roles = roles or next(iter(cfg.sets().values()))
+        protocol = cfg.protocol
     else:
         schemes = [Scheme(name="graft" if rule else base, base=base, rules=[_rule(r) for r in rule])]
     if not roles:
@@ -135,8 +138,9 @@ def generate(
 
     models = {r: load(r) for r in used}
     tok = tokenizers[0]
+    console.print(f"protocol {protocol}", highlight=False)
     for s in schemes:
         texts = run_generate(models, tok, prompts, s, max_new_tokens, do_sample=sample, spans=spans,
-                             temperature=temperature, seed=seed, base=s.base)
+                             temperature=temperature, seed=seed, base=s.base, protocol=protocol)
         for prompt, text in zip(prompts, texts):
             console.print(f"[bold]{s.name}[/]: {prompt}[cyan]{text}[/]", highlight=False)

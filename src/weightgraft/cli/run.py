@@ -25,7 +25,7 @@ def run(
     result = run_experiment(cfg, progress=progress)
     if not result.is_main:  # other ranks of a torchrun / accelerate launch: rank 0 reports
         return
-    print_summary(result.summary, title=f"{cfg.name}: {len(result.results)} rows")
+    print_summary(result.summary, protocol=cfg.protocol, title=f"{cfg.name}: {len(result.results)} rows")
     if result.exclusions["total"]:
         console.print(
             f"[yellow]{result.exclusions['total']} example(s) excluded from every scheme:[/] "

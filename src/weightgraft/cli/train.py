@@ -88,11 +88,26 @@ def train(
     allow_pickle: bool = typer.Option(
         False, "--allow-pickle", help="Allow a pickle (.bin) base checkpoint (runs code on load)."
     ),
+    lora: Optional[int] = typer.Option(
+        None, "--lora", min=1,
+        help="Train a LoRA adapter of this rank instead of the whole model: OUT is a peft adapter "
+        "directory, a donor as peft(pre, OUT).",
+    ),
+    lora_targets: Optional[str] = typer.Option(
+        None, "--lora-targets",
+        help="Modules the adapter adapts, e.g. q_proj,v_proj (default: all-linear, every linear "
+        "layer of the blocks).",
+    ),
 ) -> None:
     """Finetune a pretrained model (PRE) into an SFT / task / relation model (HF Trainer)."""
+    from weightgraft.training.lora import LoraSettings, parse_targets
     from weightgraft.training.trainer import finetune
 
+    if lora_targets is not None and lora is None:
+        _err.print("[bold red]error:[/] --lora-targets needs --lora RANK", highlight=False)
+        raise typer.Exit(code=2)
     try:
+        adapter = None if lora is None else LoraSettings(rank=lora, targets=parse_targets(lora_targets))
         result = finetune(
             model,
             data,
@@ -111,6 +126,7 @@ def train(
             epochs=epochs,
             batch_size=batch_size,
             templates=[t.strip() for t in templates.split(",") if t.strip()] if templates else None,
+            lora=adapter,
         )
     except (TrainingError, ModelLoadError) as exc:
         _err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
@@ -120,7 +136,8 @@ def train(
     _err.print(
         f"[green]done[/] {result.out_dir}: validation loss "
         f"{'?' if before is None else f'{before:.4f}'} -> {r['eval_loss']:.4f} "
-        f"({r['global_step']} steps, {r['seconds']:.0f} s)",
+        f"({r['global_step']} steps, {r['seconds']:.0f} s)"
+        + (f"; a LoRA adapter: use it as peft(pre, {result.out_dir})" if lora is not None else ""),
         highlight=False,
     )
 

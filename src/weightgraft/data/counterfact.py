@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from weightgraft import atomic
 from weightgraft.data.dataset import dumps_jsonl
-from weightgraft.data.prompts import DatasetError, TestPrompt
+from weightgraft.data.prompts import DatasetError, TestPrompt, answer_continuation
 from weightgraft.data.spans import SpanError, resolve_span
 
 Answer = Literal["new", "true"]
@@ -158,7 +158,7 @@ def convert(path: Path, out: Path, answer: Answer = "new", train_texts: bool = F
     atomic.write_bytes(out / "test_prompts.jsonl", dumps_jsonl([_prompt_record(p) for p in prompts]))
     counts = {"test_prompts": len(prompts)}
     if train_texts:
-        texts = [{"text": f"{p.prompt} {p.answer}", "id": p.id, "group": "relation", "direction": "a2b"}
+        texts = [{"text": p.prompt + answer_continuation(p.answer), "id": p.id, "group": "relation", "direction": "a2b"}
                  for p in prompts]
         atomic.write_bytes(out / "train.jsonl", dumps_jsonl(texts))
         # the facts themselves: finetuning them in is memorisation, checked on what was taught

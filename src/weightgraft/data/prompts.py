@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from weightgraft.errors import WeightgraftError
 
@@ -27,6 +28,20 @@ class TestPrompt:
     direction: str | None = None
     group: str | None = None
     distractor: str | None = None  # a competing answer (logit difference, CounterFact)
+
+
+def answer_continuation(answer: str) -> str:
+    """The text scored after the prompt: one space, then the answer.
+
+    The answer is what follows the prompt, so whitespace written before it is the separator
+    (as the built-in data treats it), never a token to score: ``" Tilda Swinton"`` and
+    ``"Tilda Swinton"`` name the same target."""
+    return " " + answer.lstrip()
+
+
+def answer_token_ids(tokenizer: Any, answer: str) -> list[int]:
+    """The answer's tokens as every path scores them (run, localize, ``compare``, explore)."""
+    return list(tokenizer(answer_continuation(answer), add_special_tokens=False)["input_ids"])
 
 
 def load_test_prompts(data_dir: Path) -> list[TestPrompt]:

@@ -47,15 +47,20 @@ class Swaps:
     def forward(self, module: nn.Module, forward: Callable[..., Any]) -> None:
         """``module`` runs ``forward`` until the block exits (a module swapped twice gets its
         first forward back)."""
-        had = module.__dict__.get("forward")
+        self.method(module, "forward", forward)
+
+    def method(self, module: nn.Module, name: str, fn: Callable[..., Any]) -> None:
+        """``module.<name>`` is ``fn`` until the block exits (``generate`` in ``wg.grafted``);
+        the instance attribute it had, or none, comes back."""
+        had = module.__dict__.get(name)
 
         def restore() -> None:
             if had is None:
-                module.__dict__.pop("forward", None)  # back to the class's forward
+                module.__dict__.pop(name, None)  # back to the class's method
             else:
-                module.forward = had
+                setattr(module, name, had)
 
-        module.forward = forward
+        setattr(module, name, fn)
         self._undo.append(restore)
 
     def logit_rows(self, unembedding: nn.Module, positions: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:

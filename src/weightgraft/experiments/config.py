@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from weightgraft.errors import WeightgraftError
 from weightgraft.experiments.pairs import SchemePair, check_pairs
 from weightgraft.schemes.presets import preset
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, ProtocolName
 from weightgraft.schemes.scheme import Scheme
 
 
@@ -31,7 +32,7 @@ class PresetRef(BaseModel):
     direction: str | None = None
     only: list[str] | None = None  # keep only these scheme names of the family
 
-    def expand(self, protocol: str = "paper") -> list[Scheme]:
+    def expand(self, protocol: str = DEFAULT_PROTOCOL) -> list[Scheme]:
         params = dict(self.model_extra or {})
         if self.direction is not None:
             params["direction"] = self.direction
@@ -82,7 +83,10 @@ class ExperimentConfig(BaseModel):
     schemes: list[SchemeEntry] = Field(min_length=1)
     # "paper": the paper's text; "authors": what the authors' code computes
     # (weightgraft.schemes.protocol lists every difference)
-    protocol: Literal["paper", "authors"] = "paper"
+    protocol: ProtocolName = DEFAULT_PROTOCOL
+    # The tokenizer of models that have none (random:NAME): "bytes", an embedded model's name,
+    # or a tokenizer directory; its vocabulary must fit every model's.
+    tokenizer: str | None = None
     templates: list[str] | None = None
     directions: list[Literal["a2b", "b2a"]] | None = None
     groups: list[str] | None = None
@@ -150,6 +154,8 @@ class ExperimentConfig(BaseModel):
         data = self.model_dump(mode="json", exclude={
             "batch_size", "out", "report", "device", "device_map", "lean_donors", "prefix_sharing",
             "schemes", "templates", "directions", "groups", "limit", "name"})
+        if data["tokenizer"] is None:  # runs made before the key keep their identity
+            del data["tokenizer"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def identity(self) -> str:
@@ -158,6 +164,8 @@ class ExperimentConfig(BaseModel):
         data["schemes"] = [s.model_dump(mode="json") for s in self.resolved_schemes()]
         if data["protocol"] == "paper":  # the default: runs made before the key keep their identity
             del data["protocol"]
+        if data["tokenizer"] is None:
+            del data["tokenizer"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -238,6 +246,8 @@ def anchor_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
     for key in ("data", "out"):
         if key in raw:
             raw[key] = _anchor(raw[key], folder, must_exist=False)
+    if "tokenizer" in raw:  # a directory there, else a name ("bytes", an embedded model)
+        raw["tokenizer"] = _anchor(raw["tokenizer"], folder, must_exist=True)
     model_sets = raw.get("model_sets")
     for roles in [raw.get("models"), *(model_sets.values() if isinstance(model_sets, dict) else [])]:
         if isinstance(roles, dict):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from weightgraft.data.prompts import DatasetError, TestPrompt
+from weightgraft.data.prompts import DatasetError, TestPrompt, answer_token_ids
 from weightgraft.experiments.config import ExperimentConfig
 from weightgraft.schemes.scheme import CompiledScheme
 from weightgraft.schemes.selectors import SpanNotFound
@@ -94,7 +94,7 @@ def prepare(
     out = []
     for p in prompts:
         enc = tokenizer(p.prompt, return_offsets_mapping=True, add_special_tokens=True)
-        answer_ids = tokenizer(" " + p.answer, add_special_tokens=False)["input_ids"]
+        answer_ids = answer_token_ids(tokenizer, p.answer)
         if not answer_ids:
             exclusions.add(model_set, p, f"answer tokenizes to nothing: {p.answer!r}")
             continue

@@ -524,7 +524,8 @@ def plan_before_run(config: Any, prompts: list[Any]) -> Any:
     from weightgraft.models.random_models import refuse_random
 
     for roles in config.sets().values():
-        refuse_random(roles, "weightgraft run")
+        if config.tokenizer is None:  # the config's tokenizer serves models that have none
+            refuse_random(roles, "weightgraft run")
     try:
         plan = plan_experiment(config, prompts, with_time=False)
     except Exception as exc:  # the plan only refuses what it knows cannot fit
@@ -540,7 +541,8 @@ def plan_before_localize(config: Any) -> Any:
     """``plan_before_run`` for ``localize``."""
     from weightgraft.models.random_models import refuse_random
 
-    refuse_random(config.roles(), "weightgraft localize")
+    if config.tokenizer is None:  # the config's tokenizer serves models that have none
+        refuse_random(config.roles(), "weightgraft localize")
     try:
         plan = plan_localize(config, with_time=False)
     except Exception as exc:

@@ -53,7 +53,7 @@ from weightgraft.models.lowrank import (
     parse_lowrank,
 )
 from weightgraft.models.peft_donor import check_peft_roles, load_peft_role, parse_peft
-from weightgraft.models.tokenization import check_same_tokenizer
+from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 
 
 @dataclass
@@ -100,8 +100,15 @@ def run_experiment(
     for set_name, roles_spec in config.sets().items():
         check_lowrank_roles(roles_spec, f"model set {set_name!r}")
         check_peft_roles(roles_spec, f"model set {set_name!r}")
+    every_role = {f"{name}/{role}": spec for name, roles in config.sets().items() for role, spec in roles.items()}
+    # before any model loads; a vocabulary too small for it is refused from the models' configs
+    shared_tokenizer = config_tokenizer(config.tokenizer, every_role if load is None else None)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_run
+        from weightgraft.models.loading import check_model_specs
+
+        for set_name, roles_spec in config.sets().items():  # a missing model first, before the run dir
+            check_model_specs(roles_spec, f"model set {set_name!r}")
 
         config = plan_before_run(config, prompts)
     lowrank_cache: dict = {}  # SVD factors per (base, donor) pair, shared by every k
@@ -124,6 +131,7 @@ def run_experiment(
         first = (load_lowrank_role(low, roles_spec, load, config, {}, lowrank_cache) if low
                  else load_peft_role(lora, roles_spec, load, config, {}, peft_bases) if lora
                  else load(roles_spec[used[0]], config))
+        give_tokenizer(first, shared_tokenizer, used[0])
         store.add_model(set_name, used[0], first.weights_sha256)
         roles = {r: i for i, r in enumerate(used)}
         base = baselines(schemes, used[0])
@@ -139,6 +147,7 @@ def run_experiment(
                 else load_peft_role(lora, roles_spec, load, config, loaded, peft_bases) if lora
                 else load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
             )
+            give_tokenizer(loaded[role], shared_tokenizer, role)
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
             store.add_model(set_name, role, loaded[role].weights_sha256)
         models = [loaded[r].model for r in used]
@@ -168,6 +177,8 @@ def run_experiment(
             except KeyboardInterrupt:
                 print(f"interrupted: {len(store.done())} row(s) are saved in {run_dir}; "
                       "the same command resumes from them", file=sys.stderr)
+                if ranks.is_main:
+                    _note_interrupted(run_dir, started, computed)
                 raise
         if config.generate is not None and ranks.is_main:
             g = config.generate
@@ -280,6 +291,18 @@ def _follow_main(run_dir: Path, ranks: Ranks, computed: int) -> RunResult:
                      manifest["exclusions"], computed, is_main=False)
 
 
+_INTERRUPTED = "sessions_interrupted.jsonl"  # sessions stopped before a manifest was written
+
+
+def _note_interrupted(run_dir: Path, started: float, computed: int) -> None:
+    """A stopped session's timing, for the manifest the next finished session writes."""
+    session = {"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": round(time.time() - started, 2),
+               "computed_this_run": computed, "interrupted": True}
+    with (run_dir / _INTERRUPTED).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(session) + "\n")
+
+
 def _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks, continuations=()) -> RunResult:
     """Merge the parts into ``results.parquet``, then the summary, exclusions and manifest."""
     exclusion_summary = exclusions.summary()
@@ -320,8 +343,12 @@ def _finish(run_dir, config, schemes, store, order, exclusions, model_info, comp
             earlier = json.loads((run_dir / "manifest.json").read_text()).get("sessions", [])
         except (ValueError, OSError):
             earlier = []
+    stopped = run_dir / _INTERRUPTED
+    if stopped.is_file():
+        earlier += [json.loads(line) for line in stopped.read_text(encoding="utf-8").splitlines() if line.strip()]
     manifest["sessions"] = [*earlier, {k: manifest[k] for k in ("started", "finished", "wall_seconds", "computed_this_run")}]
     write_atomic(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str).encode())
+    stopped.unlink(missing_ok=True)
     return RunResult(run_dir, results, summary, exclusion_summary, computed)
 
 

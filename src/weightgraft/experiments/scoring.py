@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from weightgraft.data.prompts import answer_token_ids
 from weightgraft.experiments.examples import Prepared
 from weightgraft.experiments.metrics import (
     TOP_K,
@@ -107,7 +108,7 @@ def _extend(src: torch.Tensor, n: int) -> torch.Tensor:
 def _distractor_id(tokenizer, distractor: str | None) -> int | None:
     if not distractor:
         return None
-    ids = tokenizer(" " + distractor, add_special_tokens=False)["input_ids"]
+    ids = answer_token_ids(tokenizer, distractor)
     return ids[0] if ids else None
 
 

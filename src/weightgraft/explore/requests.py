@@ -5,11 +5,12 @@ unknown fields are refused, so a path can never reach the server's filesystem.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from weightgraft.errors import WeightgraftError
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, ProtocolName
 from weightgraft.schemes.scheme import Rule
 
 
@@ -79,7 +80,7 @@ class GraftRequest(PromptRequest):
     base: str | None = None
     answer: str | None = None
     k: StrictInt = Field(10, ge=1)
-    protocol: Literal["paper", "authors"] = "paper"
+    protocol: ProtocolName = DEFAULT_PROTOCOL
     # which page sent it and its stroke number: a page's older strokes still waiting are dropped
     page: str | None = Field(None, min_length=1, max_length=64)
     seq: StrictInt | None = None

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from weightgraft.api.tokens import tokens as token_table
+from weightgraft.data.prompts import answer_token_ids
 from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.forward import graft_forward, slots
 from weightgraft.explore.layout import layout
@@ -198,7 +199,7 @@ class Explorer:
         """The answer's first token, as runs score it (``" " + answer``)."""
         if answer is None or not answer.strip():
             return None
-        ids = self.tokenizer(" " + answer.strip(), add_special_tokens=False)["input_ids"]
+        ids = answer_token_ids(self.tokenizer, answer)
         if not ids:
             raise RequestError(f"answer {answer!r} tokenizes to nothing")
         return int(ids[0])

@@ -77,6 +77,8 @@ class LocalizeConfig(BaseModel):
     exact_chunk: int = Field(512, ge=1)
     dtype: Literal["float32", "float64"] = "float32"
     device: str = "cpu"
+    # as in a run config: the tokenizer of models that have none (random:NAME)
+    tokenizer: str | None = None
     seed: int = 0
     out: Path | None = None
     report: bool = True
@@ -124,6 +126,8 @@ class LocalizeConfig(BaseModel):
         a run, and ``run._claim`` refuses any other change of the list)."""
         data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device", "exact"})
         data["models"]["sft"] = self.sft_models()[0][1]
+        if data["tokenizer"] is None:  # runs made before the key keep their identity
+            del data["tokenizer"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def run_dir(self) -> Path:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weightgraft.data.freeform import load_prompts
-from weightgraft.data.prompts import DatasetError, TestPrompt
+from weightgraft.data.prompts import DatasetError, TestPrompt, answer_token_ids
 from weightgraft.schemes.selectors import first_entity, token_span
 from weightgraft.engine.cells import ScoredExample
 
@@ -65,7 +65,7 @@ def build_examples(prompts: Sequence[TestPrompt], tokenizer: Any) -> tuple[list[
     out, excluded = [], []
     for p in prompts:
         enc = tokenizer(p.prompt, return_offsets_mapping=True, add_special_tokens=True)
-        answer = tokenizer(" " + p.answer, add_special_tokens=False)["input_ids"]
+        answer = answer_token_ids(tokenizer, p.answer)
         if not answer:
             excluded.append({"example_id": p.id, "template": p.template, "reason": "answer tokenizes to nothing"})
             continue

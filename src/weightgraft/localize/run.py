@@ -231,9 +231,15 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         config = load_localize_config(Path(config), overrides)
     prompts = select_prompts(config)  # fail on data before any model loads
     adapters = _check_peft(config)
+    from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
+
+    # before any model loads; a vocabulary too small for it is refused from the models' configs
+    shared_tokenizer = config_tokenizer(config.tokenizer, config.roles() if load is None else None)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_localize
+        from weightgraft.models.loading import check_model_specs
 
+        check_model_specs(config.roles(), "models")
         config = plan_before_localize(config)
     run_dir = config.run_dir()
     _claim(run_dir, config, prompts)
@@ -253,6 +259,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         def load(spec, dt):
             return load_model(spec, device=config.device, dtype=dt)
     pre = load(config.models["pre"], dtype)
+    give_tokenizer(pre, shared_tokenizer, "pre")
     seconds["load"] = time.time() - t0
     examples, excluded = build_examples(prompts, pre.tokenizer)
     if excluded:
@@ -272,8 +279,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     for i, (label, spec) in enumerate(sfts):  # one SFT model in memory at a time
         t0 = time.time()
         sft = _load_sft(spec, label, i == 0, pre, adapters[i], load, dtype, run_dir)
-        from weightgraft.models.tokenization import check_same_tokenizer
-
+        give_tokenizer(sft, shared_tokenizer, label)
         check_same_tokenizer(pre.tokenizer, sft.tokenizer, f"model {label!r}")
         seconds["load"] += time.time() - t0
         manifest = json.loads((run_dir / "manifest.json").read_text())

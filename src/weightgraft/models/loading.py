@@ -247,6 +247,44 @@ def _load_hub_cache(
     return model, tokenizer
 
 
+def check_model_spec(spec: str | os.PathLike[str], role: str = "model") -> None:
+    """Refuse, in one line and without loading anything, a spec that names no model: a path that
+    does not exist, a file that is not ``.gguf``, a directory without ``config.json``, or a hub
+    id missing from the local cache. A missing model is said before anything else about a run."""
+    text = os.fspath(spec).strip()
+    if is_random_spec(text) or text.lower() in EMBEDDED_MODELS:
+        return
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix.lower() != ".gguf":
+        raise ModelLoadError(f"{role} {text!r} is a file but not a .gguf file: give a model directory "
+                             "(config.json and weights) or a .gguf file")
+    if path.is_dir() and not (path / "config.json").is_file() and len(list(path.glob("*.gguf"))) != 1:
+        raise ModelNotFoundError(f"{role} {text!r} is a directory but not a model: it holds no config.json "
+                                 "(save one with model.save_pretrained(DIR))")
+    if path.exists():
+        return
+    if _looks_like_path(text):
+        raise ModelNotFoundError(f"{role} {text!r} does not exist ({path.absolute()}): no such file or directory")
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(text, "config.json"), str):
+        raise ModelNotFoundError(
+            f"{role} {text!r} is no embedded model ({', '.join(sorted(EMBEDDED_MODELS))}), no existing "
+            "file or directory and no hub id in the local Hugging Face cache; weightgraft never downloads models"
+        )
+
+
+def check_model_specs(roles: dict[str, str], where: str) -> None:
+    """:func:`check_model_spec` for every role of a model set that names a model (low-rank and
+    peft roles are built from other roles; their own checks cover them)."""
+    from weightgraft.models.lowrank import parse_lowrank
+    from weightgraft.models.peft_donor import parse_peft
+
+    for role, spec in roles.items():
+        if parse_lowrank(spec) is None and parse_peft(spec) is None:
+            check_model_spec(spec, f"{where}: model {role!r} =")
+
+
 def load_model(
     spec: str | os.PathLike[str],
     *,

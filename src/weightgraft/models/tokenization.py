@@ -46,3 +46,79 @@ def batch_encode(
         ids[i, : len(e)] = torch.tensor(e)
         mask[i, : len(e)] = 1
     return ids.to(device), mask.to(device)
+
+
+BYTES = "bytes"  # the byte-level fallback: one token per byte, for any model of 259+ entries
+
+
+def _byte_tokenizer() -> Any:
+    """One token per UTF-8 byte plus ``<pad> <s> </s>``: a fast tokenizer (offsets included)
+    that fits every vocabulary, for models that ship none."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    specials = ["<pad>", "<s>", "</s>"]
+    vocab = {tok: i for i, tok in enumerate([*specials, *sorted(alphabet)])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def load_tokenizer(spec: str) -> Any:
+    """The tokenizer a config gives for models without one (``random:NAME``): ``bytes``, an
+    embedded model's name (its tokenizer), or a local directory holding a tokenizer."""
+    from transformers import AutoTokenizer
+
+    from weightgraft.models.embedded import EMBEDDED_MODELS, ensure_converted
+    from weightgraft.models.errors import ModelLoadError
+
+    text = str(spec).strip()
+    if text == BYTES:
+        return _byte_tokenizer()
+    where = ensure_converted(text) if text.lower() in EMBEDDED_MODELS else text
+    try:
+        tok = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"tokenizer {text!r}: no tokenizer there ({type(exc).__name__}); give a directory "
+                             f"saved with tokenizer.save_pretrained, an embedded model's name or {BYTES!r}") from None
+    if not getattr(tok, "is_fast", False):
+        raise ModelLoadError(f"tokenizer {text!r} is a slow tokenizer; spans need a fast one (offset mapping)")
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def check_tokenizer_fits(tokenizer: Any, name: str, vocab_sizes: dict[str, int]) -> None:
+    """Every token id must be a row of each model's embedding: one line otherwise, before any
+    model loads."""
+    for role, size in vocab_sizes.items():
+        if len(tokenizer) > size:
+            raise TokenizerMismatchError(
+                f"tokenizer {name!r} has {len(tokenizer)} tokens but model {role!r} has a vocabulary of "
+                f"{size}: its ids would index past the embedding; give a tokenizer of at most {size} "
+                f"tokens (e.g. {BYTES!r})")
+
+
+def give_tokenizer(loaded: Any, tokenizer: Any, role: str) -> None:
+    """A loaded model without a tokenizer (``random:NAME``) takes the config's, if it fits."""
+    if tokenizer is None or loaded.tokenizer is not None:
+        return
+    check_tokenizer_fits(tokenizer, "tokenizer", {role: loaded.model.config.vocab_size})
+    loaded.tokenizer = tokenizer
+
+
+def config_tokenizer(name: str | None, specs: dict[str, str] | None) -> Any:
+    """A config's ``tokenizer:`` (None without one), checked against the vocabulary of every
+    model in ``specs`` from their configs alone (derived ``lowrank(...)``/``peft(...)`` roles
+    share their bases' vocabulary)."""
+    if name is None:
+        return None
+    from weightgraft.models.footprint import resolve_footprint
+
+    tokenizer = load_tokenizer(name)
+    sizes = {role: resolve_footprint(spec).vocab for role, spec in (specs or {}).items()
+             if not spec.lstrip().startswith(("peft(", "lowrank("))}
+    check_tokenizer_fits(tokenizer, name, sizes)
+    return tokenizer

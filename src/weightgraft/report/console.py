@@ -9,13 +9,16 @@ from rich.table import Table
 from rich.text import Text
 
 
-def print_summary(summary: Any, title: str = "summary", console: Console | None = None) -> None:
+def print_summary(summary: Any, *, protocol: str, title: str = "summary", console: Console | None = None) -> None:
     """The summary as a rich table: top-1 / top-5 (%), mean rank and first-token recovery with
     its 95% CI per template, direction and scheme. A model set or direction that is the same on
-    every row goes into the title instead of a column. Names are never cut: long ones wrap
-    within their cell."""
+    every row goes into the title instead of a column, after the grafting ``protocol`` (the
+    same schemes give other numbers under the other one). Names are never cut: long ones wrap
+    within their cell. A recovery the summary flags as unstable carries a numbered mark, and
+    each distinct note is printed once under the table (in the cell it would take a line per
+    word at 80 columns)."""
     keys = [("model_set", "model set"), ("template", "template"), ("direction", "direction"), ("scheme", "scheme")]
-    shown, fixed = [], []
+    shown, fixed = [], [f"protocol {protocol}"]
     for col, label in keys:
         values = summary[col].astype(str).unique() if col in summary else []
         if col in ("model_set", "direction") and len(values) <= 1:
@@ -23,7 +26,7 @@ def print_summary(summary: Any, title: str = "summary", console: Console | None 
                 fixed.append(f"{label} {values[0]}")
             continue
         shown.append((col, label))
-    table = Table(title=title + (f" ({', '.join(fixed)})" if fixed else ""))
+    table = Table(title=f"{title} ({', '.join(fixed)})")
     for _, label in shown:
         table.add_column(label, overflow="fold")
     has_recovery = "recovery" in summary and summary["recovery"].notna().any()
@@ -31,20 +34,27 @@ def print_summary(summary: Any, title: str = "summary", console: Console | None 
         table.add_column(col, justify="right", no_wrap=True)
     if has_recovery:
         table.add_column("recovery [95% CI]", justify="right", overflow="fold")
+    notes: dict[str, int] = {}
     for row in summary.to_dict("records"):
         table.add_row(
             *(Text(str(row[col])) for col, _ in shown), str(row["n"]),  # Text: "o[3]@..." is a name, not markup
             f"{100 * row['top1']:.1f}", f"{100 * row['top5']:.1f}", f"{row['mean_rank']:.1f}",
-            *([Text(_recovery(row))] if has_recovery else []),
+            *([Text(_recovery(row, notes))] if has_recovery else []),
         )
-    (console or Console()).print(table)
+    console = console or Console()
+    console.print(table)
+    for note, mark in notes.items():
+        console.print(Text(f"⚠{mark} {note}"))
 
 
-def _recovery(row: dict[str, Any]) -> str:
-    """``0.44`` over ``[0.31, 0.58]``, flagged where the summary says it is unstable."""
+def _recovery(row: dict[str, Any], notes: dict[str, int]) -> str:
+    """``0.44`` over ``[0.31, 0.58]``, with the number of its note where the summary says it
+    is unstable (``notes`` gains the note)."""
     value, lo, hi = row.get("recovery"), row.get("recovery_lo"), row.get("recovery_hi")
     if value is None or value != value:
         return "n/a"
     note = row.get("recovery_note") or ""
     text = f"{value:.2f}\n[{lo:.2f}, {hi:.2f}]" if lo == lo and hi == hi else f"{value:.2f}"
-    return text + (f"\n⚠ {note}" if isinstance(note, str) and note else "")
+    if not isinstance(note, str) or not note:
+        return text
+    return f"{text} ⚠{notes.setdefault(note, len(notes) + 1)}"

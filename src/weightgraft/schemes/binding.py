@@ -6,6 +6,7 @@ written once. Each problem is one line that names the bad input (:class:`GraftIn
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.forward import slots
 from weightgraft.errors import WeightgraftError
-from weightgraft.schemes.protocol import PROTOCOLS, embeddings_tied
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, PROTOCOLS, embeddings_tied
 from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme
 from weightgraft.schemes.selectors import SpanNotFound
 
@@ -44,6 +45,10 @@ def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[st
     if not isinstance(models, Mapping) or not models:
         raise GraftInputError("models must be a non-empty mapping role -> model, e.g. {'pre': pre, 'sft': sft}")
     roles = list(models)
+    for role, model in models.items():
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            hint = " (load it first: model, tok = wg.load(SPEC))" if isinstance(model, (str, os.PathLike)) else ""
+            raise GraftInputError(f"model {role!r} is a {type(model).__name__}, not a Hugging Face model{hint}")
     if base is not None and base not in models:
         raise GraftInputError(f"base {base!r} is not one of the models' roles ({', '.join(roles)})")
     first = base if base is not None else roles[0]
@@ -193,7 +198,7 @@ class PreparedGraft:
 def prepare_graft(
     models: Mapping[str, Any], rules: Rules | Sequence[Scheme], *, base: str | None = None,
     many: bool = False, prompts: Sequence[str] | None = None, spans: Spans = None,
-    tokenizer: Any = None, protocol: str = "paper",
+    tokenizer: Any = None, protocol: str = DEFAULT_PROTOCOL,
 ) -> PreparedGraft:
     """Check and bind a graft, in this order: the models (``base`` first, else the first role);
     the rules as one scheme over the base (``many``: a list of Schemes as given, with distinct

@@ -22,7 +22,7 @@ from weightgraft.schemes.families import (
     POSITION,
     UNEMBED,
 )
-from weightgraft.schemes.protocol import get_protocol
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, get_protocol
 from weightgraft.schemes.scheme import Rule, Scheme, baselines
 from weightgraft.schemes.selectors import SelectorError
 
@@ -220,7 +220,7 @@ FAMILIES = {
 }
 
 
-def preset(name: str, protocol: str = "paper", **params: object) -> list[Scheme]:
+def preset(name: str, protocol: str = DEFAULT_PROTOCOL, **params: object) -> list[Scheme]:
     """A preset family of schemes by name; ``direction=`` sets base and donor roles.
 
     ``protocol="authors"`` gives the authors' patch configs for the families they ran

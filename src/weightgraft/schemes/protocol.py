@@ -16,6 +16,9 @@ from weightgraft.schemes.selectors import SelectorError
 from weightgraft.engine.architectures import LAYER_COMPONENTS
 
 ProtocolName = Literal["paper", "authors"]
+# One default for the API, configs, the CLI and explore: the method as the paper's text
+# defines it, so a rule grafts what it names (README, "Which protocol").
+DEFAULT_PROTOCOL: ProtocolName = "paper"
 
 
 class Protocol(BaseModel):

@@ -12,10 +12,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from weightgraft.schemes.families import BASELINE
-from weightgraft.schemes.protocol import get_protocol
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, get_protocol
 from weightgraft.schemes.selectors import (
     SelectorError,
     SpanNotFound,
+    check_component_selector,
     check_layer_selector,
     select_components,
     select_heads,
@@ -45,6 +46,12 @@ class Rule(BaseModel):
     @classmethod
     def _layers_can_select(cls, value: str) -> str:
         check_layer_selector(value)
+        return value
+
+    @field_validator("components")
+    @classmethod
+    def _components_are_known(cls, value: str) -> str:
+        check_component_selector(value)
         return value
 
 
@@ -176,7 +183,7 @@ def _slot_index(slot_names: Sequence[str]) -> tuple[dict[tuple[int, str], int], 
 def compile_scheme(
     scheme: Scheme, slot_names: Sequence[str], roles: Mapping[str, int],
     slot_heads: Mapping[str, int] | None = None, *,
-    protocol: str = "paper", tied_embeddings: bool = False,
+    protocol: str = DEFAULT_PROTOCOL, tied_embeddings: bool = False,
 ) -> CompiledScheme:
     """Bind ``scheme`` to a model's slots; errors name the scheme and the bad selector.
 

@@ -342,6 +342,26 @@ _KNOWN = set(LAYER_COMPONENTS) | set(GLOBAL_SLOTS)
 _COMPONENT_EXPR = re.compile(r"\s*[+-]?\s*[A-Za-z_]+(\s*[+-]\s*[A-Za-z_]+)*\s*")
 
 
+def _component_terms(expr: str, table: Mapping[str, tuple[str, ...]]) -> list[tuple[str, str]]:
+    """``(sign, name)`` per term; a bad expression or a name neither a component nor a group is
+    an error, whatever the architecture."""
+    if not _COMPONENT_EXPR.fullmatch(str(expr)):
+        raise SelectorError(f"cannot parse component selector {expr!r} (e.g. 'attn+o', 'all-unembed')")
+    terms = [(sign, name.lower()) for sign, name in re.findall(r"([+-]?)\s*([A-Za-z_]+)", str(expr))]
+    for _, name in terms:
+        if name not in table and name not in _KNOWN:
+            raise SelectorError(
+                f"unknown component {name!r} in {expr!r}; known: {', '.join(sorted(_KNOWN))}; "
+                f"groups: {', '.join(COMPONENT_GROUPS)}"
+            )
+    return terms
+
+
+def check_component_selector(expr: str) -> None:
+    """Refuse a typo (``o+fnn``) when the rule is made, before any model is loaded."""
+    _component_terms(expr, COMPONENT_GROUPS)
+
+
 def select_components(
     expr: str, available: set[str], groups: Mapping[str, tuple[str, ...]] | None = None,
 ) -> set[str]:
@@ -351,23 +371,14 @@ def select_components(
     the architecture lacks is an error. ``groups`` overrides some groups (a protocol's).
     """
     table = {**COMPONENT_GROUPS, **(groups or {})}
-    if not _COMPONENT_EXPR.fullmatch(str(expr)):
-        raise SelectorError(f"cannot parse component selector {expr!r} (e.g. 'attn+o', 'all-unembed')")
-    terms = re.findall(r"([+-]?)\s*([A-Za-z_]+)", str(expr))
     out: set[str] = set()
-    for sign, name in terms:
-        name = name.lower()
+    for sign, name in _component_terms(expr, table):
         if name in table:
             chosen = set(table[name]) & available
-        elif name in _KNOWN:
+        else:
             if name not in available:
                 raise SelectorError(f"this architecture has no component {name!r}")
             chosen = {name}
-        else:
-            raise SelectorError(
-                f"unknown component {name!r}; known: {', '.join(sorted(_KNOWN))}; "
-                f"groups: {', '.join(COMPONENT_GROUPS)}"
-            )
         out = out - chosen if sign == "-" else out | chosen
     if not out:
         raise SelectorError(f"component selector {expr!r} selects nothing on this architecture")

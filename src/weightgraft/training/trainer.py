@@ -46,6 +46,7 @@ from weightgraft import atomic
 from weightgraft.models import LoadedModel, load_model, weights_sha256
 from weightgraft.training.embeddings import freeze_embeddings
 from weightgraft.training.errors import TrainingError
+from weightgraft.training.lora import LoraSettings, wrap_lora
 from weightgraft.training.outputs import (
     CHECKPOINTS,
     EVAL_BEFORE_NAME,
@@ -142,6 +143,7 @@ def finetune(
     allow_pickle: bool = False,
     callbacks: list[Any] | None = None,
     templates: Sequence[str] | None = None,
+    lora: LoraSettings | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Finetune a causal LM on one split of a relation dataset with the HF Trainer.
@@ -166,6 +168,8 @@ def finetune(
         callbacks: extra ``transformers.TrainerCallback`` objects.
         templates: train on these training templates only (e.g. ``["qa_1", "article_1"]``);
             validation keeps its held-out templates. Default: every template.
+        lora: train a LoRA adapter instead (weightgraft.training.lora); ``out`` is then peft's
+            adapter directory, a donor as ``peft(pre, out)``.
         **overrides: preset fields to override, e.g. ``learning_rate=5e-5, epochs=2``.
     """
     from transformers import TrainingArguments, set_seed
@@ -218,6 +222,7 @@ def finetune(
         "freeze_unembed": freeze_unembed,
         "supplemental_sha256": _sha256_file(supplemental_path) if supplemental_path else None,
         "templates": templates,  # None, as in runs saved before the option: every template
+        **({"lora": lora.model_dump()} if lora is not None else {}),
     }
     if resume and (out_dir / MANIFEST_NAME).is_file():
         _compare_run_config(out_dir, run_config, "the finished run")
@@ -247,6 +252,8 @@ def finetune(
 
     set_seed(seed)
     untied = freeze_embeddings(model, embed=freeze_embed, unembed=freeze_unembed)
+    if lora is not None:  # only the adapter trains; OUT becomes peft's adapter directory
+        model = wrap_lora(model, lora)
     n_total = sum(p.numel() for p in model.parameters())
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -380,6 +387,7 @@ def finetune(
         "freeze_embed": freeze_embed,
         "freeze_unembed": freeze_unembed,
         "untied_embeddings": untied,
+        **({"lora": lora.model_dump()} if lora is not None else {}),
         "parameters": {"total": n_total, "trainable": n_trainable},
         "results": {
             "train_loss": train_loss,

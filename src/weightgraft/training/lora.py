@@ -1,0 +1,49 @@
+"""LoRA finetuning (``weightgraft train --lora RANK``): peft wraps the base model, the Trainer
+trains only the adapter, and the output directory is peft's adapter directory, which a config
+names as ``peft(pre, DIR)`` (weightgraft.models.peft_donor) with no merge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from weightgraft.training.errors import TrainingError
+
+ALL_LINEAR = "all-linear"  # peft's name for every linear layer of the blocks (not the unembedding)
+
+
+class LoraSettings(BaseModel):
+    """The adapter: rank, scaling and which modules it adapts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(ge=1)
+    alpha: float | None = None  # default 2 x rank
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # module names as peft takes them (q_proj, o_proj, ...), or "all-linear"
+    targets: list[str] | str = ALL_LINEAR
+
+
+def parse_targets(text: str | None) -> list[str] | str:
+    """``--lora-targets q_proj,o_proj`` (or ``all-linear``, the default)."""
+    if text is None or text.strip() == ALL_LINEAR:
+        return ALL_LINEAR
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise TrainingError("--lora-targets names no module; give e.g. q_proj,v_proj or all-linear")
+    return names
+
+
+def wrap_lora(model: Any, settings: LoraSettings) -> Any:
+    """The model with a fresh LoRA adapter; a target it does not have is one line."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=settings.rank, lora_alpha=settings.alpha if settings.alpha is not None else 2 * settings.rank,
+        lora_dropout=settings.dropout, target_modules=settings.targets, bias="none", task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        raise TrainingError(f"--lora-targets {settings.targets}: {exc}") from None
