@@ -21,7 +21,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from weightgraft.engine import projections
-from weightgraft.engine.architectures import Slot, model_slots
+from weightgraft.engine.architectures import Slot, UnitKind, Units, model_slots
 from weightgraft.engine.compat import check_compatible
 
 __all__ = ["slots", "graft_forward", "graft_call", "position_ids_from_mask"]
@@ -276,11 +276,11 @@ def _plan(
 
 def _check_heads(
     head_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
-    n_models: int, device: torch.device, kind: str = "head",
+    n_models: int, device: torch.device, kind: UnitKind = Units.HEAD,
 ) -> dict[int, torch.Tensor]:
-    """``head_source`` (or ``neuron_source``, ``kind="neuron"``) keyed by slot index,
+    """``head_source`` (or ``neuron_source``, ``kind=Units.NEURON``) keyed by slot index,
     validated: per-head (per-neuron) slots only, right shapes."""
-    arg, which = f"{kind}_source", "q, k, v and o" if kind == "head" else "gate, up and down"
+    arg, which = f"{kind}_source", "q, k, v and o" if kind == Units.HEAD else "gate, up and down"
     index = {slot.name: s for s, slot in enumerate(slot_list)}
     out: dict[int, torch.Tensor] = {}
     for name, tensor in head_source.items():
@@ -443,7 +443,7 @@ def graft_call(
     position_ids = position_ids_from_mask(attention_mask)[:, cached:]
 
     heads = _check_heads(head_source or {}, slot_list, batch, seq, len(models), device)
-    heads.update(_check_heads(neuron_source or {}, slot_list, batch, seq, len(models), device, "neuron"))
+    heads.update(_check_heads(neuron_source or {}, slot_list, batch, seq, len(models), device, Units.NEURON))
     models, source, heads = _distinct(models, source, heads)
     columns = [source[:, :, s] for s in range(len(slot_list))]
     handles: list = []

@@ -1,0 +1,10 @@
+"""The one error a plan raises: a run that cannot fit, or a plan asked of what it cannot read."""
+
+from __future__ import annotations
+
+__all__ = ["PlanError"]
+
+
+class PlanError(ValueError):
+    """A run whose plan cannot fit (one line, with what would make it fit, or that nothing
+    would), or a plan request that cannot be answered here (a size, a card, a device)."""
