@@ -17,8 +17,15 @@ from weightgraft.planning.errors import PlanError
 __all__ = ["ATTRIBUTION_RATIO", "CARDS", "SECONDS_PER_MODULE_CALL", "SUSTAINED_SHARE", "Card", "card"]
 
 SUSTAINED_SHARE = 0.4  # of the dense peak, for batched matmuls of a few thousand rows
-SECONDS_PER_MODULE_CALL = 30e-6  # kernel launches and the engine's row bookkeeping per grafted module
-ATTRIBUTION_RATIO = 3.0  # forward + backward of a partial graft over a forward: the backward is ~2 forwards
+# Per grafted module call (kernel launches and the engine's row bookkeeping), which dominates at
+# the paper's batch sizes: bench_paper_scale's engine times on an H200 in bfloat16
+# (benchmarks/RESULTS.md: 0.9 ms/row at 1B, 1.8 ms/row at 8B, batches of 64 rows of 10-25
+# tokens) leave 340 and 200 us per call after the FLOPs at SUSTAINED_SHARE; other cards assumed alike.
+SECONDS_PER_MODULE_CALL = 250e-6
+# Attribution (forward + backward of a partial graft) over one engine forward of the same rows:
+# the backward is about two forwards; on that H200 run this predicts 0.11 s and 0.24 s for the
+# measured 0.12 s (1B) and 0.17 s (8B) of attribution over 8 prompts.
+ATTRIBUTION_RATIO = 3.0
 
 
 @dataclass(frozen=True)

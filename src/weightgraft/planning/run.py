@@ -92,25 +92,27 @@ def run_advice(settings: RunSettings, limit: int, spread: tuple[int, int] | None
     """The changes that fit ``limit`` by this arithmetic (bfloat16, lean donors, both, a smaller
     fixed batch, and ``device_map=auto`` where ``spread`` = (GPUs, their memory in all) of this
     machine holds the run), and what the least of them needs: said when none fits."""
-    def peak(batch: int = 1, dtype: str | None = None, lean: bool | None = None) -> int:
-        return sum(settings.memory_at(batch, dtype, lean).values())
+    batch = settings.batch_fixed or 1  # a fixed batch stays what the config says
+
+    def peak(b: int = batch, dtype: str | None = None, lean: bool | None = None) -> int:
+        return sum(settings.memory_at(b, dtype, lean).values())
 
     lean_ok = not settings.device_map  # a device_map loads donors whole
-    candidates: list[tuple[str, int]] = []
-    half = settings.dtype == "float32"
-    if half:
-        candidates.append(("dtype=bfloat16", peak(dtype="bfloat16")))
+    changes: list[tuple[str, dict]] = []
+    if settings.dtype == "float32":
+        changes.append(("dtype=bfloat16", {"dtype": "bfloat16"}))
     if lean_ok and not settings.lean:
-        candidates.append(("lean_donors=true", peak(lean=True)))
-        if half:
-            candidates.append(("dtype=bfloat16 and lean_donors=true", peak(dtype="bfloat16", lean=True)))
-    out = [f"{what} ({gib(p)} at batch 1)" for what, p in candidates if p <= limit]
+        changes.append(("lean_donors=true", {"lean": True}))
+        if settings.dtype == "float32":
+            changes.append(("dtype=bfloat16 and lean_donors=true", {"dtype": "bfloat16", "lean": True}))
+    out = [f"{what} ({gib(peak(**kw))} at batch {batch})" for what, kw in changes if peak(**kw) <= limit]
     if settings.batch_fixed is not None and settings.batch_fixed > 1:
         b = choose_batch(None, settings.batch_fixed, settings.batch_fixed, settings.memory_at, limit)
         if b < settings.batch_fixed and peak(b) <= limit:
             out.insert(0, f"fewer schemes per batch: batch_size={b}")
     if spread is not None and not settings.device_map and peak(lean=False) <= spread[1]:
-        out.append(f"device_map=auto over this machine's {spread[0]} GPUs ({gib(peak(lean=False))} at batch 1 "
+        out.append(f"device_map=auto over this machine's {spread[0]} GPUs ({gib(peak(lean=False))} at batch {batch} "
                    f"of {gib(spread[1])})")
-    least_what, least = min([("batch 1", peak()), *candidates], key=lambda c: c[1])
+    candidates = [("batch 1", peak(1))] + [(what, peak(1, **kw)) for what, kw in changes]
+    least_what, least = min(candidates, key=lambda c: c[1])
     return out, f"the least it needs is {gib(least)} ({least_what}{', batch 1' if least_what != 'batch 1' else ''})"
