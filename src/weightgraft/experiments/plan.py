@@ -45,11 +45,9 @@ def _role_footprint(spec: str, roles_spec: dict[str, str], cache: dict[str, Mode
 def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[list[SetShape], dict]:
     """Per model set: its roles' footprints, the (tokens, logits) of every (example, scheme)
     row and the bytes of the source maps; and the prompts' lengths."""
-    from weightgraft.engine.architectures import model_slots
     from weightgraft.experiments.examples import Exclusions, prepare, served_slots
     from weightgraft.models.lowrank import parse_lowrank
-    from weightgraft.schemes.protocol import embeddings_tied
-    from weightgraft.schemes.scheme import compile_scheme
+    from weightgraft.schemes.binding import compile_for
 
     schemes = config.resolved_schemes()
     footprints: dict[str, ModelFootprint] = {}
@@ -58,10 +56,7 @@ def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[li
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
         base = _role_footprint(roles_spec[used[0]], roles_spec, footprints)
         names = base.slot_names
-        slot_heads = {s.name: s.heads for s in model_slots(base.meta) if s.heads}
-        index = {r: i for i, r in enumerate(used)}
-        compiled = [compile_scheme(s, names, index, slot_heads, protocol=config.protocol,
-                                   tied_embeddings=embeddings_tied(base.meta)) for s in schemes]
+        compiled = compile_for(schemes, base.meta, used, config.protocol)
         tok, how = tokenizer_for(base)
         prepared = prepare(prompts, tok, compiled, set_name, Exclusions())
         if not prepared:

@@ -6,7 +6,9 @@ Stages, each written when finished (a rerun skips what exists): ``parts/estimate
 .parquet``; ``parts/exact_{direction}_{n}.parquet`` per group of prompts (``exact_parts``: a
 killed run, or a raised ``exact:``, computes only the prompts no part holds); ``cells.parquet``
 (both joined); ``search.json`` (``found_sets``: search, refinement, controls, missed bound);
-``report/``. Without ``directions``, the prompts of the trained direction (``directions``).
+``stability.csv``, ``claims.csv``; ``report/`` (drawn by ``weightgraft.api.localize``, since
+``report`` builds on this package). Without ``directions``, the prompts of the trained
+direction (``directions``).
 
 Several SFT models (``models: {pre: X, sft: [A, B, C]}``, e.g. training seeds) are loaded one
 at a time, each mapped against ``pre``; ``cells.parquet``'s ``model`` column names each one's
@@ -267,9 +269,10 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
     return pd.concat(frames, ignore_index=True)
 
 
-def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = None,
-             progress: bool = True, load: Any = None) -> LocalizeResult:
-    """Run (or resume) a localize config; see the module docstring for what it writes.
+def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = None,
+                 progress: bool = True, load: Any = None) -> LocalizeResult:
+    """Run (or resume) a localize config; see the module docstring for what it writes (all but
+    the report page: ``weightgraft.api.localize.localize`` runs this, then draws it).
 
     ``load(spec, dtype)`` returns an object with ``model`` and ``tokenizer`` (default:
     ``weightgraft.models.load_model``)."""
@@ -345,9 +348,4 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
 
     stability_table(whole_cells(cells)).to_csv(run_dir / "stability.csv", index=False)
     claims_table(cells, config.seed).to_csv(run_dir / "claims.csv", index=False)
-    report = None
-    if config.report:
-        from weightgraft.report.localize import write_localize_report
-
-        report = write_localize_report(run_dir)
-    return LocalizeResult(run_dir, cells, search, excluded, seconds, report, choice.note)
+    return LocalizeResult(run_dir, cells, search, excluded, seconds, None, choice.note)
