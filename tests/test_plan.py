@@ -389,3 +389,20 @@ def test_a_units_localize_plan_counts_its_shares_and_rows(run_raw: dict, tmp_pat
     part = "batch (attribution or exact cells)"
     assert neuron.memory[part] > head.memory[part] > cell.memory[part]
     assert any("units: neuron" in n for n in neuron.notes)
+
+
+def test_the_cli_says_a_cuda_plan_without_a_machine_in_one_line(run_raw: dict, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    import sys
+
+    from weightgraft.cli import main
+
+    monkeypatch.setattr(budget_mod, "cuda_here", lambda: False)
+    monkeypatch.delenv("WEIGHTGRAFT_DEBUG", raising=False)
+    path = tmp_path / "exp.yaml"
+    path.write_text(json.dumps({**run_raw, "device": "cuda"}))
+    monkeypatch.setattr(sys, "argv", ["weightgraft", "plan", str(path), "--no-time"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: PlanError: device 'cuda'")

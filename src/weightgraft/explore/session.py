@@ -16,7 +16,6 @@ import torch
 from weightgraft.api.tokens import tokens as token_table
 from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.forward import graft_forward, slots
-from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.explore.layout import layout
 from weightgraft.explore.requests import Cell, GraftRequest, Limits, RequestError, TokensRequest
 from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft
@@ -34,11 +33,10 @@ class Explorer:
                  cache_size: int = 64) -> None:
         missing = [r for r in BASELINES if r not in models]
         if missing:
-            raise ValueError(f"explore needs models named 'pre' and 'sft' (missing: {', '.join(missing)})")
+            raise GraftInputError(f"explore needs models named 'pre' and 'sft' (missing: {', '.join(missing)})")
         check_tokenizer(tokenizer)
         self.roles = [*BASELINES, *(r for r in models if r not in BASELINES)]
         self.models = [models[r] for r in self.roles]
-        batch_invariant_attention(self.models)
         self.tokenizer = tokenizer
         self.limits = limits or Limits()
         self.slot_names = slots(self.models[0])
