@@ -173,6 +173,14 @@ def test_generate_command_refuses_a_missing_span_before_loading(monkeypatch):
     out = CliRunner().invoke(app, ["generate", PROMPT, "-m", "pre=a", "-m", "sft=b",
                                    "-r", "model=sft,positions=city", "-s", "subject=Louvre"])
     assert out.exit_code == 2 and "'Louvre' does not occur" in " ".join(out.output.split())
+    # a text that occurs twice is refused naming both places; the (start, end) form picks one
+    twice = "Paris is the capital; Paris lies on the"
+    out = CliRunner().invoke(app, ["generate", twice, "-m", "pre=a", "-m", "sft=b",
+                                   "-r", "model=sft,positions=city", "-s", "city=Paris"])
+    assert out.exit_code == 2 and "(0, 5), (22, 27)" in " ".join(out.output.split())
+    out = CliRunner().invoke(app, ["generate", twice, "-m", "pre=a", "-m", "sft=b",
+                                   "-r", "model=sft,positions=city", "-s", "city=(22, 27)"])
+    assert "AssertionError" in repr(out.exception)  # past the span checks: it went on to load a model
 
 
 def test_generate_with_base_none_and_a_span_the_prompt_lacks_is_one_error():

@@ -113,8 +113,10 @@ def load_run(run_dir: Path) -> Run:
 
 
 def read_summary(path: Path) -> pd.DataFrame:
-    """summary.csv with names kept as text (a scheme called "NA" stays "NA")."""
-    text_cols = [*SUMMARY_KEYS, "family", "direction"]
+    """summary.csv with names and notes kept as text (a scheme called "NA" stays "NA"; a
+    ``recovery_note`` saying the ratio is unstable stays with its number)."""
+    header = pd.read_csv(path, nrows=0).columns
+    text_cols = [*SUMMARY_KEYS, "family", "direction", *(c for c in header if c.endswith("_note"))]
     df = pd.read_csv(path, dtype={c: str for c in text_cols}, keep_default_na=False)
     if "direction" not in df:  # a summary written before directions were kept apart
         df.insert(2, "direction", "")
