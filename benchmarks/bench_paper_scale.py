@@ -152,14 +152,15 @@ def _timed(fn, device: str):
 
 
 def _budget(args) -> int:
-    from weightgraft.experiments.plan import budget
+    from weightgraft.planning.budget import budget
 
-    limit, _held, _src = budget(args.device, args.memory)
-    return int(limit * 0.9)
+    from weightgraft.planning.plan import HEADROOM
+
+    return int(budget(args.device, args.memory).limit * HEADROOM)
 
 
 def _plans(spec: str, dtype: str, items_rows, served, lengths_attr, args, with_time: bool):
-    from weightgraft.experiments.plan import plan_attribution, plan_rows
+    from weightgraft.planning.rows import plan_attribution, plan_rows
     from weightgraft.models.footprint import dtype_bytes, resolve_footprint
 
     fp = resolve_footprint(spec)

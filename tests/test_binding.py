@@ -18,8 +18,6 @@ from weightgraft.schemes.selectors import SelectorError
 SRC = Path(__file__).resolve().parents[1] / "src" / "weightgraft"
 PROMPTS = ["The capital of France is", "Paris is in"]
 FRONT_DOORS = ["api/graft.py", "api/compare.py", "api/generate.py", "api/grafted.py", "explore/session.py"]
-# experiments/plan.py compiles on its own until it is split by subject (issue 31, its own branch)
-NOT_YET = {"experiments/plan.py"}
 
 
 def _calls(path: Path) -> set[str]:
@@ -34,7 +32,7 @@ def _calls(path: Path) -> set[str]:
 
 def test_only_binding_compiles_schemes_and_every_front_door_prepares_through_it():
     compiling = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "compile_scheme" in _calls(p)}
-    assert compiling - NOT_YET == {"schemes/binding.py"}
+    assert compiling == {"schemes/binding.py"}
     for door in FRONT_DOORS:
         assert "prepare_graft" in _calls(SRC / door), door
     assert "compile_for" in _calls(SRC / "experiments" / "runner.py")

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from weightgraft.experiments.metrics import answer_logprob, bootstrap_ci, score_next_token, summarize
+from weightgraft.experiments.metrics import bootstrap_ci, summarize
+from weightgraft.experiments.prediction import answer_logprob, score_next_token
 
 
 def test_rank_counts_strictly_more_probable_tokens():

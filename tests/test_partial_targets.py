@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from weightgraft.experiments.config import parse_config
-from weightgraft.experiments.metrics import answer_logprob, whole_character_prefix
+from weightgraft.experiments.prediction import answer_logprob, whole_character_prefix
 from weightgraft.experiments.runner import run_experiment
 from tiny_models import make_donor, make_tiny
 

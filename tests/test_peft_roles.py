@@ -209,7 +209,9 @@ def test_a_relative_adapter_dir_in_a_config_file_is_taken_from_its_folder(tmp_pa
 def test_memory_plans_count_a_lora_role_as_its_adapter(tmp_path):
     from weightgraft.experiments.config import parse_config
     from weightgraft.localize.config import parse_localize_config
-    from weightgraft.experiments.plan import plan_experiment, plan_localize
+    from weightgraft.experiments.plan import plan_experiment
+    from weightgraft.localize.run import plan_input
+    from weightgraft.planning.localize import plan_localize_work
 
     tok = loader("tiny-llama:pre").tokenizer
     base = make_tiny("llama", seed=0, vocab_size=len(tok))
@@ -225,6 +227,7 @@ def test_memory_plans_count_a_lora_role_as_its_adapter(tmp_path):
     roles = {r.role: r for r in run.roles}
     assert roles["sft"].held_bytes == adapter and "LoRA" in roles["sft"].holds
     assert roles["pre"].held_bytes >= sum(p.numel() * 4 for p in base.parameters())
-    loc = plan_localize(parse_localize_config({"name": "l", "data": str(data), "models": models}), with_time=False)
+    loc = plan_localize_work(plan_input(parse_localize_config({"name": "l", "data": str(data), "models": models})),
+                             with_time=False)
     roles = {r.role: r for r in loc.roles}
     assert roles["sft"].held_bytes == adapter

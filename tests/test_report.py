@@ -15,7 +15,8 @@ import typer
 from typer.testing import CliRunner
 
 from weightgraft.cli.report import report_command
-from weightgraft.experiments.metrics import TOP_K, summarize
+from weightgraft.experiments.metrics import summarize
+from weightgraft.experiments.prediction import TOP_K
 from weightgraft.report import (
     MissingResultsError,
     ReportError,

@@ -10,11 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from weightgraft.planning.cards import CARDS
+from weightgraft.planning.sizes import gib as _gib
+
 console = Console()
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
 
 
 def _seconds(s: float | None) -> str:
@@ -32,23 +31,31 @@ def plan(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. dtype=bfloat16 limit=50"),
     memory: Optional[str] = typer.Option(None, "--memory", help="Plan for this much memory (e.g. 80GiB) "
                                          "instead of this device's free memory."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Plan for one GPU of this kind (its memory and "
+                                      "stated rates): " + ", ".join(CARDS) + "."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
     time: bool = typer.Option(True, "--time/--no-time", help="Predict the wall time (calibrates this "
-                              "device once, a few seconds, cached)."),
+                              "device once, a few seconds, cached; with --gpu: the card's stated rates)."),
 ) -> None:
     """Plan a run or localize config: memory per role and per batch, batch size, predicted time."""
     from weightgraft.experiments.config import parse_config, read_yaml_config
-    from weightgraft.experiments.plan import parse_size, plan_experiment, plan_localize
+    from weightgraft.experiments.plan import plan_experiment
+    from weightgraft.planning.cards import card
+    from weightgraft.planning.sizes import parse_size
 
     if memory is not None:
         parse_size(memory)  # a bad size is one line, before anything else
+    chosen = card(gpu) if gpu is not None else None
     raw = read_yaml_config(config, overrides or [], "experiment or localize")
     if isinstance(raw, dict) and "schemes" not in raw:
         from weightgraft.localize.config import parse_localize_config
+        from weightgraft.localize.run import plan_input
+        from weightgraft.planning.localize import plan_localize_work
 
-        result = plan_localize(parse_localize_config(raw, str(config)), memory=memory, with_time=time)
+        work = plan_input(parse_localize_config(raw, str(config)))
+        result = plan_localize_work(work, memory=memory, gpu=chosen, with_time=time)
     else:
-        result = plan_experiment(parse_config(raw, str(config)), memory=memory, with_time=time)
+        result = plan_experiment(parse_config(raw, str(config)), memory=memory, gpu=chosen, with_time=time)
     if as_json:
         typer.echo(json.dumps(result.as_dict(), default=str))
         return

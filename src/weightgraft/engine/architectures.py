@@ -10,6 +10,7 @@ module (``"mlp.down_proj"``) or a set of output columns of a fused projection
 from __future__ import annotations
 
 import weakref
+from enum import Enum
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -270,7 +271,21 @@ HEAD_COMPONENTS: dict[str, Literal["out", "in"]] = {"q": "out", "k": "out", "v":
 # output column (its bias entry included), of down one input column (down's bias belongs to no
 # neuron). GPT-2's ``c_fc`` and GPT-NeoX's ``dense_h_to_4h`` are ``up``.
 NEURON_COMPONENTS: dict[str, Literal["out", "in"]] = {"gate": "out", "up": "out", "down": "in"}
-UnitKind = Literal["head", "neuron"]
+
+
+class Units(str, Enum):
+    """A map's cell: a whole slot, or a slot split into attention heads (q/k/v/o) or MLP
+    neurons (gate/up/down); parsed once from a localize config, taken by every module after."""
+
+    CELL = "cell"
+    HEAD = "head"
+    NEURON = "neuron"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+UnitKind = Literal[Units.HEAD, Units.NEURON]  # the units a slot can split into
 
 
 @dataclass(frozen=True)
@@ -288,23 +303,24 @@ class Slot:
     neurons: int = 0  # MLP neurons (gate/up: output columns, down: input columns); 0: not per-neuron
     neuron_side: Literal["out", "in"] | None = None
 
-    def units(self, kind: UnitKind) -> int:
-        """How many units of ``kind`` (heads or neurons) the slot splits into (0: none)."""
-        return self.heads if kind == "head" else self.neurons
+    def units(self, kind: Units) -> int:
+        """How many units of ``kind`` (heads or neurons) the slot splits into (0: none, and
+        for ``Units.CELL``)."""
+        return self.heads if kind == Units.HEAD else self.neurons if kind == Units.NEURON else 0
 
-    def unit_side(self, kind: UnitKind) -> Literal["out", "in"] | None:
+    def unit_side(self, kind: Units) -> Literal["out", "in"] | None:
         """Whether a unit of ``kind`` is a group of output or of input columns."""
-        return self.head_side if kind == "head" else self.neuron_side
+        return self.head_side if kind == Units.HEAD else self.neuron_side if kind == Units.NEURON else None
 
     def unit_kind(self) -> UnitKind | None:
-        """``head`` for q/k/v/o, ``neuron`` for gate/up/down, else None."""
-        return "head" if self.heads else "neuron" if self.neurons else None
+        """``Units.HEAD`` for q/k/v/o, ``Units.NEURON`` for gate/up/down, else None."""
+        return Units.HEAD if self.heads else Units.NEURON if self.neurons else None
 
     def head_columns(self, module: nn.Module) -> list[torch.Tensor]:
         """Per head, the columns of ``module`` (output side for q/k/v, input side for o)."""
-        return self.unit_columns(module, "head")
+        return self.unit_columns(module, Units.HEAD)
 
-    def unit_columns(self, module: nn.Module, kind: UnitKind) -> list[torch.Tensor]:
+    def unit_columns(self, module: nn.Module, kind: Units) -> list[torch.Tensor]:
         """Per unit (head or neuron), the columns of ``module`` it owns (output side for
         q/k/v/gate/up, input side for o/down)."""
         part = self.parts[0]

@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from weightgraft.engine.architectures import UnitKind, Units
 from weightgraft.engine.partial import PartialGraft
 
 __all__ = ["Metric", "graft_attribution", "graft_unit_attribution", "graft_metric", "metric_values", "unit_slots"]
@@ -110,14 +111,14 @@ def graft_attribution(
                         start, end, None)[0]
 
 
-def unit_slots(pair: PartialGraft, kind: Literal["head", "neuron"]) -> dict[str, int]:
+def unit_slots(pair: PartialGraft, kind: UnitKind) -> dict[str, int]:
     """Slot name -> number of units, for every slot that splits into ``kind`` units."""
     return {s.name: s.units(kind) for s in pair.slots if s.units(kind)}
 
 
 def graft_unit_attribution(
     pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
-    kind: Literal["head", "neuron"], metric: Metric = "logprob", distractors: torch.Tensor | None = None,
+    kind: UnitKind, metric: Metric = "logprob", distractors: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None, steps: int = 1,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``graft_attribution`` with every q/k/v/o slot split into heads (``kind="head"``) or
@@ -126,8 +127,9 @@ def graft_unit_attribution(
     in ``cells`` is what belongs to no unit (o's and down's bias; 0 where there is none), so
     a split slot's units plus that entry are its whole cell (exactly, for integrated gradients;
     to first order, for the gradient, where they sum to the unsplit cell's gradient)."""
-    if kind not in ("head", "neuron"):
+    if kind not in (Units.HEAD, Units.NEURON):
         raise ValueError(f"kind must be 'head' or 'neuron', got {kind!r}")
+    kind = Units(kind)
     return _attribution(pair, input_ids, positions, targets, metric, distractors, attention_mask, steps,
                         None, None, unit_slots(pair, kind))
 
@@ -135,11 +137,11 @@ def graft_unit_attribution(
 def _attribution(
     pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
     metric: Metric, distractors: torch.Tensor | None, attention_mask: torch.Tensor | None, steps: int,
-    start: torch.Tensor | None, end: torch.Tensor | None, units: Mapping[str, int] | None,
+    start: torch.Tensor | None, end: torch.Tensor | None, unit_widths: Mapping[str, int] | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     if steps < 1:
         raise ValueError("steps must be at least 1")
-    units = units or {}
+    unit_widths = unit_widths or {}
     batch, seq = input_ids.shape
     n_slots = len(pair.slots)
     dtype = torch.promote_types(pair.base.get_input_embeddings().weight.dtype, torch.float32)
@@ -149,14 +151,14 @@ def _attribution(
     a0, a1 = a0.to(dtype), a1.to(dtype)
     reference = donor_logprobs(pair, ids, positions, mask) if metric == "kl" else None
     total = torch.zeros(batch, stop, n_slots, dtype=dtype)
-    unit_totals = {name: torch.zeros(batch, stop, n, dtype=dtype) for name, n in units.items()}
+    unit_totals = {name: torch.zeros(batch, stop, n, dtype=dtype) for name, n in unit_widths.items()}
     with _frozen([pair.base, pair.donor]), torch.enable_grad():
         for j in range(steps):
             share = 0.0 if steps == 1 else (j + 0.5) / steps  # units go 0 -> 1 along the same path
             point = a0 if steps == 1 else a0 + share * (a1 - a0)
             alpha = point.detach().clone().requires_grad_(True)
             unit_alpha = {name: torch.full((batch, stop, n), share, dtype=dtype, requires_grad=True)
-                          for name, n in units.items()}
+                          for name, n in unit_widths.items()}
             values = graft_metric(pair, ids, alpha, positions, targets, metric, distractors, mask, reference,
                                   unit_alpha or None)
             grads = torch.autograd.grad(values.sum(), [alpha, *unit_alpha.values()], allow_unused=True)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine import lora
-from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, model_slots
+from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units, model_slots
 from weightgraft.engine.attribution import Metric, metric_values
 from weightgraft.engine.prefix import GraftItem, prefix_forward
 
@@ -151,7 +151,7 @@ def _item(example: ScoredExample, cells: Sequence[Cell], slot_list: Sequence[Slo
             if not 0 <= c.unit < slot.units(kind):
                 raise ValueError(f"{slot.name} has {slot.units(kind)} {kind}s; no {kind} {c.unit}")
             maps[c.position, c.unit] = 1
-        (heads if kind == "head" else neurons)[slot.name] = maps
+        (heads if kind == Units.HEAD else neurons)[slot.name] = maps
     return GraftItem(input_ids=example.input_ids[:n], source=source, head_source=heads or None,
                      logit_start=example.position, n_logits=1, neuron_source=neurons or None)
 

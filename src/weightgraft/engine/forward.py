@@ -20,7 +20,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from weightgraft.engine import projections
-from weightgraft.engine.architectures import Slot, model_slots
+from weightgraft.engine.architectures import Slot, UnitKind, Units, model_slots
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.swaps import own_forward, swaps
 
@@ -268,11 +268,11 @@ def _plan(
 
 def _check_units(
     unit_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
-    n_models: int, device: torch.device, kind: str,
+    n_models: int, device: torch.device, kind: UnitKind,
 ) -> dict[int, torch.Tensor]:
-    """``head_source`` (``kind="head"``) or ``neuron_source`` (``kind="neuron"``) keyed by
+    """``head_source`` (``Units.HEAD``) or ``neuron_source`` (``Units.NEURON``) keyed by
     slot index, validated: slots with units of that kind only, right shapes."""
-    arg, which = f"{kind}_source", "q, k, v and o" if kind == "head" else "gate, up and down"
+    arg, which = f"{kind}_source", "q, k, v and o" if kind == Units.HEAD else "gate, up and down"
     index = {slot.name: s for s, slot in enumerate(slot_list)}
     out: dict[int, torch.Tensor] = {}
     for name, tensor in unit_source.items():
@@ -410,8 +410,8 @@ def graft_call(
         )
     position_ids = position_ids_from_mask(attention_mask)[:, cached:]
 
-    units = _check_units(head_source or {}, slot_list, batch, seq, len(models), device, "head")
-    units.update(_check_units(neuron_source or {}, slot_list, batch, seq, len(models), device, "neuron"))
+    units = _check_units(head_source or {}, slot_list, batch, seq, len(models), device, Units.HEAD)
+    units.update(_check_units(neuron_source or {}, slot_list, batch, seq, len(models), device, Units.NEURON))
     models, source, units = _distinct(models, source, units)
     columns = [source[:, :, s] for s in range(len(slot_list))]
     with swaps() as swap:

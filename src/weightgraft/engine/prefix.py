@@ -23,7 +23,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from weightgraft.engine.architectures import NEURON_COMPONENTS, model_slots
+from weightgraft.engine.architectures import NEURON_COMPONENTS, Units, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
 
@@ -347,13 +347,13 @@ def _checked_head_widths(
     be so mapped are refused here, before padding would fail on them less clearly."""
     widths = {}
     for item in items:
-        for arg, kind in ((item.head_source, "head"), (item.neuron_source, "neuron")):
+        for arg, kind in ((item.head_source, Units.HEAD), (item.neuron_source, Units.NEURON)):
             for name in arg or {}:
                 if name not in slot_index:
                     raise ValueError(f"{kind}_source names {name!r}, which is not a slot of this model")
                 widths[name] = slot_list[slot_index[name]].units(kind)
                 if not widths[name]:
-                    which = "q, k, v and o" if kind == "head" else "gate, up and down"
+                    which = "q, k, v and o" if kind == Units.HEAD else "gate, up and down"
                     raise ValueError(f"slot {name!r} cannot be grafted per {kind}; only {which} can")
     return {name: widths[name] for name in sorted(widths)}
 

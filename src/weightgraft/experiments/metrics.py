@@ -1,80 +1,14 @@
-"""Metrics of one prediction and summaries over many, with bootstrap confidence intervals."""
+"""Summaries of a sweep's rows: recovery from the baseline rows, and per (model set, template,
+direction, scheme) every metric of ``metric_table.METRIC_TABLE`` aggregated as it says, with
+bootstrap confidence intervals."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
-import torch
 
-TOP_K: tuple[int, ...] = (1, 5, 10, 20, 50, 100)
-N_TOP_TOKENS = 20
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """Metrics of the next-token distribution at the last prompt token."""
-
-    target_token_id: int
-    rank: int  # 0-based: how many tokens are strictly more probable than the target
-    prob: float
-    hits: dict[int, bool]
-    top_ids: list[int]
-    top_probs: list[float]
-    finite: bool
-
-
-def score_next_token(logits: torch.Tensor, target: int) -> Prediction:
-    """Rank, probability and top-k hits of ``target`` under ``logits`` ([vocab])."""
-    logits = logits.float()
-    finite = bool(torch.isfinite(logits).all())
-    if not finite:
-        return Prediction(target, -1, float("nan"), {k: False for k in TOP_K}, [], [], False)
-    probs = torch.softmax(logits, dim=-1)
-    rank = int((logits > logits[target]).sum())
-    top = torch.topk(probs, k=min(N_TOP_TOKENS, probs.numel()))
-    return Prediction(
-        target_token_id=target,
-        rank=rank,
-        prob=float(probs[target]),
-        hits={k: rank < k for k in TOP_K},
-        top_ids=top.indices.tolist(),
-        top_probs=top.values.tolist(),
-        finite=True,
-    )
-
-
-def answer_logprob(logits: torch.Tensor, answer_ids: Sequence[int]) -> float:
-    """Sum of log-probabilities of every answer token, teacher-forced.
-
-    ``logits`` are ``[len(answer_ids), vocab]``: row i predicts ``answer_ids[i]``.
-    """
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    idx = torch.tensor(list(answer_ids), device=logits.device)
-    return float(logp[torch.arange(len(idx), device=logits.device), idx].sum())
-
-
-def logit_difference(logits: torch.Tensor, answer: int, distractor: int | None) -> float:
-    """Answer logit minus distractor logit (first tokens); NaN without a distractor."""
-    if distractor is None:
-        return float("nan")
-    logits = logits.float()
-    return float(logits[answer] - logits[distractor])
-
-
-def kl_divergence(donor_logits: torch.Tensor, logits: torch.Tensor) -> float:
-    """KL(donor || grafted) in nats of two next-token distributions given as logits."""
-    p = torch.log_softmax(donor_logits.double(), dim=-1)
-    q = torch.log_softmax(logits.double(), dim=-1)
-    return float((p.exp() * (p - q)).sum())
-
-
-def first_token_logprob(logits: torch.Tensor, target: int) -> float:
-    """Log-probability of the answer's first token (the token top-k is scored on)."""
-    return float(torch.log_softmax(logits.double(), dim=-1)[target])
-
+from weightgraft.experiments import metric_table
+from weightgraft.experiments.metric_table import MetricSpec
 
 # |SFT - PRE| below which a per-example recovery is flagged (and left out of paired
 # differences): the ratio of two near-equal log-probs says nothing about the graft.
@@ -84,7 +18,7 @@ MIN_RECOVERY_GAP = 0.1
 STABLE_MEAN_GAP = 0.5
 STABLE_N = 10
 # per-example column -> the log-probability it is the recovery of
-RECOVERY_OF = {"recovery": "first_logprob", "recovery_answer": "answer_logprob"}
+RECOVERY_OF = {m.name: m.recovery_of for m in metric_table.METRIC_TABLE if m.recovery_of is not None}
 
 
 def add_recovery(results: pd.DataFrame) -> pd.DataFrame:
@@ -159,22 +93,6 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, 
     return (float(values.mean()), *bootstrap_ci(values, n_boot, seed))
 
 
-BEHAVIOUR = ("logit_diff", "kl_donor")
-
-
-def whole_character_prefix(tokenizer: object, answer_ids: Sequence[int]) -> int:
-    """Fewest leading answer tokens that decode to whole characters.
-
-    1 for most answers; more where the first token is a bare UTF-8 byte (Cyrillic, Greek, CJK
-    names in byte-level BPE vocabularies), which many answers share, so its rank alone does
-    not identify the answer.
-    """
-    for k in range(1, len(answer_ids) + 1):
-        if "\ufffd" not in tokenizer.decode(list(answer_ids[:k])):  # type: ignore[attr-defined]
-            return k
-    return len(answer_ids)
-
-
 def bootstrap_ci(values: np.ndarray, n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (seeded)."""
     values = np.asarray(values, dtype=float)
@@ -186,6 +104,32 @@ def bootstrap_ci(values: np.ndarray, n_boot: int = 1000, seed: int = 0, alpha: f
 
 
 SUMMARY_KEYS = ["model_set", "template", "scheme"]
+
+
+def _aggregate(spec: MetricSpec, ok: pd.DataFrame, n_boot: int, seed: int) -> dict[str, object]:
+    """One metric's summary columns over the finite rows ``ok`` of one group (none where the
+    results lack the metric's column)."""
+    name, how = spec.name, spec.aggregate
+    if how is None or (how == "ratio_of_means" and f"{name}_gain" not in ok.columns):
+        return {}
+    if how == "mean_ci" and name not in ok.columns:
+        return {}
+    values = ok[name].to_numpy(dtype=float) if name in ok.columns else np.array([])
+    if how == "rate":
+        out: dict[str, object] = {name: float(values.mean()) if len(values) else float("nan")}
+        if spec.ci:
+            out[f"{name}_lo"], out[f"{name}_hi"] = bootstrap_ci(values, n_boot, seed)
+        return out
+    if how == "rank":
+        return {f"mean_{name}": float(values.mean()) if len(values) else float("nan"),
+                f"median_{name}": float(np.median(values)) if len(values) else float("nan")}
+    if how == "mean":
+        return {f"mean_{name}": float(ok[name].mean()) if len(ok) else float("nan")}
+    if how == "mean_ci":
+        mean, lo, hi = _mean_ci(values, n_boot, seed)
+        return {f"mean_{name}": mean, f"{name}_lo": lo, f"{name}_hi": hi, f"n_{name}": int(np.isfinite(values).sum())}
+    gain, gap = ok[f"{name}_gain"].to_numpy(dtype=float), ok[f"{name}_gap"].to_numpy(dtype=float)
+    return dict(zip(spec.summary_columns(), ratio_of_means(gain, gap, n_boot, seed)))
 
 
 def summarize(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -208,28 +152,8 @@ def summarize(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.Da
             "model_set": model_set, "template": template, "direction": direction, "scheme": scheme,
             "family": group["family"].iloc[0], "n": len(ok), "n_nonfinite": int((~group["finite"]).sum()),
         }
-        for k in TOP_K:
-            hits = ok[f"top{k}"].to_numpy(dtype=float)
-            row[f"top{k}"] = float(hits.mean()) if len(hits) else float("nan")
-            if k in (1, 5):
-                row[f"top{k}_lo"], row[f"top{k}_hi"] = bootstrap_ci(hits, n_boot, seed)
-        ranks = ok["rank"].to_numpy(dtype=float)
-        row["mean_rank"] = float(ranks.mean()) if len(ranks) else float("nan")
-        row["median_rank"] = float(np.median(ranks)) if len(ranks) else float("nan")
-        row["mean_prob"] = float(ok["prob"].mean()) if len(ok) else float("nan")
-        row["mean_answer_logprob"] = float(ok["answer_logprob"].mean()) if len(ok) else float("nan")
-        for col in BEHAVIOUR:
-            if col not in ok.columns:
-                continue
-            vals = ok[col].to_numpy(dtype=float)
-            row[f"mean_{col}"], row[f"{col}_lo"], row[f"{col}_hi"] = _mean_ci(vals, n_boot, seed)
-            row[f"n_{col}"] = int(np.isfinite(vals).sum())
-        for col in RECOVERY_OF:
-            if f"{col}_gain" not in ok.columns:
-                continue
-            gain, gap = ok[f"{col}_gain"].to_numpy(dtype=float), ok[f"{col}_gap"].to_numpy(dtype=float)
-            (row[col], row[f"{col}_lo"], row[f"{col}_hi"], row[f"n_{col}"],
-             row[f"{col}_note"]) = ratio_of_means(gain, gap, n_boot, seed)
+        for spec in metric_table.METRIC_TABLE:
+            row.update(_aggregate(spec, ok, n_boot, seed))
         row["_order"] = order[scheme]
         rows.append(row)
     out = pd.DataFrame(rows)

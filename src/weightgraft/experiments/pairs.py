@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from weightgraft.experiments.metric_table import pair_skips, paired_metrics
 from weightgraft.experiments.metrics import bootstrap_ci
 
-PAIR_METRICS: tuple[str, ...] = ("top1", "top5", "answer_logprob", "logit_diff", "kl_donor", "recovery")
 
 
 class SchemePair(BaseModel):
@@ -48,11 +48,14 @@ def check_pairs(pairs: Sequence[SchemePair], scheme_names: Sequence[str]) -> Non
 
 
 def paired_differences(
-    results: pd.DataFrame, pairs: Sequence[SchemePair], metrics: Sequence[str] = PAIR_METRICS,
+    results: pd.DataFrame, pairs: Sequence[SchemePair], metrics: Sequence[str] | None = None,
     n_boot: int = 1000, seed: int = 0,
 ) -> pd.DataFrame:
     """One row per (model set, template, pair, metric): the mean of ``a - b`` over the examples
-    both schemes scored (finite logits, metric defined), with a paired bootstrap 95% CI."""
+    both schemes scored (finite logits, metric defined), with a paired bootstrap 95% CI.
+    ``metrics``: default every metric the metric table marks as paired."""
+    metrics = paired_metrics() if metrics is None else metrics
+    skips = pair_skips()
     rows = []
     ok = results[results["finite"]] if "finite" in results.columns else results
     for (model_set, template), group in ok.groupby(["model_set", "template"], sort=False):
@@ -62,13 +65,14 @@ def paired_differences(
                 continue
             a, b = by_scheme[pair.a], by_scheme[pair.b]
             common = a.index.intersection(b.index)
-            for metric in metrics:
-                if metric not in a.columns:
+            for name in metrics:
+                if name not in a.columns:
                     continue
-                va = a.loc[common, metric].to_numpy(dtype=float)
-                vb = b.loc[common, metric].to_numpy(dtype=float)
-                if metric == "recovery" and "recovery_small_gap" in a.columns:
-                    keep = ~a.loc[common, "recovery_small_gap"].fillna(False).astype(bool).to_numpy()
+                va = a.loc[common, name].to_numpy(dtype=float)
+                vb = b.loc[common, name].to_numpy(dtype=float)
+                skip = skips.get(name)
+                if skip is not None and skip in a.columns:
+                    keep = ~a.loc[common, skip].fillna(False).astype(bool).to_numpy()
                     va, vb = va[keep], vb[keep]
                 both = np.isfinite(va - vb)
                 va, vb = va[both], vb[both]
@@ -76,7 +80,7 @@ def paired_differences(
                 lo, hi = bootstrap_ci(diff, n_boot, seed)
                 rows.append({
                     "model_set": model_set, "template": template, "a": pair.a, "b": pair.b,
-                    "metric": metric, "n": int(diff.size),
+                    "metric": name, "n": int(diff.size),
                     "mean_a": float(va.mean()) if va.size else float("nan"),
                     "mean_b": float(vb.mean()) if vb.size else float("nan"),
                     "mean_diff": float(diff.mean()) if diff.size else float("nan"), "lo": lo, "hi": hi,

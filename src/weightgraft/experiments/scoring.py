@@ -21,15 +21,8 @@ import torch
 
 from weightgraft.data.prompts import answer_token_ids
 from weightgraft.experiments.examples import Prepared
-from weightgraft.experiments.metrics import (
-    TOP_K,
-    answer_logprob,
-    first_token_logprob,
-    kl_divergence,
-    logit_difference,
-    score_next_token,
-    whole_character_prefix,
-)
+from weightgraft.experiments.metric_table import ScoreInputs, row_metrics
+from weightgraft.experiments.prediction import answer_logprob, score_next_token, whole_character_prefix
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.engine.prefix import GraftItem, prefix_forward
 
@@ -122,23 +115,19 @@ def score_rows(
         pred = score_next_token(logits[b, 0], ex.answer_ids[0])
         distractor = _distractor_id(tokenizer, p.distractor)
         donor = donor_logits[b] if donor_logits is not None else None
+        metrics = row_metrics(ScoreInputs(logits=logits[b, : n_logits[b]], answer_ids=ex.answer_ids, prediction=pred,
+                                         distractor=distractor, donor_logits=donor))
         row = {
             "model_set": model_set, "template": p.template, "scheme": scheme,
             "family": scheme_meta[scheme]["family"], "labels": scheme_meta[scheme]["labels"],
             "example_id": p.id, "relation_id": p.relation_id, "direction": p.direction or "",
             "prompt": p.prompt, "answer": p.answer,
             "target_token_id": pred.target_token_id, "target_token": tokenizer.decode([pred.target_token_id]),
-            "rank": pred.rank, "prob": pred.prob,
-            "first_logprob": first_token_logprob(logits[b, 0], ex.answer_ids[0]) if pred.finite else float("nan"),
-            "answer_logprob": answer_logprob(logits[b, : n_logits[b]], ex.answer_ids[: n_logits[b]])
-            if pred.finite else float("nan"),
             "n_answer_tokens": n_logits[b],
-            **{f"top{k}": pred.hits[k] for k in TOP_K},
             "top_tokens": [tokenizer.decode([i]) for i in pred.top_ids],
             "top_probs": pred.top_probs, "finite": pred.finite,
             "distractor": p.distractor,
-            "logit_diff": logit_difference(logits[b, 0], ex.answer_ids[0], distractor),
-            "kl_donor": kl_divergence(donor, logits[b, 0]) if donor is not None else float("nan"),
+            **metrics,
             **_baseline_fields(scheme, base),
             **_first_character(tokenizer, ex.answer_ids, logits[b, : n_logits[b]], pred.finite),
         }

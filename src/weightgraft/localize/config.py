@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from weightgraft.engine.architectures import Units
 from weightgraft.experiments.config import ConfigError, read_yaml_config
 
 Direction = Literal["sufficiency", "necessity"]
@@ -70,7 +71,7 @@ class LocalizeConfig(BaseModel):
     # cell: whole slots; head: q/k/v/o split by attention head (under grouped-query attention a
     # k/v head is one shared key/value head, serving its group of q heads); neuron: gate/up/down
     # split by MLP neuron. Split slots' units are estimated, mapped exactly and searched as cells.
-    units: Literal["cell", "head", "neuron"] = "cell"
+    units: Units = Units.CELL
     unit_rows: int = Field(20000, ge=1, description="unit rows kept per prompt and direction, by |estimate|")
     exact_units: int = Field(64, ge=0, description="exact unit cells per exact prompt: its top by |estimate|")
     batch_size: int = Field(16, ge=1)

@@ -22,6 +22,7 @@ from weightgraft import atomic
 from weightgraft.experiments.config import ConfigError
 from weightgraft.localize.controls import set_controls
 from weightgraft.localize.examples import LocalizeExample
+from weightgraft.engine.architectures import Units
 from weightgraft.engine.cells import WHOLE, cell_name
 from weightgraft.localize.maps import UnitCellMap, cell_map, whole_cells
 from weightgraft.localize.missed import missed_bound
@@ -34,10 +35,10 @@ def _keys(cells: list[dict[str, str]]) -> list[CellKey]:
     return [(c["position_label"], c["slot"]) for c in cells]
 
 
-def _estimates(sub: pd.DataFrame, column: str, units: str, model: nn.Module) -> dict[CellKey, float]:
+def _estimates(sub: pd.DataFrame, column: str, units: Units, model: nn.Module) -> dict[CellKey, float]:
     """Summed estimate per key: whole cells, or with units the unit cells (and rests) of the
     split slots and the whole cells of the others."""
-    if units == "cell":
+    if units == Units.CELL:
         sub = whole_cells(sub)
         return {k: float(v) for k, v in sub.groupby(["position_label", "slot"])[column].sum().items()}
     from weightgraft.engine.architectures import model_slots
@@ -77,13 +78,13 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
             sub = cells[(cells["direction"] == direction) & (cells["template"] == template)]
             estimates = _estimates(sub, column, config.units, model)
             whole_maps = [cell_map(e, slot_index, model) for e in group]
-            maps = whole_maps if config.units == "cell" else [UnitCellMap(e, slot_index, model, list(estimates))
+            maps = whole_maps if config.units == Units.CELL else [UnitCellMap(e, slot_index, model, list(estimates))
                                                                for e in group]
             entry = entries.get((direction, template))
             if entry is not None and config.metric != "logprob" and not entry.get("search_checked"):
                 entry = None  # searched before shares were measured in the config's metric: again
             total = None
-            if config.units != "cell":  # the donor's whole effect: every whole cell (the unit keys are a top few)
+            if config.units != Units.CELL:  # the donor's whole effect: every whole cell (the unit keys are a top few)
                 total = SetVerifier(pairs[direction], [e.scored for e in group], whole_maps, pad_id, config.metric,
                                     config.exact_chunk).total
             if entry is None:

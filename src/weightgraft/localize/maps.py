@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from weightgraft.localize.examples import LocalizeExample
+from weightgraft.engine.architectures import Units
 from weightgraft.engine.attribution import Metric, graft_attribution
 from weightgraft.engine.cells import OUTPUT_ONLY, REST, WHOLE, Cell, exact_effects, example_cells, has_rest
 from weightgraft.engine.partial import PartialGraft
@@ -146,7 +147,7 @@ def _top_units(g: torch.Tensor, per_unit: dict[str, torch.Tensor], ig: tuple | N
 
 def estimate_frame(
     pair: PartialGraft, examples: Sequence[LocalizeExample], direction: str, metric: Metric,
-    batch_size: int, ig_steps: int = 0, units: str = "cell", unit_rows: int = 20000,
+    batch_size: int, ig_steps: int = 0, units: Units = Units.CELL, unit_rows: int = 20000,
 ) -> pd.DataFrame:
     """Gradient estimates (and integrated gradients with ``ig_steps > 1``) of every cell.
     Batches hold examples of one length where possible (sorted by length: little padding).
@@ -157,7 +158,7 @@ def estimate_frame(
     from weightgraft.engine.attribution import graft_unit_attribution
 
     names = [s.name for s in pair.slots]
-    rests = {s.name for s in pair.slots if units != "cell" and s.units(units) and has_rest(pair.base, s)}
+    rests = {s.name for s in pair.slots if s.units(units) and has_rest(pair.base, s)}
     order = sorted(range(len(examples)), key=lambda i: (examples[i].scored.position, i))
     grads: dict[int, torch.Tensor] = {}
     igs: dict[int, torch.Tensor] = {}
@@ -165,7 +166,7 @@ def estimate_frame(
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         ids, mask, pos, targets, distractors = _batch([examples[i] for i in chunk])
-        if units == "cell":
+        if units == Units.CELL:
             g = graft_attribution(pair, ids, pos, targets, metric, distractors, mask)
             ig = (graft_attribution(pair, ids, pos, targets, metric, distractors, mask, steps=ig_steps)
                   if ig_steps > 1 else None)
@@ -187,7 +188,7 @@ def estimate_frame(
     if igs:
         values["estimate_ig"] = [igs[i] for i in range(len(examples))]
     frame = _cell_frame(examples, direction, names, values, pair.base)
-    if units == "cell":
+    if units == Units.CELL:
         return frame
     unit_frame = _unit_frame(examples, direction, [unit_rows_of[i] for i in range(len(examples))], list(values))
     return pd.concat([frame, unit_frame], ignore_index=True)
@@ -234,7 +235,7 @@ def cell_map(example: LocalizeExample, slot_index: dict[str, int], model) -> dic
     return {(example.labels[c.position], names[c.slot]): c for c in example_cells(model, example.scored)}
 
 
-def unit_picks(estimates: pd.DataFrame, examples: Sequence[LocalizeExample], model, units: str,
+def unit_picks(estimates: pd.DataFrame, examples: Sequence[LocalizeExample], model, units: Units,
                n: int):
     """``example -> its n unit cells of largest |estimate|`` (the exact unit map's cells; the
     whole cells are all mapped exactly anyway)."""

@@ -26,13 +26,15 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
 from weightgraft import atomic
 from weightgraft.data.prompts import DatasetError
+from weightgraft.engine.architectures import Units
+from weightgraft.experiments.config import ConfigError
 from weightgraft.experiments.store import ResultsDirConflict
 from weightgraft.localize.config import LocalizeConfig, load_localize_config
 from weightgraft.localize.examples import LocalizeExample, build_examples, select_prompts
@@ -40,6 +42,9 @@ from weightgraft.localize.directions import choose_directions, left_out
 from weightgraft.localize.exact_parts import exact_stage
 from weightgraft.localize.found_sets import find_sets
 from weightgraft.localize.maps import estimate_frame, unit_picks, whole_cells
+
+if TYPE_CHECKING:
+    from weightgraft.planning.localize import LocalizeWork
 
 @dataclass
 class LocalizeResult:
@@ -183,6 +188,52 @@ def _exact_subset(config: LocalizeConfig, examples: list[LocalizeExample]) -> li
     return chosen
 
 
+def plan_input(config: LocalizeConfig, prompts: list[Any] | None = None) -> LocalizeWork:
+    """What this config asks of memory and time, as ``weightgraft.planning`` reads it."""
+    from weightgraft.models.peft_donor import parse_peft
+    from weightgraft.planning.localize import LocalizeWork, SftModel
+
+    prompts = select_prompts(config) if prompts is None else prompts
+    exact, count = [], defaultdict(int)
+    for p in prompts:  # the prompts ``_exact_subset`` maps exactly: all, none, or the first N per template
+        if config.exact == "all" or (config.exact != "none" and count[p.template] < config.exact):
+            count[p.template] += 1
+            exact.append(p.prompt)
+    sfts = []
+    for label, spec in config.sft_models():
+        lora = parse_peft(spec)
+        sfts.append(SftModel(label=label, spec=spec, adapter=str(lora.directory) if lora is not None else None))
+    return LocalizeWork(pre=config.models["pre"], sfts=sfts, prompts=[p.prompt for p in prompts], exact_prompts=exact,
+                        directions=len(config.graft_directions), ig_steps=config.ig_steps, units=config.units,
+                        unit_rows=config.unit_rows, exact_chunk=config.exact_chunk,
+                        batch_size=config.batch_size if "batch_size" in config.model_fields_set else None,
+                        dtype=config.dtype, device=config.device)
+
+
+def plan_before_localize(config: LocalizeConfig, prompts: list[Any]) -> LocalizeConfig:
+    """What ``localize`` does before loading: refuse random models (no tokenizer) and a plan
+    that does not fit, in one line; return the config with the plan's batch size where the
+    config does not fix one."""
+    from weightgraft.models.random_models import refuse_random
+    from weightgraft.planning.errors import PlanError
+    from weightgraft.planning.localize import plan_localize_work
+    from weightgraft.planning.plan import check_plan, plan_skipped
+
+    if config.tokenizer is None:  # the config's tokenizer serves models that have none
+        refuse_random(config.roles(), "weightgraft localize")
+    try:
+        plan = plan_localize_work(plan_input(config, prompts), with_time=False)
+    except (ConfigError, PlanError):
+        raise
+    except Exception as exc:  # the plan only refuses what it knows cannot fit
+        plan_skipped(exc)
+        return config
+    check_plan(plan)
+    if plan.batch_size != config.batch_size:
+        config = config.model_copy(update={"batch_size": plan.batch_size})
+    return config
+
+
 def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: Any, sft: Any,
                 pairs: dict[str, list[Any]], pad_id: int, parts: Path, stamp: str, say: Any,
                 seconds: dict[str, float]) -> pd.DataFrame:
@@ -208,7 +259,7 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
             estimates.insert(estimates.columns.get_loc("slot") + 1, "unit", -1)
         chosen = _exact_subset(config, examples)
         t0 = time.time()
-        picks = unit_picks(estimates, examples, pre, config.units, config.exact_units) if config.units != "cell" else None
+        picks = unit_picks(estimates, examples, pre, config.units, config.exact_units) if config.units != Units.CELL else None
         exact_parts = exact_stage(models, chosen, direction, config.metric, pad_id, config.exact_chunk, parts, tell,
                                   picks)
         if exact_parts:
@@ -236,11 +287,10 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     # before any model loads; a vocabulary too small for it is refused from the models' configs
     shared_tokenizer = config_tokenizer(config.tokenizer, config.roles() if load is None else None)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
-        from weightgraft.experiments.plan import plan_before_localize
         from weightgraft.models.loading import check_model_specs
 
         check_model_specs(config.roles(), "models")
-        config = plan_before_localize(config)
+        config = plan_before_localize(config, prompts)
     run_dir = config.run_dir()
     _claim(run_dir, config, prompts)
     choice = choose_directions(config)

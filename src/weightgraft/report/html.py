@@ -25,9 +25,9 @@ from weightgraft.report.run import (
 from weightgraft.report.tables import (
     ANSWER_NOTE,
     CONTINUATION_HEADER,
-    TABLE_HEADER,
     _exclusions,
     continuations,
+    table_header,
     table_rows,
 )
 
@@ -89,7 +89,8 @@ def _summary_section(run: Run) -> str:
              "rows with finite logits; non-finite rows are flagged and left out of every average.</p>"]
     for key, group in _groups(run.summary):
         parts.append(f"<h3>{_esc(group_title(key))}</h3>")
-        parts.append(html_table(TABLE_HEADER, table_rows(group), warn_col=len(TABLE_HEADER) - 1))
+        header = table_header()
+        parts.append(html_table(header, table_rows(group), warn_col=len(header) - 1))
     conts = continuations(run)
     if conts is not None:
         parts += ["<h3>Grafted continuations (greedy)</h3>", html_table(CONTINUATION_HEADER, conts)]

@@ -207,14 +207,15 @@ def _sets_section(search: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def _units_section(units: pd.DataFrame, manifest: dict) -> str:
+def _units_section(unit_rows: pd.DataFrame, manifest: dict) -> str:
     """The strongest heads or neurons: mean estimate (and exact effect where computed) per
     (direction, template, position label, unit cell), the 20 largest by |mean estimate|."""
+    from weightgraft.engine.architectures import Units
     from weightgraft.engine.cells import cell_name
 
     config = manifest.get("config") or {}
-    kind = config.get("units", "unit")
-    frame = units.assign(cell=[cell_name(s, int(u)) for s, u in zip(units["slot"], units["unit"])])
+    kind = Units(config["units"]) if config.get("units") else "head | neuron"  # a manifest before units
+    frame = unit_rows.assign(cell=[cell_name(s, int(u)) for s, u in zip(unit_rows["slot"], unit_rows["unit"])])
     keys = [k for k in ("model", "direction", "template") if k in frame] + ["position_label", "cell", "unit"]
     table = frame.groupby(keys, sort=False).agg(prompts=("estimate", "size"), estimate=("estimate", "mean"),
                                                 exact=("exact", "mean")).reset_index()
@@ -236,7 +237,7 @@ def write_localize_report(run_dir: Path) -> Path:
     matplotlib.use("Agg")
     run_dir = Path(run_dir)
     cells = pd.read_parquet(run_dir / "cells.parquet")
-    units = cells[cells["unit"] != -1] if "unit" in cells else cells.iloc[:0]
+    unit_rows = cells[cells["unit"] != -1] if "unit" in cells else cells.iloc[:0]
     if "unit" in cells:  # the maps, stability and agreement are of whole cells (a split slot's: its units summed)
         cells = cells[cells["unit"] == -1]
     manifest_path = run_dir / "manifest.json"
@@ -266,8 +267,8 @@ def write_localize_report(run_dir: Path) -> Path:
                      + _img(out / f"last_{stem}.png", f"{name}: the last token"))
     parts.append(_stability_section(run_dir, cells, out))
     parts.append(_claims_section(run_dir, cells))
-    if len(units):
-        parts.append(_units_section(units, manifest))
+    if len(unit_rows):
+        parts.append(_units_section(unit_rows, manifest))
     if cells["exact"].notna().any():
         n_layers = int(cells["layer"].max()) + 1
         table = pd.concat([agreement(sub, n_layers).assign(model=model) for model, sub in cells.groupby("model", sort=False)],

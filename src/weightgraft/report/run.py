@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from weightgraft.errors import WeightgraftError
+from weightgraft.experiments.metric_table import chart_labels
 from weightgraft.experiments.metrics import SUMMARY_KEYS, summarize
 
 RESULTS_FILE = "results.parquet"
@@ -22,11 +23,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "target_token", "rank", "prob", "top1", "top5", "top10", "top20", "top50", "top100",
     "answer_logprob", "top_tokens", "top_probs", "finite",
 )
-METRICS: dict[str, str] = {
-    "top1": "top-1 accuracy (%)", "top5": "top-5 accuracy (%)", "top10": "top-10 accuracy (%)",
-    "top20": "top-20 accuracy (%)", "top50": "top-50 accuracy (%)", "top100": "top-100 accuracy (%)",
-    "mean_rank": "mean target rank (0 = top)", "median_rank": "median target rank (0 = top)",
-}
+METRICS: dict[str, str] = chart_labels()  # summary column -> axis label (``experiments.metric_table``)
 BAR_COLOURS = {"top5": "#3b6ea8", "top1": "#e08a3c"}
 MAX_LISTED = 100  # exclusions and non-finite rows listed in the HTML page
 

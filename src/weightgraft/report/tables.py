@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft.experiments.metric_table import MetricSpec, table_metrics
 from weightgraft.report.run import Run, _groups, group_title
 
 
@@ -29,8 +30,9 @@ def nonfinite_flag(n_nonfinite: int) -> str:
     return f"⚠ {n_nonfinite} non-finite, excluded" if n_nonfinite else ""
 
 
-TABLE_HEADER = ("scheme", "family", "n", "top-1 % [95% CI]", "top-5 % [95% CI]", "mean rank",
-                "logit diff vs distractor", "KL(donor‖graft)", "recovery (first token)", "non-finite")
+def table_header() -> tuple[str, ...]:
+    """The summary table's columns: scheme, family, n, every shown metric, non-finite rows."""
+    return ("scheme", "family", "n", *(str(m.header) for m in table_metrics()), "non-finite")
 
 
 def _fmt_mean_ci(row: Any, metric: str, value: str | None = None) -> str:
@@ -46,15 +48,21 @@ def _fmt_mean_ci(row: Any, metric: str, value: str | None = None) -> str:
     return text + (f" ⚠ {note}" if isinstance(note, str) and note else "")
 
 
+def _shown(row: Any, spec: MetricSpec) -> str:
+    """One metric's cell, as its ``shown`` kind writes it."""
+    column = spec.summary_columns()[0]
+    if spec.shown == "pct_ci":
+        return format_pct_ci(getattr(row, column), getattr(row, f"{spec.name}_lo"), getattr(row, f"{spec.name}_hi"))
+    if spec.shown == "number":
+        return _fmt_rank(getattr(row, column))
+    return _fmt_mean_ci(row, spec.name, column)
+
+
 def table_rows(group: pd.DataFrame) -> list[tuple[str, ...]]:
     """Display cells of one (model_set, template) summary, in scheme order."""
+    shown = table_metrics()
     return [
-        (
-            str(r.scheme), str(r.family), str(int(r.n)),
-            format_pct_ci(r.top1, r.top1_lo, r.top1_hi), format_pct_ci(r.top5, r.top5_lo, r.top5_hi),
-            _fmt_rank(r.mean_rank), _fmt_mean_ci(r, "logit_diff"), _fmt_mean_ci(r, "kl_donor"),
-            _fmt_mean_ci(r, "recovery", "recovery"), nonfinite_flag(int(r.n_nonfinite)),
-        )
+        (str(r.scheme), str(r.family), str(int(r.n)), *(_shown(r, m) for m in shown), nonfinite_flag(int(r.n_nonfinite)))
         for r in group.itertuples(index=False)
     ]
 
@@ -100,7 +108,7 @@ def summary_markdown(run: Run) -> str:
     parts = [f"# weightgraft report: {run.path.name}", "",
              f"Protocol: {run.manifest.get('protocol', 'paper')}; {ANSWER_NOTE}.", ""]
     for key, group in _groups(run.summary):
-        parts += [f"## {group_title(key)}", "", markdown_table(TABLE_HEADER, table_rows(group)), ""]
+        parts += [f"## {group_title(key)}", "", markdown_table(table_header(), table_rows(group)), ""]
         bad = group[group["n_nonfinite"] > 0]
         if len(bad):
             parts += [f"> ⚠ non-finite logits: {int(bad['n_nonfinite'].sum())} row(s) in "

@@ -1,0 +1,186 @@
+"""Memory and time of a localize run, from the shapes of its work: both models whole, the
+partial graft's deltas, one attribution batch (and, with ``units: head | neuron``, every unit's
+share, gradient and running total), the exact-cell batches, and the cell tables it keeps."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from weightgraft.engine.architectures import Units, model_slots
+from weightgraft.models.footprint import ModelFootprint, resolve_footprint
+from weightgraft.planning.budget import budget
+from weightgraft.planning.cards import Card
+from weightgraft.planning.lengths import length_summary, tokenizer_for
+from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, smaller_batch
+from weightgraft.planning.sizes import gib
+from weightgraft.planning.timing import attribution_seconds, exact_cell_seconds, rate_for
+
+__all__ = ["CELL_ROW_BYTES", "DEFAULT_LOCALIZE_BATCH", "UNIT_ROW_BYTES", "UNIT_SHARE_COPIES", "LocalizeWork",
+           "plan_localize_work", "unit_width"]
+
+DEFAULT_LOCALIZE_BATCH = 16  # LocalizeConfig.batch_size's default
+# Bytes one cell row costs while localize holds its tables: the row in the estimate frame
+# (ids, template and label strings, layer, slot, unit, estimates: ~60 bytes with pandas' object
+# columns), again in the parquet round trip and the join with the exact frame.
+CELL_ROW_BYTES = 120
+# A unit row kept per prompt before it becomes a frame: a Python tuple of position, slot name,
+# unit and estimate(s), then its frame row.
+UNIT_ROW_BYTES = 200
+# Unit-sized tensors at the peak of one attribution batch: the shares, their gradient, the
+# running total and the result (``engine.attribution``), and the backward's per-module scratch
+# (measured: 4.8 copies, neuron attribution of 8 x 32 tokens on a 4-layer random Llama with
+# 2048 neurons a layer, tests/test_plan.py); integrated gradients keep the plain result too.
+UNIT_SHARE_COPIES = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class SftModel:
+    """One SFT model of the work: its label and spec; a LoRA donor names its adapter."""
+
+    label: str
+    spec: str
+    adapter: str | None = None  # a LoRA donor's adapter directory: it holds that, on pre's tensors
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalizeWork:
+    """What a localize config asks for, as the plan needs it (built by
+    ``weightgraft.localize.run.plan_input``)."""
+
+    pre: str
+    sfts: list[SftModel]
+    prompts: list[str]  # every prompt mapped by attribution
+    exact_prompts: list[str]  # those also mapped cell by cell, exactly
+    directions: int  # graft directions (sufficiency, necessity)
+    ig_steps: int
+    units: Units
+    unit_rows: int
+    exact_chunk: int
+    batch_size: int | None  # fixed by the config; None: the plan chooses
+    dtype: str
+    device: str
+
+
+def unit_width(pre: ModelFootprint, units: Units) -> int:
+    """Units per position over every split slot (0 for ``Units.CELL``): heads of q/k/v/o or
+    neurons of gate/up/down, summed over layers."""
+    return sum(s.units(units) for s in model_slots(pre.meta))
+
+
+def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Card | None = None,
+                       with_time: bool = True) -> Plan:
+    """The plan of a localize run: memory by part, the attribution batch size, time."""
+    pre = resolve_footprint(work.pre)
+    several = len(work.sfts) > 1
+    sizes: list[Callable[[str], int]] = []
+    roles = [RolePlan(model_set="default", role="pre", spec=work.pre, config=pre.where, n_params=pre.n_params,
+                      held_bytes=pre.param_bytes(work.dtype), holds="whole")]
+    for sft in work.sfts:
+        fp = pre if sft.adapter is not None else resolve_footprint(sft.spec)
+        size = _adapter_size(sft.adapter) if sft.adapter is not None else fp.param_bytes
+        holds = "LoRA adapter" if sft.adapter is not None else "whole"
+        sizes.append(size)
+        roles.append(RolePlan(model_set="default", role=sft.label, spec=sft.spec, config=fp.where, n_params=fp.n_params,
+                              held_bytes=size(work.dtype),
+                              holds=holds + (", one SFT model at a time" if several else "")))
+    tok, how = tokenizer_for(pre)
+    count = lambda text: len(tok(text, return_offsets_mapping=True, add_special_tokens=True)["input_ids"])  # noqa: E731
+    lengths = [count(p) for p in work.prompts]
+    exact_lengths = [count(p) for p in work.exact_prompts]
+    held = budget(work.device, memory, gpu=gpu)
+    width = unit_width(pre, work.units)
+
+    def memory_at(b: int, chunk: int = work.exact_chunk, unit_rows: int = work.unit_rows) -> dict[str, int]:
+        return _memory(replace(work, exact_chunk=chunk, unit_rows=unit_rows), pre, sizes, lengths, exact_lengths,
+                       width, held.held, b)
+
+    batch = choose_batch(work.batch_size, DEFAULT_LOCALIZE_BATCH, len(lengths), memory_at, HEADROOM * held.limit)
+    notes = ["the minimal graft search is not predicted (its length depends on the effects found)"]
+    if width:
+        rows = min(batch, len(lengths))
+        notes.append(f"units: {work.units}: {width} units per position; one attribution batch holds "
+                     f"{gib(_unit_share_bytes(work, rows, max(lengths), width))} of unit shares, gradients and totals")
+    if several:
+        notes.append(f"{len(work.sfts)} SFT models, held one at a time beside pre (memory: the largest); "
+                     "maps and time are per SFT model, the search runs for the first only")
+    seconds, parts = None, {}
+    if with_time:
+        rate, note = rate_for(work.device, work.dtype, gpu)
+        if note:
+            notes.append(note)
+        if rate is not None:
+            steps = 1 + (work.ig_steps if work.ig_steps > 1 else 0)
+            per_sft = attribution_seconds(pre, lengths, batch, rate) * steps * work.directions
+            parts["attribution"] = per_sft * len(work.sfts)
+            if exact_lengths:
+                parts["exact cells"] = (exact_cell_seconds(pre, exact_lengths, work.exact_chunk, rate)
+                                        * work.directions * len(work.sfts))
+            seconds = sum(parts.values())
+    plan = Plan(kind="localize", device=work.device, dtype=work.dtype, roles=roles, prompts=length_summary(lengths, how),
+                rows=len(lengths), batch_size=batch, batch_size_fixed=work.batch_size is not None,
+                batches=math.ceil(len(lengths) / batch), memory=memory_at(batch), budget_bytes=held.limit,
+                budget_source=held.source, predicted_seconds=seconds, time_parts=parts, notes=notes)
+    if plan.fits:
+        return plan
+    return replace(plan, suggestions=_advice(work, memory_at, held.limit), least=_least(work, memory_at))
+
+
+def _adapter_size(directory: str) -> Callable[[str], int]:
+    from weightgraft.models.peft_donor import adapter_bytes
+
+    return lambda dtype: adapter_bytes(directory, dtype)
+
+
+def _unit_share_bytes(work: LocalizeWork, rows: int, seq: int, width: int) -> int:
+    """Every unit's share, gradient, running total and result over one attribution batch."""
+    size = 8 if work.dtype == "float64" else 4  # unit shares run in at least float32
+    copies = UNIT_SHARE_COPIES + (1 if work.ig_steps > 1 else 0)
+    return copies * rows * seq * width * size
+
+
+def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str], int]], lengths: list[int],
+            exact_lengths: list[int], width: int, held_now: int, b: int) -> dict[str, int]:
+    seq = max(lengths)
+    rows = min(b, len(lengths))
+    attr = sum(pre.attribution_bytes(rows, seq, work.dtype).values()) + _unit_share_bytes(work, rows, seq, width)
+    exact = sum(pre.inference_bytes(work.exact_chunk, seq, 1, work.dtype).values()) if exact_lengths else 0
+    cells = work.directions * len(pre.slot_names) * (sum(lengths) + sum(exact_lengths))
+    out = {"process before loading": held_now,
+           "parameters": pre.param_bytes(work.dtype) + max(size(work.dtype) for size in sizes),
+           "graft deltas": pre.delta_bytes(work.dtype),
+           "batch (attribution or exact cells)": max(attr, exact),
+           "cell tables": CELL_ROW_BYTES * cells * len(sizes)}
+    if width:  # the unit rows kept per prompt and direction: its top ``unit_rows`` of every unit
+        kept = work.directions * sum(min(work.unit_rows, t * width) for t in lengths)
+        out["unit rows"] = UNIT_ROW_BYTES * kept * len(sizes)
+    return out
+
+
+def _advice(work: LocalizeWork, memory_at: Callable[..., dict[str, int]], limit: int) -> list[str]:
+    """Changes to the config that fit ``limit`` by this arithmetic."""
+    def peak(**kw: int) -> int:
+        return sum(memory_at(kw.pop("b", 1), **kw).values())
+
+    out = []
+    if work.batch_size is not None and work.batch_size > 1:
+        b = smaller_batch(work.batch_size, memory_at, limit)
+        if b is not None and b < work.batch_size:
+            out.append(f"a smaller attribution batch: batch_size={b}")
+    if work.exact_prompts:
+        fits = [c for c in (256, 128, 64, 32) if c < work.exact_chunk and peak(chunk=c) <= limit]
+        if fits:
+            out.append(f"exact_chunk={fits[0]} ({gib(peak(chunk=fits[0]))} at batch 1)")
+    if work.units != Units.CELL:
+        fits = [r for r in (10000, 5000, 2000, 1000) if r < work.unit_rows and peak(unit_rows=r) <= limit]
+        if fits:
+            out.append(f"unit_rows={fits[0]} ({gib(peak(unit_rows=fits[0]))} at batch 1)")
+    return out
+
+
+def _least(work: LocalizeWork, memory_at: Callable[..., dict[str, int]]) -> str:
+    """The least this config can need (batch 1, the smallest exact chunk and unit rows tried)."""
+    least = sum(memory_at(1, min(work.exact_chunk, 32), min(work.unit_rows, 1000)).values())
+    return (f"the least it needs is {gib(least)} (batch 1, exact_chunk<=32, unit_rows<=1000): localize holds both "
+            "models whole and float32 deltas; lean donors and bfloat16 do not apply")

@@ -1,0 +1,118 @@
+"""Memory of a sweep of grafted forward passes, from the shapes of its model sets: what each
+role holds, the source maps, one batch's activations, KV cache and logits; and the changes to a
+config that this arithmetic says would make it fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from weightgraft.models.footprint import ModelFootprint
+from weightgraft.planning.plan import MemoryAt, RolePlan, choose_batch
+from weightgraft.planning.sizes import gib
+
+__all__ = ["RoleShape", "RunSettings", "SetShape", "held", "run_advice", "run_memory"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleShape:
+    """One role of a model set: its spec, the footprint of its shapes, the slots it serves as
+    a donor (None: the base, held whole) and whether it is a low-rank approximation."""
+
+    role: str
+    spec: str
+    footprint: ModelFootprint
+    served: set[str] | None
+    lowrank: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetShape:
+    """What one model set needs, independent of dtype and batch size."""
+
+    name: str
+    base: ModelFootprint
+    roles: list[RoleShape]
+    rows: list[tuple[int, int]]  # per (example, scheme) row: (tokens, logit positions)
+    source_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """The config choices the memory depends on, so advice can vary them one at a time."""
+
+    dtype: str
+    lean: bool
+    batch_fixed: int | None
+    device_map: bool
+    held_now: int = 0
+    sets: list[SetShape] = field(default_factory=list)
+
+    def memory_at(self, batch: int, dtype: str | None = None, lean: bool | None = None) -> dict[str, int]:
+        """The parts of the peak at ``batch``: the model set that needs the most (sets run one
+        after another)."""
+        dtype = dtype or self.dtype
+        lean = self.lean if lean is None else lean
+        parts = [run_memory(s, dtype, lean, batch, self.held_now) for s in self.sets]
+        return max(parts, key=lambda p: sum(p.values()))
+
+
+def held(shape: SetShape, dtype: str, lean: bool) -> list[RolePlan]:
+    """What each role of the set holds: whole, a lean donor's served slots, a LoRA adapter."""
+    from weightgraft.models.peft_donor import adapter_bytes, parse_peft
+
+    out = []
+    n_slots = len(shape.base.slot_names)
+    for i, r in enumerate(shape.roles):
+        lora = parse_peft(r.spec)
+        fp = r.footprint
+        if lora is not None:
+            size, holds = adapter_bytes(lora.directory, dtype), "LoRA adapter (the base's tensors shared)"
+        elif r.lowrank:
+            size, holds = fp.param_bytes(dtype), "low-rank (whole model; SVD factors not counted)"
+        elif i == 0 or not lean:
+            size, holds = fp.param_bytes(dtype), "whole"
+        else:
+            size, holds = fp.held_bytes(r.served or set(), dtype), f"lean ({len(r.served or ())} of {n_slots} slots)"
+        out.append(RolePlan(model_set=shape.name, role=r.role, spec=r.spec, config=fp.where, n_params=fp.n_params,
+                            held_bytes=size, holds=holds))
+    return out
+
+
+def run_memory(shape: SetShape, dtype: str, lean: bool, batch: int, held_now: int) -> dict[str, int]:
+    """The parts of one model set's peak at ``batch`` rows."""
+    seq = max(t for t, _ in shape.rows)
+    logits = max(n for _, n in shape.rows)
+    act = shape.base.inference_bytes(min(batch, len(shape.rows)), seq, logits, dtype)
+    return {"process before loading": held_now,
+            "parameters": sum(r.held_bytes for r in held(shape, dtype, lean)),
+            "source maps": shape.source_bytes, **act}
+
+
+def run_advice(settings: RunSettings, limit: int, spread: tuple[int, int] | None = None) -> tuple[list[str], str]:
+    """The changes that fit ``limit`` by this arithmetic (bfloat16, lean donors, both, a smaller
+    fixed batch, and ``device_map=auto`` where ``spread`` = (GPUs, their memory in all) of this
+    machine holds the run), and what the least of them needs: said when none fits."""
+    batch = settings.batch_fixed or 1  # a fixed batch stays what the config says
+
+    def peak(b: int = batch, dtype: str | None = None, lean: bool | None = None) -> int:
+        return sum(settings.memory_at(b, dtype, lean).values())
+
+    lean_ok = not settings.device_map  # a device_map loads donors whole
+    changes: list[tuple[str, dict]] = []
+    if settings.dtype == "float32":
+        changes.append(("dtype=bfloat16", {"dtype": "bfloat16"}))
+    if lean_ok and not settings.lean:
+        changes.append(("lean_donors=true", {"lean": True}))
+        if settings.dtype == "float32":
+            changes.append(("dtype=bfloat16 and lean_donors=true", {"dtype": "bfloat16", "lean": True}))
+    out = [f"{what} ({gib(peak(**kw))} at batch {batch})" for what, kw in changes if peak(**kw) <= limit]
+    if settings.batch_fixed is not None and settings.batch_fixed > 1:
+        b = choose_batch(None, settings.batch_fixed, settings.batch_fixed, settings.memory_at, limit)
+        if b < settings.batch_fixed and peak(b) <= limit:
+            out.insert(0, f"fewer schemes per batch: batch_size={b}")
+    if spread is not None and not settings.device_map and peak(lean=False) <= spread[1]:
+        out.append(f"device_map=auto over this machine's {spread[0]} GPUs ({gib(peak(lean=False))} at batch {batch} "
+                   f"of {gib(spread[1])})")
+    candidates = [("batch 1", peak(1))] + [(what, peak(1, **kw)) for what, kw in changes]
+    least_what, least = min(candidates, key=lambda c: c[1])
+    return out, f"the least it needs is {gib(least)} ({least_what}{', batch 1' if least_what != 'batch 1' else ''})"

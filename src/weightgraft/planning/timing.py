@@ -1,0 +1,71 @@
+"""Predicted wall time: FLOPs of every batch over a rate, either this device's measured rate
+(``weightgraft.models.calibration``) or a named card's stated rate (``planning.cards``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from weightgraft.engine.cells import OUTPUT_ONLY
+from weightgraft.models.calibration import Throughput, module_calls
+from weightgraft.models.footprint import ModelFootprint
+from weightgraft.planning.cards import ATTRIBUTION_RATIO, SECONDS_PER_MODULE_CALL, SUSTAINED_SHARE, Card
+
+__all__ = ["attribution_seconds", "exact_cell_seconds", "forward_seconds", "rate_for"]
+
+
+def rate_for(device: str, dtype: str, gpu: Card | None) -> tuple[Throughput | None, str | None]:
+    """The rate to predict time with, and a note on where it comes from. A named card: its
+    stated rate; a CUDA config where this torch has no CUDA: none (time not predicted); else
+    this device's measured rate (measured once, cached)."""
+    if gpu is not None:
+        rate = Throughput(f"card {gpu.name}|{dtype}", gpu.sustained_flops(dtype), SECONDS_PER_MODULE_CALL,
+                          ATTRIBUTION_RATIO, "stated")
+        note = (f"time from the stated rates of {gpu.label}: {SUSTAINED_SHARE:.0%} of its dense {dtype} peak "
+                f"({gpu.peak_flops[dtype] / 1e12:g} TFLOP/s), {SECONDS_PER_MODULE_CALL * 1e6:g} us per grafted "
+                f"module call, attribution {ATTRIBUTION_RATIO:g}x a forward; not measured on the card")
+        return rate, note
+    if device.startswith("cuda"):
+        from weightgraft.planning.budget import cuda_here
+
+        if not cuda_here():
+            return None, "time not predicted: no CUDA device here to measure; name the card with --gpu"
+    from weightgraft.models.calibration import throughput
+
+    return throughput(device, dtype), None
+
+
+def forward_seconds(base: ModelFootprint, rows: Sequence[tuple[int, int]], batch: int, rate: Throughput) -> float:
+    """Grafted forward passes over ``rows`` ((tokens, logits) per row) in batches of ``batch``."""
+    calls = module_calls(base)
+    total = 0.0
+    for i in range(0, len(rows), batch):
+        chunk = rows[i : i + batch]
+        seq = max(t for t, _ in chunk)
+        total += rate.batch_seconds(base.forward_flops(len(chunk) * seq, seq, sum(n for _, n in chunk)), calls)
+    return total
+
+
+def attribution_seconds(pre: ModelFootprint, lengths: Sequence[int], batch: int, rate: Throughput) -> float:
+    """One graft attribution (forward + backward) over prompts of ``lengths`` tokens, batched
+    by length as localize batches them (sorted: little padding)."""
+    calls = module_calls(pre)
+    order = sorted(lengths)
+    total = 0.0
+    for i in range(0, len(order), batch):
+        chunk = order[i : i + batch]
+        flops = pre.forward_flops(len(chunk) * max(chunk), max(chunk), len(chunk))
+        total += rate.attribution_ratio * rate.batch_seconds(flops, calls)
+    return total
+
+
+def exact_cell_seconds(pre: ModelFootprint, lengths: Sequence[int], chunk: int, rate: Throughput) -> float:
+    """Exact single-cell effects of every cell of prompts of ``lengths`` tokens, one direction:
+    with prefix sharing a cell at position p recomputes positions p..t-1 only; cells run
+    ``chunk`` at a time."""
+    out_only = len(OUTPUT_ONLY)  # final_norm, unembed: a cell at the scored position only
+    per_position = len(pre.slot_names) - out_only
+    tokens = sum(sum((t - p) * per_position for p in range(t)) + out_only for t in lengths)
+    cells = sum(t * per_position + out_only for t in lengths)
+    flops = pre.forward_flops(tokens, max(lengths), cells)
+    return rate.batch_seconds(flops, module_calls(pre) * math.ceil(cells / chunk))
