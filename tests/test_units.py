@@ -221,7 +221,7 @@ def test_bad_unit_alpha_is_refused():
 from weightgraft.engine.cells import (  # noqa: E402
     REST, Cell, ScoredExample, cell_name, exact_effects, has_rest, parse_cell_name,
 )
-from weightgraft.engine.depth import cost_batches, depth_start, slot_layers  # noqa: E402
+from weightgraft.engine.depth import cost_batches, item_starts  # noqa: E402
 
 
 def test_cell_names_round_trip():
@@ -252,10 +252,7 @@ def test_exact_effects_of_unit_cells_are_their_grafts(model_type):
             [Cell(1, up, k) for k in range(0, n_up, 2)]]
     base_metric, (effects,) = exact_effects([base, donor], [ex], [sets], pad_id=0, chunk=4)
     items = [cells_mod._item(ex, c, model_slots(base)) for c in sets]
-    layers, index = slot_layers(base), {name: i for i, name in enumerate(names)}
-    n_layers = base.config.num_hidden_layers
-    starts = [depth_start(item, layers, n_layers, index) for item in items]
-    small = cost_batches(items, starts, n_layers, 4, unit_budget=200)
+    small = cost_batches(items, item_starts(base, items), base.config.num_hidden_layers, 4, unit_budget=200)
     assert max(len(c) for c in small) < len(sets) and sorted(sum(small, [])) == list(range(len(sets)))
     _, (again,) = exact_effects([base, donor], [ex], [sets], pad_id=0, chunk=1)  # one item per pass
     assert torch.allclose(effects, again, atol=1e-12)

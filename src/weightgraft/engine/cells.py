@@ -243,7 +243,11 @@ def exact_effects(
             items.append(_item(ex, cells, slot_list))
             owner.append(i)
     if share is True or share == "depth":
-        logits = depth_forward(models, items, pad_id, chunk=chunk, stats=stats)[:, 0]
+        # Each example's sets together are a row that sets of one family (a set without one of
+        # its cells, in refinement) share more of than they share with the base.
+        unions = [_item(ex, list(dict.fromkeys(c for cells in sets for c in cells)), slot_list)
+                  for ex, sets in zip(examples, cell_sets) if len(sets) > 1]
+        logits = depth_forward(models, items, pad_id, chunk=chunk, stats=stats, references=unions)[:, 0]
     else:
         logits = _prefix_logits(models, items, pad_id, chunk, share == "prefix")
     logits = logits.double().cpu()

@@ -1,14 +1,16 @@
-"""Depth sharing: an item that differs from the base only from position p and layer l on runs
-only layers l.. at positions p.. .
+"""Depth sharing: an item that differs from a reference row only from position p and layer l
+on runs only layers l.. at positions p.. .
 
-A grafted row whose source map is the base's at every position before p, and in every slot
-below layer l at every position (the embedding counts as layer -1), computes the base's keys
-and values at positions < p, and enters layer l at positions >= p with the base's residual
-stream. Both are shared by all such rows of an example: the base's residual stream entering
-each layer is computed once per example (one plain pass), the base's prefix [0, p) once per
-(example, p) per pass into a ``DynamicCache``, and each row then runs its positions p.. with
-the layers below l skipped and the base's residual put in at layer l. The logits equal those
-of ``graft_forward`` on the whole row (tests/test_depth.py holds every architecture to it in
+A grafted row whose source map equals a reference row's at every position before p, and in
+every slot below layer l at every position (the embedding counts as layer -1), has the
+reference's keys and values at positions < p and enters layer l at positions >= p with the
+reference's residual stream. The reference is the base (every exact cell and set is the base
+but for its cells), or a row given by the caller: in a refinement round every "set without
+cell c" is the whole set but for c. Per reference, its residual stream entering each layer is
+computed once (one pass over every reference), its prefix [0, p) once per (reference, p) per
+pass into a ``DynamicCache``, and each item then runs its positions p.. with the layers below
+l skipped and the reference's residual put in at layer l. The logits equal those of
+``graft_forward`` on the whole row (tests/test_depth.py holds every architecture to it in
 float64).
 
 Rows are batched by their remaining work (positions x layers), so that a pass is not padded
@@ -32,6 +34,7 @@ from weightgraft.engine.precision import is_half
 from weightgraft.engine.prefix import (
     GraftItem,
     PrefixGroup,
+    Segment,
     checked_unit_widths,
     pad_segments,
     prefix_forward,
@@ -42,8 +45,8 @@ from weightgraft.engine.prefix import (
     wanted_positions,
 )
 
-__all__ = ["DepthStart", "DepthStats", "depth_start", "slot_layers", "cost_batches", "depth_forward",
-           "depth_state_bytes", "UNIT_BUDGET"]
+__all__ = ["DepthStart", "DepthStats", "depth_start", "differs", "item_starts", "slot_layers", "cost_batches",
+           "depth_forward", "depth_state_bytes", "UNIT_BUDGET"]
 
 UNIT_BUDGET = 1 << 24  # unit-map entries per pass (int64: 128 MiB)
 SLACK = 1.25  # a pass is cut when its padded work would pass this multiple of its rows' own work
@@ -57,6 +60,7 @@ class DepthStart:
 
     position: int
     layer: int
+    reference: int = 0  # the row it shares with: an index into ``depth_forward``'s references
 
 
 @dataclass
@@ -91,27 +95,29 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
     return model.get_submodule(adapter_for(model.config).layers)
 
 
-def _grafted(item: GraftItem, slot_index: Mapping[str, int]) -> torch.Tensor:
-    """``[len(item), n_slots]`` bool: where some unit or the whole slot is not the base's."""
-    grafted = item.source.to(device="cpu") != 0
-    for name, maps in item.unit_maps().items():
-        grafted[:, slot_index[name]] |= (maps.to(device="cpu") != 0).any(dim=1)
-    return grafted
+def differs(item: Segment, reference: Segment, slot_index: Mapping[str, int]) -> torch.Tensor:
+    """``[len(item), n_slots]`` bool: where a row's model (of the whole slot, its rest or some
+    unit) is not its reference's, both given whole (``segment``), their unit maps filled out
+    to the same slots (a slot without one is its source column for every unit)."""
+    if not torch.equal(item.input_ids, reference.input_ids):
+        raise ValueError("an item can share depth only with a reference row of the same tokens")
+    out = item.source != reference.source
+    for name, maps in item.heads.items():
+        out[:, slot_index[name]] |= (maps != reference.heads[name]).any(dim=1)
+    return out
 
 
-def depth_start(
-    item: GraftItem, layers: Sequence[int], n_layers: int, slot_index: Mapping[str, int]
-) -> DepthStart:
-    """The item's first grafted position (at most its first wanted logit) and its first grafted
-    layer over all positions (the last layer when only ``final_norm`` / ``unembed`` or nothing
-    is grafted: that layer then runs at the wanted positions alone)."""
-    grafted = _grafted(item, slot_index)
-    rows = grafted.any(dim=1).nonzero().flatten()
-    first_logit = item.first_logit()
+def depth_start(differ: torch.Tensor, first_logit: int, layers: Sequence[int], n_layers: int,
+                reference: int = 0) -> DepthStart:
+    """Where a row first differs from its reference (``differ``, see ``differs``): the first
+    position (at most its first wanted logit) and the first layer over all positions (the last
+    layer when only ``final_norm`` / ``unembed`` or nothing differs: that layer then runs at the
+    wanted positions alone)."""
+    rows = differ.any(dim=1).nonzero().flatten()
     position = min(int(rows[0]), first_logit) if rows.numel() else first_logit
-    cols = grafted.any(dim=0).nonzero().flatten().tolist()
+    cols = differ.any(dim=0).nonzero().flatten().tolist()
     layer = min((layers[s] for s in cols), default=n_layers)
-    return DepthStart(position, min(layer, n_layers - 1))
+    return DepthStart(position, min(layer, n_layers - 1), reference)
 
 
 def _work(item: GraftItem, start: DepthStart, n_layers: int) -> tuple[int, int]:
@@ -165,44 +171,39 @@ def _layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
-def _base_residuals(
-    base: nn.Module, items: Sequence[GraftItem], starts: Sequence[DepthStart], pad_id: int,
-    blocks: nn.ModuleList,
-) -> dict[tuple[int, ...], dict[int, torch.Tensor]]:
-    """tokens -> {layer: the base's residual stream entering it, ``[len(tokens), hidden]``}, for
-    the layers some item of those tokens starts at: one plain base pass over every example."""
-    wanted: dict[tuple[int, ...], set[int]] = {}
-    for item, s in zip(items, starts):
+def _reference_residuals(
+    models: Sequence[nn.Module], references: Sequence[GraftItem], starts: Sequence[DepthStart],
+    pad_id: int, blocks: nn.ModuleList, widths: Mapping[str, int], slot_index: Mapping[str, int],
+) -> dict[int, dict[int, torch.Tensor]]:
+    """reference -> {layer: its residual stream entering that layer, ``[len(row), hidden]``},
+    for the layers some item starts at from it: one pass over every reference used."""
+    wanted: dict[int, set[int]] = {}
+    for s in starts:
         if s.layer >= 0:
-            wanted.setdefault(tuple(item.input_ids), set()).add(s.layer)
+            wanted.setdefault(s.reference, set()).add(s.layer)
     if not wanted:
         return {}
-    examples = list(wanted)
+    used = sorted(wanted)
     layers = sorted(set().union(*wanted.values()))
     seen: dict[int, torch.Tensor] = {}
-    handles = [
-        blocks[j].register_forward_pre_hook(
-            functools.partial(lambda j, _m, args, kwargs: seen.__setitem__(j, _layer_input(args, kwargs)), j),
-            with_kwargs=True,
-        )
-        for j in layers
-    ]
-    n = max(len(t) for t in examples)
-    ids = torch.full((len(examples), n), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, tokens in enumerate(examples):
-        ids[b, : len(tokens)] = torch.tensor(tokens)
-        mask[b, : len(tokens)] = 1
-    n_slots = len(model_slots(base))
+
+    def keep(j: int, _module: nn.Module, args: tuple, kwargs: dict) -> None:
+        seen[j] = _layer_input(args, kwargs)
+
+    handles = [blocks[j].register_forward_pre_hook(functools.partial(keep, j), with_kwargs=True) for j in layers]
+    batch = pad_segments([segment(references[r], 0, len(references[r]), widths, slot_index) for r in used],
+                         pad_id, left=False)
+    heads, neurons = split_units(batch.heads)
     try:
-        graft_forward([base], ids, torch.zeros(*ids.shape, n_slots, dtype=torch.long), attention_mask=mask,
-                      logit_positions=torch.zeros(len(examples), 1, dtype=torch.long))
+        graft_forward(models, batch.input_ids, batch.source, attention_mask=batch.mask,
+                      logit_positions=torch.zeros(len(used), 1, dtype=torch.long), head_source=heads,
+                      neuron_source=neurons)
     finally:
         for h in handles:
             h.remove()
     return {
-        tokens: {j: seen[j][b, : len(tokens)] for j in sorted(wanted[tokens])}
-        for b, tokens in enumerate(examples)
+        r: {j: seen[j][b, : len(references[r])] for j in sorted(wanted[r])}
+        for b, r in enumerate(used)
     }
 
 
@@ -265,17 +266,18 @@ def _cache_bytes(cache: DynamicCache | None) -> int:
 
 def _run_pass(
     models: Sequence[nn.Module], items: Sequence[GraftItem], starts: Sequence[DepthStart],
-    residuals: Mapping[tuple[int, ...], Mapping[int, torch.Tensor]], blocks: nn.ModuleList,
+    residuals: Mapping[int, Mapping[int, torch.Tensor]], blocks: nn.ModuleList,
     pad_id: int, k: int, widths: Mapping[str, int], slot_index: Mapping[str, int], stats: DepthStats,
 ) -> torch.Tensor:
-    """One pass: the base prefixes of its (example, first position) groups into a cache, then
-    every row's positions from its first one, from its first layer."""
+    """One pass: the prefixes of its (reference, first position) groups into a cache (a row
+    equals its reference there), then every row's positions from its first one, from its first
+    layer."""
     cache, attention_prefix = None, None
     if starts[0].position > 0:
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, (item, s) in enumerate(zip(items, starts)):
-            groups.setdefault(tuple(item.input_ids[: s.position]), []).append(i)
-        prefix_groups = [PrefixGroup(len(key), tuple(m)) for key, m in groups.items()]
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, s in enumerate(starts):
+            groups.setdefault((s.reference, s.position), []).append(i)
+        prefix_groups = [PrefixGroup(length, tuple(m)) for (_, length), m in groups.items()]
         cache = shareable_cache(models[0])
         prefix_mask = run_prefixes(models, items, prefix_groups, cache, pad_id, widths, slot_index)
         row_of = {i: g for g, members in enumerate(groups.values()) for i in members}
@@ -290,7 +292,7 @@ def _run_pass(
     for b, (item, s) in enumerate(zip(items, starts)):
         if s.layer < 0:
             continue
-        entering = residuals[tuple(item.input_ids)][s.layer][s.position :]
+        entering = residuals[s.reference][s.layer][s.position :]
         if residual is None:
             residual = entering.new_zeros(*batch.input_ids.shape, entering.shape[-1])
         residual[b, : entering.shape[0]] = entering
@@ -312,15 +314,61 @@ def _run_pass(
     return logits
 
 
+def _starts(
+    items: Sequence[GraftItem], references: Sequence[GraftItem], layers: Sequence[int], n_layers: int,
+    widths: Mapping[str, int], slot_index: Mapping[str, int],
+) -> tuple[list[GraftItem], list[DepthStart]]:
+    """Every reference row (the base of each item's tokens first, then ``references``) and,
+    per item, its start from the reference that leaves it the least work."""
+    rows: list[GraftItem] = []
+    by_tokens: dict[tuple[int, ...], list[int]] = {}
+    for item in items:
+        tokens = tuple(item.input_ids)
+        if tokens not in by_tokens:
+            by_tokens[tokens] = [len(rows)]
+            rows.append(GraftItem(tokens, torch.zeros_like(item.source, device="cpu")))
+    for ref in references:
+        tokens = tuple(ref.input_ids)
+        if tokens in by_tokens:
+            by_tokens[tokens].append(len(rows))
+            rows.append(ref)
+    whole = [segment(row, 0, len(row), widths, slot_index) for row in rows]
+    starts = []
+    for item in items:
+        mine = segment(item, 0, len(item), widths, slot_index)
+        options = [depth_start(differs(mine, whole[r], slot_index), item.first_logit(), layers, n_layers, r)
+                   for r in by_tokens[tuple(item.input_ids)]]
+        starts.append(min(options, key=lambda s: (_cost(item, s, n_layers), s.reference)))
+    return rows, starts
+
+
+def item_starts(
+    model: nn.Module, items: Sequence[GraftItem], references: Sequence[GraftItem] = ()
+) -> list[DepthStart]:
+    """Each item's start (see ``depth_forward``): reference 0.. are the base of each distinct
+    token row in order of first use, then ``references`` of those tokens."""
+    slot_list = model_slots(model)
+    slot_index = {s.name: i for i, s in enumerate(slot_list)}
+    widths = checked_unit_widths([*items, *references], slot_list, slot_index)
+    return _starts(items, references, slot_layers(model), len(_blocks(model)), widths, slot_index)[1]
+
+
+def _cost(item: GraftItem, start: DepthStart, n_layers: int) -> int:
+    positions, layers = _work(item, start, n_layers)
+    return positions * layers
+
+
 @torch.no_grad()
 def depth_forward(
     models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, chunk: int = 512,
     unit_budget: int = UNIT_BUDGET, stats: DepthStats | None = None,
+    references: Sequence[GraftItem] = (),
 ) -> torch.Tensor:
     """``[len(items), max n_logits, vocab]`` logits, the same as ``graft_forward`` of each item
-    whole, each item run only from its ``depth_start`` (see the module's docstring). Rows
-    wanting fewer logits repeat the last wanted one. ``stats`` (if given) records the passes
-    and the peak bytes of the shared states.
+    whole, each item run only from where it first differs from the base or from one of
+    ``references`` (rows of the same tokens; see the module's docstring), whichever leaves it
+    less work. Rows wanting fewer logits repeat the last wanted one. ``stats`` (if given)
+    records the passes and the peak bytes of the shared states.
 
     Half-precision models, and models whose cache has layers of kinds other than full or
     sliding-window attention, run through ``prefix_forward`` instead (which runs their rows
@@ -333,20 +381,20 @@ def depth_forward(
     stats = stats if stats is not None else DepthStats()
     slot_list = model_slots(models[0])
     slot_index = {s.name: i for i, s in enumerate(slot_list)}
-    widths = checked_unit_widths(items, slot_list, slot_index)
+    widths = checked_unit_widths([*items, *references], slot_list, slot_index)
     blocks = _blocks(models[0])
     layers, n_layers = slot_layers(models[0]), len(blocks)
-    starts = [depth_start(item, layers, n_layers, slot_index) for item in items]
-    residuals = _base_residuals(models[0], items, starts, pad_id, blocks)
+    rows, starts = _starts(items, references, layers, n_layers, widths, slot_index)
+    residuals = _reference_residuals(models, rows, starts, pad_id, blocks, widths, slot_index)
     stats.residual_bytes = sum(t.numel() * t.element_size() for per in residuals.values() for t in per.values())
     k = max(item.n_logits for item in items)
     out = None
-    for rows in cost_batches(items, starts, n_layers, chunk, unit_budget):
-        part = _run_pass(models, [items[i] for i in rows], [starts[i] for i in rows], residuals, blocks,
+    for chosen in cost_batches(items, starts, n_layers, chunk, unit_budget):
+        part = _run_pass(models, [items[i] for i in chosen], [starts[i] for i in chosen], residuals, blocks,
                          pad_id, k, widths, slot_index, stats)
         if out is None:
             out = part.new_empty(len(items), k, part.shape[-1])
-        out[torch.as_tensor(rows, dtype=torch.long, device=out.device)] = part
+        out[torch.as_tensor(chosen, dtype=torch.long, device=out.device)] = part
     return out
 
 
