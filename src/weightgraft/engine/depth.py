@@ -33,12 +33,10 @@ from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
 from weightgraft.engine.prefix import (
     GraftItem,
-    PrefixGroup,
     Segment,
     checked_unit_widths,
     pad_segments,
     prefix_forward,
-    run_prefixes,
     segment,
     shareable_cache,
     split_units,
@@ -65,11 +63,12 @@ class DepthStart:
 
 @dataclass
 class DepthStats:
-    """What ``depth_forward`` held and ran: peak bytes of the shared states (the base's
-    residual streams, the key/value cache rows and the residuals put in), and its passes."""
+    """What ``depth_forward`` held and ran: peak bytes of the shared states (the reference
+    rows' residual streams and keys/values, a pass's cache rows and the residuals put in), and
+    its passes."""
 
     peak_bytes: int = 0
-    residual_bytes: int = 0
+    reference_bytes: int = 0
     passes: int = 0
     rows: int = 0
     pass_sizes: list[int] = field(default_factory=list)
@@ -171,40 +170,73 @@ def _layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
-def _reference_residuals(
+@dataclass
+class ReferenceStates:
+    """What items share with their reference rows: each used reference's residual stream
+    entering the layers items start at, and its keys and values at every layer."""
+
+    residuals: dict[int, dict[int, torch.Tensor]]  # reference -> layer -> [len(row), hidden]
+    keys: list[torch.Tensor]  # per layer: [used references, kv heads, longest row, head dim]
+    values: list[torch.Tensor]
+    row_of: dict[int, int]  # reference -> its row in ``keys`` / ``values``
+
+    def nbytes(self) -> int:
+        tensors = [*self.keys, *self.values, *(t for per in self.residuals.values() for t in per.values())]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def cache(self, config: object, starts: Sequence[DepthStart]) -> tuple[DynamicCache, torch.Tensor]:
+        """A ``DynamicCache`` whose row b holds the keys and values of positions
+        ``[0, starts[b].position)`` of its reference, left-padded to the longest, and the
+        attention mask of those cached positions."""
+        lengths = torch.tensor([s.position for s in starts])
+        longest = int(lengths.max())
+        rows = torch.tensor([self.row_of[s.reference] for s in starts])
+        positions = torch.arange(longest)[None, :] - (longest - lengths[:, None])  # [rows, longest]
+        mask = (positions >= 0).long()
+        index = positions.clamp(min=0)
+
+        def take(states: torch.Tensor) -> torch.Tensor:
+            picked = states[rows.to(states.device)]  # [rows, heads, n, dim]
+            where = index.to(states.device)[:, None, :, None].expand(-1, picked.shape[1], -1, picked.shape[-1])
+            return picked.gather(2, where) * mask.to(states.device)[:, None, :, None].to(states.dtype)
+
+        data = [(take(k), take(v)) for k, v in zip(self.keys, self.values)]
+        return DynamicCache(ddp_cache_data=data, config=config), mask
+
+
+def _reference_states(
     models: Sequence[nn.Module], references: Sequence[GraftItem], starts: Sequence[DepthStart],
     pad_id: int, blocks: nn.ModuleList, widths: Mapping[str, int], slot_index: Mapping[str, int],
-) -> dict[int, dict[int, torch.Tensor]]:
-    """reference -> {layer: its residual stream entering that layer, ``[len(row), hidden]``},
-    for the layers some item starts at from it: one pass over every reference used."""
-    wanted: dict[int, set[int]] = {}
+) -> ReferenceStates:
+    """One pass over every reference some item starts from: its residual stream entering the
+    layers items start at, and its keys and values (a cache of full layers: a sliding-window
+    layer's cache keeps only its window, and items need any prefix of the row)."""
+    wanted: dict[int, set[int]] = {s.reference: set() for s in starts}
     for s in starts:
         if s.layer >= 0:
-            wanted.setdefault(s.reference, set()).add(s.layer)
-    if not wanted:
-        return {}
+            wanted[s.reference].add(s.layer)
     used = sorted(wanted)
-    layers = sorted(set().union(*wanted.values()))
     seen: dict[int, torch.Tensor] = {}
 
     def keep(j: int, _module: nn.Module, args: tuple, kwargs: dict) -> None:
         seen[j] = _layer_input(args, kwargs)
 
+    layers = sorted(set().union(*wanted.values()))
     handles = [blocks[j].register_forward_pre_hook(functools.partial(keep, j), with_kwargs=True) for j in layers]
     batch = pad_segments([segment(references[r], 0, len(references[r]), widths, slot_index) for r in used],
                          pad_id, left=False)
     heads, neurons = split_units(batch.heads)
+    cache = DynamicCache()  # full layers only
     try:
         graft_forward(models, batch.input_ids, batch.source, attention_mask=batch.mask,
                       logit_positions=torch.zeros(len(used), 1, dtype=torch.long), head_source=heads,
-                      neuron_source=neurons)
+                      past_key_values=cache, neuron_source=neurons)
     finally:
         for h in handles:
             h.remove()
-    return {
-        r: {j: seen[j][b, : len(references[r])] for j in sorted(wanted[r])}
-        for b, r in enumerate(used)
-    }
+    residuals = {r: {j: seen[j][b, : len(references[r])] for j in sorted(wanted[r])} for b, r in enumerate(used)}
+    return ReferenceStates(residuals, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
+                           {r: b for b, r in enumerate(used)})
 
 
 def _own_forward(module: nn.Module):
@@ -266,38 +298,29 @@ def _cache_bytes(cache: DynamicCache | None) -> int:
 
 def _run_pass(
     models: Sequence[nn.Module], items: Sequence[GraftItem], starts: Sequence[DepthStart],
-    residuals: Mapping[int, Mapping[int, torch.Tensor]], blocks: nn.ModuleList,
-    pad_id: int, k: int, widths: Mapping[str, int], slot_index: Mapping[str, int], stats: DepthStats,
+    states: ReferenceStates, blocks: nn.ModuleList, pad_id: int, k: int, widths: Mapping[str, int],
+    slot_index: Mapping[str, int], stats: DepthStats,
 ) -> torch.Tensor:
-    """One pass: the prefixes of its (reference, first position) groups into a cache (a row
-    equals its reference there), then every row's positions from its first one, from its first
-    layer."""
+    """One pass: every row's positions from its first one, from its first layer, on a cache of
+    its reference's keys and values before that position."""
     cache, attention_prefix = None, None
     if starts[0].position > 0:
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, s in enumerate(starts):
-            groups.setdefault((s.reference, s.position), []).append(i)
-        prefix_groups = [PrefixGroup(length, tuple(m)) for (_, length), m in groups.items()]
-        cache = shareable_cache(models[0])
-        prefix_mask = run_prefixes(models, items, prefix_groups, cache, pad_id, widths, slot_index)
-        row_of = {i: g for g, members in enumerate(groups.values()) for i in members}
-        rows = torch.tensor([row_of[i] for i in range(len(items))], dtype=torch.long)
-        cache.batch_select_indices(rows)
-        attention_prefix = prefix_mask[rows]
+        cache, attention_prefix = states.cache(models[0].config, starts)
     segments = [segment(item, s.position, len(item), widths, slot_index) for item, s in zip(items, starts)]
     batch = pad_segments(segments, pad_id, left=False)
     row_layers = torch.tensor([s.layer for s in starts], dtype=torch.long)
     first = max(int(row_layers.min()), 0)
     residual = None
-    for b, (item, s) in enumerate(zip(items, starts)):
+    for b, s in enumerate(starts):
         if s.layer < 0:
             continue
-        entering = residuals[s.reference][s.layer][s.position :]
+        entering = states.residuals[s.reference][s.layer][s.position :]
         if residual is None:
             residual = entering.new_zeros(*batch.input_ids.shape, entering.shape[-1])
         residual[b, : entering.shape[0]] = entering
     mask = batch.mask if attention_prefix is None else torch.cat([attention_prefix, batch.mask], dim=1)
     heads, neurons = split_units(batch.heads)
+    before = _cache_bytes(cache)
     with contextlib.ExitStack() as stack:
         if residual is not None:
             stack.enter_context(_from_layers(blocks, first, row_layers, residual))
@@ -306,8 +329,9 @@ def _run_pass(
             logit_positions=wanted_positions(items, [s.position for s in starts], k),
             head_source=heads, past_key_values=cache, neuron_source=neurons,
         )
-    held = _cache_bytes(cache) + (residual.numel() * residual.element_size() if residual is not None else 0)
-    stats.peak_bytes = max(stats.peak_bytes, stats.residual_bytes + held)
+    held = max(before, _cache_bytes(cache))  # a layer's update replaces its rows by longer ones
+    held += residual.numel() * residual.element_size() if residual is not None else 0
+    stats.peak_bytes = max(stats.peak_bytes, stats.reference_bytes + held)
     stats.passes += 1
     stats.rows += len(items)
     stats.pass_sizes.append(len(items))
@@ -385,12 +409,12 @@ def depth_forward(
     blocks = _blocks(models[0])
     layers, n_layers = slot_layers(models[0]), len(blocks)
     rows, starts = _starts(items, references, layers, n_layers, widths, slot_index)
-    residuals = _reference_residuals(models, rows, starts, pad_id, blocks, widths, slot_index)
-    stats.residual_bytes = sum(t.numel() * t.element_size() for per in residuals.values() for t in per.values())
+    states = _reference_states(models, rows, starts, pad_id, blocks, widths, slot_index)
+    stats.reference_bytes = states.nbytes()
     k = max(item.n_logits for item in items)
     out = None
     for chosen in cost_batches(items, starts, n_layers, chunk, unit_budget):
-        part = _run_pass(models, [items[i] for i in chosen], [starts[i] for i in chosen], residuals, blocks,
+        part = _run_pass(models, [items[i] for i in chosen], [starts[i] for i in chosen], states, blocks,
                          pad_id, k, widths, slot_index, stats)
         if out is None:
             out = part.new_empty(len(items), k, part.shape[-1])
@@ -398,17 +422,20 @@ def depth_forward(
     return out
 
 
-def depth_state_bytes(config: object, n_examples: int, seq_len: int, chunk: int, dtype_bytes: int = 4) -> int:
-    """Upper bound on the bytes ``depth_forward`` holds in shared states, for ``n_examples``
-    prompts of at most ``seq_len`` tokens in passes of ``chunk`` rows: the base's residual
-    stream entering every layer of every prompt, and per pass the cache rows (keys and values
-    of every layer at every position) and the residuals put in."""
-    layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer"))
-    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd"))
-    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_head"))
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    residuals = n_examples * layers * seq_len * hidden
-    cache = chunk * layers * 2 * seq_len * kv_heads * head_dim
-    entering = chunk * seq_len * hidden
-    return dtype_bytes * (residuals + cache + entering)
+def depth_state_bytes(config: object, n_references: int, seq_len: int, chunk: int, dtype_bytes: int = 4) -> int:
+    """The bytes ``depth_forward`` holds at most in shared states (``DepthStats.peak_bytes``) for
+    ``n_references`` reference rows (``exact_effects``: two per prompt, the base and the union
+    of its sets) of at most ``seq_len`` tokens, in passes of ``chunk`` rows that span at most
+    ``seq_len`` positions each (cached and their own; rows of one first position do): per
+    reference its keys, values and residual stream at every layer, per pass the cache rows and
+    the residuals put in. A pass mixing first positions spans a few positions more."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    layers = int(text.num_hidden_layers)
+    hidden = int(text.hidden_size)
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    kv = 2 * kv_heads * head_dim
+    references = n_references * layers * seq_len * (kv + hidden)
+    passes = chunk * seq_len * (layers * kv + hidden)
+    return dtype_bytes * (references + passes)
