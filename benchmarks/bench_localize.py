@@ -9,6 +9,10 @@ Run after ``weightgraft demo`` (it builds the data and caches the finetune), und
 
 Exhaustive exact maps of all 80 prompts take hours on 2 CPU cores: they are measured on the
 first ``--exact`` prompts of each template and extrapolated per cell (said so in the output).
+
+``--depth`` runs only the comparison of the two exact paths, prefix sharing and depth sharing,
+side by side on the same cells (``depth_mode``): single cells by layer quarter, and rounds of
+the refinement of docs/localize/sets.yaml's found sets.
 """
 
 from __future__ import annotations
@@ -39,8 +43,17 @@ def main() -> None:
     ap.add_argument("--exact", type=int, default=2, help="prompts per template with exhaustive exact maps")
     ap.add_argument("--ig-steps", type=int, default=4)
     ap.add_argument("--per-token-sample", type=int, default=12)
+    ap.add_argument("--depth", action="store_true", help="only prefix vs depth sharing (see depth_mode)")
+    ap.add_argument("--cells", type=int, default=1500, help="--depth: cells sampled per prompt (seeded)")
+    ap.add_argument("--refine-rounds", type=int, default=1, help="--depth: refinement rounds timed per path")
+    ap.add_argument("--skip-refine", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.depth:
+        from bench_depth import depth_mode
+
+        depth_mode(args, _sft_dir(args.data))
+        return
     from weightgraft.data.prompts import load_test_prompts
     from weightgraft.localize import localize
     from weightgraft.localize.agreement import agreement
