@@ -131,10 +131,13 @@ def depth_mode(args: Any, sft_dir: Path) -> None:
     first = [next(e for e in examples if e.prompt.template == t).scored for t in ("headline", "qa")]
     print(f"threads {torch.get_num_threads()}; prompts: headline and qa r0 ({[e.position + 1 for e in first]} tokens); "
           f"{args.cells} sampled cells per prompt (seed 0); sufficiency (SFT cells into PRE); float32")
-    rows = single_cells([pre.model, sft.model], first, args.cells)
-    _print_cells(rows)
-    print(f"predicted peak of the shared states (depth_state_bytes, chunk 512): {rows[0]['predicted_state_mib']:.1f} MiB")
-    report: dict[str, Any] = {"single_cells": rows}
+    report: dict[str, Any] = {}
+    if not args.skip_cells:
+        rows = single_cells([pre.model, sft.model], first, args.cells)
+        _print_cells(rows)
+        print(f"predicted peak of the shared states (depth_state_bytes, chunk 512): "
+              f"{rows[0]['predicted_state_mib']:.1f} MiB")
+        report["single_cells"] = rows
     if not args.skip_refine:
         ref = refinement(args, sft_dir, loaded)
         report["refinement"] = ref
@@ -149,4 +152,5 @@ def depth_mode(args: Any, sft_dir: Path) -> None:
     report["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of the process: {report['max_rss_mib']:.0f} MiB")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_depth.json").write_text(json.dumps(report, indent=2))
+    name = "bench_depth_cells.json" if args.skip_refine else "bench_depth.json"
+    (args.out / name).write_text(json.dumps(report, indent=2))
