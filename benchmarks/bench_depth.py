@@ -79,43 +79,56 @@ def _total(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def refinement(args: Any, sft_dir: Path, loaded: dict[str, Any]) -> dict[str, Any]:
-    """The sets.yaml run's found sets (search only), then ``--refine-rounds`` refinement rounds
-    of both sets by each path from the same found sets; seconds of the search stages that hold
-    the refinement."""
+    """The sets.yaml run's found sets (search only, its exact verification by depth sharing),
+    then, per set and path, the main call of a refinement round: the set without each of
+    ``--refine-cells`` of its cells (seeded sample) over the template's prompts, one
+    ``SetVerifier.shares`` call; a whole round is that call for every cell of the set."""
     import weightgraft.localize.verify as verify
+    from weightgraft.engine.architectures import model_slots
     from weightgraft.engine.cells import exact_effects
     from weightgraft.localize import localize
     from weightgraft.localize.config import parse_localize_config
+    from weightgraft.localize.examples import build_examples, select_prompts
+    from weightgraft.localize.maps import cell_map
 
     raw = yaml.safe_load((ROOT / "docs/localize/sets.yaml").read_text())
     raw.update(data=str(args.data), out=str(args.out / "sets"))
     raw["models"]["sft"] = str(sft_dir)
     raw["search"].update(refine=False, controls=0, missed_sample=0)
+    config = parse_localize_config(raw)
 
     def load(spec: str, _dtype: torch.dtype) -> Any:
         return loaded[spec]
 
     t0 = time.perf_counter()
-    found = localize(parse_localize_config(raw), progress=True, load=load)
-    out = {"search_s": time.perf_counter() - t0}
-    search = Path(found.run_dir) / "search.json"
-    saved = search.with_suffix(".found.json")
-    shutil.copy(search, saved)
-    raw["search"].update(refine=True, refine_rounds=args.refine_rounds)
-    for path in PATHS:
-        shutil.copy(saved, search)
-        verify.exact_effects = functools.partial(exact_effects, share=path)
-        try:
-            result = localize(parse_localize_config(raw), progress=True, load=load)
-        finally:
-            verify.exact_effects = exact_effects
-        entries = json.loads(search.read_text())["searches"]
-        out[path] = {
-            "seconds": {k: v for k, v in result.seconds.items() if k.startswith("search_")},
-            "sets": [{"template": e["template"], "found": e["size"], "found_share": e["share"],
-                      "refined": e["refined"]["size"], "share": e["refined"]["share"],
-                      "rounds": e["refined"]["rounds"]} for e in entries],
-        }
+    found = localize(config, progress=True, load=load)
+    out: dict[str, Any] = {"search_s": time.perf_counter() - t0, "sets": []}
+    pre, sft = loaded["smollm2-135m"], loaded[str(sft_dir)]
+    examples, _ = build_examples(select_prompts(config), pre.tokenizer)
+    slot_index = {s.name: i for i, s in enumerate(model_slots(pre.model))}
+    pad_id = pre.tokenizer.pad_token_id if pre.tokenizer.pad_token_id is not None else 0
+    rng = random.Random(0)
+    for entry in found.search["searches"]:
+        group = [e for e in examples if e.prompt.template == entry["template"]]
+        maps = [cell_map(e, slot_index, pre.model) for e in group]
+        verifier = verify.SetVerifier([pre.model, sft.model], [e.scored for e in group], maps, pad_id, config.metric,
+                                      config.exact_chunk, entry["total_effect"])
+        keys = [(c["position_label"], c["slot"]) for c in entry["cells"]]
+        dropped = rng.sample(range(len(keys)), min(args.refine_cells, len(keys)))
+        sets = [keys[:i] + keys[i + 1 :] for i in dropped]
+        row: dict[str, Any] = {"template": entry["template"], "set_size": len(keys), "share": entry["share"],
+                               "sampled": len(sets), "prompts": len(group)}
+        shares = {}
+        for path in PATHS:
+            verify.exact_effects = functools.partial(exact_effects, share=path)
+            try:
+                t0 = time.perf_counter()
+                shares[path] = verifier.shares(sets)
+                row[f"{path}_s"] = time.perf_counter() - t0
+            finally:
+                verify.exact_effects = exact_effects
+        row["max_abs_diff_share"] = max(abs(a - b) for a, b in zip(shares["prefix"], shares["depth"]))
+        out["sets"].append(row)
     return out
 
 
@@ -142,13 +155,15 @@ def depth_mode(args: Any, sft_dir: Path) -> None:
         ref = refinement(args, sft_dir, loaded)
         report["refinement"] = ref
         print(f"found sets (search, exact verification by depth sharing): {ref['search_s']:.0f}s")
-        for path in PATHS:
-            secs = sum(ref[path]["seconds"].values())
-            sets = ", ".join(f"{s['template']} {s['found']} -> {s['refined']} cells ({s['share']:.1%}, "
-                             f"{s['rounds']} round(s))" for s in ref[path]["sets"])
-            print(f"refinement, {args.refine_rounds} round(s) per set, {path} sharing: {secs:.0f}s; {sets}")
-        p, d = (sum(ref[x]["seconds"].values()) for x in PATHS)
-        print(f"refinement speedup (depth vs prefix): {p / d:.2f}x")
+        for r in ref["sets"]:
+            per = {p: r[f"{p}_s"] / r["sampled"] for p in PATHS}
+            print(f"refinement of {r['template']} ({r['set_size']} cells, share {r['share']:.1%}, {r['prompts']} prompts): "
+                  f"the set without each of {r['sampled']} sampled cells: prefix {r['prefix_s']:.1f}s, depth "
+                  f"{r['depth_s']:.1f}s ({r['prefix_s'] / r['depth_s']:.2f}x; max |Δ share| {r['max_abs_diff_share']:.1e}); "
+                  f"a round (every cell) extrapolated: prefix {per['prefix'] * r['set_size']:.0f}s, "
+                  f"depth {per['depth'] * r['set_size']:.0f}s")
+        p, d = (sum(r[f"{x}_s"] for r in ref["sets"]) for x in PATHS)
+        print(f"refinement speedup, both sets (depth vs prefix): {p / d:.2f}x")
     report["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of the process: {report['max_rss_mib']:.0f} MiB")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--per-token-sample", type=int, default=12)
     ap.add_argument("--depth", action="store_true", help="only prefix vs depth sharing (see depth_mode)")
     ap.add_argument("--cells", type=int, default=1500, help="--depth: cells sampled per prompt (seeded)")
-    ap.add_argument("--refine-rounds", type=int, default=1, help="--depth: refinement rounds timed per path")
+    ap.add_argument("--refine-cells", type=int, default=48, help="--depth: cells of a set timed per refinement round")
     ap.add_argument("--skip-refine", action="store_true", help="--depth: single cells only")
     ap.add_argument("--skip-cells", action="store_true", help="--depth: refinement only")
     args = ap.parse_args()
