@@ -1,6 +1,6 @@
 """Exact effects on the demo pair, prefix sharing vs depth sharing on the same cells, side by side
-(``bench_localize.py --depth``): single cells by layer quarter, then rounds of the refinement
-of docs/localize/sets.yaml's two found sets."""
+(``bench_localize.py --depth``): single cells by layer quarter, then a sample of a refinement
+round of docs/localize/sets.yaml's two found sets (the set without each sampled cell)."""
 
 from __future__ import annotations
 

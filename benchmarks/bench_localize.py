@@ -11,8 +11,8 @@ Exhaustive exact maps of all 80 prompts take hours on 2 CPU cores: they are meas
 first ``--exact`` prompts of each template and extrapolated per cell (said so in the output).
 
 ``--depth`` runs only the comparison of the two exact paths, prefix sharing and depth sharing,
-side by side on the same cells (``depth_mode``): single cells by layer quarter, and rounds of
-the refinement of docs/localize/sets.yaml's found sets.
+side by side on the same cells (``bench_depth.depth_mode``): single cells by layer quarter, and
+a sample of a refinement round of docs/localize/sets.yaml's found sets.
 """
 
 from __future__ import annotations
