@@ -48,7 +48,7 @@ __all__ = ["DepthStart", "DepthStats", "depth_start", "differs", "item_starts", 
 
 UNIT_BUDGET = 1 << 24  # unit-map entries per pass (int64: 128 MiB)
 SLACK = 1.25  # a pass is cut when its padded work would pass this multiple of its rows' own work
-MIN_ROWS = 64  # ... unless it holds fewer rows than this (a pass has a fixed cost of its own)
+MIN_ROWS = 16  # ... unless it holds fewer rows than this (a pass has a fixed cost of its own)
 
 
 @dataclass(frozen=True)
