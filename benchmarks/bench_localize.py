@@ -107,10 +107,10 @@ def main() -> None:
     exact_cells = int(cells["exact"].notna().sum())
     t_exact = sum(v for k, v in result.seconds.items() if k.startswith("exact_"))
     per_cell = t_exact / exact_cells
-    print(f"exact single cells (prefix sharing): {exact_cells} cells in {t_exact:.0f}s = {1e3 * per_cell:.1f} ms/cell; "
+    print(f"exact single cells (depth sharing): {exact_cells} cells in {t_exact:.0f}s = {1e3 * per_cell:.1f} ms/cell; "
           f"every cell of both directions extrapolated: {per_cell * 2 * n_cells / 60:.0f} min")
 
-    # 3. what prefix sharing saves, on a sample of one prompt's cells
+    # 3. what depth sharing saves, on a sample of one prompt's cells
     ex = examples[0]
     rng = random.Random(0)
     sample = rng.sample(example_cells(pre.model, ex.scored), 300)
@@ -119,7 +119,7 @@ def main() -> None:
         t0 = time.time()
         exact_effects([pre.model, sft.model], [ex.scored], [[[c] for c in sample]], 0, share=share)
         times[share] = time.time() - t0
-    print(f"300 cells of one prompt: prefix sharing {times[True]:.1f}s, whole rows {times[False]:.1f}s "
+    print(f"300 cells of one prompt: depth sharing {times[True]:.1f}s, whole rows {times[False]:.1f}s "
           f"({times[False] / times[True]:.2f}x)")
 
     # 4. the per-token definition, one cell at a time (a timed sample)
