@@ -56,7 +56,7 @@ def main() -> None:
         depth_mode(args, _sft_dir(args.data))
         return
     from weightgraft.data.prompts import load_test_prompts
-    from weightgraft.localize import localize
+    from weightgraft.api.localize import localize
     from weightgraft.localize.agreement import agreement
     from weightgraft.localize.config import parse_localize_config
     from weightgraft.localize.examples import build_examples

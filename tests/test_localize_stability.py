@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from weightgraft.experiments.config import ConfigError
-from weightgraft.localize import localize
+from weightgraft.api.localize import localize
 from weightgraft.localize.config import parse_localize_config
 from tiny_world import loader, write_world
 
@@ -183,7 +183,9 @@ def test_stability_csv_recomputed_from_cells(multi):
     assert set(table["value"]) == {"estimate"}  # exact maps cover one prompt per template only
     same = table[(table["kind"] == "sft") & (table["model_a"] == "sft[0]") & (table["model_b"] == "sft[2]")]
     assert len(same) == 4
-    assert (same["spearman_coarse"] == 1.0).all() and (same["top_overlap"] == 1.0).all() and (same["top_k"] == 50).all()
+    # maps equal to float noise (batch composition moves float32 sums), so a tolerance
+    np.testing.assert_allclose(same[["spearman_coarse", "top_overlap"]].to_numpy(), 1.0, rtol=0, atol=1e-12)
+    assert (same["top_k"] == 50).all()
     other = table[(table["kind"] == "sft") & (table["model_b"] == "sft[1]")]
     assert (other["spearman_coarse"] < 1.0).all()  # another donor: not the same map
 
@@ -262,11 +264,12 @@ def test_cli_prints_the_stability_summary(tmp_path, monkeypatch):
     import yaml
     from typer.testing import CliRunner
 
-    import weightgraft.localize as loc
+    import weightgraft.api.localize as loc
     from weightgraft.cli import app
 
-    real = loc.localize
-    monkeypatch.setattr(loc, "localize", lambda cfg, progress=True: real(cfg, progress=False, load=copy_loader))
+    real = loc.run_localize  # the CLI's call, with tiny models; the page is still drawn by api.localize
+    monkeypatch.setattr(loc, "run_localize",
+                        lambda cfg, progress=True, load=None: real(cfg, progress=False, load=copy_loader))
     cfg = tmp_path / "loc.yaml"
     cfg.write_text(yaml.safe_dump({**_raw(tmp_path, SFTS[:2]), "exact": "none", "report": False,
                                    "graft_directions": ["sufficiency"], "search": {"enabled": False}}))

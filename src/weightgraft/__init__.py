@@ -21,14 +21,15 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "load": ("weightgraft.api.load", "load"),
     "compare": ("weightgraft.api.compare", "compare"),
     "GraftOutput": ("weightgraft.api.outputs", "GraftOutput"),
-    "GraftInputError": ("weightgraft.api.inputs", "GraftInputError"),
+    "GraftInputError": ("weightgraft.schemes.binding", "GraftInputError"),
+    "WeightgraftError": ("weightgraft.errors", "WeightgraftError"),
     "Rule": ("weightgraft.schemes.scheme", "Rule"),
     "Scheme": ("weightgraft.schemes.scheme", "Scheme"),
     "presets": ("weightgraft.api.presets", None),
     "slots": ("weightgraft.engine.forward", "slots"),
     "graft_forward": ("weightgraft.engine.forward", "graft_forward"),
     "generate": ("weightgraft.api.generate", "generate"),
-    "localize": ("weightgraft.localize", "localize"),
+    "localize": ("weightgraft.api.localize", "localize"),
     "graft": ("weightgraft.api.graft", "graft"),
     "explain": ("weightgraft.api.explain", "explain"),
     "grafted": ("weightgraft.api.grafted", "grafted"),
@@ -38,7 +39,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 }
 __all__ = [
     "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "explain", "generate", "graft", "graft_forward", "grafted",
-    "load", "load_peft", "localize", "presets", "slots", "tokens", "trained_facts",
+    "load", "load_peft", "localize", "presets", "slots", "tokens", "trained_facts", "WeightgraftError",
 ]
 
 

@@ -48,6 +48,8 @@ def generate(
     """Continue prompts with a grafted model (rules apply to each new token as the last token)."""
     from weightgraft.schemes.scheme import Scheme
 
+    if sample and temperature <= 0:
+        raise typer.BadParameter(f"--temperature must be positive when sampling, got {temperature}")
     spans = _pairs(span, "span")
     roles = _pairs(model, "model")
     if config is not None:

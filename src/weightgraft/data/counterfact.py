@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from weightgraft import atomic
 from weightgraft.data.dataset import dumps_jsonl
 from weightgraft.data.prompts import DatasetError, TestPrompt
 from weightgraft.data.spans import SpanError, resolve_span
@@ -147,13 +148,13 @@ def convert(path: Path, out: Path, answer: Answer = "new", train_texts: bool = F
         prompts.append(p)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "test_prompts.jsonl").write_bytes(dumps_jsonl([_prompt_record(p) for p in prompts]))
+    atomic.write_bytes(out / "test_prompts.jsonl", dumps_jsonl([_prompt_record(p) for p in prompts]))
     counts = {"test_prompts": len(prompts)}
     if train_texts:
         texts = [{"text": f"{p.prompt} {p.answer}", "id": p.id, "group": "relation", "direction": "a2b"}
                  for p in prompts]
-        (out / "train.jsonl").write_bytes(dumps_jsonl(texts))
+        atomic.write_bytes(out / "train.jsonl", dumps_jsonl(texts))
         # the facts themselves: finetuning them in is memorisation, checked on what was taught
-        (out / "validation.jsonl").write_bytes(dumps_jsonl(texts))
+        atomic.write_bytes(out / "validation.jsonl", dumps_jsonl(texts))
         counts["train"] = len(texts)
     return counts

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from weightgraft.errors import WeightgraftError
+
 SpanSpec = str | Sequence[int]
 
 
-class SpanError(ValueError):
+class SpanError(WeightgraftError, ValueError):
     """A span that does not lie in its prompt; the message names the span (and the caller adds
     the file and line)."""
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft.report.run import ReportError
+
 EXAMPLES_PER_TEMPLATE = 8
 CONTROLS_SHOWN = 2  # control sets per kind offered on the page
 SUMMARY_COLUMNS = ("model_set", "template", "direction", "scheme", "family", "n", "top1", "top5",
@@ -84,7 +86,7 @@ class RunView:
         run_dir = Path(run_dir)
         summary = run_dir / "summary.csv"
         if not summary.is_file():
-            raise ValueError(f"--run {run_dir}: no summary.csv there (is it a `weightgraft run` directory?)")
+            raise ReportError(f"--run {run_dir}: no summary.csv there (is it a `weightgraft run` directory?)")
         manifest = json.loads((run_dir / "manifest.json").read_text()) if (run_dir / "manifest.json").is_file() else {}
         self.name = run_dir.name
         self.protocol = manifest.get("protocol", "paper")
@@ -127,7 +129,7 @@ class LocalizeView:
         out_dir = Path(out_dir)
         cells_path = out_dir / "cells.parquet"
         if not cells_path.is_file():
-            raise ValueError(f"--localize {out_dir}: no cells.parquet there (is it a `weightgraft localize` directory?)")
+            raise ReportError(f"--localize {out_dir}: no cells.parquet there (is it a `weightgraft localize` directory?)")
         manifest = json.loads((out_dir / "manifest.json").read_text()) if (out_dir / "manifest.json").is_file() else {}
         search = json.loads((out_dir / "search.json").read_text()) if (out_dir / "search.json").is_file() else {}
         self.name = out_dir.name

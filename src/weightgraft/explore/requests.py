@@ -9,10 +9,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from weightgraft.errors import WeightgraftError
 from weightgraft.schemes.scheme import Rule
 
 
-class RequestError(ValueError):
+class RequestError(WeightgraftError, ValueError):
     """A request the app refuses; ``status`` is the HTTP status, the message one line."""
 
     def __init__(self, message: str, status: int = 400) -> None:

@@ -6,7 +6,9 @@ Stages, each written when finished (a rerun skips what exists): ``parts/estimate
 .parquet``; ``parts/exact_{direction}_{n}.parquet`` per group of prompts (``exact_parts``: a
 killed run, or a raised ``exact:``, computes only the prompts no part holds); ``cells.parquet``
 (both joined); ``search.json`` (``found_sets``: search, refinement, controls, missed bound);
-``report/``. Without ``directions``, the prompts of the trained direction (``directions``).
+``stability.csv``, ``claims.csv``; ``report/`` (drawn by ``weightgraft.api.localize``, since
+``report`` builds on this package). Without ``directions``, the prompts of the trained
+direction (``directions``).
 
 Several SFT models (``models: {pre: X, sft: [A, B, C]}``, e.g. training seeds) are loaded one
 at a time, each mapped against ``pre``; ``cells.parquet``'s ``model`` column names each one's
@@ -29,7 +31,9 @@ from typing import Any
 import pandas as pd
 import torch
 
+from weightgraft import atomic
 from weightgraft.data.prompts import DatasetError
+from weightgraft.experiments.store import ResultsDirConflict
 from weightgraft.localize.config import LocalizeConfig, load_localize_config
 from weightgraft.localize.examples import LocalizeExample, build_examples, select_prompts
 from weightgraft.localize.directions import choose_directions, left_out
@@ -75,23 +79,23 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
         except ValueError:
             same = old.get("identity") == config.identity()
         if not same:
-            raise ValueError(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
+            raise ResultsDirConflict(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
         before, now = _sft_list(old.get("config", {})), [spec for _, spec in config.sft_models()]
         if now[: len(before)] != before:
-            raise ValueError(f"{run_dir} holds maps of the SFT models {before}; a config may append SFT models "
+            raise ResultsDirConflict(f"{run_dir} holds maps of the SFT models {before}; a config may append SFT models "
                              "to that list, not change or drop them; choose another 'out' or 'name'")
         known = old.get("examples", {})
         changed = sorted(k for k in known.keys() & digests.keys() if known[k] != digests[k])
         if changed:
-            raise ValueError(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
+            raise ResultsDirConflict(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
                              f"({', '.join(changed[:3])}); choose another 'out' or delete the folder")
         old.update({"identity": config.identity(), "config": config.model_dump(mode="json"),
                     "examples": {**known, **digests}})
-        manifest.write_text(json.dumps(old, indent=2))
+        atomic.write_json(manifest, old)
         return
     (run_dir / "parts").mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({"identity": config.identity(), "config": config.model_dump(mode="json"),
-                                    "examples": digests}, indent=2))
+    atomic.write_json(manifest, {"identity": config.identity(), "config": config.model_dump(mode="json"),
+                                 "examples": digests})
 
 
 def _note(run_dir: Path, **fields: Any) -> None:
@@ -99,7 +103,7 @@ def _note(run_dir: Path, **fields: Any) -> None:
     manifest = run_dir / "manifest.json"
     data = json.loads(manifest.read_text())
     data.update(fields)
-    manifest.write_text(json.dumps(data, indent=2, default=str))
+    atomic.write_json(manifest, data, default=str)
 
 
 def _check_peft(config: LocalizeConfig) -> list[Any]:
@@ -132,7 +136,7 @@ def _load_sft(spec: str, label: str, first: bool, pre: Any, adapter: Any, load: 
     data.setdefault("adapters", {})[label] = info
     if first:
         data["adapter"] = info
-    manifest.write_text(json.dumps(data, indent=2))
+    atomic.write_json(manifest, data)
     return SimpleNamespace(model=model, tokenizer=pre.tokenizer)
 
 
@@ -142,9 +146,8 @@ def _model_info(spec: str, model: Any) -> dict[str, str]:
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    frame.to_parquet(tmp, index=False)
-    tmp.replace(path)
+    with atomic.atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False)
 
 
 def _with_distractors(examples: list[LocalizeExample]) -> list[LocalizeExample]:
@@ -217,9 +220,10 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
     return pd.concat(frames, ignore_index=True)
 
 
-def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = None,
-             progress: bool = True, load: Any = None) -> LocalizeResult:
-    """Run (or resume) a localize config; see the module docstring for what it writes.
+def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = None,
+                 progress: bool = True, load: Any = None) -> LocalizeResult:
+    """Run (or resume) a localize config; see the module docstring for what it writes (all but
+    the report page: ``weightgraft.api.localize.localize`` runs this, then draws it).
 
     ``load(spec, dtype)`` returns an object with ``model`` and ``tokenizer`` (default:
     ``weightgraft.models.load_model``)."""
@@ -285,7 +289,7 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
             search = find_sets(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
             if search:
                 search["model"] = label
-                (run_dir / "search.json").write_text(json.dumps(search, indent=2))
+                atomic.write_json(run_dir / "search.json", search)
         cells.insert(0, "model", label)
         frames.append(cells)
         del sft, pairs, cells
@@ -295,11 +299,6 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
     from weightgraft.localize.claims import claims_table
     from weightgraft.localize.stability import stability_table
 
-    stability_table(whole_cells(cells)).to_csv(run_dir / "stability.csv", index=False)
-    claims_table(cells, config.seed).to_csv(run_dir / "claims.csv", index=False)
-    report = None
-    if config.report:
-        from weightgraft.report.localize import write_localize_report
-
-        report = write_localize_report(run_dir)
-    return LocalizeResult(run_dir, cells, search, excluded, seconds, report, choice.note)
+    atomic.write_text(run_dir / "stability.csv", stability_table(whole_cells(cells)).to_csv(index=False))
+    atomic.write_text(run_dir / "claims.csv", claims_table(cells, config.seed).to_csv(index=False))
+    return LocalizeResult(run_dir, cells, search, excluded, seconds, None, choice.note)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from weightgraft.errors import WeightgraftError
 from weightgraft.experiments.metrics import SUMMARY_KEYS, summarize
 
 RESULTS_FILE = "results.parquet"
@@ -30,7 +31,7 @@ BAR_COLOURS = {"top5": "#3b6ea8", "top1": "#e08a3c"}
 MAX_LISTED = 100  # exclusions and non-finite rows listed in the HTML page
 
 
-class ReportError(ValueError):
+class ReportError(WeightgraftError, ValueError):
     """A run directory that cannot be reported on."""
 
 

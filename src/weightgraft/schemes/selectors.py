@@ -14,13 +14,14 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 
 from weightgraft.engine.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS
+from weightgraft.errors import WeightgraftError
 
 
-class SelectorError(ValueError):
+class SelectorError(WeightgraftError, ValueError):
     """A selector expression that cannot be parsed or does not fit the model."""
 
 
-class SpanNotFound(LookupError):
+class SpanNotFound(WeightgraftError, LookupError):
     """A position selector names a span this example does not have (the example is excluded).
     ``span`` is the missing span's name when a named span is what is missing."""
 
