@@ -30,7 +30,7 @@ def _bucket(name: str, n_layers: int) -> str:
 def single_cells(models: list, examples: list, n_cells: int, seed: int = 0) -> list[dict[str, Any]]:
     """Seconds per path for the same sampled single cells, one exact_effects call per bucket."""
     from weightgraft.engine.cells import example_cells, exact_effects
-    from weightgraft.engine.depth import DepthStats, depth_state_bytes
+    from weightgraft.engine.sharing.depth import DepthStats, depth_state_bytes
     from weightgraft.engine.forward import slots
 
     names = slots(models[0])

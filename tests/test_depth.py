@@ -1,4 +1,4 @@
-"""Depth sharing (engine/depth.py) against ``graft_forward`` of each row whole, in float64."""
+"""Depth sharing (engine/sharing/depth.py) against ``graft_forward`` of each row whole, in float64."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch
 import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import Cell, ScoredExample, example_cells, exact_effects
-from weightgraft.engine.depth import (
+from weightgraft.engine.sharing.depth import (
     MIN_ROWS, SLACK, DepthStats, cost_batches, depth_forward, depth_state_bytes, item_starts,
 )
 from weightgraft.engine.precision import float64_exact
-from weightgraft.engine.prefix import GraftItem
+from weightgraft.engine.sharing.prefix import GraftItem
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 ARCHS = sorted(TINY_CONFIGS)
@@ -128,7 +128,7 @@ def test_the_states_put_in_are_what_the_rows_use(monkeypatch, part):
     are off far above rounding, so the comparison above is not blind to them."""
     import dataclasses
 
-    import weightgraft.engine.depth as depth
+    import weightgraft.engine.sharing.depth as depth
 
     def scaled(states):
         if part == "residuals":

@@ -212,7 +212,7 @@ def test_bad_unit_alpha_is_refused():
 from weightgraft.engine.cells import (  # noqa: E402
     REST, Cell, ScoredExample, cell_name, exact_effects, has_rest, parse_cell_name,
 )
-from weightgraft.engine.depth import cost_batches, item_starts  # noqa: E402
+from weightgraft.engine.sharing.depth import cost_batches, item_starts  # noqa: E402
 
 
 def test_cell_names_round_trip():

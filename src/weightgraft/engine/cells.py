@@ -5,7 +5,7 @@ A cell is ``(position, slot)``: one slot (``embed``, ``layers.{i}.{component}``,
 ``unembed``) at one token position. ``final_norm`` and ``unembed`` act on a position's own
 logits only, so they are cells at the scored position alone. Grafting a set of cells from the
 donor into the base changes only positions from the set's first position on, and only layers
-from its first layer on: with depth sharing (``weightgraft.engine.depth``) the base's part runs
+from its first layer on: with depth sharing (``weightgraft.engine.sharing.depth``) the base's part runs
 once per example, and each set recomputes only its own positions and layers.
 
 A unit cell is one attention head of a q/k/v/o slot or one MLP neuron of a gate/up/down slot
@@ -29,8 +29,8 @@ from torch import nn
 from weightgraft.engine import lora
 from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, model_slots
 from weightgraft.engine.attribution import Metric, metric_values
-from weightgraft.engine.depth import UNIT_BUDGET, DepthStats, depth_forward
-from weightgraft.engine.prefix import GraftItem, prefix_forward
+from weightgraft.engine.sharing.depth import UNIT_BUDGET, DepthStats, depth_forward
+from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 
 __all__ = ["Cell", "ScoredExample", "exact_effects", "example_cells", "group_cells", "cell_name",
            "parse_cell_name", "has_rest", "WHOLE", "REST"]
@@ -222,8 +222,8 @@ def exact_effects(
     example i, ``M(graft) - M(base)``. ``kl`` is measured against the donor's distribution.
 
     ``share``: ``True`` / ``"depth"`` runs each set from its first position and first layer
-    (``weightgraft.engine.depth``), ``"prefix"`` from its first position through every layer
-    (``weightgraft.engine.prefix``), ``False`` every row whole; all three give the same numbers.
+    (``weightgraft.engine.sharing.depth``), ``"prefix"`` from its first position through every layer
+    (``weightgraft.engine.sharing.prefix``), ``False`` every row whole; all three give the same numbers.
     ``stats`` records what depth sharing held and ran."""
     if len(models) != 2:
         raise ValueError("exact cell effects need exactly two models: [base, donor]")

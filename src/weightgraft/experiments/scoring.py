@@ -30,7 +30,7 @@ from weightgraft.experiments.metrics import (
     whole_character_prefix,
 )
 from weightgraft.schemes.scheme import Scheme
-from weightgraft.engine.prefix import GraftItem, prefix_forward
+from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ from transformers import DynamicCache
 from weightgraft.engine.architectures import adapter_for, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
-from weightgraft.engine.prefix import (
+from weightgraft.engine.swaps import own_forward, swaps
+from weightgraft.engine.sharing.prefix import (
     GraftItem,
     Segment,
     checked_unit_widths,
@@ -239,12 +240,6 @@ def _reference_states(
                            {r: b for b, r in enumerate(used)})
 
 
-def _own_forward(module: nn.Module):
-    """The module's forward as it is now (an instance-level one, e.g. accelerate's, or the class's)."""
-    own = module.__dict__.get("forward")
-    return own if own is not None else functools.partial(type(module).forward, module)
-
-
 def _skipped(*args, **kwargs) -> torch.Tensor:
     return _layer_input(args, kwargs)
 
@@ -267,22 +262,14 @@ def _entering(own, rows: torch.Tensor, residual: torch.Tensor):
 def _from_layers(blocks: nn.ModuleList, first: int, row_layers: torch.Tensor, residual: torch.Tensor) -> Iterator[None]:
     """Within it, blocks below ``first`` pass their input through untouched, and block j puts
     ``residual`` in for the rows that start at j; every forward is restored on exit."""
-    patched: list[tuple[nn.Module, object]] = []
-    try:
+    with swaps() as made:
         for j, block in enumerate(blocks):
             rows = row_layers == j
-            if j >= first and not bool(rows.any()):
-                continue
-            fn = _skipped if j < first else _entering(_own_forward(block), rows, residual)
-            patched.append((block, block.__dict__.get("forward")))
-            block.forward = fn
+            if j < first:
+                made.forward(block, _skipped)
+            elif bool(rows.any()):
+                made.forward(block, _entering(own_forward(block), rows, residual))
         yield
-    finally:
-        for block, own in reversed(patched):
-            if own is None:
-                del block.forward
-            else:
-                block.forward = own
 
 
 def _cache_bytes(cache: DynamicCache | None) -> int:
