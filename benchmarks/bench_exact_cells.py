@@ -8,6 +8,7 @@ random token. The cells timed are a seeded uniform sample of every cell of those
 (``--cells`` per prompt, 0 = all), so the figure is the mean cost of a cell of a full map.
 
     python benchmarks/bench_exact_cells.py --model random:smollm2-135m --prompts 2 --cells 200
+    python benchmarks/bench_exact_cells.py --model random:smollm2-135m --prompts 2 --cells 200 --sharing prefix
     python benchmarks/bench_exact_cells.py --model random:llama-3.2-1b --device cuda --dtype bfloat16
 """
 
@@ -52,6 +53,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--sharing", default="depth", choices=["prefix", "depth"],
+                    help="exact_effects' path: prefix sharing, or depth sharing (each cell from its layer on); "
+                         "half precision runs rows whole either way")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -82,10 +86,10 @@ def main() -> None:
             _layer(names[c.slot]) is not None and _layer(names[c.slot]) >= n_layers - quarter),
     }
     print(f"model={args.model} donor={donor_spec} device={args.device} dtype={args.dtype} "
-          f"threads={torch.get_num_threads()} layers={n_layers} prompts={len(examples)} "
+          f"threads={torch.get_num_threads()} sharing={args.sharing} layers={n_layers} prompts={len(examples)} "
           f"tokens/prompt={min(len(e.input_ids) for e in examples)}-{max(len(e.input_ids) for e in examples)}")
     with torch.no_grad():  # warm-up
-        exact_effects(models, examples[:1], [[[c] for c in sets[0][:8]]], 0, chunk=args.chunk)
+        exact_effects(models, examples[:1], [[[c] for c in sets[0][:8]]], 0, chunk=args.chunk, share=args.sharing)
     for label, keep in groups.items():
         chosen = [[[c] for c in cells if keep(c)] for cells in sets]
         n = sum(len(s) for s in chosen)
@@ -93,7 +97,7 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         _sync(args.device)
         t0 = time.perf_counter()
-        exact_effects(models, examples, chosen, 0, chunk=args.chunk)
+        exact_effects(models, examples, chosen, 0, chunk=args.chunk, share=args.sharing)
         _sync(args.device)
         seconds = time.perf_counter() - t0
         peak = (f" peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated"

@@ -9,6 +9,10 @@ Run after ``weightgraft demo`` (it builds the data and caches the finetune), und
 
 Exhaustive exact maps of all 80 prompts take hours on 2 CPU cores: they are measured on the
 first ``--exact`` prompts of each template and extrapolated per cell (said so in the output).
+
+``--depth`` runs only the comparison of the two exact paths, prefix sharing and depth sharing,
+side by side on the same cells (``bench_depth.depth_mode``): single cells by layer quarter, and
+a sample of a refinement round of docs/localize/sets.yaml's found sets.
 """
 
 from __future__ import annotations
@@ -39,8 +43,18 @@ def main() -> None:
     ap.add_argument("--exact", type=int, default=2, help="prompts per template with exhaustive exact maps")
     ap.add_argument("--ig-steps", type=int, default=4)
     ap.add_argument("--per-token-sample", type=int, default=12)
+    ap.add_argument("--depth", action="store_true", help="only prefix vs depth sharing (see depth_mode)")
+    ap.add_argument("--cells", type=int, default=1500, help="--depth: cells sampled per prompt (seeded)")
+    ap.add_argument("--refine-cells", type=int, default=48, help="--depth: cells of a set timed per refinement round")
+    ap.add_argument("--skip-refine", action="store_true", help="--depth: single cells only")
+    ap.add_argument("--skip-cells", action="store_true", help="--depth: refinement only")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.depth:
+        from bench_depth import depth_mode
+
+        depth_mode(args, _sft_dir(args.data))
+        return
     from weightgraft.data.prompts import load_test_prompts
     from weightgraft.api.localize import localize
     from weightgraft.localize.agreement import agreement
@@ -93,10 +107,10 @@ def main() -> None:
     exact_cells = int(cells["exact"].notna().sum())
     t_exact = sum(v for k, v in result.seconds.items() if k.startswith("exact_"))
     per_cell = t_exact / exact_cells
-    print(f"exact single cells (prefix sharing): {exact_cells} cells in {t_exact:.0f}s = {1e3 * per_cell:.1f} ms/cell; "
+    print(f"exact single cells (depth sharing): {exact_cells} cells in {t_exact:.0f}s = {1e3 * per_cell:.1f} ms/cell; "
           f"every cell of both directions extrapolated: {per_cell * 2 * n_cells / 60:.0f} min")
 
-    # 3. what prefix sharing saves, on a sample of one prompt's cells
+    # 3. what depth sharing saves, on a sample of one prompt's cells
     ex = examples[0]
     rng = random.Random(0)
     sample = rng.sample(example_cells(pre.model, ex.scored), 300)
@@ -105,7 +119,7 @@ def main() -> None:
         t0 = time.time()
         exact_effects([pre.model, sft.model], [ex.scored], [[[c] for c in sample]], 0, share=share)
         times[share] = time.time() - t0
-    print(f"300 cells of one prompt: prefix sharing {times[True]:.1f}s, whole rows {times[False]:.1f}s "
+    print(f"300 cells of one prompt: depth sharing {times[True]:.1f}s, whole rows {times[False]:.1f}s "
           f"({times[False] / times[True]:.2f}x)")
 
     # 4. the per-token definition, one cell at a time (a timed sample)

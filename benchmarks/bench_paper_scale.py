@@ -92,7 +92,7 @@ def _position_items(base, prompts):
     """GraftItems of the position family (8 schemes) on ``prompts``, and the slots the donor serves."""
     import weightgraft as wg
     from weightgraft.engine.architectures import model_slots
-    from weightgraft.engine.prefix import GraftItem
+    from weightgraft.engine.sharing.prefix import GraftItem
     from weightgraft.schemes.protocol import embeddings_tied
     from weightgraft.schemes.scheme import compile_scheme
 
@@ -187,7 +187,7 @@ def run_one(args) -> dict:
     import weightgraft as wg
     from weightgraft.engine.attribution import graft_attribution
     from weightgraft.engine.partial import PartialGraft
-    from weightgraft.engine.prefix import prefix_forward
+    from weightgraft.engine.sharing.prefix import prefix_forward
     from weightgraft.engine.reference import CompositeModel, per_token_forward
     from weightgraft.models import load_model
     from weightgraft.models.footprint import resolve_footprint

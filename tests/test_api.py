@@ -247,7 +247,7 @@ def test_top_level_stays_light_and_graft_is_a_plain_function():
         "import sys, types, weightgraft as wg\n"
         "assert wg.__version__ and 'torch' not in sys.modules, 'torch imported at top level'\n"
         "import weightgraft.engine.forward as engine\n"
-        "from weightgraft.engine import prefix\n"
+        "from weightgraft.engine.sharing import prefix\n"
         "from weightgraft.api.graft import graft\n"
         "assert type(wg.graft) is types.FunctionType and wg.graft is graft\n"
         "assert type(sys.modules['weightgraft.engine']) is types.ModuleType\n"

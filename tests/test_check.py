@@ -124,3 +124,13 @@ def test_check_does_not_blame_the_reference_when_the_engine_is_off(model_dirs, m
     result = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])
     assert result.exit_code == 1
     assert "reference's own rounding" not in " ".join(result.output.split())
+
+
+def test_check_covers_depth_sharing(model_dirs, monkeypatch):
+    """The exact-cells path (depth sharing) is a case of its own, and a wrong one fails."""
+    ok = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])
+    assert ok.exit_code == 0 and "depth sharing (cells)" in ok.output
+    real = check_mod.depth_forward
+    monkeypatch.setattr(check_mod, "depth_forward", lambda *a, **k: real(*a, **k) + 1e-3)
+    bad = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])
+    assert bad.exit_code == 1 and "FAIL" in bad.output

@@ -7,7 +7,7 @@ import torch
 
 import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
-from weightgraft.engine.prefix import GraftItem, PrefixGroup, prefix_forward, shared_prefix_groups
+from weightgraft.engine.sharing.prefix import GraftItem, PrefixGroup, prefix_forward, shared_prefix_groups
 from weightgraft.engine.reference import CompositeModel, per_token_forward
 from tiny_models import TINY_CONFIGS, tiny_models
 
@@ -257,7 +257,7 @@ def test_an_unchecked_cache_kind_falls_back_to_running_whole(monkeypatch):
     items = _sweep_items(models)[:4]
     expected = prefix_forward(models, items, pad_id=0)
     other_cache = type("OtherCache", (), {"layers": [_OtherLayer()]})
-    monkeypatch.setattr("weightgraft.engine.prefix.DynamicCache", lambda config: other_cache())
+    monkeypatch.setattr("weightgraft.engine.sharing.prefix.DynamicCache", lambda config: other_cache())
     calls = _EmbeddingCalls(models[0])
     try:
         with pytest.warns(UserWarning, match="_OtherLayer cache layers; running every item whole"):

@@ -212,6 +212,7 @@ def test_bad_unit_alpha_is_refused():
 from weightgraft.engine.cells import (  # noqa: E402
     REST, Cell, ScoredExample, cell_name, exact_effects, has_rest, parse_cell_name,
 )
+from weightgraft.engine.sharing.depth import cost_batches, item_starts  # noqa: E402
 
 
 def test_cell_names_round_trip():
@@ -241,7 +242,8 @@ def test_exact_effects_of_unit_cells_are_their_grafts(model_type):
             [Cell(4, down, k) for k in range(n_down)] + [Cell(4, down, REST)], [Cell(4, down)],
             [Cell(1, up, k) for k in range(0, n_up, 2)]]
     base_metric, (effects,) = exact_effects([base, donor], [ex], [sets], pad_id=0, chunk=4)
-    small = cells_mod._chunks([cells_mod._item(ex, c, model_slots(base)) for c in sets], range(len(sets)), 4, budget=200)
+    items = [cells_mod._item(ex, c, model_slots(base)) for c in sets]
+    small = cost_batches(items, item_starts(base, items), base.config.num_hidden_layers, 4, unit_budget=200)
     assert max(len(c) for c in small) < len(sets) and sorted(sum(small, [])) == list(range(len(sets)))
     _, (again,) = exact_effects([base, donor], [ex], [sets], pad_id=0, chunk=1)  # one item per pass
     assert torch.allclose(effects, again, atol=1e-12)

@@ -4,9 +4,9 @@ with the engine (integer grafts, no approximation).
 A cell is ``(position, slot)``: one slot (``embed``, ``layers.{i}.{component}``, ``final_norm``,
 ``unembed``) at one token position. ``final_norm`` and ``unembed`` act on a position's own
 logits only, so they are cells at the scored position alone. Grafting a set of cells from the
-donor into the base changes only positions from the set's first position on: with prefix
-sharing (``weightgraft.engine.prefix``) the positions before it run once per (example, first
-position) and each set recomputes only from there.
+donor into the base changes only positions from the set's first position on, and only layers
+from its first layer on: with depth sharing (``weightgraft.engine.sharing.depth``) the base's part runs
+once per example, and each set recomputes only its own positions and layers.
 
 A unit cell is one attention head of a q/k/v/o slot or one MLP neuron of a gate/up/down slot
 at one position (``Cell(position, slot, unit=k)``), grafted as ``graft_forward``'s
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -28,14 +29,15 @@ from torch import nn
 from weightgraft.engine import lora
 from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units, model_slots
 from weightgraft.engine.attribution import Metric, metric_values
-from weightgraft.engine.prefix import GraftItem, prefix_forward
+from weightgraft.engine.sharing.depth import UNIT_BUDGET, DepthStats, depth_forward
+from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 
 __all__ = ["Cell", "ScoredExample", "exact_effects", "example_cells", "group_cells", "cell_name",
            "parse_cell_name", "has_rest", "WHOLE", "REST"]
 
 OUTPUT_ONLY = ("final_norm", "unembed")
 WHOLE, REST = -1, -2  # ``Cell.unit``: the whole slot; a split slot's part in no unit (o/down bias)
-UNIT_BUDGET = 1 << 24  # unit-map entries per engine pass in ``exact_effects`` (int64: 128 MiB)
+Sharing = bool | Literal["depth", "prefix"]  # ``exact_effects``' path: True is "depth"; False, whole rows
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def _unit_cost(item: GraftItem) -> tuple[tuple[str, ...], int]:
     return tuple(sorted(maps)), sum(int(m.shape[1]) for m in maps.values())
 
 
-def _chunks(items: Sequence[GraftItem], order: Sequence[int], chunk: int, budget: int = UNIT_BUDGET) -> list[list[int]]:
+def _suffix_batches(items: Sequence[GraftItem], order: Sequence[int], chunk: int, budget: int = UNIT_BUDGET) -> list[list[int]]:
     """``order`` cut into passes of at most ``chunk`` items whose padded unit maps (every item
     holds a map for every slot some item of its pass maps) stay within ``budget`` entries."""
     out: list[list[int]] = []
@@ -193,15 +195,36 @@ def _chunks(items: Sequence[GraftItem], order: Sequence[int], chunk: int, budget
     return out
 
 
+def _prefix_logits(
+    models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, chunk: int, share: bool
+) -> torch.Tensor:
+    """The prefix-only path (or whole rows, ``share=False``): items in batches of similar
+    suffixes (a batch's suffixes are padded to its longest); items that map the same slots
+    unit by unit go together (their maps pad to fewer slots)."""
+    order = sorted(range(len(items)), key=lambda i: (_suffix(items[i]), _unit_cost(items[i]), i))
+    logits = None
+    for rows in _suffix_batches(items, order, chunk):
+        part = prefix_forward(models, [items[i] for i in rows], pad_id, share=share)[:, 0]
+        if logits is None:
+            logits = part.new_empty(len(items), part.shape[-1])
+        logits[torch.tensor(rows, device=logits.device)] = part
+    return logits
+
+
 @torch.no_grad()
 def exact_effects(
     models: Sequence[nn.Module], examples: Sequence[ScoredExample],
     cell_sets: Sequence[Sequence[Sequence[Cell]]], pad_id: int, metric: Metric = "logprob",
-    chunk: int = 512, share: bool = True,
+    chunk: int = 512, share: Sharing = True, stats: DepthStats | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``(base metric [n_examples], [effects [len(cell_sets[i])] per example])``: the effect of
     grafting each set of cells of ``cell_sets[i]`` from ``models[1]`` into ``models[0]`` in
-    example i, ``M(graft) - M(base)``. ``kl`` is measured against the donor's distribution."""
+    example i, ``M(graft) - M(base)``. ``kl`` is measured against the donor's distribution.
+
+    ``share``: ``True`` / ``"depth"`` runs each set from its first position and first layer
+    (``weightgraft.engine.sharing.depth``), ``"prefix"`` from its first position through every layer
+    (``weightgraft.engine.sharing.prefix``), ``False`` every row whole; all three give the same numbers.
+    ``stats`` records what depth sharing held and ran."""
     if len(models) != 2:
         raise ValueError("exact cell effects need exactly two models: [base, donor]")
     if len(cell_sets) != len(examples):
@@ -219,16 +242,15 @@ def exact_effects(
         for cells in sets:
             items.append(_item(ex, cells, slot_list))
             owner.append(i)
-    # Batches of items with similar suffixes (positions from the first grafted one on): a batch's
-    # suffixes are padded to its longest, so mixing long and short ones would waste the sharing;
-    # items that map the same slots unit by unit go together (their maps pad to fewer slots).
-    order = sorted(range(len(items)), key=lambda i: (_suffix(items[i]), _unit_cost(items[i]), i))
-    logits = None
-    for rows in _chunks(items, order, chunk):
-        part = prefix_forward(models, [items[i] for i in rows], pad_id, share=share)[:, 0].double().cpu()
-        if logits is None:
-            logits = part.new_empty(len(items), part.shape[-1])
-        logits[torch.tensor(rows)] = part
+    if share is True or share == "depth":
+        # Each example's sets together are a row that sets of one family (a set without one of
+        # its cells, in refinement) share more of than they share with the base.
+        unions = [_item(ex, list(dict.fromkeys(c for cells in sets for c in cells)), slot_list)
+                  for ex, sets in zip(examples, cell_sets) if len(sets) > 1]
+        logits = depth_forward(models, items, pad_id, chunk=chunk, stats=stats, references=unions)[:, 0]
+    else:
+        logits = _prefix_logits(models, items, pad_id, chunk, share == "prefix")
+    logits = logits.double().cpu()
     targets = torch.tensor([examples[i].target for i in owner])
     distractors = None
     if metric == "logit_diff":

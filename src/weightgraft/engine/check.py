@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from weightgraft.engine.sharing.depth import depth_forward
 from weightgraft.engine.forward import graft_forward, slots
 from weightgraft.engine.precision import eager_attention, float64_exact
-from weightgraft.engine.prefix import GraftItem, prefix_forward
+from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 from weightgraft.engine.reference import CompositeModel, per_token_forward
 
 DEFAULT_PROMPTS = (
@@ -151,6 +152,7 @@ def _check(
             )
         )
     cases.append(_prefix_case(models, input_ids, attention_mask, maps, gen))
+    cases.append(_depth_case(models, input_ids, attention_mask, gen))
     return CheckReport(cases=cases, atol=atol, rtol=rtol)
 
 
@@ -178,6 +180,44 @@ def _prefix_case(
     ]).double()
     return CheckCase(
         name="prefix sharing (runner)",
+        max_abs_diff=(shared - alone).abs().max().item(),
+        logit_scale=alone.abs().max().item(),
+        top1_agree=(shared.argmax(-1) == alone.argmax(-1)).float().mean().item(),
+    )
+
+
+def _depth_case(
+    models: Sequence[nn.Module], input_ids: torch.Tensor, attention_mask: torch.Tensor, gen: torch.Generator,
+) -> CheckCase:
+    """The exact-effects path, ``depth_forward``: per prompt, single cells and small sets of
+    cells anywhere (each row run from its first position and layer on the base's states), and
+    a set without each of its cells (run on the whole set's states), against ``graft_forward``
+    on each row alone."""
+    n_slots = len(slots(models[0]))
+    items: list[GraftItem] = []
+    references: list[GraftItem] = []
+    for b in range(input_ids.shape[0]):
+        ids = input_ids[b][attention_mask[b].bool()].tolist()
+        n = len(ids)
+        for size in (1, 1, 1, 3):
+            src = torch.zeros(n, n_slots, dtype=torch.long)
+            for _ in range(size):
+                t, s = (int(torch.randint(0, m, (1,), generator=gen)) for m in (n, n_slots))
+                src[t, s] = int(torch.randint(1, max(len(models), 2), (1,), generator=gen)) % len(models)
+            items.append(GraftItem(ids, src, logit_start=n - 1))
+        whole = (torch.rand(n, n_slots, generator=gen) < 0.2).long() * min(1, len(models) - 1)
+        references.append(GraftItem(ids, whole, logit_start=n - 1))
+        for t, s in whole.nonzero().tolist()[:4]:
+            without = whole.clone()
+            without[t, s] = 0
+            items.append(GraftItem(ids, without, logit_start=n - 1))
+    shared = depth_forward(models, items, pad_id=0, references=references)[:, 0].double()
+    alone = torch.stack([
+        graft_forward(models, torch.tensor([it.input_ids], device=input_ids.device), it.source[None])[0, -1]
+        for it in items
+    ]).double()
+    return CheckCase(
+        name="depth sharing (cells)",
         max_abs_diff=(shared - alone).abs().max().item(),
         logit_scale=alone.abs().max().item(),
         top1_agree=(shared.argmax(-1) == alone.argmax(-1)).float().mean().item(),

@@ -370,7 +370,7 @@ def graft_call(
     split into its gate and up halves first.
 
     ``past_key_values`` (a ``transformers.DynamicCache``) continues rows whose earlier
-    positions an earlier call computed (prefix sharing, ``weightgraft.engine.prefix``): the cache is
+    positions an earlier call computed (prefix sharing, ``weightgraft.engine.sharing.prefix``): the cache is
     filled or extended in place, ``source`` covers only the new positions, and
     ``attention_mask`` covers cached and new ones (``[batch, cached + seq]``), so that
     positions continue from the cached ones.

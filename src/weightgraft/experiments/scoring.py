@@ -24,7 +24,7 @@ from weightgraft.experiments.examples import Prepared
 from weightgraft.experiments.metric_table import ScoreInputs, row_metrics
 from weightgraft.experiments.prediction import answer_logprob, score_next_token, whole_character_prefix
 from weightgraft.schemes.scheme import Scheme
-from weightgraft.engine.prefix import GraftItem, prefix_forward
+from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,9 @@ from weightgraft.engine.architectures import NEURON_COMPONENTS, Units, model_slo
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
 
-__all__ = ["GraftItem", "PrefixGroup", "PrefixPlan", "shared_prefix_groups", "prefix_forward"]
+__all__ = ["GraftItem", "PrefixGroup", "PrefixPlan", "Segment", "PaddedBatch", "shared_prefix_groups",
+           "prefix_forward", "segment", "pad_segments", "run_prefixes", "split_units",
+           "wanted_positions", "shareable_cache", "checked_unit_widths"]
 
 # Slots that act on a position's logits only (after the last layer): no key or value depends on
 # them, so two prefixes that differ only there are the same prefix.
@@ -91,7 +93,7 @@ def _head_slot_names(items: Sequence[GraftItem]) -> list[str]:
     return sorted({name for item in items for name in item.unit_maps()})
 
 
-def _split_units(maps: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
+def split_units(maps: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
     """Unit maps as ``graft_forward``'s ``head_source`` and ``neuron_source``."""
     heads = {n: m for n, m in maps.items() if n.rsplit(".", 1)[-1] not in NEURON_COMPONENTS}
     neurons = {n: m for n, m in maps.items() if n.rsplit(".", 1)[-1] in NEURON_COMPONENTS}
@@ -208,7 +210,7 @@ def shared_prefix_groups(
 
 
 @dataclass
-class _Segment:
+class Segment:
     """Positions [start, stop) of one item, head maps normalized to a common slot set."""
 
     input_ids: torch.Tensor  # [n]
@@ -217,7 +219,7 @@ class _Segment:
 
 
 @dataclass
-class _Batch:
+class PaddedBatch:
     """Padded segments, ready for ``graft_forward``."""
 
     input_ids: torch.Tensor  # [batch, seq]
@@ -226,18 +228,19 @@ class _Batch:
     heads: dict[str, torch.Tensor]  # name -> [batch, seq, heads]
 
 
-def _segment(
+def segment(
     item: GraftItem, start: int, stop: int, widths: Mapping[str, int], slot_index: Mapping[str, int]
-) -> _Segment:
+) -> Segment:
+    """Positions [start, stop) of ``item``, its unit maps filled out to every slot in ``widths``."""
     heads = _full_heads(item, widths, slot_index)
-    return _Segment(
+    return Segment(
         torch.as_tensor(list(item.input_ids[start:stop]), dtype=torch.long),
         item.source[start:stop].to(device="cpu", dtype=torch.long),
         {name: h[start:stop] for name, h in heads.items()},
     )
 
 
-def _pad(segments: Sequence[_Segment], pad_id: int, left: bool) -> _Batch:
+def pad_segments(segments: Sequence[Segment], pad_id: int, left: bool) -> PaddedBatch:
     """Stack segments, padding with ``pad_id`` served by the base (masked out anyway)."""
     seq = max(len(s.input_ids) for s in segments)
     n_slots = segments[0].source.shape[1]
@@ -255,10 +258,10 @@ def _pad(segments: Sequence[_Segment], pad_id: int, left: bool) -> _Batch:
         ids[b, span], mask[b, span], source[b, span] = seg.input_ids, 1, seg.source
         for name, h in seg.heads.items():
             heads[name][b, span] = h
-    return _Batch(ids, mask, source, heads)
+    return PaddedBatch(ids, mask, source, heads)
 
 
-def _logit_positions(items: Sequence[GraftItem], offsets: Sequence[int], k: int) -> torch.Tensor:
+def wanted_positions(items: Sequence[GraftItem], offsets: Sequence[int], k: int) -> torch.Tensor:
     """``[len(items), k]``: each item's wanted positions, shifted left by its offset (the prefix
     it skips), the last one repeated up to ``k``."""
     rows = []
@@ -269,7 +272,7 @@ def _logit_positions(items: Sequence[GraftItem], offsets: Sequence[int], k: int)
     return torch.tensor(rows, dtype=torch.long)
 
 
-def _shareable_cache(model: nn.Module) -> DynamicCache | None:
+def shareable_cache(model: nn.Module) -> DynamicCache | None:
     """An empty cache for ``model``, or None (with a warning) when its cache layers are of a
     kind whose rows prefix sharing has not been checked to select and extend exactly; full and
     sliding-window attention layers are (Gemma 2/3, Mistral: tests/test_prefix.py)."""
@@ -290,25 +293,25 @@ def _run_whole(
     widths: Mapping[str, int], slot_index: Mapping[str, int],
 ) -> torch.Tensor:
     """The plain path: items run whole, right-padded, in one ``graft_forward`` call."""
-    batch = _pad([_segment(it, 0, len(it), widths, slot_index) for it in items], pad_id, left=False)
-    heads, neurons = _split_units(batch.heads)
+    batch = pad_segments([segment(it, 0, len(it), widths, slot_index) for it in items], pad_id, left=False)
+    heads, neurons = split_units(batch.heads)
     return graft_forward(
         models, batch.input_ids, batch.source, attention_mask=batch.mask,
-        logit_positions=_logit_positions(items, [0] * len(items), k), head_source=heads,
+        logit_positions=wanted_positions(items, [0] * len(items), k), head_source=heads,
         neuron_source=neurons,
     )
 
 
-def _run_prefixes(
+def run_prefixes(
     models: Sequence[nn.Module], items: Sequence[GraftItem], groups: Sequence[PrefixGroup],
     cache: DynamicCache, pad_id: int, widths: Mapping[str, int], slot_index: Mapping[str, int],
 ) -> torch.Tensor:
     """Fill ``cache`` with every group's prefix (one row per group, left-padded); returns the
     prefix attention mask ``[groups, prefix_len]``."""
-    segments = [_segment(items[g.members[0]], 0, g.length, widths, slot_index) for g in groups]
-    batch = _pad(segments, pad_id, left=True)
+    segments = [segment(items[g.members[0]], 0, g.length, widths, slot_index) for g in groups]
+    batch = pad_segments(segments, pad_id, left=True)
     last = torch.full((len(groups), 1), batch.input_ids.shape[1] - 1, dtype=torch.long)
-    heads, neurons = _split_units(batch.heads)
+    heads, neurons = split_units(batch.heads)
     graft_forward(
         models, batch.input_ids, batch.source, attention_mask=batch.mask, logit_positions=last,
         head_source=heads, past_key_values=cache, neuron_source=neurons,
@@ -328,19 +331,19 @@ def _run_suffixes(
     lengths = [plan.groups[group_of[i]].length for i in members]
     rows = torch.tensor([group_of[i] for i in members], dtype=torch.long)
     cache.batch_select_indices(rows)  # CPU indices serve cache layers on any device (device_map)
-    segments = [_segment(items[i], n, len(items[i]), widths, slot_index) for i, n in zip(members, lengths)]
-    batch = _pad(segments, pad_id, left=False)
-    heads, neurons = _split_units(batch.heads)
+    segments = [segment(items[i], n, len(items[i]), widths, slot_index) for i, n in zip(members, lengths)]
+    batch = pad_segments(segments, pad_id, left=False)
+    heads, neurons = split_units(batch.heads)
     logits = graft_forward(
         models, batch.input_ids, batch.source,
         attention_mask=torch.cat([prefix_mask[rows], batch.mask], dim=1),
-        logit_positions=_logit_positions([items[i] for i in members], lengths, k),
+        logit_positions=wanted_positions([items[i] for i in members], lengths, k),
         head_source=heads, past_key_values=cache, neuron_source=neurons,
     )
     return members, logits
 
 
-def _checked_head_widths(
+def checked_unit_widths(
     items: Sequence[GraftItem], slot_list: Sequence, slot_index: Mapping[str, int]
 ) -> dict[str, int]:
     """Heads (neurons) per head- (neuron-) mapped slot, from the slot table; names that cannot
@@ -381,16 +384,16 @@ def prefix_forward(
     slot_list = model_slots(models[0])
     names = [s.name for s in slot_list]
     slot_index = {name: s for s, name in enumerate(names)}
-    widths = _checked_head_widths(items, slot_list, slot_index)
+    widths = checked_unit_widths(items, slot_list, slot_index)
     k = max(item.n_logits for item in items)
-    cache = _shareable_cache(models[0]) if share else None
+    cache = shareable_cache(models[0]) if share else None
     plan = (
         shared_prefix_groups(items, min_shared, names) if cache is not None
         else PrefixPlan((), tuple(range(len(items))))
     )
     parts: list[tuple[Sequence[int], torch.Tensor]] = []
     if plan.groups:
-        prefix_mask = _run_prefixes(models, items, plan.groups, cache, pad_id, widths, slot_index)
+        prefix_mask = run_prefixes(models, items, plan.groups, cache, pad_id, widths, slot_index)
         parts.append(_run_suffixes(models, items, plan, cache, prefix_mask, pad_id, k, widths, slot_index))
     if plan.unshared:
         chosen = [items[i] for i in plan.unshared]
