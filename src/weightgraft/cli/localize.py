@@ -51,11 +51,12 @@ def localize(
         import pandas as pd
 
         table = pd.read_csv(claims)
-        table = table[table["effect"] == "estimate"]
         for claim, rows in table.groupby("claim", sort=False):
             counts = rows["verdict"].value_counts()
             console.print(f"claim {claim}: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in ("holds", "fails", "undecided", "no cells") if v != "no cells" or counts.get(v, 0))
-                          + f" of {len(rows)} map(s), share {rows['share'].min():.2f} to {rows['share'].max():.2f}")
+                          + f" of {len(rows)} map(s), exact region share {rows['share_exact'].min():.2f} to "
+                          f"{rows['share_exact'].max():.2f} (random regions of its size: {rows['null_mean'].min():.2f} to "
+                          f"{rows['null_mean'].max():.2f})")
         console.print(f"claims: {claims}")
     if result.report is not None:
         console.print(f"report: {result.report}")

@@ -1,49 +1,89 @@
-"""The paper's claims about where finetuned facts are retrieved, stated as tests on a cell map.
+"""The paper's claims about where finetuned facts are retrieved, as regions of cells and the
+tests a region must pass (Nief et al., sections 4.1 and 4.3).
 
-Each claim compares a share of the summed single-cell effects of a prompt (the map's
-first-order decomposition of the graft: interactions between cells are not in it) with a
-threshold. Shares are ratios of sums over prompts, ``sum_p E_p(region) / sum_p E_p(whole)``, so
-that prompts with a small total do not dominate, with a paired bootstrap CI over prompts
-(seeded). A claim *holds* where the whole CI lies on its side of the threshold, *fails* where
-it lies on the other side, and is *undecided* otherwise; a claim whose region has no cells in the
-map (prompts without a first entity span) says *no cells*, never *fails*.
+A claim names a *region* (the cells it says carry the effect), the cells it is a share of
+(*within*), a threshold, and the *null pool* its random regions are drawn from: regions of the
+region's size (and, where ``match_mix``, its count of cells per component) drawn outside it.
+``claim_grafts`` grafts each region exactly and decides the verdict:
 
-The claims (Nief et al., sections 4.1 and 4.3):
+- *holds*: the region's 95% CI lies on the claim's side of the threshold and the region beats
+  its null (Holm-adjusted empirical p <= ``ALPHA``);
+- *fails*: the CI lies on the other side, or the region does no better than the mean random
+  region of its size;
+- *undecided*: otherwise (a wide CI, a region that beats the null mean but not significantly,
+  or a pool too small for a null);
+- *no cells*: the prompts have no cell in the region (free-form prompts without an entity span).
+
+The claims:
 
 - ``fe_lt``: the first entity and the last token together carry most of the effect (> 0.5).
-- ``enrichment``: the first entity's tokens alone carry a positive share (> 0).
-- ``recall``: the last token alone carries a positive share (> 0).
-- ``recall_o_late_ffn``: of the last token's layer cells, O and the FFN of the last quarter of
-  layers carry most (> 0.5).
-- ``recall_not_qkv``: of the last token's layer cells, q/k/v carry little (< 0.25).
+- ``enrichment``: the first entity's tokens carry a share (> 0, and more than random cells).
+- ``recall``: the last token carries a share (> 0, and more than random cells);
+  ``recall_no_unembed`` the same without the unembedding (a direct logit boost, not a recall).
+- ``recall_o_late_ffn``: at the last token, O and the FFN of the last quarter (the authors'
+  quarter: ``n//4`` wide, the remainder in the fourth) carry most of the last quarter's
+  attention + FFN graft (> 0.5); its null: the same components at the last token in other layers.
+- ``recall_not_qkv``: q/k/v of that quarter carry little of it (< 0.25, and less than random
+  sets of as many of the quarter's other cells).
 
-``claims_table`` writes them for a localize run (``claims.csv``).
+``paper_setting`` says where the paper made each claim: ``pre->sft`` (section 4.1: the SFT model
+grafted into PRE) or ``both->a2b`` (Figure 4: a model finetuned on both directions grafted into
+the model finetuned on a2b, on b2a headline prompts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from weightgraft.localize.maps import whole_cells
+from weightgraft.localize.maps import slot_parts
+from weightgraft.localize.verify import CellKey
 
 FFN = ("gate", "up", "down")
 QKV = ("q", "k", "v")
+ALPHA = 0.05
+PRE_SFT, BOTH_A2B = "pre->sft", "both->a2b"
+VERDICTS = ("holds", "fails", "undecided", "no cells")
+
+Predicate = Callable[[pd.DataFrame, int], pd.Series]
 
 
 @dataclass(frozen=True)
 class Claim:
-    """``share(region) / share(within)`` compared with ``threshold`` on side ``above``."""
+    """``share(region) / share(within)`` compared with ``threshold`` on side ``above``, and
+    with random regions drawn from ``pool`` outside the region."""
 
     name: str
     statement: str
-    region: Callable[[pd.DataFrame, int], pd.Series]
-    within: Callable[[pd.DataFrame, int], pd.Series]
+    region: Predicate
+    within: Predicate
+    pool: Predicate
     threshold: float
     above: bool = True
+    match_mix: bool = True  # null regions keep the region's count of cells per component
+    paper_setting: str = PRE_SFT
+
+
+def key_frame(keys: Sequence[CellKey]) -> pd.DataFrame:
+    """``position_label, slot, layer, component`` of each key (the columns the regions read)."""
+    parts = [slot_parts(slot) for _, slot in keys]
+    frame = pd.DataFrame({"position_label": [k[0] for k in keys], "slot": [k[1] for k in keys],
+                          "layer": pd.array([p[0] for p in parts], dtype="Int64"),
+                          "component": [p[1] for p in parts]})
+    return frame
+
+
+def last_quarter(n_layers: int) -> list[int]:
+    """The authors' fourth quarter: from ``3 * (n // 4)`` to the last layer (30 layers: 21-29);
+    the last layer alone in a model of fewer than 4."""
+    if n_layers < 4:
+        return [n_layers - 1]
+    from weightgraft.schemes.selectors import floor_quarter
+
+    return floor_quarter(4, n_layers)
 
 
 def _fe(c: pd.DataFrame, n: int) -> pd.Series:
@@ -64,24 +104,75 @@ def _lt_layers(c: pd.DataFrame, n: int) -> pd.Series:
     return _lt(c, n) & c["layer"].notna()
 
 
-def _late_quarter(c: pd.DataFrame, n: int) -> pd.Series:
-    return c["layer"].astype("float").fillna(-1) >= n - max(n // 4, 1)
+def _late(c: pd.DataFrame, n: int) -> pd.Series:
+    return c["layer"].astype("float").isin(last_quarter(n))
+
+
+def _lt_late_attn_ffn(c: pd.DataFrame, n: int) -> pd.Series:
+    return _lt_layers(c, n) & _late(c, n) & c["component"].isin(QKV + ("o",) + FFN)
+
+
+def _lt_late_o_ffn(c: pd.DataFrame, n: int) -> pd.Series:
+    return _lt_late_attn_ffn(c, n) & c["component"].isin(("o",) + FFN)
+
+
+def _lt_late_qkv(c: pd.DataFrame, n: int) -> pd.Series:
+    return _lt_late_attn_ffn(c, n) & c["component"].isin(QKV)
 
 
 CLAIMS: tuple[Claim, ...] = (
-    Claim("fe_lt", "first entity + last token carry most of the effect", lambda c, n: _fe(c, n) | _lt(c, n),
-          _everything, 0.5),
-    Claim("enrichment", "the first entity's tokens carry a positive share", _fe, _everything, 0.0),
-    Claim("recall", "the last token carries a positive share", _lt, _everything, 0.0),
-    Claim("recall_o_late_ffn", "at the last token, O and the last quarter's FFN carry most of the layer cells' effect",
-          lambda c, n: _lt_layers(c, n) & (c["component"].eq("o") | (c["component"].isin(FFN) & _late_quarter(c, n))),
-          _lt_layers, 0.5),
-    Claim("recall_not_qkv", "at the last token, q/k/v carry little of the layer cells' effect",
-          lambda c, n: _lt_layers(c, n) & c["component"].isin(QKV), _lt_layers, 0.25, above=False),
+    Claim("fe_lt", "first entity + last token carry most of the effect",
+          lambda c, n: _fe(c, n) | _lt(c, n), _everything, _everything, 0.5),
+    Claim("enrichment", "the first entity's tokens carry a share", _fe, _everything, _everything, 0.0),
+    Claim("recall", "the last token carries a share", _lt, _everything, _everything, 0.0),
+    Claim("recall_no_unembed", "the last token without the unembedding carries a share",
+          lambda c, n: _lt(c, n) & (c["component"] != "unembed"), _everything, _everything, 0.0),
+    Claim("recall_o_late_ffn", "at the last token, O + FFN of the last quarter carry most of the quarter's "
+          "attention + FFN graft", _lt_late_o_ffn, _lt_late_attn_ffn, _lt_layers, 0.5, paper_setting=BOTH_A2B),
+    Claim("recall_not_qkv", "at the last token, q/k/v of the last quarter carry little of the quarter's "
+          "attention + FFN graft", _lt_late_qkv, _lt_late_attn_ffn, _lt_late_attn_ffn, 0.25, above=False,
+          match_mix=False, paper_setting=BOTH_A2B),
 )
 
 
-def _ratio_ci(num: np.ndarray, den: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, float, float]:
+def empirical_p(observed: float, null: np.ndarray, above: bool) -> float:
+    """``(1 + #null at least as extreme) / (1 + n)``: on the claim's side (>= for above, <= below)."""
+    null = np.asarray(null, dtype=float)
+    hits = int((null >= observed).sum()) if above else int((null <= observed).sum())
+    return (1 + hits) / (1 + len(null))
+
+
+def holm(p: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjustment (NaN entries are left out of the family and stay NaN)."""
+    p = np.asarray(p, dtype=float)
+    out = np.full_like(p, np.nan)
+    idx = np.flatnonzero(~np.isnan(p))
+    order = idx[np.argsort(p[idx], kind="stable")]
+    m, running = len(order), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def verdict(claim: Claim, low: float, high: float, share: float, null_mean: float, p_holm: float) -> str:
+    """holds / fails / undecided (see the module docstring); ``no cells`` is decided by the caller."""
+    if any(np.isnan(v) for v in (low, high, share)):
+        return "undecided"
+    if claim.above:
+        wrong_side = high <= claim.threshold or (not np.isnan(null_mean) and share <= null_mean)
+        right_side = low > claim.threshold
+    else:
+        wrong_side = low >= claim.threshold or (not np.isnan(null_mean) and share >= null_mean)
+        right_side = high < claim.threshold
+    if wrong_side:
+        return "fails"
+    if right_side and not np.isnan(p_holm) and p_holm <= ALPHA:
+        return "holds"
+    return "undecided"
+
+
+def ratio_ci(num: np.ndarray, den: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, float, float]:
     """Ratio of sums and its paired percentile bootstrap 95% CI over prompts."""
     share = float(num.sum() / den.sum()) if den.sum() != 0 else float("nan")
     if len(num) < 2 or n_boot < 1:
@@ -91,61 +182,3 @@ def _ratio_ci(num: np.ndarray, den: np.ndarray, n_boot: int, rng: np.random.Gene
     boots = np.where(d != 0, num[idx].sum(1) / np.where(d != 0, d, 1.0), np.nan)
     low, high = np.nanpercentile(boots, [2.5, 97.5])
     return share, float(low), float(high)
-
-
-def _verdict(claim: Claim, low: float, high: float) -> str:
-    if np.isnan(low) or np.isnan(high):
-        return "undecided"
-    if claim.above:
-        return "holds" if low > claim.threshold else ("fails" if high <= claim.threshold else "undecided")
-    return "holds" if high < claim.threshold else ("fails" if low >= claim.threshold else "undecided")
-
-
-def check_claims(cells: pd.DataFrame, n_layers: int | None = None, column: str = "estimate",
-                 n_boot: int = 2000, seed: int = 0, by: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """One row per claim and group of ``by`` (default: SFT model where the map has several,
-    template, direction): the share, its CI, the verdict, and how many prompts and cells it
-    rests on. ``column`` is the effect used (``exact`` or ``estimate``); prompts without a value
-    in it are left out and counted (``n_prompts_without``). Whole cells only (unit cells of a
-    ``units:`` run would count their slot twice). ``n_layers`` defaults to the map's."""
-    if column not in cells:
-        raise ValueError(f"the cell map has no column {column!r} (it has {', '.join(map(str, cells.columns))})")
-    frame = whole_cells(cells)
-    if n_layers is None:
-        n_layers = int(frame["layer"].max()) + 1
-    if by is None:
-        by = (("model",) if "model" in frame else ()) + ("template", "direction")
-    rows = []
-    for key, group in frame.groupby(list(by), sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        has = group.groupby("example_id")[column].apply(lambda s: bool(s.notna().all()))
-        kept = group[group["example_id"].isin(has[has].index)]
-        values = kept[column].fillna(0.0)
-        for claim in CLAIMS:
-            rng = np.random.default_rng(seed)  # the same prompt resamples for every claim
-            region = claim.region(kept, n_layers)
-            within = claim.within(kept, n_layers)
-            num = values.where(region, 0.0).groupby(kept["example_id"]).sum()
-            den = values.where(within, 0.0).groupby(kept["example_id"]).sum().reindex(num.index)
-            share, low, high = _ratio_ci(num.to_numpy(float), den.to_numpy(float), n_boot, rng)
-            verdict = _verdict(claim, low, high)
-            if not bool(region.any()):  # e.g. free-form prompts without a first entity span
-                share = low = high = float("nan")
-                verdict = "no cells"
-            rows.append({**dict(zip(by, key)), "claim": claim.name, "statement": claim.statement,
-                         "share": share, "ci_low": low, "ci_high": high,
-                         "threshold": claim.threshold, "side": ">" if claim.above else "<",
-                         "verdict": verdict, "effect": column,
-                         "n_prompts": int(len(num)), "n_prompts_without": int((~has).sum()),
-                         "n_cells": int(region.sum())})
-    return pd.DataFrame(rows)
-
-
-def claims_table(cells: pd.DataFrame, seed: int = 0, n_boot: int = 2000) -> pd.DataFrame:
-    """``claims.csv`` of a localize run: the claims on the gradient estimates of every prompt,
-    and on the exact effects of the prompts that have an exact map (``effect`` says which)."""
-    frames = [check_claims(cells, column="estimate", n_boot=n_boot, seed=seed)]
-    if "exact" in cells and whole_cells(cells)["exact"].notna().any():
-        exact = check_claims(cells, column="exact", n_boot=n_boot, seed=seed)
-        frames.append(exact[exact["n_prompts"] > 0])
-    return pd.concat(frames, ignore_index=True)

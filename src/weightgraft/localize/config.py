@@ -41,6 +41,31 @@ class SearchSettings(BaseModel):
         return value
 
 
+class ClaimSettings(BaseModel):
+    """The paper's claims as exact region grafts against a null (``claims.csv``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    # random regions of each claim's size and component mix, drawn outside it; the smallest
+    # p-value is 1 / (null_sets + 1), and Holm multiplies it by the claims of a map (6)
+    null_sets: int = Field(199, ge=19)
+    bootstrap: int = Field(2000, ge=100, description="paired bootstrap resamples over prompts (the CI)")
+    prompts: int | None = Field(None, ge=2, description="at most this many prompts per template (every graft is exact)")
+
+
+class ReversalSetting(BaseModel):
+    """Where the paper made claims 4-5 (Figure 4): a model finetuned on both directions grafted
+    into the model finetuned on a2b, at the last token, on b2a prompts of the headline template."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    donor: str  # finetuned on both directions (split: both)
+    recipient: str  # finetuned on a2b only (split: a2b)
+    template: str = "paper_headline"
+    direction: Literal["a2b", "b2a"] = "b2a"
+
+
 def sft_labels(sft: str | list[str]) -> list[str]:
     """The role label of each SFT model: ``sft`` for a single spec, ``sft[0]``, ``sft[1]``, ...
     for a list (a list of one included), as ``cells.parquet``'s ``model`` column names them."""
@@ -67,6 +92,8 @@ class LocalizeConfig(BaseModel):
     # exact single-cell maps: "all" examples, "none", or the first N examples of each template
     exact: Literal["all", "none"] | int = "all"
     search: SearchSettings = Field(default_factory=SearchSettings)
+    claims: ClaimSettings = Field(default_factory=ClaimSettings)
+    reversal: ReversalSetting | None = None  # claims 4-5 in the paper's own setting
     # cell: whole slots; head: q/k/v/o split by attention head (under grouped-query attention a
     # k/v head is one shared key/value head, serving its group of q heads); neuron: gate/up/down
     # split by MLP neuron. Split slots' units are estimated, mapped exactly and searched as cells.
@@ -119,10 +146,12 @@ class LocalizeConfig(BaseModel):
 
     def identity(self) -> str:
         """Hash of what determines the results (not batch sizes, device, output place, nor
-        ``exact``: exact maps are stored per example, so raising it extends a run; of the SFT
+        ``exact``: exact maps are stored per example, so raising it extends a run; nor the claims'
+        settings, whose results are stored under a digest of them; of the SFT
         models only the first, whose found sets the run searches: appending SFT models extends
         a run, and ``run._claim`` refuses any other change of the list)."""
-        data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device", "exact"})
+        data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device", "exact",
+                                                   "claims", "reversal"})
         data["models"]["sft"] = self.sft_models()[0][1]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

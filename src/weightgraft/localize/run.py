@@ -30,12 +30,15 @@ import pandas as pd
 import torch
 
 from weightgraft.data.prompts import DatasetError
+from weightgraft.localize.claims import PRE_SFT
+from weightgraft.localize.claims_stage import map_claims, write_claims
 from weightgraft.localize.config import LocalizeConfig, load_localize_config
 from weightgraft.localize.examples import LocalizeExample, build_examples, select_prompts
 from weightgraft.localize.directions import choose_directions, left_out
 from weightgraft.localize.exact_parts import exact_stage
 from weightgraft.localize.found_sets import find_sets
 from weightgraft.localize.maps import estimate_frame, unit_picks, whole_cells
+from weightgraft.localize.reversal import reversal_claims, reversal_prompts
 
 @dataclass
 class LocalizeResult:
@@ -226,6 +229,7 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
     if not isinstance(config, LocalizeConfig):
         config = load_localize_config(Path(config), overrides)
     prompts = select_prompts(config)  # fail on data before any model loads
+    reversal = reversal_prompts(config)
     adapters = _check_peft(config)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_localize
@@ -264,6 +268,8 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
         examples = _with_distractors(examples)
     pad_id = pre.tokenizer.pad_token_id if pre.tokenizer.pad_token_id is not None else 0
     frames = []
+    claim_tables: list[pd.DataFrame] = []
+    claim_nulls: list[dict[str, Any]] = []
     search: dict[str, Any] = {}
     for i, (label, spec) in enumerate(sfts):  # one SFT model in memory at a time
         t0 = time.time()
@@ -281,6 +287,14 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
         parts.mkdir(parents=True, exist_ok=True)
         stamp = "" if i == 0 else f"{label}/"
         cells = _model_maps(config, examples, pre.model, sft.model, pairs, pad_id, parts, stamp, say, seconds)
+        if config.claims.enabled:
+            t0 = time.time()
+            for direction in config.graft_directions:
+                table, null = map_claims(pairs[direction], examples, cells, label, direction, PRE_SFT, config.claims,
+                                         config.seed, pad_id, config.metric, config.exact_chunk, parts, say)
+                claim_tables.append(table)
+                claim_nulls += null
+            seconds[f"{stamp}claims"] = time.time() - t0
         if i == 0:
             search = find_sets(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
             if search:
@@ -290,13 +304,18 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
         frames.append(cells)
         del sft, pairs, cells
         gc.collect()
+    if reversal and config.claims.enabled:
+        t0 = time.time()
+        table, null = reversal_claims(config, reversal, load, dtype, pad_id, run_dir / "parts", say)
+        claim_tables.append(table)
+        claim_nulls += null
+        seconds["claims_reversal"] = time.time() - t0
     cells = pd.concat(frames, ignore_index=True)
     _write(cells, run_dir / "cells.parquet")
-    from weightgraft.localize.claims import claims_table
     from weightgraft.localize.stability import stability_table
 
     stability_table(whole_cells(cells)).to_csv(run_dir / "stability.csv", index=False)
-    claims_table(cells, config.seed).to_csv(run_dir / "claims.csv", index=False)
+    write_claims(run_dir, claim_tables, claim_nulls)
     report = None
     if config.report:
         from weightgraft.report.localize import write_localize_report

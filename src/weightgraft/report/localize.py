@@ -134,29 +134,40 @@ def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
             + _img(out / "stability.png", "Spearman of coarse maps and top-k overlap per compared pair"))
 
 
-def _claims_section(run_dir: Path, cells: pd.DataFrame) -> str:
-    """``claims.csv``: the paper's claims as tests on this map (computed from the cells where
-    a run made before it existed lacks the file)."""
-    from weightgraft.localize.claims import CLAIMS, claims_table
+def _claims_section(run_dir: Path) -> str:
+    """``claims.csv``: the paper's claims as exact region grafts against a null of random
+    regions (a run made before them, or with ``claims: {enabled: false}``, has none)."""
+    from weightgraft.localize.claims import ALPHA, CLAIMS
 
     path = run_dir / "claims.csv"
-    table = pd.read_csv(path) if path.is_file() else claims_table(cells)
-    intro = ("<h2>The paper's claims</h2><p>Each claim compares a share of the summed single-cell effects "
-             "(interactions between cells are not in it) with a threshold: a ratio of sums over the prompts, "
-             "with a 95% paired bootstrap CI over prompts. <i>holds</i>: the whole CI is on the claim's side; "
-             "<i>fails</i>: on the other; else <i>undecided</i>; <i>no cells</i>: the map has none in the claim's "
-             "region (prompts without a first entity span). Written to <code>claims.csv</code>.</p>"
-             + html_table(("claim", "statement", "share of", "test"),
-                          [(c.name, c.statement, "the layer cells at the last token" if c.name.startswith("recall_")
-                            else "every cell", f"share {'>' if c.above else '<'} {c.threshold:g}") for c in CLAIMS]))
-    if table.empty:
-        return intro
-    keys = [k for k in ("model", "effect") if k in table and table[k].nunique() > 1] + ["direction", "template"]
-    rows = [(*[str(r[k]) for k in keys], r["claim"], f"{r['share']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
-             f"{r['side']} {r['threshold']:g}", r["verdict"], f"{r['n_prompts']}" + (f" ({r['n_prompts_without']} without)"
-                                                                                 if r["n_prompts_without"] else ""))
+    table = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+    if table.empty or "share_exact" not in table:
+        return ("<h2>The paper's claims</h2><p>No exact claims in this run (<code>claims.csv</code> is missing or "
+                "from a version that summed first-order estimates); run localize again to write them.</p>")
+    intro = ("<h2>The paper's claims</h2><p>Each claim grafts its whole region exactly in every prompt: the share is "
+             "a ratio of sums over prompts of the region graft's effect and the effect of the cells it is a share of, "
+             "with a 95% paired bootstrap CI. Its null: random regions of the same size and component mix drawn "
+             f"outside it (seeds and shares in <code>claims_null.json</code>); p = (1 + #null at least as extreme) / "
+             f"(1 + n), Holm-adjusted over the claims of a map. <i>holds</i>: CI on the claim's side of the threshold "
+             f"and Holm p &le; {ALPHA:g}; <i>fails</i>: CI on the other side, or no better than the mean random region; "
+             "else <i>undecided</i>; <i>no cells</i>: the prompts have no cell in the region. The estimate share (summed "
+             "gradient estimates of the region's cells) and its ratio to the exact share (<i>interaction</i>) stand "
+             "beside it. A row outside the setting where the paper made the claim says so.</p>"
+             + html_table(("claim", "statement", "test", "paper's setting"),
+                          [(c.name, c.statement, f"share {'>' if c.above else '<'} {c.threshold:g}", c.paper_setting)
+                           for c in CLAIMS]))
+    keys = [k for k in ("model",) if k in table and table[k].nunique() > 1] + ["setting", "direction", "template"]
+
+    def f(v: float) -> str:
+        return "-" if pd.isna(v) else f"{v:.2f}"
+
+    rows = [(*[str(r[k]) for k in keys], r["claim"], f"{f(r['share_exact'])} [{f(r['ci_low'])}, {f(r['ci_high'])}]",
+             f"{r['side']} {r['threshold']:g}", f(r["null_mean"]), f"{r['null_p']:.3g} / {r['null_p_holm']:.3g}"
+             if not pd.isna(r["null_p"]) else "-", f(r["share_estimate"]), f(r["interaction"]), f(r["region_cells_share"]),
+             r["verdict"], str(r["n_prompts"]), r.get("note", "") if isinstance(r.get("note", ""), str) else "")
             for _, r in table.iterrows()]
-    return intro + html_table((*keys, "claim", "share [95% CI]", "test", "verdict", "prompts"), rows)
+    return intro + html_table((*keys, "claim", "exact share [95% CI]", "test", "null mean", "p / Holm p",
+                               "estimate share", "interaction", "cells share", "verdict", "prompts", "note"), rows)
 
 
 def _sets_section(search: dict[str, Any]) -> str:
@@ -264,7 +275,7 @@ def write_localize_report(run_dir: Path) -> Path:
                      + _img(out / f"heatmap_{stem}.png", f"{name}: position x layer per component")
                      + _img(out / f"last_{stem}.png", f"{name}: the last token"))
     parts.append(_stability_section(run_dir, cells, out))
-    parts.append(_claims_section(run_dir, cells))
+    parts.append(_claims_section(run_dir))
     if len(units):
         parts.append(_units_section(units, manifest))
     if cells["exact"].notna().any():
