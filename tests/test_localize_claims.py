@@ -183,3 +183,37 @@ def _no_estimates():
                          "direction": pd.Series(dtype=object), "position_label": pd.Series(dtype=object),
                          "slot": pd.Series(dtype=object), "unit": pd.Series(dtype="int64"),
                          "estimate": pd.Series(dtype=float)})
+
+
+def test_reversal_setting_tests_claims_4_5_where_the_paper_made_them(tmp_path):
+    """``reversal:`` grafts the donor (both directions) into the recipient (a2b) on the named
+    template's prompts: claims 4-5 only, in their paper setting; a template the data lacks is a
+    one-line error before any model loads."""
+    import pandas as pd
+    from tiny_world import loader, write_world
+
+    from weightgraft.data.prompts import DatasetError
+    from weightgraft.localize import localize
+    from weightgraft.localize.config import parse_localize_config
+
+    raw = {"data": str(write_world(tmp_path / "data", n=4)), "out": str(tmp_path / "run"), "templates": ["headline"],
+           "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "exact": "none", "report": False,
+           "graft_directions": ["sufficiency"], "search": {"enabled": False},
+           "claims": {"null_sets": 19, "bootstrap": 100},
+           "reversal": {"donor": "tiny-llama:relation", "recipient": "tiny-llama:task", "template": "qa",
+                        "direction": "a2b"}}
+    result = localize(parse_localize_config(raw), progress=False, load=loader)
+    claims = pd.read_csv(result.run_dir / "claims.csv")
+    rev = claims[claims["model"] == "reversal"]
+    assert set(rev["claim"]) == {"recall_o_late_ffn", "recall_not_qkv"} and set(rev["setting"]) == {"both->a2b"}
+    assert rev["in_paper_setting"].all() and (rev["template"] == "qa").all() and (rev["n_prompts"] == 4).all()
+    assert set(rev["roles"]) == {"donor: no training manifest; recipient: no training manifest"}
+    outside = claims[(claims["model"] == "sft") & claims["claim"].isin(["recall_o_late_ffn", "recall_not_qkv"])]
+    assert not outside["in_paper_setting"].any() and outside["note"].str.contains("outside the paper's setting").all()
+
+    def no_load(*a):
+        raise AssertionError("a model was loaded")
+
+    raw["reversal"]["template"] = "paper_headline"
+    with pytest.raises(DatasetError, match="no a2b prompt of template 'paper_headline'"):
+        localize(parse_localize_config({**raw, "out": str(tmp_path / "other")}), progress=False, load=no_load)

@@ -22,15 +22,22 @@ def localize(
     cfg = load_localize_config(config, overrides or [])
     result = run_localize(cfg, progress=progress)
     for entry in result.search.get("searches", []):
+        held = entry.get("heldout_share")
         console.print(f"{entry['direction']:>11} / {entry['template']}: {entry['size']} cells carry "
-                      f"{entry['share']:.0%} of the effect" + ("" if entry["reached"] else " (target not reached)"))
+                      + (f"{held:.0%} of the held-out prompts' effect, " if held is not None else "")
+                      + f"{entry['share']:.0%} of the fit prompts'" + ("" if entry["reached"] else " (target not reached)"))
         refined = entry.get("refined")
         if refined:
-            console.print(f"{'':>11}   refined by exact marginal gain: {refined['size']} cells carry {refined['share']:.0%}")
-        controls = entry.get("controls")
-        if controls:
-            console.print(f"{'':>11}   random sets of {entry['size']}: mean {controls['random']['mean']:.0%}, "
-                          f"p95 {controls['random']['p95']:.0%}; matched p95 {controls['matched']['p95']:.0%}")
+            held = refined.get("heldout_share")
+            console.print(f"{'':>11}   refined by exact marginal gain: {refined['size']} cells carry "
+                          + (f"{held:.0%} held out, " if held is not None else "") + f"{refined['share']:.0%} fit")
+        controls = entry.get("controls") or {}
+        for kind in ("random", "matched"):
+            stats = controls.get(kind) or {}
+            if "mean" in stats:
+                half = stats.get("heldout") or stats
+                console.print(f"{'':>11}   {kind} sets of {entry['size']} outside it ({'held out' if 'heldout' in stats else 'fit'}): "
+                              f"mean {half['mean']:.0%}, p95 {half['p95']:.0%}, the set's p = {half['p']:.3g}")
     if result.excluded:
         console.print(f"[yellow]{len(result.excluded)} prompt(s) excluded[/] (answer tokenizes to nothing)")
     if result.directions_note:

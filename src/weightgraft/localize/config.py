@@ -27,9 +27,12 @@ class SearchSettings(BaseModel):
     # controls: random sets of the found set's size (uniform, and matched to its mix of
     # (position label, component)), each this many; 0 turns them off
     controls: int = Field(20, ge=0)
-    # exact effects of this many cells sampled below the ranking's cut (and above it, where
-    # the set is larger): the bound on what the ranking missed; 0 turns it off
+    # exact effects of this many cells sampled below the ranking's cut, stratified by rank (and
+    # above it, where the set is larger): the estimate of what the ranking missed; 0 turns it off
     missed_sample: int = Field(64, ge=0)
+    # the share of each template's prompts held out of the search (seeded split): the sets'
+    # shares and controls are reported on them beside the fit prompts; 0 keeps every prompt in
+    heldout: float = Field(0.5, ge=0, lt=1)
     refine: bool = True  # shrink the found set by exact marginal gain
     refine_rounds: int = Field(100, ge=1, description="at most this many exact marginal passes")
 

@@ -33,10 +33,32 @@ def reversal_prompts(config: LocalizeConfig) -> list[TestPrompt]:
         raise DatasetError("reversal: metric 'logit_diff' needs a distractor per prompt; use logprob or kl")
     from weightgraft.data.freeform import load_prompts
 
+    roles_checked(config)
     chosen = [p for p in load_prompts(config.data) if p.template == setting.template and p.direction == setting.direction]
     if not chosen:
         raise DatasetError(f"reversal: the data has no {setting.direction} prompt of template {setting.template!r}")
     return chosen[: config.claims.prompts] if config.claims.prompts else chosen
+
+
+def roles_checked(config: LocalizeConfig) -> str:
+    """The roles' training splits where their training manifests name them: the donor must have
+    trained on both directions and the recipient not on the prompts' direction (else an error,
+    before any model loads); a sentence saying what was checked."""
+    from weightgraft.localize.directions import model_directions
+
+    setting = config.reversal
+    said = []
+    for role, spec, ok in (("donor", setting.donor, lambda d: d == ["a2b", "b2a"]),
+                           ("recipient", setting.recipient, lambda d: setting.direction not in d)):
+        found = model_directions(spec)
+        if found is None:
+            said.append(f"{role}: no training manifest")
+            continue
+        if not ok(found):
+            raise DatasetError(f"reversal: the {role} {spec} was trained on {found}; the paper's setting "
+                               f"needs a donor trained on both directions and a recipient not on {setting.direction}")
+        said.append(f"{role}: trained on {found}")
+    return "; ".join(said)
 
 
 def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Callable[[str, torch.dtype], Any],
@@ -64,5 +86,6 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
     table, nulls = map_claims([recipient.model, donor.model], examples, estimates, LABEL, "sufficiency", BOTH_A2B,
                               config.claims, config.seed, pad_id, config.metric, config.exact_chunk, folder, say,
                               claims)
-    table = table.assign(donor=setting.donor, recipient=setting.recipient, prompt_direction=setting.direction)
+    table = table.assign(donor=setting.donor, recipient=setting.recipient, prompt_direction=setting.direction,
+                         roles=roles_checked(config))
     return table, nulls

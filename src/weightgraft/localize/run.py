@@ -5,7 +5,7 @@ written to a run directory (``out``, else ``runs/{name}``) and resumed from it.
 Stages, each written when finished (a rerun skips what exists): ``parts/estimates_{direction}
 .parquet``; ``parts/exact_{direction}_{n}.parquet`` per group of prompts (``exact_parts``: a
 killed run, or a raised ``exact:``, computes only the prompts no part holds); ``cells.parquet``
-(both joined); ``search.json`` (``found_sets``: search, refinement, controls, missed bound);
+(both joined); ``search.json`` (``found_sets``: search on fit prompts, refinement, controls, missed-effects estimate, held-out shares);
 ``report/``. Without ``directions``, the prompts of the trained direction (``directions``).
 
 Several SFT models (``models: {pre: X, sft: [A, B, C]}``, e.g. training seeds) are loaded one

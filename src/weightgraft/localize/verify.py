@@ -1,5 +1,5 @@
 """Exact shares of sets of cell keys over a template's prompts: the one measure that the
-minimal graft search, its controls, the missed-effects bound and the refinement all report.
+minimal graft search, its controls, the missed-effects estimate and the refinement all report.
 
 A key ``(position label, slot)`` names one cell in every prompt that has the label; a prompt
 without it gets nothing from that key (``received`` counts what each prompt got). The share

@@ -5,8 +5,9 @@ One self-contained HTML page in the run report's look (``report/html.py``: its s
 tables, figures embedded): a header (models, metric, prompts and their directions, exclusions),
 heatmaps per (SFT model, direction, template) with the global slots, the stability of the maps
 over SFT models and templates, estimates vs exact effects, and the
-found sets with their refinement, random and matched controls, the bound on what the ranking
-missed and how many cells each prompt received. The PNG files stay beside the page.
+found sets (searched on fit prompts, judged on held-out ones) with their refinement, random and
+matched controls, an estimate of what the ranking missed and how many cells each prompt
+received; the paper's claims as exact region grafts against a null. The PNG files stay beside the page.
 """
 
 from __future__ import annotations
@@ -76,18 +77,29 @@ def _header(run_dir: Path, manifest: dict[str, Any], cells: pd.DataFrame) -> str
     return "\n".join(parts)
 
 
+def _controls_cell(stats: dict[str, Any], n_sets: int) -> str:
+    """One kind of control on one half: mean / p95 of its shares and the set's empirical p."""
+    if not stats:
+        return ""
+    if "not_drawn" in stats:
+        return f'<span class="warn">not drawn: {_esc(stats["not_drawn"])}</span>'
+    p = stats.get("p")
+    text = f"{_pct(stats.get('mean'))} / {_pct(stats.get('p95'))}" + (f", p = {p:.3g}" if p is not None else "")
+    return text if p is None or p <= 0.05 else f'<span class="warn">{text}</span>'
+
+
 def _set_row(entry: dict[str, Any], which: str, found: dict[str, Any]) -> tuple[str, ...]:
     c = found.get("controls") or {}
     r, m = c.get("random") or {}, c.get("matched") or {}
     got = found.get("received") or {}
-    verdict = []
-    for kind, stats in (("random", r), ("matched", m)):
-        if stats:
-            same = f" ({stats['identical_to_found']} of {c['n_sets']} identical to the set)" if stats.get("identical_to_found") else ""
-            verdict.append(f"beats {kind} p95{same}" if stats["beats_p95"]
-                           else f'<span class="warn">does not beat {kind} p95</span>{same}')
+    notes = []
+    if c and not c.get("from_complement"):
+        notes.append('<span class="warn">controls drawn before they excluded the set\'s own cells</span>')
+    if m.get("n_unmatched"):
+        notes.append(f"{m['n_unmatched']} matched cells over {c['n_sets']} sets had no key of their group outside "
+                     "the set: drawn uniformly from its complement")
     if c and not c.get("agrees", True):
-        verdict.append('<span class="warn">regrafted share disagrees with the search</span>')
+        notes.append('<span class="warn">regrafted share disagrees with the search</span>')
     if not got:
         received = ""
     elif got["min"] == got["max"] == got["size"]:
@@ -95,12 +107,14 @@ def _set_row(entry: dict[str, Any], which: str, found: dict[str, Any]) -> tuple[
     else:
         received = (f'<span class="warn">{got["min"]}-{got["max"]} of {got["size"]}</span> '
                     f"({got['n_prompts_short']} prompts received fewer)")
-    return (_esc(entry["direction"]), _esc(entry["template"]), which, str(found["size"]), _pct(found["share"]),
-            "yes" if found["reached"] else '<span class="warn">no</span>',
-            f"{_pct(r.get('mean'))} / {_pct(r.get('p95'))}" if r else "",
-            f"{_pct(m.get('mean'))} / {_pct(m.get('p95'))}" if m else "",
-            f"{_pct(r.get('margin_over_p95'))} / {_pct(m.get('margin_over_p95'))}" if r else "",
-            "<br>".join(verdict), received)
+    n = c.get("n_sets", 0)
+    per_cell = (f"{found['share'] / found['size']:.2%} vs {r['controls_share_per_cell']:.2%}"
+                if r.get("controls_share_per_cell") is not None else "")
+    return (_esc(entry["direction"]), _esc(entry["template"]), which, str(found["size"]),
+            _pct(found.get("heldout_share")), _controls_cell(r.get("heldout") or {}, n),
+            _controls_cell(m.get("heldout") or {}, n),
+            _pct(found["share"]), "yes" if found["reached"] else '<span class="warn">no</span>',
+            _controls_cell(r, n), _controls_cell(m, n), per_cell, "<br>".join(notes), received)
 
 
 def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
@@ -171,22 +185,30 @@ def _claims_section(run_dir: Path) -> str:
 
 
 def _sets_section(search: dict[str, Any]) -> str:
-    header = ("direction", "template", "set", "cells", "exact share", "target met",
-              "random controls mean / p95", "matched controls mean / p95", "margin over p95 (random / matched)",
-              "verdict", "cells each prompt received")
+    header = ("direction", "template", "set", "cells", "held-out share", "held-out: random controls mean / p95, p",
+              "held-out: matched controls mean / p95, p", "fit share", "fit target met",
+              "fit: random controls mean / p95, p", "fit: matched controls mean / p95, p",
+              "share per cell: set vs random controls (fit)", "notes", "cells each prompt received")
     rows = []
     for e in search["searches"]:
         rows.append(_set_row(e, "ranking", e))
         if e.get("refined"):
             rows.append(_set_row(e, "refined", e["refined"]))
     n = next((e["controls"]["n_sets"] for e in search["searches"] if e.get("controls")), 0)
+    splits = search.get("splits") or {}
+    split_note = ("; ".join(f"{_esc(t)}: {len(s['fit_ids'])} fit, {len(s['heldout_ids'])} held out"
+                            for t, s in splits.items()) if splits else
+                  '<span class="warn">no split: the sets were searched and judged on the same prompts</span>')
     parts = ["<h2>Found sets</h2>",
              f"<p>Every share is an exact graft in the metric <b>{_esc(search.get('metric', 'logprob'))}</b> "
-             "(share of the donor's total effect over the template's prompts). <i>ranking</i>: the smallest prefix "
-             "of the attribution ranking that carries the target; <i>refined</i>: that set shrunk by exact "
-             f"marginal gain. Controls: {n} random sets of the same size from the candidate cells and {n} matched "
-             "to the set's mix of (position label, component); their seeds and cells are in search.json.</p>",
-             html_table(header, rows, raw=True)]
+             "(share of the donor's total effect over a template's prompts). Each template's prompts are split "
+             f"(seeded; <code>splits</code> in search.json): {split_note}. The sets are searched and refined on the "
+             "fit prompts; the held-out prompts, which the search never saw, come first. <i>ranking</i>: the "
+             "smallest prefix of the attribution ranking that carries the target on the fit prompts; <i>refined</i>: "
+             f"that set shrunk by exact marginal gain. Controls: {n} random sets of the same size and {n} matched to "
+             "the set's mix of (position label, component), all drawn outside the set (no control holds a cell of "
+             "it); p = (1 + #controls with at least the set's share) / (1 + n). Seeds and cells are in search.json."
+             "</p>", html_table(header, rows, raw=True)]
     if search.get("model"):
         parts.insert(2, f"<p>Searched for the SFT model <b>{_esc(search['model'])}</b> only (the first in the "
                         "config's list: each search costs minutes on a real pair); the other SFT models have maps.</p>")
@@ -196,15 +218,21 @@ def _sets_section(search: dict[str, Any]) -> str:
         for e in missed:
             m = e["missed"]
             big = m.get("largest") or {}
-            mrows.append((e["direction"], e["template"], str(m["k"]), f"{m['sample_size']} of {m['n_below']}",
-                          " / ".join(big.get("cell", [])) or "-", f"{big.get('effect', 0):.3g} ({_pct(big.get('share_of_total'))} of total)" if big else "-",
+            mrows.append((e["direction"], e["template"], str(m["k"]),
+                          f"{m['sample_size']} of {m['n_below']} ({m.get('sampling', 'uniform')})",
+                          " / ".join(big.get("cell", [])) or "-",
+                          f"{big.get('effect', 0):.3g} ({_pct(big.get('share_of_total'))} of total)" if big else "-",
                           f"{_pct(m['share_below_k'])} [{_pct(m['ci95'][0])}, {_pct(m['ci95'][1])}]",
+                          "; ".join(x["statement"] for x in m.get("rules_out", [])) or "-",
                           f"{m['above_sample_size']} of {m['n_above']}" + (" (sampled)" if m.get("above_sampled") else " (all)")))
-        parts += ["<h3>What the ranking missed</h3>",
-                  "<p>Exact single-cell effects of a random sample of cells below the ranking's cut k; the share of "
-                  "the total |effect| that lies below k is estimated from the samples (95% bootstrap interval).</p>",
-                  html_table(("direction", "template", "k", "sample below k", "largest missed cell", "its effect",
-                              "share of |effect| below k", "cells above k measured"), mrows)]
+        parts += ["<h3>What the ranking missed: an estimate</h3>",
+                  "<p>Exact single-cell effects of a sample of the fit prompts' cells below the ranking's cut k, "
+                  "stratified by rank; the share of the total |effect| that lies below k is estimated from the samples "
+                  "(95% bootstrap interval within strata), and each threshold's one-sided 95% Clopper-Pearson bound "
+                  "says what the sample rules out: a sample of n with no cell above a threshold rules out a fraction "
+                  "of about 3/n or more, not rare large cells.</p>",
+                  html_table(("direction", "template", "k", "sample below k", "largest sampled cell", "its effect",
+                              "share of |effect| below k", "rules out (95%)", "cells above k measured"), mrows)]
     for e in search["searches"]:
         chosen = e.get("refined") or e
         label = "refined" if e.get("refined") else "ranking"
