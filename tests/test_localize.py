@@ -85,9 +85,14 @@ def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     models = [pre.model, sft.model]
     _, part = exact_effects(models, [e.scored for e in examples], sets, pad_id=0)
     _, whole = exact_effects(models, [e.scored for e in examples], every, pad_id=0)
-    share = float(torch.cat(part).mean() / torch.cat(whole).mean())
-    assert abs(share - entry["share"]) < 1e-6
-    assert abs(float(torch.cat(whole).mean()) - entry["total_effect"]) < 1e-6
+    part, whole = torch.cat(part), torch.cat(whole)
+    fit = torch.tensor([e.prompt.id in entry["fit_ids"] for e in examples])
+    assert fit.sum() == 2 and len(entry["heldout_ids"]) == 2  # 4 prompts: 2 searched on, 2 held out
+    share = float(part[fit].mean() / whole[fit].mean())
+    assert share == pytest.approx(entry["share"], rel=1e-5)
+    assert float(whole[fit].mean()) == pytest.approx(entry["total_effect"], rel=1e-5)
+    held = float(part[~fit].mean() / whole[~fit].mean())
+    assert held == pytest.approx(entry["heldout_share"], rel=1e-5)
 
 
 def test_rerun_reuses_finished_stages_and_resumes_a_lost_part(tmp_path):
