@@ -73,10 +73,12 @@ def _share(models, examples, maps, whole, keys) -> float:
 
 
 def test_found_sets_of_units_regraft_to_their_shares(finished):
-    units, config, result, examples, pre, sft = finished
+    units, config, result, everything, pre, sft = finished
     index = {s.name: i for i, s in enumerate(model_slots(pre))}
-    whole = [cell_map(e, index, pre) for e in examples]
     (entry,) = result.search["searches"]
+    examples = [e for e in everything if e.prompt.id in entry["fit_ids"]]  # searched on these only
+    held = [e for e in everything if e.prompt.id in entry["heldout_ids"]]
+    whole = [cell_map(e, index, pre) for e in examples]
     keys = [(c["position_label"], c["slot"]) for c in entry["cells"]]
     drawn = [tuple(c) for s in entry["controls"]["random"]["sets"] for c in s["cells"]]
     assert any("/" in name for _, name in keys + drawn), "found sets and controls hold heads or neurons"
@@ -85,13 +87,18 @@ def test_found_sets_of_units_regraft_to_their_shares(finished):
         assert slot in index and (unit == WHOLE) == (model_slots(pre)[index[slot]].units(units) == 0)
     universe = sorted({tuple(k) for k in keys})
     maps = [UnitCellMap(e, index, pre, universe) for e in examples]
-    assert _share([pre, sft], examples, maps, whole, keys) == pytest.approx(entry["share"], abs=TOL)
+    assert _share([pre, sft], examples, maps, whole, keys) == pytest.approx(entry["share"], rel=1e-5, abs=TOL)
+    held_maps = [UnitCellMap(e, index, pre, universe) for e in held]
+    held_whole = [cell_map(e, index, pre) for e in held]
+    assert _share([pre, sft], held, held_maps, held_whole, keys) == pytest.approx(entry["heldout_share"], rel=1e-5,
+                                                                                   abs=TOL)
     refined = [(c["position_label"], c["slot"]) for c in entry["refined"]["cells"]]
-    assert _share([pre, sft], examples, maps, whole, refined) == pytest.approx(entry["refined"]["share"], abs=TOL)
+    assert _share([pre, sft], examples, maps, whole, refined) == pytest.approx(entry["refined"]["share"], rel=1e-5,
+                                                                               abs=TOL)
     for s in entry["controls"]["random"]["sets"][:2]:
         cells = [tuple(c) for c in s["cells"]]
         cmaps = [UnitCellMap(e, index, pre, cells) for e in examples]
-        assert _share([pre, sft], examples, cmaps, whole, cells) == pytest.approx(s["share"], abs=TOL)
+        assert _share([pre, sft], examples, cmaps, whole, cells) == pytest.approx(s["share"], rel=1e-5, abs=TOL)
 
 
 def test_units_settings_are_checked(tmp_path):

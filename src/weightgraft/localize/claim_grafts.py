@@ -89,7 +89,8 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
         row: dict[str, Any] = {"claim": claim.name, "statement": claim.statement, "setting": setting,
                                "paper_setting": claim.paper_setting, "in_paper_setting": setting == claim.paper_setting,
                                "threshold": claim.threshold, "side": ">" if claim.above else "<",
-                               "n_prompts": len(data.keys), "n_region_keys": len(region), "null_drawn": how}
+                               "n_prompts": len(data.keys), "n_region_keys": len(region), "null_drawn": how,
+                               "seed": seed, "n_boot": n_boot}
         if not region:
             rows.append({**row, "share_exact": np.nan, "ci_low": np.nan, "ci_high": np.nan, "share_estimate": np.nan,
                          "interaction": np.nan, "region_cells_share": np.nan, "region_params_share": np.nan,
