@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import weightgraft as wg
-from weightgraft.localize.claim_grafts import ClaimMap, judge_claims, null_seed
-from weightgraft.localize.claims import CLAIMS, empirical_p, holm, key_frame, last_quarter
+from weightgraft.localize.claims.grafts import ClaimMap, judge_claims, null_seed
+from weightgraft.localize.claims.regions import CLAIMS, empirical_p, holm, key_frame, last_quarter
 from weightgraft.localize.draws import draw_outside
 
 N_LAYERS = 8
@@ -142,7 +142,7 @@ def test_exact_region_share_equals_a_direct_graft(tmp_path):
     from tiny_models import make_donor, make_tiny
     from tiny_world import tokenizer, write_world
 
-    from weightgraft.localize.claims_stage import map_claims
+    from weightgraft.localize.claims.stage import map_claims
     from weightgraft.localize.config import ClaimSettings, parse_localize_config
     from weightgraft.localize.examples import build_examples, select_prompts
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from weightgraft.localize.claims import empirical_p
+from weightgraft.localize.claims.regions import empirical_p
 from weightgraft.localize.draws import Draw, DrawError, draw_outside
 from weightgraft.localize.maps import slot_parts
 from weightgraft.localize.verify import CellKey, SetVerifier

@@ -5,8 +5,11 @@ written to a run directory (``out``, else ``runs/{name}``) and resumed from it.
 Stages, each written when finished (a rerun skips what exists): ``parts/estimates_{direction}
 .parquet``; ``parts/exact_{direction}_{n}.parquet`` per group of prompts (``exact_parts``: a
 killed run, or a raised ``exact:``, computes only the prompts no part holds); ``cells.parquet``
-(both joined); ``search.json`` (``found_sets``: search on fit prompts, refinement, controls, missed-effects estimate, held-out shares);
-``report/``. Without ``directions``, the prompts of the trained direction (``directions``).
+(both joined); ``search.json`` (``found_sets``: search on fit prompts, refinement, controls,
+missed-effects estimate, held-out shares); ``parts/claims_*`` per SFT model and direction, and
+``claims.csv`` / ``claims_null.json`` (``claims.stage``: the claims as exact region grafts against
+their null; with ``reversal:``, claims 4-5 in the paper's setting, ``claims.reversal``); ``report/``.
+Without ``directions``, the prompts of the trained direction (``directions``).
 
 Several SFT models (``models: {pre: X, sft: [A, B, C]}``, e.g. training seeds) are loaded one
 at a time, each mapped against ``pre``; ``cells.parquet``'s ``model`` column names each one's
@@ -31,14 +34,14 @@ import torch
 
 from weightgraft.data.prompts import DatasetError
 from weightgraft.localize.claims import PRE_SFT
-from weightgraft.localize.claims_stage import map_claims, write_claims
+from weightgraft.localize.claims.stage import map_claims, write_claims
 from weightgraft.localize.config import LocalizeConfig, load_localize_config
 from weightgraft.localize.examples import LocalizeExample, build_examples, select_prompts
 from weightgraft.localize.directions import choose_directions, left_out
 from weightgraft.localize.exact_parts import exact_stage
 from weightgraft.localize.found_sets import find_sets
 from weightgraft.localize.maps import estimate_frame, unit_picks, whole_cells
-from weightgraft.localize.reversal import reversal_claims, reversal_prompts
+from weightgraft.localize.claims.reversal import reversal_claims, reversal_prompts
 
 @dataclass
 class LocalizeResult:

@@ -1,5 +1,5 @@
 """The claims stage of ``localize``: for one model pair and graft direction, every template's
-claims as exact region grafts against their null (``claim_grafts``), stored in ``parts/`` under
+claims as exact region grafts against their null (``grafts``), stored in ``parts/`` under
 a digest of the claims' settings (a rerun with the same settings reads them; other settings
 compute anew) and gathered into ``claims.csv`` and ``claims_null.json``.
 """
@@ -16,8 +16,8 @@ import pandas as pd
 from torch import nn
 
 from weightgraft.engine.attribution import Metric
-from weightgraft.localize.claim_grafts import ClaimMap, judge_claims
-from weightgraft.localize.claims import CLAIMS, Claim
+from weightgraft.localize.claims.grafts import ClaimMap, judge_claims
+from weightgraft.localize.claims.regions import CLAIMS, Claim
 from weightgraft.localize.examples import LocalizeExample
 from weightgraft.localize.maps import cell_map, whole_cells
 from weightgraft.localize.verify import SetVerifier

@@ -4,7 +4,7 @@ tests a region must pass (Nief et al., sections 4.1 and 4.3).
 A claim names a *region* (the cells it says carry the effect), the cells it is a share of
 (*within*), a threshold, and the *null pool* its random regions are drawn from: regions of the
 region's size (and, where ``match_mix``, its count of cells per component) drawn outside it.
-``claim_grafts`` grafts each region exactly and decides the verdict:
+``claims.grafts`` grafts each region exactly and decides the verdict:
 
 - *holds*: the region's 95% CI lies on the claim's side of the threshold and the region beats
   its null (Holm-adjusted empirical p <= ``ALPHA``);

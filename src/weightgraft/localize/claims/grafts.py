@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from weightgraft.localize.claims import CLAIMS, PRE_SFT, Claim, empirical_p, holm, key_frame, ratio_ci, verdict
+from weightgraft.localize.claims.regions import (CLAIMS, PRE_SFT, Claim, empirical_p, holm, key_frame, ratio_ci,
+                                                 verdict)
 from weightgraft.localize.draws import DrawError, draw_outside
 from weightgraft.localize.maps import slot_parts
 from weightgraft.localize.verify import CellKey

@@ -16,8 +16,8 @@ import pandas as pd
 import torch
 
 from weightgraft.data.prompts import DatasetError, TestPrompt
-from weightgraft.localize.claims import BOTH_A2B, CLAIMS
-from weightgraft.localize.claims_stage import map_claims
+from weightgraft.localize.claims.regions import BOTH_A2B, CLAIMS
+from weightgraft.localize.claims.stage import map_claims
 from weightgraft.localize.config import LocalizeConfig
 
 LABEL = "reversal"  # the model column of the reversal rows
