@@ -13,6 +13,8 @@ calls are ``wg.graft_forward``, the runner's ``prefix_forward`` and the per-toke
 
     python benchmarks/bench_engine.py                      # embedded SmolLM2-135M, CPU
     python benchmarks/bench_engine.py --n 20 --per-token-items 8 --device cuda --dtype bfloat16
+    python benchmarks/bench_engine.py --model random:llama-3.2-1b --donor random:llama-3.2-1b@1 \
+        --device cuda --dtype bfloat16       # a random: model (no tokenizer): random-id prompts
 """
 
 from __future__ import annotations
@@ -136,6 +138,24 @@ def _placeable(models: dict, tok, prompt: str, scheme, spans: dict) -> bool:
     return True
 
 
+def random_id_examples(base: torch.nn.Module, n: int) -> tuple[list, list[SimpleNamespace]]:
+    """The position family's schemes and ``n`` examples of 10-25 random token ids with the first
+    entity at tokens 1-3, placed as bench_paper_scale places them (for models without a tokenizer)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_paper_scale", Path(__file__).with_name("bench_paper_scale.py"))
+    paper_scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paper_scale)
+    prompts = paper_scale._prompts(n, base.config.vocab_size, 0)
+    schemes, items, _ = paper_scale._position_items(base, prompts)
+    examples = []
+    for i in range(len(prompts)):
+        group = items[i * len(schemes) : (i + 1) * len(schemes)]
+        examples.append(SimpleNamespace(input_ids=list(group[0].input_ids),
+                                        sources={s.name: it.source for s, it in zip(schemes, group)}))
+    return schemes, examples
+
+
 def build_prompts(n: int, seed: int, template: str):
     from weightgraft.data import build_dataset
 
@@ -166,18 +186,24 @@ def main() -> None:
     donor = (wg.load(args.donor, device=args.device, dtype=dtype)[0] if args.donor
              else perturbed_copy(base))
     models = [base, donor]
-    if args.data is not None:
-        prompts = [p for p in load_test_prompts(args.data) if p.template == args.template][: args.n]
+    if tok is None:  # a random: model has no tokenizer: the paper's prompt lengths as random ids
+        if args.preset != "position":
+            raise SystemExit("a random: model is measured on the position family only (--preset position)")
+        schemes, examples = random_id_examples(base, args.n)
+        excluded = 0
     else:
-        prompts = build_prompts(args.n, 0, args.template)
-    schemes = wg.presets.preset(args.preset)
-    examples, excluded = scheme_sources({"pre": base, "sft": donor}, tok, prompts, schemes)
+        if args.data is not None:
+            prompts = [p for p in load_test_prompts(args.data) if p.template == args.template][: args.n]
+        else:
+            prompts = build_prompts(args.n, 0, args.template)
+        schemes = wg.presets.preset(args.preset)
+        examples, excluded = scheme_sources({"pre": base, "sft": donor}, tok, prompts, schemes)
     items = [(ex, s.name) for ex in examples for s in schemes]
     lengths = [len(ex.input_ids) for ex in examples]
     print(f"model={args.model} device={args.device} dtype={args.dtype} threads={torch.get_num_threads()}")
     print(f"examples={len(examples)} (excluded {excluded}) schemes={len(schemes)} "
           f"items={len(items)} tokens/prompt={min(lengths)}-{max(lengths)} batch={args.batch_size}")
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0
     batches = [left_padded(items[i : i + args.batch_size], pad) for i in range(0, len(items), args.batch_size)]
 
     with torch.no_grad():  # warm-up (allocator, kernels)
