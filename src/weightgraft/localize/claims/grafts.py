@@ -6,7 +6,8 @@ effect per prompt of grafting the region, the cells it is a share of (*within*) 
 ``null_sets`` random regions drawn outside it (``draws``), all in one batched engine call;
 ``share_exact`` is the ratio of sums over prompts with its paired bootstrap CI (seeded), each
 null region's share likewise, and ``null_p`` the empirical p-value of the region against them,
-``null_p_holm`` Holm-adjusted over the claims of the map. ``share_estimate`` is the same ratio
+``null_p_holm`` Holm-adjusted over the claims of the map; ``null_critical`` is the null's 95th
+percentile on the claim's side (the 5th for a "<" claim). ``share_estimate`` is the same ratio
 of the summed gradient estimates of the region's cells, and ``interaction`` their ratio
 (``share_exact / share_estimate``: 1 where the first-order map adds up to the region graft).
 ``region_cells_share`` and ``region_params_share``: the region's part of the within cells and
@@ -95,7 +96,7 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
         if not region:
             rows.append({**row, "share_exact": np.nan, "ci_low": np.nan, "ci_high": np.nan, "share_estimate": np.nan,
                          "interaction": np.nan, "region_cells_share": np.nan, "region_params_share": np.nan,
-                         "null_mean": np.nan, "null_p95": np.nan, "null_p": np.nan, "n_null": 0,
+                         "null_mean": np.nan, "null_critical": np.nan, "null_p": np.nan, "n_null": 0,
                          "n_null_unmatched": 0, "verdict": "no cells"})
             nulls.append({"claim": claim.name, "setting": setting, "seeds": [], "shares": []})
             continue
@@ -113,7 +114,8 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
                      "region_params_share": (_counted(data.keys, region, lambda k: data.params.get(k[1], 0)) / params
                                              if params else np.nan),
                      "null_mean": float(np.nanmean(null_shares)) if len(draws) else np.nan,
-                     "null_p95": float(np.nanpercentile(null_shares, 95 if claim.above else 5)) if len(draws) else np.nan,
+                     "null_critical": (float(np.nanpercentile(null_shares, 95 if claim.above else 5))
+                                       if len(draws) else np.nan),
                      "null_p": empirical_p(share, null_shares, claim.above) if len(draws) else np.nan,
                      "n_null": len(draws), "n_null_unmatched": int(sum(d.n_unmatched for d in draws))})
         nulls.append({"claim": claim.name, "setting": setting, "drawn": how,
