@@ -81,7 +81,10 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
                                config.batch_size)
     say(f"[reversal] estimates of every cell: {time.time() - t0:.1f}s")
     claims = [c for c in CLAIMS if c.paper_setting == BOTH_A2B]
-    folder = parts / LABEL
+    import hashlib
+
+    # the setting's models and prompts are outside the run's identity: their results are kept apart by them
+    folder = parts / LABEL / hashlib.sha256(setting.model_dump_json().encode()).hexdigest()[:12]
     folder.mkdir(parents=True, exist_ok=True)
     table, nulls = map_claims([recipient.model, donor.model], examples, estimates, LABEL, "sufficiency", BOTH_A2B,
                               config.claims, config.seed, pad_id, config.metric, config.exact_chunk, folder, say,
