@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from weightgraft.data.prompts import load_test_prompts
-    from weightgraft.localize import localize
+    from weightgraft.api.localize import localize
     from weightgraft.localize.agreement import agreement
     from weightgraft.localize.config import parse_localize_config
     from weightgraft.localize.examples import build_examples

@@ -240,7 +240,7 @@ def outputs(tmp_path_factory):
     from tiny_world import loader, tiny_config, write_world
 
     from weightgraft.experiments.config import parse_config
-    from weightgraft.localize import localize
+    from weightgraft.api.localize import localize
     from weightgraft.localize.config import parse_localize_config
     from weightgraft.experiments.runner import run_experiment
     from weightgraft.report import write_report

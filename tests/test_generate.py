@@ -157,7 +157,7 @@ def test_front_door_generate_is_the_grafted_generation():
 
 def test_front_door_localize_is_the_localize_run():
     import weightgraft as wg
-    from weightgraft.localize import localize
+    from weightgraft.api.localize import localize
 
     assert wg.localize is localize
 

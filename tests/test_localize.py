@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from weightgraft.experiments.config import ConfigError
-from weightgraft.localize import localize
+from weightgraft.api.localize import localize
 from weightgraft.localize.config import parse_localize_config
 from weightgraft.localize.examples import position_labels
 from weightgraft.engine.cells import exact_effects

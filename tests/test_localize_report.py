@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from weightgraft.localize import localize
+from weightgraft.api.localize import localize
 from weightgraft.localize.config import parse_localize_config
 from tiny_world import loader, write_world
 

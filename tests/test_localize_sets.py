@@ -15,7 +15,7 @@ import torch
 
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import exact_effects
-from weightgraft.localize import localize
+from weightgraft.api.localize import localize
 from weightgraft.localize.config import parse_localize_config
 from weightgraft.localize.controls import draw_control, mix_key
 from weightgraft.localize.examples import build_examples, select_prompts

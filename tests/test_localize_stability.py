@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from weightgraft.experiments.config import ConfigError
-from weightgraft.localize import localize
+from weightgraft.api.localize import localize
 from weightgraft.localize.config import parse_localize_config
 from tiny_world import loader, write_world
 
@@ -262,11 +262,12 @@ def test_cli_prints_the_stability_summary(tmp_path, monkeypatch):
     import yaml
     from typer.testing import CliRunner
 
-    import weightgraft.localize as loc
+    import weightgraft.api.localize as loc
     from weightgraft.cli import app
 
-    real = loc.localize
-    monkeypatch.setattr(loc, "localize", lambda cfg, progress=True: real(cfg, progress=False, load=copy_loader))
+    real = loc.run_localize  # the CLI's call, with tiny models; the page is still drawn by api.localize
+    monkeypatch.setattr(loc, "run_localize",
+                        lambda cfg, progress=True, load=None: real(cfg, progress=False, load=copy_loader))
     cfg = tmp_path / "loc.yaml"
     cfg.write_text(yaml.safe_dump({**_raw(tmp_path, SFTS[:2]), "exact": "none", "report": False,
                                    "graft_directions": ["sufficiency"], "search": {"enabled": False}}))

@@ -11,7 +11,7 @@ import torch
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import WHOLE, Cell, exact_effects, parse_cell_name
 from weightgraft.experiments.config import ConfigError
-from weightgraft.localize import localize
+from weightgraft.api.localize import localize
 from weightgraft.localize.config import parse_localize_config
 from weightgraft.localize.examples import build_examples, select_prompts
 from weightgraft.localize.maps import UnitCellMap, cell_map, whole_cells

@@ -4,14 +4,10 @@ architecture; the base is never modified and the donor holds only the adapter.""
 
 from __future__ import annotations
 
-import copy
-import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from peft.utils import load_peft_weights
 
 import weightgraft as wg
@@ -23,16 +19,9 @@ from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
 from weightgraft.models import weights_sha256
 from weightgraft.models.lean import memory_report
-from weightgraft.models.peft_donor import (
-    PeftError,
-    PeftSpec,
-    adapter_info,
-    check_peft_roles,
-    merged_copy,
-    parse_peft,
-)
-from tiny_models import TINY_CONFIGS, make_tiny
-from tiny_world import loader, write_world
+from weightgraft.models.peft_donor import adapter_info, merged_copy
+from tiny_models import TINY_CONFIGS, make_lora_adapter, make_tiny
+from tiny_world import loader
 
 ARCHS = sorted(TINY_CONFIGS)
 TOL = 1e-10
@@ -47,24 +36,6 @@ def _targets(arch: str, components=("q", "k", "v", "o", "gate", "up", "down")) -
         if spec is not None:
             names.add((spec.module if isinstance(spec, Fused) else spec).rsplit(".", 1)[-1])
     return sorted(names)
-
-
-def _adapter(base: torch.nn.Module, targets: list[str], out: Path, seed: int = 1, r: int = 4):
-    """Save a LoRA adapter of ``base`` with random nonzero A and B (B is zero at init) in
-    ``out``; return ``(out, merged)``, ``merged`` a separate copy merged by peft."""
-    try:
-        pm = get_peft_model(copy.deepcopy(base), LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets))
-    except (ValueError, TypeError) as exc:
-        print(f"peft cannot target {targets} on {base.config.model_type}: {exc}")
-        pytest.skip(f"peft cannot target {base.config.model_type}: {exc}")
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) / p.shape[-1] ** 0.5)
-    pm.save_pretrained(out)
-    merged = pm.merge_and_unload().eval()
-    return out, merged
 
 
 def _batch(seq: int = 7, seed: int = 0):
@@ -95,7 +66,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
 def test_lora_donor_equals_the_definition_on_the_merged_model(arch, tmp_path):
     base = make_tiny(arch, seed=0).double()
     targets = _targets(arch) + ([] if base.config.tie_word_embeddings else ["lm_head"])
-    path, merged = _adapter(base, targets, tmp_path / "lora")
+    path, merged = make_lora_adapter(base, targets, tmp_path / "lora")
     donor = wg.load_peft(base, path)
     ids, mask = _batch()
     heads = {s.name: s.heads for s in model_slots(base) if s.heads}
@@ -124,7 +95,7 @@ def test_lora_donor_equals_the_definition_on_the_merged_model(arch, tmp_path):
 @torch.no_grad()
 def test_grafting_only_q_of_a_fused_lora_projection_is_exact(arch, tmp_path):
     base = make_tiny(arch, seed=0).double()
-    path, merged = _adapter(base, _targets(arch, ("q", "k", "v")), tmp_path / "lora")
+    path, merged = make_lora_adapter(base, _targets(arch, ("q", "k", "v")), tmp_path / "lora")
     donor = wg.load_peft(base, path)
     assert adapter_info(donor).slots_touched == [f"layers.{i}.{c}" for i in range(2) for c in "qkv"]
     ids, mask = _batch()
@@ -148,7 +119,7 @@ def test_grafting_only_q_of_a_fused_lora_projection_is_exact(arch, tmp_path):
 @torch.no_grad()
 def test_an_adapter_on_q_and_v_only_leaves_every_other_slot_to_the_base(tmp_path):
     base = make_tiny("llama", seed=0).double()
-    path, merged = _adapter(base, ["q_proj", "v_proj"], tmp_path / "lora")
+    path, merged = make_lora_adapter(base, ["q_proj", "v_proj"], tmp_path / "lora")
     donor = wg.load_peft(base, path)
     info = adapter_info(donor)
     assert info.slots_touched == [f"layers.{i}.{c}" for i in range(2) for c in "qv"]
@@ -171,7 +142,7 @@ def test_an_adapter_on_q_and_v_only_leaves_every_other_slot_to_the_base(tmp_path
 def test_loading_leaves_the_base_untouched_and_shares_its_tensors(tmp_path):
     base = make_tiny("llama", seed=0).double()
     base.model.layers[0].mlp.up_proj.weight.requires_grad_(False)  # flags are kept as they were
-    path, _ = _adapter(base, _targets("llama") + ["lm_head"], tmp_path / "lora")  # peft saves lm_head too
+    path, _ = make_lora_adapter(base, _targets("llama") + ["lm_head"], tmp_path / "lora")  # peft saves lm_head too
     ids, mask = _batch()
     zeros = torch.zeros(*ids.shape, len(wg.slots(base)), dtype=torch.long)
     before_logits = wg.graft_forward([base], ids, zeros, attention_mask=mask)
@@ -206,8 +177,8 @@ def test_loading_leaves_the_base_untouched_and_shares_its_tensors(tmp_path):
 @torch.no_grad()
 def test_hash_covers_base_and_adapter_and_merged_copy_is_peft_merge(tmp_path):
     base = make_tiny("gpt2", seed=0).double()
-    path, merged = _adapter(base, _targets("gpt2"), tmp_path / "a")
-    other, _ = _adapter(base, _targets("gpt2"), tmp_path / "b", seed=2)
+    path, merged = make_lora_adapter(base, _targets("gpt2"), tmp_path / "a")
+    other, _ = make_lora_adapter(base, _targets("gpt2"), tmp_path / "b", seed=2)
     donor = wg.load_peft(base, path)
     assert weights_sha256(donor) == weights_sha256(wg.load_peft(base, path))
     assert weights_sha256(donor) != weights_sha256(wg.load_peft(base, other))
@@ -225,7 +196,7 @@ def test_hash_covers_base_and_adapter_and_merged_copy_is_peft_merge(tmp_path):
 def _pair_with_tokenizer(tmp_path: Path, targets: list[str]):
     tok = loader("tiny-llama:pre").tokenizer
     base = make_tiny("llama", seed=0, vocab_size=len(tok), n_layers=4).double()
-    path, merged = _adapter(base, targets, tmp_path / "lora")
+    path, merged = make_lora_adapter(base, targets, tmp_path / "lora")
     return tok, base, wg.load_peft(base, path), merged
 
 
@@ -259,7 +230,7 @@ def test_graft_and_compare_with_a_lora_donor_equal_the_merged_model(tmp_path):
 @torch.no_grad()
 def test_attribution_and_exact_cell_maps_on_a_lora_donor_equal_the_merged_models(tmp_path):
     base = make_tiny("gpt2", seed=0).double()  # fused c_attn: q, k and v are column groups
-    path, merged = _adapter(base, _targets("gpt2"), tmp_path / "lora")
+    path, merged = make_lora_adapter(base, _targets("gpt2"), tmp_path / "lora")
     donor = wg.load_peft(base, path)
     ids, mask = _batch()
     mask[:, :] = 1
@@ -291,217 +262,9 @@ def test_attribution_and_exact_cell_maps_on_a_lora_donor_equal_the_merged_models
             assert max(float(e.abs().max()) for e in e1) > 1e-2
 
 
-def _world_adapter(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
-    """An adapter of the runner's tiny base (``tiny-llama:pre``, float32)."""
-    return _adapter(loader("tiny-llama:pre").model, ["q_proj", "v_proj", "down_proj"], tmp_path / "adapters" / "lora")
-
-
-def test_a_config_run_with_a_peft_role_equals_the_merged_model_and_names_the_adapter(tmp_path):
-    from weightgraft.experiments.config import parse_config
-    from weightgraft.experiments.runner import run_experiment
-
-    path, merged = _world_adapter(tmp_path)
-    data = write_world(tmp_path / "data")
-
-    def load(spec, config=None):
-        if spec == "merged":
-            return SimpleNamespace(model=merged, tokenizer=loader("tiny-llama:pre").tokenizer, source="merged",
-                                   weights_sha256="sha-merged")
-        return loader(spec, config)
-
-    runs = {}
-    for name, sft in (("lora", f"peft(pre, {path})"), ("merged", "merged")):
-        raw = {"name": name, "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": sft},
-               "schemes": [{"preset": "position", "only": ["PRE", "SFT", "LT", "FE"]}],
-               "out": str(tmp_path / name)}
-        runs[name] = run_experiment(parse_config(raw), load=load, progress=False)
-    a, b = (runs[k].results.set_index(["template", "scheme", "example_id"]).sort_index() for k in ("lora", "merged"))
-    assert (a["answer_logprob"] - b["answer_logprob"]).abs().max() <= 1e-4  # float32 models
-    assert (a.xs("SFT", level="scheme")["answer_logprob"] - a.xs("PRE", level="scheme")["answer_logprob"]).abs().max() > 1e-3
-    manifest = json.loads((runs["lora"].run_dir / "manifest.json").read_text())
-    entry = manifest["models"]["default"]["sft"]
-    adapter = entry["adapter"]
-    assert adapter["path"] == str(path.resolve())
-    assert adapter["sha256"] == weights_sha256(load_peft_weights(str(path)))
-    assert adapter["rank"] == 4 and adapter["target_modules"] == ["down_proj", "q_proj", "v_proj"]
-    assert adapter["slots_touched"] == [f"layers.{i}.{c}" for i in range(2) for c in ("q", "v", "down")]
-    assert "'pre'" in adapter["untouched_slots_served_by"]
-    stored = load_peft_weights(str(path))
-    assert entry["bytes_held"] == adapter["bytes_held"] == sum(t.numel() * t.element_size() for t in stored.values())
-    assert entry["source"].startswith(f"peft:{path.resolve()} over ")
-
-
-def test_bad_peft_specs_are_one_line_errors_before_any_model_loads(tmp_path):
-    from weightgraft.experiments.config import parse_config
-    from weightgraft.experiments.runner import run_experiment
-
-    assert parse_peft("tiny-llama:pre") is None
-    assert parse_peft(" peft( pre , models/lora ) ") == PeftSpec("pre", "models/lora")
-    assert parse_peft("peft(pre, 'a dir')") == PeftSpec("pre", "a dir")
-    assert parse_peft("peft_models/sft") is None and parse_peft("peft") is None  # a directory may be named so
-    for bad in ("peft(pre)", "peft(, d)", "peft(base=pre, d)", "peft(pre, d"):
-        with pytest.raises(PeftError, match="peft\\(BASE_ROLE, ADAPTER_DIR\\)"):
-            parse_peft(bad)
-    good, _ = _world_adapter(tmp_path)
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    dora = tmp_path / "dora"
-    dora.mkdir()
-    (dora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "use_dora": True}))
-    prefix = tmp_path / "prefix"
-    prefix.mkdir()
-    (prefix / "adapter_config.json").write_text(json.dumps({"peft_type": "PREFIX_TUNING"}))
-    biased = tmp_path / "biased"
-    biased.mkdir()
-    (biased / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "bias": "all"}))
-    cases = {
-        f"peft(base, {good})": "refers to role 'base'",
-        f"peft(pre, {tmp_path / 'missing'})": "does not exist",
-        f"peft(pre, {empty})": "no adapter_config.json",
-        f"peft(pre, {dora})": "use_dora",
-        f"peft(pre, {prefix})": "only LoRA adapters",
-        f"peft(pre, {biased})": "bias='all'",
-        "peft(pre)": "peft\\(BASE_ROLE, ADAPTER_DIR\\)",
-    }
-    data = write_world(tmp_path / "data")
-
-    def no_load(spec, config=None):
-        raise AssertionError(f"a model was loaded ({spec}) before the spec was checked")
-
-    for spec, message in cases.items():
-        with pytest.raises(PeftError, match=message) as err:
-            check_peft_roles({"pre": "tiny-llama:pre", "sft": spec}, "model set 'x'")
-        assert "\n" not in str(err.value)
-        raw = {"name": "bad", "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": spec},
-               "schemes": [{"preset": "position", "only": ["PRE", "SFT"]}], "out": str(tmp_path / "bad")}
-        with pytest.raises(PeftError, match=message) as err:
-            run_experiment(parse_config(raw), load=no_load, progress=False)
-        assert "\n" not in str(err.value)
-    with pytest.raises(PeftError, match="derived role"):
-        check_peft_roles({"pre": "tiny-llama:pre", "low": "lowrank(pre, k=2)", "sft": f"peft(low, {good})"}, "x")
-    with pytest.raises(PeftError, match="a peft role"):
-        check_peft_roles({"pre": "tiny-llama:pre", "sft": f"peft(pre, {good})", "low": "lowrank(sft, k=2)"}, "x")
-    # load_peft itself: an adapter of another shape is one line, and the base is left as it was
-    base = make_tiny("llama", seed=0, vocab_size=40)
-    other, _ = _adapter(make_tiny("gpt_neox", seed=0), ["query_key_value"], tmp_path / "neox")
-    # an adapter that saved its own lm_head (peft does for an lm_head target) of another base:
-    # loading it would write into the base's shared tensor
-    foreign, _ = _adapter(make_tiny("llama", seed=7, vocab_size=40), ["q_proj", "lm_head"], tmp_path / "foreign")
-    before = {n: p.detach().clone() for n, p in base.named_parameters()}
-    for directory, message in ((tmp_path / "missing", "does not exist"), (other, "does not fit"),
-                               (foreign, "saves its own 'lm_head.weight', which differs from the base's")):
-        with pytest.raises(PeftError, match=message) as err:
-            wg.load_peft(base, directory)
-        assert "\n" not in str(err.value)
-    assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())
-    assert [n for n, _ in base.named_parameters()] == list(before)
-    # LoRA the engine does not reproduce: on an embedding (load_peft), DoRA (a peft model given as is)
-    embed, _ = _adapter(base, ["embed_tokens", "q_proj"], tmp_path / "embed")
-    with pytest.raises(ValueError, match="only LoRA on Linear / Conv1D projections") as err:
-        wg.load_peft(base, embed)
-    assert "\n" not in str(err.value)
-    dora = get_peft_model(copy.deepcopy(base), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True)).base_model.model
-    ids, _ = _batch()
-    with pytest.raises(ValueError, match="DoRA"):
-        wg.graft_forward([base, dora], ids, torch.ones(*ids.shape, len(wg.slots(base)), dtype=torch.long))
-    assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())
-
-
-def test_localize_takes_a_peft_donor(tmp_path):
-    from weightgraft.localize import localize
-    from weightgraft.localize.config import parse_localize_config
-
-    path, merged = _world_adapter(tmp_path)
-    data = write_world(tmp_path / "data", n=2)
-
-    def load(spec, dtype=None):
-        if spec == "merged":
-            return SimpleNamespace(model=merged, tokenizer=loader("tiny-llama:pre").tokenizer)
-        return loader(spec)
-
-    cells = {}
-    for name, sft in (("lora", f"peft(pre, {path})"), ("merged", "merged")):
-        raw = {"name": name, "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": sft},
-               "out": str(tmp_path / "runs" / name), "exact": 1, "search": {"enabled": False}, "report": False}
-        result = localize(parse_localize_config(raw), progress=False, load=load)
-        cells[name] = result.cells.sort_values(["example_id", "direction", "position", "slot"]).reset_index(drop=True)
-    for col in ("estimate", "exact"):
-        diff = (cells["lora"][col] - cells["merged"][col]).abs()
-        assert diff.max() <= 1e-4, col  # float32 models
-    manifest = json.loads((tmp_path / "runs" / "lora" / "manifest.json").read_text())
-    assert manifest["adapter"]["path"] == str(path.resolve())
-    bad = parse_localize_config({"name": "x", "data": str(data), "out": str(tmp_path / "runs"),
-                                 "models": {"pre": "tiny-llama:pre", "sft": f"peft(pre, {tmp_path / 'nope'})"}})
-    with pytest.raises(PeftError, match="does not exist"):
-        localize(bad, progress=False, load=lambda *a: pytest.fail("loaded a model"))
-
-
-def test_generate_command_takes_a_peft_role(tmp_path):
-    from typer.testing import CliRunner
-
-    from weightgraft.api.generate import generate
-    from weightgraft.cli import app
-    from weightgraft.models import load_model
-
-    tok = loader("tiny-llama:pre").tokenizer
-    base = make_tiny("llama", seed=0, vocab_size=len(tok))
-    base.save_pretrained(tmp_path / "pre")
-    tok.save_pretrained(tmp_path / "pre")
-    pre = load_model(tmp_path / "pre").model
-    path, _ = _adapter(pre, ["q_proj", "down_proj"], tmp_path / "lora")
-    prompt = "Keanu Reeves starred in a movie with"
-    args = ["generate", prompt, "-m", f"pre={tmp_path / 'pre'}", "-m", f"sft=peft(pre, {path})",
-            "-r", "model=sft,positions=last", "-n", "4"]
-    out = CliRunner().invoke(app, args)
-    assert out.exit_code == 0, out.output
-    expected = generate([pre, wg.load_peft(pre, path)], tok, prompt, [wg.Rule(model="sft", positions="last")], 4)
-    assert out.stdout.strip().splitlines()[-1] == f"graft: {prompt}{expected}"
-    bad = CliRunner().invoke(app, args[:4] + ["-m", f"sft=peft(pre, {tmp_path / 'nope'})"] + args[6:])
-    assert bad.exit_code != 0 and "does not exist" in str(bad.exception)
-
-
-def test_a_relative_adapter_dir_in_a_config_file_is_taken_from_its_folder(tmp_path, monkeypatch):
-    from weightgraft.experiments.config import load_config
-
-    path, _ = _world_adapter(tmp_path)  # tmp_path/adapters/lora
-    data = write_world(tmp_path / "data")
-    config = tmp_path / "exp.yaml"
-    config.write_text(f"name: rel\ndata: {data}\nmodels: {{pre: tiny-llama:pre, sft: 'peft(pre, adapters/lora)'}}\n"
-                      "schemes: [{preset: position, only: [PRE, SFT]}]\n")
-    monkeypatch.chdir(tmp_path / "data")  # anywhere else
-    cfg = load_config(config)
-    assert parse_peft(cfg.models["sft"]) == PeftSpec("pre", str(tmp_path / "adapters" / "lora"))
-    check_peft_roles(cfg.models, "models")
-    assert load_config(config, ["models.sft=peft(pre, elsewhere)"]).models["sft"] == "peft(pre, elsewhere)"
-
-
-def test_memory_plans_count_a_lora_role_as_its_adapter(tmp_path):
-    from weightgraft.experiments.config import parse_config
-    from weightgraft.localize.config import parse_localize_config
-    from weightgraft.experiments.plan import plan_experiment, plan_localize
-
-    tok = loader("tiny-llama:pre").tokenizer
-    base = make_tiny("llama", seed=0, vocab_size=len(tok))
-    base.save_pretrained(tmp_path / "pre")
-    tok.save_pretrained(tmp_path / "pre")
-    path, _ = _adapter(base, ["q_proj", "v_proj"], tmp_path / "lora")
-    stored = {k: t for k, t in load_peft_weights(str(path)).items() if "lora_" in k}
-    adapter = sum(t.numel() * 4 for t in stored.values())  # float32
-    data = write_world(tmp_path / "data")
-    models = {"pre": str(tmp_path / "pre"), "sft": f"peft(pre, {path})"}
-    run = plan_experiment(parse_config({"name": "p", "data": str(data), "models": models,
-                                        "schemes": [{"preset": "position"}]}), with_time=False)
-    roles = {r.role: r for r in run.roles}
-    assert roles["sft"].held_bytes == adapter and "LoRA" in roles["sft"].holds
-    assert roles["pre"].held_bytes >= sum(p.numel() * 4 for p in base.parameters())
-    loc = plan_localize(parse_localize_config({"name": "l", "data": str(data), "models": models}), with_time=False)
-    roles = {r.role: r for r in loc.roles}
-    assert roles["sft"].held_bytes == adapter
-
-
 def test_partial_deltas_of_a_lora_donor_are_its_adapters_not_dense_matrices(tmp_path):
     base = make_tiny("llama", seed=0).double()
-    path, merged = _adapter(base, ["q_proj", "v_proj"], tmp_path / "lora")
+    path, merged = make_lora_adapter(base, ["q_proj", "v_proj"], tmp_path / "lora")
 
     def dense_bytes(pair: PartialGraft) -> int:
         """Bytes of tensors the projections' delta functions keep (materialized weight deltas)."""
@@ -521,7 +284,7 @@ def test_partial_deltas_of_a_lora_donor_are_its_adapters_not_dense_matrices(tmp_
 def test_on_tied_embeddings_an_lm_head_adapter_moves_the_unembedding_only(tmp_path):
     """As in peft's unmerged forward: the embedding lookup keeps W, the unembedding is W + BA."""
     base = make_tiny("gemma", seed=0).double()
-    path, _ = _adapter(base, ["lm_head", "q_proj"], tmp_path / "lora")
+    path, _ = make_lora_adapter(base, ["lm_head", "q_proj"], tmp_path / "lora")
     donor = wg.load_peft(base, path)
     touched = adapter_info(donor).slots_touched
     assert "unembed" in touched and "embed" not in touched

@@ -175,7 +175,7 @@ def test_a_run_that_cannot_fit_is_refused_before_loading(run_raw: dict, tmp_path
 
 def test_localize_plans_and_refuses_before_loading(run_raw: dict, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from weightgraft.localize.run import localize
+    from weightgraft.api.localize import localize
 
     raw = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": "none"}
     plan = plan_localize(parse_localize_config(raw), with_time=False)

@@ -139,7 +139,7 @@ def test_commands_that_tokenize_refuse_random_models_before_loading(tmp_path: Pa
     import weightgraft.experiments.runner as runner
     from weightgraft.experiments.config import parse_config
     from weightgraft.localize.config import parse_localize_config
-    from weightgraft.localize.run import localize
+    from weightgraft.api.localize import localize
 
     def no_load(*a, **k):
         raise AssertionError("a model was loaded")

@@ -116,3 +116,26 @@ def tiny_word_tokenizer(texts: list[str]) -> T.PreTrainedTokenizerFast:
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
         unk_token="<unk>",
     )
+
+
+def make_lora_adapter(base: torch.nn.Module, targets: list[str], out: Path, seed: int = 1, r: int = 4):
+    """Save a LoRA adapter of ``base`` with random nonzero A and B (B is zero at init) in
+    ``out``; return ``(out, merged)``, ``merged`` a separate copy merged by peft."""
+    import copy
+
+    import pytest
+    from peft import LoraConfig, get_peft_model
+
+    try:
+        pm = get_peft_model(copy.deepcopy(base), LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets))
+    except (ValueError, TypeError) as exc:
+        print(f"peft cannot target {targets} on {base.config.model_type}: {exc}")
+        pytest.skip(f"peft cannot target {base.config.model_type}: {exc}")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) / p.shape[-1] ** 0.5)
+    pm.save_pretrained(out)
+    merged = pm.merge_and_unload().eval()
+    return out, merged

@@ -1,18 +1,15 @@
-"""A notebook's prompts as one engine batch: tokenized one by one (so positions are located on
-each prompt's own tokens), source maps compiled per prompt, then padded on the tokenizer's side
-with padding served by the base (it is masked out, so it never matters)."""
+"""A notebook's prompts as one engine batch: each prompt tokenized and mapped on its own
+(``PreparedGraft.encode``, so positions are located on each prompt's own tokens), then padded
+on the tokenizer's side with padding served by the base (it is masked out, so it never matters)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from weightgraft.api.inputs import GraftInputError
-from weightgraft.schemes.scheme import CompiledScheme
-from weightgraft.schemes.selectors import SpanNotFound
+from weightgraft.schemes.binding import Encoded
 
 
 @dataclass(frozen=True)
@@ -24,36 +21,6 @@ class Batch:
     source: torch.Tensor  # [batch, seq, n_slots]
     head_source: dict[str, torch.Tensor]  # slot name -> [batch, seq, heads]
     last: torch.Tensor  # [batch]
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """One prompt's tokens and its compiled source map."""
-
-    input_ids: list[int]
-    source: torch.Tensor  # [n_tokens, n_slots]
-    heads: dict[str, torch.Tensor]  # slot name -> [n_tokens, heads]
-
-
-def encode(
-    tokenizer: Any, prompts: Sequence[str], spans: Sequence[Mapping[str, tuple[int, int]]],
-    compiled: CompiledScheme,
-) -> list[Encoded]:
-    """Tokens and source map of every prompt; a rule that selects no token of a prompt (or a
-    span it lacks) is an error naming that prompt, never a silently ungrafted row."""
-    out = []
-    for i, (prompt, prompt_spans) in enumerate(zip(prompts, spans, strict=True)):
-        enc = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=True)
-        if not enc["input_ids"]:
-            raise GraftInputError(f"prompt {i} ({prompt!r}) tokenizes to nothing")
-        try:
-            source, heads = compiled.sources(enc["offset_mapping"], prompt_spans)
-        except SpanNotFound as exc:
-            hint = (" (wg.tokens(tokenizer, prompt, spans) shows its tokens and their labels)" if prompt_spans
-                    else " (pass spans=[{name: substring or (start, end)}, ...])")
-            raise GraftInputError(f"prompt {i} ({prompt!r}): {exc}{hint}") from exc
-        out.append(Encoded(list(enc["input_ids"]), source, heads))
-    return out
 
 
 def pad(encoded: Sequence[Encoded], pad_id: int, left: bool, seq: int | None = None) -> Batch:

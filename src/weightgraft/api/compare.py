@@ -12,22 +12,12 @@ from typing import Any
 
 import pandas as pd
 
-from weightgraft.api.inputs import (
-    GraftInputError,
-    Rules,
-    Spans,
-    as_schemes,
-    check_prompts,
-    check_roles,
-    check_tokenizer,
-    compile_for,
-    ordered_models,
-)
 from weightgraft.data.prompts import TestPrompt
 from weightgraft.experiments.examples import Exclusions, prepare
 from weightgraft.experiments.metrics import add_recovery
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
+from weightgraft.schemes.binding import GraftInputError, Rules, Spans, prepare_graft
 
 
 def compare(
@@ -46,24 +36,18 @@ def compare(
     :func:`weightgraft.graft`. Every prompt must be placeable by every scheme: one that is not
     is an error naming it (a comparison never drops prompts silently).
     """
-    roles, ordered = ordered_models(models, None)
-    schemes = as_schemes(schemes, roles[0], None)
-    names = [s.name for s in schemes]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise GraftInputError(f"two schemes are named {dup!r}; rows are keyed by scheme name")
     if batch_size < 1:
         raise GraftInputError("batch_size must be at least 1")
-    check_roles(schemes, roles)
-    prompt_spans = check_prompts(prompts, spans)
+    prepared = prepare_graft(models, schemes, many=True, prompts=prompts, spans=spans, tokenizer=tokenizer,
+                             protocol=protocol)
+    roles, ordered, schemes, compiled = prepared.roles, prepared.models, prepared.schemes, prepared.compiled
+    prompt_spans = prepared.spans
     if isinstance(answers, str) or len(list(answers)) != len(prompts):
         n = 1 if isinstance(answers, str) else len(list(answers))
         raise GraftInputError(f"answers has {n} entries for {len(prompts)} prompts (one answer per prompt)")
     for i, a in enumerate(answers):
         if not isinstance(a, str) or not a.strip():
             raise GraftInputError(f"answer {i} must be a non-empty string, got {a!r}")
-    check_tokenizer(tokenizer)
-    compiled = compile_for(schemes, ordered[0], roles, protocol)
     records = [
         TestPrompt(id=str(i), relation_id=str(i), template=template, prompt=p, answer=a, spans=s)
         for i, (p, a, s) in enumerate(zip(prompts, answers, prompt_spans, strict=True))

@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from weightgraft.api.inputs import Rules, as_scheme, compile_for
+from weightgraft.schemes.binding import Rules, as_scheme, compile_for, input_errors
 
 
 def explain(rules: Rules, model: Any, protocol: str = "paper", base: str = "pre") -> pd.DataFrame:
@@ -18,7 +18,8 @@ def explain(rules: Rules, model: Any, protocol: str = "paper", base: str = "pre"
     one by one, so ``Rule(layers="29", components="body")`` grafts layer 29 alone."""
     scheme = as_scheme(rules, base, None)
     roles = [scheme.base, *sorted({r.model for r in scheme.rules} - {scheme.base})]
-    (compiled,) = compile_for([scheme], model, roles, protocol)
+    with input_errors():
+        (compiled,) = compile_for([scheme], model, roles, protocol)
     rows = []
     for k, (rule, done) in enumerate(zip(scheme.rules, compiled.rules, strict=True)):
         names = [compiled.slot_names[i] for i in done.slots.tolist()]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from weightgraft.api.inputs import GraftInputError, Rules, as_scheme, check_roles, compile_for, ordered_models
 from weightgraft.data.spans import SpanSpec
 from weightgraft.engine.generate import generate_one
+from weightgraft.schemes.binding import GraftInputError, Rules, prepare_graft
 from weightgraft.schemes.selectors import SpanNotFound
 
 DEFAULT_ROLES = ("pre", "sft")
@@ -50,10 +50,8 @@ def generate(
     position when it is processed, so it takes the weights the rules give the last token.
     Greedy unless ``do_sample`` (seeded by ``seed``).
     """
-    roles, ordered = ordered_models(_as_mapping(models), base)
-    scheme = as_scheme([] if rules is None else rules, roles[0], base)
-    check_roles([scheme], roles)
-    (compiled,) = compile_for([scheme], ordered[0], roles, protocol)
+    prepared = prepare_graft(_as_mapping(models), [] if rules is None else rules, base=base, protocol=protocol)
+    ordered, (compiled,) = prepared.models, prepared.compiled
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if isinstance(prompt, str) or spans is None or isinstance(spans, Mapping):
         per_prompt = [spans] * len(prompts)

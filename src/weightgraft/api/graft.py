@@ -7,21 +7,11 @@ from typing import Any
 
 import torch
 
-from weightgraft.api.batch import encode, pad
-from weightgraft.api.inputs import (
-    Rules,
-    check_cache,
-    Spans,
-    as_scheme,
-    check_prompts,
-    check_roles,
-    check_tokenizer,
-    compile_for,
-    ordered_models,
-)
+from weightgraft.api.batch import pad
 from weightgraft.api.outputs import GraftOutput
-from weightgraft.engine.activations import record, stacked
+from weightgraft.engine.activations import activation_names, record, stacked
 from weightgraft.engine.forward import graft_forward
+from weightgraft.schemes.binding import GraftInputError, Rules, Spans, prepare_graft
 
 
 def graft(
@@ -43,14 +33,11 @@ def graft(
     activations, ``[batch, seq, ...]`` over the padded batch: every slot's module output
     (``layers.{i}.o``, ``layers.{i}.down``, ...) and ``layers.{i}.resid_post``.
     """
-    roles, ordered = ordered_models(models, base)
-    scheme = as_scheme(rules, roles[0], base)
-    check_roles([scheme], roles)
-    prompt_spans = check_prompts(prompts, spans)
-    check_tokenizer(tokenizer)
-    (compiled,) = compile_for([scheme], ordered[0], roles, protocol)
+    prepared = prepare_graft(models, rules, base=base, prompts=prompts, spans=spans, tokenizer=tokenizer,
+                             protocol=protocol)
+    roles, ordered = prepared.roles, prepared.models
     names = check_cache(cache, ordered[0])
-    encoded = encode(tokenizer, list(prompts), prompt_spans, compiled)
+    encoded = prepared.encode(tokenizer, prompts)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = pad(encoded, pad_id, left=getattr(tokenizer, "padding_side", "right") == "left")
     with torch.no_grad(), record(ordered[0], names) as seen:
@@ -68,3 +55,21 @@ def graft(
         cache=stacked(seen) if names else None,
     )
 
+
+
+def check_cache(cache: bool | Sequence[str], model: Any) -> list[str]:
+    """The activation names ``cache=`` asks for (``True``: all of them), each one the model has."""
+    if cache is False or cache is None:
+        return []
+    known = activation_names(model)
+    if cache is True:
+        return known
+    if isinstance(cache, str) or not isinstance(cache, Sequence):
+        raise GraftInputError("cache must be True or a list of activation names, e.g. ['layers.3.resid_post']")
+    unknown = [n for n in cache if n not in known]
+    if unknown:
+        raise GraftInputError(
+            f"cache names {unknown[0]!r}, which this model does not have; names look like "
+            f"{', '.join(known[:3])}, ..., {known[-2]} (weightgraft.engine.activations.activation_names)"
+        )
+    return list(dict.fromkeys(cache))

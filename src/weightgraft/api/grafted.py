@@ -19,17 +19,10 @@ from typing import Any
 
 import torch
 
-from weightgraft.api.inputs import (
-    GraftInputError,
-    Rules,
-    as_scheme,
-    check_roles,
-    check_tokenizer,
-    compile_for,
-    ordered_models,
-)
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.engine.forward import graft_call
+from weightgraft.engine.swaps import own_forward, swaps
+from weightgraft.schemes.binding import GraftInputError, Rules, prepare_graft
 from weightgraft.schemes.scheme import CompiledScheme
 from weightgraft.schemes.selectors import SpanNotFound
 
@@ -105,14 +98,10 @@ def grafted(
     spans of the prompts by substring (``{"actor": "Keanu Reeves"}``), found in each row's
     text. ``model(input_ids, attention_mask=...)``, ``model.generate(...)``, hooks and
     tracers see the grafted pass; the model is itself again on exit."""
-    roles, ordered = ordered_models(models, base)
-    scheme = as_scheme(rules, roles[0], base)
-    check_roles([scheme], roles)
-    check_tokenizer(tokenizer)
-    (compiled,) = compile_for([scheme], ordered[0], roles, protocol)
+    prepared = prepare_graft(models, rules, base=base, tokenizer=tokenizer, protocol=protocol)
+    ordered, (compiled,) = prepared.models, prepared.compiled
     model = ordered[0]
-    own = model.__dict__.get("forward")
-    plain = own if own is not None else type(model).forward.__get__(model)
+    plain = own_forward(model)
     state = _State()
 
     @functools.wraps(plain)
@@ -158,11 +147,6 @@ def grafted(
         finally:
             state.inside = False
 
-    model.forward = forward
-    try:
+    with swaps() as swap:
+        swap.forward(model, forward)
         yield model
-    finally:
-        if own is None:
-            del model.forward
-        else:
-            model.forward = own

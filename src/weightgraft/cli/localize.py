@@ -16,8 +16,8 @@ def localize(
     progress: bool = typer.Option(True, help="Print each stage as it finishes."),
 ) -> None:
     """Localize a finetuned behaviour cell by cell: attribution and exact maps, minimal sets."""
+    from weightgraft.api.localize import localize as run_localize
     from weightgraft.localize import load_localize_config
-    from weightgraft.localize import localize as run_localize
 
     cfg = load_localize_config(config, overrides or [])
     result = run_localize(cfg, progress=progress)

@@ -11,8 +11,7 @@ model that serves it (not by the base and then again by the donor).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ from transformers.cache_utils import Cache
 from weightgraft.engine import projections
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
+from weightgraft.engine.swaps import own_forward, swaps
 
 __all__ = ["slots", "graft_forward", "graft_call", "position_ids_from_mask"]
 
@@ -65,13 +65,9 @@ def _as_index(columns: torch.Tensor | None) -> torch.Tensor | slice | None:
     return columns
 
 
-def _module_fn(module: nn.Module, is_base: bool):
-    """Call a module's own forward; the base module's is about to be patched, so keep what
-    it was: an instance-level forward (accelerate's device hooks wrap it) or the class's."""
-    if is_base:
-        own = module.__dict__.get("forward")
-        return own if own is not None else (lambda x, *a, **k: type(module).forward(module, x, *a, **k))
-    return module
+def _callers(targets: list[nn.Module]) -> list:
+    """Per model, what computes its rows: the base module's own (about to be swapped) forward."""
+    return [own_forward(t) if i == 0 else t for i, t in enumerate(targets)]
 
 
 class _OnDevice:
@@ -129,7 +125,7 @@ def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis
     """A forward for the base module at ``path`` that computes every row once, with the
     weights of the model that serves it (rows split by model; fused modules by columns)."""
     targets = lookup.targets(path)
-    fns = [_module_fn(t, i == 0) for i, t in enumerate(targets)]
+    fns = _callers(targets)
     single, row_sets, mixed = lookup.split(groups)
 
     placed = _OnDevice({"row_sets": row_sets, "mixed": mixed, "groups": groups}, groups[0].models.device)
@@ -151,7 +147,7 @@ def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis
         if mixed[0].numel():
             b_mix, t_mix = mixed
             x_mix = xv[b_mix, t_mix]
-            chosen = _column_models(groups, b_mix, t_mix, _out_width(targets[0]))  # [rows, out]
+            chosen = _column_models(groups, b_mix, t_mix, projections.out_features(targets[0]))  # [rows, out]
             y_mix = None
             for m in chosen.unique().tolist():
                 sel = (chosen == m).any(dim=1).nonzero().flatten()
@@ -183,31 +179,31 @@ def _column_models(groups: list[_Group], b: torch.Tensor, t: torch.Tensor, width
     return out
 
 
-def _in_head_forward(
-    path: str, lookup: _Lookup, head_models: torch.Tensor, bias_models: torch.Tensor,
-    head_width: int, pos_axis: int,
+def _in_unit_forward(
+    path: str, lookup: _Lookup, unit_models: torch.Tensor, bias_models: torch.Tensor,
+    unit_width: int, pos_axis: int,
 ):
     """A forward for a projection grafted unit by unit on its input side (o by head, down by
-    neuron): its input columns (one group of ``head_width`` per unit) are multiplied by the
+    neuron): its input columns (one group of ``unit_width`` per unit) are multiplied by the
     weights of the model serving that unit and summed; the bias, which belongs to no unit,
     comes from ``bias_models``."""
     targets = lookup.targets(path)
-    fns = [_module_fn(t, i == 0) for i, t in enumerate(targets)]
-    stacked = torch.cat([head_models, bias_models[..., None]], dim=-1)  # [batch, rows, heads+1]
+    fns = _callers(targets)
+    stacked = torch.cat([unit_models, bias_models[..., None]], dim=-1)  # [batch, rows, units+1]
     uniform = (stacked == stacked[..., :1]).all(dim=-1)
     whole = stacked[..., 0]
     row_sets = [(int(m), *(whole == m).logical_and(uniform).nonzero(as_tuple=True)) for m in whole.unique()]
     b_mix, t_mix = (~uniform).nonzero(as_tuple=True)
-    mix_heads = head_models[b_mix, t_mix]  # [n, heads]
+    mix_units = unit_models[b_mix, t_mix]  # [n, units]
     mix_bias = bias_models[b_mix, t_mix]
 
     placed = _OnDevice({"row_sets": row_sets, "b_mix": b_mix, "t_mix": t_mix,
-                        "mix_heads": mix_heads, "mix_bias": mix_bias}, head_models.device)
+                        "mix_units": mix_units, "mix_bias": mix_bias}, unit_models.device)
 
     def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         here = placed.get(x.device)
         row_sets, b_mix, t_mix = here["row_sets"], here["b_mix"], here["t_mix"]
-        mix_heads, mix_bias = here["mix_heads"], here["mix_bias"]
+        mix_units, mix_bias = here["mix_units"], here["mix_bias"]
         xv = x if pos_axis == 1 else x.movedim(pos_axis, 1)
         out = None
         for m, b, t in row_sets:
@@ -219,8 +215,8 @@ def _in_head_forward(
         if b_mix.numel():
             x_mix = xv[b_mix, t_mix]
             y = None
-            for m in mix_heads.unique().tolist():
-                keep = (mix_heads == m).repeat_interleave(head_width, dim=1).to(x_mix.dtype)
+            for m in mix_units.unique().tolist():
+                keep = (mix_units == m).repeat_interleave(unit_width, dim=1).to(x_mix.dtype)
                 part = _matmul_no_bias(targets[m], x_mix * keep)
                 y = part if y is None else y + part
             for m in mix_bias.unique().tolist():
@@ -240,22 +236,18 @@ def _matmul_no_bias(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     try:
         return projections.matmul_no_bias(module, x)
     except projections.UnsupportedProjection as exc:
-        raise TypeError(f"per-head grafting on {exc}") from exc
-
-
-def _out_width(module: nn.Module) -> int:
-    return projections.out_features(module)
+        raise TypeError(f"per-head or per-neuron grafting on {exc}") from exc
 
 
 def _plan(
-    base: nn.Module, slot_list: list[Slot], columns: list[torch.Tensor], heads: dict[int, torch.Tensor]
+    base: nn.Module, slot_list: list[Slot], columns: list[torch.Tensor], units: dict[int, torch.Tensor]
 ) -> dict[str, tuple[list[_Group], int]]:
     """Per base module that some slot grafts: the column groups of all its slots (one unit
-    group for q/k/v grafted head by head, gate/up neuron by neuron; ``heads`` holds both)."""
+    group for q/k/v grafted head by head, gate/up neuron by neuron; ``units`` holds both)."""
     by_module: dict[str, tuple[list[_Group], int]] = {}
     grafted_paths = {
         part.path for s, column in enumerate(columns)
-        if bool((column != 0).any()) or (s in heads and bool((heads[s] != 0).any()))
+        if bool((column != 0).any()) or (s in units and bool((units[s] != 0).any()))
         for part in slot_list[s].parts
     }
     for s, slot in enumerate(slot_list):
@@ -263,9 +255,9 @@ def _plan(
             if part.path not in grafted_paths:
                 continue
             groups, _ = by_module.setdefault(part.path, ([], part.pos_axis))
-            if s in heads:
+            if s in units:
                 unit_cols = slot.unit_columns(base.get_submodule(part.path), slot.unit_kind())
-                groups.append(_Group(torch.stack(unit_cols).to(columns[s].device), heads[s]))
+                groups.append(_Group(torch.stack(unit_cols).to(columns[s].device), units[s]))
                 continue
             cols = _as_index(part.columns)
             if isinstance(cols, torch.Tensor):
@@ -274,16 +266,16 @@ def _plan(
     return by_module
 
 
-def _check_heads(
-    head_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
-    n_models: int, device: torch.device, kind: str = "head",
+def _check_units(
+    unit_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
+    n_models: int, device: torch.device, kind: str,
 ) -> dict[int, torch.Tensor]:
-    """``head_source`` (or ``neuron_source``, ``kind="neuron"``) keyed by slot index,
-    validated: per-head (per-neuron) slots only, right shapes."""
+    """``head_source`` (``kind="head"``) or ``neuron_source`` (``kind="neuron"``) keyed by
+    slot index, validated: slots with units of that kind only, right shapes."""
     arg, which = f"{kind}_source", "q, k, v and o" if kind == "head" else "gate, up and down"
     index = {slot.name: s for s, slot in enumerate(slot_list)}
     out: dict[int, torch.Tensor] = {}
-    for name, tensor in head_source.items():
+    for name, tensor in unit_source.items():
         if name not in index:
             raise ValueError(f"{arg} names {name!r}, which is not a slot of this model")
         slot = slot_list[index[name]]
@@ -308,32 +300,8 @@ def _check_heads(
     return out
 
 
-def _gather_rows(positions: torch.Tensor):
-    """Pre-hook for the unembedding: keep only the hidden states at ``positions``."""
-
-    def hook(module: nn.Module, args: tuple) -> tuple:
-        hidden = args[0]
-        index = positions.to(hidden.device)[:, :, None].expand(-1, -1, hidden.shape[-1])
-        return (hidden.gather(1, index), *args[1:])
-
-    return hook
-
-
-@contextlib.contextmanager
-def _eval_mode(models: Sequence[nn.Module]) -> Iterator[None]:
-    """Eval mode for the call (no dropout); models already in it are left untouched."""
-    changed = [(m, m.training) for m in models if any(x.training for x in m.modules())]
-    try:
-        for m, _ in changed:
-            m.eval()
-        yield
-    finally:
-        for m, mode in changed:
-            m.train(mode)
-
-
 def _distinct(
-    models: Sequence[nn.Module], source: torch.Tensor, heads: dict[int, torch.Tensor],
+    models: Sequence[nn.Module], source: torch.Tensor, units: dict[int, torch.Tensor],
 ) -> tuple[list[nn.Module], torch.Tensor, dict[int, torch.Tensor]]:
     """One model object under several indices (``{"pre": pre, "sft": pre}``, the identity
     graft) is one model: its indices are merged, so no module is patched to call itself."""
@@ -346,9 +314,9 @@ def _distinct(
             distinct.append(m)
         remap.append(first[id(m)])
     if len(distinct) == len(models):
-        return list(models), source, heads
+        return list(models), source, units
     table = torch.tensor(remap, device=source.device)
-    return distinct, table[source], {s: table[h] for s, h in heads.items()}
+    return distinct, table[source], {s: table[u] for s, u in units.items()}
 
 
 def graft_forward(
@@ -442,59 +410,37 @@ def graft_call(
         )
     position_ids = position_ids_from_mask(attention_mask)[:, cached:]
 
-    heads = _check_heads(head_source or {}, slot_list, batch, seq, len(models), device)
-    heads.update(_check_heads(neuron_source or {}, slot_list, batch, seq, len(models), device, "neuron"))
-    models, source, heads = _distinct(models, source, heads)
+    units = _check_units(head_source or {}, slot_list, batch, seq, len(models), device, "head")
+    units.update(_check_units(neuron_source or {}, slot_list, batch, seq, len(models), device, "neuron"))
+    models, source, units = _distinct(models, source, units)
     columns = [source[:, :, s] for s in range(len(slot_list))]
-    handles: list = []
-    patched: list[tuple[nn.Module, object]] = []  # module, the instance forward it had
-    try:
-        if logit_positions is not None:
-            logit_positions = logit_positions.to(device=device, dtype=torch.long)
-            if logit_positions.dim() != 2 or logit_positions.shape[0] != batch:
-                raise ValueError("logit_positions must be [batch, k] position indices")
-            if int(logit_positions.min()) < 0 or int(logit_positions.max()) >= seq:
-                raise ValueError(f"logit_positions must lie in 0..{seq - 1}")
-            unembed = len(slot_list) - 1  # "unembed" is always the last slot
-            columns[unembed] = columns[unembed].gather(1, logit_positions)
-            head = base.get_submodule(slot_list[unembed].parts[0].path)
-            handles.append(head.register_forward_pre_hook(_gather_rows(logit_positions)))
+    with swaps() as swap:
+        if logit_positions is not None:  # "unembed" is always the last slot
+            logit_positions = swap.logit_rows(base.get_submodule(slot_list[-1].parts[0].path),
+                                              logit_positions.to(device), (batch, seq))
+            columns[-1] = columns[-1].gather(1, logit_positions)
         lookup = _Lookup(models)
-        for s, head_models in heads.items():
+        swapped_in: set[str] = set()  # modules grafted unit by unit on their input side (o, down)
+        out_units = {}
+        for s, unit_models in units.items():
             slot = slot_list[s]
             kind = slot.unit_kind()
-            if slot.unit_side(kind) != "in" or not bool((head_models != columns[s][..., None]).any()):
-                continue
-            (part,) = slot.parts
-            module = base.get_submodule(part.path)
-            width = len(slot.unit_columns(module, kind)[0])
-            patched.append((module, module.__dict__.get("forward")))
-            module.forward = _in_head_forward(part.path, lookup, head_models, columns[s], width, part.pos_axis)
-        def side(s: int) -> str | None:
-            return slot_list[s].unit_side(slot_list[s].unit_kind())
-
-        in_head = {slot_list[s].parts[0].path for s in heads if side(s) == "in"}
-        out_heads = {s: h for s, h in heads.items() if side(s) == "out"}
-        for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_heads).items():
-            if path in in_head and any(m is base.get_submodule(path) for m, _ in patched):
-                continue
-            module = base.get_submodule(path)
-            patched.append((module, module.__dict__.get("forward")))
-            module.forward = _dispatch_forward(path, lookup, groups, pos_axis)
-        with _eval_mode(models):
-            out = base(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=past_key_values,
-                use_cache=past_key_values is not None if use_cache is None else use_cache,
-            )
-    finally:
-        for h in handles:
-            h.remove()
-        for module, own in reversed(patched):
-            if own is None:
-                del module.forward  # back to the class's forward
-            else:
-                module.forward = own  # e.g. accelerate's device hook
-    return out
+            if slot.unit_side(kind) == "out":
+                out_units[s] = unit_models
+            elif bool((unit_models != columns[s][..., None]).any()):  # else the slot's map serves
+                (part,) = slot.parts
+                module = base.get_submodule(part.path)
+                width = len(slot.unit_columns(module, kind)[0])
+                swap.forward(module, _in_unit_forward(part.path, lookup, unit_models, columns[s], width, part.pos_axis))
+                swapped_in.add(part.path)
+        for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_units).items():
+            if path not in swapped_in:
+                swap.forward(base.get_submodule(path), _dispatch_forward(path, lookup, groups, pos_axis))
+        swap.eval_mode(models)
+        return base(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None if use_cache is None else use_cache,
+        )

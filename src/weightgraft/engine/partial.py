@@ -15,9 +15,8 @@ The integer ``graft_forward`` path is separate and untouched.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,12 +25,8 @@ from torch import nn
 from weightgraft.engine import lora, projections
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
-from weightgraft.engine.forward import (
-    _eval_mode,
-    _gather_rows,
-    _module_fn,
-    position_ids_from_mask,
-)
+from weightgraft.engine.forward import position_ids_from_mask
+from weightgraft.engine.swaps import Swaps, own_forward, swaps
 
 __all__ = ["PartialGraft", "partial_graft_forward"]
 
@@ -220,19 +215,15 @@ class PartialGraft:
         attention_mask = attention_mask.to(device)
         unembed_alpha = alpha[..., -1]  # "unembed" is always the last slot
         units = self._check_units(unit_alpha or {}, batch, seq, device)
-        with contextlib.ExitStack() as stack:
-            if logit_positions is not None:
-                logit_positions = logit_positions.to(device=device, dtype=torch.long)
-                if logit_positions.dim() != 2 or logit_positions.shape[0] != batch:
-                    raise ValueError("logit_positions must be [batch, k] position indices")
+        with swaps() as swap:
+            if logit_positions is not None:  # "unembed" is always the last slot
+                logit_positions = swap.logit_rows(self.base.get_submodule(self.slots[-1].parts[0].path),
+                                                  logit_positions.to(device), (batch, seq))
                 unembed_alpha = unembed_alpha.gather(1, logit_positions)
-                head = self.base.get_submodule(self.slots[-1].parts[0].path)
-                handle = head.register_forward_pre_hook(_gather_rows(logit_positions))
-                stack.callback(handle.remove)
             at_zero = first_order and not bool(alpha.detach().any()) and not any(
                 bool(u.detach().any()) for u in units.values())
-            stack.enter_context(self._patched(alpha, unembed_alpha, at_zero, units))
-            stack.enter_context(_eval_mode([self.base]))
+            self._swap_forwards(swap, alpha, unembed_alpha, at_zero, units)
+            swap.eval_mode([self.base])
             out = self.base(input_ids=input_ids, attention_mask=attention_mask,
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         return out.logits
@@ -281,32 +272,21 @@ class PartialGraft:
             offset += cols.shape[0]
         return side, index, split
 
-    @contextlib.contextmanager
-    def _patched(self, alpha: torch.Tensor, unembed_alpha: torch.Tensor, at_zero: bool,
-                 units: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
+    def _swap_forwards(self, swap: Swaps, alpha: torch.Tensor, unembed_alpha: torch.Tensor, at_zero: bool,
+                       units: dict[int, torch.Tensor]) -> None:
+        """Every module some slot owns computes ``base(x)`` plus its cells' shares of ``D(x)``."""
         unembed = len(self.slots) - 1
-        units = units or {}
-        patched: list[tuple[nn.Module, object]] = []
-        try:
-            for plan in self.plans:
-                module = self.base.get_submodule(plan.path)
-                coef = unembed_alpha[..., None] if plan.slots == [unembed] else alpha[..., plan.slots]
-                patched.append((module, module.__dict__.get("forward")))
-                if any(s in units for s in plan.slots):
-                    module.forward = self._unit_forward(module, plan, coef, units, at_zero)
-                    continue
-                module.forward = self._mixed_forward(module, plan, coef, at_zero)
-            yield
-        finally:
-            for module, own in reversed(patched):
-                if own is None:
-                    del module.forward
-                else:
-                    module.forward = own
+        for plan in self.plans:
+            module = self.base.get_submodule(plan.path)
+            coef = unembed_alpha[..., None] if plan.slots == [unembed] else alpha[..., plan.slots]
+            if any(s in units for s in plan.slots):
+                swap.forward(module, self._unit_forward(module, plan, coef, units, at_zero))
+            else:
+                swap.forward(module, self._mixed_forward(module, plan, coef, at_zero))
 
     def _mixed_forward(self, module: nn.Module, plan: _ModulePlan, coef: torch.Tensor, at_zero: bool) -> Callable:
         """``base(x) + a * D(x)``; ``coef`` is ``[batch, seq, len(plan.slots)]``."""
-        fn = _module_fn(module, True)
+        fn = own_forward(module)
         sign = self.sign
 
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -331,7 +311,7 @@ class PartialGraft:
         """``base(x)`` plus each unit's share of ``D``: output side (q/k/v, gate/up), column
         ``c`` gets ``a[unit(c)] * D(x)_c`` (slots of the module not split keep their own share);
         input side (o, down), ``(x * a[unit(column)]) ΔW`` plus the slot's share of ``Δb``."""
-        fn = _module_fn(module, True)
+        fn = own_forward(module)
         sign = self.sign
         side, index, split = self._unit_layout(plan, units)
         ucoef = torch.cat([units[s] for s in split], dim=-1)  # [batch, seq, U]

@@ -35,8 +35,7 @@ from weightgraft.experiments.metrics import (
     summarize,
 )
 from weightgraft.experiments.pairs import paired_differences
-from weightgraft.schemes.protocol import embeddings_tied
-from weightgraft.schemes.scheme import compile_scheme
+from weightgraft.schemes.binding import compile_for
 from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
 from weightgraft.schemes.selectors import (
     BUILTIN_POSITIONS,
@@ -44,7 +43,6 @@ from weightgraft.schemes.selectors import (
     position_names,
 )
 from weightgraft.experiments.store import ResultsStore, write_atomic
-from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.forward import slots
 from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.models.donors import default_loader, load_donor
@@ -130,12 +128,7 @@ def run_experiment(
         roles = {r: i for i, r in enumerate(used)}
         base = baselines(schemes, used[0])
         names = slots(first.model)
-        slot_heads = {s.name: s.heads for s in model_slots(first.model) if s.heads}
-        compiled = [
-            compile_scheme(s, names, roles, slot_heads, protocol=config.protocol,
-                           tied_embeddings=embeddings_tied(first.model))
-            for s in schemes
-        ]
+        compiled = compile_for(schemes, first.model, used, config.protocol)
         prepared = prepare(prompts, first.tokenizer, compiled, set_name, exclusions)
         served = served_slots(prepared, names)
         loaded = {used[0]: first}

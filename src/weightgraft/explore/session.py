@@ -13,21 +13,14 @@ from typing import Any
 
 import torch
 
-from weightgraft.api.batch import encode
-from weightgraft.api.inputs import (
-    GraftInputError,
-    as_scheme,
-    check_prompts,
-    check_roles,
-    check_tokenizer,
-    compile_for,
-)
 from weightgraft.api.tokens import tokens as token_table
 from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.forward import graft_forward, slots
 from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.explore.layout import layout
 from weightgraft.explore.requests import Cell, GraftRequest, Limits, RequestError, TokensRequest
+from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft
+from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import first_entity, token_span
 
 BASELINES = ("pre", "sft")
@@ -125,12 +118,11 @@ class Explorer:
     def rule_source(self, request: GraftRequest, base: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``[n_tokens, n_slots]`` role indices (and per-head maps) that ``rules`` give this
         prompt: the checks and compilation of ``wg.graft``, in this app's role order."""
-        try:
-            scheme = as_scheme(list(request.rules or []), base, base)
-            check_roles([scheme], self.roles)
-            spans = check_prompts([request.prompt], [request.spans])
-            (compiled,) = compile_for([scheme], self.models[0], self.roles, request.protocol)
-            (encoded,) = encode(self.tokenizer, [request.prompt], spans, compiled)
+        try:  # the app's role order (pre first) whatever the base: its source values index self.models
+            scheme = Scheme(name="graft", base=base, rules=list(request.rules or []))
+            prepared = prepare_graft(dict(zip(self.roles, self.models)), scheme, prompts=[request.prompt],
+                                     spans=[request.spans], protocol=request.protocol)
+            (encoded,) = prepared.encode(self.tokenizer, [request.prompt])
         except (GraftInputError, ValueError) as exc:
             raise RequestError(_one_line(exc)) from None
         return encoded.source, encoded.heads

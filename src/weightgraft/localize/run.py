@@ -6,10 +6,12 @@ Stages, each written when finished (a rerun skips what exists): ``parts/estimate
 .parquet``; ``parts/exact_{direction}_{n}.parquet`` per group of prompts (``exact_parts``: a
 killed run, or a raised ``exact:``, computes only the prompts no part holds); ``cells.parquet``
 (both joined); ``search.json`` (``found_sets``: search on fit prompts, refinement, controls,
-missed-effects estimate, held-out shares); ``parts/claims_*`` per SFT model and direction, and
-``claims.csv`` / ``claims_null.json`` (``claims.stage``: the claims as exact region grafts against
-their null; with ``reversal:``, claims 4-5 in the paper's setting, ``claims.reversal``); ``report/``.
-Without ``directions``, the prompts of the trained direction (``directions``).
+missed-effects estimate, held-out shares); ``stability.csv``; ``parts/claims_*`` per SFT model
+and direction, and ``claims.csv`` / ``claims_null.json`` (``claims.stage``: the claims as exact
+region grafts against their null; with ``reversal:``, claims 4-5 in the paper's setting,
+``claims.reversal``); ``report/`` (drawn by ``weightgraft.api.localize``, since ``report``
+builds on this package). Without ``directions``, the prompts of the trained direction
+(``directions``).
 
 Several SFT models (``models: {pre: X, sft: [A, B, C]}``, e.g. training seeds) are loaded one
 at a time, each mapped against ``pre``; ``cells.parquet``'s ``model`` column names each one's
@@ -223,9 +225,10 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
     return pd.concat(frames, ignore_index=True)
 
 
-def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = None,
-             progress: bool = True, load: Any = None) -> LocalizeResult:
-    """Run (or resume) a localize config; see the module docstring for what it writes.
+def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = None,
+                 progress: bool = True, load: Any = None) -> LocalizeResult:
+    """Run (or resume) a localize config; see the module docstring for what it writes (all but
+    the report page: ``weightgraft.api.localize.localize`` runs this, then draws it).
 
     ``load(spec, dtype)`` returns an object with ``model`` and ``tokenizer`` (default:
     ``weightgraft.models.load_model``)."""
@@ -319,9 +322,4 @@ def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = 
 
     stability_table(whole_cells(cells)).to_csv(run_dir / "stability.csv", index=False)
     write_claims(run_dir, claim_tables, claim_nulls)
-    report = None
-    if config.report:
-        from weightgraft.report.localize import write_localize_report
-
-        report = write_localize_report(run_dir)
-    return LocalizeResult(run_dir, cells, search, excluded, seconds, report, choice.note)
+    return LocalizeResult(run_dir, cells, search, excluded, seconds, None, choice.note)

@@ -1,26 +1,32 @@
-"""What a notebook call hands in, checked before any model runs: the model set (roles, base),
-the rules as one scheme, the prompts and their spans, the grafting protocol. Each problem is
-one line that names the bad input."""
+"""Preparing a graft: the one place where what a caller hands in (models by role, rules or
+schemes, prompts and their spans, a tokenizer, a protocol) is checked and bound to a model,
+before anything runs. Every front door (``wg.graft``, ``compare``, ``generate``, ``grafted``,
+``explain``), the runner and explore come through here, so a check or an error message is
+written once. Each problem is one line that names the bad input (:class:`GraftInputError`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
-from weightgraft.schemes.protocol import PROTOCOLS, embeddings_tied
-from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme
-from weightgraft.engine.activations import activation_names
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.forward import slots
 from weightgraft.engine.precision import batch_invariant_attention
+from weightgraft.schemes.protocol import PROTOCOLS, embeddings_tied
+from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme
+from weightgraft.schemes.selectors import SpanNotFound
 
 Rules = Rule | Sequence[Rule] | Scheme
 Spans = Sequence[Mapping[str, SpanSpec] | None] | None
 
 
 class GraftInputError(ValueError):
-    """A notebook call whose inputs cannot be grafted as given (raised before any compute)."""
+    """A call whose inputs cannot be grafted as given (raised before any compute)."""
 
 
 def check_protocol(protocol: str) -> str:
@@ -112,32 +118,98 @@ def check_tokenizer(tokenizer: Any) -> None:
 
 
 def compile_for(schemes: Sequence[Scheme], model: Any, roles: Sequence[str], protocol: str) -> list[CompiledScheme]:
-    """Schemes bound to the base model's slots and the role order; selector errors (a bad layer
-    or component) become one line naming the scheme."""
+    """Schemes bound to the base model's slots and the role order (a scheme's role ``r`` is
+    source value ``roles.index(r)``). A selector that does not fit the model (a bad layer or
+    component) is a ``SelectorError`` naming the scheme: a run's config error; the front doors
+    see it as a :class:`GraftInputError` (:func:`input_errors`)."""
     check_protocol(protocol)
     names = slots(model)
     slot_heads = {s.name: s.heads for s in model_slots(model) if s.heads}
     index = {r: i for i, r in enumerate(roles)}
+    return [compile_scheme(s, names, index, slot_heads, protocol=protocol,
+                           tied_embeddings=embeddings_tied(model)) for s in schemes]
+
+
+@contextmanager
+def input_errors() -> Iterator[None]:
+    """A ``ValueError`` raised inside (a selector that does not fit the model) as one
+    :class:`GraftInputError` line, the error a notebook call raises for its inputs."""
     try:
-        return [compile_scheme(s, names, index, slot_heads, protocol=protocol,
-                               tied_embeddings=embeddings_tied(model)) for s in schemes]
+        yield
+    except GraftInputError:
+        raise
     except ValueError as exc:
         raise GraftInputError(str(exc)) from exc
 
 
-def check_cache(cache: bool | Sequence[str], model: Any) -> list[str]:
-    """The activation names ``cache=`` asks for (``True``: all of them), each one the model has."""
-    if cache is False or cache is None:
-        return []
-    known = activation_names(model)
-    if cache is True:
-        return known
-    if isinstance(cache, str) or not isinstance(cache, Sequence):
-        raise GraftInputError("cache must be True or a list of activation names, e.g. ['layers.3.resid_post']")
-    unknown = [n for n in cache if n not in known]
-    if unknown:
-        raise GraftInputError(
-            f"cache names {unknown[0]!r}, which this model does not have; names look like "
-            f"{', '.join(known[:3])}, ..., {known[-2]} (weightgraft.engine.activations.activation_names)"
-        )
-    return list(dict.fromkeys(cache))
+@dataclass(frozen=True)
+class Encoded:
+    """One prompt's tokens and its compiled source map."""
+
+    input_ids: list[int]
+    source: torch.Tensor  # [n_tokens, n_slots]
+    heads: dict[str, torch.Tensor]  # slot name -> [n_tokens, heads]
+
+
+def encode(
+    tokenizer: Any, prompts: Sequence[str], spans: Sequence[Mapping[str, tuple[int, int]]],
+    compiled: CompiledScheme,
+) -> list[Encoded]:
+    """Tokens and source map of every prompt; a rule that selects no token of a prompt (or a
+    span it lacks) is an error naming that prompt, never a silently ungrafted row."""
+    out = []
+    for i, (prompt, prompt_spans) in enumerate(zip(prompts, spans, strict=True)):
+        enc = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=True)
+        if not enc["input_ids"]:
+            raise GraftInputError(f"prompt {i} ({prompt!r}) tokenizes to nothing")
+        try:
+            source, heads = compiled.sources(enc["offset_mapping"], prompt_spans)
+        except SpanNotFound as exc:
+            hint = (" (wg.tokens(tokenizer, prompt, spans) shows its tokens and their labels)" if prompt_spans
+                    else " (pass spans=[{name: substring or (start, end)}, ...])")
+            raise GraftInputError(f"prompt {i} ({prompt!r}): {exc}{hint}") from exc
+        out.append(Encoded(list(enc["input_ids"]), source, heads))
+    return out
+
+
+@dataclass(frozen=True)
+class PreparedGraft:
+    """A graft checked and bound to its models, ready for the engine: the roles with the engine's
+    base first and their models in that order (a source value ``i`` is ``models[i]``), the
+    schemes and each one compiled against ``models[0]``, and, when prompts were given, each
+    prompt's named spans as character offsets."""
+
+    roles: list[str]
+    models: list[Any]
+    schemes: list[Scheme]
+    compiled: list[CompiledScheme]
+    spans: list[dict[str, tuple[int, int]]]
+
+    def encode(self, tokenizer: Any, prompts: Sequence[str]) -> list[Encoded]:
+        """The prompts' tokens and source maps under the one scheme (see :func:`encode`)."""
+        (compiled,) = self.compiled
+        return encode(tokenizer, list(prompts), self.spans, compiled)
+
+
+def prepare_graft(
+    models: Mapping[str, Any], rules: Rules | Sequence[Scheme], *, base: str | None = None,
+    many: bool = False, prompts: Sequence[str] | None = None, spans: Spans = None,
+    tokenizer: Any = None, protocol: str = "paper",
+) -> PreparedGraft:
+    """Check and bind a graft, in this order: the models (``base`` first, else the first role);
+    the rules as one scheme over the base (``many``: a list of Schemes as given, with distinct
+    names, or the rules as one); the roles they use; the prompts and their spans and the
+    tokenizer, when given; each scheme compiled against the base model."""
+    roles, ordered = ordered_models(models, base)
+    schemes = as_schemes(rules, roles[0], base) if many else [as_scheme(rules, roles[0], base)]
+    names = [s.name for s in schemes]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise GraftInputError(f"two schemes are named {dup!r}; rows are keyed by scheme name")
+    check_roles(schemes, roles)
+    prompt_spans = check_prompts(prompts, spans) if prompts is not None else []
+    if tokenizer is not None:
+        check_tokenizer(tokenizer)
+    with input_errors():
+        compiled = compile_for(schemes, ordered[0], roles, protocol)
+    return PreparedGraft(roles, ordered, schemes, compiled, prompt_spans)
