@@ -193,7 +193,7 @@ def test_reversal_setting_tests_claims_4_5_where_the_paper_made_them(tmp_path):
     from tiny_world import loader, write_world
 
     from weightgraft.data.prompts import DatasetError
-    from weightgraft.localize import localize
+    from weightgraft.localize import run_localize as localize
     from weightgraft.localize.config import parse_localize_config
 
     raw = {"data": str(write_world(tmp_path / "data", n=4)), "out": str(tmp_path / "run"), "templates": ["headline"],
