@@ -7,17 +7,12 @@ import torch
 
 from weightgraft.engine.attribution import donor_logprobs, graft_attribution, graft_metric
 from weightgraft.engine.partial import PartialGraft
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny
+from tiny_models import TINY_CONFIGS, tiny_models
 
 ARCHS = sorted(TINY_CONFIGS)
 # Architectures whose HF modules compute in the model's dtype throughout (LayerNorm); the
 # RMSNorms of the others normalize in float32 even in a float64 model.
 FLOAT64_CLEAN = {"gpt2", "gpt_neox", "stablelm"}
-
-
-def _pair(model_type: str) -> PartialGraft:
-    base = make_tiny(model_type, seed=0).double()
-    return PartialGraft(base, make_donor(base, seed=1).double())
 
 
 def _batch(seq: int = 6):
@@ -30,7 +25,7 @@ def _batch(seq: int = 6):
 @pytest.mark.parametrize("metric", ["logprob", "logit_diff", "kl"])
 @pytest.mark.parametrize("model_type", ARCHS)
 def test_gradient_matches_finite_difference(model_type, metric):
-    pair = _pair(model_type)
+    pair = PartialGraft(*tiny_models(model_type, 2, torch.float64))
     ids, mask, pos, targets = _batch()
     n_slots = len(pair.slots)
     gen = torch.Generator().manual_seed(1)
@@ -67,7 +62,7 @@ def test_gradient_is_exact_with_float64_rmsnorm(monkeypatch, metric):
         return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
     monkeypatch.setattr(llama.LlamaRMSNorm, "forward", forward)
-    pair = _pair("llama")
+    pair = PartialGraft(*tiny_models("llama", 2, torch.float64))
     ids, mask, pos, targets = _batch()
     alpha = torch.rand(2, ids.shape[1], len(pair.slots), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     distractors = torch.tensor([7, 11])
@@ -86,7 +81,7 @@ def test_gradient_is_exact_with_float64_rmsnorm(monkeypatch, metric):
 
 @pytest.mark.parametrize("model_type", ["gpt2", "llama", "qwen3"])
 def test_cells_that_cannot_matter_get_zero(model_type):
-    pair = _pair(model_type)
+    pair = PartialGraft(*tiny_models(model_type, 2, torch.float64))
     ids, mask, pos, targets = _batch()
     grad = graft_attribution(pair, ids, pos, targets, attention_mask=mask)
     names = [s.name for s in pair.slots]
@@ -101,7 +96,7 @@ def test_cells_that_cannot_matter_get_zero(model_type):
 
 @pytest.mark.parametrize("model_type", ["gpt2", "gemma2", "phi3"])
 def test_integrated_gradients_add_up_to_the_total_change(model_type):
-    pair = _pair(model_type)
+    pair = PartialGraft(*tiny_models(model_type, 2, torch.float64))
     ids, mask, pos, targets = _batch(5)
     ig = graft_attribution(pair, ids, pos, targets, attention_mask=mask, steps=24)
     n_slots = len(pair.slots)
@@ -114,7 +109,7 @@ def test_integrated_gradients_add_up_to_the_total_change(model_type):
 
 
 def test_weights_keep_their_requires_grad():
-    pair = _pair("llama")
+    pair = PartialGraft(*tiny_models("llama", 2, torch.float64))
     ids, mask, pos, targets = _batch()
     before = [p.requires_grad for p in pair.base.parameters()]
     graft_attribution(pair, ids, pos, targets, attention_mask=mask)
@@ -124,7 +119,7 @@ def test_weights_keep_their_requires_grad():
 
 @pytest.mark.parametrize("model_type", ARCHS)
 def test_first_order_shortcut_at_zero_gives_the_same_gradient(model_type):
-    pair = _pair(model_type)
+    pair = PartialGraft(*tiny_models(model_type, 2, torch.float64))
     ids, mask, pos, targets = _batch()
     grads = []
     for first_order in (True, False):

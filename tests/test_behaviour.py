@@ -175,7 +175,7 @@ def test_recovery_flags_a_tiny_gap():
         "answer_logprob": [-6.0, -2.0, -3.0, -4.0, -3.99, -3.995], "base_scheme": "PRE", "donor_scheme": "SFT",
     })
     out = add_recovery(frame)
-    assert out.recovery.tolist()[:3] == [0.0, 1.0, 0.75]
+    assert out.recovery.tolist()[:3] == pytest.approx([0.0, 1.0, 0.75], abs=1e-12)
     assert out.recovery_small_gap.tolist() == [False] * 3 + [True] * 3
     pairs = paired_differences(out.assign(finite=True), [SchemePair(a="G", b="PRE")], metrics=["recovery", "answer_logprob"])
     assert pairs.set_index("metric").loc["recovery", "n"] == 1  # the small-gap example is left out

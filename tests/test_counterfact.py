@@ -45,6 +45,24 @@ def test_rome_layout_json(tmp_path):
     assert (q.answer, q.distractor) == (SECOND[1], SECOND[2])
 
 
+def test_a_subject_that_recurs_is_where_the_template_put_it(tmp_path):
+    """"Paris" of "The mayor of Paris, Texas, is not the mayor of {}" is the second one; a
+    filled-in prompt with the subject twice is refused with both places named."""
+    rec = {"case_id": 1, "requested_rewrite": {
+        "prompt": "The mayor of Paris, Texas, is not the mayor of {}, whose river is the",
+        "subject": "Paris", "target_new": {"str": "Thames"}, "target_true": {"str": "Seine"}}}
+    src = tmp_path / "cf.json"
+    src.write_text(json.dumps([rec]))
+    convert(src, tmp_path / "out")
+    (p,) = load_test_prompts(tmp_path / "out")
+    assert p.spans["subject"] == (47, 52) and p.prompt[47:52] == "Paris"
+    flat = tmp_path / "flat.jsonl"
+    flat.write_text(json.dumps({"prompt": "Paris is the capital; Paris lies on the", "subject": "Paris",
+                                "target_true": "Seine", "target_false": "Thames"}) + "\n")
+    with pytest.raises(DatasetError, match=r"flat\.jsonl:1: .*occurs 2 times.*\(0, 5\), \(22, 27\)"):
+        convert(flat, tmp_path / "flat_out")
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_flat_layout_and_training_texts(tmp_path, fmt):
     src = tmp_path / f"cf.{fmt}"

@@ -12,19 +12,10 @@ import weightgraft as wg
 from weightgraft.engine.architectures import UnsupportedArchitectureError, model_slots
 from weightgraft.engine.compat import ModelMismatchError
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny
+from tiny_models import TINY_CONFIGS, make_donor, make_tiny, random_ids, tiny_models
 
 ARCHS = sorted(TINY_CONFIGS)
 TOL = 1e-4
-
-
-def _models(model_type: str, n: int) -> list[torch.nn.Module]:
-    base = make_tiny(model_type, seed=0)
-    return [base] + [make_donor(base, seed=i) for i in range(1, n)]
-
-
-def _ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(3, 64, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
 def _random_source(models, batch, seq, seed) -> torch.Tensor:
@@ -37,8 +28,8 @@ def _random_source(models, batch, seq, seed) -> torch.Tensor:
 @pytest.mark.parametrize("model_type", ARCHS)
 @torch.no_grad()
 def test_random_source_maps_match_the_per_token_definition(model_type, n_models):
-    models = _models(model_type, n_models)
-    ids = _ids(2, 9)
+    models = tiny_models(model_type, n_models)
+    ids = random_ids(2, 9)
     for seed in range(2):
         source = _random_source(models, 2, 9, seed)
         fast = wg.graft_forward(models, ids, source)
@@ -51,8 +42,8 @@ def test_random_source_maps_match_the_per_token_definition(model_type, n_models)
 @pytest.mark.parametrize("model_type", ARCHS)
 @torch.no_grad()
 def test_uniform_sources_reproduce_each_model(model_type):
-    models = _models(model_type, 3)
-    ids = _ids(2, 7)
+    models = tiny_models(model_type, 3)
+    ids = random_ids(2, 7)
     shape = (2, 7, len(wg.slots(models[0])))
     for m, model in enumerate(models):
         got = wg.graft_forward(models, ids, torch.full(shape, m))
@@ -63,7 +54,7 @@ def test_uniform_sources_reproduce_each_model(model_type):
 @pytest.mark.parametrize("model_type", ARCHS)
 @torch.no_grad()
 def test_padded_batch_equals_one_sequence_at_a_time(model_type, padding_side):
-    models = _models(model_type, 3)
+    models = tiny_models(model_type, 3)
     lengths = [9, 5, 7]
     seq = max(lengths)
     ids = torch.zeros(len(lengths), seq, dtype=torch.long)
@@ -71,7 +62,7 @@ def test_padded_batch_equals_one_sequence_at_a_time(model_type, padding_side):
     source = _random_source(models, len(lengths), seq, seed=3)
     rows = []
     for b, n in enumerate(lengths):
-        row = _ids(1, n, seed=10 + b)[0]
+        row = random_ids(1, n, seed=10 + b)[0]
         span = slice(0, n) if padding_side == "right" else slice(seq - n, seq)
         ids[b, span], mask[b, span] = row, 1
         rows.append(span)
@@ -89,10 +80,10 @@ def test_fused_and_separate_qkv_graft_the_right_projection(model_type):
     """Independent of the slot table: with the donor's q at position 0 only, nothing changes
     (position 0 attends to one key; later positions never read q_0); with k at position 0 only,
     position 0 is unchanged but later positions move; with v at position 0, position 0 moves."""
-    models = _models(model_type, 2)
+    models = tiny_models(model_type, 2)
     base = models[0]
     names = wg.slots(base)
-    ids = _ids(1, 6)
+    ids = random_ids(1, 6)
     plain = base(ids).logits
     for comp in ("q", "k", "v"):
         source = torch.zeros(1, 6, len(names), dtype=torch.long)
@@ -114,7 +105,7 @@ def test_embed_graft_on_tied_model_leaves_unembedding(model_type):
     base = make_tiny(model_type)
     donor = make_donor(base, seed=1)
     assert base.get_input_embeddings().weight is base.get_output_embeddings().weight
-    ids = _ids(2, 6)
+    ids = random_ids(2, 6)
     names = wg.slots(base)
     source = torch.zeros(2, 6, len(names), dtype=torch.long)
     embeds = [i for i, n in enumerate(names) if n in ("embed", "pos_embed")]
@@ -149,9 +140,9 @@ def test_every_parameter_belongs_to_exactly_one_slot_name(model_type):
 
 @torch.no_grad()
 def test_source_is_not_modified_and_models_stay_untouched():
-    models = _models("llama", 2)
+    models = tiny_models("llama", 2)
     before = [p.clone() for p in models[1].parameters()]
-    ids = _ids(1, 5)
+    ids = random_ids(1, 5)
     source = _random_source(models, 1, 5, seed=0)
     keep = source.clone()
     wg.graft_forward(models, ids, source)
@@ -182,7 +173,7 @@ def test_mismatched_models_are_refused_naming_the_tensor():
     wider = copy.deepcopy(TINY_CONFIGS["llama"])
     wider.intermediate_size = 64
     other = T.AutoModelForCausalLM.from_config(wider)
-    ids = _ids(1, 4)
+    ids = random_ids(1, 4)
     source = torch.zeros(1, 4, len(wg.slots(base)), dtype=torch.long)
     with pytest.raises(ModelMismatchError, match=r"model\.layers\.0\.mlp\.gate_proj\.weight"):
         wg.graft_forward([base, other], ids, source)
@@ -195,8 +186,8 @@ def test_mismatched_models_are_refused_naming_the_tensor():
 
 
 def test_bad_source_is_refused():
-    models = _models("llama", 2)
-    ids = _ids(1, 4)
+    models = tiny_models("llama", 2)
+    ids = random_ids(1, 4)
     n = len(wg.slots(models[0]))
     with pytest.raises(ValueError, match="shape"):
         wg.graft_forward(models, ids, torch.zeros(1, 4, n - 1, dtype=torch.long))
@@ -219,8 +210,8 @@ def test_slot_table_is_bound_to_real_modules():
 @pytest.mark.parametrize("model_type", ["gpt2", "gemma2", "llama"])
 @torch.no_grad()
 def test_logits_at_chosen_positions_equal_the_full_logits(model_type):
-    models = _models(model_type, 3)
-    ids = _ids(3, 8)
+    models = tiny_models(model_type, 3)
+    ids = random_ids(3, 8)
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0  # right padding: row 1 ends at position 5
     source = _random_source(models, 3, 8, seed=5)
@@ -237,8 +228,8 @@ def test_logits_at_chosen_positions_equal_the_full_logits(model_type):
 @pytest.mark.parametrize("model_type", ["gemma", "gpt_neox"])
 @torch.no_grad()
 def test_papers_copy_per_position_procedure_equals_the_incremental_oracle(model_type):
-    models = _models(model_type, 3)
-    ids = _ids(2, 6)
+    models = tiny_models(model_type, 3)
+    ids = random_ids(2, 6)
     source = _random_source(models, 2, 6, seed=7)
     fresh = per_token_forward(models, ids, source, copy_per_position=True)
     incremental = per_token_forward(models, ids, source)
@@ -260,8 +251,8 @@ def _random_heads(models, batch, seq, seed) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("model_type", ARCHS)
 @torch.no_grad()
 def test_per_head_maps_match_the_per_token_definition(model_type):
-    models = _models(model_type, 3)
-    ids = _ids(2, 8)
+    models = tiny_models(model_type, 3)
+    ids = random_ids(2, 8)
     source = _random_source(models, 2, 8, seed=5)
     heads = _random_heads(models, 2, 8, seed=6)
     assert set(heads) >= {"layers.0.q", "layers.0.o"}
@@ -295,7 +286,7 @@ def test_one_donor_head_changes_only_through_that_head(model_type):
             target.weight[:, cols[h]] = module.weight[:, cols[h]]
     if target.bias is not None:
         target.bias.copy_(module.bias)
-    ids = _ids(1, 6)
+    ids = random_ids(1, 6)
     names = wg.slots(base)
     source = torch.zeros(1, 6, len(names), dtype=torch.long)
     head_map = torch.zeros(1, 6, slot.heads, dtype=torch.long)
@@ -309,8 +300,8 @@ def test_one_donor_head_changes_only_through_that_head(model_type):
 
 
 def test_bad_head_source_is_refused():
-    models = _models("llama", 2)
-    ids = _ids(1, 4)
+    models = tiny_models("llama", 2)
+    ids = random_ids(1, 4)
     source = torch.zeros(1, 4, len(wg.slots(models[0])), dtype=torch.long)
     with pytest.raises(ValueError, match="cannot be grafted per head"):
         wg.graft_forward(models, ids, source, head_source={"layers.0.up": torch.zeros(1, 4, 4, dtype=torch.long)})

@@ -1,12 +1,10 @@
 """``weightgraft explore``: the HTTP API against the real app on tiny models (equal to
-``wg.graft``, explicit cells, refusals, no client paths), a run's and a localize run's outputs,
-and the page itself in headless Chromium (skipped where no browser is installed)."""
+``wg.graft``, explicit cells, refusals, no client paths), a run's and a localize run's outputs
+(the page itself in a browser: test_explore_browser.py)."""
 
 from __future__ import annotations
 
-import shutil
-import threading
-import time
+import re
 
 import pytest
 import torch
@@ -19,6 +17,8 @@ from weightgraft.explore.serve import is_loopback
 from weightgraft.explore.session import Explorer
 
 PROMPT = "Keanu Reeves starred in a movie with"
+SERVED = "http://127.0.0.1:8765"  # the address create_app answers by default
+JSON = {"content-type": "application/json"}
 SPANS = {"actor": "Keanu Reeves", "relation": "starred in"}
 
 
@@ -30,7 +30,7 @@ def pair(tiny_pair):
 @pytest.fixture(scope="module")
 def client(pair, tiny_tok):
     pre, sft = pair
-    return TestClient(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok)))
+    return TestClient(base_url=SERVED, app=create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok)))
 
 
 def _expected(pair, tok, rules, base="pre", spans=SPANS):
@@ -142,11 +142,11 @@ def test_malformed_requests_get_a_one_line_4xx(client, body, match):
 def test_bodies_that_are_not_requests(pair, tiny_tok):
     pre, sft = pair
     limits = Limits(max_body_bytes=2000, max_prompt_chars=60, max_tokens=40, max_k=20)
-    client = TestClient(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok, limits)))
+    client = TestClient(base_url=SERVED, app=create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok, limits)))
     cases = [
-        (client.post("/api/graft", content=b"{not json"), 400, "not JSON"),
+        (client.post("/api/graft", content=b"{not json", headers=JSON), 400, "not JSON"),
         (client.post("/api/graft", json=[PROMPT]), 400, "JSON object"),
-        (client.post("/api/graft", content=b""), 400, "JSON object"),
+        (client.post("/api/graft", content=b"", headers=JSON), 400, "JSON object"),
         (client.post("/api/graft", json={"prompt": "x" * 3000}), 413, "limit"),
         (client.post("/api/tokens", json={"prompt": "x" * 61}), 400, "at most 60"),
         (client.post("/api/tokens", json={"prompt": "ab " * 15}), 400, "at most 40"),
@@ -179,7 +179,7 @@ def test_an_unexpected_failure_is_one_json_line(pair, tiny_tok, monkeypatch):
     pre, sft = pair
     explorer = Explorer({"pre": pre, "sft": sft}, tiny_tok)
     monkeypatch.setattr(explorer, "_logits", lambda *a: (_ for _ in ()).throw(RuntimeError("boom\nsecond line")))
-    client = TestClient(create_app(explorer), raise_server_exceptions=False)
+    client = TestClient(create_app(explorer), base_url=SERVED, raise_server_exceptions=False)
     res = client.post("/api/graft", json={"prompt": PROMPT})
     assert res.status_code == 500 and res.json() == {"error": "internal error: RuntimeError: boom second line"}
 
@@ -200,6 +200,17 @@ def test_info_lays_out_every_slot(client, pair):
     assert sorted(placed) == list(range(len(info["slots"])))
     names = {s["name"] for s in info["schemes"]["position"]["sft2pre"]}
     assert {"FE", "LT", "FE+LT", "(FE+LT)^C", "FE^C", "LT^C"} <= names
+
+
+def test_every_result_names_its_protocol_and_what_it_means(client):
+    from weightgraft.schemes.protocol import PROTOCOLS
+
+    meanings = client.get("/api/info").json()["schemes"]["protocols"]
+    assert set(meanings) == set(PROTOCOLS) and all(len(m) > 20 and "\n" not in m for m in meanings.values())
+    for protocol in PROTOCOLS:
+        res = client.post("/api/graft", json={"prompt": PROMPT, "spans": SPANS, "protocol": protocol, "k": 2,
+                                              "rules": [{"model": "sft", "positions": "first_entity+last"}]})
+        assert res.status_code == 200 and res.json()["protocol"] == protocol
 
 
 def test_hosts():
@@ -264,10 +275,9 @@ def test_run_and_localize_outputs(outputs):
 
     run_dir, loc_dir, pre, sft = outputs
     explorer = Explorer({"pre": pre.model, "sft": sft.model}, pre.tokenizer)
-    client = TestClient(create_app(explorer, RunView(run_dir), LocalizeView(loc_dir)))
+    client = TestClient(base_url=SERVED, app=create_app(explorer, RunView(run_dir), LocalizeView(loc_dir)))
     run = client.get("/api/run").json()
-    assert {"scheme", "template", "top1"} <= set(run["columns"]) and run["rows"]
-    assert {r["scheme"] for r in run["rows"]} >= {"PRE", "SFT", "FE", "LT"}
+    assert run["rows"] and {r["scheme"] for r in run["rows"]} >= {"PRE", "SFT", "FE", "LT"}
     assert run["figures"], "the run's report figures are listed"
     fig = client.get(f"/api/run/figures/{run['figures'][0]['index']}")
     assert fig.status_code == 200 and fig.content[:4] == b"\x89PNG"
@@ -312,6 +322,29 @@ def test_run_and_localize_outputs(outputs):
     assert {(c["position_label"], c["slot"]) for c in search["cells"]} <= keys
 
 
+def test_the_run_table_shows_every_metric_the_report_shows(outputs):
+    """Each row of the report's summary tables (summary.md) is a row of the page's table, cell
+    for cell, under the same headers; recovery is a number, not an empty column."""
+    from weightgraft.explore.artifacts import RunView
+    from weightgraft.report.tables import TABLE_HEADER
+
+    run_dir = outputs[0]
+    view = RunView(run_dir)
+    assert view.columns[: -len(TABLE_HEADER) - 1][:1] == ["template"]
+    assert list(TABLE_HEADER) == view.columns[view.columns.index("scheme"):][: len(TABLE_HEADER)]
+    page = {tuple(r["cells"][view.columns.index("scheme"):][: len(TABLE_HEADER)]) for r in view.rows}
+    report_rows = [tuple(c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1])
+                   for line in (run_dir / "report" / "summary.md").read_text().splitlines()
+                   if line.startswith("| ") and not line.startswith("| scheme |")]
+    report_rows = [r for r in report_rows if len(r) == len(TABLE_HEADER)]
+    assert len(report_rows) == len(view.rows) and set(report_rows) == page
+    recovery = view.columns.index("recovery (first token)")
+    assert any(r["cells"][recovery][:1].isdigit() or r["cells"][recovery].startswith("-") for r in view.rows)
+    if "recovery (whole answer)" in view.columns:
+        whole = view.columns.index("recovery (whole answer)")
+        assert any(r["cells"][whole] != "n/a" for r in view.rows)
+
+
 def test_views_refuse_directories_of_the_wrong_kind(tmp_path):
     from weightgraft.explore.artifacts import LocalizeView, RunView
 
@@ -319,75 +352,3 @@ def test_views_refuse_directories_of_the_wrong_kind(tmp_path):
         RunView(tmp_path)
     with pytest.raises(ValueError, match="cells.parquet"):
         LocalizeView(tmp_path)
-
-
-# ---------------------------------------------------------------- the page in a browser
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _browser_or_skip():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("no playwright Python package: pip install playwright to run the browser test")
-    if CHROMIUM is None:
-        pytest.skip("no chromium on this machine (apt-get install chromium) for the browser test")
-    return sync_playwright
-
-
-def test_page_paints_a_cell_and_the_top_k_moves(pair, tiny_tok):
-    sync_playwright = _browser_or_skip()
-    import uvicorn
-
-    from weightgraft.explore.serve import free_port
-
-    pre, sft = pair
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok)),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 30
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert server.started
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.wait_for_selector("body[data-ready]", timeout=30000)
-            page.fill("#prompt", PROMPT)
-            page.fill("#spans", "first_actor=Keanu Reeves")
-            page.fill("#answer", "Tom")
-            page.wait_for_function("() => document.querySelector('#answer-box table') !== null", timeout=30000)
-            page.wait_for_timeout(800)  # let the debounced requests of the typing settle
-            seq = page.eval_on_selector("body", "b => b.dataset.ready")
-            before = page.inner_text("#top [data-model=graft]")
-            pre_shown = page.inner_text("#top [data-model=pre]")
-            assert before.splitlines()[1:] == pre_shown.splitlines()[1:]  # nothing painted: the graft is PRE
-            # paint the last position's attention q/k/v in layer 0 (the grid's bottom row)
-            cell = page.locator("#grids .block").first.locator(".grid:not(.heat) .c").last
-            cell.click()
-            page.wait_for_function(f"() => document.body.dataset.ready !== '{seq}'", timeout=30000)
-            after = page.inner_text("#top [data-model=graft]")
-            assert after.splitlines()[1:] != before.splitlines()[1:]
-            # what the page shows is what the API computes for that cell
-            names = wg.slots(pre)
-            last = len(tiny_tok(PROMPT)["input_ids"]) - 1
-            out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, [PROMPT], wg.Rule(
-                model="sft", positions=str(last), layers="0", components="attn"))
-            assert "layers.0.q" in names
-            first = out.top(1)[0][0][0]
-            assert after.splitlines()[1] == first or first.strip() in after.splitlines()[1]
-            # a scheme button: FE+LT
-            page.click("#position-schemes button:text-is('FE+LT')")
-            page.wait_for_function("() => document.querySelector('button.scheme.on') !== null")
-            assert not errors, errors
-            browser.close()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

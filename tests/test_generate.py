@@ -13,7 +13,7 @@ from weightgraft.api.generate import generate
 from weightgraft.engine.generate import generate_one
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny, tiny_tokenizer
+from tiny_models import TINY_CONFIGS, make_donor, make_tiny, tiny_models, tiny_tokenizer
 
 PROMPT = "The Eiffel Tower is in"
 SPANS = {"subject": "Eiffel Tower"}
@@ -21,11 +21,6 @@ RULES = [  # subject tokens, the last token (and so every new token) and one lay
     Rule(model="sft", positions="first_entity+last", layers="-1", components="attn"),
     Rule(model="sft", positions="0", layers="0", components="ffn"),
 ]
-
-
-def _pair(arch: str, tok):
-    base = make_tiny(arch, seed=0, vocab_size=len(tok)).double()
-    return base, make_donor(base, seed=1).double()
 
 
 def _compiled(base, scheme: Scheme):
@@ -36,7 +31,7 @@ def _compiled(base, scheme: Scheme):
 @pytest.mark.parametrize("arch", sorted(TINY_CONFIGS))
 def test_generation_equals_per_token_definition(arch):
     tok = tiny_tokenizer()
-    base, donor = _pair(arch, tok)
+    base, donor = tiny_models(arch, 2, torch.float64, vocab_size=len(tok))
     scheme = Scheme(name="graft", rules=RULES)
     with float64_exact([base, donor]):
         out = generate_one([base, donor], tok, PROMPT, _compiled(base, scheme), SPANS,
@@ -57,7 +52,7 @@ def test_generation_equals_per_token_definition(arch):
 def test_last_token_rules_follow_the_new_token():
     """A rule on position -1 (the last) moves with generation; one on position 1 stays put."""
     tok = tiny_tokenizer()
-    base, donor = _pair("llama", tok)
+    base, donor = tiny_models("llama", 2, torch.float64, vocab_size=len(tok))
     scheme = Scheme(name="s", rules=[Rule(model="sft", positions="1+-1", components="body")])
     out = generate_one([base, donor], tok, PROMPT, _compiled(base, scheme), max_new_tokens=4,
                        stop_at_eos=False)
@@ -72,7 +67,7 @@ def test_last_token_rules_follow_the_new_token():
 
 def test_per_head_rules_generate_exactly():
     tok = tiny_tokenizer()
-    base, donor = _pair("qwen2", tok)
+    base, donor = tiny_models("qwen2", 2, torch.float64, vocab_size=len(tok))
     scheme = Scheme(name="h", rules=[Rule(model="sft", positions="last", components="q+o", heads="0,2")])
     out = generate_one([base, donor], tok, PROMPT, _compiled(base, scheme), max_new_tokens=4, stop_at_eos=False)
     n = len(tok(PROMPT)["input_ids"])
@@ -87,7 +82,7 @@ def test_per_head_rules_generate_exactly():
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2", "phi3"])
 def test_no_rules_is_base_generate_and_all_donor_is_donor_generate(arch):
     tok = tiny_tokenizer()
-    base, donor = _pair(arch, tok)
+    base, donor = tiny_models(arch, 2, torch.float64, vocab_size=len(tok))
     prompts = [PROMPT, "Paris is the capital of"]
     every = Scheme(name="donor", base="sft")
     for model, scheme in ((base, None), (donor, every)):
@@ -101,7 +96,7 @@ def test_no_rules_is_base_generate_and_all_donor_is_donor_generate(arch):
 
 def test_sampling_is_seeded_and_inputs_are_checked():
     tok = tiny_tokenizer()
-    base, donor = _pair("llama", tok)
+    base, donor = tiny_models("llama", 2, torch.float64, vocab_size=len(tok))
     a = generate([base, donor], tok, PROMPT, RULES, 8, do_sample=True, spans=SPANS, seed=3)
     b = generate([base, donor], tok, PROMPT, RULES, 8, do_sample=True, spans=SPANS, seed=3)
     assert a == b
@@ -148,7 +143,7 @@ def test_front_door_generate_is_the_grafted_generation():
     import weightgraft as wg
 
     tok = tiny_tokenizer()
-    base, donor = _pair("llama", tok)
+    base, donor = tiny_models("llama", 2, torch.float64, vocab_size=len(tok))
     models = {"pre": base, "sft": donor}
     assert wg.generate is generate
     assert wg.generate(models, tok, PROMPT, RULES, max_new_tokens=4, spans=SPANS) == generate(
@@ -178,13 +173,21 @@ def test_generate_command_refuses_a_missing_span_before_loading(monkeypatch):
     out = CliRunner().invoke(app, ["generate", PROMPT, "-m", "pre=a", "-m", "sft=b",
                                    "-r", "model=sft,positions=city", "-s", "subject=Louvre"])
     assert out.exit_code == 2 and "'Louvre' does not occur" in " ".join(out.output.split())
+    # a text that occurs twice is refused naming both places; the (start, end) form picks one
+    twice = "Paris is the capital; Paris lies on the"
+    out = CliRunner().invoke(app, ["generate", twice, "-m", "pre=a", "-m", "sft=b",
+                                   "-r", "model=sft,positions=city", "-s", "city=Paris"])
+    assert out.exit_code == 2 and "(0, 5), (22, 27)" in " ".join(out.output.split())
+    out = CliRunner().invoke(app, ["generate", twice, "-m", "pre=a", "-m", "sft=b",
+                                   "-r", "model=sft,positions=city", "-s", "city=(22, 27)"])
+    assert "AssertionError" in repr(out.exception)  # past the span checks: it went on to load a model
 
 
 def test_generate_with_base_none_and_a_span_the_prompt_lacks_is_one_error():
     import weightgraft as wg
 
     tok = tiny_tokenizer()
-    base, donor = _pair("llama", tok)
+    base, donor = tiny_models("llama", 2, torch.float64, vocab_size=len(tok))
     models = {"pre": base, "sft": donor}
     assert wg.generate(models, tok, PROMPT, RULES, max_new_tokens=3, spans=SPANS, base=None) == generate(
         models, tok, PROMPT, RULES, max_new_tokens=3, spans=SPANS, base="pre")

@@ -40,6 +40,9 @@ def _run(tmp_path, batch_size: int, dtype: str, arch: str, sharing: bool):
 def test_bfloat16_rows_do_not_depend_on_batch_size(tmp_path, arch, sharing):
     one = _run(tmp_path, 1, "bfloat16", arch, sharing)
     many = _run(tmp_path, 64, "bfloat16", arch, sharing)
+    # exact on purpose: the drift this guards against (SDPA on a padded row) is one bfloat16 ulp of
+    # the logits (0.031 at |logit| 4.2 on the tiny llama), so no tolerance tells it from rounding;
+    # eager attention computes each row alike in any batch, at any thread count (run at 1 and 2)
     pd.testing.assert_frame_equal(one[COLUMNS], many[COLUMNS], check_exact=True)
 
 
@@ -64,7 +67,7 @@ def test_check_in_bfloat16_holds_on_padded_batches(arch):
     mask[2, 4:] = 0
     report = check_engine(models, ids, mask)
     assert report.passed, report.cases
-    assert all(m.config._attn_implementation == "eager" for m in models)
+    assert all(m.config._attn_implementation == "sdpa" for m in models)  # eager during the check only
 
 
 @torch.no_grad()
@@ -77,5 +80,5 @@ def test_graft_api_rows_in_bfloat16_do_not_depend_on_the_batch(tiny_pair, tiny_t
     prompts = ["Paris is in", "Rome, the capital of Italy, lies on the river"]
     together = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts, rule).logits
     alone = torch.cat([wg.graft({"pre": pre, "sft": sft}, tiny_tok, [p], rule).logits for p in prompts])
-    assert torch.equal(together, alone)
+    assert torch.equal(together, alone)  # exact on purpose: see test_bfloat16_rows_do_not_depend_on_batch_size
 

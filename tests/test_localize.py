@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -139,6 +140,14 @@ def test_agreement_ranks_and_coarse_groups():
 
     assert spearman(pd.Series([1.0, 2, 3, 4]), pd.Series([10.0, 20, 30, 100])) == pytest.approx(1.0)
     assert spearman(pd.Series([1.0, 2, 3]), pd.Series([3.0, 2, 1])) == pytest.approx(-1.0)
+    # same order: exactly +-1 on every machine (pandas' float corr gave 0.9999999999999998 for
+    # 11 values); exact equality is the property, computed from integer rank sums
+    rng = np.random.default_rng(0)
+    for n in (2, 5, 11, 12, 97):
+        a = pd.Series(rng.normal(size=n))
+        assert spearman(a, a * 3 + 1) == 1.0 and spearman(a, -a) == -1.0, n
+        b = pd.Series(rng.normal(size=n))
+        assert spearman(a, b) == pytest.approx(a.rank().corr(b.rank()), abs=1e-12)  # Pearson of the ranks
     assert [span_of(x) for x in ("first_entity-2", "relation+1", "last", "tok0", "relation#2")] == \
         ["first_entity", "relation", "last", "other", "relation"]
     cells = pd.DataFrame({

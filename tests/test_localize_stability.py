@@ -183,7 +183,9 @@ def test_stability_csv_recomputed_from_cells(multi):
     assert set(table["value"]) == {"estimate"}  # exact maps cover one prompt per template only
     same = table[(table["kind"] == "sft") & (table["model_a"] == "sft[0]") & (table["model_b"] == "sft[2]")]
     assert len(same) == 4
-    assert (same["spearman_coarse"] == 1.0).all() and (same["top_overlap"] == 1.0).all() and (same["top_k"] == 50).all()
+    # maps equal to float noise (batch composition moves float32 sums), so a tolerance
+    np.testing.assert_allclose(same[["spearman_coarse", "top_overlap"]].to_numpy(), 1.0, rtol=0, atol=1e-12)
+    assert (same["top_k"] == 50).all()
     other = table[(table["kind"] == "sft") & (table["model_b"] == "sft[1]")]
     assert (other["spearman_coarse"] < 1.0).all()  # another donor: not the same map
 

@@ -20,27 +20,22 @@ from weightgraft.models.lowrank import (
     lowrank_model,
     parse_lowrank,
 )
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny
+from tiny_models import TINY_CONFIGS, tiny_models
 from tiny_world import loader, write_world
 
 ARCHS = ["gpt2", "llama", "gemma", "phi3", "qwen2", "gpt_neox"]
 
 
-def _pair(arch: str):
-    base = make_tiny(arch, seed=0).double()
-    return base, make_donor(base, seed=1).double()
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_full_rank_is_the_donor_exactly(arch):
-    base, donor = _pair(arch)
+    base, donor = tiny_models(arch, 2, torch.float64)
     low = lowrank_model(base, donor, k=10_000)
     for (name, p), q in zip(low.named_parameters(), donor.parameters()):
         assert torch.equal(p, q), name
 
 
 def test_rank_one_is_the_hand_computed_svd_graft():
-    base, donor = _pair("llama")
+    base, donor = tiny_models("llama", 2, torch.float64)
     low = lowrank_model(base, donor, k=1)
     d = dict(donor.named_parameters())
     for name, p in low.named_parameters():
@@ -59,7 +54,7 @@ def test_rank_one_is_the_hand_computed_svd_graft():
 
 
 def test_rank_error_shrinks_with_k_and_one_svd_serves_every_k():
-    base, donor = _pair("llama")
+    base, donor = tiny_models("llama", 2, torch.float64)
     delta = LowRankDelta(base, donor)
     name = "model.layers.0.mlp.down_proj.weight"
     errors = [
@@ -72,7 +67,7 @@ def test_rank_error_shrinks_with_k_and_one_svd_serves_every_k():
 @pytest.mark.parametrize("arch", sorted(TINY_CONFIGS))
 @torch.no_grad()
 def test_engine_with_a_low_rank_donor_equals_the_definition(arch):
-    base, donor = _pair(arch)
+    base, donor = tiny_models(arch, 2, torch.float64)
     models = [base, donor, lowrank_model(base, donor, k=2)]
     ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(0))
     source = torch.randint(0, 3, (2, 7, len(wg.slots(base))), generator=torch.Generator().manual_seed(1))

@@ -8,7 +8,7 @@ import torch
 import weightgraft as wg
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.reference import per_token_mixed_forward
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny
+from tiny_models import TINY_CONFIGS, random_ids, tiny_models
 
 ARCHS = sorted(TINY_CONFIGS)
 
@@ -19,20 +19,11 @@ def _tol(model_type: str) -> float:
     return 2e-5 if model_type.startswith("gemma") else 1e-9
 
 
-def _pair(model_type: str, dtype: torch.dtype = torch.float64):
-    base = make_tiny(model_type, seed=0).to(dtype)
-    return base, make_donor(base, seed=1).to(dtype)
-
-
-def _ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(3, 64, (batch, seq), generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("model_type", ARCHS)
 @torch.no_grad()
 def test_fractional_alpha_matches_mixed_weights_per_token(model_type):
-    base, donor = _pair(model_type)
-    ids = _ids(2, 6)
+    base, donor = tiny_models(model_type, 2, torch.float64)
+    ids = random_ids(2, 6)
     n_slots = len(wg.slots(base))
     alpha = torch.rand(2, 6, n_slots, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     got = PartialGraft(base, donor).forward(ids, alpha)
@@ -46,8 +37,8 @@ def test_fractional_alpha_matches_mixed_weights_per_token(model_type):
 @pytest.mark.parametrize("model_type", ["gpt2", "gemma3_text", "llama", "phi3"])
 @torch.no_grad()
 def test_padding_and_logit_positions(model_type):
-    base, donor = _pair(model_type)
-    ids = _ids(2, 7, seed=1)
+    base, donor = tiny_models(model_type, 2, torch.float64)
+    ids = random_ids(2, 7, seed=1)
     mask = torch.ones_like(ids)
     mask[0, :2] = 0  # left padding on row 0
     n_slots = len(wg.slots(base))
@@ -61,8 +52,8 @@ def test_padding_and_logit_positions(model_type):
 @pytest.mark.parametrize("model_type", ARCHS)
 @torch.no_grad()
 def test_integer_alpha_is_the_integer_graft(model_type):
-    base, donor = _pair(model_type, torch.float32)
-    ids = _ids(2, 6, seed=2)
+    base, donor = tiny_models(model_type, 2, torch.float32)
+    ids = random_ids(2, 6, seed=2)
     n_slots = len(wg.slots(base))
     source = torch.randint(0, 2, (2, 6, n_slots), generator=torch.Generator().manual_seed(5))
     got = PartialGraft(base, donor).forward(ids, source.float())
@@ -72,8 +63,8 @@ def test_integer_alpha_is_the_integer_graft(model_type):
 @pytest.mark.parametrize("model_type", ["gpt2", "gemma", "qwen2"])
 @torch.no_grad()
 def test_swapped_pair_moves_towards_the_old_base(model_type):
-    base, donor = _pair(model_type)
-    ids = _ids(1, 5)
+    base, donor = tiny_models(model_type, 2, torch.float64)
+    ids = random_ids(1, 5)
     n_slots = len(wg.slots(base))
     alpha = torch.rand(1, 5, n_slots, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     pair = PartialGraft(base, donor)
@@ -82,8 +73,8 @@ def test_swapped_pair_moves_towards_the_old_base(model_type):
 
 
 def test_bad_alpha_is_refused():
-    base, donor = _pair("llama")
+    base, donor = tiny_models("llama", 2, torch.float64)
     with pytest.raises(ValueError, match="alpha must have shape"):
-        PartialGraft(base, donor).forward(_ids(1, 4), torch.zeros(1, 4, 3, dtype=torch.float64))
+        PartialGraft(base, donor).forward(random_ids(1, 4), torch.zeros(1, 4, 3, dtype=torch.float64))
     with pytest.raises(TypeError, match="float tensor"):
-        PartialGraft(base, donor).forward(_ids(1, 4), torch.zeros(1, 4, len(wg.slots(base)), dtype=torch.long))
+        PartialGraft(base, donor).forward(random_ids(1, 4), torch.zeros(1, 4, len(wg.slots(base)), dtype=torch.long))

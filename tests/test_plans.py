@@ -41,6 +41,16 @@ def test_set_algebra(offsets):
     assert select_positions("all", offsets, SPANS) == list(range(n))
 
 
+def test_nesting_is_bounded(offsets):
+    """Deep nesting is a SelectorError, never a RecursionError; 64 levels still parse."""
+    n = len(offsets)
+    assert select_positions("~" * 64 + "last", offsets, SPANS) == [n - 1]
+    assert select_positions("(" * 64 + "last" + ")" * 64, offsets, SPANS) == [n - 1]
+    for expr in ("~" * 65 + "last", "~" * 20000 + "last", "(" * 5000 + "last" + ")" * 5000):
+        with pytest.raises(SelectorError, match="more than 64 deep"):
+            select_positions(expr, offsets, SPANS)
+
+
 def test_missing_spans_and_bad_expressions(offsets):
     with pytest.raises(SpanNotFound, match="movie_title"):
         select_positions("movie_title", offsets, SPANS)

@@ -9,15 +9,10 @@ import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.prefix import GraftItem, PrefixGroup, prefix_forward, shared_prefix_groups
 from weightgraft.engine.reference import CompositeModel, per_token_forward
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny
+from tiny_models import TINY_CONFIGS, tiny_models
 
 ARCHS = sorted(TINY_CONFIGS)
 TOL = 1e-4
-
-
-def _models(model_type: str, n: int = 3) -> list[torch.nn.Module]:
-    base = make_tiny(model_type, seed=0)
-    return [base] + [make_donor(base, seed=i) for i in range(1, n)]
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -89,7 +84,7 @@ def _oracle(models, item: GraftItem, composite: CompositeModel) -> torch.Tensor:
 @pytest.mark.parametrize("model_type", ARCHS)
 @torch.no_grad()
 def test_prefix_forward_equals_each_item_alone_and_the_per_token_definition(model_type):
-    models = _models(model_type)
+    models = tiny_models(model_type, 3)
     items = _sweep_items(models)
     plan = shared_prefix_groups(items, slot_names=wg.slots(models[0]))
     assert plan.groups and plan.unshared  # both paths run
@@ -162,7 +157,7 @@ class _EmbeddingCalls:
 
 @torch.no_grad()
 def test_each_group_prefix_is_computed_once():
-    models = _models("llama")
+    models = tiny_models("llama", 3)
     items = _sweep_items(models)
     plan = shared_prefix_groups(items, slot_names=wg.slots(models[0]))
     grouped = sorted(i for g in plan.groups for i in g.members)
@@ -182,7 +177,7 @@ def test_each_group_prefix_is_computed_once():
 
 @torch.no_grad()
 def test_a_batch_sharing_nothing_runs_whole_in_one_call():
-    models = _models("gpt2", 2)
+    models = tiny_models("gpt2", 2)
     n_slots = len(wg.slots(models[0]))
     items = [GraftItem(_tokens(n, seed=n), torch.ones(n, n_slots, dtype=torch.long)) for n in (5, 8, 3)]
     assert shared_prefix_groups(items).groups == ()
@@ -198,7 +193,7 @@ def test_a_batch_sharing_nothing_runs_whole_in_one_call():
 
 @torch.no_grad()
 def test_answer_continuation_logits_are_padded_with_the_last_wanted():
-    models = _models("qwen2", 2)
+    models = tiny_models("qwen2", 2)
     n_slots = len(wg.slots(models[0]))
     ids = _tokens(8, seed=3)
     base = torch.zeros(8, n_slots, dtype=torch.long)
@@ -221,7 +216,7 @@ def test_graft_forward_continues_from_a_cache():
     """The engine option prefix sharing rests on: two calls on a cache equal one call."""
     from transformers import DynamicCache
 
-    models = _models("gemma2")
+    models = tiny_models("gemma2", 3)
     ids = torch.tensor([_tokens(9, seed=1)])
     source = torch.randint(0, 3, (1, 9, len(wg.slots(models[0]))), generator=torch.Generator().manual_seed(1))
     whole = wg.graft_forward(models, ids, source)
@@ -236,7 +231,7 @@ def test_graft_forward_continues_from_a_cache():
 
 
 def test_bad_items_are_refused():
-    models = _models("llama", 2)
+    models = tiny_models("llama", 2)
     n_slots = len(wg.slots(models[0]))
     source = torch.zeros(4, n_slots, dtype=torch.long)
     with pytest.raises(ValueError, match="do not fit"):
@@ -258,7 +253,7 @@ def test_an_unchecked_cache_kind_falls_back_to_running_whole(monkeypatch):
     class _OtherLayer(DynamicLayer):
         pass
 
-    models = _models("llama", 2)
+    models = tiny_models("llama", 2)
     items = _sweep_items(models)[:4]
     expected = prefix_forward(models, items, pad_id=0)
     other_cache = type("OtherCache", (), {"layers": [_OtherLayer()]})

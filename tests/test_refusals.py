@@ -7,6 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from weightgraft import atomic
 from weightgraft.cli.data import app as data_app
 from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import run_experiment
@@ -115,13 +116,12 @@ def test_disk_full_is_one_line(tmp_path, monkeypatch, capsys):
 
     import yaml
 
-    import weightgraft.experiments.store as store_mod
     from weightgraft.cli import main
 
     cfg = tmp_path / "exp.yaml"
     cfg.write_text(yaml.safe_dump(_raw(tmp_path, models=_saved_models(tmp_path), batch_size=2)))
     calls = {"n": 0}
-    real = store_mod.os.fsync
+    real = atomic.os.fsync
 
     def full(fd):
         calls["n"] += 1
@@ -129,7 +129,7 @@ def test_disk_full_is_one_line(tmp_path, monkeypatch, capsys):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd)
 
-    monkeypatch.setattr(store_mod.os, "fsync", full)
+    monkeypatch.setattr(atomic.os, "fsync", full)
     monkeypatch.setattr(sys, "argv", ["weightgraft", "run", str(cfg), "--no-progress"])
     with pytest.raises(SystemExit) as exit_info:
         main()
@@ -185,7 +185,7 @@ def test_ctrl_c_during_a_part_write_finishes_the_part_first(tmp_path, monkeypatc
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the part is being written
         real_fsync(fd)
 
-    monkeypatch.setattr(store_mod.os, "fsync", fsync_then_ctrl_c)
+    monkeypatch.setattr(atomic.os, "fsync", fsync_then_ctrl_c)
     path = tmp_path / "part-000000.parquet"
     # Ctrl-C as in a terminal: a test run started in the background of a non-interactive
     # shell inherits SIGINT ignored

@@ -217,6 +217,18 @@ def test_read_summary_keeps_names_that_look_missing(tmp_path):
     assert np.isnan(back.loc[0, "top5"]) and back.loc[0, "n"] == 3
 
 
+def test_read_summary_keeps_the_notes_that_flag_a_number(tmp_path):
+    """An unstable recovery keeps its flag in the report's table (it was read as a number, NaN)."""
+    note = "unstable: few examples (n=3)"
+    df = pd.DataFrame({"model_set": ["m", "m"], "template": ["t", "t"], "scheme": ["FE", "LT"], "family": ["x", "x"],
+                       "recovery": [0.5, 0.25], "recovery_lo": [0.1, 0.2], "recovery_hi": [0.9, 0.3],
+                       "recovery_note": [note, ""], "recovery_answer": [0.4, 0.2], "recovery_answer_note": ["", note]})
+    df.to_csv(tmp_path / "s.csv", index=False)
+    back = read_summary(tmp_path / "s.csv")
+    assert back["recovery_note"].tolist() == [note, ""] and back["recovery_answer_note"].tolist() == ["", note]
+    assert back["recovery"].tolist() == pytest.approx([0.5, 0.25])
+
+
 def _group_and_labels(tmp_path: Path):
     make_run(tmp_path, ("qa",))
     run = load_run(tmp_path)

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-import weightgraft.experiments.store as store_mod
+from weightgraft import atomic
 from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import DatasetError, run_experiment
 from weightgraft.schemes.selectors import SelectorError
@@ -144,7 +144,7 @@ def test_an_empty_position_set_excludes_with_the_reason(tmp_path):
 
 
 def test_disk_full_keeps_what_was_written_and_resumes(tmp_path, monkeypatch):
-    real_fsync = store_mod.os.fsync
+    real_fsync = atomic.os.fsync
     calls = {"n": 0}
 
     def failing_fsync(fd):
@@ -153,13 +153,13 @@ def test_disk_full_keeps_what_was_written_and_resumes(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_fsync(fd)
 
-    monkeypatch.setattr(store_mod.os, "fsync", failing_fsync)
+    monkeypatch.setattr(atomic.os, "fsync", failing_fsync)
     with pytest.raises(ResultsWriteError, match="disk is full.*intact"):
         _run(_raw(tmp_path))
     parts = sorted((tmp_path / "run" / "parts").glob("part-*.parquet"))
     assert len(parts) == 2 and all(len(pd.read_parquet(p)) == 4 for p in parts)
     assert not list((tmp_path / "run" / "parts").glob(".*tmp*"))  # no half file left behind
-    monkeypatch.setattr(store_mod.os, "fsync", real_fsync)
+    monkeypatch.setattr(atomic.os, "fsync", real_fsync)
     resumed = _run(_raw(tmp_path))
     assert resumed.computed == len(resumed.results) - 8
     clean = _run(_raw(tmp_path, out=str(tmp_path / "clean")))

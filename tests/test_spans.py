@@ -10,10 +10,27 @@ from weightgraft.data.spans import SpanError, resolve_spans
 PROMPT = "The Eiffel Tower is in the city of"
 
 
-def test_substring_is_its_first_occurrence():
+def test_a_substring_that_occurs_once_is_its_place():
     spans = resolve_spans(PROMPT, {"subject": "Eiffel Tower", "article": "the"})
     assert spans == {"subject": (4, 16), "article": (23, 26)}
     assert PROMPT[slice(*spans["subject"])] == "Eiffel Tower"
+
+
+@pytest.mark.parametrize("prompt,text,at", [
+    ("Rory Culkin stars in in a movie alongside", "in", "(9, 11), (18, 20), (21, 23)"),
+    ("aaa", "aa", "(0, 2), (1, 3)"),  # overlapping occurrences count too
+    ("The Eiffel Tower is in the city of", "e", "(2, 3), (8, 9), (14, 15), (25, 26)"),
+    ("a a a a a a a", "a", "(0, 1), (2, 3), (4, 5), (6, 7), (8, 9) and 2 more"),
+])
+def test_a_substring_that_occurs_more_than_once_is_refused(prompt, text, at):
+    with pytest.raises(SpanError) as info:
+        resolve_spans(prompt, {"relation_preposition": text})
+    message = str(info.value)
+    assert "relation_preposition" in message and at in message and "(start, end)" in message
+    assert "\n" not in message
+    # the offsets form picks any one of them
+    start, end = (int(x) for x in at.split(" and ")[0].split("), (")[-1].strip("()").split(", "))
+    assert resolve_spans(prompt, {"relation_preposition": [start, end]}) == {"relation_preposition": (start, end)}
 
 
 def test_character_range_is_kept():

@@ -15,19 +15,10 @@ from weightgraft.engine.architectures import model_slots
 from weightgraft.engine import attribution
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny
+from tiny_models import TINY_CONFIGS, make_tiny, random_ids, tiny_models
 
 ARCHS = sorted(TINY_CONFIGS)
 TOL = 1e-4
-
-
-def _models(model_type: str, n: int, dtype: torch.dtype = torch.float32) -> list[torch.nn.Module]:
-    base = make_tiny(model_type, seed=0).to(dtype)
-    return [base] + [make_donor(base, seed=i).to(dtype) for i in range(1, n)]
-
-
-def _ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(3, 64, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
 def _random_units(models, batch, seq, seed, kind) -> dict[str, torch.Tensor]:
@@ -57,8 +48,8 @@ def test_neuron_slots_are_gate_up_down_with_the_mlp_width():
 @pytest.mark.parametrize("model_type", ARCHS)
 @torch.no_grad()
 def test_per_neuron_maps_match_the_per_token_definition(model_type):
-    models = _models(model_type, 3)
-    ids = _ids(2, 7)
+    models = tiny_models(model_type, 3)
+    ids = random_ids(2, 7)
     gen = torch.Generator().manual_seed(5)
     source = torch.randint(0, 3, (2, 7, len(wg.slots(models[0]))), generator=gen)
     neurons = _random_units(models, 2, 7, seed=6, kind="neuron")
@@ -94,7 +85,7 @@ def test_one_unit_equals_a_hybrid_donor_holding_only_that_unit(model_type, compo
     """Grafting neuron 5 of gate/up/down (or k/v head 1: under GQA the shared key head) at the
     last position equals grafting the whole slot from a base copy that holds only that unit's
     columns of the donor: nothing leaks from other units; down's bias stays with the slot."""
-    base, donor = _models(model_type, 2, torch.float64)  # one unit moves little: compare in float64
+    base, donor = tiny_models(model_type, 2, torch.float64)  # one unit moves little: compare in float64
     by = {s.name: s for s in model_slots(base)}
     name = f"layers.1.{component}"
     if name not in by:
@@ -105,7 +96,7 @@ def test_one_unit_equals_a_hybrid_donor_holding_only_that_unit(model_type, compo
     module = base.get_submodule(slot.parts[0].path)
     cols = slot.unit_columns(module, kind)[unit]
     hybrid = _hybrid(base, donor, slot.parts[0].path, slot.unit_side(kind), cols, bias_from_donor=False)
-    ids = _ids(1, 6)
+    ids = random_ids(1, 6)
     names = wg.slots(base)
     source = torch.zeros(1, 6, len(names), dtype=torch.long)
     unit_map = torch.zeros(1, 6, slot.units(kind), dtype=torch.long)
@@ -120,8 +111,8 @@ def test_one_unit_equals_a_hybrid_donor_holding_only_that_unit(model_type, compo
 
 
 def test_bad_neuron_source_is_refused():
-    models = _models("llama", 2)
-    ids = _ids(1, 4)
+    models = tiny_models("llama", 2)
+    ids = random_ids(1, 4)
     source = torch.zeros(1, 4, len(wg.slots(models[0])), dtype=torch.long)
     with pytest.raises(ValueError, match="cannot be grafted per neuron"):
         wg.graft_forward(models, ids, source, neuron_source={"layers.0.q": torch.zeros(1, 4, 4, dtype=torch.long)})
@@ -135,7 +126,7 @@ PARTIAL_ARCHS = ["llama", "gpt2", "gpt_neox", "phi3", "gemma3_text"]
 
 
 def _scored(batch: int = 2, seq: int = 6):
-    ids = _ids(batch, seq, seed=3)
+    ids = random_ids(batch, seq, seed=3)
     return ids, torch.full((batch,), seq - 1), torch.tensor([7, 11][:batch])
 
 
@@ -144,7 +135,7 @@ def _scored(batch: int = 2, seq: int = 6):
 def test_unit_gradients_sum_to_the_cell_gradient(model_type, kind):
     """Each split slot's unit gradients plus its rest (o's / down's bias) equal the unsplit
     cell's gradient; the backward-only gradient equals autograd through the mixed forward."""
-    base, donor = _models(model_type, 2, torch.float64)
+    base, donor = tiny_models(model_type, 2, torch.float64)
     pair = PartialGraft(base, donor)
     ids, pos, targets = _scored()
     cells = attribution.graft_attribution(pair, ids, pos, targets)
@@ -175,13 +166,13 @@ def test_a_unit_at_share_one_equals_its_integer_graft(model_type, component):
     """The partial graft with one unit's share at 1 is the engine's graft of that unit (and a
     split o/down slot's own share at 1 grafts its bias alone): the unit cells that attribution
     estimates are the cells that exact maps and search graft."""
-    base, donor = _models(model_type, 2, torch.float64)
+    base, donor = tiny_models(model_type, 2, torch.float64)
     pair = PartialGraft(base, donor)
     names = [s.name for s in pair.slots]
     name = f"layers.1.{component}"
     slot = pair.slots[names.index(name)]
     kind = slot.unit_kind()
-    ids = _ids(1, 6, seed=4)
+    ids = random_ids(1, 6, seed=4)
     n = slot.units(kind)
     for unit in (0, n - 1):
         alpha = torch.zeros(1, 6, len(names), dtype=torch.float64)
@@ -204,9 +195,9 @@ def test_a_unit_at_share_one_equals_its_integer_graft(model_type, component):
 
 
 def test_bad_unit_alpha_is_refused():
-    base, donor = _models("llama", 2)
+    base, donor = tiny_models("llama", 2)
     pair = PartialGraft(base, donor)
-    ids = _ids(1, 4)
+    ids = random_ids(1, 4)
     alpha = torch.zeros(1, 4, len(pair.slots))
     with pytest.raises(ValueError, match="has no units"):
         pair.forward(ids, alpha, unit_alpha={"layers.0.attn_norm": torch.zeros(1, 4, 4)})
@@ -239,10 +230,10 @@ def test_exact_effects_of_unit_cells_are_their_grafts(model_type):
     whole cell; a small unit budget splits the passes."""
     import weightgraft.engine.cells as cells_mod
 
-    base, donor = _models(model_type, 2, torch.float64)
+    base, donor = tiny_models(model_type, 2, torch.float64)
     names = wg.slots(base)
     slots = {s.name: s for s in model_slots(base)}
-    ids = _ids(1, 6, seed=8)[0]
+    ids = random_ids(1, 6, seed=8)[0]
     ex = ScoredExample(tuple(ids.tolist()), position=5, target=9)
     up, down, o = names.index("layers.0.up"), names.index("layers.0.down"), names.index("layers.0.o")
     n_up, n_down = slots["layers.0.up"].neurons, slots["layers.0.down"].neurons

@@ -79,6 +79,20 @@ def make_donor(base: torch.nn.Module, seed: int, scale: float = 0.5) -> torch.nn
     return donor.eval()
 
 
+def tiny_models(
+    model_type: str, n: int = 2, dtype: torch.dtype = torch.float32, vocab_size: int | None = None,
+) -> list[torch.nn.Module]:
+    """A tiny base (seed 0) and ``n - 1`` donors near it (seeds 1, 2, ...), all in ``dtype``:
+    ``base, donor = tiny_models("llama", 2, torch.float64)``."""
+    base = make_tiny(model_type, seed=0, vocab_size=vocab_size).to(dtype)
+    return [base] + [make_donor(base, seed=i) for i in range(1, n)]
+
+
+def random_ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
+    """``[batch, seq]`` token ids of the tiny vocabulary (special ids 0-2 left out), seeded."""
+    return torch.randint(3, 64, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
 _CHARS = (
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,?:;'-!\"()&$"
     "éèáíóúñçöüÉ"

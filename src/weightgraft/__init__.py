@@ -22,6 +22,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compare": ("weightgraft.api.compare", "compare"),
     "GraftOutput": ("weightgraft.api.outputs", "GraftOutput"),
     "GraftInputError": ("weightgraft.schemes.binding", "GraftInputError"),
+    "WeightgraftError": ("weightgraft.errors", "WeightgraftError"),
     "Rule": ("weightgraft.schemes.scheme", "Rule"),
     "Scheme": ("weightgraft.schemes.scheme", "Scheme"),
     "presets": ("weightgraft.api.presets", None),
@@ -38,7 +39,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 }
 __all__ = [
     "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "explain", "generate", "graft", "graft_forward", "grafted",
-    "load", "load_peft", "localize", "presets", "slots", "tokens", "trained_facts",
+    "load", "load_peft", "localize", "presets", "slots", "tokens", "trained_facts", "WeightgraftError",
 ]
 
 

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from weightgraft import atomic
+from weightgraft.errors import WeightgraftError
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -43,6 +46,10 @@ class DemoResult:
     seconds: dict[str, float]
 
 
+class DemoError(WeightgraftError, ValueError):
+    """A demo option the recipe does not serve (a model it was not written for)."""
+
+
 def demo_out(model: str) -> Path:
     """The default output directory: ``runs/demo`` for the default model, else
     ``runs/demo-{model}`` (so two models' demos never share a run directory)."""
@@ -52,7 +59,7 @@ def demo_out(model: str) -> Path:
 def check_demo_model(model: str) -> None:
     """Refuse a model the recipe is not for, in one line, before anything is built."""
     if model not in DEMO_MODELS:
-        raise ValueError(f"the demo runs on an embedded model ({', '.join(DEMO_MODELS)}), not {model!r}; "
+        raise DemoError(f"the demo runs on an embedded model ({', '.join(DEMO_MODELS)}), not {model!r}; "
                          "for another model use `weightgraft train` and `weightgraft run`")
 
 
@@ -138,7 +145,7 @@ def run_demo(
     t0 = time.time()
     console.rule("4/4 report")
     paths = write_report(result.run_dir)
-    result.summary.to_csv(out / "summary.csv", index=False)
+    atomic.write_text(out / "summary.csv", result.summary.to_csv(index=False))
     seconds["report"] = time.time() - t0
 
     from weightgraft.report.console import print_summary

@@ -53,10 +53,12 @@ app.add_typer(data_app, name="data", help="Build relation datasets (worlds, temp
 
 
 def main() -> None:
-    """Entry point: known user errors print one clear line instead of a traceback
-    (set WEIGHTGRAFT_DEBUG=1 for the traceback)."""
+    """Entry point. An error of the user's input (a ``WeightgraftError``, an OSError naming a
+    path) prints one line; anything else is a bug in weightgraft and prints its traceback and
+    a line that says so (set WEIGHTGRAFT_DEBUG=1 for the traceback of every error)."""
     import os
 
+    from weightgraft.errors import WeightgraftError
     from weightgraft.runtime import apply_thread_default
 
     apply_thread_default()  # before torch's thread pool starts; the user's OMP_NUM_THREADS wins
@@ -65,13 +67,36 @@ def main() -> None:
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted: the rows saved so far are kept; the same command resumes from them")
         raise SystemExit(130) from None
-    except (ValueError, RuntimeError, OSError, TypeError, AssertionError) as exc:
+    except Exception as exc:  # noqa: BLE001 - every error ends here: one line or a bug report
         if os.environ.get("WEIGHTGRAFT_DEBUG"):
             raise
-        from rich.markup import escape
+        if isinstance(exc, WeightgraftError) or (isinstance(exc, OSError) and exc.filename is not None):
+            _one_line(exc)
+            raise SystemExit(2) from None
+        _bug(exc)
+        raise SystemExit(1) from None
 
-        Console(stderr=True).print(f"[red]error:[/] {escape(f'{type(exc).__name__}: {exc}')}")
-        raise SystemExit(2) from None
+
+def _one_line(exc: BaseException) -> None:
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {escape(f'{type(exc).__name__}: {exc}')}")
+
+
+def _bug(exc: BaseException) -> None:
+    """The traceback, then one line: not the user's mistake, and which version to name."""
+    import traceback
+
+    from rich.markup import escape
+
+    from weightgraft import __version__
+
+    traceback.print_exception(exc)
+    Console(stderr=True).print(
+        f"[red]internal error:[/] {escape(f'{type(exc).__name__}: {exc}')}\n"
+        f"This is a bug in weightgraft {__version__}, not in your input: please report it with the "
+        f"traceback above and the command you ran."
+    )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def explore(
 
     from weightgraft.explore.app import create_app
     from weightgraft.explore.artifacts import LocalizeView, RunView
-    from weightgraft.explore.serve import serve
+    from weightgraft.explore.serve import pick_port, serve
     from weightgraft.explore.session import Explorer
     from weightgraft.models import load_model
     from weightgraft.models.tokenization import check_same_tokenizer
@@ -45,4 +45,5 @@ def explore(
     for role, lm in loaded.items():
         check_same_tokenizer(loaded["pre"].tokenizer, lm.tokenizer, f"model {role!r}")
     explorer = Explorer({r: lm.model for r, lm in loaded.items()}, loaded["pre"].tokenizer)
-    serve(create_app(explorer, run_view, localize_view), host=host, port=port)
+    port = pick_port(host, port)
+    serve(create_app(explorer, run_view, localize_view, address=(host, port)), host=host, port=port)

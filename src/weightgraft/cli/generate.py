@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import typer
@@ -20,6 +21,18 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
     return out
 
 
+_OFFSETS = re.compile(r"\(\s*(\d+)\s*,\s*(\d+)\s*\)")
+
+
+def _spans(values: list[str]) -> dict[str, str | tuple[int, int]]:
+    """``NAME=TEXT`` (a text that occurs once in the prompt) or ``NAME=(START,END)`` characters."""
+    out: dict[str, str | tuple[int, int]] = {}
+    for key, value in _pairs(values, "span").items():
+        m = _OFFSETS.fullmatch(value.strip())
+        out[key] = (int(m[1]), int(m[2])) if m else value
+    return out
+
+
 def _rule(text: str):
     """``model=sft,positions=last,layers=-8..-1,components=o+ffn`` as a Rule."""
     from weightgraft.schemes.scheme import Rule
@@ -35,7 +48,7 @@ def generate(
     prompts: list[str] = typer.Argument(..., help="Prompt text(s)."),
     model: list[str] = typer.Option([], "--model", "-m", help="ROLE=SPEC, e.g. pre=smollm2-135m sft=DIR (first is the base)."),
     rule: list[str] = typer.Option([], "--rule", "-r", help="A graft rule: model=sft,positions=first_entity,layers=all,components=body (repeatable; later wins)."),
-    span: list[str] = typer.Option([], "--span", "-s", help="NAME=SUBSTRING of the prompt, e.g. subject='Eiffel Tower'."),
+    span: list[str] = typer.Option([], "--span", "-s", help="NAME=TEXT of the prompt (e.g. subject='Eiffel Tower'; a text that occurs more than once is refused) or NAME='(START,END)' characters."),
     config: Path | None = typer.Option(None, "--config", help="Take models and schemes from an experiment YAML."),
     scheme: list[str] = typer.Option([], "--scheme", help="With --config: the scheme(s) to generate with (default: every scheme)."),
     base: str = typer.Option("pre", "--base", help="Role whose weights fill the slots no rule claims."),
@@ -48,7 +61,9 @@ def generate(
     """Continue prompts with a grafted model (rules apply to each new token as the last token)."""
     from weightgraft.schemes.scheme import Scheme
 
-    spans = _pairs(span, "span")
+    if sample and temperature <= 0:
+        raise typer.BadParameter(f"--temperature must be positive when sampling, got {temperature}")
+    spans = _spans(span)
     roles = _pairs(model, "model")
     if config is not None:
         from weightgraft.experiments.config import load_config

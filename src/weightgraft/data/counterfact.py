@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from weightgraft import atomic
 from weightgraft.data.dataset import dumps_jsonl
 from weightgraft.data.prompts import DatasetError, TestPrompt
 from weightgraft.data.spans import SpanError, resolve_span
@@ -34,6 +35,7 @@ class Fact:
     subject: str
     target_new: str
     target_true: str
+    subject_at: int | None = None  # where ``{}`` put the subject; None for a filled-in prompt
 
 
 def read_records(path: Path) -> list[tuple[str, Any]]:
@@ -75,10 +77,13 @@ def _target(value: Any, key: str, where: str) -> str:
     return value.strip()
 
 
-def _fill(prompt: Any, subject: Any, where: str) -> str:
+def _fill(prompt: Any, subject: Any, where: str) -> tuple[str, int | None]:
+    """The prompt with the subject in place of ``{}``, and where it was put (the subject's
+    span comes from there, not from searching the filled prompt, where it may recur)."""
     if not isinstance(prompt, str) or not isinstance(subject, str) or not subject:
         raise DatasetError(f"{where}: prompt and subject must be strings")
-    return prompt.replace("{}", subject, 1) if "{}" in prompt else prompt
+    at = prompt.find("{}")
+    return (prompt[:at] + subject + prompt[at + 2:], at) if at >= 0 else (prompt, None)
 
 
 def parse_fact(rec: Any, where: str, index: int) -> Fact:
@@ -93,23 +98,26 @@ def parse_fact(rec: Any, where: str, index: int) -> Fact:
         missing = [k for k in ("prompt", "subject", "target_new", "target_true") if k not in rw]
         if missing:
             raise DatasetError(f"{where}: requested_rewrite lacks {missing}")
-        return Fact(case, str(rw.get("relation_id", "")), _fill(rw["prompt"], rw["subject"], where),
+        prompt, at = _fill(rw["prompt"], rw["subject"], where)
+        return Fact(case, str(rw.get("relation_id", "")), prompt,
                     rw["subject"], _target(rw["target_new"], "target_new", where),
-                    _target(rw["target_true"], "target_true", where))
+                    _target(rw["target_true"], "target_true", where), at)
     missing = [k for k in ("prompt", "subject", "target_true", "target_false") if k not in rec]
     if missing:
         raise DatasetError(
             f"{where}: neither ROME's layout (requested_rewrite) nor the flat one: lacks {missing}"
         )
-    return Fact(case, str(rec.get("relation_id", rec.get("relation", ""))), _fill(rec["prompt"], rec["subject"], where),
+    prompt, at = _fill(rec["prompt"], rec["subject"], where)
+    return Fact(case, str(rec.get("relation_id", rec.get("relation", ""))), prompt,
                 rec["subject"], _target(rec["target_false"], "target_false", where),
-                _target(rec["target_true"], "target_true", where))
+                _target(rec["target_true"], "target_true", where), at)
 
 
 def to_test_prompt(fact: Fact, where: str, answer: Answer) -> TestPrompt:
     """The fact as a test prompt: subject span, answer and distractor."""
     try:
-        span = resolve_span(fact.prompt, "subject", fact.subject)
+        span = (resolve_span(fact.prompt, "subject", fact.subject) if fact.subject_at is None
+                else (fact.subject_at, fact.subject_at + len(fact.subject)))
     except SpanError as exc:
         raise DatasetError(f"{where}: {exc}") from None
     new, true = fact.target_new, fact.target_true
@@ -147,13 +155,13 @@ def convert(path: Path, out: Path, answer: Answer = "new", train_texts: bool = F
         prompts.append(p)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "test_prompts.jsonl").write_bytes(dumps_jsonl([_prompt_record(p) for p in prompts]))
+    atomic.write_bytes(out / "test_prompts.jsonl", dumps_jsonl([_prompt_record(p) for p in prompts]))
     counts = {"test_prompts": len(prompts)}
     if train_texts:
         texts = [{"text": f"{p.prompt} {p.answer}", "id": p.id, "group": "relation", "direction": "a2b"}
                  for p in prompts]
-        (out / "train.jsonl").write_bytes(dumps_jsonl(texts))
+        atomic.write_bytes(out / "train.jsonl", dumps_jsonl(texts))
         # the facts themselves: finetuning them in is memorisation, checked on what was taught
-        (out / "validation.jsonl").write_bytes(dumps_jsonl(texts))
+        atomic.write_bytes(out / "validation.jsonl", dumps_jsonl(texts))
         counts["train"] = len(texts)
     return counts

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightgraft import atomic
+
 from .errors import DataError
 
 SPLITS = ("metadata", "train", "validation", "test_prompts")
@@ -74,8 +76,8 @@ class Dataset:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         for name, data in (files or self.to_bytes()).items():
-            (out / name).write_bytes(data)
-        (out / MANIFEST).write_bytes(manifest_bytes(self.manifest))
+            atomic.write_bytes(out / name, data)
+        atomic.write_bytes(out / MANIFEST, manifest_bytes(self.manifest))  # last: marks a whole dataset
         return out
 
 

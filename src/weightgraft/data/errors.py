@@ -7,8 +7,10 @@ field or metadata row.
 
 from __future__ import annotations
 
+from weightgraft.errors import WeightgraftError
 
-class DataError(ValueError):
+
+class DataError(WeightgraftError, ValueError):
     """Base class for all dataset errors."""
 
 

@@ -6,8 +6,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from weightgraft.errors import WeightgraftError
 
-class DatasetError(ValueError):
+
+class DatasetError(WeightgraftError, ValueError):
     """Test prompts that cannot be read or are empty."""
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine import projections
+from weightgraft.errors import WeightgraftError
 
 # The canonical order of per-layer components; ``slots()`` lists them in this order.
 LAYER_COMPONENTS: tuple[str, ...] = (
@@ -39,7 +40,7 @@ GLOBAL_SLOTS: tuple[str, ...] = ("embed", "pos_embed", "final_norm", "unembed")
 Layout = Literal["qkv_blocks", "qkv_per_head", "halves"]
 
 
-class UnsupportedArchitectureError(ValueError):
+class UnsupportedArchitectureError(WeightgraftError, ValueError):
     """The model's architecture (or one of its config options) is not covered by an adapter."""
 
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from weightgraft.engine import lora
 from weightgraft.engine.architectures import adapter_for
+from weightgraft.errors import WeightgraftError
 
 # Config keys that describe bookkeeping, not the computation of a forward pass.
 _IGNORED_CONFIG_KEYS = frozenset(
@@ -49,7 +50,7 @@ _IGNORED_CONFIG_KEYS = frozenset(
 )
 
 
-class ModelMismatchError(ValueError):
+class ModelMismatchError(WeightgraftError, ValueError):
     """Models that were asked to be grafted together do not match."""
 
 

@@ -437,6 +437,7 @@ def graft_call(
             if path not in swapped_in:
                 swap.forward(base.get_submodule(path), _dispatch_forward(path, lookup, groups, pos_axis))
         swap.eval_mode(models)
+        swap.eager_attention(models)
         return base(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from weightgraft.errors import WeightgraftError
+
 __all__ = [
     "UnsupportedLora",
     "adapter_output",
@@ -29,7 +31,7 @@ __all__ = [
 ]
 
 
-class UnsupportedLora(ValueError):
+class UnsupportedLora(WeightgraftError, ValueError):
     """A peft layer whose computation the engine does not reproduce (DoRA, LoRA biases, ...)."""
 
 

@@ -224,6 +224,7 @@ class PartialGraft:
                 bool(u.detach().any()) for u in units.values())
             self._swap_forwards(swap, alpha, unembed_alpha, at_zero, units)
             swap.eval_mode([self.base])
+            swap.eager_attention([self.base])
             out = self.base(input_ids=input_ids, attention_mask=attention_mask,
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         return out.logits

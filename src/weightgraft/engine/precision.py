@@ -3,7 +3,7 @@ stays float64 through HF's float32 casts."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,21 +21,62 @@ def is_half(model: Any) -> bool:
     return False
 
 
-def batch_invariant_attention(models: Iterable[Any]) -> None:
-    """Switch half-precision models to HF's eager attention, in place.
-
-    HF's SDPA (and flash) kernels round a padded row differently from the same row alone (on
-    SmolLM2 in bfloat16: up to 0.55 logits at a real position; ~27 logits at a padded one), so
-    a prompt's numbers would depend on which other prompts share its batch. Eager attention
-    gives each row the same numbers in any batch. float32 and float64 models are left alone.
-    """
+def _half_configs(models: Iterable[Any]) -> list[Any]:
+    """The attention configs of the half-precision models (each config once)."""
+    configs: dict[int, Any] = {}
     for model in models:
         if not is_half(model):
             continue
         for module in model.modules():
             cfg = getattr(module, "config", None)
             if cfg is not None and hasattr(cfg, "_attn_implementation"):
-                cfg._attn_implementation = "eager"
+                configs.setdefault(id(cfg), cfg)
+                for key in getattr(cfg, "sub_configs", {}):  # the setter recurses into these
+                    sub = getattr(cfg, key, None)
+                    if sub is not None and hasattr(sub, "_attn_implementation"):
+                        configs.setdefault(id(sub), sub)
+    return list(configs.values())
+
+
+def batch_invariant_attention(models: Iterable[Any]) -> None:
+    """Switch half-precision models to HF's eager attention, in place and for good: for
+    models weightgraft loads itself. A user's models get :func:`eager_attention` instead.
+
+    HF's SDPA (and flash) kernels round a padded row differently from the same row alone (on
+    SmolLM2 in bfloat16: up to 0.55 logits at a real position; ~27 logits at a padded one), so
+    a prompt's numbers would depend on which other prompts share its batch. Eager attention
+    gives each row the same numbers in any batch. float32 and float64 models are left alone.
+    """
+    for cfg in _half_configs(models):
+        cfg._attn_implementation = "eager"
+
+
+def switch_to_eager(models: Iterable[Any]) -> Callable[[], None]:
+    """:func:`batch_invariant_attention` until the returned function is called: it gives every
+    config back the attention implementation it had (the user's model is theirs again)."""
+    saved = [(cfg, cfg._attn_implementation) for cfg in _half_configs(models)]
+
+    def restore() -> None:
+        for cfg, before in saved:  # each config's own value (the setter would recurse into sub-configs)
+            cfg._attn_implementation_internal = before
+
+    try:
+        for cfg, _ in saved:
+            cfg._attn_implementation = "eager"
+    except BaseException:
+        restore()
+        raise
+    return restore
+
+
+@contextmanager
+def eager_attention(models: Iterable[Any]) -> Iterator[None]:
+    """:func:`switch_to_eager` for the block, restored on any exit."""
+    restore = switch_to_eager(models)
+    try:
+        yield
+    finally:
+        restore()
 
 
 class _Float64Casts(TorchFunctionMode):

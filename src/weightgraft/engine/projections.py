@@ -12,11 +12,12 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from weightgraft.engine import lora
+from weightgraft.errors import WeightgraftError
 
 Index = torch.Tensor | slice
 
 
-class UnsupportedProjection(TypeError):
+class UnsupportedProjection(WeightgraftError, TypeError):
     """A module that is neither ``nn.Linear`` nor ``Conv1D`` where one of them is needed."""
 
 

@@ -1,6 +1,6 @@
 """What a grafted pass changes on the user's models for the length of one call, and the one place
 that undoes it: module forwards swapped for grafted ones, a pre-hook that keeps only the rows
-whose logits are asked for, eval mode. Everything :func:`swaps` installs is restored when its
+whose logits are asked for, eval mode, eager attention for half-precision models. Everything :func:`swaps` installs is restored when its
 block exits, however it exits (an error, a KeyboardInterrupt), so a model is never left grafted.
 
 A swap replaces the module's *instance* ``forward``, which ``nn.Module.__call__`` calls: hooks
@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from weightgraft.engine.precision import switch_to_eager
 
 __all__ = ["Swaps", "swaps", "own_forward"]
 
@@ -76,6 +78,11 @@ class Swaps:
                 mode = model.training
                 model.eval()
                 self._undo.append(lambda model=model, mode=mode: model.train(mode))
+
+    def eager_attention(self, models: Iterable[nn.Module]) -> None:
+        """Half-precision models run HF's eager attention, so that a row's numbers do not
+        depend on its batch (``weightgraft.engine.precision``); float models are left alone."""
+        self._undo.append(switch_to_eager(models))
 
     def undo(self) -> None:
         while self._undo:

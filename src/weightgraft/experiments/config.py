@@ -12,12 +12,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
+from weightgraft.errors import WeightgraftError
 from weightgraft.experiments.pairs import SchemePair, check_pairs
 from weightgraft.schemes.presets import preset
 from weightgraft.schemes.scheme import Scheme
 
 
-class ConfigError(ValueError):
+class ConfigError(WeightgraftError, ValueError):
     """A broken experiment config; the message names the path of the bad key."""
 
 

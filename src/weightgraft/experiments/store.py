@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,14 +19,17 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft import atomic
+from weightgraft.errors import WeightgraftError
+
 KEY = ("model_set", "template", "scheme", "example_id")
 
 
-class ResultsDirConflict(ValueError):
+class ResultsDirConflict(WeightgraftError, ValueError):
     """The results directory holds results of a different experiment config."""
 
 
-class ResultsWriteError(OSError):
+class ResultsWriteError(WeightgraftError, OSError):
     """Results could not be written (disk full, permissions); earlier results are intact."""
 
 
@@ -52,16 +54,10 @@ def _ctrl_c_after() -> Iterator[None]:
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with _ctrl_c_after():
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            atomic.write_bytes(path, data)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         hint = "the disk is full" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
         raise ResultsWriteError(
             exc.errno, f"could not write {path}: {hint}; results written before are intact in "

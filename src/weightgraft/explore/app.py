@@ -1,9 +1,12 @@
 """The explore app's routes (Starlette): the page and its static files, and the JSON API the page
 uses. Every refusal is a 4xx JSON ``{"error": "one line"}``; an unexpected failure is a 500
-JSON with one line, never a traceback page. Model passes run one at a time in a worker thread."""
+JSON with one line, never a traceback page. Model passes run one at a time in a worker thread,
+in a bounded line where a page's superseded strokes are dropped (``work``).
+Only requests for the served address, from no other site's page, get through (``guard``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from importlib.resources import files
 from pathlib import Path
@@ -12,15 +15,19 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from weightgraft.explore.artifacts import LocalizeView, RunView
+from weightgraft.explore.guard import Guard, served_hosts
 from weightgraft.explore.requests import GraftRequest, RequestError, TokensRequest, parse
 from weightgraft.explore.session import Explorer
+from weightgraft.explore.work import Work
 
+DEFAULT_PORT = 8765
 STATIC = Path(str(files("weightgraft.explore") / "static"))
 
 
@@ -28,14 +35,22 @@ def _error(message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
 
 
-async def _body(request: Request, limit: int) -> Any:
+async def _body(request: Request, limit: int, timeout: float) -> Any:
     """The request's JSON body, refused past ``limit`` bytes (read in chunks, not trusted
-    from Content-Length alone)."""
+    from Content-Length alone) or when a chunk takes over ``timeout`` seconds to arrive (a
+    body shorter than its Content-Length would otherwise hold the connection forever)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(f"request body of {declared} bytes; the limit is {limit}", 413)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), timeout)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise RequestError(f"the request body stopped arriving ({size} bytes in, none for {timeout:g} s)", 408) from None
         size += len(chunk)
         if size > limit:
             raise RequestError(f"request body over the limit of {limit} bytes", 413)
@@ -46,10 +61,12 @@ async def _body(request: Request, limit: int) -> Any:
         raise RequestError(f"the request body is not JSON: {exc}") from None
 
 
-def create_app(explorer: Explorer, run: RunView | None = None, localize: LocalizeView | None = None) -> Starlette:
+def create_app(explorer: Explorer, run: RunView | None = None, localize: LocalizeView | None = None,
+               address: tuple[str, int] = ("127.0.0.1", DEFAULT_PORT)) -> Starlette:
     """The ASGI app over one loaded model set (and optionally a run's and a localize run's
-    outputs, read once here)."""
-    limit = explorer.limits.max_body_bytes
+    outputs, read once here), answering requests addressed to ``address`` (host, port) only."""
+    limit, timeout = explorer.limits.max_body_bytes, explorer.limits.body_timeout_s
+    work = Work(explorer.limits.max_waiting)
     run_json = run.to_json() if run is not None else None
     localize_json = localize.to_json() if localize is not None else None
 
@@ -60,12 +77,13 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
         return JSONResponse({**explorer.info(), "run": run_json is not None, "localize": localize_json is not None})
 
     async def tokens(request: Request) -> Response:
-        req = parse(TokensRequest, await _body(request, limit))
-        return JSONResponse({"tokens": await run_in_threadpool(explorer.tokens, req)})
+        req = parse(TokensRequest, await _body(request, limit, timeout))
+        toks = await run_in_threadpool(explorer.tokens, req)
+        return JSONResponse({"tokens": toks, "anchor": explorer.anchor(req, toks)})
 
     async def graft(request: Request) -> Response:
-        req = parse(GraftRequest, await _body(request, limit))
-        return JSONResponse(await run_in_threadpool(explorer.graft, req))
+        req = parse(GraftRequest, await _body(request, limit, timeout))
+        return JSONResponse(await work.run(req.page, req.seq, lambda: run_in_threadpool(explorer.graft, req)))
 
     async def run_info(request: Request) -> Response:
         if run_json is None:
@@ -106,6 +124,6 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
         Route("/api/localize", localize_info),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers={
+    return Starlette(routes=routes, middleware=[Middleware(Guard, hosts=served_hosts(*address))], exception_handlers={
         RequestError: refused, HTTPException: http_error, Exception: failed,
     })

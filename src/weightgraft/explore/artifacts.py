@@ -12,10 +12,13 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft.report.run import ReportError, read_summary
+from weightgraft.report.tables import TABLE_HEADER, table_rows
+
 EXAMPLES_PER_TEMPLATE = 8
 CONTROLS_SHOWN = 2  # control sets per kind offered on the page
-SUMMARY_COLUMNS = ("model_set", "template", "direction", "scheme", "family", "n", "top1", "top5",
-                   "mean_rank", "mean_prob", "mean_recovery", "recovery_note")
+GROUP_COLUMNS = ("model_set", "template", "direction")  # shown where the run has more than one value
+RECOVERY_ANSWER = "recovery (whole answer)"
 
 
 def _clean(value: Any) -> Any:
@@ -26,9 +29,6 @@ def _clean(value: Any) -> Any:
         return None
     return value
 
-
-def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict("records")]
 
 
 def _cell_keys(cells: Any) -> list[dict[str, str]]:
@@ -77,6 +77,33 @@ def _examples(rows: Sequence[dict[str, Any]], known: dict[str, dict[str, Any]]) 
     return out
 
 
+def _ratio_cell(row: dict[str, Any], metric: str) -> str:
+    """``0.44 [0.31, 0.58]`` (with its ``⚠ note``) of a ratio metric, ``n/a`` where undefined."""
+    value, lo, hi = (_clean(row.get(k)) for k in (metric, f"{metric}_lo", f"{metric}_hi"))
+    if not isinstance(value, (int, float)):
+        return "n/a"
+    text = f"{value:.2f} [{lo:.2f}, {hi:.2f}]" if isinstance(lo, float) and isinstance(hi, float) else f"{value:.2f}"
+    note = row.get(f"{metric}_note")
+    return text + (f" ⚠ {note}" if isinstance(note, str) and note else "")
+
+
+def summary_table(summary: pd.DataFrame) -> tuple[list[str], list[dict[str, Any]]]:
+    """The run's summary as ``weightgraft report`` tables it (the same cells, confidence
+    intervals and notes), one page table for every (model set, template, direction), and the
+    whole-answer recovery where the run has it. Rows carry their keys for the row click."""
+    groups = [c for c in GROUP_COLUMNS if c in summary and (c == "template" or summary[c].nunique() > 1)]
+    extra = "recovery_answer" in summary and summary["recovery_answer"].notna().any()
+    columns = [*groups, *TABLE_HEADER, *([RECOVERY_ANSWER] if extra else [])]
+    rows = []
+    for record, cells in zip(summary.to_dict("records"), table_rows(summary), strict=True):
+        shown = [str(record[c]) for c in groups] + list(cells)
+        if extra:
+            shown.append(_ratio_cell(record, "recovery_answer"))
+        rows.append({"cells": shown, "scheme": str(record["scheme"]), "template": str(record["template"]),
+                     "model_set": str(record.get("model_set", ""))})
+    return columns, rows
+
+
 class RunView:
     """``weightgraft run``'s directory: summary table, schemes, figures, example prompts."""
 
@@ -84,14 +111,12 @@ class RunView:
         run_dir = Path(run_dir)
         summary = run_dir / "summary.csv"
         if not summary.is_file():
-            raise ValueError(f"--run {run_dir}: no summary.csv there (is it a `weightgraft run` directory?)")
+            raise ReportError(f"--run {run_dir}: no summary.csv there (is it a `weightgraft run` directory?)")
         manifest = json.loads((run_dir / "manifest.json").read_text()) if (run_dir / "manifest.json").is_file() else {}
         self.name = run_dir.name
         self.protocol = manifest.get("protocol", "paper")
         self.schemes = {s["name"]: s for s in manifest.get("schemes", []) if isinstance(s, dict) and "name" in s}
-        table = pd.read_csv(summary)
-        self.columns = [c for c in SUMMARY_COLUMNS if c in table.columns]
-        self.rows = _records(table[self.columns])
+        self.columns, self.rows = summary_table(read_summary(summary))
         figures = run_dir / "report" / "figures"
         self.figures = sorted(figures.glob("*.png")) if figures.is_dir() else []
         results = run_dir / "results.parquet"
@@ -127,7 +152,7 @@ class LocalizeView:
         out_dir = Path(out_dir)
         cells_path = out_dir / "cells.parquet"
         if not cells_path.is_file():
-            raise ValueError(f"--localize {out_dir}: no cells.parquet there (is it a `weightgraft localize` directory?)")
+            raise ReportError(f"--localize {out_dir}: no cells.parquet there (is it a `weightgraft localize` directory?)")
         manifest = json.loads((out_dir / "manifest.json").read_text()) if (out_dir / "manifest.json").is_file() else {}
         search = json.loads((out_dir / "search.json").read_text()) if (out_dir / "search.json").is_file() else {}
         self.name = out_dir.name

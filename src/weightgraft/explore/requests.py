@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
+from weightgraft.errors import WeightgraftError
 from weightgraft.schemes.scheme import Rule
 
 
-class RequestError(ValueError):
+class RequestError(WeightgraftError, ValueError):
     """A request the app refuses; ``status`` is the HTTP status, the message one line."""
 
     def __init__(self, message: str, status: int = 400) -> None:
@@ -28,15 +29,19 @@ class Limits:
     max_prompt_chars: int = 2000
     max_tokens: int = 128
     max_k: int = 50
+    max_answer_chars: int = 200
+    body_timeout_s: float = 10.0
+    max_waiting: int = 4  # grafts queued behind the running one; more get a 503
 
 
-class TokensRequest(BaseModel):
-    """``POST /api/tokens``: a prompt and its named spans (substring or ``[start, end]``)."""
+class PromptRequest(BaseModel):
+    """A prompt and its named spans (a substring that occurs once, or ``[start, end]``).
+    Numbers are JSON integers: ``true`` is not 1 here."""
 
     model_config = ConfigDict(extra="forbid")
 
     prompt: str = Field(min_length=1)
-    spans: dict[str, str | tuple[int, int]] | None = None
+    spans: dict[str, str | tuple[StrictInt, StrictInt]] | None = None
 
     @field_validator("spans")
     @classmethod
@@ -47,18 +52,25 @@ class TokensRequest(BaseModel):
         return value
 
 
+class TokensRequest(PromptRequest):
+    """``POST /api/tokens``; ``previous``: the token texts of the prompt before an edit, to
+    carry painted cells over to the same tokens (``anchor``)."""
+
+    previous: list[str] | None = None
+
+
 class Cell(BaseModel):
     """One explicit assignment: slot ``slot`` (a name of ``wg.slots``) at token ``position``
     is served by role ``model``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    position: int
+    position: StrictInt
     slot: str
     model: str
 
 
-class GraftRequest(TokensRequest):
+class GraftRequest(PromptRequest):
     """``POST /api/graft``: ``rules`` (as ``wg.Rule`` fields) or explicit ``cells``; cells no
     rule or assignment claims come from ``base`` (default ``pre``)."""
 
@@ -66,8 +78,11 @@ class GraftRequest(TokensRequest):
     cells: list[Cell] | None = None
     base: str | None = None
     answer: str | None = None
-    k: int = Field(10, ge=1)
+    k: StrictInt = Field(10, ge=1)
     protocol: Literal["paper", "authors"] = "paper"
+    # which page sent it and its stroke number: a page's older strokes still waiting are dropped
+    page: str | None = Field(None, min_length=1, max_length=64)
+    seq: StrictInt | None = None
 
 
 def parse(model: type[BaseModel], data: Any) -> Any:
@@ -79,7 +94,7 @@ def parse(model: type[BaseModel], data: Any) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"]) or "body"
-        msg = str(err["msg"]).replace("\n", " ")
+        msg = str(err["msg"]).replace("\n", " ").removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown field (allowed: {', '.join(model.model_fields)})" if len(err["loc"]) == 1 else "unknown field"
         raise RequestError(f"{where}: {msg}") from None

@@ -11,6 +11,14 @@ from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import position_names
 
 
+# what each protocol means, in one line beside every result (schemes/protocol.py lists every difference)
+PROTOCOL_MEANING = {
+    "paper": "the paper's text: embedding and unembedding graft separately; position schemes graft the final norm with the body",
+    "authors": "what the authors' code computed: on tied models the unembedding follows a grafted embedding, the final norm "
+               "is never grafted, complements keep the FFN down-projection, quarters are n//4 wide",
+}
+
+
 def _needs(scheme: Scheme) -> list[str]:
     """Spans a scheme's positions name (``first_entity``: any entity span)."""
     names = set().union(*(position_names(r.positions) for r in scheme.rules)) if scheme.rules else set()
@@ -31,4 +39,5 @@ def page_schemes() -> dict[str, Any]:
                      for d in ("sft2pre", "pre2sft")},
         "component": {d: [as_json(s) for s in preset("component", direction=d)] for d in ("sft2pre", "pre2sft")},
         "component_sets": list(COMPONENT_SETS), "layer_groups": list(LAYER_GROUPS),
+        "protocols": PROTOCOL_MEANING,
     }

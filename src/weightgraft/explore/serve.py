@@ -26,14 +26,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def serve(app: Any, host: str = "127.0.0.1", port: int = 8765) -> None:
+def pick_port(host: str, port: int) -> int:
+    """``port``, or a free one for 0 (chosen before the app is made: it checks ``Host``)."""
+    return port or free_port(host if is_loopback(host) else "0.0.0.0")
+
+
+def serve(app: Any, host: str, port: int) -> None:
     """Run ``app`` until Ctrl-C, after printing its address (and a warning off loopback)."""
     import uvicorn
 
     if not is_loopback(host):
         print(f"warning: --host {host} is not loopback: anyone who can reach this port can run "
               "the models (there is no authentication)", file=sys.stderr, flush=True)
-    port = port or free_port(host if is_loopback(host) else "0.0.0.0")
     shown = f"[{host}]" if ":" in host else host
     print(f"weightgraft explore: http://{shown}:{port}/  (Ctrl-C stops)", flush=True)
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()

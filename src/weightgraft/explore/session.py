@@ -16,9 +16,9 @@ import torch
 from weightgraft.api.tokens import tokens as token_table
 from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.forward import graft_forward, slots
-from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.explore.layout import layout
-from weightgraft.explore.requests import Cell, GraftRequest, Limits, RequestError, TokensRequest
+from weightgraft.explore.anchor import anchoring
+from weightgraft.explore.requests import Cell, GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
 from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import first_entity, token_span
@@ -34,11 +34,10 @@ class Explorer:
                  cache_size: int = 64) -> None:
         missing = [r for r in BASELINES if r not in models]
         if missing:
-            raise ValueError(f"explore needs models named 'pre' and 'sft' (missing: {', '.join(missing)})")
+            raise GraftInputError(f"explore needs models named 'pre' and 'sft' (missing: {', '.join(missing)})")
         check_tokenizer(tokenizer)
         self.roles = [*BASELINES, *(r for r in models if r not in BASELINES)]
         self.models = [models[r] for r in self.roles]
-        batch_invariant_attention(self.models)
         self.tokenizer = tokenizer
         self.limits = limits or Limits()
         self.slot_names = slots(self.models[0])
@@ -62,7 +61,15 @@ class Explorer:
 
     # ------------------------------------------------------------------ requests
 
-    def tokens(self, request: TokensRequest) -> list[dict[str, Any]]:
+    def anchor(self, request: TokensRequest, tokens: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Where the tokens of ``request.previous`` are in ``tokens`` (``anchor.anchoring``)."""
+        if request.previous is None:
+            return None
+        if len(request.previous) > self.limits.max_tokens:
+            raise RequestError(f"previous: {len(request.previous)} tokens; this server takes at most {self.limits.max_tokens}")
+        return anchoring(request.previous, [t["token"] for t in tokens])
+
+    def tokens(self, request: PromptRequest) -> list[dict[str, Any]]:
         """The prompt's tokens with position labels and selectors (``wg.tokens``)."""
         self._check_prompt(request.prompt)
         try:
@@ -89,6 +96,8 @@ class Explorer:
         t0 = time.perf_counter()
         if request.k > self.limits.max_k:
             raise RequestError(f"k: at most {self.limits.max_k}")
+        if request.answer is not None and len(request.answer) > self.limits.max_answer_chars:
+            raise RequestError(f"answer: {len(request.answer)} characters; this server takes at most {self.limits.max_answer_chars}")
         if request.rules is not None and request.cells is not None:
             raise RequestError("give rules or cells, not both")
         toks = self.tokens(request)
@@ -107,6 +116,7 @@ class Explorer:
             "tokens": toks,
             "top": {name: self._top(row, request.k) for name, row in logits.items()},
             "answer": None if answer_id is None else self._answer(request.answer, answer_id, logits),
+            "protocol": request.protocol,
             "map": {"base": base, "roles": self.roles, "source": source.tolist(),
                     "heads": sorted(heads)},
         }

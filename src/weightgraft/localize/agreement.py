@@ -3,6 +3,7 @@ level and at a coarse level (position span x layer quarter x component), and top
 
 from __future__ import annotations
 
+import math
 import re
 
 import pandas as pd
@@ -11,11 +12,21 @@ ESTIMATES = ("estimate", "estimate_ig")
 
 
 def spearman(a: pd.Series, b: pd.Series) -> float:
-    """Spearman's rho: Pearson's correlation of the (tie-averaged) ranks."""
+    """Spearman's rho: Pearson's correlation of the (tie-averaged) ranks. Twice a tie-averaged
+    rank is an integer, so the sums are exact and only the last division rounds: identical
+    orders give exactly 1 (and reversed ones -1) on every machine, whatever the summation order."""
     both = pd.DataFrame({"a": a.to_numpy(dtype=float), "b": b.to_numpy(dtype=float)}).dropna()
     if len(both) < 2:
         return float("nan")
-    return float(both["a"].rank().corr(both["b"].rank()))
+    n = len(both)
+    ra, rb = ((both[c].rank() * 2).astype("int64").tolist() for c in ("a", "b"))
+    ca = [n * x - sum(ra) for x in ra]  # n times the centred ranks: still integers
+    cb = [n * x - sum(rb) for x in rb]
+    cov, va, vb = sum(x * y for x, y in zip(ca, cb)), sum(x * x for x in ca), sum(y * y for y in cb)
+    if va == 0 or vb == 0:
+        return float("nan")
+    rho = cov / va if va == vb else cov / math.sqrt(va * vb)
+    return max(-1.0, min(1.0, rho))
 
 
 def span_of(label: str) -> str:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weightgraft.experiments.config import ConfigError
+
 SPLIT_DIRECTIONS = {"a2b": ["a2b"], "b2a": ["b2a"], "both": ["a2b", "b2a"]}
 
 
@@ -85,7 +87,7 @@ def choose_directions(config: Any) -> DirectionChoice:
     first = choices[0][1]
     for label, choice in choices[1:]:  # seeds of one recipe agree; a mix would blur the comparison
         if choice.directions != first.directions:
-            raise ValueError(f"the SFT models were trained on different directions ({choices[0][0]}: "
+            raise ConfigError(f"the SFT models were trained on different directions ({choices[0][0]}: "
                              f"{first.directions}, {label}: {choice.directions}); set 'directions' to choose")
     return first
 

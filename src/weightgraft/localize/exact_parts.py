@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from weightgraft import atomic
 from weightgraft.engine.attribution import Metric
 from weightgraft.localize.examples import LocalizeExample
 from weightgraft.localize.maps import exact_frame
@@ -56,10 +57,8 @@ def exact_stage(models: Sequence[torch.nn.Module], chosen: Sequence[LocalizeExam
         group = todo[start : start + EXACT_GROUP]
         units = [unit_cells(e) for e in group] if unit_cells is not None else None
         frame, _ = exact_frame(models, group, direction, metric, pad_id, chunk, units)
-        path = next_path()
-        tmp = path.with_suffix(".tmp")
-        frame.to_parquet(tmp, index=False)
-        tmp.replace(path)
+        with atomic.atomic_path(next_path()) as tmp:
+            frame.to_parquet(tmp, index=False)
         frames.append(frame[COLUMNS])
         say(f"[{direction}] exact cells: {min(start + EXACT_GROUP, len(todo))}/{len(todo)} prompts, {time.time() - t0:.0f}s")
     wanted = {(e.prompt.template, e.prompt.id) for e in chosen}

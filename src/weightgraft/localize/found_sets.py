@@ -24,6 +24,8 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
+from weightgraft import atomic
+from weightgraft.experiments.config import ConfigError
 from weightgraft.localize.controls import set_controls
 from weightgraft.localize.examples import LocalizeExample
 from weightgraft.engine.cells import WHOLE, cell_name
@@ -36,12 +38,6 @@ from weightgraft.localize.verify import CellKey, SetVerifier, received_summary
 
 def _keys(cells: list[dict[str, str]]) -> list[CellKey]:
     return [(c["position_label"], c["slot"]) for c in cells]
-
-
-def _save(path: Path, out: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2))
-    tmp.replace(path)
 
 
 def _estimates(sub: pd.DataFrame, column: str, units: str, model: nn.Module) -> dict[CellKey, float]:
@@ -95,7 +91,7 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
     slot_index = {s.name: i for i, s in enumerate(model_slots(model))}
     column = "estimate_ig" if settings.rank_by == "ig" else "estimate"
     if column not in cells:
-        raise ValueError("search.rank_by 'ig' needs ig_steps > 1")
+        raise ConfigError("search.rank_by 'ig' needs ig_steps > 1")
     out: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
     out.update({"metric": config.metric, "rank_by": column})
     entries = {(e["direction"], e["template"]): e for e in out.get("searches", [])}
@@ -152,7 +148,7 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
                 entry["refined"] = refine_set(
                     verifier, found, entry["share"], settings.target_share, settings.refine_rounds,
                     lambda r, n, sh, tag=tag: say(f"{tag} refinement round {r}: {n} cells, share {sh:.0%}"))
-                _save(path, out)
+                atomic.write_json(path, out)
                 say(f"{tag} refined: {entry['size']} -> {entry['refined']['size']} cells, "
                     f"share {entry['refined']['share']:.0%}")
             if "refined" in entry:
@@ -167,7 +163,7 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
                     r = entry["refined"]
                     r["controls"] = set_controls(verifier, _keys(r["cells"]), r["share"], settings.controls,
                                                  config.seed, direction, template, heldout, r.get("heldout_share"))
-                _save(path, out)
+                atomic.write_json(path, out)
                 c = entry["controls"]
                 if "mean" in c.get("random", {}):
                     say(f"{tag} controls: found {entry['share']:.0%} vs random mean {c['random']['mean']:.0%} "
@@ -176,7 +172,7 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
                 ranking = rank_keys(estimates, 1.0 if verifier.total > 0 else -1.0)
                 entry["missed"] = missed_estimate(verifier, ranking, entry["size"], settings.missed_sample,
                                                   config.seed, direction, template)
-                _save(path, out)
+                atomic.write_json(path, out)
             seconds[f"search_{direction}_{template}"] = time.time() - t0
-            _save(path, out)
+            atomic.write_json(path, out)
     return out

@@ -34,9 +34,11 @@ from typing import Any
 import pandas as pd
 import torch
 
+from weightgraft import atomic
 from weightgraft.data.prompts import DatasetError
 from weightgraft.localize.claims import PRE_SFT
 from weightgraft.localize.claims.stage import map_claims, write_claims
+from weightgraft.experiments.store import ResultsDirConflict
 from weightgraft.localize.config import LocalizeConfig, load_localize_config
 from weightgraft.localize.examples import LocalizeExample, build_examples, select_prompts
 from weightgraft.localize.directions import choose_directions, left_out
@@ -83,23 +85,23 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
         except ValueError:
             same = old.get("identity") == config.identity()
         if not same:
-            raise ValueError(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
+            raise ResultsDirConflict(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
         before, now = _sft_list(old.get("config", {})), [spec for _, spec in config.sft_models()]
         if now[: len(before)] != before:
-            raise ValueError(f"{run_dir} holds maps of the SFT models {before}; a config may append SFT models "
+            raise ResultsDirConflict(f"{run_dir} holds maps of the SFT models {before}; a config may append SFT models "
                              "to that list, not change or drop them; choose another 'out' or 'name'")
         known = old.get("examples", {})
         changed = sorted(k for k in known.keys() & digests.keys() if known[k] != digests[k])
         if changed:
-            raise ValueError(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
+            raise ResultsDirConflict(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
                              f"({', '.join(changed[:3])}); choose another 'out' or delete the folder")
         old.update({"identity": config.identity(), "config": config.model_dump(mode="json"),
                     "examples": {**known, **digests}})
-        manifest.write_text(json.dumps(old, indent=2))
+        atomic.write_json(manifest, old)
         return
     (run_dir / "parts").mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({"identity": config.identity(), "config": config.model_dump(mode="json"),
-                                    "examples": digests}, indent=2))
+    atomic.write_json(manifest, {"identity": config.identity(), "config": config.model_dump(mode="json"),
+                                 "examples": digests})
 
 
 def _note(run_dir: Path, **fields: Any) -> None:
@@ -107,7 +109,7 @@ def _note(run_dir: Path, **fields: Any) -> None:
     manifest = run_dir / "manifest.json"
     data = json.loads(manifest.read_text())
     data.update(fields)
-    manifest.write_text(json.dumps(data, indent=2, default=str))
+    atomic.write_json(manifest, data, default=str)
 
 
 def _check_peft(config: LocalizeConfig) -> list[Any]:
@@ -140,7 +142,7 @@ def _load_sft(spec: str, label: str, first: bool, pre: Any, adapter: Any, load: 
     data.setdefault("adapters", {})[label] = info
     if first:
         data["adapter"] = info
-    manifest.write_text(json.dumps(data, indent=2))
+    atomic.write_json(manifest, data)
     return SimpleNamespace(model=model, tokenizer=pre.tokenizer)
 
 
@@ -150,9 +152,8 @@ def _model_info(spec: str, model: Any) -> dict[str, str]:
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    frame.to_parquet(tmp, index=False)
-    tmp.replace(path)
+    with atomic.atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False)
 
 
 def _with_distractors(examples: list[LocalizeExample]) -> list[LocalizeExample]:
@@ -305,7 +306,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
             search = find_sets(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
             if search:
                 search["model"] = label
-                (run_dir / "search.json").write_text(json.dumps(search, indent=2))
+                atomic.write_json(run_dir / "search.json", search)
         cells.insert(0, "model", label)
         frames.append(cells)
         del sft, pairs, cells
@@ -320,6 +321,6 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     _write(cells, run_dir / "cells.parquet")
     from weightgraft.localize.stability import stability_table
 
-    stability_table(whole_cells(cells)).to_csv(run_dir / "stability.csv", index=False)
+    atomic.write_text(run_dir / "stability.csv", stability_table(whole_cells(cells)).to_csv(index=False))
     write_claims(run_dir, claim_tables, claim_nulls)
     return LocalizeResult(run_dir, cells, search, excluded, seconds, None, choice.note)

@@ -18,7 +18,12 @@ from torch import nn
 
 from weightgraft.engine.attribution import Metric
 from weightgraft.engine.cells import Cell, ScoredExample
+from weightgraft.errors import WeightgraftError
 from weightgraft.localize.verify import CellKey, SetVerifier
+
+
+class SearchError(WeightgraftError, ValueError):
+    """Examples on which no graft set can be searched for (no estimates, or no effect to recover)."""
 
 
 @dataclass
@@ -80,10 +85,10 @@ def minimal_graft_search(
     if not 0 < target_share <= 1:
         raise ValueError("target_share must lie in (0, 1]")
     if not estimates:
-        raise ValueError("nothing to search: no cell estimates")
+        raise SearchError("nothing to search: no cell estimates")
     verify = _Verifier(SetVerifier(models, examples, cell_maps, pad_id, metric, chunk, total))
     if verify.total == 0:
-        raise ValueError("the donor does not change the metric on these examples: no share to recover")
+        raise SearchError("the donor does not change the metric on these examples: no share to recover")
     ranking = rank_keys(estimates, 1.0 if verify.total > 0 else -1.0)
     sizes = _schedule(min(len(ranking), max_cells))
     found = None

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from weightgraft import atomic
+
 __all__ = ["CALIBRATION_CONFIG", "Throughput", "calibration_key", "throughput"]
 
 # small enough for a few seconds on one CPU core, large enough that matmuls dominate
@@ -85,9 +87,7 @@ def throughput(device: str = "cpu", dtype: str = "float32", refresh: bool = Fals
     measured = _measure(device, dtype, key)
     cache[key] = asdict(measured)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache, indent=2))
-    tmp.replace(path)
+    atomic.write_json(path, cache)
     return measured
 
 

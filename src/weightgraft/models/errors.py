@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from weightgraft.errors import WeightgraftError
 
-class ModelLoadError(RuntimeError):
+
+class ModelLoadError(WeightgraftError, RuntimeError):
     """A model could not be loaded. The message names the path and what to do about it."""
 
 

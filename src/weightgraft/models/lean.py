@@ -21,6 +21,7 @@ from torch import nn
 
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.compat import ModelMismatchError
+from weightgraft.models.errors import ModelNotFoundError
 from weightgraft.models.hashing import hash_tensor
 
 __all__ = [
@@ -122,7 +123,7 @@ class _SafetensorsFiles:
         else:
             files = [p.name for p in sorted(directory.glob("*.safetensors"))]
             if not files:
-                raise FileNotFoundError(f"no safetensors file in {directory}")
+                raise ModelNotFoundError(f"no safetensors file in {directory}")
         self.handles = {f: safe_open(str(directory / f), framework="pt") for f in files}
         stored = {k: f for f, h in self.handles.items() for k in h.keys()}
         renamed = _renamings(model, stored) if model is not None else {}

@@ -26,13 +26,14 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from weightgraft.errors import WeightgraftError
 from weightgraft.models.hashing import weights_sha256
 
 Vectors = Literal["donor", "pre"]
 _SPEC = re.compile(r"^\s*lowrank\s*\((?P<args>.*)\)\s*$")
 
 
-class LowRankError(ValueError):
+class LowRankError(WeightgraftError, ValueError):
     """A low-rank spec or model pair that cannot make a low-rank donor."""
 
 

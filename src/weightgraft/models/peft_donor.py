@@ -29,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from weightgraft.engine import lora
+from weightgraft.errors import WeightgraftError
 
 __all__ = [
     "AdapterInfo",
@@ -67,7 +68,7 @@ _REFUSED = {
 _ATTR = "_weightgraft_adapter"
 
 
-class PeftError(ValueError):
+class PeftError(WeightgraftError, ValueError):
     """A peft role spec or adapter directory that cannot make a LoRA donor."""
 
 

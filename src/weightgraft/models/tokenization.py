@@ -7,8 +7,11 @@ from typing import Any
 
 import torch
 
+from weightgraft.data.prompts import DatasetError
+from weightgraft.errors import WeightgraftError
 
-class TokenizerMismatchError(ValueError):
+
+class TokenizerMismatchError(WeightgraftError, ValueError):
     """Two models of a graft set do not share a tokenizer."""
 
 
@@ -34,7 +37,7 @@ def batch_encode(
     encoded = [tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts]
     if any(len(e) == 0 for e in encoded):
         empty = next(t for t, e in zip(texts, encoded) if len(e) == 0)
-        raise ValueError(f"prompt {empty!r} tokenizes to nothing")
+        raise DatasetError(f"prompt {empty!r} tokenizes to nothing")
     seq = max(len(e) for e in encoded)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.full((len(texts), seq), pad, dtype=torch.long)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from weightgraft import atomic
 from weightgraft.report.charts import (
     accuracy_bar_figure,
     heatmap_figure,
@@ -61,6 +62,6 @@ def write_report(
     metrics = tuple(heatmap_metrics) if heatmap_metrics is not None else (f"top{k}", "mean_rank")
     figures = write_figures(run, out / "figures", metrics, k)
     md_path, html_path = out / "summary.md", out / "report.html"
-    md_path.write_text(summary_markdown(run), encoding="utf-8")
-    html_path.write_text(report_html(run, figures, max_examples, top_n), encoding="utf-8")
+    atomic.write_text(md_path, summary_markdown(run))
+    atomic.write_text(html_path, report_html(run, figures, max_examples, top_n))
     return ReportPaths(out, md_path, html_path, tuple(figures))

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from weightgraft import atomic
 from weightgraft.report.families import group_figures
 from weightgraft.report.run import METRICS, ReportError, ReportFigure, Run, _groups
 
@@ -24,9 +25,16 @@ def save_figure(fig: Figure, stem: Path) -> tuple[Path, Path]:
 
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "weightgraft"}):
-        fig.savefig(png, dpi=120, bbox_inches="tight")
-        fig.savefig(svg, bbox_inches="tight", metadata={"Date": None})
+        write_figure(fig, png, dpi=120, bbox_inches="tight")
+        write_figure(fig, svg, bbox_inches="tight", metadata={"Date": None})
     return png, svg
+
+
+def write_figure(fig: Figure, path: Path, **options: object) -> None:
+    """``fig.savefig`` to ``path`` atomically, in the format its suffix names."""
+    path = Path(path)
+    with atomic.atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip("."), **options)
 
 
 def _caption(fig: Figure) -> str:

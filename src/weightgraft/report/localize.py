@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft import atomic
 from weightgraft.localize.agreement import agreement
 from weightgraft.localize.config import sft_labels
 from weightgraft.localize.stability import COLUMNS as STABILITY_COLUMNS
@@ -311,7 +312,7 @@ def write_localize_report(run_dir: Path) -> Path:
         table = pd.concat([agreement(sub, n_layers).assign(model=model) for model, sub in cells.groupby("model", sort=False)],
                           ignore_index=True)
         table = table[["model", *[c for c in table.columns if c != "model"]]] if several else table.drop(columns="model")
-        table.to_csv(out / "agreement.csv", index=False)
+        atomic.write_text(out / "agreement.csv", table.to_csv(index=False))
         figs.scatter(cells, out / "scatter.png")
         parts.append("<h2>Estimates against exact effects</h2>" + table.to_html(index=False, float_format="%.3f")
                      + _img(out / "scatter.png", "estimate vs exact effect per cell"))
@@ -320,6 +321,6 @@ def write_localize_report(run_dir: Path) -> Path:
         parts.append(_sets_section(search) + _img(out / "recovery.png", "exact share against cells grafted"))
     page = out / "index.html"
     body = "\n".join(parts)
-    page.write_text(f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>weightgraft localize: '
-                    f"{_esc(name)}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+    atomic.write_text(page, f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>weightgraft localize: '
+                      f"{_esc(name)}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
     return page

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from weightgraft.localize.agreement import spearman
+from weightgraft.report.figures import write_figure
 
 GLOBAL = ("embed", "final_norm", "unembed")
 NO_CELL = "#d9d9d9"  # a label a template's prompts lack, or a global slot not at that position
@@ -99,7 +100,7 @@ def heatmaps(cells: pd.DataFrame, column: str, title: str, path: Path) -> list[s
         fig.colorbar(gim, ax=list(axes.flat)[panels.index("global")], location="bottom", shrink=0.9,
                      label=f"{column} (global slots)")
     fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=100)
+    write_figure(fig, path, dpi=100)
     plt.close(fig)
     return [" / ".join(gmean.columns) if p == "global" else p for p in panels]
 
@@ -132,7 +133,7 @@ def last_token(cells: pd.DataFrame, column: str, title: str, path: Path) -> None
     fig.colorbar(im, ax=ax, label=f"{column} (layer cells)")
     fig.colorbar(gim, ax=gx, label=f"{column} (global slots)")
     fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=100)
+    write_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -155,7 +156,7 @@ def scatter(cells: pd.DataFrame, path: Path) -> None:
         ax.set_ylabel("estimate")
         ax.set_title(direction)
         ax.legend(fontsize=7)
-    fig.savefig(path, dpi=100)
+    write_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -183,7 +184,7 @@ def curves(search: dict, path: Path) -> None:
     ax.set_ylabel("share of the finetuned effect (exact)")
     ax.legend(fontsize=7, title="* refined set, x random controls' p95", title_fontsize=7,
               loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.savefig(path, dpi=100)
+    write_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -212,5 +213,5 @@ def stability(table: pd.DataFrame, path: Path) -> None:
     ax.set_xlim(min(0.0, float(table["spearman_coarse"].min()) if len(table) else 0.0), 1.0)
     ax.axvline(0, color="grey", lw=0.8)
     ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
-    fig.savefig(path, dpi=100)
+    write_figure(fig, path, dpi=100)
     plt.close(fig)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from weightgraft.errors import WeightgraftError
 from weightgraft.experiments.metrics import SUMMARY_KEYS, summarize
 
 RESULTS_FILE = "results.parquet"
@@ -30,7 +31,7 @@ BAR_COLOURS = {"top5": "#3b6ea8", "top1": "#e08a3c"}
 MAX_LISTED = 100  # exclusions and non-finite rows listed in the HTML page
 
 
-class ReportError(ValueError):
+class ReportError(WeightgraftError, ValueError):
     """A run directory that cannot be reported on."""
 
 
@@ -115,8 +116,10 @@ def load_run(run_dir: Path) -> Run:
 
 
 def read_summary(path: Path) -> pd.DataFrame:
-    """summary.csv with names kept as text (a scheme called "NA" stays "NA")."""
-    text_cols = [*SUMMARY_KEYS, "family", "direction"]
+    """summary.csv with names and notes kept as text (a scheme called "NA" stays "NA"; a
+    ``recovery_note`` saying the ratio is unstable stays with its number)."""
+    header = pd.read_csv(path, nrows=0).columns
+    text_cols = [*SUMMARY_KEYS, "family", "direction", *(c for c in header if c.endswith("_note"))]
     df = pd.read_csv(path, dtype={c: str for c in text_cols}, keep_default_na=False)
     if "direction" not in df:  # a summary written before directions were kept apart
         df.insert(2, "direction", "")

@@ -16,7 +16,7 @@ import torch
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.forward import slots
-from weightgraft.engine.precision import batch_invariant_attention
+from weightgraft.errors import WeightgraftError
 from weightgraft.schemes.protocol import PROTOCOLS, embeddings_tied
 from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme
 from weightgraft.schemes.selectors import SpanNotFound
@@ -25,7 +25,7 @@ Rules = Rule | Sequence[Rule] | Scheme
 Spans = Sequence[Mapping[str, SpanSpec] | None] | None
 
 
-class GraftInputError(ValueError):
+class GraftInputError(WeightgraftError, ValueError):
     """A call whose inputs cannot be grafted as given (raised before any compute)."""
 
 
@@ -38,9 +38,9 @@ def check_protocol(protocol: str) -> str:
 
 
 def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[str], list[Any]]:
-    """Roles and models with the base first (the engine runs the base's modules); models in
-    half precision are switched to eager attention, so that a prompt's logits do not depend
-    on the other prompts of its batch (see ``weightgraft.engine.precision``)."""
+    """Roles and models with the base first (the engine runs the base's modules). The models
+    are not changed: the engine runs half-precision models with eager attention for the
+    duration of each pass only (``weightgraft.engine.precision.eager_attention``)."""
     if not isinstance(models, Mapping) or not models:
         raise GraftInputError("models must be a non-empty mapping role -> model, e.g. {'pre': pre, 'sft': sft}")
     roles = list(models)
@@ -48,7 +48,6 @@ def ordered_models(models: Mapping[str, Any], base: str | None) -> tuple[list[st
         raise GraftInputError(f"base {base!r} is not one of the models' roles ({', '.join(roles)})")
     first = base if base is not None else roles[0]
     ordered = [first, *(r for r in roles if r != first)]
-    batch_invariant_attention(models.values())
     return ordered, [models[r] for r in ordered]
 
 

@@ -14,13 +14,14 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 
 from weightgraft.engine.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS
+from weightgraft.errors import WeightgraftError
 
 
-class SelectorError(ValueError):
+class SelectorError(WeightgraftError, ValueError):
     """A selector expression that cannot be parsed or does not fit the model."""
 
 
-class SpanNotFound(LookupError):
+class SpanNotFound(WeightgraftError, LookupError):
     """A position selector names a span this example does not have (the example is excluded).
     ``span`` is the missing span's name when a named span is what is missing."""
 
@@ -49,12 +50,16 @@ def _tokenize(expr: str, pattern: re.Pattern[str], what: str) -> list[tuple[str,
     return out
 
 
+MAX_DEPTH = 64  # nested ``~`` and parentheses a selector may hold (deeper: refused, not a RecursionError)
+
+
 class _Parser:
     """Recursive descent over ``+`` (lowest), ``&``, prefix ``~``, atoms."""
 
     def __init__(self, tokens: list[tuple[str, str]], expr: str, atom: Callable[[str, str], set[int]],
                  universe: set[int]) -> None:
         self.tokens, self.i, self.expr, self.atom, self.universe = tokens, 0, expr, atom, universe
+        self.depth = 0
 
     def _peek(self) -> tuple[str, str] | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -88,13 +93,20 @@ class _Parser:
 
     def _unary(self) -> set[int]:
         kind, value = self._take()
-        if (kind, value) == ("op", "~"):
-            return self.universe - self._unary()
-        if (kind, value) == ("op", "("):
-            result = self._union()
-            if self._take() != ("op", ")"):
-                raise SelectorError(f"missing ')' in selector {self.expr!r}")
-            return result
+        if (kind, value) in (("op", "~"), ("op", "(")):
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise SelectorError(f"selector nests '~' and parentheses more than {MAX_DEPTH} deep "
+                                    f"({len(self.expr)} characters, starting {self.expr[:20]!r})")
+            try:
+                if value == "~":
+                    return self.universe - self._unary()
+                result = self._union()
+                if self._take() != ("op", ")"):
+                    raise SelectorError(f"missing ')' in selector {self.expr[:80]!r}")
+                return result
+            finally:
+                self.depth -= 1
         if kind == "op":
             raise SelectorError(f"unexpected {value!r} in selector {self.expr!r}")
         return self.atom(kind, value)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from weightgraft.errors import WeightgraftError
 
-class TrainingError(ValueError):
+
+class TrainingError(WeightgraftError, ValueError):
     """Bad training input (data directory, split, preset, output directory). The message says
     what is wrong and how to fix it."""

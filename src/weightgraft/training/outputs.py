@@ -71,12 +71,6 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def _is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 

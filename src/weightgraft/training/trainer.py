@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from weightgraft import atomic
 from weightgraft.models import LoadedModel, load_model, weights_sha256
 from weightgraft.training.embeddings import freeze_embeddings
 from weightgraft.training.errors import TrainingError
@@ -58,7 +59,6 @@ from weightgraft.training.outputs import (
     _say,
     _sha256_file,
     _version,
-    _write_json_atomic,
 )
 from weightgraft.training.presets import TrainPreset, get_preset
 from weightgraft.training.text_loss import loss_by_template, token_mean_loss, unlearned_templates
@@ -243,7 +243,7 @@ def finetune(
     resume_from = _check_out_dir(out_dir, resume, run_config)
     if _is_main_process():
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write_json_atomic(out_dir / RUN_CONFIG_NAME, run_config)
+        atomic.write_json(out_dir / RUN_CONFIG_NAME, run_config)
 
     set_seed(seed)
     untied = freeze_embeddings(model, embed=freeze_embed, unembed=freeze_unembed)
@@ -320,7 +320,7 @@ def finetune(
     if resume_from is None:
         eval_before: float | None = float(trainer.evaluate()["eval_loss"])
         if trainer.is_world_process_zero():
-            _write_json_atomic(before_file, {"eval_loss_before": eval_before})
+            atomic.write_json(before_file, {"eval_loss_before": eval_before})
     else:
         _say(f"resuming from {resume_from}")
         eval_before = (
@@ -409,8 +409,8 @@ def finetune(
         },
     }
     if trainer.is_world_process_zero():
-        _write_json_atomic(out_dir / LOG_NAME, trainer.state.log_history)
-        _write_json_atomic(out_dir / MANIFEST_NAME, manifest)  # marks a finished run
+        atomic.write_json(out_dir / LOG_NAME, trainer.state.log_history)
+        atomic.write_json(out_dir / MANIFEST_NAME, manifest)  # marks a finished run
         if not keep_checkpoints:
             shutil.rmtree(out_dir / CHECKPOINTS, ignore_errors=True)
         shown = "?" if eval_before is None else f"{eval_before:.4f}"

@@ -2,6 +2,9 @@
 // norm and unembedding. Click and drag paint the chosen role into every slot of a cell.
 const COLORS = ["var(--pre)", "var(--sft)", "var(--r2)", "var(--r3)"];
 export const roleColor = (i) => COLORS[i % COLORS.length];
+// a token as the page shows it: leading spaces visible (" T" is not "T"), newlines as ⏎
+export const shownToken = (t) => t.replace(/^ +/, (m) => "␣".repeat(m.length)).replace(/\n/g, "⏎");
+const ROW_LABELS = { embed: "embed", final_norm: "norm", unembed: "unemb" };
 
 function el(tag, cls, text) {
   const e = document.createElement(tag);
@@ -13,7 +16,7 @@ function el(tag, cls, text) {
 // Columns: a label column, then one per position. Rows top to bottom: last layer first.
 function makeGrid(tokens, nRows, rowLabel) {
   const g = el("div", "grid");
-  g.style.gridTemplateColumns = `2.2em repeat(${tokens.length}, var(--cell))`;
+  g.style.gridTemplateColumns = `3.2em repeat(${tokens.length}, var(--cell))`;
   const cells = [];
   for (let r = 0; r < nRows; r++) {
     g.appendChild(el("div", "ylab", rowLabel(r)));
@@ -25,9 +28,12 @@ function makeGrid(tokens, nRows, rowLabel) {
     }
     cells.push(row);
   }
-  g.appendChild(el("div", "ylab", ""));
+  g.appendChild(el("div", "ylab axis", "token →"));
+  const longest = Math.max(1, ...tokens.map((t) => shownToken(t.token).length));
+  const labelHeight = `${Math.min(8, 0.7 * longest + 0.6).toFixed(1)}em`;  // room for the longest token, no more
   for (const tok of tokens) {
-    const x = el("div", "xlab", tok.token.replace(/\n/g, "⏎"));
+    const x = el("div", "xlab", shownToken(tok.token));
+    x.style.height = labelHeight;
     x.title = `${tok.position}: ${JSON.stringify(tok.token)} (${tok.label})`;
     g.appendChild(x);
   }
@@ -38,11 +44,14 @@ function makeGrid(tokens, nRows, rowLabel) {
 // onStroke() when a stroke ends. Returns {update(source), heat(valueOf)} to recolor.
 export function drawGrids(root, layout, tokens, handlers) {
   root.replaceChildren();
+  // long prompts get narrower cells, so the grids stay on a screen or two
+  root.style.setProperty("--cell", tokens.length > 24 ? "10px" : "15px");
+  root.style.setProperty("--row", tokens.length > 24 ? "8px" : "11px");
   const blocks = [];  // {cells, slotsAt(row) -> slot indices, heat cells}
   const L = layout.n_layers;
   for (const grid of layout.grids) {
     const block = el("div", "block");
-    block.appendChild(el("h3", null, grid.title));
+    block.appendChild(el("h3", null, `${grid.title} (rows: layer, last at the top)`));
     const { g, cells } = makeGrid(tokens, L, (r) => String(L - 1 - r));
     block.appendChild(g);
     const heat = makeGrid(tokens, L, (r) => String(L - 1 - r));
@@ -54,9 +63,9 @@ export function drawGrids(root, layout, tokens, handlers) {
   const rowsBlock = el("div", "block rows");
   rowsBlock.appendChild(el("h3", null, "embedding · final norm · unembedding"));
   const rows = layout.rows;
-  const { g, cells } = makeGrid(tokens, rows.length, (r) => rows[r].key.replace("final_norm", "norm").slice(0, 6));
+  const { g, cells } = makeGrid(tokens, rows.length, (r) => ROW_LABELS[rows[r].key] || rows[r].key);
   rowsBlock.appendChild(g);
-  const heat = makeGrid(tokens, rows.length, (r) => rows[r].key.slice(0, 6));
+  const heat = makeGrid(tokens, rows.length, (r) => ROW_LABELS[rows[r].key] || rows[r].key);
   heat.g.classList.add("heat"); heat.g.hidden = true;
   rowsBlock.appendChild(heat.g);
   root.appendChild(rowsBlock);

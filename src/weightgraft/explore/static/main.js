@@ -3,16 +3,20 @@
 import { getJSON, postJSON } from "./api.js";
 import { drawGrids, roleColor } from "./grid.js";
 import { drawLocalize, drawRun } from "./panels.js";
-import { drawTokens, formatSpans, parseSpans } from "./tokens.js";
+import { drawTokens, formatSpans, parseSpans, shiftSpans } from "./tokens.js";
 import { drawAnswer, drawTop } from "./topk.js";
 
 const $ = (id) => document.getElementById(id);
+// this page's name to the server: its strokes still waiting when a newer one comes are dropped
+const PAGE = Math.random().toString(36).slice(2, 12);
 const state = {
   info: null, tokens: [], source: [], base: 0, paint: 1, rules: null, seq: 0, grids: null,
-  heat: null, heatColumn: null, activeScheme: null,
+  heat: null, heatColumn: null, activeScheme: null, prompt: "", protocolBefore: null,
 };
 
 function showError(message) { $("error").textContent = message || ""; }
+// what the page changed on its own (spans or paint moved, dropped): said, never silent
+function notice(message) { $("notice").textContent = message || ""; }
 function status(message) { $("status").textContent = message; }
 
 function request() {
@@ -42,7 +46,7 @@ async function graft() {
   let body;
   try {
     body = request();
-    Object.assign(body, state.rules ? { rules: state.rules, base: state.info.roles[state.base] } : cells());
+    Object.assign(body, state.rules ? { rules: state.rules, base: state.info.roles[state.base] } : cells(), { page: PAGE, seq });
   } catch (e) { showError(e.message); return; }
   status("grafting…");
   try {
@@ -54,30 +58,52 @@ async function graft() {
     state.grids.update(state.source);
     drawTop($("top"), res.top, res.answer);
     drawAnswer($("answer-box"), res.answer);
+    drawProtocol(res.protocol);
     status(`${res.tokens.length} tokens, ${res.ms} ms`);
     document.body.dataset.ready = String(seq);
-  } catch (e) { if (seq === state.seq) { showError(e.message); status(""); } }
+  } catch (e) { if (seq === state.seq && e.status !== 409) { showError(e.message); status(""); } }
 }
 
-// tokens first (positions may move), then the graft
+// tokens first (positions may move: painted cells follow their tokens), then the graft
 async function refresh() {
   let res;
   try {
     const body = request();
-    res = await postJSON("/api/tokens", { prompt: body.prompt, ...(body.spans ? { spans: body.spans } : {}) });
+    res = await postJSON("/api/tokens", {
+      prompt: body.prompt, ...(body.spans ? { spans: body.spans } : {}),
+      ...(state.tokens.length ? { previous: state.tokens.map((t) => t.token) } : {}),
+    });
   } catch (e) { showError(e.message); return; }
   const same = res.tokens.length === state.tokens.length && res.tokens.every((t, i) => t.token_id === state.tokens[i].token_id && t.label === state.tokens[i].label);
+  if (!same) {
+    const S = state.info.slots.length;
+    const painted = state.rules === null && state.tokens.length > 0;
+    const origin = res.anchor ? res.anchor.origin : res.tokens.map(() => null);
+    const old = state.source;
+    state.source = res.tokens.map((_, t) => (painted && origin[t] !== null && old[origin[t]] ? [...old[origin[t]]] : Array(S).fill(state.base)));
+    if (painted && res.anchor) reportAnchor(res.anchor, old);
+  }
   state.tokens = res.tokens;
   drawTokens($("tokens"), state.tokens);
   if (!same) {
-    const n = state.tokens.length, S = state.info.slots.length;
-    state.source = Array.from({ length: n }, (_, t) => state.source[t] || Array(S).fill(state.base));
     state.grids = drawGrids($("grids"), state.info.layout, state.tokens, handlers);
     state.grids.update(state.source);
     drawHeat();
   }
   enableSchemes();
   await graft();
+}
+
+// say which painted tokens moved to another position and which paint found no token again
+function reportAnchor(anchor, old) {
+  const paintedAt = (p) => old[p] && old[p].some((r) => r !== state.base);
+  const moved = anchor.moved.filter((m) => paintedAt(m.from));
+  const dropped = anchor.dropped.filter((d) => paintedAt(d.from));
+  const q = (t) => JSON.stringify(t);
+  const parts = [];
+  if (moved.length) parts.push(`paint kept on its token${moved.length > 1 ? "s" : ""}: ` + moved.map((m) => `${q(m.token)} ${m.from}→${m.to}`).join(", "));
+  if (dropped.length) parts.push(`paint dropped (its token is gone): ` + dropped.map((d) => `${q(d.token)} at ${d.from}`).join(", "));
+  notice(parts.join("; "));
 }
 
 const handlers = {
@@ -138,6 +164,22 @@ function drawSchemes() {
   enableSchemes();
 }
 
+// what the grid's colours mean: a colour per model, stripes where a cell's slots differ
+function drawLegend() {
+  const root = $("legend");
+  root.replaceChildren("cells:");
+  state.info.roles.forEach((role, i) => {
+    const item = document.createElement("span");
+    const sw = document.createElement("span"); sw.className = "swatch"; sw.style.background = roleColor(i);
+    item.append(sw, `from ${role}`);
+    root.appendChild(item);
+  });
+  const mixed = document.createElement("span");
+  const sw = document.createElement("span"); sw.className = "swatch mixed"; sw.style.backgroundColor = roleColor(1);
+  mixed.append(sw, "some slots of the cell from another model");
+  root.appendChild(mixed);
+}
+
 function drawPalette() {
   const root = $("palette");
   root.replaceChildren();
@@ -150,16 +192,48 @@ function drawPalette() {
   });
 }
 
+// character ranges in the spans box follow an edit of the prompt (text spans are found again)
+function moveSpans() {
+  const before = state.prompt, after = $("prompt").value;
+  state.prompt = after;
+  let spans;
+  try { spans = parseSpans($("spans").value); } catch (e) { return; }
+  if (!Object.values(spans).some(Array.isArray)) return;
+  const { spans: kept, dropped } = shiftSpans(before, after, spans);
+  $("spans").value = formatSpans(after, kept);
+  if (dropped.length) notice(`the edit cut through span(s) ${dropped.join(", ")}: removed from the spans box, mark them again`);
+}
+
+// the protocol the shown numbers were computed under, what it means, and (after a run row
+// switched it) the way back to the one chosen before
+function drawProtocol(protocol) {
+  const line = $("protocol-line");
+  line.replaceChildren();
+  const b = document.createElement("b"); b.textContent = `protocol ${protocol}`;
+  line.append(b, `: ${state.info.schemes.protocols[protocol] || ""}`);
+  const back = state.protocolBefore;
+  line.classList.toggle("switched", back !== null && back !== protocol);
+  if (back !== null && back !== protocol) {
+    const button = document.createElement("button");
+    button.type = "button"; button.textContent = `back to ${back}`;
+    button.onclick = () => { $("protocol").value = back; state.protocolBefore = null; graft(); };
+    line.append(" (switched by the run row: the run was computed so) ", button);
+  }
+}
+
 const page = {
   error: showError,
   openExample(ex) {
     $("prompt").value = ex.prompt;
+    state.prompt = ex.prompt;
     $("spans").value = formatSpans(ex.prompt, ex.spans);
     $("answer").value = ex.answer || "";
     refresh();
   },
   openScheme(scheme, ex, protocol) {
-    $("protocol").value = protocol || "paper";
+    const wanted = protocol || "paper";
+    if (wanted !== $("protocol").value && state.protocolBefore === null) state.protocolBefore = $("protocol").value;
+    $("protocol").value = wanted;
     state.rules = scheme.rules;
     state.base = Math.max(0, state.info.roles.indexOf(scheme.base));
     markScheme(null);
@@ -194,6 +268,7 @@ async function init() {
   $("prompt").maxLength = state.info.limits.max_prompt_chars;
   $("k").max = state.info.limits.max_k;
   drawPalette();
+  drawLegend();
   drawSchemes();
   $("direction").onchange = drawSchemes;
   for (const name of state.info.schemes.component_sets) $("component-set").appendChild(new Option(name));
@@ -205,9 +280,11 @@ async function init() {
   };
   $("reset").onclick = () => { state.rules = []; markScheme(null); graft(); };
   const later = debounce(refresh, 250);
-  ["prompt", "spans"].forEach((id) => $(id).addEventListener("input", later));
+  state.prompt = $("prompt").value;
+  $("prompt").addEventListener("input", () => { moveSpans(); later(); });
+  $("spans").addEventListener("input", later);
   ["answer", "k"].forEach((id) => $(id).addEventListener("input", debounce(graft, 250)));
-  $("protocol").onchange = () => graft();
+  $("protocol").onchange = () => { state.protocolBefore = null; graft(); };
   if (state.info.run) {
     try { drawRun($("run"), await getJSON("/api/run"), page); } catch (e) { showError(e.message); }
   }

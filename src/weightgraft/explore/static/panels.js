@@ -22,14 +22,14 @@ function examplePicker(examples, onPick) {
 
 export function drawRun(root, run, page) {
   root.hidden = false;
-  root.replaceChildren(el("h2", `run ${run.name} (protocol ${run.protocol}): click a row to open it in the grid`));
+  root.replaceChildren(el("h2", `Run ${JSON.stringify(run.name)}, computed under protocol ${run.protocol}: a row click opens its scheme in the grid under that protocol`));
   const table = el("table", undefined, { className: "summary" });
   const head = el("tr");
   run.columns.forEach((c) => head.appendChild(el("th", c)));
   table.appendChild(head);
   for (const row of run.rows) {
     const tr = el("tr", undefined, { className: "row" });
-    run.columns.forEach((c) => tr.appendChild(el("td", String(fmt(row[c])))));
+    row.cells.forEach((c) => tr.appendChild(el("td", c)));
     tr.onclick = () => {
       const scheme = run.schemes[row.scheme];
       const example = (run.examples[row.template] || [])[0];

@@ -1,7 +1,9 @@
 // Next-token top-k of PRE, SFT and the grafted pass side by side, and the answer's probability
 // and rank under each.
 const NAMES = { pre: "PRE", sft: "SFT", graft: "grafted" };
-const shown = (t) => JSON.stringify(t).slice(1, -1);
+import { shownToken } from "./grid.js";
+
+const shown = (t) => shownToken(JSON.stringify(t).slice(1, -1));
 
 export function drawTop(root, top, answer) {
   root.replaceChildren();
@@ -36,7 +38,7 @@ export function drawAnswer(root, answer) {
     table.appendChild(tr);
   }
   const cap = document.createElement("caption");
-  cap.textContent = `answer ${JSON.stringify(answer.text)}: first token ${JSON.stringify(answer.token)}`;
+  cap.textContent = `answer ${JSON.stringify(answer.text)}: first token ${shownToken(answer.token)}`;
   table.prepend(cap);
   root.appendChild(table);
 }

@@ -15,6 +15,8 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
+from weightgraft import atomic
+
 from weightgraft.engine.attribution import Metric
 from weightgraft.localize.claims.grafts import ClaimMap, judge_claims
 from weightgraft.localize.claims.regions import CLAIMS, Claim
@@ -93,10 +95,9 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
         say(f"[{direction}/{template}] claims ({setting}): " + ", ".join(f"{r['claim']} {r['verdict']}" for r in found))
     out = pd.DataFrame(rows)
     out = out[FIRST + [c for c in out.columns if c not in FIRST]]
-    tmp = table.with_suffix(".tmp")
-    out.to_parquet(tmp, index=False)
-    tmp.replace(table)
-    null_path.write_text(json.dumps(nulls))
+    with atomic.atomic_path(table) as tmp:
+        out.to_parquet(tmp, index=False)
+    atomic.write_json(null_path, nulls)
     return out, nulls
 
 
@@ -105,5 +106,5 @@ def write_claims(run_dir: Path, tables: Sequence[pd.DataFrame], nulls: Sequence[
     seed and share: redraw with ``draws.draw_outside``)."""
     if not tables:
         return
-    pd.concat(tables, ignore_index=True).to_csv(run_dir / "claims.csv", index=False)
-    (run_dir / "claims_null.json").write_text(json.dumps(list(nulls), default=float))
+    atomic.write_text(run_dir / "claims.csv", pd.concat(tables, ignore_index=True).to_csv(index=False))
+    atomic.write_json(run_dir / "claims_null.json", list(nulls), default=float)

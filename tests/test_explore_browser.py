@@ -1,0 +1,128 @@
+"""The explore page in headless Chromium (Debian's ``chromium`` through playwright) on tiny
+models: a painted cell moves the top-k to what ``wg.graft`` computes, and paint stays on its
+token when the prompt is edited. Skipped, with one line, where no browser is installed."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import weightgraft as wg
+from weightgraft.explore.app import create_app
+from weightgraft.explore.serve import free_port
+from weightgraft.explore.session import Explorer
+
+PROMPT = "Keanu Reeves starred in a movie with"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run"]
+
+
+def _playwright() -> Any:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("no playwright Python package (pip install -e '.[test]') for the browser tests")
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (apt-get install chromium) for the browser tests")
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def served(tiny_pair, tiny_tok) -> Iterator[tuple[str, Any, Any, Any]]:
+    import uvicorn
+
+    sync_playwright = _playwright()
+    pre, sft = tiny_pair("llama")
+    port = free_port()
+    app = create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok), address=("127.0.0.1", port))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            yield f"http://127.0.0.1:{port}/", browser, pre, sft
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture()
+def page(served):
+    url, browser, _, _ = served
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_selector("body[data-ready]", timeout=30000)
+    yield page
+    assert not errors, errors
+    page.close()
+
+
+def _settle(page, before: str | None = None) -> str:
+    """Wait for a graft newer than ``before`` and the debounced typing to settle."""
+    if before is not None:
+        page.wait_for_function(f"() => document.body.dataset.ready !== '{before}'", timeout=30000)
+    page.wait_for_timeout(700)
+    return page.eval_on_selector("body", "b => b.dataset.ready")
+
+
+def _painted_positions(page) -> list[int]:
+    """Positions whose layer-0 cell of the first grid has a slot from SFT (its title says so)."""
+    return page.eval_on_selector_all(
+        "#grids .block:first-child .grid:not(.heat) .c",
+        """cells => { const bottom = Math.max(...cells.map((c) => +c.dataset.row));
+           return cells.filter((c) => +c.dataset.row === bottom && c.title.includes('=sft')).map((c) => +c.dataset.t); }""")
+
+
+def test_page_paints_a_cell_and_the_top_k_moves(served, page, tiny_tok):
+    _, _, pre, sft = served
+    page.fill("#prompt", PROMPT)
+    page.fill("#spans", "first_actor=Keanu Reeves")
+    page.fill("#answer", "Tom")
+    seq = _settle(page)
+    before = page.inner_text("#top [data-model=graft]")
+    assert before.splitlines()[1:] == page.inner_text("#top [data-model=pre]").splitlines()[1:]  # nothing painted
+    assert "protocol paper" in page.inner_text("#protocol-line")
+    page.locator("#grids .block").first.locator(".grid:not(.heat) .c").last.click()  # layer 0, last token
+    _settle(page, seq)
+    after = page.inner_text("#top [data-model=graft]")
+    assert after.splitlines()[1:] != before.splitlines()[1:]
+    last = len(tiny_tok(PROMPT)["input_ids"]) - 1
+    out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, [PROMPT], wg.Rule(
+        model="sft", positions=str(last), layers="0", components="attn"))
+    first = out.top(1)[0][0][0]
+    assert after.splitlines()[1].startswith(first.replace(" ", "␣")) or first.strip() in after.splitlines()[1]
+    page.click("#position-schemes button:text-is('FE+LT')")
+    page.wait_for_function("() => document.querySelector('button.scheme.on') !== null")
+
+
+def test_paint_stays_on_its_token_when_the_prompt_is_edited(page, tiny_tok):
+    page.fill("#prompt", PROMPT)
+    page.fill("#spans", "")
+    seq = _settle(page)
+    n = len(tiny_tok(PROMPT)["input_ids"])
+    page.locator("#grids .block").first.locator(f".grid:not(.heat) .c[data-t='{n - 1}']").last.click()
+    seq = _settle(page, seq)
+    assert _painted_positions(page) == [n - 1]
+    shown = page.inner_text("#top [data-model=graft]")
+    page.locator("#prompt").press("Home")
+    page.locator("#prompt").type("Yesterday, ")  # typed, as a user types: every keystroke re-tokenizes
+    _settle(page, seq)
+    m = len(tiny_tok("Yesterday, " + PROMPT)["input_ids"])
+    # the paint is on the same token (the prompt's last), not on position n - 1, which is now another character
+    assert _painted_positions(page) == [m - 1]
+    assert "paint kept on its token" in page.inner_text("#notice")
+    assert page.inner_text("#top [data-model=graft]") != "" and shown
