@@ -326,7 +326,8 @@ def test_the_run_table_shows_every_metric_the_report_shows(outputs):
     """Each row of the report's summary tables (summary.md) is a row of the page's table, cell
     for cell, under the same headers; recovery is a number, not an empty column."""
     from weightgraft.explore.artifacts import RunView
-    from weightgraft.report.tables import TABLE_HEADER
+    from weightgraft.report.tables import table_header
+    TABLE_HEADER = table_header()
 
     run_dir = outputs[0]
     view = RunView(run_dir)

@@ -49,15 +49,20 @@ def test_localize_end_to_end(tmp_path):
             assert entry["size"] == 1 or share.get(entry["size"] - 1, 0) < 0.8 or entry["size"] - 1 not in share
     assert (result.run_dir / "report" / "index.html").is_file()
     assert (result.run_dir / "report" / "scatter.png").is_file()
-    # claims.csv: the paper's claims on the estimates of every prompt and the exact maps of 2 per template
-    from weightgraft.localize.claims import CLAIMS, check_claims
+    # claims.csv: the paper's claims as exact region grafts, per template and graft direction
+    from weightgraft.localize.claims import CLAIMS, VERDICTS
 
     claims = pd.read_csv(result.run_dir / "claims.csv")
-    assert set(claims["effect"]) == {"estimate", "exact"} and set(claims["claim"]) == {c.name for c in CLAIMS}
-    exact = claims[claims.effect == "exact"]
-    assert (exact["n_prompts"] == 2).all() and (exact["n_prompts_without"] == 2).all()
-    again = check_claims(cells, column="estimate", seed=config.seed)
-    pd.testing.assert_frame_equal(claims[claims.effect == "estimate"].reset_index(drop=True), again, check_dtype=False)
+    assert set(claims["claim"]) == {c.name for c in CLAIMS} and len(claims) == 2 * 2 * len(CLAIMS)
+    for column in ("setting", "share_exact", "ci_low", "ci_high", "share_estimate", "interaction",
+                   "region_cells_share", "null_mean", "null_p", "null_p_holm"):
+        assert column in claims
+    assert set(claims["verdict"]) <= set(VERDICTS) and (claims["n_prompts"] == 4).all()
+    # necessity rows and claims 4-5 on the pre->sft pair say they are outside the paper's setting
+    inside = claims[claims["in_paper_setting"]]
+    assert set(inside["direction"]) == {"sufficiency"} and set(inside["claim"]) == {"fe_lt", "enrichment", "recall",
+                                                                                   "recall_no_unembed"}
+    assert (result.run_dir / "claims_null.json").is_file()
     html = (result.run_dir / "report" / "index.html").read_text()
     assert "The paper's claims" in html and "recall_o_late_ffn" in html
 
@@ -81,9 +86,14 @@ def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     models = [pre.model, sft.model]
     _, part = exact_effects(models, [e.scored for e in examples], sets, pad_id=0)
     _, whole = exact_effects(models, [e.scored for e in examples], every, pad_id=0)
-    share = float(torch.cat(part).mean() / torch.cat(whole).mean())
-    assert abs(share - entry["share"]) < 1e-6
-    assert abs(float(torch.cat(whole).mean()) - entry["total_effect"]) < 1e-6
+    part, whole = torch.cat(part), torch.cat(whole)
+    fit = torch.tensor([e.prompt.id in entry["fit_ids"] for e in examples])
+    assert fit.sum() == 2 and len(entry["heldout_ids"]) == 2  # 4 prompts: 2 searched on, 2 held out
+    share = float(part[fit].mean() / whole[fit].mean())
+    assert share == pytest.approx(entry["share"], rel=1e-5)
+    assert float(whole[fit].mean()) == pytest.approx(entry["total_effect"], rel=1e-5)
+    held = float(part[~fit].mean() / whole[~fit].mean())
+    assert held == pytest.approx(entry["heldout_share"], rel=1e-5)
 
 
 def test_rerun_reuses_finished_stages_and_resumes_a_lost_part(tmp_path):

@@ -1,109 +1,219 @@
-"""The paper's claims as tests on a cell map: shares recomputed by hand, verdicts from the CI,
-bootstrap seeded, prompts without values counted."""
+"""The paper's claims as exact region grafts against a null: each claim holds on a map with the
+structure planted, none holds on maps without it (the null catches them), the null is
+reproducible from its seeds and never overlaps its region, and a claim's exact share equals a
+direct ``wg.graft`` of its region."""
 
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
+import torch
 
-from weightgraft.localize.claims import CLAIMS, check_claims
+import weightgraft as wg
+from weightgraft.localize.claims.grafts import ClaimMap, judge_claims, null_seed
+from weightgraft.localize.claims.regions import CLAIMS, empirical_p, holm, key_frame, last_quarter
+from weightgraft.localize.draws import draw_outside
 
 N_LAYERS = 8
-LABELS = ["tok0", "first_entity-1", "first_entity", "first_entity+1", "relation", "last"]
+LABELS = ["tok0", "tok1", "first_entity-1", "first_entity", "first_entity+1", "relation", "relation+1", "last"]
 COMPONENTS = ["q", "k", "v", "o", "gate", "up", "down", "attn_norm"]
+N_PROMPTS = 12
+BY_NAME = {c.name: c for c in CLAIMS}
 
 
-def _cells(seed: int, n_prompts: int = 12) -> pd.DataFrame:
-    """A random map: every label x layer x component, plus unembed at the last token."""
+def _keys() -> list[tuple[str, str]]:
+    keys = [(label, f"layers.{layer}.{comp}") for label in LABELS for layer in range(N_LAYERS) for comp in COMPONENTS]
+    keys += [(label, "embed") for label in LABELS]
+    return keys + [("last", "final_norm"), ("last", "unembed")]
+
+
+def _additive_map(value, seed: int) -> ClaimMap:
+    """A map whose set effects add up: ``value(key, rng)`` per prompt and key, the effect of a
+    set the sum over its keys (the estimates equal the single-key effects)."""
     rng = np.random.default_rng(seed)
-    rows = []
-    for p in range(n_prompts):
-        for pos, label in enumerate(LABELS):
-            for layer in range(N_LAYERS):
-                for comp in COMPONENTS:
-                    rows.append({"example_id": f"p{p}", "template": "t", "direction": "sufficiency",
-                                 "position": pos, "position_label": label, "slot": f"layers.{layer}.{comp}",
-                                 "layer": layer, "component": comp, "estimate": rng.normal(0.05, 0.02)})
-        rows.append({"example_id": f"p{p}", "template": "t", "direction": "sufficiency", "position": len(LABELS) - 1,
-                     "position_label": "last", "slot": "unembed", "layer": None, "component": "unembed",
-                     "estimate": rng.normal(1.0, 0.1)})
-    frame = pd.DataFrame(rows)
-    frame["layer"] = frame["layer"].astype("Int64")
-    return frame
+    keys = _keys()
+    per = np.array([[value(k, rng) for k in keys] for _ in range(N_PROMPTS)])  # [prompts, keys]
+    index = {k: i for i, k in enumerate(keys)}
+
+    def effects(sets):
+        return np.stack([per[:, [index[k] for k in s]].sum(1) for s in sets], axis=1)
+
+    estimates = [{k: float(per[p, i]) for k, i in index.items()} for p in range(N_PROMPTS)]
+    return ClaimMap([set(keys)] * N_PROMPTS, estimates, effects, {k[1]: 10 for k in keys}, N_LAYERS)
 
 
-def _by_hand(cells: pd.DataFrame, keep, within) -> float:
-    num = den = 0.0
-    for _, row in cells.iterrows():
-        if within(row):
-            den += row["estimate"]
-            if keep(row):
-                num += row["estimate"]
-    return num / den
+def _planted(key, rng) -> float:
+    """The paper's picture: the first entity's cells and the last quarter's O + FFN at the last
+    token carry the effect; q/k/v and everything else carry almost none."""
+    label, slot = key
+    noise = rng.normal(0, 0.003)
+    if label.startswith("first_entity") and "+" not in label:
+        return 0.3 + noise
+    if label == "last" and slot.startswith("layers."):
+        layer, comp = int(slot.split(".")[1]), slot.split(".")[2]
+        if layer in last_quarter(N_LAYERS) and comp in ("o", "gate", "up", "down"):
+            return 3.0 + 10 * noise
+    if slot == "unembed":
+        return 1.0 + noise
+    return 0.01 + noise
 
 
-def test_shares_equal_a_recomputation_by_hand():
-    cells = _cells(0)
-    out = check_claims(cells, N_LAYERS, n_boot=200).set_index("claim")
-    # the entity's own tokens, not the words after it (first_entity+1)
-    fe = lambda r: r["position_label"] in ("first_entity", "first_entity-1")  # noqa: E731
-    lt = lambda r: r["position_label"] == "last"  # noqa: E731
-    lt_layer = lambda r: lt(r) and r["component"] != "unembed"  # noqa: E731
-    assert out.loc["enrichment", "share"] == pytest.approx(_by_hand(cells, fe, lambda r: True))
-    assert out.loc["recall", "share"] == pytest.approx(_by_hand(cells, lt, lambda r: True))
-    assert out.loc["fe_lt", "share"] == pytest.approx(_by_hand(cells, lambda r: fe(r) or lt(r), lambda r: True))
-    late = lambda r: r["component"] == "o" or (r["component"] in ("gate", "up", "down") and r["layer"] >= 6)  # noqa: E731
-    assert out.loc["recall_o_late_ffn", "share"] == pytest.approx(_by_hand(cells, late, lt_layer))
-    assert out.loc["recall_not_qkv", "share"] == pytest.approx(
-        _by_hand(cells, lambda r: r["component"] in ("q", "k", "v"), lt_layer))
-    assert set(out.index) == {c.name for c in CLAIMS}
-    assert (out["ci_low"] <= out["share"]).all() and (out["share"] <= out["ci_high"]).all()
-    assert (out["n_prompts"] == 12).all() and (out["n_prompts_without"] == 0).all()
-    # the layer count defaults to the map's; unit rows of a units: run are not counted again
-    pd.testing.assert_frame_equal(check_claims(cells, n_boot=200).set_index("claim"), out)
-    units = cells[cells.component == "o"].assign(unit=0, estimate=9.0)
-    with_units = pd.concat([cells.assign(unit=-1), units], ignore_index=True)
-    pd.testing.assert_frame_equal(check_claims(with_units, n_boot=200).set_index("claim"), out)
+def _verdicts(rows) -> dict[str, str]:
+    return {r["claim"]: r["verdict"] for r in rows}
 
 
-def test_verdicts_follow_the_ci_and_the_bootstrap_is_seeded():
-    cells = _cells(1)
-    out = check_claims(cells, N_LAYERS, n_boot=300, seed=3).set_index("claim")
-    # the unembed carries ~1 of ~4.4 per prompt at the last token: recall > 0 holds
-    assert out.loc["recall", "verdict"] == "holds"
-    # uniform layer cells: q/k/v are 3 of 8 components at the last token (~0.375 >= 0.25)
-    assert out.loc["recall_not_qkv", "verdict"] == "fails"
-    # O + late FFN: 1/8 + 3/8 * 2/8 of the last token's layer cells, well under 0.5
-    assert out.loc["recall_o_late_ffn", "verdict"] == "fails"
-    again = check_claims(cells, N_LAYERS, n_boot=300, seed=3).set_index("claim")
-    pd.testing.assert_frame_equal(out, again)
-    other = check_claims(cells, N_LAYERS, n_boot=300, seed=4).set_index("claim")
-    assert not np.allclose(out["ci_low"], other["ci_low"])
-    # make the last token's O dominate: the claim turns to holds
-    boosted = cells.copy()
-    boosted.loc[(boosted.position_label == "last") & (boosted.component == "o"), "estimate"] = 5.0
-    assert check_claims(boosted, N_LAYERS, n_boot=300).set_index("claim").loc["recall_o_late_ffn", "verdict"] == "holds"
+def test_every_claim_holds_on_a_planted_map():
+    rows, nulls = judge_claims(_additive_map(_planted, 0), "m/t/sufficiency", n_null=199, n_boot=500)
+    assert _verdicts(rows) == {c.name: "holds" for c in CLAIMS}
+    for r in rows:  # the smallest attainable p, and Holm over the map's 6 claims
+        assert r["null_p"] == pytest.approx(1 / 200) and r["null_p_holm"] == pytest.approx(6 / 200)
+        assert r["n_null"] == 199 and (r["ci_low"] <= r["share_exact"] <= r["ci_high"])
+        # additive effects: the region graft equals the summed estimates
+        assert r["interaction"] == pytest.approx(1.0, abs=1e-12)
+    assert {n["claim"] for n in nulls} == {c.name for c in CLAIMS}
 
 
-def test_prompts_without_values_are_counted_not_mixed():
-    cells = _cells(2).assign(exact=lambda f: f["estimate"])
-    cells.loc[cells.example_id.isin(["p0", "p1"]) & (cells.position == 0), "exact"] = np.nan
-    out = check_claims(cells, N_LAYERS, column="exact", n_boot=100)
-    assert (out["n_prompts"] == 10).all() and (out["n_prompts_without"] == 2).all()
-    full = check_claims(cells[~cells.example_id.isin(["p0", "p1"])], N_LAYERS, column="exact", n_boot=100)
-    np.testing.assert_allclose(out["share"], full["share"])
-    with pytest.raises(ValueError, match="no column 'ig'"):
-        check_claims(cells, N_LAYERS, column="ig")
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_no_claim_holds_on_a_map_without_structure(seed):
+    """Every cell's effect drawn from one distribution: a region is no better than a random
+    region of its size, whatever its share against the threshold."""
+    rows, _ = judge_claims(_additive_map(lambda k, rng: rng.normal(0.05, 0.02), seed), "m/t/s", n_null=199, n_boot=300)
+    verdicts = _verdicts(rows)
+    assert "holds" not in verdicts.values(), verdicts
+    shares = {r["claim"]: r["share_exact"] for r in rows}
+    assert shares["enrichment"] > 0 and shares["recall"] > 0  # the old "> 0" test would have held
 
 
-def test_a_region_the_prompts_lack_is_no_cells_not_a_failure():
-    """Free-form prompts without an entity span have no first-entity cells: the claims on it
-    say so instead of failing with a share of 0."""
-    cells = _cells(3)
-    cells = cells[~cells.position_label.str.startswith("first_entity-")]
-    cells = cells.assign(position_label=cells.position_label.replace({"first_entity": "tok2"}))
-    out = check_claims(cells, N_LAYERS, n_boot=100).set_index("claim")
-    assert out.loc["enrichment", "verdict"] == "no cells" and np.isnan(out.loc["enrichment", "share"])
-    assert out.loc["enrichment", "n_cells"] == 0
-    assert out.loc["recall", "verdict"] == "holds"
+def test_the_unembedding_alone_makes_recall_hold_not_recall_without_it():
+    """A map where only the unembedding stands out: the last token 'carries a share' through a
+    direct logit boost; without the unembedding the last token is chance."""
+    def value(key, rng):
+        return rng.normal(1.0, 0.1) if key[1] == "unembed" else rng.normal(0.05, 0.02)
+
+    verdicts = _verdicts(judge_claims(_additive_map(value, 4), "m/t/s", n_null=199, n_boot=300)[0])
+    assert verdicts["recall"] == "holds" and verdicts["recall_no_unembed"] != "holds"
+
+
+def test_null_regions_are_outside_the_region_matched_and_reproducible():
+    data = _additive_map(_planted, 0)
+    rows, nulls = judge_claims(data, "m/t/s", n_null=19, n_boot=100)
+    pool = sorted(set().union(*data.keys))
+    frame = key_frame(pool)
+    for claim, record in zip(CLAIMS, nulls):
+        region = [k for k, m in zip(pool, claim.region(frame, N_LAYERS)) if m]
+        within = [k for k, m in zip(pool, claim.within(frame, N_LAYERS)) if m]
+        null_pool = [k for k, m in zip(pool, claim.pool(frame, N_LAYERS)) if m]
+        group = (lambda k: k[1].rsplit(".", 1)[-1]) if claim.match_mix else None
+        for j, seed in enumerate(record["seeds"][:5]):
+            assert seed == null_seed(0, "m/t/s", claim.name, j)
+            draw = draw_outside(null_pool, region, region, seed, group)
+            assert len(draw.keys) == len(region) and not set(draw.keys) & set(region)
+            assert set(draw.keys) <= set(null_pool)
+            eff = data.effects([draw.keys, within])
+            assert record["shares"][j] == pytest.approx(eff[:, 0].sum() / eff[:, 1].sum(), abs=1e-12)
+    # fe_lt holds unembed/final_norm at the last token, which no other position has: drawn uniformly, counted
+    row = next(r for r in rows if r["claim"] == "fe_lt")
+    assert row["n_null_unmatched"] == 2 * 19 and row["null_drawn"] == "component mix"
+    cells = next(r for r in rows if r["claim"] == "recall")["region_cells_share"]
+    assert cells == pytest.approx((len(COMPONENTS) * N_LAYERS + 3) / len(_keys()))
+
+
+def test_empirical_p_and_holm():
+    null = np.array([0.1, 0.2, 0.3, 0.4])
+    assert empirical_p(0.35, null, above=True) == pytest.approx(2 / 5)
+    assert empirical_p(0.35, null, above=False) == pytest.approx(4 / 5)
+    assert empirical_p(0.4, null, above=True) == pytest.approx(2 / 5)  # ties count against the claim
+    np.testing.assert_allclose(holm([0.01, 0.04, np.nan, 0.03]), [0.03, 0.06, np.nan, 0.06])
+
+
+def test_a_region_the_prompts_lack_is_no_cells():
+    data = _additive_map(_planted, 5)
+    keys = [{k for k in ks if not k[0].startswith("first_entity")} for ks in data.keys]
+    rows, _ = judge_claims(ClaimMap(keys, data.estimates, data.effects, data.params, N_LAYERS), "m", n_null=19,
+                           n_boot=100)
+    verdicts = _verdicts(rows)
+    assert verdicts["enrichment"] == "no cells"
+    assert np.isnan(next(r for r in rows if r["claim"] == "enrichment")["share_exact"])
+
+
+def test_exact_region_share_equals_a_direct_graft(tmp_path):
+    """``share_exact`` of a claim from the localize path equals the share computed with
+    ``wg.graft`` of the region and of its within-set, per prompt, in float64."""
+    from tiny_models import make_donor, make_tiny
+    from tiny_world import tokenizer, write_world
+
+    from weightgraft.localize.claims.stage import map_claims
+    from weightgraft.localize.config import ClaimSettings, parse_localize_config
+    from weightgraft.localize.examples import build_examples, select_prompts
+
+    tok = tokenizer()
+    pre = make_tiny("llama", seed=0, vocab_size=len(tok), n_layers=5).double()
+    sft = make_donor(pre, 1).double()
+    config = parse_localize_config({"data": str(write_world(tmp_path / "data", n=4)), "templates": ["headline"],
+                                    "models": {"pre": "x", "sft": "y"}})
+    examples, _ = build_examples(select_prompts(config), tok)
+    settings = ClaimSettings(null_sets=19, bootstrap=100)
+    table, _ = map_claims([pre, sft], examples, _no_estimates(), "sft", "sufficiency", "pre->sft", settings, 0, 0,
+                          "logprob", 64, tmp_path, lambda *a: None)
+    prompts = [e.prompt.prompt for e in examples]
+    targets = torch.tensor([e.scored.target for e in examples])
+    late = last_quarter(5)
+    assert late == [3, 4]
+
+    def logprob(rules):
+        out = wg.graft({"pre": pre, "sft": sft}, tok, prompts, rules)
+        return torch.log_softmax(out.logits.double(), -1)[torch.arange(len(prompts)), targets]
+
+    base = logprob([])
+    rule = lambda comps: wg.Rule(model="sft", positions="last", layers="3..4", components=comps)  # noqa: E731
+    region = (logprob(rule("o+gate+up+down")) - base).sum()
+    within = (logprob(rule("q+k+v+o+gate+up+down")) - base).sum()
+    row = table.set_index("claim").loc["recall_o_late_ffn"]
+    assert row["share_exact"] == pytest.approx(float(region / within), abs=1e-12)
+    whole = (logprob(wg.Rule(model="sft", components="all")) - base).sum()
+    last = (logprob(wg.Rule(model="sft", positions="last", components="all")) - base).sum()
+    assert table.set_index("claim").loc["recall", "share_exact"] == pytest.approx(float(last / whole), abs=1e-12)
+    assert (table["n_prompts"] == 4).all()
+
+
+def _no_estimates():
+    import pandas as pd
+
+    return pd.DataFrame({"example_id": pd.Series(dtype=object), "template": pd.Series(dtype=object),
+                         "direction": pd.Series(dtype=object), "position_label": pd.Series(dtype=object),
+                         "slot": pd.Series(dtype=object), "unit": pd.Series(dtype="int64"),
+                         "estimate": pd.Series(dtype=float)})
+
+
+def test_reversal_setting_tests_claims_4_5_where_the_paper_made_them(tmp_path):
+    """``reversal:`` grafts the donor (both directions) into the recipient (a2b) on the named
+    template's prompts: claims 4-5 only, in their paper setting; a template the data lacks is a
+    one-line error before any model loads."""
+    import pandas as pd
+    from tiny_world import loader, write_world
+
+    from weightgraft.data.prompts import DatasetError
+    from weightgraft.localize import run_localize as localize
+    from weightgraft.localize.config import parse_localize_config
+
+    raw = {"data": str(write_world(tmp_path / "data", n=4)), "out": str(tmp_path / "run"), "templates": ["headline"],
+           "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "exact": "none", "report": False,
+           "graft_directions": ["sufficiency"], "search": {"enabled": False},
+           "claims": {"null_sets": 19, "bootstrap": 100},
+           "reversal": {"donor": "tiny-llama:relation", "recipient": "tiny-llama:task", "template": "qa",
+                        "direction": "a2b"}}
+    result = localize(parse_localize_config(raw), progress=False, load=loader)
+    claims = pd.read_csv(result.run_dir / "claims.csv")
+    rev = claims[claims["model"] == "reversal"]
+    assert set(rev["claim"]) == {"recall_o_late_ffn", "recall_not_qkv"} and set(rev["setting"]) == {"both->a2b"}
+    assert rev["in_paper_setting"].all() and (rev["template"] == "qa").all() and (rev["n_prompts"] == 4).all()
+    assert set(rev["roles"]) == {"donor: no training manifest; recipient: no training manifest"}
+    outside = claims[(claims["model"] == "sft") & claims["claim"].isin(["recall_o_late_ffn", "recall_not_qkv"])]
+    assert not outside["in_paper_setting"].any() and outside["note"].str.contains("outside the paper's setting").all()
+
+    def no_load(*a):
+        raise AssertionError("a model was loaded")
+
+    raw["reversal"]["template"] = "paper_headline"
+    with pytest.raises(DatasetError, match="no a2b prompt of template 'paper_headline'"):
+        localize(parse_localize_config({**raw, "out": str(tmp_path / "other")}), progress=False, load=no_load)

@@ -145,3 +145,6 @@ def test_cli_names_a_report_only_when_there_is_one(tmp_path, monkeypatch, report
     assert page.is_file() == report
     assert (f"report: {page}" in out.replace("\n", "")) == report
     assert "directions:" in out and "refined by exact marginal gain" in out
+    flat = out.replace("\n", "")
+    assert "claim recall_no_unembed:" in flat and "exact region share" in flat and "random regions of its size" in flat
+    assert "held-out prompts' effect" in flat  # the found set's share on prompts the search never saw

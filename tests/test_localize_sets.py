@@ -1,6 +1,8 @@
-"""The found sets' checks on a tiny pair: controls reproducible from their seeds and regrafted
-to their recorded shares, the refined set verified exact, the missed-effects sample equal to
-exact effects, and the cells each prompt received (a label some prompts lack)."""
+"""The found sets' checks on a tiny pair: searched on the fit prompts and judged on held-out ones
+the search never saw, controls drawn outside the set, reproducible from their seeds and
+regrafted to their recorded shares, the refined set verified exact, the missed-effects sample
+equal to exact effects and stratified by rank, and the cells each prompt received (a label some
+prompts lack)."""
 
 from __future__ import annotations
 
@@ -18,11 +20,11 @@ from weightgraft.localize.config import parse_localize_config
 from weightgraft.localize.controls import draw_control, mix_key
 from weightgraft.localize.examples import build_examples, select_prompts
 from weightgraft.localize.maps import cell_map
-from weightgraft.localize.search import rank_keys
+from weightgraft.localize.search import minimal_graft_search, rank_keys
 from weightgraft.localize.verify import SetVerifier, received_summary
-from tiny_world import loader, write_world
+from tiny_world import loader, loader64, write_world
 
-TOL = 1e-6
+TOL = 1e-12  # float64 models: a share regrafted outside localize agrees to float precision
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +33,12 @@ def finished(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sets")
     raw = {"name": "sets", "data": str(write_world(tmp / "data", n=6)), "out": str(tmp / "run"),
            "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "templates": ["headline"],
-           "exact": "none", "batch_size": 3, "exact_chunk": 64, "report": False,
+           "exact": "none", "batch_size": 3, "exact_chunk": 64, "report": False, "dtype": "float64",
+           "claims": {"enabled": False},
            "search": {"target_share": 0.9, "controls": 20, "missed_sample": 16}}
     config = parse_localize_config(raw)
-    result = localize(config, progress=False, load=loader)
-    pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
+    result = localize(config, progress=False, load=loader64)
+    pre, sft = loader64("tiny-llama:pre"), loader64("tiny-llama:sft")
     examples, _ = build_examples(select_prompts(config), pre.tokenizer)
     index = {s.name: i for i, s in enumerate(model_slots(pre.model))}
     maps = [cell_map(e, index, pre.model) for e in examples]
@@ -55,10 +58,47 @@ def _keys(cells):
     return [tuple(c) if isinstance(c, list) else (c["position_label"], c["slot"]) for c in cells]
 
 
-def test_controls_redraw_from_their_seeds_and_regraft_to_their_shares(finished):
+def _half(entry, examples, maps, which):
+    ids = set(entry[f"{which}_ids"])
+    keep = [i for i, e in enumerate(examples) if e.prompt.id in ids]
+    return [examples[i] for i in keep], [maps[i] for i in keep]
+
+
+def test_sets_are_searched_on_fit_prompts_and_judged_on_held_out_ones(finished):
     result, examples, maps, pairs = finished
-    candidates = sorted(set().union(*(m.keys() for m in maps)))
+    split = result.search["splits"]["headline"]
+    assert len(split["fit_ids"]) == 3 and len(split["heldout_ids"]) == 3
+    assert not set(split["fit_ids"]) & set(split["heldout_ids"])
+    assert set(split["fit_ids"]) | set(split["heldout_ids"]) == {e.prompt.id for e in examples}
+    cells = result.cells
     for entry in result.search["searches"]:
+        assert entry["fit_ids"] == split["fit_ids"] and entry["n_examples"] == 3
+        models = pairs[entry["direction"]]
+        fit_ex, fit_maps = _half(entry, examples, maps, "fit")
+        held_ex, held_maps = _half(entry, examples, maps, "heldout")
+        found = _keys(entry["cells"])
+        assert _share(models, fit_ex, fit_maps, found) == pytest.approx(entry["share"], abs=TOL)
+        assert _share(models, held_ex, held_maps, found) == pytest.approx(entry["heldout_share"], abs=TOL)
+        refined = _keys(entry["refined"]["cells"])
+        assert _share(models, held_ex, held_maps, refined) == pytest.approx(entry["refined"]["heldout_share"], abs=TOL)
+        # the search never saw the held-out prompts: a search on the fit prompts alone finds the same set
+        sub = cells[(cells.direction == entry["direction"]) & cells.example_id.isin(entry["fit_ids"])]
+        estimates = {k: float(v) for k, v in sub.groupby(["position_label", "slot"])["estimate"].sum().items()}
+        alone = minimal_graft_search(models, [e.scored for e in fit_ex], fit_maps, estimates, 0, 0.9, 1024, chunk=64)
+        assert alone.cells == found
+        # controls measured on both halves
+        for kind in ("random", "matched"):
+            held = entry["controls"][kind]["heldout"]
+            shares = [s["heldout_share"] for s in entry["controls"][kind]["sets"]]
+            assert held["mean"] == pytest.approx(np.mean(shares), abs=1e-12)
+            assert held["p"] == pytest.approx((1 + sum(v >= entry["heldout_share"] for v in shares)) / 21)
+
+
+def test_controls_redraw_from_their_seeds_and_regraft_to_their_shares(finished):
+    result, examples, all_maps, pairs = finished
+    for entry in result.search["searches"]:
+        examples, maps = _half(entry, finished[1], all_maps, "fit")
+        candidates = sorted(set().union(*(m.keys() for m in maps)))
         found = _keys(entry["cells"])
         controls = entry["controls"]
         assert controls["n_sets"] == 20 and controls["agrees"]
@@ -71,11 +111,15 @@ def test_controls_redraw_from_their_seeds_and_regraft_to_their_shares(finished):
             assert controls[kind]["p95"] == pytest.approx(np.percentile(shares, 95), abs=1e-12)
             assert controls[kind]["margin_over_p95"] == pytest.approx(entry["share"] - controls[kind]["p95"], abs=1e-12)
             assert controls[kind]["beats_p95"] == (entry["share"] > controls[kind]["p95"])
+            assert controls[kind]["p"] == pytest.approx((1 + sum(v >= entry["share"] for v in shares)) / 21)
+            assert controls["from_complement"]
+            for s in sets:  # no control set holds a cell of the found set
+                assert not set(_keys(s["cells"])) & set(found)
             for s in sets[:3]:
                 cells = _keys(s["cells"])
-                assert draw_control(candidates, found, kind, s["seed"]) == cells
+                assert draw_control(candidates, found, kind, s["seed"]).keys == cells
                 assert len(set(cells)) == len(found) and set(cells) <= set(candidates)
-                if kind == "matched":
+                if kind == "matched" and not s["n_unmatched"]:
                     assert Counter(map(mix_key, cells)) == Counter(map(mix_key, found))
                 assert _share(pairs[entry["direction"]], examples, maps, cells) == pytest.approx(s["share"], abs=TOL)
         # controls of the refined set too
@@ -84,16 +128,27 @@ def test_controls_redraw_from_their_seeds_and_regraft_to_their_shares(finished):
 
 def test_random_controls_differ_by_seed():
     pool = [(f"l{i}", f"layers.{j}.o") for i in range(5) for j in range(4)]
-    a = draw_control(pool, pool[:6], "random", "0:s:t:random:6:0")
-    b = draw_control(pool, pool[:6], "random", "0:s:t:random:6:1")
-    assert a != b and a == draw_control(list(reversed(pool)), pool[:6], "random", "0:s:t:random:6:0")
+    a = draw_control(pool, pool[:6], "random", "0:s:t:random:6:0").keys
+    b = draw_control(pool, pool[:6], "random", "0:s:t:random:6:1").keys
+    assert a != b and a == draw_control(list(reversed(pool)), pool[:6], "random", "0:s:t:random:6:0").keys
+
+
+def test_matched_controls_short_of_a_group_draw_the_rest_from_the_complement():
+    """The unembedding has one key at ``last``: a found set holding it leaves its group empty
+    outside the set, so that cell is drawn uniformly from the complement, and counted."""
+    pool = [("last", f"layers.{j}.o") for j in range(6)] + [("last", "unembed"), ("tok0", "layers.0.o")]
+    found = [("last", "unembed"), ("last", "layers.0.o")]
+    draw = draw_control(pool, found, "matched", "x")
+    assert draw.n_unmatched == 1 and not set(draw.keys) & set(found) and len(draw.keys) == 2
+    assert sum(mix_key(k) == ("last", "o") for k in draw.keys) >= 1
     with pytest.raises(ValueError, match="unknown control kind"):
         draw_control(pool, pool[:2], "other", "x")
 
 
 def test_refined_set_is_exact_and_minimal_under_single_removals(finished):
-    result, examples, maps, pairs = finished
+    result, all_examples, all_maps, pairs = finished
     for entry in result.search["searches"]:
+        examples, maps = _half(entry, all_examples, all_maps, "fit")
         refined = entry["refined"]
         models = pairs[entry["direction"]]
         cells = _keys(refined["cells"])
@@ -110,12 +165,14 @@ def test_refined_set_is_exact_and_minimal_under_single_removals(finished):
 
 
 def test_missed_sample_effects_are_exact_and_below_the_cut(finished):
-    result, examples, maps, pairs = finished
+    result, all_examples, all_maps, pairs = finished
     cells = result.cells
     for entry in result.search["searches"]:
+        examples, maps = _half(entry, all_examples, all_maps, "fit")
         missed = entry["missed"]
         models = pairs[entry["direction"]]
-        sub = cells[(cells["direction"] == entry["direction"]) & (cells["template"] == entry["template"])]
+        sub = cells[(cells["direction"] == entry["direction"]) & (cells["template"] == entry["template"])
+                    & cells["example_id"].isin(entry["fit_ids"])]
         estimates = {k: float(v) for k, v in sub.groupby(["position_label", "slot"])["estimate"].sum().items()}
         ranking = rank_keys(estimates, 1.0 if entry["total_effect"] > 0 else -1.0)
         top = set(ranking[: entry["size"]])
@@ -131,6 +188,16 @@ def test_missed_sample_effects_are_exact_and_below_the_cut(finished):
         largest = max(sample, key=lambda kv: abs(kv[1]))
         assert tuple(missed["largest"]["cell"]) == largest[0]
         assert 0 <= missed["ci95"][0] <= missed["share_below_k"] + 1e-12 <= missed["ci95"][1] + 2e-12 <= 1 + 1e-12
+        # stratified by rank: every stratum sampled alike, in rank order below the cut
+        if missed["below_sampled"]:
+            rank = {k: i for i, k in enumerate(ranking)}
+            strata = Counter(s["stratum"] for s in missed["sample"])
+            assert max(strata.values()) - min(strata.values()) <= 1 and len(strata) == 8
+            order = [rank[tuple(s["cell"])] for s in missed["sample"]]
+            assert order == sorted(order)
+        for line in missed["rules_out"]:
+            hits = sum(abs(v) > line["threshold"] for _, v in sample)
+            assert line["above"] == hits and hits / len(sample) <= line["fraction_upper95"] <= 1
 
 
 def test_received_counts_cells_at_labels_some_prompts_lack(tmp_path):
@@ -169,3 +236,12 @@ def test_refinement_reports_each_round_as_it_goes():
     out = refine_set(Additive(), list(weight), 1.0, 0.8, progress=lambda r, n, s: seen.append((r, n, s)))
     assert [(n, pytest.approx(s)) for _, n, s in seen] == [(st["size"], st["share"]) for st in out["steps"][1:]]
     assert [r for r, _, _ in seen] == list(range(1, len(seen) + 1)) and out["size"] == 2
+
+
+def test_clopper_pearson_upper_bound():
+    """No hit in 64 rules out 4.6% and more (1 - 0.05 ** (1 / 64)); the bound grows with hits."""
+    from weightgraft.localize.missed import binomial_upper
+
+    assert binomial_upper(0, 64) == pytest.approx(1 - 0.05 ** (1 / 64), abs=1e-9)
+    assert binomial_upper(0, 64) < binomial_upper(1, 64) < binomial_upper(5, 64) < 1
+    assert binomial_upper(64, 64) == 1.0

@@ -15,26 +15,26 @@ from weightgraft.api.localize import localize
 from weightgraft.localize.config import parse_localize_config
 from weightgraft.localize.examples import build_examples, select_prompts
 from weightgraft.localize.maps import UnitCellMap, cell_map, whole_cells
-from tiny_world import loader, write_world
+from tiny_world import loader64, write_world
 
-TOL = 1e-6
+TOL = 1e-12  # float64 models
 
 
 def _run(tmp, units: str, **extra):
     raw = {"name": units, "data": str(write_world(tmp / "data", n=4)), "out": str(tmp / units),
            "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "templates": ["headline"],
            "graft_directions": ["sufficiency"], "exact": 1, "batch_size": 4, "exact_chunk": 64,
-           "report": False, "units": units, "exact_units": 8,
+           "report": False, "units": units, "exact_units": 8, "dtype": "float64",
            "search": {"target_share": 0.5, "max_cells": 256, "controls": 20, "missed_sample": 8, "refine_rounds": 3},
            **extra}
     config = parse_localize_config(raw)
-    return config, localize(config, progress=False, load=loader)
+    return config, localize(config, progress=False, load=loader64)
 
 
 @pytest.fixture(scope="module", params=["head", "neuron"])
 def finished(request, tmp_path_factory):
     config, result = _run(tmp_path_factory.mktemp(request.param), request.param)
-    pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
+    pre, sft = loader64("tiny-llama:pre"), loader64("tiny-llama:sft")
     examples, _ = build_examples(select_prompts(config), pre.tokenizer)
     return request.param, config, result, examples, pre.model, sft.model
 
@@ -60,7 +60,7 @@ def test_unit_rows_sum_to_their_cells_and_exact_unit_rows_are_grafts(finished):
     chosen = exact_units.head(3)
     sets = [[Cell(int(t), index[s], int(u))] for t, s, u in zip(chosen["position"], chosen["slot"], chosen["unit"])]
     _, (eff,) = exact_effects([pre, sft], [e.scored], [sets], pad_id=0)
-    assert torch.allclose(eff.float(), torch.tensor(chosen["exact"].to_numpy(), dtype=torch.float32), atol=TOL)
+    assert torch.allclose(eff.double(), torch.tensor(chosen["exact"].to_numpy(), dtype=torch.float64), atol=TOL)
     # the whole-cell map is the map of a cell run: one row per cell
     assert len(whole_cells(rows)) == len(cell_map(e, index, pre))
 
@@ -73,10 +73,12 @@ def _share(models, examples, maps, whole, keys) -> float:
 
 
 def test_found_sets_of_units_regraft_to_their_shares(finished):
-    units, config, result, examples, pre, sft = finished
+    units, config, result, everything, pre, sft = finished
     index = {s.name: i for i, s in enumerate(model_slots(pre))}
-    whole = [cell_map(e, index, pre) for e in examples]
     (entry,) = result.search["searches"]
+    examples = [e for e in everything if e.prompt.id in entry["fit_ids"]]  # searched on these only
+    held = [e for e in everything if e.prompt.id in entry["heldout_ids"]]
+    whole = [cell_map(e, index, pre) for e in examples]
     keys = [(c["position_label"], c["slot"]) for c in entry["cells"]]
     drawn = [tuple(c) for s in entry["controls"]["random"]["sets"] for c in s["cells"]]
     assert any("/" in name for _, name in keys + drawn), "found sets and controls hold heads or neurons"
@@ -86,6 +88,9 @@ def test_found_sets_of_units_regraft_to_their_shares(finished):
     universe = sorted({tuple(k) for k in keys})
     maps = [UnitCellMap(e, index, pre, universe) for e in examples]
     assert _share([pre, sft], examples, maps, whole, keys) == pytest.approx(entry["share"], abs=TOL)
+    held_maps = [UnitCellMap(e, index, pre, universe) for e in held]
+    held_whole = [cell_map(e, index, pre) for e in held]
+    assert _share([pre, sft], held, held_maps, held_whole, keys) == pytest.approx(entry["heldout_share"], abs=TOL)
     refined = [(c["position_label"], c["slot"]) for c in entry["refined"]["cells"]]
     assert _share([pre, sft], examples, maps, whole, refined) == pytest.approx(entry["refined"]["share"], abs=TOL)
     for s in entry["controls"]["random"]["sets"][:2]:

@@ -71,6 +71,13 @@ def loader(spec: str, config=None) -> SimpleNamespace:
     return SimpleNamespace(model=model, tokenizer=tok, source=spec, weights_sha256=f"sha-{spec}")
 
 
+def loader64(spec: str, config=None) -> SimpleNamespace:
+    """``loader``'s models in float64 (shares regrafted outside a run agree to float precision)."""
+    out = loader(spec, config)
+    out.model = out.model.double()
+    return out
+
+
 def main(config_path: str) -> None:
     from weightgraft.experiments.config import load_config
     from weightgraft.experiments.runner import run_experiment

@@ -22,15 +22,22 @@ def localize(
     cfg = load_localize_config(config, overrides or [])
     result = run_localize(cfg, progress=progress)
     for entry in result.search.get("searches", []):
+        held = entry.get("heldout_share")
         console.print(f"{entry['direction']:>11} / {entry['template']}: {entry['size']} cells carry "
-                      f"{entry['share']:.0%} of the effect" + ("" if entry["reached"] else " (target not reached)"))
+                      + (f"{held:.0%} of the held-out prompts' effect, " if held is not None else "")
+                      + f"{entry['share']:.0%} of the fit prompts'" + ("" if entry["reached"] else " (target not reached)"))
         refined = entry.get("refined")
         if refined:
-            console.print(f"{'':>11}   refined by exact marginal gain: {refined['size']} cells carry {refined['share']:.0%}")
-        controls = entry.get("controls")
-        if controls:
-            console.print(f"{'':>11}   random sets of {entry['size']}: mean {controls['random']['mean']:.0%}, "
-                          f"p95 {controls['random']['p95']:.0%}; matched p95 {controls['matched']['p95']:.0%}")
+            held = refined.get("heldout_share")
+            console.print(f"{'':>11}   refined by exact marginal gain: {refined['size']} cells carry "
+                          + (f"{held:.0%} held out, " if held is not None else "") + f"{refined['share']:.0%} fit")
+        controls = entry.get("controls") or {}
+        for kind in ("random", "matched"):
+            stats = controls.get(kind) or {}
+            if "mean" in stats:
+                half = stats.get("heldout") or stats
+                console.print(f"{'':>11}   {kind} sets of {entry['size']} outside it ({'held out' if 'heldout' in stats else 'fit'}): "
+                              f"mean {half['mean']:.0%}, p95 {half['p95']:.0%}, the set's p = {half['p']:.3g}")
     if result.excluded:
         console.print(f"[yellow]{len(result.excluded)} prompt(s) excluded[/] (answer tokenizes to nothing)")
     if result.directions_note:
@@ -51,11 +58,12 @@ def localize(
         import pandas as pd
 
         table = pd.read_csv(claims)
-        table = table[table["effect"] == "estimate"]
         for claim, rows in table.groupby("claim", sort=False):
             counts = rows["verdict"].value_counts()
             console.print(f"claim {claim}: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in ("holds", "fails", "undecided", "no cells") if v != "no cells" or counts.get(v, 0))
-                          + f" of {len(rows)} map(s), share {rows['share'].min():.2f} to {rows['share'].max():.2f}")
+                          + f" of {len(rows)} map(s), exact region share {rows['share_exact'].min():.2f} to "
+                          f"{rows['share_exact'].max():.2f} (random regions of its size: {rows['null_mean'].min():.2f} to "
+                          f"{rows['null_mean'].max():.2f})")
         console.print(f"claims: {claims}")
     if result.report is not None:
         console.print(f"report: {result.report}")

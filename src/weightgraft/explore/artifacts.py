@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from weightgraft.report.run import ReportError, read_summary
-from weightgraft.report.tables import TABLE_HEADER, table_rows
+from weightgraft.report.tables import table_header, table_rows
 
 EXAMPLES_PER_TEMPLATE = 8
 CONTROLS_SHOWN = 2  # control sets per kind offered on the page
@@ -93,7 +93,7 @@ def summary_table(summary: pd.DataFrame) -> tuple[list[str], list[dict[str, Any]
     whole-answer recovery where the run has it. Rows carry their keys for the row click."""
     groups = [c for c in GROUP_COLUMNS if c in summary and (c == "template" or summary[c].nunique() > 1)]
     extra = "recovery_answer" in summary and summary["recovery_answer"].notna().any()
-    columns = [*groups, *TABLE_HEADER, *([RECOVERY_ANSWER] if extra else [])]
+    columns = [*groups, *table_header(), *([RECOVERY_ANSWER] if extra else [])]
     rows = []
     for record, cells in zip(summary.to_dict("records"), table_rows(summary), strict=True):
         shown = [str(record[c]) for c in groups] + list(cells)

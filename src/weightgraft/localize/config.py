@@ -28,9 +28,12 @@ class SearchSettings(BaseModel):
     # controls: random sets of the found set's size (uniform, and matched to its mix of
     # (position label, component)), each this many; 0 turns them off
     controls: int = Field(20, ge=0)
-    # exact effects of this many cells sampled below the ranking's cut (and above it, where
-    # the set is larger): the bound on what the ranking missed; 0 turns it off
+    # exact effects of this many cells sampled below the ranking's cut, stratified by rank (and
+    # above it, where the set is larger): the estimate of what the ranking missed; 0 turns it off
     missed_sample: int = Field(64, ge=0)
+    # the share of each template's prompts held out of the search (seeded split): the sets'
+    # shares and controls are reported on them beside the fit prompts; 0 keeps every prompt in
+    heldout: float = Field(0.5, ge=0, lt=1)
     refine: bool = True  # shrink the found set by exact marginal gain
     refine_rounds: int = Field(100, ge=1, description="at most this many exact marginal passes")
 
@@ -40,6 +43,31 @@ class SearchSettings(BaseModel):
         if 0 < value < 20:
             raise ValueError("controls must be 0 (off) or at least 20 (a 95th percentile of fewer sets says little)")
         return value
+
+
+class ClaimSettings(BaseModel):
+    """The paper's claims as exact region grafts against a null (``claims.csv``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    # random regions of each claim's size and component mix, drawn outside it; the smallest
+    # p-value is 1 / (null_sets + 1), and Holm multiplies it by the claims of a map (6)
+    null_sets: int = Field(199, ge=19)
+    bootstrap: int = Field(2000, ge=100, description="paired bootstrap resamples over prompts (the CI)")
+    prompts: int | None = Field(None, ge=2, description="at most this many prompts per template (every graft is exact)")
+
+
+class ReversalSetting(BaseModel):
+    """Where the paper made claims 4-5 (Figure 4): a model finetuned on both directions grafted
+    into the model finetuned on a2b, at the last token, on b2a prompts of the headline template."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    donor: str  # finetuned on both directions (split: both)
+    recipient: str  # finetuned on a2b only (split: a2b)
+    template: str = "paper_headline"
+    direction: Literal["a2b", "b2a"] = "b2a"
 
 
 def sft_labels(sft: str | list[str]) -> list[str]:
@@ -68,6 +96,8 @@ class LocalizeConfig(BaseModel):
     # exact single-cell maps: "all" examples, "none", or the first N examples of each template
     exact: Literal["all", "none"] | int = "all"
     search: SearchSettings = Field(default_factory=SearchSettings)
+    claims: ClaimSettings = Field(default_factory=ClaimSettings)
+    reversal: ReversalSetting | None = None  # claims 4-5 in the paper's own setting
     # cell: whole slots; head: q/k/v/o split by attention head (under grouped-query attention a
     # k/v head is one shared key/value head, serving its group of q heads); neuron: gate/up/down
     # split by MLP neuron. Split slots' units are estimated, mapped exactly and searched as cells.
@@ -122,10 +152,12 @@ class LocalizeConfig(BaseModel):
 
     def identity(self) -> str:
         """Hash of what determines the results (not batch sizes, device, output place, nor
-        ``exact``: exact maps are stored per example, so raising it extends a run; of the SFT
+        ``exact``: exact maps are stored per example, so raising it extends a run; nor the claims'
+        settings, whose results are stored under a digest of them; of the SFT
         models only the first, whose found sets the run searches: appending SFT models extends
         a run, and ``run._claim`` refuses any other change of the list)."""
-        data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device", "exact"})
+        data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device", "exact",
+                                                   "claims", "reversal"})
         data["models"]["sft"] = self.sft_models()[0][1]
         if data["tokenizer"] is None:  # runs made before the key keep their identity
             del data["tokenizer"]

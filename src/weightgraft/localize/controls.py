@@ -1,23 +1,27 @@
 """Controls for a found cell set: is it special, or would any set of its size do?
 
 Two kinds of control set, each of the found set's size and drawn from the candidate keys (every
-key some prompt of the template has): ``random`` (uniform without replacement) and ``matched``
-(the found set's mix of (position label, component) kept, the layer drawn anew: a set of 3 ``o``
-cells at ``last`` is matched by 3 ``o`` cells at ``last`` in other layers). Each set is drawn
-from its own string seed (``random.Random(seed)``), recorded with its cells, so that anyone can
-draw it again (:func:`draw_control`) or regraft the cells. Every share is exact: all control
-sets of a found set are one batched engine pass (prefix sharing).
+key some prompt of the template has) outside the found set, so that no control shares a cell
+with it: ``random`` (uniform without replacement) and ``matched`` (the found set's mix of
+(position label, component) kept, the layer drawn anew: a set of 3 ``o`` cells at ``last`` is
+matched by 3 ``o`` cells at ``last`` in other layers). A group with fewer keys outside the set
+than the set holds (``unembed`` at ``last``: one key) gives what it has; the rest is drawn
+uniformly from the complement, and each set records how many (``n_unmatched``). Each set is
+drawn from its own string seed, recorded with its cells, so that anyone can draw it again
+(:func:`draw_control`) or regraft the cells. Every share is exact: all control sets of a found
+set are one batched engine pass (prefix sharing). Per kind: the empirical p-value of the found
+set, ``(1 + #controls >= found) / (1 + n)``, and the share per cell of the set and the controls.
 """
 
 from __future__ import annotations
 
-import random
-from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 
+from weightgraft.localize.claims.regions import empirical_p
+from weightgraft.localize.draws import Draw, DrawError, draw_outside
 from weightgraft.localize.maps import slot_parts
 from weightgraft.localize.verify import CellKey, SetVerifier
 
@@ -36,53 +40,68 @@ def control_seed(seed: int, direction: str, template: str, kind: Kind, index: in
     return f"{seed}:{direction}:{template}:{kind}:{size}:{index}"
 
 
-def draw_control(candidates: Sequence[CellKey], found: Sequence[CellKey], kind: Kind, seed: str) -> list[CellKey]:
-    """One control set of ``len(found)`` keys from ``candidates`` (sorted first, so the draw
-    depends on the set of candidates only), reproducible from ``seed``."""
-    rng = random.Random(seed)
-    pool = sorted(set(candidates))
-    if kind == "random":
-        return rng.sample(pool, len(found))
-    if kind != "matched":
+def draw_control(candidates: Sequence[CellKey], found: Sequence[CellKey], kind: Kind, seed: str) -> Draw[CellKey]:
+    """One control set of ``len(found)`` keys from ``candidates`` outside ``found``,
+    reproducible from ``seed`` (:func:`weightgraft.localize.draws.draw_outside`)."""
+    if kind not in KINDS:
         raise ValueError(f"unknown control kind {kind!r}; use random or matched")
-    groups: dict[tuple[str, str], list[CellKey]] = defaultdict(list)
-    for key in pool:
-        groups[mix_key(key)].append(key)
-    out: list[CellKey] = []
-    for group, count in sorted(Counter(mix_key(k) for k in found).items()):
-        if len(groups[group]) < count:
-            raise ValueError(f"found set has {count} cells of {group}, the candidates only {len(groups[group])}")
-        out += rng.sample(groups[group], count)
-    return out
+    return draw_outside(candidates, found, found, seed, mix_key if kind == "matched" else None)
 
 
-def _stats(found_share: float, shares: list[float]) -> dict[str, Any]:
+def control_stats(found_share: float, shares: Sequence[float], size: int) -> dict[str, Any]:
+    """Mean, p95 and max of the controls' shares, the found set's margins and empirical
+    p-value, and the share per cell of both (sets of ``size`` cells)."""
     arr = np.asarray(shares, dtype=float)
     mean, p95 = float(arr.mean()), float(np.percentile(arr, 95))
     return {"mean": mean, "p95": p95, "max": float(arr.max()), "margin_over_mean": found_share - mean,
-            "margin_over_p95": found_share - p95, "beats_p95": bool(found_share > p95)}
+            "margin_over_p95": found_share - p95, "beats_p95": bool(found_share > p95),
+            "p": empirical_p(found_share, arr, above=True),
+            "share_per_cell": found_share / size if size else float("nan"),
+            "controls_share_per_cell": mean / size if size else float("nan")}
 
 
 def set_controls(verifier: SetVerifier, found: Sequence[CellKey], found_share: float, n_sets: int,
-                 seed: int, direction: str, template: str) -> dict[str, Any]:
-    """``n_sets`` random and ``n_sets`` matched control sets of the found set: each set's seed,
-    cells and exact share; per kind the mean, 95th percentile and the found set's margins.
-    The found set is regrafted in the same pass; its share must agree with ``found_share``."""
+                 seed: int, direction: str, template: str, heldout: SetVerifier | None = None,
+                 heldout_share: float | None = None) -> dict[str, Any]:
+    """``n_sets`` random and ``n_sets`` matched control sets of the found set, outside it: each
+    set's seed, cells, unmatched count and exact share; per kind the statistics of
+    :func:`control_stats`. With ``heldout`` (the held-out prompts' verifier) the same sets'
+    shares there too, under ``heldout``. The found set is regrafted in the same pass; its share
+    must agree with ``found_share``."""
     found = list(found)
     candidates = verifier.candidates()
-    drawn: list[tuple[Kind, str, list[CellKey]]] = []
+    drawn: list[tuple[Kind, str, Draw[CellKey]]] = []
+    out: dict[str, Any] = {"n_sets": n_sets, "n_candidates": len(candidates), "from_complement": True,
+                           "found_share": found_share}
     for kind in KINDS:
-        for i in range(n_sets):
-            s = control_seed(seed, direction, template, kind, i, len(found))
-            drawn.append((kind, s, draw_control(candidates, found, kind, s)))
-    shares = verifier.shares([found] + [cells for _, _, cells in drawn])
+        try:
+            for i in range(n_sets):
+                s = control_seed(seed, direction, template, kind, i, len(found))
+                drawn.append((kind, s, draw_control(candidates, found, kind, s)))
+        except DrawError as exc:
+            out[kind] = {"not_drawn": str(exc)}
+            drawn = [d for d in drawn if d[0] != kind]
+    sets = [found] + [d.keys for _, _, d in drawn]
+    shares = verifier.shares(sets)
     again, shares = shares[0], shares[1:]
-    out: dict[str, Any] = {"n_sets": n_sets, "n_candidates": len(candidates), "found_share": found_share,
-                           "found_share_regrafted": again, "agrees": abs(again - found_share) <= AGREE}
+    out.update({"found_share_regrafted": again, "agrees": abs(again - found_share) <= AGREE})
+    held = None
+    if heldout is not None:
+        held = heldout.shares(sets)
+        out["heldout_found_share"] = held[0] if heldout_share is None else heldout_share
+        held = held[1:]
     for kind in KINDS:
-        rows = [(s, cells, v) for (k, s, cells), v in zip(drawn, shares) if k == kind]
-        values = [v for _, _, v in rows]
-        same = sum(set(cells) == set(found) for _, cells, _ in rows)
-        out[kind] = {**_stats(found_share, values), "identical_to_found": same,
-                     "sets": [{"seed": s, "share": v, "cells": [list(c) for c in cells]} for s, cells, v in rows]}
+        if kind in out:
+            continue
+        picked = [j for j, (k, _, _) in enumerate(drawn) if k == kind]
+        values = [shares[j] for j in picked]
+        entry = {**control_stats(found_share, values, len(found)),
+                 "n_unmatched": sum(drawn[j][2].n_unmatched for j in picked),
+                 "unmatched_drawn": "uniformly from the complement of the found set"}
+        if held is not None:
+            entry["heldout"] = control_stats(out["heldout_found_share"], [held[j] for j in picked], len(found))
+        entry["sets"] = [{"seed": drawn[j][1], "share": shares[j], "n_unmatched": drawn[j][2].n_unmatched,
+                          **({"heldout_share": held[j]} if held is not None else {}),
+                          "cells": [list(c) for c in drawn[j][2].keys]} for j in picked]
+        out[kind] = entry
     return out

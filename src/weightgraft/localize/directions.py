@@ -44,6 +44,18 @@ def _sft_folder(spec: str) -> Path | None:
     return folder if folder.is_dir() else None
 
 
+def model_directions(spec: str) -> list[str] | None:
+    """The directions a finetuned model was trained on, from its training manifest (None where
+    it has none: a hub model, a model trained elsewhere)."""
+    folder = _sft_folder(spec)
+    if folder is None:
+        return None
+    from weightgraft.training.outputs import MANIFEST_NAME
+
+    split = ((_read_json(folder / MANIFEST_NAME) or {}).get("data") or {}).get("split")
+    return SPLIT_DIRECTIONS.get(split)
+
+
 def trained_directions(data: Path, sft_spec: str) -> DirectionChoice:
     """The trained direction(s) of the pair, from the SFT's training manifest or the data's."""
     folder = _sft_folder(sft_spec)

@@ -1,7 +1,12 @@
 """The found-sets stage of ``localize``: per (direction, template), the minimal graft search,
-then its exact greedy refinement, random and matched controls of both sets, and the bound on
+then its exact greedy refinement, random and matched controls of both sets, and an estimate of
 what the ranking missed; written to ``search.json`` after each step, so a killed run (or a run
 made before a step existed) continues from what is there.
+
+Each template's prompts are split (seeded, ``splits`` in search.json: ``fit_ids``,
+``heldout_ids``): the search, the refinement and the missed-effects sample see the fit prompts
+only; every set's share and its controls are also measured on the held-out prompts
+(``heldout_share``, ``controls.{kind}.heldout``).
 
 Each entry also says how many of its set's cells each prompt actually received: a key at a
 label a prompt lacks (``first_entity-3`` in a two-token name) grafts nothing there.
@@ -10,6 +15,7 @@ label a prompt lacks (``first_entity-3`` in a two-token name) grafts nothing the
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +31,7 @@ from weightgraft.localize.examples import LocalizeExample
 from weightgraft.engine.architectures import Units
 from weightgraft.engine.cells import WHOLE, cell_name
 from weightgraft.localize.maps import UnitCellMap, cell_map, whole_cells
-from weightgraft.localize.missed import missed_bound
+from weightgraft.localize.missed import missed_estimate
 from weightgraft.localize.refine import refine_set
 from weightgraft.localize.search import minimal_graft_search, rank_keys
 from weightgraft.localize.verify import CellKey, SetVerifier, received_summary
@@ -51,11 +57,32 @@ def _estimates(sub: pd.DataFrame, column: str, units: Units, model: nn.Module) -
     return {(str(label), str(name)): float(v) for (label, name), v in sums.items()}
 
 
+def split_prompts(ids: Sequence[str], seed: int, template: str, heldout: float) -> dict[str, Any]:
+    """A template's prompts split into a fit half (searched and refined on) and a held-out half
+    (never seen by the search), by a seeded shuffle (``random.Random(seed string)``)."""
+    s = f"{seed}:{template}:split"
+    order = list(ids)
+    random.Random(s).shuffle(order)
+    n_held = int(round(len(order) * heldout)) if len(order) > 1 else 0
+    n_held = min(n_held, len(order) - 1)
+    held = set(order[:n_held])
+    return {"seed": s, "heldout_fraction": heldout, "fit_ids": [i for i in ids if i not in held],
+            "heldout_ids": [i for i in ids if i in held]}
+
+
+def _maps(config: Any, group: Sequence[LocalizeExample], slot_index: dict[str, int], model: nn.Module,
+          estimates: dict[CellKey, float]) -> tuple[list, list]:
+    whole = [cell_map(e, slot_index, model) for e in group]
+    units = whole if config.units == Units.CELL else [UnitCellMap(e, slot_index, model, list(estimates)) for e in group]
+    return whole, units
+
+
 def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], cells: pd.DataFrame,
               pairs: dict[str, list[nn.Module]], model: nn.Module, pad_id: int,
               say: Callable[..., None], seconds: dict[str, float]) -> dict[str, Any]:
     """``search.json``: every (direction, template)'s found set, refined set, controls and
-    missed-effects bound, each step computed only where the file lacks it."""
+    missed-effects estimate, searched on the template's fit prompts and reported on its
+    held-out prompts beside them; each step computed only where the file lacks it."""
     settings = config.search
     path = run_dir / "search.json"
     if not settings.enabled:
@@ -70,19 +97,24 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
     out.update({"metric": config.metric, "rank_by": column})
     entries = {(e["direction"], e["template"]): e for e in out.get("searches", [])}
     out["searches"] = []
+    out["splits"] = {}
     for direction in config.graft_directions:
         for template in dict.fromkeys(e.prompt.template for e in examples):
             t0 = time.time()
-            group = [e for e in examples if e.prompt.template == template]
+            everything = [e for e in examples if e.prompt.template == template]
+            split = split_prompts([e.prompt.id for e in everything], config.seed, template, settings.heldout)
+            out["splits"][template] = split
+            group = [e for e in everything if e.prompt.id in set(split["fit_ids"])]
+            held = [e for e in everything if e.prompt.id in set(split["heldout_ids"])]
             ids = [e.prompt.id for e in group]
-            sub = cells[(cells["direction"] == direction) & (cells["template"] == template)]
+            sub = cells[(cells["direction"] == direction) & (cells["template"] == template)
+                        & cells["example_id"].isin(ids)]
             estimates = _estimates(sub, column, config.units, model)
-            whole_maps = [cell_map(e, slot_index, model) for e in group]
-            maps = whole_maps if config.units == Units.CELL else [UnitCellMap(e, slot_index, model, list(estimates))
-                                                               for e in group]
+            whole_maps, maps = _maps(config, group, slot_index, model, estimates)
             entry = entries.get((direction, template))
-            if entry is not None and config.metric != "logprob" and not entry.get("search_checked"):
-                entry = None  # searched before shares were measured in the config's metric: again
+            if entry is not None and (config.metric != "logprob" and not entry.get("search_checked")
+                                      or entry.get("fit_ids") != split["fit_ids"]):
+                entry = None  # searched on other prompts, or before shares were measured in the metric: again
             total = None
             if config.units != Units.CELL:  # the donor's whole effect: every whole cell (the unit keys are a top few)
                 total = SetVerifier(pairs[direction], [e.scored for e in group], whole_maps, pad_id, config.metric,
@@ -92,39 +124,55 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
                                               settings.target_share, settings.max_cells, chunk=config.exact_chunk,
                                               metric=config.metric, total=total)
                 entry = {"direction": direction, "template": template, "n_examples": len(group),
+                         "fit_ids": split["fit_ids"], "heldout_ids": split["heldout_ids"],
                          "search_checked": True, **result.to_json()}
-                say(f"[{direction}/{template}] {len(result.cells)} cells carry {result.share:.0%} "
-                    f"({'reached' if result.reached else 'NOT reached'})")
+                say(f"[{direction}/{template}] {len(result.cells)} cells carry {result.share:.0%} of the fit prompts' "
+                    f"effect ({'reached' if result.reached else 'NOT reached'})")
             verifier = SetVerifier(pairs[direction], [e.scored for e in group], maps, pad_id, config.metric,
                                    config.exact_chunk, entry["total_effect"])
+            heldout = None
+            if held:
+                held_whole, held_maps = _maps(config, held, slot_index, model, estimates)
+                held_total = None if config.units == Units.CELL else SetVerifier(
+                    pairs[direction], [e.scored for e in held], held_whole, pad_id, config.metric,
+                    config.exact_chunk).total
+                heldout = SetVerifier(pairs[direction], [e.scored for e in held], held_maps, pad_id, config.metric,
+                                      config.exact_chunk, held_total)
             out["searches"].append(entry)
             found = _keys(entry["cells"])
             entry["received"] = received_summary(verifier, found, ids)
+            if heldout is not None and "heldout_share" not in entry:
+                entry["heldout_share"] = heldout.shares([found])[0]
+                entry["heldout_total_effect"] = heldout.total
+            tag = f"[{direction}/{template}]"
             if settings.refine and "refined" not in entry:
-                tag = f"[{direction}/{template}]"
                 entry["refined"] = refine_set(
                     verifier, found, entry["share"], settings.target_share, settings.refine_rounds,
                     lambda r, n, sh, tag=tag: say(f"{tag} refinement round {r}: {n} cells, share {sh:.0%}"))
                 atomic.write_json(path, out)
-                say(f"[{direction}/{template}] refined: {entry['size']} -> {entry['refined']['size']} cells, "
+                say(f"{tag} refined: {entry['size']} -> {entry['refined']['size']} cells, "
                     f"share {entry['refined']['share']:.0%}")
             if "refined" in entry:
-                entry["refined"]["received"] = received_summary(verifier, _keys(entry["refined"]["cells"]), ids)
-            if settings.controls and "controls" not in entry:
+                r = entry["refined"]
+                r["received"] = received_summary(verifier, _keys(r["cells"]), ids)
+                if heldout is not None and "heldout_share" not in r:
+                    r["heldout_share"] = heldout.shares([_keys(r["cells"])])[0]
+            if settings.controls and not (entry.get("controls") or {}).get("from_complement"):
                 entry["controls"] = set_controls(verifier, found, entry["share"], settings.controls, config.seed,
-                                                 direction, template)
+                                                 direction, template, heldout, entry.get("heldout_share"))
                 if "refined" in entry:
                     r = entry["refined"]
                     r["controls"] = set_controls(verifier, _keys(r["cells"]), r["share"], settings.controls,
-                                                 config.seed, direction, template)
+                                                 config.seed, direction, template, heldout, r.get("heldout_share"))
                 atomic.write_json(path, out)
                 c = entry["controls"]
-                say(f"[{direction}/{template}] controls: found {entry['share']:.0%} vs random mean "
-                    f"{c['random']['mean']:.0%} / p95 {c['random']['p95']:.0%}, matched p95 {c['matched']['p95']:.0%}")
-            if settings.missed_sample and "missed" not in entry:
+                if "mean" in c.get("random", {}):
+                    say(f"{tag} controls: found {entry['share']:.0%} vs random mean {c['random']['mean']:.0%} "
+                        f"(p = {c['random']['p']:.3g}), matched mean {c.get('matched', {}).get('mean', float('nan')):.0%}")
+            if settings.missed_sample and "rules_out" not in (entry.get("missed") or {}):
                 ranking = rank_keys(estimates, 1.0 if verifier.total > 0 else -1.0)
-                entry["missed"] = missed_bound(verifier, ranking, entry["size"], settings.missed_sample,
-                                               config.seed, direction, template)
+                entry["missed"] = missed_estimate(verifier, ranking, entry["size"], settings.missed_sample,
+                                                  config.seed, direction, template)
                 atomic.write_json(path, out)
             seconds[f"search_{direction}_{template}"] = time.time() - t0
             atomic.write_json(path, out)

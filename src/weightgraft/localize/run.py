@@ -5,10 +5,13 @@ written to a run directory (``out``, else ``runs/{name}``) and resumed from it.
 Stages, each written when finished (a rerun skips what exists): ``parts/estimates_{direction}
 .parquet``; ``parts/exact_{direction}_{n}.parquet`` per group of prompts (``exact_parts``: a
 killed run, or a raised ``exact:``, computes only the prompts no part holds); ``cells.parquet``
-(both joined); ``search.json`` (``found_sets``: search, refinement, controls, missed bound);
-``stability.csv``, ``claims.csv``; ``report/`` (drawn by ``weightgraft.api.localize``, since
-``report`` builds on this package). Without ``directions``, the prompts of the trained
-direction (``directions``).
+(both joined); ``search.json`` (``found_sets``: search on fit prompts, refinement, controls,
+missed-effects estimate, held-out shares); ``stability.csv``; ``parts/claims_*`` per SFT model
+and direction, and ``claims.csv`` / ``claims_null.json`` (``claims.stage``: the claims as exact
+region grafts against their null; with ``reversal:``, claims 4-5 in the paper's setting,
+``claims.reversal``); ``report/`` (drawn by ``weightgraft.api.localize``, since ``report``
+builds on this package). Without ``directions``, the prompts of the trained direction
+(``directions``).
 
 Several SFT models (``models: {pre: X, sft: [A, B, C]}``, e.g. training seeds) are loaded one
 at a time, each mapped against ``pre``; ``cells.parquet``'s ``model`` column names each one's
@@ -35,6 +38,8 @@ from weightgraft import atomic
 from weightgraft.data.prompts import DatasetError
 from weightgraft.engine.architectures import Units
 from weightgraft.experiments.config import ConfigError
+from weightgraft.localize.claims import PRE_SFT
+from weightgraft.localize.claims.stage import map_claims, write_claims
 from weightgraft.experiments.store import ResultsDirConflict
 from weightgraft.localize.config import LocalizeConfig, load_localize_config
 from weightgraft.localize.examples import LocalizeExample, build_examples, select_prompts
@@ -42,6 +47,7 @@ from weightgraft.localize.directions import choose_directions, left_out
 from weightgraft.localize.exact_parts import exact_stage
 from weightgraft.localize.found_sets import find_sets
 from weightgraft.localize.maps import estimate_frame, unit_picks, whole_cells
+from weightgraft.localize.claims.reversal import reversal_claims, reversal_prompts
 
 if TYPE_CHECKING:
     from weightgraft.planning.localize import LocalizeWork
@@ -281,6 +287,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     if not isinstance(config, LocalizeConfig):
         config = load_localize_config(Path(config), overrides)
     prompts = select_prompts(config)  # fail on data before any model loads
+    reversal = reversal_prompts(config)
     adapters = _check_peft(config)
     from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 
@@ -325,6 +332,8 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         examples = _with_distractors(examples)
     pad_id = pre.tokenizer.pad_token_id if pre.tokenizer.pad_token_id is not None else 0
     frames = []
+    claim_tables: list[pd.DataFrame] = []
+    claim_nulls: list[dict[str, Any]] = []
     search: dict[str, Any] = {}
     for i, (label, spec) in enumerate(sfts):  # one SFT model in memory at a time
         t0 = time.time()
@@ -341,6 +350,14 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         parts.mkdir(parents=True, exist_ok=True)
         stamp = "" if i == 0 else f"{label}/"
         cells = _model_maps(config, examples, pre.model, sft.model, pairs, pad_id, parts, stamp, say, seconds)
+        if config.claims.enabled:
+            t0 = time.time()
+            for direction in config.graft_directions:
+                table, null = map_claims(pairs[direction], examples, cells, label, direction, PRE_SFT, config.claims,
+                                         config.seed, pad_id, config.metric, config.exact_chunk, parts, say)
+                claim_tables.append(table)
+                claim_nulls += null
+            seconds[f"{stamp}claims"] = time.time() - t0
         if i == 0:
             search = find_sets(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
             if search:
@@ -350,11 +367,16 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         frames.append(cells)
         del sft, pairs, cells
         gc.collect()
+    if reversal and config.claims.enabled:
+        t0 = time.time()
+        table, null = reversal_claims(config, reversal, load, dtype, pad_id, run_dir / "parts", say)
+        claim_tables.append(table)
+        claim_nulls += null
+        seconds["claims_reversal"] = time.time() - t0
     cells = pd.concat(frames, ignore_index=True)
     _write(cells, run_dir / "cells.parquet")
-    from weightgraft.localize.claims import claims_table
     from weightgraft.localize.stability import stability_table
 
     atomic.write_text(run_dir / "stability.csv", stability_table(whole_cells(cells)).to_csv(index=False))
-    atomic.write_text(run_dir / "claims.csv", claims_table(cells, config.seed).to_csv(index=False))
+    write_claims(run_dir, claim_tables, claim_nulls)
     return LocalizeResult(run_dir, cells, search, excluded, seconds, None, choice.note)

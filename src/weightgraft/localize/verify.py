@@ -1,5 +1,5 @@
 """Exact shares of sets of cell keys over a template's prompts: the one measure that the
-minimal graft search, its controls, the missed-effects bound and the refinement all report.
+minimal graft search, its controls, the missed-effects estimate and the refinement all report.
 
 A key ``(position label, slot)`` names one cell in every prompt that has the label; a prompt
 without it gets nothing from that key (``received`` counts what each prompt got). The share
@@ -36,13 +36,19 @@ class SetVerifier:
         """Every key some prompt has, in a fixed order (sorted): what controls draw from."""
         return sorted(set().union(*(m.keys() for m in self.cell_maps)))
 
+    def per_prompt(self, sets: Sequence[Sequence[CellKey]]) -> torch.Tensor:
+        """``[n_prompts, len(sets)]`` float64: the exact effect of grafting each set in each prompt."""
+        if not sets:
+            return torch.zeros(len(self.examples), 0, dtype=torch.float64)
+        per_example = [[[m[k] for k in keys if k in m] for keys in sets] for m in self.cell_maps]
+        _, eff = exact_effects(self.models, self.examples, per_example, self.pad_id, self.metric, self.chunk)
+        return torch.stack(eff).double()
+
     def effects(self, sets: Sequence[Sequence[CellKey]]) -> torch.Tensor:
         """``[len(sets)]`` float64: the mean over prompts of the exact effect of grafting each set."""
         if not sets:
             return torch.zeros(0, dtype=torch.float64)
-        per_example = [[[m[k] for k in keys if k in m] for keys in sets] for m in self.cell_maps]
-        _, eff = exact_effects(self.models, self.examples, per_example, self.pad_id, self.metric, self.chunk)
-        return torch.stack(eff).double().mean(dim=0)
+        return self.per_prompt(sets).mean(dim=0)
 
     def shares(self, sets: Sequence[Sequence[CellKey]]) -> list[float]:
         """Each set's exact share of the donor's total effect."""

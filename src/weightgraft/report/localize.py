@@ -5,8 +5,9 @@ One self-contained HTML page in the run report's look (``report/html.py``: its s
 tables, figures embedded): a header (models, metric, prompts and their directions, exclusions),
 heatmaps per (SFT model, direction, template) with the global slots, the stability of the maps
 over SFT models and templates, estimates vs exact effects, and the
-found sets with their refinement, random and matched controls, the bound on what the ranking
-missed and how many cells each prompt received. The PNG files stay beside the page.
+found sets (searched on fit prompts, judged on held-out ones) with their refinement, random and
+matched controls, an estimate of what the ranking missed and how many cells each prompt
+received; the paper's claims as exact region grafts against a null. The PNG files stay beside the page.
 """
 
 from __future__ import annotations
@@ -77,18 +78,29 @@ def _header(run_dir: Path, manifest: dict[str, Any], cells: pd.DataFrame) -> str
     return "\n".join(parts)
 
 
+def _controls_cell(stats: dict[str, Any], n_sets: int) -> str:
+    """One kind of control on one half: mean / p95 of its shares and the set's empirical p."""
+    if not stats:
+        return ""
+    if "not_drawn" in stats:
+        return f'<span class="warn">not drawn: {_esc(stats["not_drawn"])}</span>'
+    p = stats.get("p")
+    text = f"{_pct(stats.get('mean'))} / {_pct(stats.get('p95'))}" + (f", p = {p:.3g}" if p is not None else "")
+    return text if p is None or p <= 0.05 else f'<span class="warn">{text}</span>'
+
+
 def _set_row(entry: dict[str, Any], which: str, found: dict[str, Any]) -> tuple[str, ...]:
     c = found.get("controls") or {}
     r, m = c.get("random") or {}, c.get("matched") or {}
     got = found.get("received") or {}
-    verdict = []
-    for kind, stats in (("random", r), ("matched", m)):
-        if stats:
-            same = f" ({stats['identical_to_found']} of {c['n_sets']} identical to the set)" if stats.get("identical_to_found") else ""
-            verdict.append(f"beats {kind} p95{same}" if stats["beats_p95"]
-                           else f'<span class="warn">does not beat {kind} p95</span>{same}')
+    notes = []
+    if c and not c.get("from_complement"):
+        notes.append('<span class="warn">controls drawn before they excluded the set\'s own cells</span>')
+    if m.get("n_unmatched"):
+        notes.append(f"{m['n_unmatched']} matched cells over {c['n_sets']} sets had no key of their group outside "
+                     "the set: drawn uniformly from its complement")
     if c and not c.get("agrees", True):
-        verdict.append('<span class="warn">regrafted share disagrees with the search</span>')
+        notes.append('<span class="warn">regrafted share disagrees with the search</span>')
     if not got:
         received = ""
     elif got["min"] == got["max"] == got["size"]:
@@ -96,12 +108,14 @@ def _set_row(entry: dict[str, Any], which: str, found: dict[str, Any]) -> tuple[
     else:
         received = (f'<span class="warn">{got["min"]}-{got["max"]} of {got["size"]}</span> '
                     f"({got['n_prompts_short']} prompts received fewer)")
-    return (_esc(entry["direction"]), _esc(entry["template"]), which, str(found["size"]), _pct(found["share"]),
-            "yes" if found["reached"] else '<span class="warn">no</span>',
-            f"{_pct(r.get('mean'))} / {_pct(r.get('p95'))}" if r else "",
-            f"{_pct(m.get('mean'))} / {_pct(m.get('p95'))}" if m else "",
-            f"{_pct(r.get('margin_over_p95'))} / {_pct(m.get('margin_over_p95'))}" if r else "",
-            "<br>".join(verdict), received)
+    n = c.get("n_sets", 0)
+    per_cell = (f"{found['share'] / found['size']:.2%} vs {r['controls_share_per_cell']:.2%}"
+                if r.get("controls_share_per_cell") is not None else "")
+    return (_esc(entry["direction"]), _esc(entry["template"]), which, str(found["size"]),
+            _pct(found.get("heldout_share")), _controls_cell(r.get("heldout") or {}, n),
+            _controls_cell(m.get("heldout") or {}, n),
+            _pct(found["share"]), "yes" if found["reached"] else '<span class="warn">no</span>',
+            _controls_cell(r, n), _controls_cell(m, n), per_cell, "<br>".join(notes), received)
 
 
 def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
@@ -135,48 +149,67 @@ def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
             + _img(out / "stability.png", "Spearman of coarse maps and top-k overlap per compared pair"))
 
 
-def _claims_section(run_dir: Path, cells: pd.DataFrame) -> str:
-    """``claims.csv``: the paper's claims as tests on this map (computed from the cells where
-    a run made before it existed lacks the file)."""
-    from weightgraft.localize.claims import CLAIMS, claims_table
+def _claims_section(run_dir: Path) -> str:
+    """``claims.csv``: the paper's claims as exact region grafts against a null of random
+    regions (a run made before them, or with ``claims: {enabled: false}``, has none)."""
+    from weightgraft.localize.claims import ALPHA, CLAIMS
 
     path = run_dir / "claims.csv"
-    table = pd.read_csv(path) if path.is_file() else claims_table(cells)
-    intro = ("<h2>The paper's claims</h2><p>Each claim compares a share of the summed single-cell effects "
-             "(interactions between cells are not in it) with a threshold: a ratio of sums over the prompts, "
-             "with a 95% paired bootstrap CI over prompts. <i>holds</i>: the whole CI is on the claim's side; "
-             "<i>fails</i>: on the other; else <i>undecided</i>; <i>no cells</i>: the map has none in the claim's "
-             "region (prompts without a first entity span). Written to <code>claims.csv</code>.</p>"
-             + html_table(("claim", "statement", "share of", "test"),
-                          [(c.name, c.statement, "the layer cells at the last token" if c.name.startswith("recall_")
-                            else "every cell", f"share {'>' if c.above else '<'} {c.threshold:g}") for c in CLAIMS]))
-    if table.empty:
-        return intro
-    keys = [k for k in ("model", "effect") if k in table and table[k].nunique() > 1] + ["direction", "template"]
-    rows = [(*[str(r[k]) for k in keys], r["claim"], f"{r['share']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
-             f"{r['side']} {r['threshold']:g}", r["verdict"], f"{r['n_prompts']}" + (f" ({r['n_prompts_without']} without)"
-                                                                                 if r["n_prompts_without"] else ""))
+    table = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+    if table.empty or "share_exact" not in table:
+        return ("<h2>The paper's claims</h2><p>No exact claims in this run (<code>claims.csv</code> is missing or "
+                "from a version that summed first-order estimates); run localize again to write them.</p>")
+    intro = ("<h2>The paper's claims</h2><p>Each claim grafts its whole region exactly in every prompt: the share is "
+             "a ratio of sums over prompts of the region graft's effect and the effect of the cells it is a share of, "
+             "with a 95% paired bootstrap CI. Its null: random regions of the same size and component mix drawn "
+             f"outside it (seeds and shares in <code>claims_null.json</code>); p = (1 + #null at least as extreme) / "
+             f"(1 + n), Holm-adjusted over the claims of a map. <i>holds</i>: CI on the claim's side of the threshold "
+             f"and Holm p &le; {ALPHA:g}; <i>fails</i>: CI on the other side, or no better than the mean random region; "
+             "else <i>undecided</i>; <i>no cells</i>: the prompts have no cell in the region. The estimate share (summed "
+             "gradient estimates of the region's cells) and its ratio to the exact share (<i>interaction</i>) stand "
+             "beside it. A row outside the setting where the paper made the claim says so.</p>"
+             + html_table(("claim", "statement", "test", "paper's setting"),
+                          [(c.name, c.statement, f"share {'>' if c.above else '<'} {c.threshold:g}", c.paper_setting)
+                           for c in CLAIMS]))
+    keys = [k for k in ("model",) if k in table and table[k].nunique() > 1] + ["setting", "direction", "template"]
+
+    def f(v: float) -> str:
+        return "-" if pd.isna(v) else f"{v:.2f}"
+
+    rows = [(*[str(r[k]) for k in keys], r["claim"], f"{f(r['share_exact'])} [{f(r['ci_low'])}, {f(r['ci_high'])}]",
+             f"{r['side']} {r['threshold']:g}", f(r["null_mean"]), f"{r['null_p']:.3g} / {r['null_p_holm']:.3g}"
+             if not pd.isna(r["null_p"]) else "-", f(r["share_estimate"]), f(r["interaction"]), f(r["region_cells_share"]),
+             r["verdict"], str(r["n_prompts"]), r.get("note", "") if isinstance(r.get("note", ""), str) else "")
             for _, r in table.iterrows()]
-    return intro + html_table((*keys, "claim", "share [95% CI]", "test", "verdict", "prompts"), rows)
+    return intro + html_table((*keys, "claim", "exact share [95% CI]", "test", "null mean", "p / Holm p",
+                               "estimate share", "interaction", "cells share", "verdict", "prompts", "note"), rows)
 
 
 def _sets_section(search: dict[str, Any]) -> str:
-    header = ("direction", "template", "set", "cells", "exact share", "target met",
-              "random controls mean / p95", "matched controls mean / p95", "margin over p95 (random / matched)",
-              "verdict", "cells each prompt received")
+    header = ("direction", "template", "set", "cells", "held-out share", "held-out: random controls mean / p95, p",
+              "held-out: matched controls mean / p95, p", "fit share", "fit target met",
+              "fit: random controls mean / p95, p", "fit: matched controls mean / p95, p",
+              "share per cell: set vs random controls (fit)", "notes", "cells each prompt received")
     rows = []
     for e in search["searches"]:
         rows.append(_set_row(e, "ranking", e))
         if e.get("refined"):
             rows.append(_set_row(e, "refined", e["refined"]))
     n = next((e["controls"]["n_sets"] for e in search["searches"] if e.get("controls")), 0)
+    splits = search.get("splits") or {}
+    split_note = ("; ".join(f"{_esc(t)}: {len(s['fit_ids'])} fit, {len(s['heldout_ids'])} held out"
+                            for t, s in splits.items()) if splits else
+                  '<span class="warn">no split: the sets were searched and judged on the same prompts</span>')
     parts = ["<h2>Found sets</h2>",
              f"<p>Every share is an exact graft in the metric <b>{_esc(search.get('metric', 'logprob'))}</b> "
-             "(share of the donor's total effect over the template's prompts). <i>ranking</i>: the smallest prefix "
-             "of the attribution ranking that carries the target; <i>refined</i>: that set shrunk by exact "
-             f"marginal gain. Controls: {n} random sets of the same size from the candidate cells and {n} matched "
-             "to the set's mix of (position label, component); their seeds and cells are in search.json.</p>",
-             html_table(header, rows, raw=True)]
+             "(share of the donor's total effect over a template's prompts). Each template's prompts are split "
+             f"(seeded; <code>splits</code> in search.json): {split_note}. The sets are searched and refined on the "
+             "fit prompts; the held-out prompts, which the search never saw, come first. <i>ranking</i>: the "
+             "smallest prefix of the attribution ranking that carries the target on the fit prompts; <i>refined</i>: "
+             f"that set shrunk by exact marginal gain. Controls: {n} random sets of the same size and {n} matched to "
+             "the set's mix of (position label, component), all drawn outside the set (no control holds a cell of "
+             "it); p = (1 + #controls with at least the set's share) / (1 + n). Seeds and cells are in search.json."
+             "</p>", html_table(header, rows, raw=True)]
     if search.get("model"):
         parts.insert(2, f"<p>Searched for the SFT model <b>{_esc(search['model'])}</b> only (the first in the "
                         "config's list: each search costs minutes on a real pair); the other SFT models have maps.</p>")
@@ -186,15 +219,21 @@ def _sets_section(search: dict[str, Any]) -> str:
         for e in missed:
             m = e["missed"]
             big = m.get("largest") or {}
-            mrows.append((e["direction"], e["template"], str(m["k"]), f"{m['sample_size']} of {m['n_below']}",
-                          " / ".join(big.get("cell", [])) or "-", f"{big.get('effect', 0):.3g} ({_pct(big.get('share_of_total'))} of total)" if big else "-",
+            mrows.append((e["direction"], e["template"], str(m["k"]),
+                          f"{m['sample_size']} of {m['n_below']} ({m.get('sampling', 'uniform')})",
+                          " / ".join(big.get("cell", [])) or "-",
+                          f"{big.get('effect', 0):.3g} ({_pct(big.get('share_of_total'))} of total)" if big else "-",
                           f"{_pct(m['share_below_k'])} [{_pct(m['ci95'][0])}, {_pct(m['ci95'][1])}]",
+                          "; ".join(x["statement"] for x in m.get("rules_out", [])) or "-",
                           f"{m['above_sample_size']} of {m['n_above']}" + (" (sampled)" if m.get("above_sampled") else " (all)")))
-        parts += ["<h3>What the ranking missed</h3>",
-                  "<p>Exact single-cell effects of a random sample of cells below the ranking's cut k; the share of "
-                  "the total |effect| that lies below k is estimated from the samples (95% bootstrap interval).</p>",
-                  html_table(("direction", "template", "k", "sample below k", "largest missed cell", "its effect",
-                              "share of |effect| below k", "cells above k measured"), mrows)]
+        parts += ["<h3>What the ranking missed: an estimate</h3>",
+                  "<p>Exact single-cell effects of a sample of the fit prompts' cells below the ranking's cut k, "
+                  "stratified by rank; the share of the total |effect| that lies below k is estimated from the samples "
+                  "(95% bootstrap interval within strata), and each threshold's one-sided 95% Clopper-Pearson bound "
+                  "says what the sample rules out: a sample of n with no cell above a threshold rules out a fraction "
+                  "of about 3/n or more, not rare large cells.</p>",
+                  html_table(("direction", "template", "k", "sample below k", "largest sampled cell", "its effect",
+                              "share of |effect| below k", "rules out (95%)", "cells above k measured"), mrows)]
     for e in search["searches"]:
         chosen = e.get("refined") or e
         label = "refined" if e.get("refined") else "ranking"
@@ -266,7 +305,7 @@ def write_localize_report(run_dir: Path) -> Path:
                      + _img(out / f"heatmap_{stem}.png", f"{name}: position x layer per component")
                      + _img(out / f"last_{stem}.png", f"{name}: the last token"))
     parts.append(_stability_section(run_dir, cells, out))
-    parts.append(_claims_section(run_dir, cells))
+    parts.append(_claims_section(run_dir))
     if len(unit_rows):
         parts.append(_units_section(unit_rows, manifest))
     if cells["exact"].notna().any():

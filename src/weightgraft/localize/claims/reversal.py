@@ -1,0 +1,94 @@
+"""Claims 4-5 where the paper made them (Figure 4, ``reversal:`` in a localize config): the
+model finetuned on both directions of the relation (donor) grafted into the model finetuned on
+a2b (recipient), on the b2a prompts of the headline template, at the last token. The prompts
+are checked before any model loads; the maps' estimates (for ``share_estimate``) are gradients
+of the same pair.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from weightgraft.data.prompts import DatasetError, TestPrompt
+from weightgraft.localize.claims.regions import BOTH_A2B, CLAIMS
+from weightgraft.localize.claims.stage import map_claims
+from weightgraft.localize.config import LocalizeConfig
+
+LABEL = "reversal"  # the model column of the reversal rows
+
+
+def reversal_prompts(config: LocalizeConfig) -> list[TestPrompt]:
+    """The setting's prompts (``claims.prompts`` at most), or a one-line error where the data
+    has none; empty without ``reversal:``."""
+    setting = config.reversal
+    if setting is None:
+        return []
+    if config.metric == "logit_diff":
+        raise DatasetError("reversal: metric 'logit_diff' needs a distractor per prompt; use logprob or kl")
+    from weightgraft.data.freeform import load_prompts
+
+    roles_checked(config)
+    chosen = [p for p in load_prompts(config.data) if p.template == setting.template and p.direction == setting.direction]
+    if not chosen:
+        raise DatasetError(f"reversal: the data has no {setting.direction} prompt of template {setting.template!r}")
+    return chosen[: config.claims.prompts] if config.claims.prompts else chosen
+
+
+def roles_checked(config: LocalizeConfig) -> str:
+    """The roles' training splits where their training manifests name them: the donor must have
+    trained on both directions and the recipient not on the prompts' direction (else an error,
+    before any model loads); a sentence saying what was checked."""
+    from weightgraft.localize.directions import model_directions
+
+    setting = config.reversal
+    said = []
+    for role, spec, ok in (("donor", setting.donor, lambda d: d == ["a2b", "b2a"]),
+                           ("recipient", setting.recipient, lambda d: setting.direction not in d)):
+        found = model_directions(spec)
+        if found is None:
+            said.append(f"{role}: no training manifest")
+            continue
+        if not ok(found):
+            raise DatasetError(f"reversal: the {role} {spec} was trained on {found}; the paper's setting "
+                               f"needs a donor trained on both directions and a recipient not on {setting.direction}")
+        said.append(f"{role}: trained on {found}")
+    return "; ".join(said)
+
+
+def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Callable[[str, torch.dtype], Any],
+                    dtype: torch.dtype, pad_id: int, parts: Path,
+                    say: Callable[..., None]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """The both->a2b claims' rows (``model`` = ``reversal``) and their null records."""
+    from weightgraft.engine.partial import PartialGraft
+    from weightgraft.localize.examples import build_examples
+    from weightgraft.localize.maps import estimate_frame
+    from weightgraft.models.tokenization import check_same_tokenizer
+
+    setting = config.reversal
+    recipient, donor = load(setting.recipient, dtype), load(setting.donor, dtype)
+    check_same_tokenizer(recipient.tokenizer, donor.tokenizer, "reversal donor")
+    examples, excluded = build_examples(prompts, recipient.tokenizer)
+    if excluded:
+        say(f"reversal: {len(excluded)} prompt(s) excluded: {excluded[:3]}")
+    t0 = time.time()
+    estimates = estimate_frame(PartialGraft(recipient.model, donor.model), examples, "sufficiency", config.metric,
+                               config.batch_size)
+    say(f"[reversal] estimates of every cell: {time.time() - t0:.1f}s")
+    claims = [c for c in CLAIMS if c.paper_setting == BOTH_A2B]
+    import hashlib
+
+    # the setting's models and prompts are outside the run's identity: their results are kept apart by them
+    folder = parts / LABEL / hashlib.sha256(setting.model_dump_json().encode()).hexdigest()[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    table, nulls = map_claims([recipient.model, donor.model], examples, estimates, LABEL, "sufficiency", BOTH_A2B,
+                              config.claims, config.seed, pad_id, config.metric, config.exact_chunk, folder, say,
+                              claims)
+    table = table.assign(donor=setting.donor, recipient=setting.recipient, prompt_direction=setting.direction,
+                         roles=roles_checked(config))
+    return table, nulls

@@ -1,0 +1,110 @@
+"""The claims stage of ``localize``: for one model pair and graft direction, every template's
+claims as exact region grafts against their null (``grafts``), stored in ``parts/`` under
+a digest of the claims' settings (a rerun with the same settings reads them; other settings
+compute anew) and gathered into ``claims.csv`` and ``claims_null.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from torch import nn
+
+from weightgraft import atomic
+
+from weightgraft.engine.attribution import Metric
+from weightgraft.localize.claims.grafts import ClaimMap, judge_claims
+from weightgraft.localize.claims.regions import CLAIMS, Claim
+from weightgraft.localize.examples import LocalizeExample
+from weightgraft.localize.maps import cell_map, whole_cells
+from weightgraft.localize.verify import SetVerifier
+
+FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "share_exact", "ci_low", "ci_high",
+         "share_estimate", "interaction", "region_cells_share", "region_params_share", "null_mean", "null_p",
+         "null_p_holm", "verdict"]
+
+
+def slot_params(model: nn.Module) -> dict[str, int]:
+    """Parameters per slot; a slot that owns some output columns of a fused projection (GPT-2's
+    ``c_attn``) counts that fraction of it."""
+    from weightgraft.engine.architectures import model_slots
+
+    out: dict[str, int] = {}
+    for slot in model_slots(model):
+        total = 0.0
+        for part in slot.parts:
+            module = model.get_submodule(part.path)
+            n = sum(p.numel() for p in module.parameters())
+            if part.columns is not None:
+                width = getattr(module, "out_features", None) or getattr(module, "nf", None)
+                n = n * len(part.columns) / width if width else n
+            total += n
+        out[slot.name] = int(round(total))
+    return out
+
+
+def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequence[Claim]) -> str:
+    data = {"settings": settings.model_dump(mode="json"), "seed": seed, "metric": metric, "setting": setting,
+            "claims": [c.name for c in claims]}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample], estimates: pd.DataFrame,
+               model_label: str, direction: str, setting: str, settings: Any, seed: int, pad_id: int,
+               metric: Metric, chunk: int, parts: Path, say: Callable[..., None],
+               claims: Sequence[Claim] = CLAIMS) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """claims.csv rows (and the null records) of one pair and direction, read from ``parts``
+    where an earlier run with the same settings wrote them."""
+    from weightgraft.engine.architectures import model_slots
+
+    stem = parts / f"claims_{setting.replace('->', '_')}_{direction}_{_digest(settings, seed, metric, setting, claims)}"
+    table, null_path = stem.with_suffix(".parquet"), stem.with_suffix(".json")
+    if table.is_file() and null_path.is_file():
+        return pd.read_parquet(table), json.loads(null_path.read_text())
+    index = {s.name: i for i, s in enumerate(model_slots(models[0]))}
+    params = slot_params(models[0])
+    n_layers = 1 + max(int(name.split(".")[1]) for name in index if name.startswith("layers."))
+    frame = whole_cells(estimates)
+    frame = frame[frame["direction"] == direction]
+    rows, nulls = [], []
+    for template in dict.fromkeys(e.prompt.template for e in examples):
+        group = [e for e in examples if e.prompt.template == template][: settings.prompts]
+        maps = [cell_map(e, index, models[0]) for e in group]
+        verifier = SetVerifier(models, [e.scored for e in group], maps, pad_id, metric, chunk, total=1.0)
+        by_id = {k: g for k, g in frame[frame["template"] == template].groupby("example_id")}
+        est = []
+        for e in group:
+            g = by_id.get(e.prompt.id)
+            est.append({} if g is None else dict(zip(zip(g["position_label"], g["slot"]), g["estimate"])))
+        data = ClaimMap([set(m) for m in maps], est, lambda sets: verifier.per_prompt(sets).numpy(), params, n_layers)
+        found, null = judge_claims(data, f"{model_label}/{template}/{direction}", setting, claims,
+                                   settings.null_sets, seed, settings.bootstrap)
+        for r in found:  # the paper grafted the donor into the base: sufficiency
+            r.update(model=model_label, template=template, direction=direction,
+                     in_paper_setting=bool(r["in_paper_setting"] and direction == "sufficiency"))
+            r["note"] = "" if r["in_paper_setting"] else f"outside the paper's setting ({r['paper_setting']}, sufficiency)"
+        for n in null:
+            n.update(model=model_label, template=template, direction=direction)
+        rows += found
+        nulls += null
+        say(f"[{direction}/{template}] claims ({setting}): " + ", ".join(f"{r['claim']} {r['verdict']}" for r in found))
+    out = pd.DataFrame(rows)
+    out = out[FIRST + [c for c in out.columns if c not in FIRST]]
+    with atomic.atomic_path(table) as tmp:
+        out.to_parquet(tmp, index=False)
+    atomic.write_json(null_path, nulls)
+    return out, nulls
+
+
+def write_claims(run_dir: Path, tables: Sequence[pd.DataFrame], nulls: Sequence[dict[str, Any]]) -> None:
+    """``claims.csv`` (one row per claim and map) and ``claims_null.json`` (each null region's
+    seed and share: redraw with ``draws.draw_outside``)."""
+    if not tables:
+        return
+    atomic.write_text(run_dir / "claims.csv", pd.concat(tables, ignore_index=True).to_csv(index=False))
+    atomic.write_json(run_dir / "claims_null.json", list(nulls), default=float)
