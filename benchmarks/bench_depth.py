@@ -83,13 +83,13 @@ def refinement(args: Any, sft_dir: Path, loaded: dict[str, Any]) -> dict[str, An
     then, per set and path, the main call of a refinement round: the set without each of
     ``--refine-cells`` of its cells (seeded sample) over the template's prompts, one
     ``SetVerifier.shares`` call; a whole round is that call for every cell of the set."""
-    import weightgraft.localize.verify as verify
+    import weightgraft.localization.verify as verify
     from weightgraft.engine.architectures import model_slots
     from weightgraft.engine.cells import exact_effects
-    from weightgraft.localize import localize
-    from weightgraft.localize.config import parse_localize_config
-    from weightgraft.localize.examples import build_examples, select_prompts
-    from weightgraft.localize.maps import cell_map
+    from weightgraft.localization import localize
+    from weightgraft.localization.config import parse_localize_config
+    from weightgraft.localization.examples import build_examples, select_prompts
+    from weightgraft.localization.maps import cell_map
 
     raw = yaml.safe_load((ROOT / "docs/localize/sets.yaml").read_text())
     raw.update(data=str(args.data), out=str(args.out / "sets"))
@@ -134,7 +134,7 @@ def refinement(args: Any, sft_dir: Path, loaded: dict[str, Any]) -> dict[str, An
 
 def depth_mode(args: Any, sft_dir: Path) -> None:
     from weightgraft.data.prompts import load_test_prompts
-    from weightgraft.localize.examples import build_examples
+    from weightgraft.localization.examples import build_examples
     from weightgraft.models import load_model
 
     pre, sft = load_model("smollm2-135m"), load_model(str(sft_dir))

@@ -57,10 +57,10 @@ def main() -> None:
         return
     from weightgraft.data.prompts import load_test_prompts
     from weightgraft.api.localize import localize
-    from weightgraft.localize.agreement import agreement
-    from weightgraft.localize.config import parse_localize_config
-    from weightgraft.localize.examples import build_examples
-    from weightgraft.localize.maps import estimate_frame
+    from weightgraft.localization.agreement import agreement
+    from weightgraft.localization.config import parse_localize_config
+    from weightgraft.localization.examples import build_examples
+    from weightgraft.localization.maps import estimate_frame
     from weightgraft.engine.attribution import graft_attribution
     from weightgraft.engine.cells import exact_effects, example_cells
     from weightgraft.engine.partial import PartialGraft

@@ -18,7 +18,7 @@ import torch
 
 def _batches(examples, size: int):
     """Batches of examples sorted by length, padded as localize's estimate stage pads them."""
-    from weightgraft.localize.maps import _batch
+    from weightgraft.localization.maps import _batch
 
     ordered = sorted(examples, key=lambda e: e.scored.position)
     for start in range(0, len(ordered), size):
@@ -39,7 +39,7 @@ def main() -> None:
     from weightgraft.data.prompts import load_test_prompts
     from weightgraft.engine.attribution import graft_attribution, graft_unit_attribution
     from weightgraft.engine.partial import PartialGraft
-    from weightgraft.localize.examples import build_examples
+    from weightgraft.localization.examples import build_examples
     from weightgraft.models import load_model
 
     pre, sft = load_model("smollm2-135m"), load_model(args.sft)
@@ -65,7 +65,7 @@ def main() -> None:
         key = units if units not in times else "cell (again)"
         times[key], counts[key] = time.time() - t0, n
         print(f"attribution, units: {units}: {times[key]:.1f}s for {n:,} estimates (position x slot-or-unit)", flush=True)
-    from weightgraft.localize.maps import estimate_frame
+    from weightgraft.localization.maps import estimate_frame
 
     for units in ("cell", "neuron"):  # localize's estimate stage: the same passes plus the table rows
         t0 = time.time()

@@ -55,10 +55,10 @@ def main() -> None:
     args = ap.parse_args()
     from weightgraft.engine.architectures import Units
     from weightgraft.engine.partial import PartialGraft
-    from weightgraft.localize.config import parse_localize_config
-    from weightgraft.localize.examples import build_examples, select_prompts
-    from weightgraft.localize.maps import estimate_frame
-    from weightgraft.localize.run import plan_input
+    from weightgraft.localization.config import parse_localize_config
+    from weightgraft.localization.examples import build_examples, select_prompts
+    from weightgraft.localization.maps import estimate_frame
+    from weightgraft.localization.run import plan_input
     from weightgraft.models import load_model
     from weightgraft.planning.localize import plan_localize_work
 

@@ -19,7 +19,7 @@ from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.explore.app import create_app
 from weightgraft.explore.session import Explorer
-from weightgraft.localize.examples import build_examples
+from weightgraft.localization.examples import build_examples
 from weightgraft.training.texts import read_split
 from tiny_models import make_donor, make_tiny, tiny_spaced_tokenizer
 

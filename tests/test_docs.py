@@ -62,7 +62,7 @@ def test_there_are_examples():
 def test_the_localize_configs_of_the_docs_validate(path):
     """The configs docs/localize.md was measured with are valid localize configs, reading
     the demo's data relative to their folder."""
-    from weightgraft.localize.config import load_localize_config
+    from weightgraft.localization.config import load_localize_config
 
     config = load_localize_config(path)
     assert config.data.resolve().parent.parent == (ROOT / "runs").resolve() and config.data.name == "data"

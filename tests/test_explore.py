@@ -252,7 +252,7 @@ def outputs(tmp_path_factory):
 
     from weightgraft.experiments.config import parse_config
     from weightgraft.api.localize import localize
-    from weightgraft.localize.config import parse_localize_config
+    from weightgraft.localization.config import parse_localize_config
     from weightgraft.experiments.runner import run_experiment
     from weightgraft.report import write_report
 

@@ -11,8 +11,8 @@ import torch
 
 from weightgraft.experiments.config import ConfigError
 from weightgraft.api.localize import localize
-from weightgraft.localize.config import parse_localize_config
-from weightgraft.localize.examples import position_labels
+from weightgraft.localization.config import parse_localize_config
+from weightgraft.localization.examples import position_labels
 from weightgraft.engine.cells import exact_effects
 from tiny_world import loader, write_world
 
@@ -50,7 +50,7 @@ def test_localize_end_to_end(tmp_path):
     assert (result.run_dir / "report" / "index.html").is_file()
     assert (result.run_dir / "report" / "scatter.png").is_file()
     # claims.csv: the paper's claims as exact region grafts, per template and graft direction
-    from weightgraft.localize.claims import CLAIMS, VERDICTS
+    from weightgraft.localization.claims import CLAIMS, VERDICTS
 
     claims = pd.read_csv(result.run_dir / "claims.csv")
     assert set(claims["claim"]) == {c.name for c in CLAIMS} and len(claims) == 2 * 2 * len(CLAIMS)
@@ -72,9 +72,9 @@ def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     result = localize(config, progress=False, load=loader)
     entry = result.search["searches"][0]
     pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
-    from weightgraft.localize.examples import build_examples
-    from weightgraft.localize.maps import cell_map
-    from weightgraft.localize.examples import select_prompts
+    from weightgraft.localization.examples import build_examples
+    from weightgraft.localization.maps import cell_map
+    from weightgraft.localization.examples import select_prompts
     from weightgraft.engine.architectures import model_slots
 
     examples, _ = build_examples(select_prompts(config), pre.tokenizer)
@@ -136,7 +136,7 @@ def test_position_labels_line_up_template_words_around_entities():
 
 
 def test_agreement_ranks_and_coarse_groups():
-    from weightgraft.localize.agreement import agreement, span_of, spearman
+    from weightgraft.localization.agreement import agreement, span_of, spearman
 
     assert spearman(pd.Series([1.0, 2, 3, 4]), pd.Series([10.0, 20, 30, 100])) == pytest.approx(1.0)
     assert spearman(pd.Series([1.0, 2, 3]), pd.Series([3.0, 2, 1])) == pytest.approx(-1.0)

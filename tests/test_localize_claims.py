@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import weightgraft as wg
-from weightgraft.localize.claims.grafts import ClaimMap, judge_claims, null_seed
-from weightgraft.localize.claims.regions import CLAIMS, empirical_p, holm, key_frame, last_quarter
-from weightgraft.localize.draws import draw_outside
+from weightgraft.localization.claims.grafts import ClaimMap, judge_claims, null_seed
+from weightgraft.localization.claims.regions import CLAIMS, empirical_p, holm, key_frame, last_quarter
+from weightgraft.localization.draws import draw_outside
 
 N_LAYERS = 8
 LABELS = ["tok0", "tok1", "first_entity-1", "first_entity", "first_entity+1", "relation", "relation+1", "last"]
@@ -142,9 +142,9 @@ def test_exact_region_share_equals_a_direct_graft(tmp_path):
     from tiny_models import make_donor, make_tiny
     from tiny_world import tokenizer, write_world
 
-    from weightgraft.localize.claims.stage import map_claims
-    from weightgraft.localize.config import ClaimSettings, parse_localize_config
-    from weightgraft.localize.examples import build_examples, select_prompts
+    from weightgraft.localization.claims.stage import map_claims
+    from weightgraft.localization.config import ClaimSettings, parse_localize_config
+    from weightgraft.localization.examples import build_examples, select_prompts
 
     tok = tokenizer()
     pre = make_tiny("llama", seed=0, vocab_size=len(tok), n_layers=5).double()
@@ -193,8 +193,8 @@ def test_reversal_setting_tests_claims_4_5_where_the_paper_made_them(tmp_path):
     from tiny_world import loader, write_world
 
     from weightgraft.data.prompts import DatasetError
-    from weightgraft.localize import run_localize as localize
-    from weightgraft.localize.config import parse_localize_config
+    from weightgraft.localization import run_localize as localize
+    from weightgraft.localization.config import parse_localize_config
 
     raw = {"data": str(write_world(tmp_path / "data", n=4)), "out": str(tmp_path / "run"), "templates": ["headline"],
            "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "exact": "none", "report": False,

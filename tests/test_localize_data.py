@@ -12,9 +12,9 @@ import yaml
 from typer.testing import CliRunner
 
 from weightgraft.api.localize import localize
-from weightgraft.localize.config import parse_localize_config
-from weightgraft.localize.directions import choose_directions
-from weightgraft.localize.examples import select_prompts
+from weightgraft.localization.config import parse_localize_config
+from weightgraft.localization.directions import choose_directions
+from weightgraft.localization.examples import select_prompts
 from tiny_world import FIRST, SECOND, TEMPLATES, loader, write_world
 
 MODELS = {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}
@@ -107,7 +107,7 @@ def test_the_trained_direction_by_default(tmp_path):
     config = parse_localize_config({"data": str(data), "models": MODELS})
     assert {p.direction for p in select_prompts(config)} == {"a2b"}
     assert "manifest.json" in choose_directions(config).note
-    from weightgraft.localize.directions import left_out
+    from weightgraft.localization.directions import left_out
 
     assert left_out(config, choose_directions(config)) == 6  # 3 relations x 2 templates, b2a: counted
     # the SFT model's training manifest comes first

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from weightgraft.api.localize import localize
-from weightgraft.localize.config import parse_localize_config
+from weightgraft.localization.config import parse_localize_config
 from tiny_world import loader, write_world
 
 

@@ -16,12 +16,12 @@ import torch
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import exact_effects
 from weightgraft.api.localize import localize
-from weightgraft.localize.config import parse_localize_config
-from weightgraft.localize.controls import draw_control, mix_key
-from weightgraft.localize.examples import build_examples, select_prompts
-from weightgraft.localize.maps import cell_map
-from weightgraft.localize.search import minimal_graft_search, rank_keys
-from weightgraft.localize.verify import SetVerifier, received_summary
+from weightgraft.localization.config import parse_localize_config
+from weightgraft.localization.controls import draw_control, mix_key
+from weightgraft.localization.examples import build_examples, select_prompts
+from weightgraft.localization.maps import cell_map
+from weightgraft.localization.search import minimal_graft_search, rank_keys
+from weightgraft.localization.verify import SetVerifier, received_summary
 from tiny_world import loader, loader64, write_world
 
 TOL = 1e-12  # float64 models: a share regrafted outside localize agrees to float precision
@@ -224,7 +224,7 @@ def test_received_counts_cells_at_labels_some_prompts_lack(tmp_path):
 def test_refinement_reports_each_round_as_it_goes():
     """``refine_set`` tells ``progress`` every round's size and exact share (a round costs
     minutes on a CPU for hundreds of cells), the same numbers its steps record."""
-    from weightgraft.localize.refine import refine_set
+    from weightgraft.localization.refine import refine_set
 
     weight = {("last", f"layers.{i}.down"): w for i, w in enumerate([0.5, 0.3, 0.1, 0.05, 0.03, 0.02])}
 
@@ -240,7 +240,7 @@ def test_refinement_reports_each_round_as_it_goes():
 
 def test_clopper_pearson_upper_bound():
     """No hit in 64 rules out 4.6% and more (1 - 0.05 ** (1 / 64)); the bound grows with hits."""
-    from weightgraft.localize.missed import binomial_upper
+    from weightgraft.localization.missed import binomial_upper
 
     assert binomial_upper(0, 64) == pytest.approx(1 - 0.05 ** (1 / 64), abs=1e-9)
     assert binomial_upper(0, 64) < binomial_upper(1, 64) < binomial_upper(5, 64) < 1

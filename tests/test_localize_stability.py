@@ -14,7 +14,7 @@ import pytest
 
 from weightgraft.experiments.config import ConfigError
 from weightgraft.api.localize import localize
-from weightgraft.localize.config import parse_localize_config
+from weightgraft.localization.config import parse_localize_config
 from tiny_world import loader, write_world
 
 SFTS = ["tiny-llama:sft", "tiny-llama:task", "tiny-llama:sft-copy"]  # the third: the first's weights again
@@ -68,7 +68,7 @@ def _span(label: str) -> str:
 
 
 def test_span_groups_keep_the_words_after_a_span_apart():
-    from weightgraft.localize.stability import span_group
+    from weightgraft.localization.stability import span_group
 
     labels = ["first_entity-2", "first_entity", "first_entity+3", "tok0", "relation#2", "relation_preposition+1",
               "last", "my-span", "my-span-1"]
@@ -251,7 +251,7 @@ def test_sft_models_trained_on_different_directions_are_refused(tmp_path):
         (folder / MANIFEST_NAME).write_text(json.dumps({"data": {"split": split}}))
         folders.append(str(folder))
     same = parse_localize_config({**_raw(tmp_path, folders[:2]), "out": str(tmp_path / "a")})
-    from weightgraft.localize.directions import choose_directions
+    from weightgraft.localization.directions import choose_directions
 
     assert choose_directions(same).directions == ["a2b"]
     mixed = parse_localize_config({**_raw(tmp_path, folders), "out": str(tmp_path / "b")})
@@ -280,7 +280,7 @@ def test_cli_prints_the_stability_summary(tmp_path, monkeypatch):
 
 
 def test_rows_finer_than_a_cell_are_refused_not_summed(multi):
-    from weightgraft.localize.stability import stability_table
+    from weightgraft.localization.stability import stability_table
 
     cells = pd.read_parquet(multi.run_dir / "cells.parquet")
     split = pd.concat([cells.assign(estimate=cells["estimate"] / 2)] * 2)  # two rows per cell, as units would be

@@ -12,9 +12,9 @@ from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import WHOLE, Cell, exact_effects, parse_cell_name
 from weightgraft.experiments.config import ConfigError
 from weightgraft.api.localize import localize
-from weightgraft.localize.config import parse_localize_config
-from weightgraft.localize.examples import build_examples, select_prompts
-from weightgraft.localize.maps import UnitCellMap, cell_map, whole_cells
+from weightgraft.localization.config import parse_localize_config
+from weightgraft.localization.examples import build_examples, select_prompts
+from weightgraft.localization.maps import UnitCellMap, cell_map, whole_cells
 from tiny_world import loader64, write_world
 
 TOL = 1e-12  # float64 models

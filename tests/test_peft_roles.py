@@ -140,7 +140,7 @@ def test_bad_peft_specs_are_one_line_errors_before_any_model_loads(tmp_path):
 
 def test_localize_takes_a_peft_donor(tmp_path):
     from weightgraft.api.localize import localize
-    from weightgraft.localize.config import parse_localize_config
+    from weightgraft.localization.config import parse_localize_config
 
     path, merged = _world_adapter(tmp_path)
     data = write_world(tmp_path / "data", n=2)
@@ -208,9 +208,9 @@ def test_a_relative_adapter_dir_in_a_config_file_is_taken_from_its_folder(tmp_pa
 
 def test_memory_plans_count_a_lora_role_as_its_adapter(tmp_path):
     from weightgraft.experiments.config import parse_config
-    from weightgraft.localize.config import parse_localize_config
+    from weightgraft.localization.config import parse_localize_config
     from weightgraft.experiments.plan import plan_experiment
-    from weightgraft.localize.run import plan_input
+    from weightgraft.localization.run import plan_input
     from weightgraft.planning.localize import plan_localize_work
 
     tok = loader("tiny-llama:pre").tokenizer

@@ -20,9 +20,9 @@ import weightgraft.planning.budget as budget_mod
 import weightgraft.experiments.runner as runner
 from weightgraft.cli import app
 from weightgraft.experiments.config import parse_config
-from weightgraft.localize.config import parse_localize_config
+from weightgraft.localization.config import parse_localize_config
 from weightgraft.experiments.plan import plan_before_run, plan_experiment
-from weightgraft.localize.run import plan_input
+from weightgraft.localization.run import plan_input
 from weightgraft.planning.errors import PlanError
 from weightgraft.planning.localize import plan_localize_work
 from weightgraft.planning.plan import HEADROOM

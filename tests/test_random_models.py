@@ -138,7 +138,7 @@ def test_commands_that_tokenize_refuse_random_models_before_loading(tmp_path: Pa
 
     import weightgraft.experiments.runner as runner
     from weightgraft.experiments.config import parse_config
-    from weightgraft.localize.config import parse_localize_config
+    from weightgraft.localization.config import parse_localize_config
     from weightgraft.api.localize import localize
 
     def no_load(*a, **k):

@@ -68,7 +68,7 @@ def test_the_byte_fallback_round_trips_text_with_offsets():
 
 def test_localize_runs_on_a_random_pair_with_a_tokenizer(tmp_path, random_specs):
     from weightgraft.api.localize import localize as run_localize
-    from weightgraft.localize.config import parse_localize_config
+    from weightgraft.localization.config import parse_localize_config
     from tiny_world import write_world
 
     raw = {"name": "loc", "data": str(write_world(tmp_path / "data", n=2)),

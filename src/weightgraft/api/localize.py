@@ -1,6 +1,6 @@
-"""``weightgraft.localize``: a localize config run (or resumed) and its report page drawn.
+"""``weightgraft.localization``: a localize config run (or resumed) and its report page drawn.
 
-The maps, claims and found sets are ``weightgraft.localize``'s; the page is
+The maps, claims and found sets are ``weightgraft.localization``'s; the page is
 ``weightgraft.report``'s, which reads them: this call joins the two."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from weightgraft.localize.config import LocalizeConfig, load_localize_config
-from weightgraft.localize.run import LocalizeResult, run_localize
+from weightgraft.localization.config import LocalizeConfig, load_localize_config
+from weightgraft.localization.run import LocalizeResult, run_localize
 
 
 def localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = None,

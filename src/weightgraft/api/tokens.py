@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
-from weightgraft.localize.examples import position_labels
+from weightgraft.localization.examples import position_labels
 from weightgraft.schemes.binding import GraftInputError, check_tokenizer
 from weightgraft.schemes.selectors import first_entity, token_span
 

@@ -17,7 +17,7 @@ def localize(
 ) -> None:
     """Localize a finetuned behaviour cell by cell: attribution and exact maps, minimal sets."""
     from weightgraft.api.localize import localize as run_localize
-    from weightgraft.localize import load_localize_config
+    from weightgraft.localization import load_localize_config
 
     cfg = load_localize_config(config, overrides or [])
     result = run_localize(cfg, progress=progress)

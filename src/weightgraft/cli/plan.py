@@ -48,8 +48,8 @@ def plan(
     chosen = card(gpu) if gpu is not None else None
     raw = read_yaml_config(config, overrides or [], "experiment or localize")
     if isinstance(raw, dict) and "schemes" not in raw:
-        from weightgraft.localize.config import parse_localize_config
-        from weightgraft.localize.run import plan_input
+        from weightgraft.localization.config import parse_localize_config
+        from weightgraft.localization.run import plan_input
         from weightgraft.planning.localize import plan_localize_work
 
         work = plan_input(parse_localize_config(raw, str(config)))

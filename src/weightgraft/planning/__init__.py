@@ -4,5 +4,5 @@ one batch and in all, the batch size, a predicted wall time), and the budget it 
 Floor: above schemes/models, below experiments/localize. The arithmetic here reads model
 configs (``weightgraft.models.footprint``) and explicit shapes of the work; the plans of a run
 config and of a localize config are built where those configs live
-(``weightgraft.experiments.plan``, ``weightgraft.localize.run.plan_input``) from these pieces.
+(``weightgraft.experiments.plan``, ``weightgraft.localization.run.plan_input``) from these pieces.
 """

@@ -47,7 +47,7 @@ class SftModel:
 @dataclass(frozen=True, kw_only=True)
 class LocalizeWork:
     """What a localize config asks for, as the plan needs it (built by
-    ``weightgraft.localize.run.plan_input``)."""
+    ``weightgraft.localization.run.plan_input``)."""
 
     pre: str
     sfts: list[SftModel]

@@ -20,10 +20,10 @@ from typing import Any
 import pandas as pd
 
 from weightgraft import atomic
-from weightgraft.localize.agreement import agreement
-from weightgraft.localize.config import sft_labels
-from weightgraft.localize.stability import COLUMNS as STABILITY_COLUMNS
-from weightgraft.localize.stability import stability_table
+from weightgraft.localization.agreement import agreement
+from weightgraft.localization.config import sft_labels
+from weightgraft.localization.stability import COLUMNS as STABILITY_COLUMNS
+from weightgraft.localization.stability import stability_table
 from weightgraft.report import localize_figures as figs
 from weightgraft.report.html import CSS, _esc, html_table
 
@@ -152,7 +152,7 @@ def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
 def _claims_section(run_dir: Path) -> str:
     """``claims.csv``: the paper's claims as exact region grafts against a null of random
     regions (a run made before them, or with ``claims: {enabled: false}``, has none)."""
-    from weightgraft.localize.claims import ALPHA, CLAIMS
+    from weightgraft.localization.claims import ALPHA, CLAIMS
 
     path = run_dir / "claims.csv"
     table = pd.read_csv(path) if path.is_file() else pd.DataFrame()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from weightgraft.localize.agreement import spearman
+from weightgraft.localization.agreement import spearman
 from weightgraft.report.figures import write_figure
 
 GLOBAL = ("embed", "final_norm", "unembed")

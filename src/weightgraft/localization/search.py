@@ -2,7 +2,7 @@
 exact grafting, that carries a chosen share of the donor's effect over a dataset.
 
 Cells are keyed across examples by ``(position label, slot name)`` so that one set means the
-same thing in every prompt of a template (``weightgraft.localize.examples``); a key
+same thing in every prompt of a template (``weightgraft.localization.examples``); a key
 an example lacks grafts nothing there. The share of a set K is
 ``mean_i [M_i(base + K) - M_i(base)] / mean_i [M_i(donor) - M_i(base)]``: for sufficiency
 (base PRE, donor SFT) the share of SFT's gain recovered by grafting K into PRE; for necessity
@@ -19,7 +19,7 @@ from torch import nn
 from weightgraft.engine.attribution import Metric
 from weightgraft.engine.cells import Cell, ScoredExample
 from weightgraft.errors import WeightgraftError
-from weightgraft.localize.verify import CellKey, SetVerifier
+from weightgraft.localization.verify import CellKey, SetVerifier
 
 
 class SearchError(WeightgraftError, ValueError):

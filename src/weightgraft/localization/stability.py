@@ -26,7 +26,7 @@ from itertools import combinations
 
 import pandas as pd
 
-from weightgraft.localize.agreement import spearman
+from weightgraft.localization.agreement import spearman
 
 TOP_K = 50
 COLUMNS = ["kind", "direction", "model_a", "template_a", "model_b", "template_b", "value", "n_prompts_a",
@@ -107,7 +107,7 @@ def stability_table(cells: pd.DataFrame, k: int = TOP_K) -> pd.DataFrame:
     keys = ["model", "template", "direction", "example_id", "position", *cell_key(cells)]
     if cells.duplicated(keys).any():  # rows finer than the key (units under another name): never summed blindly
         raise ValueError(f"stability: cells.parquet holds several rows per cell {keys}; a unit column must be "
-                         f"named in weightgraft.localize.stability.UNIT_COLUMNS")
+                         f"named in weightgraft.localization.stability.UNIT_COLUMNS")
     n_layers = int(cells["layer"].max()) + 1 if cells["layer"].notna().any() else 1
     models = list(dict.fromkeys(cells["model"]))
     templates = list(dict.fromkeys(cells["template"]))

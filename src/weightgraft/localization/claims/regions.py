@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from weightgraft.localize.maps import slot_parts
-from weightgraft.localize.verify import CellKey
+from weightgraft.localization.maps import slot_parts
+from weightgraft.localization.verify import CellKey
 
 FFN = ("gate", "up", "down")
 QKV = ("q", "k", "v")

@@ -20,10 +20,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from weightgraft.localize.claims.regions import empirical_p
-from weightgraft.localize.draws import Draw, DrawError, draw_outside
-from weightgraft.localize.maps import slot_parts
-from weightgraft.localize.verify import CellKey, SetVerifier
+from weightgraft.localization.claims.regions import empirical_p
+from weightgraft.localization.draws import Draw, DrawError, draw_outside
+from weightgraft.localization.maps import slot_parts
+from weightgraft.localization.verify import CellKey, SetVerifier
 
 Kind = Literal["random", "matched"]
 KINDS: tuple[Kind, ...] = ("random", "matched")
@@ -42,7 +42,7 @@ def control_seed(seed: int, direction: str, template: str, kind: Kind, index: in
 
 def draw_control(candidates: Sequence[CellKey], found: Sequence[CellKey], kind: Kind, seed: str) -> Draw[CellKey]:
     """One control set of ``len(found)`` keys from ``candidates`` outside ``found``,
-    reproducible from ``seed`` (:func:`weightgraft.localize.draws.draw_outside`)."""
+    reproducible from ``seed`` (:func:`weightgraft.localization.draws.draw_outside`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown control kind {kind!r}; use random or matched")
     return draw_outside(candidates, found, found, seed, mix_key if kind == "matched" else None)

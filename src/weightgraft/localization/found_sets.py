@@ -26,15 +26,15 @@ from torch import nn
 
 from weightgraft import atomic
 from weightgraft.experiments.config import ConfigError
-from weightgraft.localize.controls import set_controls
-from weightgraft.localize.examples import LocalizeExample
+from weightgraft.localization.controls import set_controls
+from weightgraft.localization.examples import LocalizeExample
 from weightgraft.engine.architectures import Units
 from weightgraft.engine.cells import WHOLE, cell_name
-from weightgraft.localize.maps import UnitCellMap, cell_map, whole_cells
-from weightgraft.localize.missed import missed_estimate
-from weightgraft.localize.refine import refine_set
-from weightgraft.localize.search import minimal_graft_search, rank_keys
-from weightgraft.localize.verify import CellKey, SetVerifier, received_summary
+from weightgraft.localization.maps import UnitCellMap, cell_map, whole_cells
+from weightgraft.localization.missed import missed_estimate
+from weightgraft.localization.refine import refine_set
+from weightgraft.localization.search import minimal_graft_search, rank_keys
+from weightgraft.localization.verify import CellKey, SetVerifier, received_summary
 
 
 def _keys(cells: list[dict[str, str]]) -> list[CellKey]:

@@ -16,9 +16,9 @@ import pandas as pd
 import torch
 
 from weightgraft.data.prompts import DatasetError, TestPrompt
-from weightgraft.localize.claims.regions import BOTH_A2B, CLAIMS
-from weightgraft.localize.claims.stage import map_claims
-from weightgraft.localize.config import LocalizeConfig
+from weightgraft.localization.claims.regions import BOTH_A2B, CLAIMS
+from weightgraft.localization.claims.stage import map_claims
+from weightgraft.localization.config import LocalizeConfig
 
 LABEL = "reversal"  # the model column of the reversal rows
 
@@ -44,7 +44,7 @@ def roles_checked(config: LocalizeConfig) -> str:
     """The roles' training splits where their training manifests name them: the donor must have
     trained on both directions and the recipient not on the prompts' direction (else an error,
     before any model loads); a sentence saying what was checked."""
-    from weightgraft.localize.directions import model_directions
+    from weightgraft.localization.directions import model_directions
 
     setting = config.reversal
     said = []
@@ -66,8 +66,8 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
                     say: Callable[..., None]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """The both->a2b claims' rows (``model`` = ``reversal``) and their null records."""
     from weightgraft.engine.partial import PartialGraft
-    from weightgraft.localize.examples import build_examples
-    from weightgraft.localize.maps import estimate_frame
+    from weightgraft.localization.examples import build_examples
+    from weightgraft.localization.maps import estimate_frame
     from weightgraft.models.tokenization import check_same_tokenizer
 
     setting = config.reversal

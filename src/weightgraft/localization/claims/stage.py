@@ -18,11 +18,11 @@ from torch import nn
 from weightgraft import atomic
 
 from weightgraft.engine.attribution import Metric
-from weightgraft.localize.claims.grafts import ClaimMap, judge_claims
-from weightgraft.localize.claims.regions import CLAIMS, Claim
-from weightgraft.localize.examples import LocalizeExample
-from weightgraft.localize.maps import cell_map, whole_cells
-from weightgraft.localize.verify import SetVerifier
+from weightgraft.localization.claims.grafts import ClaimMap, judge_claims
+from weightgraft.localization.claims.regions import CLAIMS, Claim
+from weightgraft.localization.examples import LocalizeExample
+from weightgraft.localization.maps import cell_map, whole_cells
+from weightgraft.localization.verify import SetVerifier
 
 FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "share_exact", "ci_low", "ci_high",
          "share_estimate", "interaction", "region_cells_share", "region_params_share", "null_mean", "null_p",

@@ -38,16 +38,16 @@ from weightgraft import atomic
 from weightgraft.data.prompts import DatasetError
 from weightgraft.engine.architectures import Units
 from weightgraft.experiments.config import ConfigError
-from weightgraft.localize.claims import PRE_SFT
-from weightgraft.localize.claims.stage import map_claims, write_claims
+from weightgraft.localization.claims import PRE_SFT
+from weightgraft.localization.claims.stage import map_claims, write_claims
 from weightgraft.experiments.store import ResultsDirConflict
-from weightgraft.localize.config import LocalizeConfig, load_localize_config
-from weightgraft.localize.examples import LocalizeExample, build_examples, select_prompts
-from weightgraft.localize.directions import choose_directions, left_out
-from weightgraft.localize.exact_parts import exact_stage
-from weightgraft.localize.found_sets import find_sets
-from weightgraft.localize.maps import estimate_frame, unit_picks, whole_cells
-from weightgraft.localize.claims.reversal import reversal_claims, reversal_prompts
+from weightgraft.localization.config import LocalizeConfig, load_localize_config
+from weightgraft.localization.examples import LocalizeExample, build_examples, select_prompts
+from weightgraft.localization.directions import choose_directions, left_out
+from weightgraft.localization.exact_parts import exact_stage
+from weightgraft.localization.found_sets import find_sets
+from weightgraft.localization.maps import estimate_frame, unit_picks, whole_cells
+from weightgraft.localization.claims.reversal import reversal_claims, reversal_prompts
 
 if TYPE_CHECKING:
     from weightgraft.planning.localize import LocalizeWork
@@ -375,7 +375,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         seconds["claims_reversal"] = time.time() - t0
     cells = pd.concat(frames, ignore_index=True)
     _write(cells, run_dir / "cells.parquet")
-    from weightgraft.localize.stability import stability_table
+    from weightgraft.localization.stability import stability_table
 
     atomic.write_text(run_dir / "stability.csv", stability_table(whole_cells(cells)).to_csv(index=False))
     write_claims(run_dir, claim_tables, claim_nulls)

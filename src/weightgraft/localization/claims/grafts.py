@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from weightgraft.localize.claims.regions import (CLAIMS, PRE_SFT, Claim, empirical_p, holm, key_frame, ratio_ci,
+from weightgraft.localization.claims.regions import (CLAIMS, PRE_SFT, Claim, empirical_p, holm, key_frame, ratio_ci,
                                                  verdict)
-from weightgraft.localize.draws import DrawError, draw_outside
-from weightgraft.localize.maps import slot_parts
-from weightgraft.localize.verify import CellKey
+from weightgraft.localization.draws import DrawError, draw_outside
+from weightgraft.localization.maps import slot_parts
+from weightgraft.localization.verify import CellKey
 
 Effects = Callable[[Sequence[Sequence[CellKey]]], np.ndarray]  # sets -> [n_prompts, n_sets] exact effects
 

@@ -17,8 +17,8 @@ import torch
 
 from weightgraft import atomic
 from weightgraft.engine.attribution import Metric
-from weightgraft.localize.examples import LocalizeExample
-from weightgraft.localize.maps import exact_frame
+from weightgraft.localization.examples import LocalizeExample
+from weightgraft.localization.maps import exact_frame
 
 EXACT_GROUP = 8  # prompts per part file (the unit a killed run resumes from)
 COLUMNS = ["example_id", "template", "direction", "position", "slot", "unit", "exact"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from weightgraft.localize.verify import CellKey, SetVerifier
+from weightgraft.localization.verify import CellKey, SetVerifier
 
 
 def _blocks(n: int) -> list[int]:

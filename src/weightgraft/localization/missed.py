@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from weightgraft.localize.verify import CellKey, SetVerifier
+from weightgraft.localization.verify import CellKey, SetVerifier
 
 BOOTSTRAP = 2000
 STRATA = 8

@@ -81,7 +81,7 @@ def select_prompts(config: Any) -> list[TestPrompt]:
     after its template, direction and per-template limit filters; an error when a named
     template is missing or nothing is left. Without ``directions``, the trained direction
     (``localize.directions``); prompts that carry no direction are kept then."""
-    from weightgraft.localize.directions import choose_directions
+    from weightgraft.localization.directions import choose_directions
 
     prompts = load_prompts(config.data)
     directions = choose_directions(config).directions

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from weightgraft.localize.examples import LocalizeExample
+from weightgraft.localization.examples import LocalizeExample
 from weightgraft.engine.architectures import Units
 from weightgraft.engine.attribution import Metric, graft_attribution
 from weightgraft.engine.cells import OUTPUT_ONLY, REST, WHOLE, Cell, exact_effects, example_cells, has_rest

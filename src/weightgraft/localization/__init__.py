@@ -2,7 +2,7 @@
 found sets and their controls. ``weightgraft.api.localize.localize`` runs it and draws the
 report page (``weightgraft.report.localize``), which builds on this package."""
 
-from weightgraft.localize.config import LocalizeConfig, load_localize_config
-from weightgraft.localize.run import LocalizeResult, run_localize
+from weightgraft.localization.config import LocalizeConfig, load_localize_config
+from weightgraft.localization.run import LocalizeResult, run_localize
 
 __all__ = ["LocalizeConfig", "LocalizeResult", "load_localize_config", "run_localize"]
