@@ -169,7 +169,7 @@ def _prefix_case(
         for b in range(input_ids.shape[0]):
             n = int(attention_mask[b].sum())
             ids = input_ids[b][attention_mask[b].bool()].tolist()
-            src = source[b][attention_mask[b].bool()]
+            src = source[b][attention_mask[b].bool().to(source.device)]  # maps live on the CPU
             twin = src.clone()
             twin[-1] = torch.randint(0, len(models), twin[-1].shape, generator=gen)
             items += [GraftItem(ids, src, logit_start=n - 1), GraftItem(ids, twin, logit_start=n - 1)]
