@@ -39,20 +39,25 @@ def test_the_demo_trains_on_templates_its_world_has(tmp_path):
     assert {kinds[t] for t in DEMO_TRAIN_TEMPLATES} == {"qa", "article"}
 
 
-def test_the_demo_runs_on_the_embedded_models_only(tmp_path):
+def test_the_demo_runs_on_the_embedded_models_only(tmp_path, monkeypatch, capsys):
     """``--model`` names an embedded model; anything else is refused in one line before any
     data or model is built, and each model's demo has its own default run directory."""
-    import pytest
-    from typer.testing import CliRunner
+    import sys
 
-    from weightgraft.cli import app
+    import pytest
+
+    from weightgraft.cli import main
     from weightgraft.demo import DEMO_MODELS, demo_out
 
     assert set(DEMO_MODELS) == {"smollm2-135m", "gemma3-270m"}
     assert str(demo_out("smollm2-135m")) == "runs/demo" and str(demo_out("gemma3-270m")) == "runs/demo-gemma3-270m"
-    result = CliRunner().invoke(app, ["demo", "--model", "gpt2", "--out", str(tmp_path / "d")])
-    assert result.exit_code == 2
-    assert "embedded model" in result.output and "gpt2" in result.output
+    monkeypatch.delenv("WEIGHTGRAFT_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["weightgraft", "demo", "--model", "gpt2", "--out", str(tmp_path / "d")])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "embedded model" in err and "gpt2" in err and len([l for l in err.splitlines() if l.strip()]) == 1
     assert not (tmp_path / "d").exists()
     from weightgraft.demo import run_demo
 

@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from weightgraft.engine import lora, projections
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
+from weightgraft.engine.precision import batch_invariant_attention
 
 __all__ = ["per_token_forward", "per_token_mixed_forward", "CompositeModel"]
 
@@ -129,6 +130,9 @@ def per_token_forward(
     """
     composite = composite or CompositeModel(models)
     model = composite.model
+    # the private copy attends as the engine does (eager in half precision), so the comparison
+    # measures the graft, not two attention kernels' rounding
+    batch_invariant_attention([model])
     batch, seq = input_ids.shape
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
