@@ -18,7 +18,7 @@ from weightgraft.models.footprint import ModelFootprint, resolve_footprint
 from weightgraft.planning.budget import budget, cuda_here
 from weightgraft.planning.cards import Card
 from weightgraft.planning.lengths import length_summary, tokenizer_for
-from weightgraft.planning.plan import HEADROOM, Plan, check_plan, choose_batch, plan_skipped
+from weightgraft.planning.plan import HEADROOM, Plan, choose_batch, with_planned_batch
 from weightgraft.planning.run import RoleShape, RunSettings, SetShape, held, run_advice
 from weightgraft.planning.timing import forward_seconds, rate_for
 
@@ -131,19 +131,8 @@ def plan_before_run(config: ExperimentConfig, prompts: list[TestPrompt]) -> Expe
     does not fit, in one line; return the config with the plan's batch size where the config
     does not fix one."""
     from weightgraft.models.random_models import refuse_random
-    from weightgraft.planning.errors import PlanError
 
     for roles in config.sets().values():
         if config.tokenizer is None:  # the config's tokenizer serves models that have none
             refuse_random(roles, "weightgraft run")
-    try:
-        plan = plan_experiment(config, prompts, with_time=False)
-    except (ConfigError, PlanError):
-        raise
-    except Exception as exc:  # the plan only refuses what it knows cannot fit
-        plan_skipped(exc)
-        return config
-    check_plan(plan)
-    if plan.batch_size != config.batch_size:
-        config = config.model_copy(update={"batch_size": plan.batch_size})
-    return config
+    return with_planned_batch(config, lambda: plan_experiment(config, prompts, with_time=False), (ConfigError,))

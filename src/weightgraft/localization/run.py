@@ -221,23 +221,13 @@ def plan_before_localize(config: LocalizeConfig, prompts: list[Any]) -> Localize
     that does not fit, in one line; return the config with the plan's batch size where the
     config does not fix one."""
     from weightgraft.models.random_models import refuse_random
-    from weightgraft.planning.errors import PlanError
     from weightgraft.planning.localize import plan_localize_work
-    from weightgraft.planning.plan import check_plan, plan_skipped
+    from weightgraft.planning.plan import with_planned_batch
 
     if config.tokenizer is None:  # the config's tokenizer serves models that have none
         refuse_random(config.roles(), "weightgraft localize")
-    try:
-        plan = plan_localize_work(plan_input(config, prompts), with_time=False)
-    except (ConfigError, PlanError):
-        raise
-    except Exception as exc:  # the plan only refuses what it knows cannot fit
-        plan_skipped(exc)
-        return config
-    check_plan(plan)
-    if plan.batch_size != config.batch_size:
-        config = config.model_copy(update={"batch_size": plan.batch_size})
-    return config
+    return with_planned_batch(config, lambda: plan_localize_work(plan_input(config, prompts), with_time=False),
+                              (ConfigError,))
 
 
 def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: Any, sft: Any,

@@ -117,3 +117,21 @@ def plan_skipped(exc: Exception) -> None:
 
     if not isinstance(exc, (ModelLoadError, ModelNotFoundError, OSError)):
         print(f"plan skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def with_planned_batch(config: Any, make_plan: Callable[[], Plan], user_errors: tuple[type[Exception], ...]) -> Any:
+    """What ``run`` and ``localize`` do before loading: ``make_plan()``, refused in one line
+    when it does not fit; the config with the plan's batch size where the config fixes none.
+    ``user_errors`` (and :class:`PlanError`) propagate; any other failure of the plan is
+    :func:`plan_skipped` and the config is returned as given."""
+    try:
+        plan = make_plan()
+    except (PlanError, *user_errors):
+        raise
+    except Exception as exc:  # the plan only refuses what it knows cannot fit
+        plan_skipped(exc)
+        return config
+    check_plan(plan)
+    if plan.batch_size != config.batch_size:
+        config = config.model_copy(update={"batch_size": plan.batch_size})
+    return config
