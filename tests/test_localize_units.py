@@ -116,6 +116,11 @@ def test_report_and_explore_read_a_unit_run(finished):
     assert ("/h" if units == "head" else "/n") in page
     view = LocalizeView(result.run_dir).to_json()
     (search,) = view["searches"]
-    assert all("/" not in c["slot"] for s in search["sets"] for c in s["cells"])
+    assert view["units"] == units
+    # sets of heads or neurons are offered as they are (explore applies them unit by unit), counted
+    letter = "/h" if units == "head" else "/n"
+    for s in search["sets"]:
+        assert s["by_unit"].get(units, 0) == sum(letter in c["slot"] for c in s["cells"])
+    assert any(s["by_unit"] for s in search["sets"]), "some set holds heads or neurons"
     n_maps = sum(len(v) for m in view["maps"] for v in m["values"].values())
     assert n_maps == len(whole_cells(result.cells).groupby(["position_label", "slot"])) * len(view["columns"])

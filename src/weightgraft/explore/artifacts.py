@@ -42,6 +42,17 @@ def _cell_keys(cells: Any) -> list[dict[str, str]]:
     return out
 
 
+def _unit_counts(cells: Sequence[dict[str, str]]) -> dict[str, int]:
+    """How many keys of a set are heads, neurons and rests (``/bias``); ``{}`` for whole cells."""
+    counts: dict[str, int] = {}
+    for c in cells:
+        _, _, unit = c["slot"].partition("/")
+        if unit:
+            kind = "rest" if unit == "bias" else "head" if unit[0] == "h" else "neuron"
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
 def _find_data(data: str | None, where: Path) -> Path | None:
     """A manifest's dataset path: as written (absolute or from the working directory), else
     from the output directory or one of its parents (configs keep paths relative)."""
@@ -157,6 +168,7 @@ class LocalizeView:
         search = json.loads((out_dir / "search.json").read_text()) if (out_dir / "search.json").is_file() else {}
         self.name = out_dir.name
         self.metric = search.get("metric") or (manifest.get("config") or {}).get("metric", "")
+        self.units = str((manifest.get("config") or {}).get("units") or "cell")
         self.searches = [self._search(s) for s in search.get("searches", [])]
         cells = pd.read_parquet(cells_path)
         if "unit" in cells:  # heads / neurons: the page paints whole cells (a split slot's units summed)
@@ -195,12 +207,13 @@ class LocalizeView:
             drawn = controls.get(kind, {}).get("sets", []) if isinstance(controls, dict) else []
             for i, c in enumerate(drawn[:CONTROLS_SHOWN]):
                 sets.append({"name": f"{kind} control #{i + 1}", "share": c.get("share"), "cells": _cell_keys(c.get("cells"))})
-        # the page grafts whole cells: a set holding heads or neurons (``layers.3.o/h2``) is counted, not applied
-        out["sets"] = [s for s in sets if s["cells"] and not any("/" in c["slot"] for c in s["cells"])]
-        out["unit_sets_left_out"] = sum(1 for s in sets if any("/" in c["slot"] for c in s["cells"]))
+        # a set of heads or neurons (``layers.3.o/h2``) is applied unit by unit: the page says how many of each
+        for s in sets:
+            s["by_unit"] = _unit_counts(s["cells"])
+        out["sets"] = [s for s in sets if s["cells"]]
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "metric": self.metric, "model": self.model, "models": self.models,
+        return {"name": self.name, "metric": self.metric, "units": self.units, "model": self.model, "models": self.models,
                 "columns": self.columns, "maps": self.maps,
                 "searches": self.searches, "examples": self.examples}

@@ -61,14 +61,15 @@ class TokensRequest(PromptRequest):
 
 
 class Cell(BaseModel):
-    """One explicit assignment: slot ``slot`` (a name of ``wg.slots``) at token ``position``
-    is served by role ``model``."""
+    """One explicit assignment: slot ``slot`` at token ``position`` is served by role
+    ``model``. ``slot`` is a name of ``wg.slots``, or one head or neuron of it as localize
+    names them (``layers.3.o/h2``, ``layers.3.up/n17``, ``layers.3.down/bias``: ``explore.cells``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     position: StrictInt
-    slot: str
-    model: str
+    slot: str = Field(max_length=100)
+    model: str = Field(max_length=100)
 
 
 class GraftRequest(PromptRequest):

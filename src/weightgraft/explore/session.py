@@ -16,10 +16,12 @@ import torch
 from weightgraft.api.tokens import tokens as token_table
 from weightgraft.data.prompts import answer_token_ids
 from weightgraft.data.spans import SpanError, resolve_spans
-from weightgraft.engine.forward import graft_forward, slots
-from weightgraft.explore.layout import layout
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.forward import graft_forward
 from weightgraft.explore.anchor import anchoring
-from weightgraft.explore.requests import Cell, GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
+from weightgraft.explore.cells import CellMaps, cell_maps, unit_rows
+from weightgraft.explore.layout import layout
+from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
 from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import first_entity, token_span
@@ -41,7 +43,8 @@ class Explorer:
         self.models = [models[r] for r in self.roles]
         self.tokenizer = tokenizer
         self.limits = limits or Limits()
-        self.slot_names = slots(self.models[0])
+        self.slot_list = model_slots(self.models[0])
+        self.slot_names = [s.name for s in self.slot_list]
         self.slot_index = {n: i for i, n in enumerate(self.slot_names)}
         self.layout = layout(self.slot_names)
         self.device = next(self.models[0].parameters()).device
@@ -55,6 +58,8 @@ class Explorer:
 
         return {
             "roles": self.roles, "slots": self.slot_names, "layout": self.layout,
+            # per slot, what it splits into (a found set of heads or neurons paints them)
+            "units": [{"kind": str(k), "n": s.units(k)} if (k := s.unit_kind()) else None for s in self.slot_list],
             "limits": {"max_prompt_chars": self.limits.max_prompt_chars,
                        "max_tokens": self.limits.max_tokens, "max_k": self.limits.max_k},
             "schemes": page_schemes(),
@@ -107,26 +112,28 @@ class Explorer:
         if base not in self.roles:
             raise RequestError(f"base {base!r} is not one of the models ({', '.join(self.roles)})")
         if request.cells is not None:
-            source, heads = self.cell_source(len(ids), request.cells, base), {}
+            maps = cell_maps(request.cells, len(ids), self.slot_list, self.roles, base)
         else:
-            source, heads = self.rule_source(request, base)
+            maps = self.rule_source(request, base)
         answer_id = self._answer_id(request.answer)
         with self._lock:
-            logits = self._logits(ids, source, heads)
+            logits = self._logits(ids, maps)
         out = {
             "tokens": toks,
             "top": {name: self._top(row, request.k) for name, row in logits.items()},
             "answer": None if answer_id is None else self._answer(request.answer, answer_id, logits),
             "protocol": request.protocol,
-            "map": {"base": base, "roles": self.roles, "source": source.tolist(),
-                    "heads": sorted(heads)},
+            "map": {"base": base, "roles": self.roles, "source": maps.source.tolist(),
+                    "heads": sorted(maps.heads), "neurons": sorted(maps.neurons),
+                    "units": {**unit_rows(maps.source, maps.heads, self.slot_index, "head"),
+                              **unit_rows(maps.source, maps.neurons, self.slot_index, "neuron")}},
         }
         out["ms"] = round(1000 * (time.perf_counter() - t0), 2)
         return out
 
     # ------------------------------------------------------------------ source maps
 
-    def rule_source(self, request: GraftRequest, base: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def rule_source(self, request: GraftRequest, base: str) -> CellMaps:
         """``[n_tokens, n_slots]`` role indices (and per-head maps) that ``rules`` give this
         prompt: the checks and compilation of ``wg.graft``, in this app's role order."""
         try:  # the app's role order (pre first) whatever the base: its source values index self.models
@@ -136,40 +143,23 @@ class Explorer:
             (encoded,) = prepared.encode(self.tokenizer, [request.prompt])
         except (GraftInputError, ValueError) as exc:
             raise RequestError(_one_line(exc)) from None
-        return encoded.source, encoded.heads
-
-    def cell_source(self, n_tokens: int, cells: list[Cell], base: str) -> torch.Tensor:
-        """The source map of explicit (position, slot) -> role assignments over ``base``;
-        a later assignment of the same cell wins. Positions count from 0 over the tokens
-        ``/api/tokens`` lists (special tokens included)."""
-        if len(cells) > n_tokens * len(self.slot_names):
-            raise RequestError(f"{len(cells)} cells for a prompt of {n_tokens * len(self.slot_names)} cells")
-        role = {r: i for i, r in enumerate(self.roles)}
-        source = torch.full((n_tokens, len(self.slot_names)), role[base], dtype=torch.long)
-        for k, cell in enumerate(cells):
-            if not 0 <= cell.position < n_tokens:
-                raise RequestError(f"cells.{k}: position {cell.position} is outside the prompt's {n_tokens} tokens (0..{n_tokens - 1})")
-            if cell.slot not in self.slot_index:
-                raise RequestError(f"cells.{k}: unknown slot {cell.slot!r}; slots look like "
-                                   f"{', '.join(self.slot_names[:3])}, ..., {self.slot_names[-1]}")
-            if cell.model not in role:
-                raise RequestError(f"cells.{k}: model {cell.model!r} is not one of {', '.join(self.roles)}")
-            source[cell.position, self.slot_index[cell.slot]] = role[cell.model]
-        return source
+        return CellMaps(encoded.source, dict(encoded.heads))
 
     # ------------------------------------------------------------------ the pass
 
-    def _logits(self, ids: list[int], source: torch.Tensor,
-                heads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _logits(self, ids: list[int], maps: CellMaps) -> dict[str, torch.Tensor]:
         """Last-token logits of the grafted row and of PRE and SFT (cached per token ids)."""
         key = tuple(ids)
         cached = self._cache.get(key)
+        source = maps.source
         rows = [source] + ([] if cached else [torch.full_like(source, i) for i in range(len(BASELINES))])
         src = torch.stack(rows)
-        head_source = {}
-        for name, h in heads.items():  # rows without per-head maps: every head follows the slot
-            s = self.slot_index[name]
-            head_source[name] = torch.stack([h] + [r[:, s : s + 1].expand_as(h) for r in rows[1:]])
+        unit_source: list[dict[str, torch.Tensor]] = [{}, {}]
+        for out, unit_maps in zip(unit_source, (maps.heads, maps.neurons)):
+            for name, h in unit_maps.items():  # rows without unit maps: every unit follows the slot
+                s = self.slot_index[name]
+                out[name] = torch.stack([h] + [r[:, s : s + 1].expand_as(h) for r in rows[1:]])
+        head_source, neuron_source = unit_source
         n = len(ids)
         input_ids = torch.tensor([ids] * len(rows), dtype=torch.long)
         with torch.no_grad():
@@ -178,6 +168,7 @@ class Explorer:
                 attention_mask=torch.ones_like(input_ids).to(self.device),
                 logit_positions=torch.full((len(rows), 1), n - 1, device=self.device),
                 head_source={k: v.to(self.device) for k, v in head_source.items()} or None,
+                neuron_source={k: v.to(self.device) for k, v in neuron_source.items()} or None,
             )[:, 0].cpu()
         if logits.dtype not in (torch.float32, torch.float64):  # half precision: read in float32
             logits = logits.float()

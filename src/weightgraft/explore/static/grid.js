@@ -88,19 +88,46 @@ export function drawGrids(root, layout, tokens, handlers) {
   const end = () => { if (painting !== null) { painting = null; handlers.onStroke(); } };
   root.onmouseup = end; root.onmouseleave = end;
 
+  // a cell some of whose heads or neurons come from another model: filled from the bottom by the
+  // share of its units not from the base, data-units "grafted/all"
+  const partialFill = (cell, slots, units, roles) => {
+    const base = handlers.mapBase();
+    let grafted = 0, all = 0, color = null;
+    slots.forEach((s, i) => {
+      const us = units[i] ? units[i].roles : Array(handlers.unitCount(s)).fill(roles[s]);
+      us.forEach((x) => { all++; if (x !== base) { grafted++; color ??= x; } });
+    });
+    const pct = (100 * grafted / Math.max(all, 1)).toFixed(1);
+    cell.dataset.units = `${grafted}/${all}`;
+    cell.style.backgroundColor = roleColor(base);
+    if (color !== null) cell.style.backgroundImage = `linear-gradient(to top, ${roleColor(color)} ${pct}%, transparent ${pct}%)`;
+  };
+  const unitsTitle = (name, u) => {
+    const counts = new Map();
+    u.roles.forEach((x) => counts.set(x, (counts.get(x) || 0) + 1));
+    return `${name}: ` + [...counts.entries()].sort((a, b) => b[1] - a[1])
+      .map(([x, c], i) => `${c}${i ? "" : ` of ${u.roles.length}`} ${u.kind}${c === 1 && i ? "" : "s"} from ${handlers.roleName(x)}`).join(", ");
+  };
+
   return {
     blocks,
     update(source) {
       for (const block of blocks) {
         block.cells.forEach((row, r) => row.forEach((cell, t) => {
-          const roles = block.slotsAt(r).map((s) => source[t][s]);
+          const slots = block.slotsAt(r);
+          const roles = slots.map((s) => source[t][s]);
           const first = roles[0];
           const mixed = roles.some((x) => x !== first);
           const shown = mixed ? roles.find((x) => x !== handlers.baseRole()) : first;
+          const units = slots.map((s) => handlers.unitsAt(s, t));
           cell.style.backgroundColor = roleColor(shown);
+          cell.style.backgroundImage = "";
           cell.classList.toggle("mixed", mixed);
+          cell.classList.toggle("partial", units.some(Boolean));
+          delete cell.dataset.units;
+          if (units.some(Boolean)) partialFill(cell, slots, units, source[t]);
           cell.title = `position ${t}, ${block.key} ${block.key === "rows" ? "" : "layer " + (L - 1 - r)}: ` +
-            block.slotsAt(r).map((s) => `${handlers.slotName(s)}=${handlers.roleName(source[t][s])}`).join(" ");
+            slots.map((s, i) => (units[i] ? unitsTitle(handlers.slotName(s), units[i]) : `${handlers.slotName(s)}=${handlers.roleName(source[t][s])}`)).join(" ");
         }));
       }
     },

@@ -5,6 +5,7 @@ import { drawGrids, roleColor } from "./grid.js";
 import { drawLocalize, drawRun } from "./panels.js";
 import { drawTokens, formatSpans, parseSpans, shiftSpans } from "./tokens.js";
 import { drawAnswer, drawTop } from "./topk.js";
+import { applyKey, clearUnits, moveUnits, readUnits, unitCells, unitSummary, unitsAt } from "./units.js";
 
 const $ = (id) => document.getElementById(id);
 // this page's name to the server: its strokes still waiting when a newer one comes are dropped
@@ -12,6 +13,7 @@ const PAGE = Math.random().toString(36).slice(2, 12);
 const state = {
   info: null, tokens: [], source: [], base: 0, paint: 1, rules: null, seq: 0, grids: null,
   heat: null, heatColumn: null, activeScheme: null, prompt: "", protocolBefore: null,
+  units: {}, applied: null,  // heads / neurons grafted apart from their cell (units.js); the set applied
 };
 
 function showError(message) { $("error").textContent = message || ""; }
@@ -36,8 +38,9 @@ function cells() {
   const base = [...counts.entries()].sort((a, b) => b[1] - a[1])[0]?.[0] ?? state.base;
   const out = [];
   state.source.forEach((row, t) => row.forEach((r, s) => {
-    if (r !== base) out.push({ position: t, slot: state.info.slots[s], model: state.info.roles[r] });
+    if (r !== base && !unitsAt(state.units, s, t)) out.push({ position: t, slot: state.info.slots[s], model: state.info.roles[r] });
   }));
+  out.push(...unitCells(state.units, state.source, state.info.slots, state.info.roles, base));
   return { base: state.info.roles[base], cells: out };
 }
 
@@ -54,11 +57,13 @@ async function graft() {
     if (seq !== state.seq) return;  // a newer change is on its way
     showError("");
     state.source = res.map.source;
+    state.units = readUnits(res.map.units, state.info.slots);
     state.base = state.info.roles.indexOf(res.map.base);
     state.grids.update(state.source);
     drawTop($("top"), res.top, res.answer);
     drawAnswer($("answer-box"), res.answer);
     drawProtocol(res.protocol);
+    drawGraftLine();
     status(`${res.tokens.length} tokens, ${res.ms} ms`);
     document.body.dataset.ready = String(seq);
   } catch (e) { if (seq === state.seq && e.status !== 409) { showError(e.message); status(""); } }
@@ -79,9 +84,10 @@ async function refresh() {
     const S = state.info.slots.length;
     const painted = state.rules === null && state.tokens.length > 0;
     const origin = res.anchor ? res.anchor.origin : res.tokens.map(() => null);
-    const old = state.source;
+    const old = state.source, oldUnits = state.units;
     state.source = res.tokens.map((_, t) => (painted && origin[t] !== null && old[origin[t]] ? [...old[origin[t]]] : Array(S).fill(state.base)));
-    if (painted && res.anchor) reportAnchor(res.anchor, old);
+    state.units = painted ? moveUnits(state.units, origin) : {};
+    if (painted && res.anchor) reportAnchor(res.anchor, old, oldUnits);
   }
   state.tokens = res.tokens;
   drawTokens($("tokens"), state.tokens);
@@ -95,8 +101,8 @@ async function refresh() {
 }
 
 // say which painted tokens moved to another position and which paint found no token again
-function reportAnchor(anchor, old) {
-  const paintedAt = (p) => old[p] && old[p].some((r) => r !== state.base);
+function reportAnchor(anchor, old, oldUnits) {
+  const paintedAt = (p) => (old[p] && old[p].some((r) => r !== state.base)) || Object.values(oldUnits).some((u) => u.rows.has(p));
   const moved = anchor.moved.filter((m) => paintedAt(m.from));
   const dropped = anchor.dropped.filter((d) => paintedAt(d.from));
   const q = (t) => JSON.stringify(t);
@@ -111,9 +117,14 @@ const handlers = {
   baseRole: () => (state.paint !== state.base ? state.base : state.paint === 0 ? 1 : 0),
   roleName: (i) => state.info.roles[i],
   slotName: (s) => state.info.slots[s],
+  mapBase: () => state.base,
+  unitsAt: (s, t) => unitsAt(state.units, s, t),
+  unitCount: (s) => state.info.units[s]?.n || 1,
   onPaint(slots, t, choose) {
     const role = choose(slots.map((s) => state.source[t][s]));
     slots.forEach((s) => { state.source[t][s] = role; });
+    clearUnits(state.units, slots, t);
+    state.applied = null;
     state.rules = null;
     markScheme(null);
     state.grids.update(state.source);
@@ -134,6 +145,7 @@ function markScheme(button) {
 
 function applyScheme(scheme, button) {
   state.rules = scheme.rules;
+  state.applied = null;
   state.base = state.info.roles.indexOf(scheme.base);
   if (state.base < 0) { showError(`scheme ${scheme.name} uses base ${scheme.base}, which is not loaded`); return; }
   markScheme(button || null);
@@ -178,6 +190,10 @@ function drawLegend() {
   const sw = document.createElement("span"); sw.className = "swatch mixed"; sw.style.backgroundColor = roleColor(1);
   mixed.append(sw, "some slots of the cell from another model");
   root.appendChild(mixed);
+  const partial = document.createElement("span");
+  const psw = document.createElement("span"); psw.className = "swatch partial";
+  partial.append(psw, "some heads or neurons from another model (filled by their share; hover for counts)");
+  root.appendChild(partial);
 }
 
 function drawPalette() {
@@ -235,30 +251,40 @@ const page = {
     if (wanted !== $("protocol").value && state.protocolBefore === null) state.protocolBefore = $("protocol").value;
     $("protocol").value = wanted;
     state.rules = scheme.rules;
+    state.applied = null;
     state.base = Math.max(0, state.info.roles.indexOf(scheme.base));
     markScheme(null);
     if (ex) page.openExample(ex); else graft();
   },
   setHeat(map, column) { state.heat = map; state.heatColumn = column; drawHeat(); },
-  applySet(direction, keyed) {
+  // a localize run's set: whole cells painted, heads and neurons (layers.3.o/h2) unit by unit
+  applySet(direction, keyed, name) {
     const pre = state.info.roles.indexOf("pre"), sft = state.info.roles.indexOf("sft");
     const [base, role] = direction === "necessity" ? [sft, pre] : [pre, sft];
     const S = state.info.slots.length;
     state.source = state.tokens.map(() => Array(S).fill(base));
+    state.units = {};
     state.base = base;
     let found = 0;
     for (const { position_label: label, slot } of keyed) {
-      const s = state.info.slots.indexOf(slot);
       const ts = state.tokens.filter((t) => t.label === label).map((t) => t.position);
-      if (s >= 0 && ts.length) found++;
-      ts.forEach((t) => { if (s >= 0) state.source[t][s] = role; });
+      if (ts.map((t) => applyKey(state, slot, t, role)).some(Boolean)) found++;
     }
+    const byUnit = keyed.some((c) => c.slot.includes("/"));
+    state.applied = `${name}${byUnit ? ", applied by unit (heads and neurons as the localize run found them)" : ", whole cells"}`;
     state.rules = null;
     markScheme(null);
     state.grids.update(state.source);
     graft().then(() => { if (found < keyed.length) showError(`${keyed.length - found} of ${keyed.length} cells have no position labelled so on this prompt (mark its spans as the localize run did)`); });
   },
 };
+
+// what the grafted column shows, beside the protocol: the set applied, and how many heads and
+// neurons are grafted apart from their cells
+function drawGraftLine() {
+  const parts = [state.applied ? `set: ${state.applied}` : "", unitSummary(state.units, (i) => state.info.roles[i], state.base)];
+  $("graft-line").textContent = parts.filter(Boolean).join("; ");
+}
 
 function debounce(fn, ms) { let t; return () => { clearTimeout(t); t = setTimeout(fn, ms); }; }
 
@@ -278,7 +304,7 @@ async function init() {
     const scheme = state.info.schemes.component[$("direction").value].find((s) => s.name === name);
     if (scheme) applyScheme(scheme);
   };
-  $("reset").onclick = () => { state.rules = []; markScheme(null); graft(); };
+  $("reset").onclick = () => { state.rules = []; state.applied = null; markScheme(null); graft(); };
   const later = debounce(refresh, 250);
   state.prompt = $("prompt").value;
   $("prompt").addEventListener("input", () => { moveSpans(); later(); });

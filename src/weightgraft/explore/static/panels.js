@@ -66,8 +66,11 @@ export function drawLocalize(root, loc, page) {
   for (const s of loc.searches) {
     for (const set of s.sets) {
       const share = set.share === null || set.share === undefined ? "" : `, share ${fmt(set.share)}`;
-      const b = el("button", `${s.direction}/${s.template}: ${set.name}, ${set.cells.length} cells${share}`, { type: "button" });
-      b.onclick = () => page.applySet(s.direction, set.cells);
+      const units = Object.entries(set.by_unit || {}).map(([kind, n]) => `${n} ${kind === "rest" ? "bias part" : kind}${n === 1 ? "" : "s"}`);
+      const label = `${s.direction}/${s.template}: ${set.name}`;
+      const b = el("button", `${label}, ${set.cells.length} cells${units.length ? ` (${units.join(", ")})` : ""}${share}`, { type: "button" });
+      if (units.length) b.title = "heads and neurons are grafted unit by unit, the rest of their cells from the base";
+      b.onclick = () => page.applySet(s.direction, set.cells, label);
       sets.appendChild(b);
     }
   }

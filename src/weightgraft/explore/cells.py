@@ -1,0 +1,111 @@
+"""A request's explicit cells as the engine's maps. A cell names a whole slot (``layers.3.o``)
+or, as localize's found sets do (``engine.cells.cell_name``), one head (``layers.3.o/h2``), one
+neuron (``layers.3.up/n17``) or a split slot's part in no unit (``layers.3.down/bias``). They
+become the grafted pass's ``source`` and per-head / per-neuron maps the way ``engine.cells``
+grafts a found set: a slot's unit row starts from its whole cell, a unit cell sets one unit,
+a ``/bias`` cell the slot's own part (``source``) and no unit. Cells apply in order: a later
+whole cell of a position and slot replaces what earlier cells set there."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units
+from weightgraft.engine.cells import REST, WHOLE, parse_cell_name
+from weightgraft.explore.requests import Cell, RequestError
+
+
+@dataclass
+class CellMaps:
+    """``source [n_tokens, n_slots]`` and the unit maps (slot name -> ``[n_tokens, units]``)."""
+
+    source: torch.Tensor
+    heads: dict[str, torch.Tensor] = field(default_factory=dict)
+    neurons: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def max_cells(n_tokens: int, slot_list: Sequence[Slot]) -> int:
+    """The most cells a prompt can be given: each slot, its every unit and its rest, per token."""
+    return n_tokens * sum(2 + (s.units(s.unit_kind()) if s.unit_kind() else 0) for s in slot_list)
+
+
+def _unit(k: int, cell: Cell, slot: Slot, unit: int) -> None:
+    """Refuse a unit the slot does not have, or a head named as a neuron (and back)."""
+    kind = slot.unit_kind()
+    if kind is None:
+        raise RequestError(f"cells.{k}: {slot.name} has no heads or neurons; {cell.slot!r} names a unit of it")
+    letter = "n" if slot.name.rsplit(".", 1)[-1] in NEURON_COMPONENTS else "h"
+    if unit != REST and not cell.slot.rsplit("/", 1)[-1].startswith(letter):
+        raise RequestError(f"cells.{k}: {slot.name} splits into {kind}s: write {slot.name}/{letter}<index>")
+    if unit != REST and not 0 <= unit < slot.units(kind):
+        raise RequestError(f"cells.{k}: {slot.name} has {slot.units(kind)} {kind}s (0..{slot.units(kind) - 1}); "
+                           f"no {kind} {unit}")
+
+
+def cell_maps(cells: Sequence[Cell], n_tokens: int, slot_list: Sequence[Slot], roles: Sequence[str],
+              base: str) -> CellMaps:
+    """The maps of ``cells`` over ``base`` (role indices in ``roles``' order), each cell checked."""
+    if len(cells) > max_cells(n_tokens, slot_list):
+        raise RequestError(f"{len(cells)} cells for a prompt of {max_cells(n_tokens, slot_list)} cells and units")
+    role = {r: i for i, r in enumerate(roles)}
+    index = {s.name: i for i, s in enumerate(slot_list)}
+    whole = torch.full((n_tokens, len(slot_list)), role[base], dtype=torch.long)
+    rest: dict[tuple[int, int], int] = {}  # (position, slot) -> role of the slot's part in no unit
+    units: dict[int, dict[tuple[int, int], int]] = {}  # slot -> (position, unit) -> role
+    for k, cell in enumerate(cells):
+        if not 0 <= cell.position < n_tokens:
+            raise RequestError(f"cells.{k}: position {cell.position} is outside the prompt's {n_tokens} tokens (0..{n_tokens - 1})")
+        try:
+            name, unit = parse_cell_name(cell.slot)
+        except ValueError as exc:
+            raise RequestError(f"cells.{k}: {exc}") from None
+        if name not in index:
+            names = [s.name for s in slot_list]
+            raise RequestError(f"cells.{k}: unknown slot {name!r}; slots look like "
+                               f"{', '.join(names[:3])}, ..., {names[-1]} (a head: layers.0.o/h1, a neuron: layers.0.up/n7)")
+        if cell.model not in role:
+            raise RequestError(f"cells.{k}: model {cell.model!r} is not one of {', '.join(roles)}")
+        s, r = index[name], role[cell.model]
+        if unit == WHOLE:
+            whole[cell.position, s] = r
+            rest.pop((cell.position, s), None)
+            for key in [key for key in units.get(s, {}) if key[0] == cell.position]:
+                del units[s][key]
+            continue
+        _unit(k, cell, slot_list[s], unit)
+        if unit == REST:
+            rest[(cell.position, s)] = r
+            units.setdefault(s, {})
+        else:
+            units.setdefault(s, {})[(cell.position, unit)] = r
+    out = CellMaps(whole.clone())
+    for (t, s), r in rest.items():
+        out.source[t, s] = r
+    for s, chosen in units.items():
+        if not chosen and not any(key[1] == s for key in rest):
+            continue  # every unit cell of the slot replaced by a whole cell: no map
+        slot = slot_list[s]
+        kind = slot.unit_kind()
+        assert kind is not None  # _unit refused the others
+        maps = whole[:, s, None].repeat(1, slot.units(kind))
+        for (t, u), r in chosen.items():
+            maps[t, u] = r
+        (out.heads if kind == Units.HEAD else out.neurons)[slot.name] = maps
+    return out
+
+
+def unit_rows(source: torch.Tensor, maps: dict[str, torch.Tensor], slot_index: dict[str, int],
+              kind: str) -> dict[str, Any]:
+    """The rows of unit maps that differ from their cell (``source``), as the page draws and
+    resends them: ``{slot: {"kind", "n", "rows": [[position, [role per unit]], ...]}}``."""
+    out = {}
+    for name, m in maps.items():
+        own = source[:, slot_index[name], None]
+        rows = [[t, m[t].tolist()] for t in (m != own).any(dim=1).nonzero().flatten().tolist()]
+        if rows:
+            out[name] = {"kind": kind, "n": int(m.shape[1]), "rows": rows}
+    return out
