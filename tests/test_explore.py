@@ -320,6 +320,16 @@ def test_run_and_localize_outputs(outputs):
     assert all(c["position_label"] in labels for s in search["sets"] for c in s["cells"])
     keys = {(label, slot) for label, slot, _ in m["values"]["estimate"]}
     assert {(c["position_label"], c["slot"]) for c in search["cells"]} <= keys
+    # a set of whole cells applies as the same cells written as wg.graft rules
+    assert search["sets"][0]["by_unit"] == {}
+    cells = [{"position": t["position"], "slot": c["slot"], "model": "sft"}
+             for c in search["cells"] for t in toks if t["label"] == c["position_label"]]
+    res = client.post("/api/graft", json={"prompt": ex["prompt"], "spans": ex["spans"], "cells": cells})
+    assert res.status_code == 200, res.text
+    rules = [wg.Rule(model="sft", positions=str(c["position"]), components=c["slot"].split(".")[-1],
+                     layers=c["slot"].split(".")[1] if c["slot"].startswith("layers.") else "all") for c in cells]
+    _same_top(res.json()["top"]["graft"], wg.graft({"pre": pre.model, "sft": sft.model}, pre.tokenizer,
+                                                   [ex["prompt"]], rules), 10)
 
 
 def test_the_run_table_shows_every_metric_the_report_shows(outputs):
