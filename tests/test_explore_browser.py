@@ -4,16 +4,19 @@ token when the prompt is edited. Skipped, with one line, where no browser is ins
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import weightgraft as wg
 from weightgraft.explore.app import create_app
+from weightgraft.explore.artifacts import LocalizeView
 from weightgraft.explore.serve import free_port
 from weightgraft.explore.session import Explorer
 
@@ -33,14 +36,31 @@ def _playwright() -> Any:
     return sync_playwright
 
 
+# a localize directory holding one found set of a head and a neuron (its exactness through the
+# API: test_explore_units.py); no cell rows, so no heat map is drawn under the grids
+UNIT_SET = [{"position_label": "last", "slot": "layers.0.o/h1"}, {"position_label": "last", "slot": "layers.3.up/n5"}]
+
+
+def _unit_set_dir(root: Path) -> Path:
+    import pandas as pd
+
+    columns = ["model", "direction", "template", "example_id", "position", "position_label", "slot", "unit", "estimate"]
+    pd.DataFrame({c: pd.Series(dtype="int64" if c in ("position", "unit") else "float64" if c == "estimate" else "object")
+                  for c in columns}).to_parquet(root / "cells.parquet")
+    (root / "search.json").write_text(json.dumps({"metric": "logprob", "searches": [
+        {"direction": "sufficiency", "template": "headline", "size": 2, "share": 0.5, "cells": UNIT_SET}]}))
+    return root
+
+
 @pytest.fixture(scope="module")
-def served(tiny_pair, tiny_tok) -> Iterator[tuple[str, Any, Any, Any]]:
+def served(tiny_pair, tiny_tok, tmp_path_factory) -> Iterator[tuple[str, Any, Any, Any]]:
     import uvicorn
 
     sync_playwright = _playwright()
     pre, sft = tiny_pair("llama")
     port = free_port()
-    app = create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok), address=("127.0.0.1", port))
+    localize = LocalizeView(_unit_set_dir(tmp_path_factory.mktemp("unit_set")))
+    app = create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok), localize=localize, address=("127.0.0.1", port))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -126,3 +146,41 @@ def test_paint_stays_on_its_token_when_the_prompt_is_edited(page, tiny_tok):
     assert _painted_positions(page) == [m - 1]
     assert "paint kept on its token" in page.inner_text("#notice")
     assert page.inner_text("#top [data-model=graft]") != "" and shown
+
+
+def test_a_set_of_heads_and_neurons_paints_cells_partly(served, page, tiny_tok):
+    import torch
+
+    from weightgraft.engine.reference import per_token_forward
+
+    _, _, pre, sft = served
+    page.fill("#prompt", PROMPT)
+    page.fill("#spans", "")
+    seq = _settle(page)
+    page.click("#localize button:has-text('minimal set')")
+    seq = _settle(page, seq)
+    assert "applied by unit" in page.inner_text("#graft-line")
+    n = len(tiny_tok(PROMPT)["input_ids"])
+    o_grid = page.locator("#grids .block").nth(1).locator(".grid:not(.heat)")  # attention output o
+    cell = o_grid.locator(f".c[data-t='{n - 1}']").last  # layer 0 (rows: last layer at the top)
+    assert "partial" in cell.get_attribute("class") and cell.get_attribute("data-units") == "1/4"
+    assert "layers.0.o: 3 of 4 heads from pre, 1 head from sft" in cell.get_attribute("title")
+    # the grafted column is the per-token definition of grafting that head and that neuron
+    ids = torch.tensor([tiny_tok(PROMPT)["input_ids"]])
+    source = torch.zeros(1, n, len(wg.slots(pre)), dtype=torch.long)
+    heads = torch.zeros(1, n, 4, dtype=torch.long)
+    heads[0, -1, 1] = 1
+    neurons = torch.zeros(1, n, pre.config.intermediate_size, dtype=torch.long)
+    neurons[0, -1, 5] = 1
+    logits = per_token_forward([pre, sft], ids, source, head_source={"layers.0.o": heads},
+                               neuron_source={"layers.3.up": neurons})[0, -1]
+    top = tiny_tok.decode([int(logits.argmax())])
+    shown = page.inner_text("#top [data-model=graft]").splitlines()[1]
+    assert shown.startswith(top.replace(" ", "␣")) and f"{100 * float(torch.softmax(logits, -1).max()):.1f}%" in shown
+    # the units stay on their token when the prompt is edited
+    page.locator("#prompt").press("Home")
+    page.locator("#prompt").type("So ")
+    _settle(page, seq)
+    m = len(tiny_tok("So " + PROMPT)["input_ids"])
+    assert o_grid.locator(f".c[data-t='{m - 1}']").last.get_attribute("data-units") == "1/4"
+    assert "applied by unit" in page.inner_text("#graft-line")
