@@ -1,8 +1,9 @@
 """Latency of ``weightgraft explore``'s ``POST /api/graft`` on SmolLM2-135M, CPU, over real HTTP
 (uvicorn in a thread, an HTTP client in the main thread): what a researcher waits for after each
 painted stroke (PRE and SFT cached for the prompt: one grafted row) and after a new prompt (the
-grafted, PRE and SFT rows in one pass). Prompts: the README's two (8 and 22 tokens), taken in
-turn; each stroke paints a fresh random set of cells.
+grafted, PRE and SFT rows in one pass), and after a localize set of heads and neurons is applied
+(20 heads and 20 neurons, each slot grafted unit by unit). Prompts: the README's two (8 and 22
+tokens), taken in turn; each stroke paints a fresh random set of cells.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_explore.py [--sft DIR] [--n 40]
 
@@ -77,6 +78,14 @@ def main() -> None:
         cells = [{"position": rng.randrange(n_tokens), "slot": rng.choice(slots), "model": "sft"} for _ in range(40)]
         return {"prompt": prompt, "cells": cells, "answer": "Tom Hanks", "k": 10}
 
+    split = [(s.name, "h" if s.heads else "n", s.units(s.unit_kind())) for s in explorer.slot_list if s.unit_kind()]
+    heads, neurons = [x for x in split if x[1] == "h"], [x for x in split if x[1] == "n"]
+
+    def unit_stroke(prompt: str, n_tokens: int) -> dict:
+        cells = [{"position": rng.randrange(n_tokens), "slot": f"{name}/{letter}{rng.randrange(n)}", "model": "sft"}
+                 for name, letter, n in [rng.choice(heads) for _ in range(20)] + [rng.choice(neurons) for _ in range(20)]]
+        return {"prompt": prompt, "cells": cells, "answer": "Tom Hanks", "k": 10}
+
     def timed(body: dict) -> float:
         t0 = time.perf_counter()
         res = client.post(url, json=body)
@@ -87,6 +96,7 @@ def main() -> None:
     for i in range(4):  # warm-up: first passes allocate
         timed(stroke(PROMPTS[i % 2], lengths[i % 2]))
     paint = [timed(stroke(PROMPTS[i % 2], lengths[i % 2])) for i in range(args.n)]
+    units = [timed(unit_stroke(PROMPTS[i % 2], lengths[i % 2])) for i in range(args.n)]
     fresh = []
     for i in range(args.n):  # a new prompt each time: PRE and SFT are not cached
         explorer._cache.clear()
@@ -97,7 +107,8 @@ def main() -> None:
           f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}); prompts of {lengths} tokens in turn, "
           f"40 random cells painted per request, {args.n} requests each")
     for name, values in (("painted stroke (PRE/SFT cached, 1 grafted row)", paint),
-                         ("new prompt (grafted + PRE + SFT rows, one pass)", fresh)):
+                         ("new prompt (grafted + PRE + SFT rows, one pass)", fresh),
+                         ("set of 20 heads + 20 neurons (PRE/SFT cached, 1 grafted row by unit)", units)):
         q = statistics.quantiles(values, n=10)
         print(f"  {name}: median {statistics.median(values):.1f} ms, p10 {q[0]:.1f}, p90 {q[-1]:.1f}")
     last = [b["last_ms"] for b in bursts]
@@ -106,6 +117,7 @@ def main() -> None:
           f"a single stroke; answered per burst: {bursts[-1]['codes']}")
     print(f"median_graft_ms={statistics.median(paint):.1f} target<=150; "
           f"median_new_prompt_ms={statistics.median(fresh):.1f} target<=400; "
+          f"median_unit_set_ms={statistics.median(units):.1f} (ratio to a stroke {statistics.median(units) / statistics.median(paint):.2f}); "
           f"burst_last_over_single={statistics.median(last) / statistics.median(paint):.2f} target<=2")
 
 
