@@ -175,8 +175,11 @@ def test_a_set_of_heads_and_neurons_paints_cells_partly(served, page, tiny_tok):
     logits = per_token_forward([pre, sft], ids, source, head_source={"layers.0.o": heads},
                                neuron_source={"layers.3.up": neurons})[0, -1]
     top = tiny_tok.decode([int(logits.argmax())])
-    shown = page.inner_text("#top [data-model=graft]").splitlines()[1]
-    assert shown.startswith(top.replace(" ", "␣")) and f"{100 * float(torch.softmax(logits, -1).max()):.1f}%" in shown
+    first = page.locator("#top [data-model=graft] .entry").first
+    assert first.locator(".t").inner_text() == top.replace(" ", "␣")
+    assert first.locator(".p").inner_text() == f"{100 * float(torch.softmax(logits, -1).max()):.1f}%"
+    # the null: PRE's column (nothing grafted) shows another first token here
+    assert page.locator("#top [data-model=pre] .entry").first.locator(".t").inner_text() != top.replace(" ", "␣")
     # the units stay on their token when the prompt is edited
     page.locator("#prompt").press("Home")
     page.locator("#prompt").type("So ")
