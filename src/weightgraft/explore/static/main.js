@@ -270,8 +270,7 @@ const page = {
       const ts = state.tokens.filter((t) => t.label === label).map((t) => t.position);
       if (ts.map((t) => applyKey(state, slot, t, role)).some(Boolean)) found++;
     }
-    const byUnit = keyed.some((c) => c.slot.includes("/"));
-    state.applied = `${name}${byUnit ? ", applied by unit (heads and neurons as the localize run found them)" : ", whole cells"}`;
+    state.applied = name;
     state.rules = null;
     markScheme(null);
     state.grids.update(state.source);
@@ -279,11 +278,14 @@ const page = {
   },
 };
 
-// what the grafted column shows, beside the protocol: the set applied, and how many heads and
-// neurons are grafted apart from their cells
+// what the grafted column shows, beside the protocol: the set applied (by unit or as whole
+// cells), and how many heads and neurons are grafted apart from their cells
 function drawGraftLine() {
-  const parts = [state.applied ? `set: ${state.applied}` : "", unitSummary(state.units, (i) => state.info.roles[i], state.base)];
-  $("graft-line").textContent = parts.filter(Boolean).join("; ");
+  const units = unitSummary(state.units, state.base);
+  const byUnit = units ? `by unit: ${units} from another model than ${state.info.roles[state.base]}` : "";
+  $("graft-line").textContent = state.applied
+    ? `set ${state.applied}, applied ${byUnit || "as whole cells"}`
+    : byUnit && `grafted ${byUnit}`;
 }
 
 function debounce(fn, ms) { let t; return () => { clearTimeout(t); t = setTimeout(fn, ms); }; }

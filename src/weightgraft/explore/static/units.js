@@ -82,8 +82,8 @@ export function unitsAt(units, s, t) {
   return u && u.rows.has(t) ? { kind: u.kind, roles: u.rows.get(t) } : null;
 }
 
-// the result line: how many units are grafted apart from their cells (not from the base)
-export function unitSummary(units, roleName, base) {
+// how many units are grafted apart from their cells, not from the base: "1 of 4 heads in 1 cell"
+export function unitSummary(units, base) {
   const per = {};
   for (const u of Object.values(units)) {
     for (const row of u.rows.values()) {
@@ -91,6 +91,5 @@ export function unitSummary(units, roleName, base) {
       p.grafted += row.filter((r) => r !== base).length; p.of += row.length; p.cells += 1;
     }
   }
-  const parts = Object.entries(per).map(([kind, p]) => `${p.grafted} of ${p.of} ${kind}s in ${p.cells} cell${p.cells === 1 ? "" : "s"}`);
-  return parts.length ? `applied by unit: ${parts.join(", ")} not from ${roleName(base)} (the base)` : "";
+  return Object.entries(per).map(([kind, p]) => `${p.grafted} of ${p.of} ${kind}s in ${p.cells} cell${p.cells === 1 ? "" : "s"}`).join(", ");
 }
