@@ -5,7 +5,7 @@ import { drawGrids, roleColor } from "./grid.js";
 import { drawLocalize, drawRun } from "./panels.js";
 import { drawTokens, formatSpans, parseSpans, shiftSpans } from "./tokens.js";
 import { drawAnswer, drawTop } from "./topk.js";
-import { applyKey, clearUnits, moveUnits, readUnits, unitCells, unitSummary, unitsAt } from "./units.js";
+import { applyKey, clearUnits, mapCells, moveUnits, readUnits, unitSummary, unitsAt } from "./units.js";
 
 const $ = (id) => document.getElementById(id);
 // this page's name to the server: its strokes still waiting when a newer one comes are dropped
@@ -31,17 +31,8 @@ function request() {
   return body;
 }
 
-// explicit cells over the most common role (the smallest message)
 function cells() {
-  const counts = new Map();
-  state.source.forEach((row) => row.forEach((r) => counts.set(r, (counts.get(r) || 0) + 1)));
-  const base = [...counts.entries()].sort((a, b) => b[1] - a[1])[0]?.[0] ?? state.base;
-  const out = [];
-  state.source.forEach((row, t) => row.forEach((r, s) => {
-    if (r !== base && !unitsAt(state.units, s, t)) out.push({ position: t, slot: state.info.slots[s], model: state.info.roles[r] });
-  }));
-  out.push(...unitCells(state.units, state.source, state.info.slots, state.info.roles, base));
-  return { base: state.info.roles[base], cells: out };
+  return mapCells(state.source, state.units, state.info.slots, state.info.roles, state.base);
 }
 
 async function graft() {

@@ -21,6 +21,20 @@ const mostCommon = (roles) => {
   return [...counts.entries()].sort((a, b) => b[1] - a[1] || a[0] - b[0])[0][0];
 };
 
+// the map as a request's explicit cells over its most common role (the smallest message): whole
+// cells, then the unit rows (unitCells); the server builds the same map from them
+export function mapCells(source, units, slots, roles, fallback) {
+  const counts = new Map();
+  source.forEach((row) => row.forEach((r) => counts.set(r, (counts.get(r) || 0) + 1)));
+  const base = [...counts.entries()].sort((a, b) => b[1] - a[1])[0]?.[0] ?? fallback;
+  const out = [];
+  source.forEach((row, t) => row.forEach((r, s) => {
+    if (r !== base && !unitsAt(units, s, t)) out.push({ position: t, slot: slots[s], model: roles[r] });
+  }));
+  out.push(...unitCells(units, source, slots, roles, base));
+  return { base: roles[base], cells: out };
+}
+
 // the cells that spell out one unit row over `base`: the row's most common role as the whole
 // cell, then the units that differ from it, then the slot's own part where its cell differs
 export function unitCells(units, source, slots, roles, base) {
