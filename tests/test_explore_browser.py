@@ -16,7 +16,7 @@ import pytest
 
 import weightgraft as wg
 from weightgraft.explore.app import create_app
-from weightgraft.explore.artifacts import LocalizeView
+from weightgraft.explore.artifacts import LocalizeView, RunView
 from weightgraft.explore.serve import free_port
 from weightgraft.explore.session import Explorer
 
@@ -52,6 +52,17 @@ def _unit_set_dir(root: Path) -> Path:
     return root
 
 
+def _authors_run(root: Path) -> Path:
+    """A tiny position sweep computed under protocol ``authors`` (its rows switch the page's protocol)."""
+    from tiny_world import loader, tiny_config
+
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.runner import run_experiment
+
+    run_experiment(parse_config(tiny_config(root, "authors", world={"n": 2}, protocol="authors")), load=loader, progress=False)
+    return next(p.parent for p in root.rglob("summary.csv"))
+
+
 @pytest.fixture(scope="module")
 def served(tiny_pair, tiny_tok, tmp_path_factory) -> Iterator[tuple[str, Any, Any, Any]]:
     import uvicorn
@@ -60,7 +71,8 @@ def served(tiny_pair, tiny_tok, tmp_path_factory) -> Iterator[tuple[str, Any, An
     pre, sft = tiny_pair("llama")
     port = free_port()
     localize = LocalizeView(_unit_set_dir(tmp_path_factory.mktemp("unit_set")))
-    app = create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok), localize=localize, address=("127.0.0.1", port))
+    run = RunView(_authors_run(tmp_path_factory.mktemp("authors_run")))
+    app = create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok), run, localize, address=("127.0.0.1", port))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -187,3 +199,20 @@ def test_a_set_of_heads_and_neurons_paints_cells_partly(served, page, tiny_tok):
     m = len(tiny_tok("So " + PROMPT)["input_ids"])
     assert o_grid.locator(f".c[data-t='{m - 1}']").last.get_attribute("data-units") == "1/4"
     assert "applied by unit" in page.inner_text("#graft-line")
+
+
+def test_a_run_row_switches_the_protocol_and_says_so(page):
+    """The run was computed under ``authors``: its row opens under ``authors``, the line beside
+    the result says the row switched it and gives the way back, which restores ``paper``."""
+    assert page.input_value("#protocol") == "paper"
+    seq = page.eval_on_selector("body", "b => b.dataset.ready")
+    page.locator("#run tr.row").first.click()
+    _settle(page, seq)
+    line = page.inner_text("#protocol-line")
+    assert "protocol authors" in line and "switched by the run row" in line
+    assert page.input_value("#protocol") == "authors"
+    seq = page.eval_on_selector("body", "b => b.dataset.ready")
+    page.click("#protocol-line button:text-is('back to paper')")
+    _settle(page, seq)
+    assert page.input_value("#protocol") == "paper"
+    assert "protocol paper" in page.inner_text("#protocol-line") and "switched" not in page.inner_text("#protocol-line")
