@@ -23,6 +23,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "GraftOutput": ("weightgraft.api.outputs", "GraftOutput"),
     "GraftInputError": ("weightgraft.schemes.binding", "GraftInputError"),
     "WeightgraftError": ("weightgraft.errors", "WeightgraftError"),
+    "GraftArgumentError": ("weightgraft.errors", "GraftArgumentError"),
     "Rule": ("weightgraft.schemes.scheme", "Rule"),
     "Scheme": ("weightgraft.schemes.scheme", "Scheme"),
     "presets": ("weightgraft.api.presets", None),
@@ -38,7 +39,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "load_peft": ("weightgraft.models.peft_donor", "load_peft"),
 }
 __all__ = [
-    "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "explain", "generate", "graft", "graft_forward", "grafted",
+    "GraftArgumentError", "GraftInputError", "GraftOutput", "Rule", "Scheme", "compare", "explain", "generate", "graft", "graft_forward", "grafted",
     "load", "load_peft", "localize", "presets", "slots", "tokens", "trained_facts", "WeightgraftError",
 ]
 

@@ -11,3 +11,13 @@ from __future__ import annotations
 
 class WeightgraftError(Exception):
     """An error whose message tells the user what to change; never a bug in weightgraft."""
+
+
+class GraftArgumentError(WeightgraftError, ValueError):
+    """An argument the engine cannot use (a map's shape or range, a name that is not a slot, a
+    count, a metric's missing input): the caller's to change, named in one line."""
+
+
+class GraftArgumentTypeError(GraftArgumentError, TypeError):
+    """An argument of the wrong kind (a float map where model indices go, integers where
+    shares go, a module the engine cannot graft this way); a ``TypeError`` as well."""

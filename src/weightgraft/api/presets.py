@@ -1,40 +1,40 @@
 """``weightgraft.presets``: the paper's scheme families under short names.
 
 ``wg.presets.position()``, ``wg.presets.component(layer_groups=["last_quarter"])``, ... or by
-name, ``wg.presets.preset("position", direction="sft2pre")``. These are the functions the
-runner's configs use (``weightgraft.schemes.presets``), so both give the same schemes."""
+name, ``wg.presets.preset("position", direction="sft2pre")``. Every family registered in
+``weightgraft.schemes.families`` is here under its preset name, built as the runner's configs
+build it, so both give the same schemes."""
 
 from __future__ import annotations
 
-from weightgraft.schemes.families import PRESET_FAMILIES
-from weightgraft.schemes.presets import (
-    COMPONENT_SETS,
-    DIRECTIONS,
-    LAYER_GROUPS,
-    POSITION_SETS,
-    PRESETS,
-    SPAN_SETS,
-    baselines,
-    component_schemes,
-    head_schemes,
-    hybrid_schemes,
-    layer_dropout_schemes,
-    layer_window_schemes,
-    position_schemes,
-    preset,
-    unembed_schemes,
-)
+from typing import Any
 
-position = position_schemes
-component = component_schemes
-hybrid = hybrid_schemes
-unembed = unembed_schemes
-layer_dropout = layer_dropout_schemes
-layer_window = layer_window_schemes
-heads = head_schemes
+from weightgraft.schemes import families
+from weightgraft.schemes.paper_presets import COMPONENT_SETS, LAYER_GROUPS, POSITION_SETS, SPAN_SETS
+from weightgraft.schemes.presets import DIRECTIONS, preset
+from weightgraft.schemes.scheme import baselines
 
-__all__ = [
-    "COMPONENT_SETS", "DIRECTIONS", "LAYER_GROUPS", "POSITION_SETS", "PRESETS", "PRESET_FAMILIES",
-    "SPAN_SETS", "baselines", "component", "heads", "hybrid", "layer_dropout", "layer_window",
-    "position", "preset", "unembed",
-]
+_FIXED = ["COMPONENT_SETS", "DIRECTIONS", "LAYER_GROUPS", "POSITION_SETS", "SPAN_SETS", "baselines", "preset"]
+
+
+def _names() -> list[str]:
+    return sorted([*_FIXED, "PRESETS", "PRESET_FAMILIES", *families.presets()])
+
+
+def __getattr__(name: str) -> Any:
+    # read from the registry when asked, so an entry added later is here too
+    if name == "__all__":
+        return _names()
+    if name == "PRESETS":
+        return {p: f.builder() for p, f in families.presets().items()}
+    if name == "PRESET_FAMILIES":
+        return families.preset_families()
+    family = families.presets().get(name)
+    if family is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return family.builder()
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_names()})
+

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine.architectures import adapter_for, model_slots
+from weightgraft.errors import GraftArgumentError
 
 RESID_POST = "resid_post"
 
@@ -48,7 +49,7 @@ def _targets(model: nn.Module, names: Sequence[str]) -> dict[str, tuple[str, tor
             continue
         (part, *more) = slots[name].parts
         if more:  # an embedding made of several modules: their sum is what the model adds
-            raise ValueError(f"slot {name!r} is made of {len(more) + 1} modules; read them one by one")
+            raise GraftArgumentError(f"slot {name!r} is made of {len(more) + 1} modules; read them one by one")
         out[name] = (part.path, part.columns, part.pos_axis)
     return out
 
@@ -62,7 +63,7 @@ def record(model: nn.Module, names: Sequence[str]) -> Iterator[dict[str, list[to
     unknown = [n for n in names if n not in known]
     if unknown:
         sample = ", ".join(sorted(known)[:4])
-        raise ValueError(f"no activation named {unknown[0]!r} on this model (names look like {sample}, ...)")
+        raise GraftArgumentError(f"no activation named {unknown[0]!r} on this model (names look like {sample}, ...)")
     seen: dict[str, list[torch.Tensor]] = {n: [] for n in names}
     handles = []
     for name, (path, columns, pos_axis) in _targets(model, names).items():

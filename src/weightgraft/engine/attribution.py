@@ -24,6 +24,7 @@ from torch import nn
 
 from weightgraft.engine.architectures import UnitKind, Units
 from weightgraft.engine.partial import PartialGraft
+from weightgraft.errors import GraftArgumentError
 
 __all__ = ["Metric", "graft_attribution", "graft_unit_attribution", "graft_metric", "metric_values", "unit_slots"]
 
@@ -42,14 +43,14 @@ def metric_values(
         return torch.log_softmax(logits, dim=-1)[rows, targets]
     if metric == "logit_diff":
         if distractors is None:
-            raise ValueError("metric 'logit_diff' needs a distractor token per row")
+            raise GraftArgumentError("metric 'logit_diff' needs a distractor token per row")
         return logits[rows, targets] - logits[rows, distractors.to(logits.device)]
     if metric == "kl":
         if reference_logprobs is None:
-            raise ValueError("metric 'kl' needs the reference next-token log-probabilities")
+            raise GraftArgumentError("metric 'kl' needs the reference next-token log-probabilities")
         ref = reference_logprobs.to(logits.device)
         return -(ref.exp() * (ref - torch.log_softmax(logits, dim=-1))).sum(-1)
-    raise ValueError(f"unknown metric {metric!r}; use logprob, logit_diff or kl")
+    raise GraftArgumentError(f"unknown metric {metric!r}; use logprob, logit_diff or kl")
 
 
 @contextlib.contextmanager
@@ -128,7 +129,7 @@ def graft_unit_attribution(
     a split slot's units plus that entry are its whole cell (exactly, for integrated gradients;
     to first order, for the gradient, where they sum to the unsplit cell's gradient)."""
     if kind not in (Units.HEAD, Units.NEURON):
-        raise ValueError(f"kind must be 'head' or 'neuron', got {kind!r}")
+        raise GraftArgumentError(f"kind must be 'head' or 'neuron', got {kind!r}")
     kind = Units(kind)
     return _attribution(pair, input_ids, positions, targets, metric, distractors, attention_mask, steps,
                         None, None, unit_slots(pair, kind))
@@ -140,7 +141,7 @@ def _attribution(
     start: torch.Tensor | None, end: torch.Tensor | None, unit_widths: Mapping[str, int] | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     if steps < 1:
-        raise ValueError("steps must be at least 1")
+        raise GraftArgumentError("steps must be at least 1")
     unit_widths = unit_widths or {}
     batch, seq = input_ids.shape
     n_slots = len(pair.slots)

@@ -31,6 +31,7 @@ from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units, mod
 from weightgraft.engine.attribution import Metric, metric_values
 from weightgraft.engine.sharing.depth import UNIT_BUDGET, DepthStats, depth_forward
 from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
+from weightgraft.errors import GraftArgumentError
 
 __all__ = ["Cell", "ScoredExample", "exact_effects", "example_cells", "group_cells", "cell_name",
            "parse_cell_name", "has_rest", "WHOLE", "REST"]
@@ -70,7 +71,7 @@ def parse_cell_name(name: str) -> tuple[str, int]:
         return slot_name, REST
     if unit[0] in "hn" and unit[1:].isdigit():
         return slot_name, int(unit[1:])
-    raise ValueError(f"not a cell name: {name!r} (e.g. layers.3.o, layers.3.o/h2, layers.3.up/n17, layers.3.down/bias)")
+    raise GraftArgumentError(f"not a cell name: {name!r} (e.g. layers.3.o, layers.3.o/h2, layers.3.up/n17, layers.3.down/bias)")
 
 
 def has_rest(model: nn.Module, slot: Slot) -> bool:
@@ -133,7 +134,7 @@ def _item(example: ScoredExample, cells: Sequence[Cell], slot_list: Sequence[Slo
     units: dict[int, list[Cell]] = {}
     for c in cells:
         if c.position >= n:
-            raise ValueError(f"cell at position {c.position} is after the scored position {example.position}")
+            raise GraftArgumentError(f"cell at position {c.position} is after the scored position {example.position}")
         if c.unit < 0:
             source[c.position, c.slot] = 1
         if c.unit == WHOLE:
@@ -145,13 +146,13 @@ def _item(example: ScoredExample, cells: Sequence[Cell], slot_list: Sequence[Slo
         slot = slot_list[s]
         kind = slot.unit_kind()
         if kind is None:
-            raise ValueError(f"slot {slot.name} has no heads or neurons; unit cells name q/k/v/o or gate/up/down")
+            raise GraftArgumentError(f"slot {slot.name} has no heads or neurons; unit cells name q/k/v/o or gate/up/down")
         maps = whole[:, s, None].repeat(1, slot.units(kind))
         for c in chosen:
             if c.unit == REST:
                 continue
             if not 0 <= c.unit < slot.units(kind):
-                raise ValueError(f"{slot.name} has {slot.units(kind)} {kind}s; no {kind} {c.unit}")
+                raise GraftArgumentError(f"{slot.name} has {slot.units(kind)} {kind}s; no {kind} {c.unit}")
             maps[c.position, c.unit] = 1
         (heads if kind == Units.HEAD else neurons)[slot.name] = maps
     return GraftItem(input_ids=example.input_ids[:n], source=source, head_source=heads or None,
@@ -226,9 +227,9 @@ def exact_effects(
     (``weightgraft.engine.sharing.prefix``), ``False`` every row whole; all three give the same numbers.
     ``stats`` records what depth sharing held and ran."""
     if len(models) != 2:
-        raise ValueError("exact cell effects need exactly two models: [base, donor]")
+        raise GraftArgumentError("exact cell effects need exactly two models: [base, donor]")
     if len(cell_sets) != len(examples):
-        raise ValueError("give one list of cell sets per example")
+        raise GraftArgumentError("give one list of cell sets per example")
     slot_list = model_slots(models[0])
     items: list[GraftItem] = []
     owner: list[int] = []
@@ -255,7 +256,7 @@ def exact_effects(
     distractors = None
     if metric == "logit_diff":
         if any(examples[i].distractor is None for i in owner):
-            raise ValueError("metric 'logit_diff' needs a distractor on every example")
+            raise GraftArgumentError("metric 'logit_diff' needs a distractor on every example")
         distractors = torch.tensor([examples[i].distractor for i in owner])
     reference = None
     if metric == "kl":

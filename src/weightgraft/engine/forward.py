@@ -23,6 +23,7 @@ from weightgraft.engine import projections
 from weightgraft.engine.architectures import Slot, UnitKind, Units, model_slots
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.swaps import own_forward, swaps
+from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
 __all__ = ["slots", "graft_forward", "graft_call", "position_ids_from_mask"]
 
@@ -236,7 +237,7 @@ def _matmul_no_bias(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     try:
         return projections.matmul_no_bias(module, x)
     except projections.UnsupportedProjection as exc:
-        raise TypeError(f"per-head or per-neuron grafting on {exc}") from exc
+        raise GraftArgumentTypeError(f"per-head or per-neuron grafting on {exc}") from exc
 
 
 def _plan(
@@ -277,25 +278,25 @@ def _check_units(
     out: dict[int, torch.Tensor] = {}
     for name, tensor in unit_source.items():
         if name not in index:
-            raise ValueError(f"{arg} names {name!r}, which is not a slot of this model")
+            raise GraftArgumentError(f"{arg} names {name!r}, which is not a slot of this model")
         slot = slot_list[index[name]]
         n = slot.units(kind)
         if not n:
             per_unit = [s.name for s in slot_list if s.units(kind)][:4]
-            raise ValueError(
+            raise GraftArgumentError(
                 f"slot {name!r} cannot be grafted per {kind}; only {which} can "
                 f"(e.g. {', '.join(per_unit)})"
             )
         if tuple(tensor.shape) != (batch, seq, n):
-            raise ValueError(
+            raise GraftArgumentError(
                 f"{arg}[{name!r}] must have shape [batch, seq, {kind}s] = "
                 f"{[batch, seq, n]}, got {list(tensor.shape)}"
             )
         if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
-            raise TypeError(f"{arg}[{name!r}] must be an integer tensor, got {tensor.dtype}")
+            raise GraftArgumentTypeError(f"{arg}[{name!r}] must be an integer tensor, got {tensor.dtype}")
         tensor = tensor.to(device=device, dtype=torch.long)
         if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= n_models):
-            raise ValueError(f"{arg}[{name!r}] values must index the {n_models} models")
+            raise GraftArgumentError(f"{arg}[{name!r}] values must index the {n_models} models")
         out[index[name]] = tensor
     return out
 
@@ -376,25 +377,25 @@ def graft_call(
     positions continue from the cached ones.
     """
     if len(models) == 0:
-        raise ValueError("graft_forward needs at least one model (the base)")
+        raise GraftArgumentError("graft_forward needs at least one model (the base)")
     base = models[0]
     check_compatible(models)
     slot_list = model_slots(base)
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+        raise GraftArgumentError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
     batch, seq = input_ids.shape
     expected = (batch, seq, len(slot_list))
     if tuple(source.shape) != expected:
-        raise ValueError(
+        raise GraftArgumentError(
             f"source must have shape [batch, seq, n_slots] = {list(expected)}, "
             f"got {list(source.shape)} (see weightgraft.slots(model))"
         )
     if source.dtype.is_floating_point or source.dtype == torch.bool:
-        raise TypeError(f"source must be an integer tensor, got {source.dtype}")
+        raise GraftArgumentTypeError(f"source must be an integer tensor, got {source.dtype}")
     device = base.get_input_embeddings().weight.device
     source = source.to(device=device, dtype=torch.long)
     if source.numel() and (int(source.min()) < 0 or int(source.max()) >= len(models)):
-        raise ValueError(
+        raise GraftArgumentError(
             f"source values must index the {len(models)} models (0..{len(models) - 1}), "
             f"found range {int(source.min())}..{int(source.max())}"
         )
@@ -404,7 +405,7 @@ def graft_call(
         attention_mask = torch.ones(batch, cached + seq, dtype=torch.long, device=device)
     attention_mask = attention_mask.to(device)
     if attention_mask.shape != (batch, cached + seq):
-        raise ValueError(
+        raise GraftArgumentError(
             "attention_mask must have the shape of input_ids"
             + (f" plus the {cached} cached positions" if cached else "")
         )

@@ -20,6 +20,7 @@ from transformers import DynamicCache
 
 from weightgraft.data.spans import SpanSpec, resolve_spans
 from weightgraft.engine.forward import graft_forward
+from weightgraft.errors import GraftArgumentError
 
 
 class SourcePlan(Protocol):
@@ -58,7 +59,7 @@ def _check_held(row: torch.Tensor, heads: Mapping[str, torch.Tensor], names: Seq
     pairs |= {(int(m), index[k]) for k, h in heads.items() for m in h.flatten().tolist()}
     missing = sorted(names[s] for m, s in pairs if m != 0 and s not in held.get(m, set()))
     if missing:
-        raise ValueError(f"a continuation step needs slots {missing[:4]} that a lean donor does not hold")
+        raise GraftArgumentError(f"a continuation step needs slots {missing[:4]} that a lean donor does not hold")
 
 
 def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None,
@@ -85,9 +86,9 @@ def generate_one(
     ``held`` (model index -> slot indices it holds, for lean donors) refuses a step that would
     read a slot a donor does not hold, instead of silently using the base's tensor there."""
     if max_new_tokens < 1:
-        raise ValueError("max_new_tokens must be at least 1")
+        raise GraftArgumentError("max_new_tokens must be at least 1")
     if do_sample and temperature <= 0:
-        raise ValueError("temperature must be positive when sampling")
+        raise GraftArgumentError("temperature must be positive when sampling")
     enc = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=True)
     ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
     char_spans = resolve_spans(prompt, spans)

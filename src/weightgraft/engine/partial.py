@@ -27,6 +27,7 @@ from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.forward import position_ids_from_mask
 from weightgraft.engine.swaps import Swaps, own_forward, swaps
+from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
 __all__ = ["PartialGraft", "partial_graft_forward"]
 
@@ -160,11 +161,11 @@ class PartialGraft:
         for path, owners in by_path.items():
             module, donor = self.base.get_submodule(path), self.donor.get_submodule(path)
             if not _is_affine(module):
-                raise TypeError(f"partial grafts need modules affine in their weights; {path} "
+                raise GraftArgumentTypeError(f"partial grafts need modules affine in their weights; {path} "
                                 f"is a {type(module).__name__}")
             onehot = None
             if len(owners) > 1 and any(cols is None for _, cols, _ in owners):
-                raise TypeError(f"{path} is owned whole by several slots; cannot mix it per slot")
+                raise GraftArgumentTypeError(f"{path} is owned whole by several slots; cannot mix it per slot")
             if any(cols is not None for _, cols, _ in owners):
                 onehot = torch.zeros(len(owners), projections.out_features(module), dtype=dtype, device=weight.device)
                 for i, (_, cols, _) in enumerate(owners):
@@ -204,10 +205,10 @@ class PartialGraft:
         batch, seq = input_ids.shape
         expected = (batch, seq, len(self.slots))
         if tuple(alpha.shape) != expected:
-            raise ValueError(f"alpha must have shape [batch, seq, n_slots] = {list(expected)}, "
+            raise GraftArgumentError(f"alpha must have shape [batch, seq, n_slots] = {list(expected)}, "
                              f"got {list(alpha.shape)}")
         if not alpha.dtype.is_floating_point:
-            raise TypeError(f"alpha must be a float tensor, got {alpha.dtype}")
+            raise GraftArgumentTypeError(f"alpha must be a float tensor, got {alpha.dtype}")
         device = self.base.get_input_embeddings().weight.device
         input_ids, alpha = input_ids.to(device), alpha.to(device)
         if attention_mask is None:
@@ -238,17 +239,17 @@ class PartialGraft:
         out = {}
         for name, tensor in unit_alpha.items():
             if name not in index:
-                raise ValueError(f"unit_alpha names {name!r}, which is not a slot of this model")
+                raise GraftArgumentError(f"unit_alpha names {name!r}, which is not a slot of this model")
             slot = self.slots[index[name]]
             kind = slot.unit_kind()
             if kind is None:
-                raise ValueError(f"slot {name!r} has no units; only q, k, v, o (heads) and gate, up, down "
+                raise GraftArgumentError(f"slot {name!r} has no units; only q, k, v, o (heads) and gate, up, down "
                                  "(neurons) can be mixed unit by unit")
             if tuple(tensor.shape) != (batch, seq, slot.units(kind)):
-                raise ValueError(f"unit_alpha[{name!r}] must have shape [batch, seq, {kind}s] = "
+                raise GraftArgumentError(f"unit_alpha[{name!r}] must have shape [batch, seq, {kind}s] = "
                                  f"{[batch, seq, slot.units(kind)]}, got {list(tensor.shape)}")
             if not tensor.dtype.is_floating_point:
-                raise TypeError(f"unit_alpha[{name!r}] must be a float tensor, got {tensor.dtype}")
+                raise GraftArgumentTypeError(f"unit_alpha[{name!r}] must be a float tensor, got {tensor.dtype}")
             out[index[name]] = tensor.to(device)
         return out
 

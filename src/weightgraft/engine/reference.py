@@ -19,6 +19,7 @@ from weightgraft.engine import lora, projections
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.precision import batch_invariant_attention
+from weightgraft.errors import GraftArgumentError
 
 __all__ = ["per_token_forward", "per_token_mixed_forward", "CompositeModel"]
 
@@ -191,7 +192,7 @@ def per_token_mixed_forward(
     t of row b runs on a model whose slot s holds ``(1 - alpha[b, t, s]) * W_base +
     alpha[b, t, s] * W_donor`` (``models = [base, donor]``), copied in before the step."""
     if len(models) != 2:
-        raise ValueError("mixed weights need exactly two models: [base, donor]")
+        raise GraftArgumentError("mixed weights need exactly two models: [base, donor]")
     composite = CompositeModel(models)
     model = composite.model
     batch, seq = input_ids.shape

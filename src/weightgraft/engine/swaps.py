@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine.precision import switch_to_eager
+from weightgraft.errors import GraftArgumentError
 
 __all__ = ["Swaps", "swaps", "own_forward"]
 
@@ -70,9 +71,9 @@ class Swaps:
         batch, seq = shape
         positions = positions.long()
         if positions.dim() != 2 or positions.shape[0] != batch:
-            raise ValueError("logit_positions must be [batch, k] position indices")
+            raise GraftArgumentError("logit_positions must be [batch, k] position indices")
         if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= seq):
-            raise ValueError(f"logit_positions must lie in 0..{seq - 1}")
+            raise GraftArgumentError(f"logit_positions must lie in 0..{seq - 1}")
         self._undo.append(unembedding.register_forward_pre_hook(_keep_rows(positions)).remove)
         return positions
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from weightgraft.schemes.presets import COMPONENT_SETS, LAYER_GROUPS, preset
+from weightgraft.schemes.paper_presets import COMPONENT_SETS, LAYER_GROUPS
+from weightgraft.schemes.presets import preset
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import position_names
 

@@ -1,26 +1,17 @@
-"""The figures of each preset family, and the one table (``FAMILY_FIGURES``) that says which
-figures draw which family: a family named in ``weightgraft.schemes.families`` and missing
-here fails a test instead of silently losing its figures."""
+"""The figures of each graft family: a family's entry in ``weightgraft.schemes.families`` says
+how it is drawn (a ``Figures`` kind), and ``FIGURE_MAKERS`` gives each kind its figures; a kind
+missing here fails a test instead of silently losing its figures."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from weightgraft.schemes.families import (
-    BASELINE,
-    COMPONENT,
-    CUSTOM,
-    HEAD,
-    HYBRID,
-    LAYER_DROPOUT,
-    LAYER_WINDOW,
-    POSITION,
-    UNEMBED,
-)
+from weightgraft.schemes.families import FAMILIES, Figures, drawn_as
+from weightgraft.schemes.scheme import BASELINE
 from weightgraft.report.charts import (
     _grid,
     _labelled,
@@ -57,15 +48,21 @@ class FigureContext:
         return ("top1",) if self.k == 1 else (f"top{self.k}", "top1")
 
 
+def _family_rows(group: pd.DataFrame, family: str | None, figures: Figures) -> pd.DataFrame:
+    """The rows of ``family``, or of every family drawn with ``figures``."""
+    return group[group["family"].isin((family,) if family is not None else drawn_as(figures))]
+
+
 def _baseline_note(group: pd.DataFrame) -> str:
     base = group[group["family"] == BASELINE]
     return ", ".join(f"{s} {format_pct_ci(v)}" for s, v in zip(base["scheme"], base["top5"], strict=True))
 
 
-def component_figures(group: pd.DataFrame, labels: dict[str, dict[str, str]], head: str,
-                      metric: str = "top5") -> list[tuple[str, Figure]]:
-    """Fig. 4: components (rows) x layer groups (columns), one grid per grafted position set."""
-    rows = _labelled(group[group["family"] == COMPONENT], labels, ("components", "layers"))
+def component_figures(group: pd.DataFrame, labels: Mapping[str, Mapping[str, str]], head: str,
+                      metric: str = "top5", family: str | None = None) -> Named:
+    """Fig. 4: components (rows) x layer groups (columns), one grid per grafted position set,
+    of ``family`` (default: every family drawn as a component grid)."""
+    rows = _labelled(_family_rows(group, family, Figures.COMPONENT_GRID), labels, ("components", "layers"))
     if rows.empty:
         return []
     rows["label_positions"] = [labels[s].get("positions", "") for s in rows["scheme"]]
@@ -84,11 +81,13 @@ def component_figures(group: pd.DataFrame, labels: dict[str, dict[str, str]], he
 
 def layer_position_figures(group: pd.DataFrame, labels: Mapping[str, Mapping[str, str]], head: str,
                            metric: str = "top5",
-                           layer_ranges: Mapping[str, tuple[int, int]] | None = None) -> Named:
-    """Layer x position heatmaps of layer_window schemes: x = the layers grafted, y = position
-    set. ``layer_ranges`` (scheme -> first, last layer, resolved at the model's depth) gives the
-    real layers; without it the columns are the schemes' ``layer_start`` labels."""
-    rows = _labelled(group[group["family"] == LAYER_WINDOW], labels, ("positions", "layer_start"))
+                           layer_ranges: Mapping[str, tuple[int, int]] | None = None,
+                           family: str | None = None) -> Named:
+    """Layer x position heatmaps of layer-window schemes (``family``; default: every family
+    drawn so): x = the layers grafted, y = position set. ``layer_ranges`` (scheme -> first,
+    last layer, resolved at the model's depth) gives the real layers; without it the columns
+    are the schemes' ``layer_start`` labels."""
+    rows = _labelled(_family_rows(group, family, Figures.LAYER_POSITION_GRID), labels, ("positions", "layer_start"))
     if rows.empty:
         return []
     rows["label_window"] = [labels[s].get("window", "") for s in rows["scheme"]]
@@ -119,11 +118,11 @@ def _range_text(span: tuple[int, int]) -> str:
     return str(lo) if lo == hi else f"{lo}–{hi}"
 
 
-def head_figures(group: pd.DataFrame, labels: dict[str, dict[str, str]], head: str,
-                 metric: str = "top5") -> list[tuple[str, Figure]]:
+def head_figures(group: pd.DataFrame, labels: Mapping[str, Mapping[str, str]], head: str,
+                 metric: str = "top5", family: str | None = None) -> Named:
     """Per-head sweeps over several layer sets: layer set (rows) x head (columns), one grid
-    per grafted component and position set."""
-    rows = _labelled(group[group["family"] == HEAD], labels, ("components", "head", "layers"))
+    per grafted component and position set, of ``family`` (default: every family drawn so)."""
+    rows = _labelled(_family_rows(group, family, Figures.HEAD_GRID), labels, ("components", "head", "layers"))
     if rows.empty or rows["label_layers"].nunique() < 2:
         return []
     rows["label_positions"] = [labels[s].get("positions", "") for s in rows["scheme"]]
@@ -147,17 +146,19 @@ def _natural_key(text: str) -> tuple[int, float, str]:
 
 
 def hybrid_figure(group: pd.DataFrame, labels: Mapping[str, Mapping[str, str]], head: str,
-                  metric: str = "top5") -> Named:
-    """Fig. 5: a bar per first-entity component set of the hybrid schemes; baselines dashed."""
-    rows = group[group["family"] == HYBRID]
+                  metric: str = "top5", family: str | None = None) -> Named:
+    """Fig. 5: a bar per first-entity component set of the hybrid schemes (``family``; default:
+    every family drawn so); baselines dashed."""
+    rows = _family_rows(group, family, Figures.HYBRID_BARS)
     if rows.empty:
         return []
     ticks = [labels.get(s, {}).get("fe_components", s) for s in rows["scheme"]]
     base = group[group["family"] == BASELINE]
     refs = {f"{s} {metric}": float(v) for s, v in zip(base["scheme"], base[metric], strict=True)}
     metrics = (metric, "top1") if metric != "top1" else ("top1",)
-    return [("hybrid", accuracy_bar_figure(
-        rows, f"{head}: hybrid grafting", metrics=metrics, tick_labels=ticks, references=refs,
+    name = family or "hybrid"
+    return [(name, accuracy_bar_figure(
+        rows, f"{head}: {name} grafting", metrics=metrics, tick_labels=ticks, references=refs,
         xlabel="components grafted at the first entity (fe_components)"))]
 
 
@@ -180,14 +181,14 @@ def _bar_pair(ctx: FigureContext, rows: pd.DataFrame, name: str, title: str) -> 
 
 def baseline_bars(ctx: FigureContext, family: str) -> Named:
     """The baselines alone, when no position family draws them (it includes them)."""
-    if not ctx.rows(POSITION).empty:
+    if any(not ctx.rows(f).empty for f in drawn_as(Figures.POSITION_BARS)):
         return []
     return _bar_pair(ctx, ctx.rows(BASELINE), "position", f"{ctx.head}: baselines")
 
 
 def position_bars(ctx: FigureContext, family: str) -> Named:
     """Fig. 2: baselines and position schemes."""
-    return _bar_pair(ctx, ctx.rows(POSITION), "position", f"{ctx.head}: position grafting")
+    return _bar_pair(ctx, ctx.rows(family), family, f"{ctx.head}: {family} grafting")
 
 
 def family_bars(ctx: FigureContext, family: str) -> Named:
@@ -200,7 +201,7 @@ def component_grids(ctx: FigureContext, family: str) -> Named:
     cannot place (no component/layer labels) get bars."""
     out: Named = []
     for metric in ctx.heatmap_metrics:
-        out += component_figures(ctx.group, ctx.labels, ctx.head, metric)
+        out += component_figures(ctx.group, ctx.labels, ctx.head, metric, family)
     return out or family_bars(ctx, family)
 
 
@@ -208,7 +209,7 @@ def layer_window_grids(ctx: FigureContext, family: str) -> Named:
     """Layer x position grids for each heatmap metric."""
     out: Named = []
     for metric in ctx.heatmap_metrics:
-        out += layer_position_figures(ctx.group, ctx.labels, ctx.head, metric, ctx.layer_ranges)
+        out += layer_position_figures(ctx.group, ctx.labels, ctx.head, metric, ctx.layer_ranges, family)
     return out or family_bars(ctx, family)
 
 
@@ -216,27 +217,42 @@ def head_grids(ctx: FigureContext, family: str) -> Named:
     """Layer x head grids when the sweep covers several layer sets, else bars."""
     out: Named = []
     for metric in ctx.heatmap_metrics:
-        out += head_figures(ctx.group, ctx.labels, ctx.head, metric)
+        out += head_figures(ctx.group, ctx.labels, ctx.head, metric, family)
     return out or family_bars(ctx, family)
 
 
 def hybrid_bars(ctx: FigureContext, family: str) -> Named:
-    return hybrid_figure(ctx.group, ctx.labels, ctx.head, ctx.bar_metrics[0])
+    return hybrid_figure(ctx.group, ctx.labels, ctx.head, ctx.bar_metrics[0], family)
 
 
 FigureMaker = Callable[[FigureContext, str], Named]
-# family -> the figures that draw it; a family not listed (a user's own) gets ``family_bars``
-FAMILY_FIGURES: dict[str, tuple[FigureMaker, ...]] = {
-    BASELINE: (baseline_bars,),
-    POSITION: (position_bars,),
-    COMPONENT: (component_grids,),
-    HYBRID: (hybrid_bars,),
-    UNEMBED: (family_bars,),
-    LAYER_DROPOUT: (family_bars,),
-    LAYER_WINDOW: (layer_window_grids,),
-    HEAD: (head_grids,),
-    CUSTOM: (family_bars,),
+# how each kind of family is drawn (its entry in weightgraft.schemes.families names the kind)
+FIGURE_MAKERS: dict[Figures, tuple[FigureMaker, ...]] = {
+    Figures.BASELINES: (baseline_bars,),
+    Figures.POSITION_BARS: (position_bars,),
+    Figures.BARS: (family_bars,),
+    Figures.COMPONENT_GRID: (component_grids,),
+    Figures.LAYER_POSITION_GRID: (layer_window_grids,),
+    Figures.HEAD_GRID: (head_grids,),
+    Figures.HYBRID_BARS: (hybrid_bars,),
 }
+
+
+class _FamilyFigures(Mapping[str, tuple[FigureMaker, ...]]):
+    """family -> the figures that draw it, read from the registry when asked; a family not
+    registered (a user's own name) gets ``family_bars``."""
+
+    def __getitem__(self, family: str) -> tuple[FigureMaker, ...]:
+        return FIGURE_MAKERS[FAMILIES[family].figures]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(FAMILIES))
+
+    def __len__(self) -> int:
+        return len(FAMILIES)
+
+
+FAMILY_FIGURES: Mapping[str, tuple[FigureMaker, ...]] = _FamilyFigures()
 
 
 def group_figures(run: Run, key: tuple[str, str, str], group: pd.DataFrame, k: int = 5,

@@ -11,16 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from weightgraft.schemes.families import (
-    BASELINE,
-    COMPONENT,
-    HYBRID,
-    LAYER_DROPOUT,
-    POSITION,
-    UNEMBED,
-)
 from weightgraft.schemes.protocol import PROTOCOLS
-from weightgraft.schemes.scheme import Rule, Scheme, baselines
+from weightgraft.schemes.scheme import BASELINE, Rule, Scheme, baselines
 
 FULL = "body"
 OTHER = PROTOCOLS["authors"].complement_components
@@ -62,9 +54,9 @@ AUTHORS_HYBRID_FE: dict[str, str | None] = {
 }
 
 
-def _scheme(name: str, base: str, donor: str, family: str, rules: Sequence[tuple[str, str]],
+def _scheme(name: str, base: str, donor: str, rules: Sequence[tuple[str, str]],
             labels: dict[str, str]) -> Scheme:
-    return Scheme(name=name, base=base, family=family, labels=labels,
+    return Scheme(name=name, base=base, labels=labels,
                   rules=[Rule(model=donor, positions=p, components=c) for p, c in rules])
 
 
@@ -72,7 +64,7 @@ def authors_position_schemes(base: str = "pre", donor: str = "sft", spans: bool 
     """Position grafting as their fe / lt / fe_lt / complement files (Figs. 2, 3, §4.2)."""
     sets = dict(AUTHORS_POSITIONS, **(AUTHORS_SPANS if spans else {}))
     return baselines(base, donor) + [
-        _scheme(name, base, donor, POSITION, rules, {"positions": name})
+        _scheme(name, base, donor, rules, {"positions": name})
         for name, rules in sets.items()
     ]
 
@@ -85,7 +77,7 @@ def authors_component_schemes(
     (Figs. 4, 14, 15)."""
     return baselines(base, donor) + [
         Scheme(
-            name=f"{cname}@{group}", base=base, family=COMPONENT,
+            name=f"{cname}@{group}", base=base,
             labels={"components": cname, "layers": group, "positions": positions},
             rules=[Rule(model=donor, positions=positions, layers=group, components=comps)],
         )
@@ -108,7 +100,7 @@ def authors_hybrid_schemes(base: str = "pre", task: str = "task", relation: str 
     ]
     for label, comps in AUTHORS_HYBRID_FE.items():
         fe = [] if comps is None else [Rule(model=task, positions="first_entity", components=comps)]
-        out.append(Scheme(name=f"FE:{label}", base=base, family=HYBRID,
+        out.append(Scheme(name=f"FE:{label}", base=base,
                           labels={"fe_components": label}, rules=fe + lt))
     return out
 
@@ -119,9 +111,9 @@ def authors_unembed_schemes(base: str = "pre", donor: str = "sft", positions: st
     ``always`` (the donor's head on the base's final-normed hidden state)."""
     body = Rule(model=donor, positions=positions, components=FULL)
     return [
-        Scheme(name="lm_head:never", base=base, family=UNEMBED, rules=[body]),
-        Scheme(name="lm_head:last_token", base=base, family=UNEMBED, rules=[body]),
-        Scheme(name="lm_head:always", base=base, family=UNEMBED,
+        Scheme(name="lm_head:never", base=base, rules=[body]),
+        Scheme(name="lm_head:last_token", base=base, rules=[body]),
+        Scheme(name="lm_head:always", base=base,
                rules=[body, Rule(model=donor, positions="all", components="unembed")]),
     ]
 
@@ -134,7 +126,7 @@ def authors_layer_dropout_schemes(
     every grafted token; the embedding is grafted even at rate 1."""
     return [
         Scheme(
-            name=f"dropout{rate:g}#{seed}", base=base, family=LAYER_DROPOUT,
+            name=f"dropout{rate:g}#{seed}", base=base,
             labels={"rate": f"{rate:g}", "seed": str(seed)},
             rules=[Rule(model=donor, positions=positions, components=FULL, layer_dropout=rate, seed=seed)],
         )

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from weightgraft.schemes.families import BASELINE
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, get_protocol
 from weightgraft.schemes.selectors import (
     SelectorError,
@@ -24,6 +23,10 @@ from weightgraft.schemes.selectors import (
     select_positions,
 )
 from weightgraft.engine.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
+
+# The two families a scheme has without a preset (the presets' are in weightgraft.schemes.families):
+BASELINE = "baseline"  # a model alone, as ``baselines()`` makes them
+CUSTOM = "custom"  # a user's own Scheme; a preset's builder leaves its schemes so and the registry names them
 
 
 class Rule(BaseModel):
@@ -63,7 +66,7 @@ class Scheme(BaseModel):
     name: str
     base: str = "pre"
     rules: list[Rule] = Field(default_factory=list)
-    family: str = "custom"
+    family: str = CUSTOM
     # Free labels for reports (e.g. components="O+FFN", layers="last_quarter").
     labels: dict[str, str] = Field(default_factory=dict)
 

@@ -43,6 +43,7 @@ from weightgraft.engine.sharing.prefix import (
     split_units,
     wanted_positions,
 )
+from weightgraft.errors import GraftArgumentError
 
 __all__ = ["DepthStart", "DepthStats", "depth_start", "differs", "item_starts", "slot_layers", "cost_batches",
            "depth_forward", "depth_state_bytes", "UNIT_BUDGET"]
@@ -386,7 +387,7 @@ def depth_forward(
     whole: see there why).
     """
     if not items:
-        raise ValueError("depth_forward needs at least one item")
+        raise GraftArgumentError("depth_forward needs at least one item")
     if is_half(models[0]) or shareable_cache(models[0]) is None:
         return prefix_forward(models, items, pad_id)
     stats = stats if stats is not None else DepthStats()

@@ -26,6 +26,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from weightgraft.engine.architectures import NEURON_COMPONENTS, Units, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
+from weightgraft.errors import GraftArgumentError
 
 __all__ = ["GraftItem", "PrefixGroup", "PrefixPlan", "Segment", "PaddedBatch", "shared_prefix_groups",
            "prefix_forward", "segment", "pad_segments", "run_prefixes", "split_units",
@@ -59,7 +60,7 @@ class GraftItem:
         n = len(self.input_ids)
         start = self.logit_start + n if self.logit_start < 0 else self.logit_start
         if self.n_logits < 1 or start < 0 or start + self.n_logits > n:
-            raise ValueError(
+            raise GraftArgumentError(
                 f"logits at {self.logit_start} (+{self.n_logits}) do not fit a row of {n} tokens"
             )
         return start
@@ -120,7 +121,7 @@ def _full_heads(
         given = item.unit_maps().get(name)
         if given is not None:
             if tuple(given.shape) != (n, width):
-                raise ValueError(
+                raise GraftArgumentError(
                     f"head_source[{name!r}] of an item must be [len(input_ids), heads] = "
                     f"{[n, width]}, got {list(given.shape)}"
                 )
@@ -141,7 +142,7 @@ def _position_keys(
     ids = torch.as_tensor(list(item.input_ids), dtype=torch.long)
     source = item.source.to(device="cpu", dtype=torch.long)
     if source.dim() != 2 or source.shape[0] != len(ids):
-        raise ValueError(
+        raise GraftArgumentError(
             f"an item's source must be [len(input_ids), n_slots] = [{len(ids)}, ...], "
             f"got {list(source.shape)}"
         )
@@ -353,11 +354,11 @@ def checked_unit_widths(
         for arg, kind in ((item.head_source, Units.HEAD), (item.neuron_source, Units.NEURON)):
             for name in arg or {}:
                 if name not in slot_index:
-                    raise ValueError(f"{kind}_source names {name!r}, which is not a slot of this model")
+                    raise GraftArgumentError(f"{kind}_source names {name!r}, which is not a slot of this model")
                 widths[name] = slot_list[slot_index[name]].units(kind)
                 if not widths[name]:
                     which = "q, k, v and o" if kind == Units.HEAD else "gate, up and down"
-                    raise ValueError(f"slot {name!r} cannot be grafted per {kind}; only {which} can")
+                    raise GraftArgumentError(f"slot {name!r} cannot be grafted per {kind}; only {which} can")
     return {name: widths[name] for name in sorted(widths)}
 
 
@@ -379,7 +380,7 @@ def prefix_forward(
     0.00793 became 0.00796 on a tiny llama), so half-precision rows run whole in any batch.
     """
     if not items:
-        raise ValueError("prefix_forward needs at least one item")
+        raise GraftArgumentError("prefix_forward needs at least one item")
     share = share and not is_half(models[0])
     slot_list = model_slots(models[0])
     names = [s.name for s in slot_list]
