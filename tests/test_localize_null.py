@@ -123,13 +123,18 @@ def test_report_shows_the_null_comparison(run, tmp_path):
         assert what in text, what
 
 
-def test_appending_a_null_extends_the_run_and_changing_one_is_refused(run):
-    result, tmp = run
-    stamps = {p: p.stat().st_mtime_ns for p in (result.run_dir / "parts").rglob("*.parquet")}
+def test_appending_a_null_extends_the_run_and_changing_one_is_refused(run, tmp_path):
+    import shutil
+
+    tmp = run[1]  # the fixture's data; its run copied, so that the other tests see it as it was
+    shutil.copytree(run[0].run_dir, tmp_path / "run")
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "run" / "parts").rglob("*.parquet")}
     base = dict(exact=1, graft_directions=["sufficiency"], search={"enabled": False}, claims={"enabled": False},
                 report=False)
+    base["out"] = str(tmp_path / "run")
     more = localize(parse_localize_config(_raw(tmp, SFTS, ["tiny-llama:task", "tiny-llama:relation"], **base)),
                     progress=False, load=copy_loader)
+    assert more.run_dir == tmp_path / "run"
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())  # earlier maps reused
     assert list(dict.fromkeys(more.cells["model"])) == ["sft[0]", "sft[1]", "null[0]", "null[1]"]
     table = pd.read_csv(more.run_dir / "stability.csv")
@@ -204,3 +209,22 @@ def test_verdict_is_undecided_without_seeds_pairs_or_nulls():
     summary = null_summary(stability_table(one_seed, nulls=["null[0]", "null[1]"]))
     assert list(summary["verdict"]) == ["undecided"] and list(summary["n_sft_pairs"]) == [0]
     assert separation_p(3, 6) == pytest.approx(1 / 84) and separation_p(1, 2) == pytest.approx(1 / 3)
+
+
+def test_cli_prints_seeds_against_the_null(run, monkeypatch):
+    import yaml
+    from typer.testing import CliRunner
+
+    import weightgraft.api.localize as loc
+    from weightgraft.cli import app
+
+    result, tmp = run
+    monkeypatch.setattr(loc, "localize", lambda cfg, progress=True: result)  # the fixture's run, printed
+    cfg = tmp / "nulls.yaml"
+    cfg.write_text(yaml.safe_dump(_raw(tmp, SFTS, ["tiny-llama:task"])))
+    out = CliRunner().invoke(app, ["localize", str(cfg)], catch_exceptions=False).output.replace("\n", "")
+    summary = pd.read_csv(result.run_dir / "stability_null.csv").iloc[0]
+    assert "stability over SFT vs null models: 4 pair(s)" in out and "stability over SFT models: 2 pair(s)" in out
+    assert (f"seeds vs null, headline / sufficiency: Spearman {summary['sft_spearman_mean']:.2f} vs "
+            f"{summary['null_spearman_mean']:.2f}") in out
+    assert "(means of 1 and 2 pairs): undecided" in out
