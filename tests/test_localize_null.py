@@ -28,7 +28,7 @@ def no_load(*_):
 
 
 def _raw(tmp_path, sft, null=None, **extra):
-    models = {"pre": "tiny-llama:pre", "sft": sft, **({"null": null} if null is not None else {})}
+    models = {"pre": "tiny-llama:pre", "sft": sft, **({"nulls": null} if null is not None else {})}
     return {"name": "nulls", "data": str(write_world(tmp_path / "data", n=4)), "out": str(tmp_path / "run"),
             "models": models, "batch_size": 3, "exact_chunk": 64, **extra}
 
@@ -39,18 +39,18 @@ def test_null_forms_labels_and_identity(tmp_path):
     cfg = parse_localize_config(_raw(tmp_path, SFTS, ["tiny-llama:task", "tiny-llama:relation"]))
     assert cfg.null_models() == [("null[0]", "tiny-llama:task"), ("null[1]", "tiny-llama:relation")]
     assert [label for label, _ in cfg.mapped_models()] == ["sft[0]", "sft[1]", "null[0]", "null[1]"]
-    assert cfg.roles()["null[1]"] == "tiny-llama:relation" and "null" not in cfg.roles()
+    assert cfg.roles()["null[1]"] == "tiny-llama:relation" and "nulls" not in cfg.roles()
     # null models are not part of the identity: appending them extends a run
     assert cfg.identity() == parse_localize_config(_raw(tmp_path, SFTS)).identity()
     assert parse_localize_config(_raw(tmp_path, SFTS)).null_models() == []
 
 
 @pytest.mark.parametrize("null, message", [
-    ("tiny-llama:task", "models.null: a non-empty list of model specs"),
-    ([], "models.null: a non-empty list of model specs"),
-    (["tiny-llama:task", 3], "models.null: a non-empty list of model specs"),
-    (["tiny-llama:task", "tiny-llama:task"], "models.null lists 'tiny-llama:task' more than once"),
-    (["tiny-llama:sft"], "models.null lists 'tiny-llama:sft', which models.sft lists too"),
+    ("tiny-llama:task", "models.nulls: a non-empty list of model specs"),
+    ([], "models.nulls: a non-empty list of model specs"),
+    (["tiny-llama:task", 3], "models.nulls: a non-empty list of model specs"),
+    (["tiny-llama:task", "tiny-llama:task"], "models.nulls lists 'tiny-llama:task' more than once"),
+    (["tiny-llama:sft"], "models.nulls lists 'tiny-llama:sft', which models.sft lists too"),
 ])
 def test_bad_null_lists_are_one_line_errors(tmp_path, null, message):
     with pytest.raises(ConfigError, match=message) as err:
@@ -59,8 +59,20 @@ def test_bad_null_lists_are_one_line_errors(tmp_path, null, message):
 
 
 def test_unknown_null_settings_are_refused(tmp_path):
-    with pytest.raises(ConfigError, match="null"):
-        parse_localize_config({**_raw(tmp_path, SFTS), "null": ["tiny-llama:task"]})  # not under models
+    with pytest.raises(ConfigError, match="nulls"):
+        parse_localize_config({**_raw(tmp_path, SFTS), "nulls": ["tiny-llama:task"]})  # not under models
+
+
+def test_a_bare_yaml_null_key_is_a_one_line_error(tmp_path):
+    import yaml
+
+    from weightgraft.localization.config import load_localize_config
+
+    path = tmp_path / "loc.yaml"
+    path.write_text(yaml.safe_dump(_raw(tmp_path, SFTS)).replace("models:\n", "models:\n  null: [tiny-llama:task]\n"))
+    with pytest.raises(ConfigError, match="a role name must be a string, got None .null models go under 'nulls'.") as err:
+        load_localize_config(path)
+    assert len(str(err.value).splitlines()) == 2
 
 
 # ------------------------------------------------------------------ a run with a null model

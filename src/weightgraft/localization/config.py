@@ -77,7 +77,7 @@ def sft_labels(sft: str | list[str]) -> list[str]:
 
 
 def null_labels(null: list[str]) -> list[str]:
-    """The role label of each null model: ``null[0]``, ``null[1]``, ... (``cells.parquet``'s
+    """The role label of each model of ``nulls``: ``null[0]``, ``null[1]``, ... (``cells.parquet``'s
     ``model`` column)."""
     return [f"null[{i}]" for i in range(len(null))]
 
@@ -85,7 +85,7 @@ def null_labels(null: list[str]) -> list[str]:
 def _spec_list(role: str, spec: object) -> list[str]:
     """A non-empty list of distinct, non-blank model specs, or a one-line ValueError."""
     if not isinstance(spec, list) or not spec or not all(isinstance(x, str) and x.strip() for x in spec):
-        forms = "a non-empty list of model specs" if role == "null" else "a model spec or a non-empty list of model specs"
+        forms = "a non-empty list of model specs" if role == "nulls" else "a model spec or a non-empty list of model specs"
         raise ValueError(f"models.{role}: {forms}, got {spec!r}")
     twice = sorted({x for x in spec if spec.count(x) > 1})
     if twice:
@@ -95,7 +95,7 @@ def _spec_list(role: str, spec: object) -> list[str]:
 
 class LocalizeConfig(BaseModel):
     """Cell maps of a model pair (``pre`` and ``sft``) on a dataset's test prompts; ``sft`` may
-    list several models (training seeds), each mapped against the same ``pre``. ``null`` lists
+    list several models (training seeds), each mapped against the same ``pre``. ``nulls`` lists
     finetunes that do not hold the prompts' facts (another world seed, shuffled answers), mapped
     like the SFT models: what an unrelated finetune scores in ``stability.csv``."""
 
@@ -103,7 +103,7 @@ class LocalizeConfig(BaseModel):
 
     name: str = "localize"
     data: Path
-    # must name "pre" and "sft" (one spec or a list of them); "null": a list of null models
+    # must name "pre" and "sft" (one spec or a list of them); "nulls": a list of null models
     models: dict[str, str | list[str]]
     templates: list[str] | None = None
     directions: list[Literal["a2b", "b2a"]] | None = None
@@ -143,16 +143,18 @@ class LocalizeConfig(BaseModel):
         if missing:
             raise ValueError(f"models must name 'pre' and 'sft' (missing {sorted(missing)})")
         for role, spec in value.items():
-            if role == "null":
+            if not isinstance(role, str):  # YAML reads a bare `null:` key as None
+                raise ValueError(f"models: a role name must be a string, got {role!r} (null models go under 'nulls')")
+            if role == "nulls":
                 _spec_list(role, spec)
             elif role == "sft" and isinstance(spec, list):
                 _spec_list(role, spec)
             elif not isinstance(spec, str) or not spec.strip():
-                raise ValueError(f"models.{role}: one model spec (a string; only 'sft' and 'null' take a list), got {spec!r}")
+                raise ValueError(f"models.{role}: one model spec (a string; only 'sft' and 'nulls' take a list), got {spec!r}")
         sfts = [value["sft"]] if isinstance(value["sft"], str) else value["sft"]
-        both = [x for x in value.get("null", []) if x in sfts]
+        both = [x for x in value.get("nulls", []) if x in sfts]
         if both:
-            raise ValueError(f"models.null lists {both[0]!r}, which models.sft lists too (a null is another finetune)")
+            raise ValueError(f"models.nulls lists {both[0]!r}, which models.sft lists too (a null is another finetune)")
         return value
 
     def sft_models(self) -> list[tuple[str, str]]:
@@ -161,8 +163,8 @@ class LocalizeConfig(BaseModel):
         return list(zip(sft_labels(sft), [sft] if isinstance(sft, str) else sft))
 
     def null_models(self) -> list[tuple[str, str]]:
-        """(role label, spec) of each null model, in the config's order (none without ``null``)."""
-        null = self.models.get("null", [])
+        """(role label, spec) of each null model, in the config's order (none without ``nulls``)."""
+        null = self.models.get("nulls", [])
         return list(zip(null_labels(null), null))  # type: ignore[arg-type]
 
     def mapped_models(self) -> list[tuple[str, str]]:
@@ -171,7 +173,7 @@ class LocalizeConfig(BaseModel):
 
     def roles(self) -> dict[str, str]:
         """Every role by label (``pre``, ``sft`` or ``sft[i]``, ``null[i]``, other roles): one spec each."""
-        flat = {role: spec for role, spec in self.models.items() if role not in ("sft", "null")}
+        flat = {role: spec for role, spec in self.models.items() if role not in ("sft", "nulls")}
         return {**flat, **dict(self.mapped_models())}
 
     @field_validator("exact")
@@ -190,7 +192,7 @@ class LocalizeConfig(BaseModel):
         data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device", "exact",
                                                    "claims", "reversal"})
         data["models"]["sft"] = self.sft_models()[0][1]
-        data["models"].pop("null", None)
+        data["models"].pop("nulls", None)
         if data["tokenizer"] is None:  # runs made before the key keep their identity
             del data["tokenizer"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -20,7 +20,7 @@ i-th's in ``parts/sft{i}/``. The found sets are searched for the first SFT model
 search costs minutes on a real pair); ``stability.csv`` compares the maps of SFT models and
 of templates (``stability``). Appending SFT models to the list extends a run.
 
-Null models (``models: {..., null: [D, E]}``: finetunes of the same recipe that do not hold the
+Null models (``models: {..., nulls: [D, E]}``: finetunes of the same recipe that do not hold the
 prompts' facts) are mapped after the SFT models in the same way (labels ``null[j]``, parts in
 ``parts/null{j}/``; no claims, no search); ``stability.csv`` compares each with the SFT models
 (``sft_vs_null``) and ``stability_null.csv`` says whether the SFT models agree with each other
@@ -97,7 +97,7 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
             same = old.get("identity") == config.identity()
         if not same:
             raise ResultsDirConflict(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
-        for role, what in (("sft", "SFT"), ("null", "null")):
+        for role, what in (("sft", "SFT"), ("nulls", "null")):
             before, now = _spec_list(old.get("config", {}), role), _spec_list(config.model_dump(), role)
             if now[: len(before)] != before:
                 raise ResultsDirConflict(f"{run_dir} holds maps of the {what} models {before}; a config may append "

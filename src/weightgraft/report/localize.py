@@ -48,10 +48,10 @@ def _header(run_dir: Path, manifest: dict[str, Any], cells: pd.DataFrame) -> str
     models = config.get("models", {})
     loaded = manifest.get("models", {})
     roles: dict[str, str] = {}
-    for role, spec in models.items():  # sft: one spec, or a list of them (sft[0], sft[1], ...); null: a list
+    for role, spec in models.items():  # sft: one spec, or a list of them (sft[0], sft[1], ...); nulls: a list
         if role == "sft":
             roles.update(dict(zip(sft_labels(spec), [spec] if isinstance(spec, str) else spec)))
-        elif role == "null":
+        elif role == "nulls":
             roles.update(dict(zip(null_labels(spec), spec)))
         else:
             roles[role] = spec
