@@ -89,6 +89,12 @@ def build(
         help="Comma-separated training templates held out for validation.",
         show_default="the YAML's",
     ),
+    shuffle_answers: bool = typer.Option(
+        False,
+        "--shuffle-answers",
+        help="Training text names another relation's answer entity (seeded by --seed; a null "
+        "finetune). Test prompts keep the true answers.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
     force: bool = typer.Option(False, "--force", help="Overwrite the files of a non-empty --out folder."),
 ) -> None:
@@ -124,6 +130,7 @@ def build(
                 metadata=metadata,
                 templates=templates,
                 validation_templates=_split_names(validation_templates),
+                shuffled_answers=shuffle_answers,
                 progress=_RichProgress(bar) if show else None,
             )
     except DataError as exc:
@@ -131,8 +138,9 @@ def build(
         raise typer.Exit(code=2) from None
     if not quiet:
         c = ds.manifest["counts"]
+        shuffled = " (shuffled answers)" if shuffle_answers else ""
         Console().print(
-            f"{name}: {c['relations']} relations, {c['train']} train lines, "
+            f"{name}{shuffled}: {c['relations']} relations, {c['train']} train lines, "
             f"{c['validation']} validation lines, {c['test_prompts']} test prompts "
             f"-> {out} ({time.perf_counter() - start:.1f} s)",
             highlight=False,

@@ -48,10 +48,17 @@ def localize(
         import pandas as pd
 
         table = pd.read_csv(stability)
+        over = {"sft": "SFT models", "sft_vs_null": "SFT vs null models", "null_vs_null": "null models", "template": "templates"}
         for kind, rows in table.groupby("kind", sort=False):
-            console.print(f"stability over {'SFT models' if kind == 'sft' else 'templates'}: {len(rows)} pair(s), "
+            console.print(f"stability over {over.get(kind, kind)}: {len(rows)} pair(s), "
                           f"Spearman of coarse maps {rows['spearman_coarse'].min():.2f}-{rows['spearman_coarse'].max():.2f}, "
                           f"top-k overlap {rows['top_overlap'].min():.2f}-{rows['top_overlap'].max():.2f}")
+        nulls = result.run_dir / "stability_null.csv"
+        summary = pd.read_csv(nulls) if nulls.is_file() else pd.DataFrame(columns=["n_null_pairs"])
+        for r in summary[summary["n_null_pairs"] > 0].itertuples():
+            console.print(f"seeds vs null, {r.template} / {r.direction}: Spearman {r.sft_spearman_mean:.2f} vs "
+                          f"{r.null_spearman_mean:.2f}, top-k overlap {r.sft_overlap_mean:.2f} vs "
+                          f"{r.null_overlap_mean:.2f} (means of {r.n_sft_pairs} and {r.n_null_pairs} pairs): {r.verdict}")
         console.print(f"stability: {stability}")
     claims = result.run_dir / "claims.csv"
     if claims.is_file():

@@ -17,8 +17,10 @@ Build one with :func:`build_dataset` (or ``weightgraft data build``); read it ba
     by the metadata field it came from, so B2A prompts have ``second_actor``) or the text of
     each marked literal (``relation``, ``preposition``).
 ``manifest.json``
-    world, seed, n, directions, groups, template names, counts, package versions and the
-    SHA-256 of each file.
+    world, seed, n, directions, groups, template names, counts, package versions, the
+    SHA-256 of each file and ``shuffled_answers`` (null, or for a ``--shuffle-answers`` build
+    the answer field, the seed and ``answer_from``: relation id -> the id whose answer its
+    training text names; metadata and test prompts keep the true answers).
 """
 
 from .builder import DEFAULT_N, build_dataset

@@ -18,6 +18,7 @@ from .render import (
     test_prompts,
     training_lines,
 )
+from .shuffle import answer_field, shuffle_answers
 from .templates import TemplateSet, load_templates
 from .worlds import WORLDS, check_distinct_entities, get_world
 
@@ -81,6 +82,7 @@ def build_dataset(
     metadata: str | Path | Sequence[Mapping] | None = None,
     templates: str | Path | None = None,
     validation_templates: Sequence[str] | None = None,
+    shuffled_answers: bool = False,
     progress: Progress | None = None,
 ) -> Dataset:
     """Build (and, if ``out`` is given, write) a relation dataset.
@@ -93,6 +95,9 @@ def build_dataset(
     prompts. ``relation_fraction`` of the relations get group "relation", the rest "task"
     (custom rows that all carry a ``group`` keep it).
     ``validation_templates`` overrides the held-out training templates of the template set.
+    ``shuffled_answers`` renders the training and validation text with each relation's answer
+    entity taken from another relation (a derangement seeded by ``seed``, recorded in the
+    manifest's ``shuffled_answers``); metadata and test prompts keep the true answers.
     """
     _check_int("seed", seed)
     if n is not None:
@@ -118,7 +123,11 @@ def build_dataset(
     if metadata is None and tset.swap:
         check_distinct_entities(records, tset.swap)
 
-    train, validation = training_lines(records, tset, train_dirs, progress)
+    shuffle = None
+    taught = records
+    if shuffled_answers:
+        taught, shuffle = shuffle_answers(records, answer_field(tset), seed)
+    train, validation = training_lines(taught, tset, train_dirs, progress)
     prompts = test_prompts(records, tset, test_dirs, progress)
     check_unambiguous(prompts)
 
@@ -141,6 +150,7 @@ def build_dataset(
         "relation_fraction": relation_fraction,
         "groups": {g: sum(r["group"] == g for r in records) for g in md.GROUPS},
         "metadata_source": source,
+        "shuffled_answers": shuffle,
         "templates": {
             "source": tset.source,
             "sha256": tset.sha256,

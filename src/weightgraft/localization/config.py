@@ -76,15 +76,35 @@ def sft_labels(sft: str | list[str]) -> list[str]:
     return ["sft"] if isinstance(sft, str) else [f"sft[{i}]" for i in range(len(sft))]
 
 
+def null_labels(null: list[str]) -> list[str]:
+    """The role label of each model of ``nulls``: ``null[0]``, ``null[1]``, ... (``cells.parquet``'s
+    ``model`` column)."""
+    return [f"null[{i}]" for i in range(len(null))]
+
+
+def _spec_list(role: str, spec: object) -> list[str]:
+    """A non-empty list of distinct, non-blank model specs, or a one-line ValueError."""
+    if not isinstance(spec, list) or not spec or not all(isinstance(x, str) and x.strip() for x in spec):
+        forms = "a non-empty list of model specs" if role == "nulls" else "a model spec or a non-empty list of model specs"
+        raise ValueError(f"models.{role}: {forms}, got {spec!r}")
+    twice = sorted({x for x in spec if spec.count(x) > 1})
+    if twice:
+        raise ValueError(f"models.{role} lists {twice[0]!r} more than once")
+    return spec
+
+
 class LocalizeConfig(BaseModel):
     """Cell maps of a model pair (``pre`` and ``sft``) on a dataset's test prompts; ``sft`` may
-    list several models (training seeds), each mapped against the same ``pre``."""
+    list several models (training seeds), each mapped against the same ``pre``. ``nulls`` lists
+    finetunes that do not hold the prompts' facts (another world seed, shuffled answers), mapped
+    like the SFT models: what an unrelated finetune scores in ``stability.csv``."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = "localize"
     data: Path
-    models: dict[str, str | list[str]]  # must name "pre" and "sft" (one spec or a list of them)
+    # must name "pre" and "sft" (one spec or a list of them); "nulls": a list of null models
+    models: dict[str, str | list[str]]
     templates: list[str] | None = None
     directions: list[Literal["a2b", "b2a"]] | None = None
     limit: int | None = Field(None, ge=1, description="max examples per template")
@@ -123,14 +143,18 @@ class LocalizeConfig(BaseModel):
         if missing:
             raise ValueError(f"models must name 'pre' and 'sft' (missing {sorted(missing)})")
         for role, spec in value.items():
-            if role == "sft" and isinstance(spec, list):
-                if not spec or not all(isinstance(x, str) and x.strip() for x in spec):
-                    raise ValueError("models.sft: a model spec or a non-empty list of model specs")
-                twice = sorted({x for x in spec if spec.count(x) > 1})
-                if twice:
-                    raise ValueError(f"models.sft lists {twice[0]!r} more than once")
+            if not isinstance(role, str):  # YAML reads a bare `null:` key as None
+                raise ValueError(f"models: a role name must be a string, got {role!r} (null models go under 'nulls')")
+            if role == "nulls":
+                _spec_list(role, spec)
+            elif role == "sft" and isinstance(spec, list):
+                _spec_list(role, spec)
             elif not isinstance(spec, str) or not spec.strip():
-                raise ValueError(f"models.{role}: one model spec (a string; only 'sft' takes a list), got {spec!r}")
+                raise ValueError(f"models.{role}: one model spec (a string; only 'sft' and 'nulls' take a list), got {spec!r}")
+        sfts = [value["sft"]] if isinstance(value["sft"], str) else value["sft"]
+        both = [x for x in value.get("nulls", []) if x in sfts]
+        if both:
+            raise ValueError(f"models.nulls lists {both[0]!r}, which models.sft lists too (a null is another finetune)")
         return value
 
     def sft_models(self) -> list[tuple[str, str]]:
@@ -138,10 +162,19 @@ class LocalizeConfig(BaseModel):
         sft = self.models["sft"]
         return list(zip(sft_labels(sft), [sft] if isinstance(sft, str) else sft))
 
+    def null_models(self) -> list[tuple[str, str]]:
+        """(role label, spec) of each null model, in the config's order (none without ``nulls``)."""
+        null = self.models.get("nulls", [])
+        return list(zip(null_labels(null), null))  # type: ignore[arg-type]
+
+    def mapped_models(self) -> list[tuple[str, str]]:
+        """Every model mapped against ``pre``: the SFT models, then the null models."""
+        return self.sft_models() + self.null_models()
+
     def roles(self) -> dict[str, str]:
-        """Every role by label (``pre``, ``sft`` or ``sft[i]``, other roles): one spec each."""
-        flat = {role: spec for role, spec in self.models.items() if role != "sft"}
-        return {**flat, **dict(self.sft_models())}
+        """Every role by label (``pre``, ``sft`` or ``sft[i]``, ``null[i]``, other roles): one spec each."""
+        flat = {role: spec for role, spec in self.models.items() if role not in ("sft", "nulls")}
+        return {**flat, **dict(self.mapped_models())}
 
     @field_validator("exact")
     @classmethod
@@ -154,11 +187,12 @@ class LocalizeConfig(BaseModel):
         """Hash of what determines the results (not batch sizes, device, output place, nor
         ``exact``: exact maps are stored per example, so raising it extends a run; nor the claims'
         settings, whose results are stored under a digest of them; of the SFT
-        models only the first, whose found sets the run searches: appending SFT models extends
-        a run, and ``run._claim`` refuses any other change of the list)."""
+        models only the first, whose found sets the run searches, and no null model: appending
+        SFT or null models extends a run, and ``run._claim`` refuses any other change of the lists)."""
         data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device", "exact",
                                                    "claims", "reversal"})
         data["models"]["sft"] = self.sft_models()[0][1]
+        data["models"].pop("nulls", None)
         if data["tokenizer"] is None:  # runs made before the key keep their identity
             del data["tokenizer"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

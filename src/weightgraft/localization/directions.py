@@ -83,11 +83,11 @@ def choose_directions(config: Any) -> DirectionChoice:
     """The config's ``directions`` where set, else the trained direction(s)."""
     if config.directions is not None:
         return DirectionChoice(list(config.directions), f"directions: {list(config.directions)} (config)")
-    choices = [(label, trained_directions(config.data, spec)) for label, spec in config.sft_models()]
+    choices = [(label, trained_directions(config.data, spec)) for label, spec in config.mapped_models()]
     first = choices[0][1]
     for label, choice in choices[1:]:  # seeds of one recipe agree; a mix would blur the comparison
         if choice.directions != first.directions:
-            raise ConfigError(f"the SFT models were trained on different directions ({choices[0][0]}: "
+            raise ConfigError(f"the mapped models were trained on different directions ({choices[0][0]}: "
                              f"{first.directions}, {label}: {choice.directions}); set 'directions' to choose")
     return first
 

@@ -19,6 +19,12 @@ rows (``sft``, or ``sft[i]`` for a list). The first SFT model's parts stay in ``
 i-th's in ``parts/sft{i}/``. The found sets are searched for the first SFT model only (each
 search costs minutes on a real pair); ``stability.csv`` compares the maps of SFT models and
 of templates (``stability``). Appending SFT models to the list extends a run.
+
+Null models (``models: {..., nulls: [D, E]}``: finetunes of the same recipe that do not hold the
+prompts' facts) are mapped after the SFT models in the same way (labels ``null[j]``, parts in
+``parts/null{j}/``; no claims, no search); ``stability.csv`` compares each with the SFT models
+(``sft_vs_null``) and ``stability_null.csv`` says whether the SFT models agree with each other
+more than with a null (``stability.null_summary``). Appending null models extends a run.
 """
 
 from __future__ import annotations
@@ -72,9 +78,9 @@ def _digests(prompts: list[Any]) -> dict[str, str]:
                                                    .encode()).hexdigest()[:16] for p in prompts}
 
 
-def _sft_list(config: dict[str, Any]) -> list[str]:
-    sft = (config.get("models") or {}).get("sft")
-    return [sft] if isinstance(sft, str) else list(sft or [])
+def _spec_list(config: dict[str, Any], role: str) -> list[str]:
+    specs = (config.get("models") or {}).get(role)
+    return [specs] if isinstance(specs, str) else list(specs or [])
 
 
 def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
@@ -91,10 +97,12 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
             same = old.get("identity") == config.identity()
         if not same:
             raise ResultsDirConflict(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
-        before, now = _sft_list(old.get("config", {})), [spec for _, spec in config.sft_models()]
-        if now[: len(before)] != before:
-            raise ResultsDirConflict(f"{run_dir} holds maps of the SFT models {before}; a config may append SFT models "
-                             "to that list, not change or drop them; choose another 'out' or 'name'")
+        for role, what in (("sft", "SFT"), ("nulls", "null")):
+            before, now = _spec_list(old.get("config", {}), role), _spec_list(config.model_dump(), role)
+            if now[: len(before)] != before:
+                raise ResultsDirConflict(f"{run_dir} holds maps of the {what} models {before}; a config may append "
+                                         f"{what} models to that list, not change or drop them; choose another 'out' "
+                                         "or 'name'")
         known = old.get("examples", {})
         changed = sorted(k for k in known.keys() & digests.keys() if known[k] != digests[k])
         if changed:
@@ -119,15 +127,20 @@ def _note(run_dir: Path, **fields: Any) -> None:
 
 def _check_peft(config: LocalizeConfig) -> list[Any]:
     """``sft: peft(pre, DIR)`` (a LoRA donor on the pair's base), checked before loading; one
-    adapter spec (or None) per SFT model."""
+    adapter spec (or None) per mapped model (SFT models, then null models)."""
     from weightgraft.models.peft_donor import PeftError, check_peft_roles, parse_peft
 
     roles = config.roles()
     check_peft_roles(roles, "models")
-    specs = [parse_peft(spec) for _, spec in config.sft_models()]
+    specs = [parse_peft(spec) for _, spec in config.mapped_models()]
     if parse_peft(roles["pre"]) is not None or any(s is not None and s.base != "pre" for s in specs):
         raise PeftError("models: a LoRA donor is the 'sft' model, on the base 'pre': sft: peft(pre, DIR)")
     return specs
+
+
+def _parts_name(i: int, n_sft: int) -> str:
+    """The parts folder of the i-th mapped model (not the first): ``sft{i}``, or ``null{j}``."""
+    return f"sft{i}" if i < n_sft else f"null{i - n_sft}"
 
 
 def _load_sft(spec: str, label: str, first: bool, pre: Any, adapter: Any, load: Any, dtype: torch.dtype,
@@ -206,7 +219,7 @@ def plan_input(config: LocalizeConfig, prompts: list[Any] | None = None) -> Loca
             count[p.template] += 1
             exact.append(p.prompt)
     sfts = []
-    for label, spec in config.sft_models():
+    for label, spec in config.mapped_models():
         lora = parse_peft(spec)
         sfts.append(SftModel(label=label, spec=spec, adapter=str(lora.directory) if lora is not None else None))
     return LocalizeWork(pre=config.models["pre"], sfts=sfts, prompts=[p.prompt for p in prompts], exact_prompts=exact,
@@ -311,11 +324,12 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     examples, excluded = build_examples(prompts, pre.tokenizer)
     if excluded:
         say(f"{len(excluded)} prompt(s) excluded: {excluded[:3]}")
-    sfts = config.sft_models()
+    sfts = config.mapped_models()
+    nulls = [label for label, _ in config.null_models()]
     _note(run_dir, directions=choice.directions, directions_note=choice.note, excluded=excluded,
           n_prompts={t: sum(e.prompt.template == t for e in examples) for t in dict.fromkeys(e.prompt.template for e in examples)},
           prompt_directions=sorted({str(e.prompt.direction) for e in examples}),
-          sft_models=[label for label, _ in sfts],
+          sft_models=[label for label, _ in config.sft_models()], null_models=nulls,
           search_model=sfts[0][0] if config.search.enabled else None,
           models={"pre": _model_info(config.models["pre"], pre)})
     if config.metric == "logit_diff":
@@ -325,7 +339,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     claim_tables: list[pd.DataFrame] = []
     claim_nulls: list[dict[str, Any]] = []
     search: dict[str, Any] = {}
-    for i, (label, spec) in enumerate(sfts):  # one SFT model in memory at a time
+    for i, (label, spec) in enumerate(sfts):  # one SFT (or null) model in memory at a time
         t0 = time.time()
         sft = _load_sft(spec, label, i == 0, pre, adapters[i], load, dtype, run_dir)
         give_tokenizer(sft, shared_tokenizer, label)
@@ -336,11 +350,11 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         if len(sfts) > 1:
             say(f"[{label}] {spec}")
         pairs = {"sufficiency": [pre.model, sft.model], "necessity": [sft.model, pre.model]}
-        parts = run_dir / "parts" if i == 0 else run_dir / "parts" / f"sft{i}"
+        parts = run_dir / "parts" if i == 0 else run_dir / "parts" / _parts_name(i, len(sfts) - len(nulls))
         parts.mkdir(parents=True, exist_ok=True)
         stamp = "" if i == 0 else f"{label}/"
         cells = _model_maps(config, examples, pre.model, sft.model, pairs, pad_id, parts, stamp, say, seconds)
-        if config.claims.enabled:
+        if config.claims.enabled and label not in nulls:
             t0 = time.time()
             for direction in config.graft_directions:
                 table, null = map_claims(pairs[direction], examples, cells, label, direction, PRE_SFT, config.claims,
@@ -365,8 +379,10 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         seconds["claims_reversal"] = time.time() - t0
     cells = pd.concat(frames, ignore_index=True)
     _write(cells, run_dir / "cells.parquet")
-    from weightgraft.localization.stability import stability_table
+    from weightgraft.localization.stability import null_summary, stability_table
 
-    atomic.write_text(run_dir / "stability.csv", stability_table(whole_cells(cells)).to_csv(index=False))
+    table = stability_table(whole_cells(cells), nulls=nulls)
+    atomic.write_text(run_dir / "stability.csv", table.to_csv(index=False))
+    atomic.write_text(run_dir / "stability_null.csv", null_summary(table).to_csv(index=False))
     write_claims(run_dir, claim_tables, claim_nulls)
     return LocalizeResult(run_dir, cells, search, excluded, seconds, None, choice.note)

@@ -1,6 +1,8 @@
 """``stability.csv``: do two maps put the finetuned behaviour in the same place? Rows compare
-every pair of SFT models (training seeds; per template and graft direction) and every pair of
-templates (per SFT model and direction).
+every pair of mapped models per template and graft direction (``kind``: ``sft`` for two SFT
+models, i.e. training seeds; ``sft_vs_null`` for an SFT model and a null model, a finetune
+without the prompts' facts; ``null_vs_null`` for two null models) and every pair of templates (per
+model and direction; ``template``).
 
 Coarse map: cells grouped by (span, layer quarter, component): the span from the position
 label (``span_group``: the tokens of a span, ``first_entity-2`` -> ``first_entity``; the
@@ -17,18 +19,31 @@ the prompts / prompts); ``top_overlap`` = |top-k of A & top-k of B| / k with k =
 where a map has fewer cells). Spearman is over the union of both maps' bins, a bin one map
 lacks counting 0 (no cell, no effect). Values: exact effects where every cell of both maps has
 one, else the attribution estimate (integrated gradients where the run computed them).
+
+``stability_null.csv`` (``null_summary``): do the SFT models agree with each other more than
+with a null model? Seeds share initialization, data and recipe, and the gradient estimates are
+taken on PRE, so a high seed-vs-seed Spearman alone may reflect architecture and recipe rather
+than where the facts sit; per template and direction, the ``sft`` rows are set against the
+``sft_vs_null`` rows.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from itertools import combinations
+from math import comb
 
 import pandas as pd
 
 from weightgraft.localization.agreement import spearman
 
 TOP_K = 50
+ALPHA = 0.05  # the largest separation_p at which seed stability "exceeds" the null
+MEASURES = {"spearman": "spearman_coarse", "overlap": "top_overlap"}
+NULL_COLUMNS = ["template", "direction", "n_sft_pairs", "n_null_pairs", "sft_spearman_mean", "null_spearman_mean",
+                "sft_spearman_min", "null_spearman_max", "sft_overlap_mean", "null_overlap_mean", "sft_overlap_min",
+                "null_overlap_max", "separation_p", "verdict"]
 COLUMNS = ["kind", "direction", "model_a", "template_a", "model_b", "template_b", "value", "n_prompts_a",
            "n_prompts_b", "n_bins", "spearman_coarse", "top_k", "top_overlap"]
 CELL_KEY = ["position_label", "slot"]
@@ -99,9 +114,17 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, n_layers: int, k: int = TOP_K) -> 
             "top_k": kk, "top_overlap": overlap}
 
 
-def stability_table(cells: pd.DataFrame, k: int = TOP_K) -> pd.DataFrame:
-    """Every pair of SFT models (per template, direction) and of templates (per SFT model,
-    direction), in the order the run lists them; ``cells`` as ``cells.parquet`` holds them."""
+def pair_kind(model_a: str, model_b: str, nulls: Collection[str]) -> str:
+    """``sft`` (two SFT models), ``sft_vs_null`` or ``null_vs_null`` (two null models; not ``null``,
+    which CSV readers take for a missing value)."""
+    n = (model_a in nulls) + (model_b in nulls)
+    return ("sft", "sft_vs_null", "null_vs_null")[n]
+
+
+def stability_table(cells: pd.DataFrame, k: int = TOP_K, nulls: Collection[str] = ()) -> pd.DataFrame:
+    """Every pair of mapped models (per template, direction) and of templates (per model,
+    direction), in the order the run lists them; ``cells`` as ``cells.parquet`` holds them;
+    ``nulls``: the labels of the null models."""
     if "model" not in cells:
         cells = cells.assign(model="sft")
     keys = ["model", "template", "direction", "example_id", "position", *cell_key(cells)]
@@ -118,7 +141,7 @@ def stability_table(cells: pd.DataFrame, k: int = TOP_K) -> pd.DataFrame:
             for ma, mb in combinations(models, 2):
                 a, b = groups.get((ma, template, direction)), groups.get((mb, template, direction))
                 if a is not None and b is not None:
-                    rows.append({"kind": "sft", "direction": direction, "model_a": ma, "template_a": template,
+                    rows.append({"kind": pair_kind(ma, mb, nulls), "direction": direction, "model_a": ma, "template_a": template,
                                  "model_b": mb, "template_b": template, **compare(a, b, n_layers, k)})
         for model in models:
             for ta, tb in combinations(templates, 2):
@@ -127,3 +150,43 @@ def stability_table(cells: pd.DataFrame, k: int = TOP_K) -> pd.DataFrame:
                     rows.append({"kind": "template", "direction": direction, "model_a": model, "template_a": ta,
                                  "model_b": model, "template_b": tb, **compare(a, b, n_layers, k)})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def separation_p(n_sft: int, n_null: int) -> float:
+    """The chance that ``n_sft`` seed pairs all rank above ``n_null`` seed-vs-null pairs when the
+    labels are exchangeable: ``1 / C(n_sft + n_null, n_sft)``."""
+    return 1.0 / comb(n_sft + n_null, n_sft)
+
+
+def null_verdict(sft: pd.DataFrame, null: pd.DataFrame) -> str:
+    """``exceeds`` only if every seed pair is above every seed-vs-null pair on both measures and
+    that separation is unlikely by chance (``separation_p <= ALPHA``; rank separation, not means,
+    since 3 seeds and 2 nulls give 3 and 6 values); ``undecided`` with no seed pair, no null pair,
+    a missing value or too few pairs to tell; else ``does not exceed``."""
+    columns = list(MEASURES.values())
+    if sft.empty or null.empty or sft[columns].isna().any().any() or null[columns].isna().any().any():
+        return "undecided"
+    if not all(sft[c].min() > null[c].max() for c in columns):
+        return "does not exceed"
+    return "exceeds" if separation_p(len(sft), len(null)) <= ALPHA else "undecided"
+
+
+def null_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (template, direction) of ``stability.csv``'s model pairs: the seed pairs'
+    mean Spearman and top-k overlap beside the seed-vs-null pairs', and the verdict (a run
+    without null models: ``n_null_pairs`` 0, ``undecided``)."""
+    pairs = table[table["kind"].isin(["sft", "sft_vs_null"])]
+    rows = []
+    for (template, direction), g in pairs.groupby(["template_a", "direction"], sort=False):
+        sft, null = g[g["kind"] == "sft"], g[g["kind"] == "sft_vs_null"]
+        row: dict[str, object] = {"template": template, "direction": direction, "n_sft_pairs": len(sft),
+                                  "n_null_pairs": len(null)}
+        for name, column in MEASURES.items():
+            row[f"sft_{name}_mean"] = sft[column].mean()
+            row[f"null_{name}_mean"] = null[column].mean()
+            row[f"sft_{name}_min"] = sft[column].min()
+            row[f"null_{name}_max"] = null[column].max()
+        row["separation_p"] = separation_p(len(sft), len(null)) if len(sft) and len(null) else float("nan")
+        row["verdict"] = null_verdict(sft, null)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=NULL_COLUMNS)

@@ -21,9 +21,9 @@ import pandas as pd
 
 from weightgraft import atomic
 from weightgraft.localization.agreement import agreement
-from weightgraft.localization.config import sft_labels
+from weightgraft.localization.config import null_labels, sft_labels
 from weightgraft.localization.stability import COLUMNS as STABILITY_COLUMNS
-from weightgraft.localization.stability import stability_table
+from weightgraft.localization.stability import null_summary, stability_table
 from weightgraft.report import localize_figures as figs
 from weightgraft.report.html import CSS, _esc, html_table
 
@@ -48,9 +48,13 @@ def _header(run_dir: Path, manifest: dict[str, Any], cells: pd.DataFrame) -> str
     models = config.get("models", {})
     loaded = manifest.get("models", {})
     roles: dict[str, str] = {}
-    for role, spec in models.items():  # sft: one spec, or a list of them (sft[0], sft[1], ...)
-        roles.update(dict(zip(sft_labels(spec), [spec] if isinstance(spec, str) else spec)) if role == "sft"
-                     else {role: spec})
+    for role, spec in models.items():  # sft: one spec, or a list of them (sft[0], sft[1], ...); nulls: a list
+        if role == "sft":
+            roles.update(dict(zip(sft_labels(spec), [spec] if isinstance(spec, str) else spec)))
+        elif role == "nulls":
+            roles.update(dict(zip(null_labels(spec), spec)))
+        else:
+            roles[role] = spec
     rows = [(role, spec, (loaded.get(role) or {}).get("source", ""), (loaded.get(role) or {}).get("weights_sha256", ""))
             for role, spec in roles.items()]
     n_prompts = manifest.get("n_prompts") or cells.groupby("template")["example_id"].nunique().to_dict()
@@ -118,14 +122,34 @@ def _set_row(entry: dict[str, Any], which: str, found: dict[str, Any]) -> tuple[
             _controls_cell(r, n), _controls_cell(m, n), per_cell, "<br>".join(notes), received)
 
 
+def _null_table(summary: pd.DataFrame) -> str:
+    """``stability_null.csv``: seed pairs against seed-vs-null pairs, per template and direction."""
+    summary = summary[summary["n_null_pairs"] > 0]
+    if summary.empty:
+        return ""
+    rows = [(r["template"], r["direction"], f"{r['n_sft_pairs']} / {r['n_null_pairs']}",
+             f"{r['sft_spearman_mean']:.3f} / {r['null_spearman_mean']:.3f}",
+             f"{r['sft_overlap_mean']:.2f} / {r['null_overlap_mean']:.2f}", f"{r['separation_p']:.3g}", r["verdict"])
+            for _, r in summary.iterrows()]
+    return ("<p><b>Seeds against a null</b> (<code>stability_null.csv</code>): <i>exceeds</i> only where every "
+            "pair of SFT models is above every SFT-vs-null pair on both measures, and that separation has "
+            "chance at most 0.05 under exchangeable pairs (<i>separation p</i> = 1 / C(pairs, seed pairs)); "
+            "<i>undecided</i> with too few pairs.</p>"
+            + html_table(("template", "direction", "pairs: seeds / vs null", "Spearman, coarse: seeds / vs null",
+                          "top-k overlap: seeds / vs null", "separation p", "verdict"), rows))
+
+
 def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
     """``stability.csv`` as a table and a bar figure (computed from the cells where a run made
     before it existed lacks the file)."""
     path = run_dir / "stability.csv"
-    table = pd.read_csv(path) if path.is_file() else stability_table(cells)
+    nulls = (json.loads((run_dir / "manifest.json").read_text()).get("null_models") or []
+             if (run_dir / "manifest.json").is_file() else [])
+    table = pd.read_csv(path) if path.is_file() else stability_table(cells, nulls=nulls)
     intro = ("<h2>Stability</h2><p>Do two maps put the behaviour in the same place? Each row compares two maps of "
-             "one graft direction: two SFT models on one template (<i>sft</i>), or two templates of one SFT model "
-             "(<i>template</i>). <b>Spearman, coarse</b>: rank correlation of the maps grouped by (span, layer "
+             "one graft direction: two SFT models on one template (<i>sft</i>), an SFT model and a null model "
+             "(<i>sft_vs_null</i>: a finetune without the prompts' facts), two null models (<i>null_vs_null</i>), or two "
+             "templates of one model (<i>template</i>). <b>Spearman, coarse</b>: rank correlation of the maps grouped by (span, layer "
              "quarter, component) (a span's tokens, the words after it as <i>span+</i>, <i>last</i>, tokens before "
              "any span as <i>other</i>), each group valued by the sum of |effect| of its cells over the template's "
              "prompts, divided by the prompts (magnitudes: opposite cells of a group do not cancel); a group one "
@@ -143,7 +167,7 @@ def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
                 f"{g['spearman_coarse'].max():.3f})", f"{g['top_overlap'].mean():.2f} ({g['top_overlap'].min():.2f} to "
                 f"{g['top_overlap'].max():.2f})") for (kind, direction), g in table.groupby(["kind", "direction"], sort=False)]
     return (intro + html_table(("kind", "direction", "pairs", "Spearman, coarse: mean (min to max)",
-                                "top-k overlap: mean (min to max)"), summary)
+                                "top-k overlap: mean (min to max)"), summary) + _null_table(null_summary(table))
             + html_table(("kind", "direction", "maps compared", "value", "prompts", "coarse groups",
                           "Spearman, coarse", "top-k overlap"), rows)
             + _img(out / "stability.png", "Spearman of coarse maps and top-k overlap per compared pair"))

@@ -189,8 +189,9 @@ def curves(search: dict, path: Path) -> None:
 
 
 def stability_label(row: pd.Series) -> str:
-    """``sft[0] vs sft[1] (headline, sufficiency)`` or ``headline vs qa (sft, sufficiency)``."""
-    if row["kind"] == "sft":
+    """``sft[0] vs sft[1] (headline, sufficiency)`` (two models: SFT, SFT vs null, null) or
+    ``headline vs qa (sft, sufficiency)``."""
+    if row["kind"] != "template":
         return f"{row['model_a']} vs {row['model_b']} ({row['template_a']}, {row['direction']})"
     return f"{row['template_a']} vs {row['template_b']} ({row['model_a']}, {row['direction']})"
 
