@@ -210,10 +210,32 @@ def plan_input(config: LocalizeConfig, prompts: list[Any] | None = None) -> Loca
         lora = parse_peft(spec)
         sfts.append(SftModel(label=label, spec=spec, adapter=str(lora.directory) if lora is not None else None))
     return LocalizeWork(pre=config.models["pre"], sfts=sfts, prompts=[p.prompt for p in prompts], exact_prompts=exact,
+                        exact_references=_exact_references(config, prompts, len(exact)),
                         directions=len(config.graft_directions), ig_steps=config.ig_steps, units=config.units,
                         unit_rows=config.unit_rows, exact_chunk=config.exact_chunk,
                         batch_size=config.batch_size if "batch_size" in config.model_fields_set else None,
-                        dtype=config.dtype, device=config.device)
+                        dtype=config.dtype, device=config.device, tokenizer=config.tokenizer)
+
+
+def _exact_references(config: LocalizeConfig, prompts: list[Any], n_exact: int) -> int:
+    """The reference rows depth sharing holds in the largest ``exact_effects`` call: an exact-map
+    group's bases (single cells share with their base alone), a template's fit or held-out prompts
+    (search, refinement, controls, missed sample) or its claim prompts, each with its base and the
+    union of its sets (0: no stage computes exact effects)."""
+    from weightgraft.localization.exact_parts import EXACT_GROUP
+    from weightgraft.localization.found_sets import split_prompts
+
+    out = min(EXACT_GROUP, n_exact)
+    by_template: dict[str, list[str]] = defaultdict(list)
+    for p in prompts:
+        by_template[p.template].append(p.id)
+    for template, ids in by_template.items():
+        if config.search.enabled:
+            split = split_prompts(ids, config.seed, template, config.search.heldout)
+            out = max(out, 2 * len(split["fit_ids"]), 2 * len(split["heldout_ids"]))
+        if config.claims.enabled:
+            out = max(out, 2 * min(len(ids), config.claims.prompts or len(ids)))
+    return out
 
 
 def plan_before_localize(config: LocalizeConfig, prompts: list[Any]) -> LocalizeConfig:
