@@ -57,12 +57,11 @@ def _recording_depth(calls: list[dict[str, int]]) -> Any:
     own = cells.depth_forward
 
     @functools.wraps(own)
-    def recorded(models, items, pad_id, chunk=512, unit_budget=None, stats=None, references=()):
-        stats = stats if stats is not None else DepthStats()
-        kw = {} if unit_budget is None else {"unit_budget": unit_budget}
-        out = own(models, items, pad_id, chunk=chunk, stats=stats, references=references, **kw)
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        stats = kwargs.get("stats") or DepthStats()
+        out = own(*args, **{**kwargs, "stats": stats})
         calls.append({"peak_bytes": stats.peak_bytes, "reference_bytes": stats.reference_bytes,
-                      "items": len(items), "largest_pass": max(stats.pass_sizes, default=0)})
+                      "items": len(args[1]), "largest_pass": max(stats.pass_sizes, default=0)})
         return out
 
     cells.depth_forward = recorded

@@ -19,7 +19,7 @@ from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, sm
 from weightgraft.planning.sizes import gib
 from weightgraft.planning.timing import attribution_seconds, exact_cell_seconds, rate_for
 
-__all__ = ["CELL_ROW_BYTES", "DEFAULT_LOCALIZE_BATCH", "DEPTH_STATES", "EXACT_BATCH", "UNIT_ROW_BYTES",
+__all__ = ["CELL_ROW_BYTES", "DEFAULT_LOCALIZE_BATCH", "DEPTH_STATES", "EXACT_BATCH", "GRAFT_MAPS", "UNIT_ROW_BYTES",
            "UNIT_SHARE_COPIES", "LocalizeWork", "plan_localize_work", "unit_width"]
 
 DEFAULT_LOCALIZE_BATCH = 16  # LocalizeConfig.batch_size's default
@@ -38,6 +38,8 @@ UNIT_SHARE_COPIES = 5
 # The plan's memory lines of exact effects (``Plan.memory`` keys).
 EXACT_BATCH = "batch (attribution or exact cells)"
 DEPTH_STATES = "depth-shared states (exact effects)"
+GRAFT_MAPS = "graft maps (exact effects)"
+EXACT_MAP_GROUP = 8  # prompts per exact_effects call of the exact maps (``localization.exact_parts``)
 HALF = ("float16", "bfloat16")  # depth sharing runs these through prefix sharing: no shared states
 
 
@@ -63,10 +65,13 @@ class LocalizeWork:
     # group's), and their sets' unions where sets are searched, refined, controlled or claimed;
     # 0: no stage computes exact effects
     exact_references: int = 0
+    # the most (prompt, set) rows one call of the search's stages or the claims grafts
+    set_rows: int = 0
     directions: int  # graft directions (sufficiency, necessity)
     ig_steps: int
     units: Units
     unit_rows: int
+    exact_units: int = 0  # unit cells mapped exactly per exact prompt (with ``units: head | neuron``)
     exact_chunk: int
     batch_size: int | None  # fixed by the config; None: the plan chooses
     dtype: str
@@ -164,6 +169,20 @@ def _depth_states(work: LocalizeWork, pre: ModelFootprint, lengths: list[int]) -
     return depth_state_bytes(pre.config, work.exact_references, max(lengths), work.exact_chunk, dtype_bytes(work.dtype))
 
 
+def _graft_map_bytes(work: LocalizeWork, pre: ModelFootprint, seq: int, exact_lengths: list[int],
+                     width: int) -> int:
+    """The source maps one ``exact_effects`` call builds: a ``[tokens, slots]`` int64 map per
+    (prompt, set) row (``engine.cells``), for every cell of a group of exact-map prompts (and
+    its ``exact_units`` unit cells, each with its slot's unit map), or for the sets of the
+    largest search or claims call."""
+    slots = len(pre.slot_names)
+    groups = [exact_lengths[i : i + EXACT_MAP_GROUP] for i in range(0, len(exact_lengths), EXACT_MAP_GROUP)]
+    unit_cells = work.exact_units if width else 0
+    per_unit = width // max(1, pre.layers)  # a unit map holds one slot's units: at most a layer's
+    maps = max((sum(t * slots * t * slots + unit_cells * t * (slots + per_unit) for t in g) for g in groups), default=0)
+    return 8 * max(maps, work.set_rows * seq * slots)
+
+
 def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str], int]], lengths: list[int],
             exact_lengths: list[int], width: int, held_now: int, b: int) -> dict[str, int]:
     seq = max(lengths)
@@ -174,13 +193,17 @@ def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str],
     if work.exact_references:  # with depth sharing a pass's keys and values are among the shared states
         exact = sum(pre.inference_bytes(work.exact_chunk, seq, 1, work.dtype, kv=not states).values())
     cells = work.directions * len(pre.slot_names) * (sum(lengths) + sum(exact_lengths))
+    maps = _graft_map_bytes(work, pre, seq, exact_lengths, width)
     batch = max(attr, exact)
     out = {"process before loading": held_now,
            "parameters": pre.param_bytes(work.dtype) + max(size(work.dtype) for size in sizes),
            "graft deltas": pre.delta_bytes(work.dtype),
            EXACT_BATCH: batch}
-    if states:  # held beside an exact pass only: what they add beyond the larger batch
+    # held beside an exact pass only: each line is what it adds beyond the larger batch
+    if states:
         out[DEPTH_STATES] = max(batch, exact + states) - batch
+    if maps:
+        out[GRAFT_MAPS] = max(batch, exact + states + maps) - max(batch, exact + states)
     out["cell tables"] = CELL_ROW_BYTES * cells * len(sizes)
     if width:  # the unit rows kept per prompt and direction: its top ``unit_rows`` of every unit
         kept = work.directions * sum(min(work.unit_rows, t * width) for t in lengths)
