@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--depth", action="store_true", help="only prefix vs depth sharing (see depth_mode)")
     ap.add_argument("--cells", type=int, default=1500, help="--depth: cells sampled per prompt (seeded)")
     ap.add_argument("--refine-cells", type=int, default=48, help="--depth: cells of a set timed per refinement round")
+    ap.add_argument("--reps", type=int, default=2, help="--depth: alternating repetitions per path (fastest counts)")
     ap.add_argument("--skip-refine", action="store_true", help="--depth: single cells only")
     ap.add_argument("--skip-cells", action="store_true", help="--depth: refinement only")
     args = ap.parse_args()

@@ -58,6 +58,8 @@ def test_localize_end_to_end(tmp_path):
                    "region_cells_share", "null_mean", "null_p", "null_p_holm"):
         assert column in claims
     assert set(claims["verdict"]) <= set(VERDICTS) and (claims["n_prompts"] == 4).all()
+    # exact single-cell maps of 2 of the 4 prompts: no share of a partial sum of exact cells
+    assert claims["share_exact_cells"].isna().all()
     # necessity rows and claims 4-5 on the pre->sft pair say they are outside the paper's setting
     inside = claims[claims["in_paper_setting"]]
     assert set(inside["direction"]) == {"sufficiency"} and set(inside["claim"]) == {"fe_lt", "enrichment", "recall",

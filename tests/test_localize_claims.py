@@ -217,3 +217,28 @@ def test_reversal_setting_tests_claims_4_5_where_the_paper_made_them(tmp_path):
     raw["reversal"]["template"] = "paper_headline"
     with pytest.raises(DatasetError, match="no a2b prompt of template 'paper_headline'"):
         localize(parse_localize_config({**raw, "out": str(tmp_path / "other")}), progress=False, load=no_load)
+
+
+def test_exact_cells_share_is_the_summed_exact_cells_and_nan_when_any_is_missing():
+    """``share_exact_cells`` (the calibration column) is the region's share of the summed exact
+    single-cell effects: on an additive map it equals the region graft's share; with one exact
+    cell missing in one prompt it is NaN, never a share of a partial sum."""
+    data = _additive_map(_planted, seed=3)
+    exact = [dict(e) for e in data.estimates]
+    full = ClaimMap(data.keys, data.estimates, data.effects, data.params, N_LAYERS, exact)
+    rows, _ = judge_claims(full, "m", n_null=19, n_boot=200)
+    for r in rows:
+        assert r["share_exact_cells"] == pytest.approx(r["share_exact"], rel=1e-9, abs=1e-12)
+    # exact maps differ from the estimates: the column follows the exact values
+    scaled = [{k: (2.0 if k[0] == "last" else 1.0) * v for k, v in e.items()} for e in exact]
+    rows_scaled, _ = judge_claims(ClaimMap(data.keys, data.estimates, data.effects, data.params, N_LAYERS, scaled),
+                                  "m", n_null=19, n_boot=200)
+    by = {r["claim"]: r for r in rows_scaled}
+    assert by["recall"]["share_exact_cells"] > by["recall"]["share_exact"] + 0.05
+    missing = [dict(e) for e in exact]
+    missing[4].pop(("last", "unembed"))
+    rows_missing, _ = judge_claims(ClaimMap(data.keys, data.estimates, data.effects, data.params, N_LAYERS, missing),
+                                   "m", n_null=19, n_boot=200)
+    assert np.isnan({r["claim"]: r for r in rows_missing}["recall"]["share_exact_cells"])
+    rows_none, _ = judge_claims(data, "m", n_null=19, n_boot=200)
+    assert all(np.isnan(r["share_exact_cells"]) for r in rows_none)

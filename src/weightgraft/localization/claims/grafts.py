@@ -41,6 +41,9 @@ class ClaimMap:
     effects: Effects
     params: Mapping[str, int]
     n_layers: int
+    # per prompt, the exact single-cell effects where the run mapped them (``exact``): the
+    # claim's share of summed exact cells, beside the estimate's and the region graft's
+    exact_cells: Sequence[Mapping[CellKey, float]] = ()
 
 
 def null_seed(seed: int, label: str, claim: str, index: int) -> str:
@@ -60,6 +63,21 @@ def _regions(claim: Claim, pool: list[CellKey], n_layers: int) -> tuple[list[Cel
 
 def _counted(keys: Sequence[set[CellKey]], region: Sequence[CellKey], weight: Callable[[CellKey], float]) -> float:
     return float(sum(weight(k) for have in keys for k in region if k in have))
+
+
+def _exact_cells_share(data: ClaimMap, region: Sequence[CellKey], within: Sequence[CellKey]) -> float:
+    """The region's share of the summed exact single-cell effects, where every prompt has an
+    exact effect for each of its cells of ``within`` (else NaN: a partial sum is no share)."""
+    if len(data.exact_cells) != len(data.keys):
+        return float("nan")
+    num = den = 0.0
+    for have, exact in zip(data.keys, data.exact_cells):
+        keys = [k for k in within if k in have]
+        if any(k not in exact for k in keys):
+            return float("nan")
+        den += sum(exact[k] for k in keys)
+        num += sum(exact[k] for k in region if k in have)
+    return num / den if den else float("nan")
 
 
 def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Sequence[Claim] = CLAIMS,
@@ -95,7 +113,8 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
                                "seed": seed, "n_boot": n_boot}
         if not region:
             rows.append({**row, "share_exact": np.nan, "ci_low": np.nan, "ci_high": np.nan, "share_estimate": np.nan,
-                         "interaction": np.nan, "region_cells_share": np.nan, "region_params_share": np.nan,
+                         "share_exact_cells": np.nan, "interaction": np.nan, "region_cells_share": np.nan,
+                         "region_params_share": np.nan,
                          "null_mean": np.nan, "null_critical": np.nan, "null_p": np.nan, "n_null": 0,
                          "n_null_unmatched": 0, "verdict": "no cells"})
             nulls.append({"claim": claim.name, "setting": setting, "seeds": [], "shares": []})
@@ -106,9 +125,11 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
         est_num = sum(e.get(k, 0.0) for e in data.estimates for k in region)
         est_den = sum(e.get(k, 0.0) for e in data.estimates for k in within)
         share_est = est_num / est_den if est_den else np.nan
+        share_cells = _exact_cells_share(data, region, within)
         ones = _counted(data.keys, within, lambda k: 1.0)
         params = _counted(data.keys, within, lambda k: data.params.get(k[1], 0))
         rows.append({**row, "share_exact": share, "ci_low": low, "ci_high": high, "share_estimate": share_est,
+                     "share_exact_cells": share_cells,
                      "interaction": share / share_est if share_est else np.nan,
                      "region_cells_share": _counted(data.keys, region, lambda k: 1.0) / ones if ones else np.nan,
                      "region_params_share": (_counted(data.keys, region, lambda k: data.params.get(k[1], 0)) / params

@@ -25,7 +25,7 @@ from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
 
 FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "share_exact", "ci_low", "ci_high",
-         "share_estimate", "interaction", "region_cells_share", "region_params_share", "null_mean", "null_p",
+         "share_estimate", "share_exact_cells", "interaction", "region_cells_share", "region_params_share", "null_mean", "null_p",
          "null_p_holm", "verdict"]
 
 
@@ -77,11 +77,17 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
         maps = [cell_map(e, index, models[0]) for e in group]
         verifier = SetVerifier(models, [e.scored for e in group], maps, pad_id, metric, chunk, total=1.0)
         by_id = {k: g for k, g in frame[frame["template"] == template].groupby("example_id")}
-        est = []
+        est, exact = [], []
         for e in group:
             g = by_id.get(e.prompt.id)
             est.append({} if g is None else dict(zip(zip(g["position_label"], g["slot"]), g["estimate"])))
-        data = ClaimMap([set(m) for m in maps], est, lambda sets: verifier.per_prompt(sets).numpy(), params, n_layers)
+            if g is not None and "exact" in g:
+                g = g[g["exact"].notna()]
+                exact.append(dict(zip(zip(g["position_label"], g["slot"]), g["exact"])))
+            else:
+                exact.append({})
+        data = ClaimMap([set(m) for m in maps], est, lambda sets: verifier.per_prompt(sets).numpy(), params, n_layers,
+                        exact)
         found, null = judge_claims(data, f"{model_label}/{template}/{direction}", setting, claims,
                                    settings.null_sets, seed, settings.bootstrap)
         for r in found:  # the paper grafted the donor into the base: sufficiency
