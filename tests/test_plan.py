@@ -381,7 +381,8 @@ def test_unit_shares_are_what_neuron_attribution_adds(tmp_path: Path) -> None:
 
 
 def test_a_units_localize_plan_counts_its_shares_and_rows(run_raw: dict, tmp_path: Path) -> None:
-    base = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": "none"}
+    base = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": "none",
+            "search": {"enabled": False}, "claims": {"enabled": False}}  # no exact pass: the batch is attribution's
     cell = _plan_localize(parse_localize_config(base), with_time=False)
     neuron = _plan_localize(parse_localize_config({**base, "units": "neuron"}), with_time=False)
     head = _plan_localize(parse_localize_config({**base, "units": "head", "unit_rows": 5}), with_time=False)

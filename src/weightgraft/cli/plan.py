@@ -71,7 +71,7 @@ def plan(
     console.print(f"rows: {result.rows} in {result.batches} batch(es) of {result.batch_size} "
                   f"({'fixed by the config' if result.batch_size_fixed else 'chosen by the plan'})")
     for k, v in result.memory.items():
-        console.print(f"  {k:>24}: {_gib(v)}")
+        console.print(f"  {k:>35}: {_gib(v)}")
     verdict = "[green]fits[/]" if result.fits else "[red]does NOT fit[/]"
     console.print(f"peak: {_gib(result.peak_bytes)} of {_gib(result.budget_bytes)} ({result.budget_source}): {verdict}")
     parts = ", ".join(f"{k} {_seconds(v)}" for k, v in result.time_parts.items())

@@ -29,7 +29,7 @@ from torch import nn
 from weightgraft.engine import lora
 from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units, model_slots
 from weightgraft.engine.attribution import Metric, metric_values
-from weightgraft.engine.sharing.depth import UNIT_BUDGET, DepthStats, depth_forward
+from weightgraft.engine.sharing.depth import UNIT_BUDGET, DepthStats, Reduce, depth_forward
 from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 from weightgraft.errors import GraftArgumentError
 
@@ -197,19 +197,28 @@ def _suffix_batches(items: Sequence[GraftItem], order: Sequence[int], chunk: int
 
 
 def _prefix_logits(
-    models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, chunk: int, share: bool
+    models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, chunk: int, share: bool,
+    reduce: Reduce,
 ) -> torch.Tensor:
     """The prefix-only path (or whole rows, ``share=False``): items in batches of similar
     suffixes (a batch's suffixes are padded to its longest); items that map the same slots
-    unit by unit go together (their maps pad to fewer slots)."""
+    unit by unit go together (their maps pad to fewer slots). Each batch's logits are
+    ``reduce``d before the next runs."""
     order = sorted(range(len(items)), key=lambda i: (_suffix(items[i]), _unit_cost(items[i]), i))
-    logits = None
+    out = None
     for rows in _suffix_batches(items, order, chunk):
-        part = prefix_forward(models, [items[i] for i in rows], pad_id, share=share)[:, 0]
-        if logits is None:
-            logits = part.new_empty(len(items), part.shape[-1])
-        logits[torch.tensor(rows, device=logits.device)] = part
-    return logits
+        part = reduce(prefix_forward(models, [items[i] for i in rows], pad_id, share=share), rows)
+        if out is None:
+            out = part.new_empty(len(items), *part.shape[1:])
+        out[torch.tensor(rows, device=out.device)] = part
+    return out
+
+
+def _run(models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, chunk: int, share: Sharing,
+         stats: DepthStats | None, references: Sequence[GraftItem], reduce: Reduce) -> torch.Tensor:
+    if share is True or share == "depth":
+        return depth_forward(models, items, pad_id, chunk=chunk, stats=stats, references=references, reduce=reduce)
+    return _prefix_logits(models, items, pad_id, chunk, share == "prefix", reduce)
 
 
 @torch.no_grad()
@@ -225,51 +234,49 @@ def exact_effects(
     ``share``: ``True`` / ``"depth"`` runs each set from its first position and first layer
     (``weightgraft.engine.sharing.depth``), ``"prefix"`` from its first position through every layer
     (``weightgraft.engine.sharing.prefix``), ``False`` every row whole; all three give the same numbers.
-    ``stats`` records what depth sharing held and ran."""
+    Each pass's logits become metric values before the next pass runs, so a call holds one
+    pass's logits, not every set's. ``stats`` records what depth sharing held and ran."""
     if len(models) != 2:
         raise GraftArgumentError("exact cell effects need exactly two models: [base, donor]")
     if len(cell_sets) != len(examples):
         raise GraftArgumentError("give one list of cell sets per example")
+    if metric == "logit_diff" and any(ex.distractor is None for ex in examples):
+        raise GraftArgumentError("metric 'logit_diff' needs a distractor on every example")
     slot_list = model_slots(models[0])
     items: list[GraftItem] = []
     owner: list[int] = []
     for i, (ex, sets) in enumerate(zip(examples, cell_sets)):
         items.append(_item(ex, [], slot_list))  # the base itself
         owner.append(i)
-        if metric == "kl":
-            donor = _item(ex, [], slot_list)
-            items.append(GraftItem(donor.input_ids, torch.ones_like(donor.source), logit_start=ex.position))
-            owner.append(i)
         for cells in sets:
             items.append(_item(ex, cells, slot_list))
             owner.append(i)
-    if share is True or share == "depth":
-        # Each example's sets together are a row that sets of one family (a set without one of
-        # its cells, in refinement) share more of than they share with the base.
-        unions = [_item(ex, list(dict.fromkeys(c for cells in sets for c in cells)), slot_list)
-                  for ex, sets in zip(examples, cell_sets) if len(sets) > 1]
-        logits = depth_forward(models, items, pad_id, chunk=chunk, stats=stats, references=unions)[:, 0]
-    else:
-        logits = _prefix_logits(models, items, pad_id, chunk, share == "prefix")
-    logits = logits.double().cpu()
-    targets = torch.tensor([examples[i].target for i in owner])
-    distractors = None
-    if metric == "logit_diff":
-        if any(examples[i].distractor is None for i in owner):
-            raise GraftArgumentError("metric 'logit_diff' needs a distractor on every example")
-        distractors = torch.tensor([examples[i].distractor for i in owner])
+    # Each example's sets together are a row that sets of one family (a set without one of
+    # its cells, in refinement) share more of than they share with the base.
+    unions = [_item(ex, list(dict.fromkeys(c for cells in sets for c in cells)), slot_list)
+              for ex, sets in zip(examples, cell_sets) if len(sets) > 1]
     reference = None
-    if metric == "kl":
-        donor_rows, row = {}, 0
-        for i, (ex, sets) in enumerate(zip(examples, cell_sets)):
-            donor_rows[i] = row + 1
-            row += 2 + len(sets)
-        reference = torch.log_softmax(torch.stack([logits[donor_rows[i]] for i in owner]), -1)
-    values = metric_values(logits, targets, metric, distractors, reference)
+    if metric == "kl":  # the donor's next-token distribution of each example, first
+        donors = []
+        for ex in examples:
+            base = _item(ex, [], slot_list)
+            donors.append(GraftItem(base.input_ids, torch.ones_like(base.source), logit_start=ex.position))
+        logits = _run(models, donors, pad_id, chunk, share, None, (), lambda part, _rows: part[:, 0].double().cpu())
+        reference = torch.log_softmax(logits, -1)
+    owners = torch.tensor(owner)
+    targets = torch.tensor([ex.target for ex in examples])[owners]
+    distractors = torch.tensor([ex.distractor for ex in examples])[owners] if metric == "logit_diff" else None
+
+    def reduce(part: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        at = torch.as_tensor(rows, dtype=torch.long)
+        return metric_values(part[:, 0].double().cpu(), targets[at], metric,
+                             None if distractors is None else distractors[at],
+                             None if reference is None else reference[owners[at]])
+
+    values = _run(models, items, pad_id, chunk, share, stats, unions, reduce)
     base, effects, row = [], [], 0
-    for ex, sets in zip(examples, cell_sets):
-        skip = 2 if metric == "kl" else 1
+    for sets in cell_sets:
         base.append(values[row])
-        effects.append(values[row + skip : row + skip + len(sets)] - values[row])
-        row += skip + len(sets)
+        effects.append(values[row + 1 : row + 1 + len(sets)] - values[row])
+        row += 1 + len(sets)
     return torch.stack(base), effects

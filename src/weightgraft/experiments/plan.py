@@ -57,7 +57,7 @@ def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[li
         base = _role_footprint(roles_spec[used[0]], roles_spec, footprints)
         names = base.slot_names
         compiled = compile_for(schemes, base.meta, used, config.protocol)
-        tok, how = tokenizer_for(base)
+        tok, how = tokenizer_for(base, config.tokenizer)
         prepared = prepare(prompts, tok, compiled, set_name, Exclusions())
         if not prepared:
             raise ConfigError(f"model set {set_name!r}: every example is excluded (spans not found); nothing to plan")

@@ -1,5 +1,6 @@
-"""Prompt lengths for a plan: token counts when the base model's files hold a tokenizer,
-else one token per ``CHARS_PER_TOKEN`` characters plus a BOS token (said in the plan)."""
+"""Prompt lengths for a plan: token counts when the base model's files hold a tokenizer or the
+config names one that is at hand, else one token per ``CHARS_PER_TOKEN`` characters plus a BOS
+token (said in the plan)."""
 
 from __future__ import annotations
 
@@ -33,20 +34,49 @@ class CharEstimateTokenizer:
         return out
 
 
-def tokenizer_for(footprint: ModelFootprint) -> tuple[Any, str]:
+def tokenizer_for(footprint: ModelFootprint, named: str | None = None) -> tuple[Any, str]:
     """A real tokenizer when the base model's files hold one (no weights read), else the
-    character estimate; and how prompt lengths are counted."""
+    config's ``tokenizer:`` (``named``: for models that have none) where it is at hand here
+    (``bytes``, a tokenizer directory, an embedded model already converted; an embedded model is
+    never converted for a plan), else the character estimate; and how prompt lengths are
+    counted."""
     if footprint.tokenizer_dir is not None:
-        try:
-            from transformers import AutoTokenizer
+        tok = _fast_tokenizer(footprint.tokenizer_dir)
+        if tok is not None:
+            return tok, f"token counts (tokenizer of {footprint.tokenizer_dir})"
+    estimate = f"1 token per {CHARS_PER_TOKEN:g} characters + 1 BOS"
+    if named is not None:
+        tok = _named_tokenizer(named)
+        if tok is not None:
+            return tok, f"token counts (the config's tokenizer {named!r})"
+        return CharEstimateTokenizer(), (f"estimated: the config's tokenizer {named!r} is not at hand here, "
+                                         f"{estimate}")
+    return CharEstimateTokenizer(), f"estimated: no tokenizer at hand for {footprint.spec}, {estimate}"
 
-            tok = AutoTokenizer.from_pretrained(footprint.tokenizer_dir, local_files_only=True)
-            if getattr(tok, "is_fast", False):
-                return tok, f"token counts (tokenizer of {footprint.tokenizer_dir})"
-        except Exception:  # an unreadable tokenizer only makes the lengths an estimate, said below
-            pass
-    return CharEstimateTokenizer(), (f"estimated: no tokenizer at hand for {footprint.spec}, "
-                                     f"1 token per {CHARS_PER_TOKEN:g} characters + 1 BOS")
+
+def _fast_tokenizer(directory: str) -> Any:
+    """The fast tokenizer saved in ``directory`` (a directory or cached hub id), else None."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except Exception:  # an unreadable tokenizer only makes the lengths an estimate, said by the caller
+        return None
+    return tok if getattr(tok, "is_fast", False) else None
+
+
+def _named_tokenizer(name: str) -> Any:
+    """A config's ``tokenizer:`` as ``weightgraft.models.tokenization.load_tokenizer`` reads it,
+    where that needs no conversion: ``bytes``, a directory, an embedded model's converted copy."""
+    from weightgraft.models.embedded import EMBEDDED_MODELS, embedded_cache_dir
+    from weightgraft.models.tokenization import BYTES, load_tokenizer
+
+    text = name.strip()
+    if text == BYTES:
+        return load_tokenizer(text)
+    if text.lower() in EMBEDDED_MODELS:
+        return _fast_tokenizer(str(embedded_cache_dir(text.lower())))
+    return _fast_tokenizer(text)
 
 
 def length_summary(lengths: list[int], how: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Memory and time of a localize run, from the shapes of its work: both models whole, the
 partial graft's deltas, one attribution batch (and, with ``units: head | neuron``, every unit's
-share, gradient and running total), the exact-cell batches, and the cell tables it keeps."""
+share, gradient and running total), the exact-effect passes with the states depth sharing
+holds beside them (``weightgraft.engine.sharing.depth_bytes``), and the cell tables it keeps."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from weightgraft.engine.architectures import Units, model_slots
-from weightgraft.models.footprint import ModelFootprint, resolve_footprint
+from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
+from weightgraft.models.footprint import ModelFootprint, dtype_bytes, resolve_footprint
 from weightgraft.planning.budget import budget
 from weightgraft.planning.cards import Card
 from weightgraft.planning.lengths import length_summary, tokenizer_for
@@ -17,8 +19,8 @@ from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, sm
 from weightgraft.planning.sizes import gib
 from weightgraft.planning.timing import attribution_seconds, exact_cell_seconds, rate_for
 
-__all__ = ["CELL_ROW_BYTES", "DEFAULT_LOCALIZE_BATCH", "UNIT_ROW_BYTES", "UNIT_SHARE_COPIES", "LocalizeWork",
-           "plan_localize_work", "unit_width"]
+__all__ = ["CELL_ROW_BYTES", "DEFAULT_LOCALIZE_BATCH", "DEPTH_STATES", "EXACT_BATCH", "GRAFT_MAPS", "UNIT_ROW_BYTES",
+           "UNIT_SHARE_COPIES", "LocalizeWork", "plan_localize_work", "unit_width"]
 
 DEFAULT_LOCALIZE_BATCH = 16  # LocalizeConfig.batch_size's default
 # Bytes one cell row costs while localize holds its tables: the row in the estimate frame
@@ -33,6 +35,12 @@ UNIT_ROW_BYTES = 200
 # (measured: 4.8 copies, neuron attribution of 8 x 32 tokens on a 4-layer random Llama with
 # 2048 neurons a layer, tests/test_plan.py); integrated gradients keep the plain result too.
 UNIT_SHARE_COPIES = 5
+# The plan's memory lines of exact effects (``Plan.memory`` keys).
+EXACT_BATCH = "batch (attribution or exact cells)"
+DEPTH_STATES = "depth-shared states (exact effects)"
+GRAFT_MAPS = "graft maps (exact effects)"
+EXACT_MAP_GROUP = 8  # prompts per exact_effects call of the exact maps (``localization.exact_parts``)
+HALF = ("float16", "bfloat16")  # depth sharing runs these through prefix sharing: no shared states
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,14 +61,22 @@ class LocalizeWork:
     sfts: list[SftModel]
     prompts: list[str]  # every prompt mapped by attribution
     exact_prompts: list[str]  # those also mapped cell by cell, exactly
+    # reference rows the largest ``exact_effects`` call shares: its prompts' bases (an exact-map
+    # group's), and their sets' unions where sets are searched, refined, controlled or claimed;
+    # 0: no stage computes exact effects
+    exact_references: int = 0
+    # the most (prompt, set) rows one call of the search's stages or the claims grafts
+    set_rows: int = 0
     directions: int  # graft directions (sufficiency, necessity)
     ig_steps: int
     units: Units
     unit_rows: int
+    exact_units: int = 0  # unit cells mapped exactly per exact prompt (with ``units: head | neuron``)
     exact_chunk: int
     batch_size: int | None  # fixed by the config; None: the plan chooses
     dtype: str
     device: str
+    tokenizer: str | None = None  # the config's tokenizer of models that have none (``random:``)
 
 
 def unit_width(pre: ModelFootprint, units: Units) -> int:
@@ -85,7 +101,7 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
         roles.append(RolePlan(model_set="default", role=sft.label, spec=sft.spec, config=fp.where, n_params=fp.n_params,
                               held_bytes=size(work.dtype),
                               holds=holds + (", one SFT model at a time" if several else "")))
-    tok, how = tokenizer_for(pre)
+    tok, how = tokenizer_for(pre, work.tokenizer)
     count = lambda text: len(tok(text, return_offsets_mapping=True, add_special_tokens=True)["input_ids"])  # noqa: E731
     lengths = [count(p) for p in work.prompts]
     exact_lengths = [count(p) for p in work.exact_prompts]
@@ -102,6 +118,11 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
         rows = min(batch, len(lengths))
         notes.append(f"units: {work.units}: {width} units per position; one attribution batch holds "
                      f"{gib(_unit_share_bytes(work, rows, max(lengths), width))} of unit shares, gradients and totals")
+    states = _depth_states(work, pre, lengths)
+    if states:
+        notes.append(f"exact effects: depth sharing holds {gib(states)} of shared states beside each pass "
+                     f"({work.exact_references} reference rows of up to {max(lengths)} tokens, passes of "
+                     f"{work.exact_chunk} rows; {DEPTH_STATES!r} is what they add to the peak)")
     if several:
         notes.append(f"{len(work.sfts)} SFT models, held one at a time beside pre (memory: the largest); "
                      "maps and time are per SFT model, the search runs for the first only")
@@ -140,18 +161,50 @@ def _unit_share_bytes(work: LocalizeWork, rows: int, seq: int, width: int) -> in
     return copies * rows * seq * width * size
 
 
+def _depth_states(work: LocalizeWork, pre: ModelFootprint, lengths: list[int]) -> int:
+    """The bytes depth sharing holds beside an exact pass (0 where no exact effect runs, and in
+    half precision, which runs exact effects through prefix sharing)."""
+    if work.dtype in HALF or not work.exact_references:
+        return 0
+    return depth_state_bytes(pre.config, work.exact_references, max(lengths), work.exact_chunk, dtype_bytes(work.dtype))
+
+
+def _graft_map_bytes(work: LocalizeWork, pre: ModelFootprint, seq: int, exact_lengths: list[int],
+                     width: int) -> int:
+    """The source maps one ``exact_effects`` call builds: a ``[tokens, slots]`` int64 map per
+    (prompt, set) row (``engine.cells``), for every cell of a group of exact-map prompts (and
+    its ``exact_units`` unit cells, each with its slot's unit map), or for the sets of the
+    largest search or claims call."""
+    slots = len(pre.slot_names)
+    groups = [exact_lengths[i : i + EXACT_MAP_GROUP] for i in range(0, len(exact_lengths), EXACT_MAP_GROUP)]
+    unit_cells = work.exact_units if width else 0
+    per_unit = width // max(1, pre.layers)  # a unit map holds one slot's units: at most a layer's
+    maps = max((sum(t * slots * t * slots + unit_cells * t * (slots + per_unit) for t in g) for g in groups), default=0)
+    return 8 * max(maps, work.set_rows * seq * slots)
+
+
 def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str], int]], lengths: list[int],
             exact_lengths: list[int], width: int, held_now: int, b: int) -> dict[str, int]:
     seq = max(lengths)
     rows = min(b, len(lengths))
     attr = sum(pre.attribution_bytes(rows, seq, work.dtype).values()) + _unit_share_bytes(work, rows, seq, width)
-    exact = sum(pre.inference_bytes(work.exact_chunk, seq, 1, work.dtype).values()) if exact_lengths else 0
+    states = _depth_states(work, pre, lengths)
+    exact = 0
+    if work.exact_references:  # with depth sharing a pass's keys and values are among the shared states
+        exact = sum(pre.inference_bytes(work.exact_chunk, seq, 1, work.dtype, kv=not states).values())
     cells = work.directions * len(pre.slot_names) * (sum(lengths) + sum(exact_lengths))
+    maps = _graft_map_bytes(work, pre, seq, exact_lengths, width)
+    batch = max(attr, exact)
     out = {"process before loading": held_now,
            "parameters": pre.param_bytes(work.dtype) + max(size(work.dtype) for size in sizes),
            "graft deltas": pre.delta_bytes(work.dtype),
-           "batch (attribution or exact cells)": max(attr, exact),
-           "cell tables": CELL_ROW_BYTES * cells * len(sizes)}
+           EXACT_BATCH: batch}
+    # held beside an exact pass only: each line is what it adds beyond the larger batch
+    if states:
+        out[DEPTH_STATES] = max(batch, exact + states) - batch
+    if maps:
+        out[GRAFT_MAPS] = max(batch, exact + states + maps) - max(batch, exact + states)
+    out["cell tables"] = CELL_ROW_BYTES * cells * len(sizes)
     if width:  # the unit rows kept per prompt and direction: its top ``unit_rows`` of every unit
         kept = work.directions * sum(min(work.unit_rows, t * width) for t in lengths)
         out["unit rows"] = UNIT_ROW_BYTES * kept * len(sizes)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +31,7 @@ from transformers import DynamicCache
 from weightgraft.engine.architectures import adapter_for, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
+from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.engine.sharing.prefix import (
     GraftItem,
@@ -46,8 +47,9 @@ from weightgraft.engine.sharing.prefix import (
 from weightgraft.errors import GraftArgumentError
 
 __all__ = ["DepthStart", "DepthStats", "depth_start", "differs", "item_starts", "slot_layers", "cost_batches",
-           "depth_forward", "depth_state_bytes", "UNIT_BUDGET"]
+           "depth_forward", "depth_state_bytes", "Reduce", "UNIT_BUDGET"]
 
+Reduce = Callable[[torch.Tensor, list[int]], torch.Tensor]  # (a pass's logits, its item indices) -> kept rows
 UNIT_BUDGET = 1 << 24  # unit-map entries per pass (int64: 128 MiB)
 SLACK = 1.25  # a pass is cut when its padded work would pass this multiple of its rows' own work
 MIN_ROWS = 16  # ... unless it holds fewer rows than this (a pass has a fixed cost of its own)
@@ -374,13 +376,15 @@ def _cost(item: GraftItem, start: DepthStart, n_layers: int) -> int:
 def depth_forward(
     models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, chunk: int = 512,
     unit_budget: int = UNIT_BUDGET, stats: DepthStats | None = None,
-    references: Sequence[GraftItem] = (),
+    references: Sequence[GraftItem] = (), reduce: Reduce | None = None,
 ) -> torch.Tensor:
     """``[len(items), max n_logits, vocab]`` logits, the same as ``graft_forward`` of each item
     whole, each item run only from where it first differs from the base or from one of
     ``references`` (rows of the same tokens; see the module's docstring), whichever leaves it
     less work. Rows wanting fewer logits repeat the last wanted one. ``stats`` (if given)
-    records the passes and the peak bytes of the shared states.
+    records the passes and the peak bytes of the shared states. ``reduce(logits, rows)`` (if
+    given) turns each pass's logits of items ``rows`` into what is kept of them (e.g. a metric
+    per row), so that a call of many items never holds all their logits at once.
 
     Half-precision models, and models whose cache has layers of kinds other than full or
     sliding-window attention, run through ``prefix_forward`` instead (which runs their rows
@@ -389,7 +393,8 @@ def depth_forward(
     if not items:
         raise GraftArgumentError("depth_forward needs at least one item")
     if is_half(models[0]) or shareable_cache(models[0]) is None:
-        return prefix_forward(models, items, pad_id)
+        logits = prefix_forward(models, items, pad_id)
+        return logits if reduce is None else reduce(logits, list(range(len(items))))
     stats = stats if stats is not None else DepthStats()
     slot_list = model_slots(models[0])
     slot_index = {s.name: i for i, s in enumerate(slot_list)}
@@ -404,26 +409,8 @@ def depth_forward(
     for chosen in cost_batches(items, starts, n_layers, chunk, unit_budget):
         part = _run_pass(models, [items[i] for i in chosen], [starts[i] for i in chosen], states, blocks,
                          pad_id, k, widths, slot_index, stats)
+        part = part if reduce is None else reduce(part, chosen)
         if out is None:
-            out = part.new_empty(len(items), k, part.shape[-1])
+            out = part.new_empty(len(items), *part.shape[1:])
         out[torch.as_tensor(chosen, dtype=torch.long, device=out.device)] = part
     return out
-
-
-def depth_state_bytes(config: object, n_references: int, seq_len: int, chunk: int, dtype_bytes: int = 4) -> int:
-    """The bytes ``depth_forward`` holds at most in shared states (``DepthStats.peak_bytes``) for
-    ``n_references`` reference rows (``exact_effects``: two per prompt, the base and the union
-    of its sets) of at most ``seq_len`` tokens, in passes of ``chunk`` rows that span at most
-    ``seq_len`` positions each (cached and their own; rows of one first position do): per
-    reference its keys, values and residual stream at every layer, per pass the cache rows and
-    the residuals put in. A pass mixing first positions spans a few positions more."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    layers = int(text.num_hidden_layers)
-    hidden = int(text.hidden_size)
-    heads = int(text.num_attention_heads)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
-    kv = 2 * kv_heads * head_dim
-    references = n_references * layers * seq_len * (kv + hidden)
-    passes = chunk * seq_len * (layers * kv + hidden)
-    return dtype_bytes * (references + passes)
