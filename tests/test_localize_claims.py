@@ -229,6 +229,10 @@ def test_exact_cells_share_is_the_summed_exact_cells_and_nan_when_any_is_missing
     rows, _ = judge_claims(full, "m", n_null=19, n_boot=200)
     for r in rows:
         assert r["share_exact_cells"] == pytest.approx(r["share_exact"], rel=1e-9, abs=1e-12)
+        # what the share is a share of: the mean effect of grafting the claim's whole 'within'
+        mask = BY_NAME[r["claim"]].within(key_frame(_keys()), N_LAYERS).to_numpy(bool)
+        within = [k for k, m in zip(_keys(), mask) if m]
+        assert r["within_effect"] == pytest.approx(float(data.effects([within]).mean()), rel=1e-9)
     # exact maps differ from the estimates: the column follows the exact values
     scaled = [{k: (2.0 if k[0] == "last" else 1.0) * v for k, v in e.items()} for e in exact]
     rows_scaled, _ = judge_claims(ClaimMap(data.keys, data.estimates, data.effects, data.params, N_LAYERS, scaled),

@@ -112,7 +112,7 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
                                "n_prompts": len(data.keys), "n_region_keys": len(region), "null_drawn": how,
                                "seed": seed, "n_boot": n_boot}
         if not region:
-            rows.append({**row, "share_exact": np.nan, "ci_low": np.nan, "ci_high": np.nan, "share_estimate": np.nan,
+            rows.append({**row, "within_effect": np.nan, "share_exact": np.nan, "ci_low": np.nan, "ci_high": np.nan, "share_estimate": np.nan,
                          "share_exact_cells": np.nan, "interaction": np.nan, "region_cells_share": np.nan,
                          "region_params_share": np.nan,
                          "null_mean": np.nan, "null_critical": np.nan, "null_p": np.nan, "n_null": 0,
@@ -128,7 +128,8 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
         share_cells = _exact_cells_share(data, region, within)
         ones = _counted(data.keys, within, lambda k: 1.0)
         params = _counted(data.keys, within, lambda k: data.params.get(k[1], 0))
-        rows.append({**row, "share_exact": share, "ci_low": low, "ci_high": high, "share_estimate": share_est,
+        rows.append({**row, "within_effect": float(den.mean()), "share_exact": share, "ci_low": low, "ci_high": high,
+                     "share_estimate": share_est,
                      "share_exact_cells": share_cells,
                      "interaction": share / share_est if share_est else np.nan,
                      "region_cells_share": _counted(data.keys, region, lambda k: 1.0) / ones if ones else np.nan,

@@ -24,9 +24,9 @@ from weightgraft.localization.examples import LocalizeExample
 from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
 
-FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "share_exact", "ci_low", "ci_high",
-         "share_estimate", "share_exact_cells", "interaction", "region_cells_share", "region_params_share", "null_mean", "null_p",
-         "null_p_holm", "verdict"]
+FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "within_effect", "share_exact", "ci_low",
+         "ci_high", "share_estimate", "share_exact_cells", "interaction", "region_cells_share", "region_params_share",
+         "null_mean", "null_p", "null_p_holm", "verdict"]
 
 
 def slot_params(model: nn.Module) -> dict[str, int]:
