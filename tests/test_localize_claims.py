@@ -246,3 +246,18 @@ def test_exact_cells_share_is_the_summed_exact_cells_and_nan_when_any_is_missing
     assert np.isnan({r["claim"]: r for r in rows_missing}["recall"]["share_exact_cells"])
     rows_none, _ = judge_claims(data, "m", n_null=19, n_boot=200)
     assert all(np.isnan(r["share_exact_cells"]) for r in rows_none)
+
+
+def test_a_share_of_no_effect_is_no_effect():
+    """Where grafting what the share is a share of has no effect (its per-prompt effects cancel:
+    the planted map with the sign flipped on every other prompt), every claim says ``no effect``
+    whatever the ratio comes to; on the planted map itself (an effect to share) none does."""
+    base = _additive_map(_planted, seed=5)
+    signs = np.array([1.0 if p % 2 else -1.0 for p in range(N_PROMPTS)])
+    flipped = ClaimMap(base.keys, [{k: v * s for k, v in e.items()} for e, s in zip(base.estimates, signs)],
+                       lambda sets: base.effects(sets) * signs[:, None], base.params, N_LAYERS)
+    rows, _ = judge_claims(flipped, "m", n_null=19, n_boot=500)
+    assert [r["verdict"] for r in rows] == ["no effect"] * len(rows)
+    assert all(r["within_ci_low"] < 0 < r["within_ci_high"] for r in rows)
+    planted, _ = judge_claims(base, "m", n_null=19, n_boot=500)
+    assert all(r["verdict"] != "no effect" and r["within_ci_low"] > 0 for r in planted)

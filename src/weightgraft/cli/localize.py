@@ -64,10 +64,12 @@ def localize(
     if claims.is_file():
         import pandas as pd
 
+        from weightgraft.localization.claims import VERDICTS
+
         table = pd.read_csv(claims)
         for claim, rows in table.groupby("claim", sort=False):
             counts = rows["verdict"].value_counts()
-            console.print(f"claim {claim}: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in ("holds", "fails", "undecided", "no cells") if v != "no cells" or counts.get(v, 0))
+            console.print(f"claim {claim}: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in VERDICTS if v in ("holds", "fails", "undecided") or counts.get(v, 0))
                           + f" of {len(rows)} map(s), exact region share {rows['share_exact'].min():.2f} to "
                           f"{rows['share_exact'].max():.2f} (random regions of its size: {rows['null_mean'].min():.2f} to "
                           f"{rows['null_mean'].max():.2f})")

@@ -189,7 +189,9 @@ def _claims_section(run_dir: Path) -> str:
              f"outside it (seeds and shares in <code>claims_null.json</code>); p = (1 + #null at least as extreme) / "
              f"(1 + n), Holm-adjusted over the claims of a map. <i>holds</i>: CI on the claim's side of the threshold "
              f"and Holm p &le; {ALPHA:g}; <i>fails</i>: CI on the other side, or no better than the mean random region; "
-             "else <i>undecided</i>; <i>no cells</i>: the prompts have no cell in the region. The estimate share (summed "
+             "else <i>undecided</i>; <i>no cells</i>: the prompts have no cell in the region; <i>no effect</i>: the "
+             "graft of what the share is a share of has no effect (the 95% CI of its mean includes 0), so the ratio "
+             "says nothing either way. The estimate share (summed "
              "gradient estimates of the region's cells) and its ratio to the exact share (<i>interaction</i>) stand "
              "beside it. A row outside the setting where the paper made the claim says so.</p>"
              + html_table(("claim", "statement", "test", "paper's setting"),

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from weightgraft.localization.claims.regions import (CLAIMS, PRE_SFT, Claim, empirical_p, holm, key_frame, ratio_ci,
-                                                 verdict)
+from weightgraft.localization.claims.regions import (CLAIMS, PRE_SFT, Claim, empirical_p, holm, key_frame, mean_ci,
+                                                 ratio_ci, verdict)
 from weightgraft.localization.draws import DrawError, draw_outside
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey
@@ -112,7 +112,8 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
                                "n_prompts": len(data.keys), "n_region_keys": len(region), "null_drawn": how,
                                "seed": seed, "n_boot": n_boot}
         if not region:
-            rows.append({**row, "within_effect": np.nan, "share_exact": np.nan, "ci_low": np.nan, "ci_high": np.nan, "share_estimate": np.nan,
+            rows.append({**row, "within_effect": np.nan, "within_ci_low": np.nan, "within_ci_high": np.nan,
+                         "share_exact": np.nan, "ci_low": np.nan, "ci_high": np.nan, "share_estimate": np.nan,
                          "share_exact_cells": np.nan, "interaction": np.nan, "region_cells_share": np.nan,
                          "region_params_share": np.nan,
                          "null_mean": np.nan, "null_critical": np.nan, "null_p": np.nan, "n_null": 0,
@@ -121,6 +122,7 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
             continue
         num, den = col(region), col(within)
         share, low, high = ratio_ci(num, den, n_boot, rng)
+        within_low, within_high = mean_ci(den, n_boot, rng)
         null_shares = np.array([col(d.keys).sum() / den.sum() if den.sum() else np.nan for d in draws])
         est_num = sum(e.get(k, 0.0) for e in data.estimates for k in region)
         est_den = sum(e.get(k, 0.0) for e in data.estimates for k in within)
@@ -128,7 +130,8 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
         share_cells = _exact_cells_share(data, region, within)
         ones = _counted(data.keys, within, lambda k: 1.0)
         params = _counted(data.keys, within, lambda k: data.params.get(k[1], 0))
-        rows.append({**row, "within_effect": float(den.mean()), "share_exact": share, "ci_low": low, "ci_high": high,
+        rows.append({**row, "within_effect": float(den.mean()), "within_ci_low": within_low,
+                     "within_ci_high": within_high, "share_exact": share, "ci_low": low, "ci_high": high,
                      "share_estimate": share_est,
                      "share_exact_cells": share_cells,
                      "interaction": share / share_est if share_est else np.nan,
@@ -146,6 +149,8 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
     adjusted = holm([r["null_p"] for r in rows])
     for claim, r, p in zip(claims, rows, adjusted):
         r["null_p_holm"] = float(p)
+        if "verdict" not in r and not r["within_ci_low"] > 0 and not r["within_ci_high"] < 0:
+            r["verdict"] = "no effect"
         if "verdict" not in r:
             r["verdict"] = verdict(claim, r["ci_low"], r["ci_high"], r["share_exact"], r["null_mean"],
                                    r["null_p_holm"])

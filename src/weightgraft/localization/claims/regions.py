@@ -12,7 +12,10 @@ region's size (and, where ``match_mix``, its count of cells per component) drawn
   region of its size;
 - *undecided*: otherwise (a wide CI, a region that beats the null mean but not significantly,
   or a pool too small for a null);
-- *no cells*: the prompts have no cell in the region (free-form prompts without an entity span).
+- *no cells*: the prompts have no cell in the region (free-form prompts without an entity span);
+- *no effect*: grafting what the share is a share of (*within*) has no effect to share: the 95%
+  bootstrap CI of its mean effect over prompts includes 0, so the ratio is a ratio of noise
+  (whatever its value, it is no evidence for or against the claim).
 
 The claims:
 
@@ -46,7 +49,7 @@ FFN = ("gate", "up", "down")
 QKV = ("q", "k", "v")
 ALPHA = 0.05
 PRE_SFT, BOTH_A2B = "pre->sft", "both->a2b"
-VERDICTS = ("holds", "fails", "undecided", "no cells")
+VERDICTS = ("holds", "fails", "undecided", "no cells", "no effect")
 
 Predicate = Callable[[pd.DataFrame, int], pd.Series]
 
@@ -170,6 +173,15 @@ def verdict(claim: Claim, low: float, high: float, share: float, null_mean: floa
     if right_side and not np.isnan(p_holm) and p_holm <= ALPHA:
         return "holds"
     return "undecided"
+
+
+def mean_ci(values: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, float]:
+    """Percentile bootstrap 95% CI of the mean over prompts (NaN with fewer than 2 prompts)."""
+    if len(values) < 2 or n_boot < 1:
+        return float("nan"), float("nan")
+    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def ratio_ci(num: np.ndarray, den: np.ndarray, n_boot: int, rng: np.random.Generator) -> tuple[float, float, float]:
