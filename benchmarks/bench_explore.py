@@ -112,9 +112,11 @@ def main() -> None:
         q = statistics.quantiles(values, n=10)
         print(f"  {name}: median {statistics.median(values):.1f} ms, p10 {q[0]:.1f}, p90 {q[-1]:.1f}")
     last = [b["last_ms"] for b in bursts]
-    print(f"  30 concurrent strokes from one page (5 bursts): the last stroke's answer after median "
-          f"{statistics.median(last):.1f} ms (max {max(last):.1f}) = {statistics.median(last) / statistics.median(paint):.2f}x "
-          f"a single stroke; answered per burst: {bursts[-1]['codes']}")
+    print(f"  30 concurrent strokes from one page (5 bursts): the last stroke answered median "
+          f"{statistics.median(last):.1f} ms after it was sent (max {max(last):.1f}) = "
+          f"{statistics.median(last) / statistics.median(paint):.2f}x a single stroke; "
+          f"{statistics.median(b['from_start_ms'] for b in bursts):.1f} ms after the burst began (30 clients set "
+          f"up in this process); answered per burst: {bursts[-1]['codes']}")
     print(f"median_graft_ms={statistics.median(paint):.1f} target<=150; "
           f"median_new_prompt_ms={statistics.median(fresh):.1f} target<=400; "
           f"median_unit_set_ms={statistics.median(units):.1f} (ratio to a stroke {statistics.median(units) / statistics.median(paint):.2f}); "
@@ -131,9 +133,13 @@ def burst(url: str, bodies: list[dict]) -> dict:
     done: dict[int, float] = {}
     t0 = time.perf_counter()
 
+    sent: dict[int, float] = {}
+
     def send(i: int, body: dict) -> None:
         with httpx.Client(timeout=120) as c:
-            codes[i] = c.post(url, json={**body, "page": page, "seq": i}).status_code
+            request = c.build_request("POST", url, json={**body, "page": page, "seq": i})
+            sent[i] = time.perf_counter()
+            codes[i] = c.send(request).status_code
         done[i] = time.perf_counter()
 
     threads = [threading.Thread(target=send, args=(i + 1, b)) for i, b in enumerate(bodies)]
@@ -145,7 +151,9 @@ def burst(url: str, bodies: list[dict]) -> dict:
     if codes[n] != 200:
         raise RuntimeError(f"the last stroke was answered {codes[n]}")
     summary = {c: sum(1 for v in codes.values() if v == c) for c in sorted(set(codes.values()))}
-    return {"last_ms": 1000 * (done[n] - t0), "codes": summary}
+    # from the last stroke's own send (the researcher's last mouse move) to its answer; and from
+    # the burst's start, which also counts the 30 clients this process sets up
+    return {"last_ms": 1000 * (done[n] - sent[n]), "from_start_ms": 1000 * (done[n] - t0), "codes": summary}
 
 
 if __name__ == "__main__":
