@@ -261,3 +261,13 @@ def test_a_share_of_no_effect_is_no_effect():
     assert all(r["within_ci_low"] < 0 < r["within_ci_high"] for r in rows)
     planted, _ = judge_claims(base, "m", n_null=19, n_boot=500)
     assert all(r["verdict"] != "no effect" and r["within_ci_low"] > 0 for r in planted)
+
+
+def test_one_prompt_is_undecided_not_no_effect():
+    """With one prompt there is no CI of the within effect: the claims are undecided (no
+    bootstrap), never called ``no effect`` for want of one."""
+    base = _additive_map(_planted, seed=6)
+    one = ClaimMap(base.keys[:1], base.estimates[:1], lambda sets: base.effects(sets)[:1], base.params, N_LAYERS)
+    rows, _ = judge_claims(one, "m", n_null=19, n_boot=200)
+    assert all(np.isnan(r["within_ci_low"]) for r in rows)
+    assert all(r["verdict"] == "undecided" for r in rows)

@@ -149,7 +149,7 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
     adjusted = holm([r["null_p"] for r in rows])
     for claim, r, p in zip(claims, rows, adjusted):
         r["null_p_holm"] = float(p)
-        if "verdict" not in r and not r["within_ci_low"] > 0 and not r["within_ci_high"] < 0:
+        if "verdict" not in r and r["within_ci_low"] <= 0 <= r["within_ci_high"]:  # NaN (one prompt): undecided
             r["verdict"] = "no effect"
         if "verdict" not in r:
             r["verdict"] = verdict(claim, r["ci_low"], r["ci_high"], r["share_exact"], r["null_mean"],
