@@ -305,7 +305,7 @@ def test_advice_is_only_what_the_plan_says_fits(run_raw: dict, steady_rss: int) 
     assert "would fit with" not in nothing.refusal() and "device_map" not in nothing.refusal()
 
 
-def test_an_8b_float32_run_on_19_gib_is_not_told_that_bfloat16_fits(tmp_path: Path) -> None:
+def test_an_8b_float32_run_on_19_gib_is_not_told_that_bfloat16_fits(tmp_path: Path, steady_rss: int) -> None:
     """Issue 34: 8B float32 on a 19 GiB machine was told 'dtype=bfloat16 (30.46 GiB)' and
     'device_map=auto on several GPUs' for a CPU config. Both models whole in bfloat16 are
     ~30 GiB: nothing fits, and the refusal says so with that least figure."""
