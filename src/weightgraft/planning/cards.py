@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from weightgraft.planning.errors import PlanError
 
-__all__ = ["ATTRIBUTION_RATIO", "CARDS", "SECONDS_PER_MODULE_CALL", "SUSTAINED_SHARE", "Card", "card"]
+__all__ = ["ATTRIBUTION_RATIO", "CARDS", "SECONDS_PER_MODULE_CALL", "SUSTAINED_SHARE", "Card", "card", "card_of_device"]
 
 SUSTAINED_SHARE = 0.4  # of the dense peak, for batched matmuls of a few thousand rows
 # Per grafted module call (kernel launches and the engine's row bookkeeping), which dominates at
@@ -30,12 +30,15 @@ ATTRIBUTION_RATIO = 3.0
 
 @dataclass(frozen=True)
 class Card:
-    """One card: memory the driver reports and the vendor's dense peak FLOP/s per dtype."""
+    """One card: memory the driver reports and the vendor's dense peak FLOP/s per dtype;
+    ``model`` is the word of the driver's device name that names it (``h100`` in "NVIDIA H100
+    80GB HBM3")."""
 
     name: str
     label: str
     memory_bytes: int
     peak_flops: dict[str, float]
+    model: str
 
     def sustained_flops(self, dtype: str) -> float:
         """The rate a plan assumes for ``dtype`` on this card."""
@@ -50,17 +53,17 @@ _T = 1e12
 # dense tensor-core rate with float32 accumulation; float64 the FP64 (tensor-core where it has one)
 CARDS: dict[str, Card] = {c.name: c for c in (
     Card("h100-80gb", "NVIDIA H100 80GB SXM", 81559 * _MIB,
-         {"float32": 67 * _T, "bfloat16": 989 * _T, "float16": 989 * _T, "float64": 67 * _T}),
+         {"float32": 67 * _T, "bfloat16": 989 * _T, "float16": 989 * _T, "float64": 67 * _T}, "h100"),
     Card("h200-141gb", "NVIDIA H200 141GB SXM", 143771 * _MIB,
-         {"float32": 67 * _T, "bfloat16": 989 * _T, "float16": 989 * _T, "float64": 67 * _T}),
+         {"float32": 67 * _T, "bfloat16": 989 * _T, "float16": 989 * _T, "float64": 67 * _T}, "h200"),
     Card("a100-80gb", "NVIDIA A100 80GB SXM", 81920 * _MIB,
-         {"float32": 19.5 * _T, "bfloat16": 312 * _T, "float16": 312 * _T, "float64": 19.5 * _T}),
+         {"float32": 19.5 * _T, "bfloat16": 312 * _T, "float16": 312 * _T, "float64": 19.5 * _T}, "a100"),
     Card("a100-40gb", "NVIDIA A100 40GB SXM", 40960 * _MIB,
-         {"float32": 19.5 * _T, "bfloat16": 312 * _T, "float16": 312 * _T, "float64": 19.5 * _T}),
+         {"float32": 19.5 * _T, "bfloat16": 312 * _T, "float16": 312 * _T, "float64": 19.5 * _T}, "a100"),
     Card("l40s-48gb", "NVIDIA L40S 48GB", 46068 * _MIB,
-         {"float32": 91.6 * _T, "bfloat16": 362 * _T, "float16": 362 * _T, "float64": 1.4 * _T}),
+         {"float32": 91.6 * _T, "bfloat16": 362 * _T, "float16": 362 * _T, "float64": 1.4 * _T}, "l40s"),
     Card("rtx4090-24gb", "NVIDIA GeForce RTX 4090 24GB", 24564 * _MIB,
-         {"float32": 82.6 * _T, "bfloat16": 165 * _T, "float16": 165 * _T, "float64": 1.3 * _T}),
+         {"float32": 82.6 * _T, "bfloat16": 165 * _T, "float16": 165 * _T, "float64": 1.3 * _T}, "4090"),
 )}
 
 
@@ -70,3 +73,14 @@ def card(name: str) -> Card:
     if key not in CARDS:
         raise PlanError(f"unknown card {name!r}; known cards: {', '.join(CARDS)}")
     return CARDS[key]
+
+
+def card_of_device(device_name: str, memory_bytes: int) -> Card | None:
+    """The card a CUDA device is (its driver name and total memory), or None when the table has
+    no such card. Why: a grafted forward on a GPU is launch-bound at calibration sizes, so its
+    FLOP rate cannot be measured on a small model; a known card's stated rate is used instead."""
+    words = device_name.lower().replace("-", " ").split()
+    for c in CARDS.values():
+        if c.model in words and abs(memory_bytes - c.memory_bytes) <= 0.1 * c.memory_bytes:
+            return c
+    return None

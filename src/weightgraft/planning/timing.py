@@ -9,15 +9,33 @@ from collections.abc import Sequence
 from weightgraft.engine.cells import OUTPUT_ONLY
 from weightgraft.models.calibration import Throughput, module_calls
 from weightgraft.models.footprint import ModelFootprint
-from weightgraft.planning.cards import ATTRIBUTION_RATIO, SECONDS_PER_MODULE_CALL, SUSTAINED_SHARE, Card
+from weightgraft.planning.cards import (
+    ATTRIBUTION_RATIO,
+    CARDS,
+    SECONDS_PER_MODULE_CALL,
+    SUSTAINED_SHARE,
+    Card,
+    card_of_device,
+)
 
 __all__ = ["attribution_seconds", "exact_cell_seconds", "forward_seconds", "rate_for"]
 
 
 def rate_for(device: str, dtype: str, gpu: Card | None) -> tuple[Throughput | None, str | None]:
-    """The rate to predict time with, and a note on where it comes from. A named card: its
-    stated rate; a CUDA config where this torch has no CUDA: none (time not predicted); else
-    this device's measured rate (measured once, cached)."""
+    """The rate to predict time with, and a note on where it comes from. A named card, or the
+    card this CUDA device is: its stated rate; a CUDA config where this torch has no CUDA: none
+    (time not predicted); an unknown GPU: none either (a small model's measured rate on a GPU is
+    launch-bound, hundreds of times too slow); a CPU: its measured rate (measured once, cached)."""
+    if gpu is None and device.startswith("cuda"):
+        from weightgraft.planning.budget import cuda_here
+
+        if not cuda_here():
+            return None, "time not predicted: no CUDA device here to measure; name the card with --gpu"
+        name, total = _cuda_device(device)
+        gpu = card_of_device(name, total)
+        if gpu is None:
+            return None, (f"time not predicted: {name} is not in the card table ({', '.join(CARDS)}); "
+                          "name the nearest with --gpu")
     if gpu is not None:
         rate = Throughput(f"card {gpu.name}|{dtype}", gpu.sustained_flops(dtype), SECONDS_PER_MODULE_CALL,
                           ATTRIBUTION_RATIO, "stated")
@@ -25,14 +43,16 @@ def rate_for(device: str, dtype: str, gpu: Card | None) -> tuple[Throughput | No
                 f"({gpu.peak_flops[dtype] / 1e12:g} TFLOP/s), {SECONDS_PER_MODULE_CALL * 1e6:g} us per grafted "
                 f"module call, attribution {ATTRIBUTION_RATIO:g}x a forward; not measured on the card")
         return rate, note
-    if device.startswith("cuda"):
-        from weightgraft.planning.budget import cuda_here
-
-        if not cuda_here():
-            return None, "time not predicted: no CUDA device here to measure; name the card with --gpu"
     from weightgraft.models.calibration import throughput
 
     return throughput(device, dtype), None
+
+
+def _cuda_device(device: str) -> tuple[str, int]:
+    import torch
+
+    where = torch.device(device)
+    return torch.cuda.get_device_name(where), int(torch.cuda.get_device_properties(where).total_memory)
 
 
 def forward_seconds(base: ModelFootprint, rows: Sequence[tuple[int, int]], batch: int, rate: Throughput) -> float:

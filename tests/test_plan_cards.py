@@ -1,0 +1,56 @@
+"""A CUDA device's plan times come from its card's stated rates (the driver's name and memory
+say which card), never from a small model's launch-bound rate (RESULTS.md, the GPU runs: that
+rate predicted 316x and 634x the measured engine time on an H100)."""
+
+from __future__ import annotations
+
+import pytest
+
+from weightgraft.planning import budget as budget_mod
+from weightgraft.planning import timing
+from weightgraft.planning.cards import CARDS, SUSTAINED_SHARE, card_of_device
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize(("name", "mib", "expected"), [
+    ("NVIDIA H100 80GB HBM3", 81559, "h100-80gb"),  # as the lent H100 reported itself
+    ("NVIDIA H200", 143771, "h200-141gb"),
+    ("NVIDIA A100-SXM4-80GB", 81920, "a100-80gb"),
+    ("NVIDIA A100-SXM4-40GB", 40960, "a100-40gb"),
+    ("NVIDIA L40S", 46068, "l40s-48gb"),
+    ("NVIDIA GeForce RTX 4090", 24564, "rtx4090-24gb"),
+    ("Tesla T4", 15360, None),
+    ("NVIDIA A100-PCIE-40GB", 16000, None),  # the name matches, the memory does not: no guess
+    ("NVIDIA GeForce RTX 4090 D", 49140, None),
+])
+def test_a_device_is_the_card_its_name_and_memory_say(name: str, mib: int, expected: str | None) -> None:
+    found = card_of_device(name, mib * MIB)
+    assert (found.name if found else None) == expected
+
+
+def _cuda(monkeypatch: pytest.MonkeyPatch, name: str, mib: int) -> None:
+    monkeypatch.setattr(budget_mod, "cuda_here", lambda: True)
+    monkeypatch.setattr(timing, "_cuda_device", lambda device: (name, mib * MIB))
+
+
+def test_a_known_gpu_plans_with_its_stated_rate_not_a_measured_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    _cuda(monkeypatch, "NVIDIA H100 80GB HBM3", 81559)
+    monkeypatch.setattr("weightgraft.models.calibration.throughput",
+                        lambda *a, **k: pytest.fail("a GPU's rate is not measured on the calibration model"))
+    rate, note = timing.rate_for("cuda", "bfloat16", None)
+    assert rate is not None and rate.flops_per_second == pytest.approx(SUSTAINED_SHARE * CARDS["h100-80gb"].peak_flops["bfloat16"])
+    assert note is not None and "NVIDIA H100 80GB SXM" in note
+
+
+def test_an_unknown_gpu_gets_no_time_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    _cuda(monkeypatch, "Tesla T4", 15360)
+    rate, note = timing.rate_for("cuda:0", "float32", None)
+    assert rate is None and note is not None and "Tesla T4" in note and "--gpu" in note
+
+
+def test_a_cpu_still_measures_its_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr("weightgraft.models.calibration.throughput", lambda d, t: seen.append((d, t)) or "measured")
+    assert timing.rate_for("cpu", "float32", None) == ("measured", None)
+    assert seen == [("cpu", "float32")]
