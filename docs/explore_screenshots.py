@@ -89,6 +89,8 @@ def units_set(page, path: Path) -> None:
     button.click()
     page.wait_for_function(f"() => document.body.dataset.ready !== '{ready}'", timeout=120000)
     page.wait_for_timeout(1000)
+    page.evaluate("window.scrollTo(0, 0)")  # the grids with the set painted, not the button clicked
+    page.wait_for_timeout(300)
     print(path.name, page.inner_text("#graft-line"))
     page.screenshot(path=str(path))
 
