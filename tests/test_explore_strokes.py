@@ -5,6 +5,7 @@ were; superseded strokes waiting in line are answered at once, not when the runn
 
 from __future__ import annotations
 
+import copy
 import random
 
 import anyio
@@ -169,3 +170,20 @@ def test_work_stops_a_running_stroke_and_drops_waiting_ones_at_once():
     anyio.run(main)
     assert answers == {1: "ran", "1 checked": 409, 2: 409, 3: "ran"}
     assert events == [2, "released", 1, 3]
+
+
+@torch.no_grad()
+def test_half_precision_strokes_run_whole(tiny_pair, tiny_tok):
+    """Models that cannot resume exactly keep no states: every stroke runs its row whole, the
+    same as ``graft_forward`` of that row alone."""
+    pre, sft = (copy.deepcopy(m).to(torch.bfloat16) for m in tiny_pair("llama", torch.float32))
+    explorer = Explorer({"pre": pre, "sft": sft}, tiny_tok)
+    assert not explorer.passes.resumable
+    cells = [Cell(position=5, slot="layers.3.up", model="sft")]
+    for _ in range(2):
+        ids = [t["token_id"] for t in explorer.tokens(GraftRequest(prompt=PROMPT))]
+        maps = cell_maps(cells, len(ids), explorer.slot_list, explorer.roles, "pre")
+        got = explorer.passes.logits(ids, maps)
+        assert explorer.passes.cache[tuple(ids)].kept is None
+    want = wg.graft_forward(explorer.models, torch.tensor([ids]), maps.source[None])[0, -1].float()
+    torch.testing.assert_close(got["graft"], want, atol=1e-6, rtol=0)
