@@ -110,4 +110,8 @@ def test_rows_of_other_tokens_and_half_models_are_refused():
     half = [m.to(torch.bfloat16) for m in _models("llama")]
     assert resumable(models[0]) and not resumable(half[0])
     with pytest.raises(GraftArgumentError, match="cannot resume"):
-        resume(half, a, kept, pad_id=0)
+        keep_states(half, [a], kept=[0], pad_id=0)
+    with pytest.raises(GraftArgumentError, match="models that computed them"):
+        resume(half, a, kept, pad_id=0)  # other models than the states came from
+    with pytest.raises(GraftArgumentError, match="models that computed them"):
+        resume(models[::-1], a, kept, pad_id=0)

@@ -202,6 +202,8 @@ class ReferenceStates:
 
         def take(states: torch.Tensor) -> torch.Tensor:
             picked = states[rows.to(states.device)]  # [rows, heads, n, dim]
+            if bool(mask.all()):  # every row starts at the same position: no padding to put in
+                return picked[:, :, :longest]
             where = index.to(states.device)[:, None, :, None].expand(-1, picked.shape[1], -1, picked.shape[-1])
             return picked.gather(2, where) * mask.to(states.device)[:, None, :, None].to(states.dtype)
 

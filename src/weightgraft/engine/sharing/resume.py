@@ -57,6 +57,7 @@ class KeptStates:
 
     references: list[GraftItem]
     states: ReferenceStates
+    models: tuple[int, ...]  # ids of the models the states were computed with
 
     def nbytes(self) -> int:
         return self.states.nbytes()
@@ -81,6 +82,8 @@ def keep_states(models: Sequence[nn.Module], items: Sequence[GraftItem], kept: S
     become references 0.. of later ``resume`` calls in that order."""
     if not items or not kept:
         raise GraftArgumentError("keep_states needs items and at least one of them to keep")
+    if not resumable(models[0]):
+        raise GraftArgumentError("these models cannot resume from kept states (half precision or an unchecked cache)")
     _same_tokens(items)
     slot_list = model_slots(models[0])
     slot_index = {s.name: i for i, s in enumerate(slot_list)}
@@ -112,32 +115,48 @@ def keep_states(models: Sequence[nn.Module], items: Sequence[GraftItem], kept: S
         values=[layer.values[rows.to(layer.values.device)] for layer in cache.layers],
         row_of={r: r for r in range(len(kept))},
     )
-    return logits, KeptStates([items[i] for i in kept], states)
+    return logits, KeptStates([items[i] for i in kept], states, tuple(id(m) for m in models))
+
+
+@dataclass(frozen=True)
+class _Model:
+    """What a resume needs of the base model, looked up once per call."""
+
+    slot_list: list
+    slot_index: dict[str, int]
+    layers: list[int]
+    blocks: nn.ModuleList
+
+    @classmethod
+    def of(cls, model: nn.Module) -> _Model:
+        slot_list = model_slots(model)
+        return cls(slot_list, {s.name: i for i, s in enumerate(slot_list)}, slot_layers(model), decoder_blocks(model))
+
+
+def _start(base: _Model, item: GraftItem, kept: KeptStates, widths: dict[str, int]) -> DepthStart:
+    _same_tokens([item, *kept.references])
+    n_layers = len(base.blocks)
+    mine = segment(item, 0, len(item), widths, base.slot_index)
+    options = [depth_start(differs(mine, segment(ref, 0, len(ref), widths, base.slot_index), base.slot_index),
+                           item.first_logit(), base.layers, n_layers, r) for r, ref in enumerate(kept.references)]
+    return min(options, key=lambda s: ((len(item) - s.position) * (n_layers - max(s.layer, 0)), s.reference))
 
 
 def resume_start(model: nn.Module, item: GraftItem, kept: KeptStates) -> DepthStart:
     """Where ``item`` resumes: its first differing position and layer against the kept
     reference that leaves it the least work (positions x layers to run)."""
-    _same_tokens([item, *kept.references])
-    slot_list = model_slots(model)
-    slot_index = {s.name: i for i, s in enumerate(slot_list)}
-    widths = checked_unit_widths([item, *kept.references], slot_list, slot_index)
-    layers, n_layers = slot_layers(model), len(decoder_blocks(model))
-    mine = segment(item, 0, len(item), widths, slot_index)
-    options = [depth_start(differs(mine, segment(ref, 0, len(ref), widths, slot_index), slot_index),
-                           item.first_logit(), layers, n_layers, r) for r, ref in enumerate(kept.references)]
-    return min(options, key=lambda s: ((len(item) - s.position) * (n_layers - max(s.layer, 0)), s.reference))
+    base = _Model.of(model)
+    return _start(base, item, kept, checked_unit_widths([item, *kept.references], base.slot_list, base.slot_index))
 
 
 @torch.no_grad()
 def resume(models: Sequence[nn.Module], item: GraftItem, kept: KeptStates, pad_id: int) -> torch.Tensor:
     """``[1, n_logits, vocab]``: the logits of ``graft_forward`` on ``item`` whole, computed
     from ``resume_start`` on, on the kept reference's states."""
-    if not resumable(models[0]):
-        raise GraftArgumentError("these models cannot resume from kept states (half precision or an unchecked cache)")
-    start = resume_start(models[0], item, kept)
-    slot_list = model_slots(models[0])
-    slot_index = {s.name: i for i, s in enumerate(slot_list)}
-    widths = checked_unit_widths([item, *kept.references], slot_list, slot_index)
-    return run_pass(models, [item], [start], kept.states, decoder_blocks(models[0]), pad_id, item.n_logits,
-                    widths, slot_index, DepthStats())
+    if tuple(id(m) for m in models) != kept.models or is_half(models[0]):
+        raise GraftArgumentError("kept states resume rows of the models that computed them, in full precision")
+    base = _Model.of(models[0])
+    widths = checked_unit_widths([item, *kept.references], base.slot_list, base.slot_index)
+    start = _start(base, item, kept, widths)
+    return run_pass(models, [item], [start], kept.states, base.blocks, pad_id, item.n_logits,
+                    widths, base.slot_index, DepthStats())
