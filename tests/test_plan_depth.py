@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tiny_world import write_world
@@ -106,3 +107,35 @@ def test_a_random_model_counts_tokens_with_the_configs_tokenizer(raw: dict, tmp_
     _, missing = _plan(_random(raw, tmp_path, str(tmp_path / "nowhere")))
     assert missing.prompts["counted"].startswith("estimated: the config's tokenizer")
     assert missing.prompts["max_tokens"] != longest  # 4 characters a token, not one byte
+
+
+
+def test_the_graft_maps_term_is_what_exact_effects_builds(tiny_model_dirs: dict[str, Path],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan counts a single-cell map of a prompt of t tokens as (t x slots)^2 bytes
+    (``_graft_map_bytes``): the items ``exact_effects`` builds, counted on a real call, are one
+    byte per (position, slot) of every cell's map (int64 maps were 8x that)."""
+    from weightgraft.engine import cells as cells_mod
+    from weightgraft.engine.cells import ScoredExample, example_cells, exact_effects
+    from weightgraft.models import load_model
+    from weightgraft.planning.localize import _graft_map_bytes
+
+    pre, sft = (load_model(str(tiny_model_dirs[r])).model for r in ("pre", "sft"))
+    t = 5
+    example = ScoredExample(tuple(range(3, 3 + t)), t - 1, 7)
+    built: list[int] = []
+    original = cells_mod._item
+
+    def counting(ex, cells, slot_list):
+        item = original(ex, cells, slot_list)
+        built.append(item.source.nbytes + sum(m.nbytes for m in item.unit_maps().values()))
+        return item
+
+    monkeypatch.setattr(cells_mod, "_item", counting)
+    cells = [[c] for c in example_cells(pre, example)]
+    exact_effects([pre, sft], [example], [cells], pad_id=0, chunk=64)
+    slots = len(cells_mod.model_slots(pre))
+    maps = sum(built[1 : 1 + len(cells)])  # one item per cell, after the base's
+    work = SimpleNamespace(exact_units=0, set_rows=0)
+    planned = _graft_map_bytes(work, SimpleNamespace(slot_names=[None] * slots, layers=1), t, [t], 0)
+    assert maps <= planned and maps >= 0.9 * planned  # output-only slots are cells at the scored position only

@@ -129,7 +129,9 @@ def _item(example: ScoredExample, cells: Sequence[Cell], slot_list: Sequence[Slo
     map row starts from the slot's whole cells, so a whole cell grafts every unit too, a rest
     none)."""
     n = example.position + 1
-    source = torch.zeros(n, len(slot_list), dtype=torch.long)
+    # one byte per entry: a single-cell map of a prompt holds (tokens x slots)^2 of them, and the
+    # passes widen each pass's rows to long (``prefix.segment``)
+    source = torch.zeros(n, len(slot_list), dtype=torch.uint8)
     whole = torch.zeros_like(source)
     units: dict[int, list[Cell]] = {}
     for c in cells:

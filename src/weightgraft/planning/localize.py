@@ -171,7 +171,7 @@ def _depth_states(work: LocalizeWork, pre: ModelFootprint, lengths: list[int]) -
 
 def _graft_map_bytes(work: LocalizeWork, pre: ModelFootprint, seq: int, exact_lengths: list[int],
                      width: int) -> int:
-    """The source maps one ``exact_effects`` call builds: a ``[tokens, slots]`` int64 map per
+    """The source maps one ``exact_effects`` call builds: a ``[tokens, slots]`` one-byte map per
     (prompt, set) row (``engine.cells``), for every cell of a group of exact-map prompts (and
     its ``exact_units`` unit cells, each with its slot's unit map), or for the sets of the
     largest search or claims call."""
@@ -180,7 +180,7 @@ def _graft_map_bytes(work: LocalizeWork, pre: ModelFootprint, seq: int, exact_le
     unit_cells = work.exact_units if width else 0
     per_unit = width // max(1, pre.layers)  # a unit map holds one slot's units: at most a layer's
     maps = max((sum(t * slots * t * slots + unit_cells * t * (slots + per_unit) for t in g) for g in groups), default=0)
-    return 8 * max(maps, work.set_rows * seq * slots)
+    return max(maps, work.set_rows * seq * slots)
 
 
 def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str], int]], lengths: list[int],
