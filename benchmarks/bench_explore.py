@@ -1,7 +1,9 @@
 """Latency of ``weightgraft explore``'s ``POST /api/graft`` on SmolLM2-135M, CPU, over real HTTP
 (uvicorn in a thread, an HTTP client in the main thread): what a researcher waits for after each
-painted stroke (PRE and SFT cached for the prompt: one grafted row) and after a new prompt (the
-grafted, PRE and SFT rows in one pass), and after a localize set of heads and neurons is applied
+painted stroke (PRE and SFT cached for the prompt: one grafted row) and after a stroke painted
+late in the prompt and high in the model (the FFN of 4 layers at one token: it resumes from the
+prompt's kept states), after a new prompt (the grafted, PRE and SFT rows in one pass), and after
+a localize set of heads and neurons is applied
 (20 heads and 20 neurons, each slot grafted unit by unit). Prompts: the README's two (8 and 22
 tokens), taken in turn; each stroke paints a fresh random set of cells.
 
@@ -81,6 +83,12 @@ def main() -> None:
     split = [(s.name, "h" if s.heads else "n", s.units(s.unit_kind())) for s in explorer.slot_list if s.unit_kind()]
     heads, neurons = [x for x in split if x[1] == "h"], [x for x in split if x[1] == "n"]
 
+    def late_stroke(prompt: str, n_tokens: int) -> dict:  # FFN of 4 layers from 15-29 at one of the last 2 tokens
+        first, position = rng.randrange(15, 27), n_tokens - 1 - rng.randrange(2)
+        cells = [{"position": position, "slot": f"layers.{j}.{c}", "model": "sft"}
+                 for j in range(first, first + 4) for c in ("gate", "up", "down")]
+        return {"prompt": prompt, "cells": cells, "answer": "Tom Hanks", "k": 10}
+
     def unit_stroke(prompt: str, n_tokens: int) -> dict:
         cells = [{"position": rng.randrange(n_tokens), "slot": f"{name}/{letter}{rng.randrange(n)}", "model": "sft"}
                  for name, letter, n in [rng.choice(heads) for _ in range(20)] + [rng.choice(neurons) for _ in range(20)]]
@@ -96,10 +104,11 @@ def main() -> None:
     for i in range(4):  # warm-up: first passes allocate
         timed(stroke(PROMPTS[i % 2], lengths[i % 2]))
     paint = [timed(stroke(PROMPTS[i % 2], lengths[i % 2])) for i in range(args.n)]
+    late = [timed(late_stroke(PROMPTS[i % 2], lengths[i % 2])) for i in range(args.n)]
     units = [timed(unit_stroke(PROMPTS[i % 2], lengths[i % 2])) for i in range(args.n)]
     fresh = []
     for i in range(args.n):  # a new prompt each time: PRE and SFT are not cached
-        explorer._cache.clear()
+        explorer.passes.cache.clear()
         fresh.append(timed(stroke(PROMPTS[i % 2], lengths[i % 2])))
     bursts = [burst(url, [stroke(PROMPTS[0], lengths[0]) for _ in range(30)]) for _ in range(5)]
     server.should_exit = True
@@ -107,6 +116,7 @@ def main() -> None:
           f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}); prompts of {lengths} tokens in turn, "
           f"40 random cells painted per request, {args.n} requests each")
     for name, values in (("painted stroke (PRE/SFT cached, 1 grafted row)", paint),
+                         ("stroke of 4 layers' FFN at one of the last 2 tokens (PRE/SFT cached)", late),
                          ("new prompt (grafted + PRE + SFT rows, one pass)", fresh),
                          ("set of 20 heads + 20 neurons (PRE/SFT cached, 1 grafted row by unit)", units)):
         q = statistics.quantiles(values, n=10)
@@ -119,6 +129,7 @@ def main() -> None:
           f"up in this process); answered per burst: {bursts[-1]['codes']}")
     print(f"median_graft_ms={statistics.median(paint):.1f} target<=150; "
           f"median_new_prompt_ms={statistics.median(fresh):.1f} target<=400; "
+          f"median_late_stroke_ms={statistics.median(late):.1f}; "
           f"median_unit_set_ms={statistics.median(units):.1f} (ratio to a stroke {statistics.median(units) / statistics.median(paint):.2f}); "
           f"burst_last_over_single={statistics.median(last) / statistics.median(paint):.2f} target<=2")
 

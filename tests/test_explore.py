@@ -178,7 +178,7 @@ def test_no_file_path_reaches_the_server(client):
 def test_an_unexpected_failure_is_one_json_line(pair, tiny_tok, monkeypatch):
     pre, sft = pair
     explorer = Explorer({"pre": pre, "sft": sft}, tiny_tok)
-    monkeypatch.setattr(explorer, "_logits", lambda *a: (_ for _ in ()).throw(RuntimeError("boom\nsecond line")))
+    monkeypatch.setattr(explorer.passes, "logits", lambda *a: (_ for _ in ()).throw(RuntimeError("boom\nsecond line")))
     client = TestClient(create_app(explorer), base_url=SERVED, raise_server_exceptions=False)
     res = client.post("/api/graft", json={"prompt": PROMPT})
     assert res.status_code == 500 and res.json() == {"error": "internal error: RuntimeError: boom second line"}

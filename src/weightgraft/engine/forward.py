@@ -240,15 +240,14 @@ def _matmul_no_bias(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         raise GraftArgumentTypeError(f"per-head or per-neuron grafting on {exc}") from exc
 
 
-def _plan(
-    base: nn.Module, slot_list: list[Slot], columns: list[torch.Tensor], units: dict[int, torch.Tensor]
-) -> dict[str, tuple[list[_Group], int]]:
-    """Per base module that some slot grafts: the column groups of all its slots (one unit
-    group for q/k/v grafted head by head, gate/up neuron by neuron; ``units`` holds both)."""
+def _plan(base: nn.Module, slot_list: list[Slot], columns: list[torch.Tensor], units: dict[int, torch.Tensor],
+          donors: list[bool]) -> dict[str, tuple[list[_Group], int]]:
+    """Per base module that some slot grafts (``donors[s]``: a donor serves slot s somewhere): the
+    column groups of its slots (one unit group for q/k/v by head, gate/up by neuron: ``units``)."""
     by_module: dict[str, tuple[list[_Group], int]] = {}
     grafted_paths = {
-        part.path for s, column in enumerate(columns)
-        if bool((column != 0).any()) or (s in units and bool((units[s] != 0).any()))
+        part.path for s in range(len(columns))
+        if donors[s] or (s in units and bool((units[s] != 0).any()))
         for part in slot_list[s].parts
     }
     for s, slot in enumerate(slot_list):
@@ -434,7 +433,9 @@ def graft_call(
                 width = len(slot.unit_columns(module, kind)[0])
                 swap.forward(module, _in_unit_forward(part.path, lookup, unit_models, columns[s], width, part.pos_axis))
                 swapped_in.add(part.path)
-        for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_units).items():
+        donors = source.ne(0).flatten(0, 1).any(dim=0).tolist()  # one reduction, not one per slot
+        donors[-1] = bool(columns[-1].ne(0).any())  # the unembedding at the logit rows only
+        for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_units, donors).items():
             if path not in swapped_in:
                 swap.forward(base.get_submodule(path), _dispatch_forward(path, lookup, groups, pos_axis))
         swap.eval_mode(models)

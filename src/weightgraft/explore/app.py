@@ -1,7 +1,7 @@
 """The explore app's routes (Starlette): the page and its static files, and the JSON API the page
 uses. Every refusal is a 4xx JSON ``{"error": "one line"}``; an unexpected failure is a 500
 JSON with one line, never a traceback page. Model passes run one at a time in a worker thread,
-in a bounded line where a page's superseded strokes are dropped (``work``).
+in a bounded line where a page's superseded strokes are dropped, or stopped if running (``work``).
 Only requests for the served address, from no other site's page, get through (``guard``)."""
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
 
     async def graft(request: Request) -> Response:
         req = parse(GraftRequest, await _body(request, limit, timeout))
-        return JSONResponse(await work.run(req.page, req.seq, lambda: run_in_threadpool(explorer.graft, req)))
+        check = work.check(req.page, req.seq)
+        return JSONResponse(await work.run(req.page, req.seq, lambda: run_in_threadpool(explorer.graft, req, check)))
 
     async def run_info(request: Request) -> Response:
         if run_json is None:

@@ -1,10 +1,10 @@
-"""The explore app's models and grafted passes. One request is one batched engine pass over the
-prompt: the grafted row, plus the PRE and SFT rows unless they are cached for these tokens (they
-do not change while a researcher paints). Rules go through the same checks and compilation as
-``wg.graft``; explicit cells become the engine's source map directly, each one validated."""
+"""The explore app's models and requests. A request's rules go through the same checks and
+compilation as ``wg.graft``; explicit cells become the engine's source map directly, each one
+validated; the passes (the grafted row, and PRE and SFT once per prompt) are ``passes``'."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -17,16 +17,14 @@ from weightgraft.api.tokens import tokens as token_table
 from weightgraft.data.prompts import answer_token_ids
 from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.architectures import model_slots
-from weightgraft.engine.forward import graft_forward
 from weightgraft.explore.anchor import anchoring
 from weightgraft.explore.cells import CellMaps, cell_maps, unit_rows
 from weightgraft.explore.layout import layout
+from weightgraft.explore.passes import BASELINES, Check, Passes
 from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
 from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import first_entity, token_span
-
-BASELINES = ("pre", "sft")
 
 
 class Explorer:
@@ -47,10 +45,11 @@ class Explorer:
         self.slot_names = [s.name for s in self.slot_list]
         self.slot_index = {n: i for i, n in enumerate(self.slot_names)}
         self.layout = layout(self.slot_names)
-        self.device = next(self.models[0].parameters()).device
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[int, ...], dict[str, torch.Tensor]] = OrderedDict()
-        self._cache_size = cache_size
+        self.passes = Passes(self.models, pad_id=tokenizer.pad_token_id or 0, cache_size=cache_size)
+        self._tokens: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()  # by prompt and spans
+        self._tokens_size = cache_size
+        self._tokens_lock = threading.Lock()  # /api/tokens and /api/graft read it from their threads
 
     def info(self) -> dict[str, Any]:
         """What the page needs before the first prompt: roles, slots, grids, limits, presets."""
@@ -76,8 +75,23 @@ class Explorer:
         return anchoring(request.previous, [t["token"] for t in tokens])
 
     def tokens(self, request: PromptRequest) -> list[dict[str, Any]]:
-        """The prompt's tokens with position labels and selectors (``wg.tokens``)."""
+        """The prompt's tokens with position labels and selectors (``wg.tokens``), kept per
+        prompt and spans (a page sends the same ones with every stroke)."""
         self._check_prompt(request.prompt)
+        key = (request.prompt, json.dumps(request.spans, sort_keys=True))
+        with self._tokens_lock:
+            rows = self._tokens.get(key)
+            if rows is not None:
+                self._tokens.move_to_end(key)
+                return rows
+        rows = self._token_rows(request)
+        with self._tokens_lock:
+            self._tokens[key] = rows
+            while len(self._tokens) > self._tokens_size:
+                self._tokens.popitem(last=False)
+        return rows
+
+    def _token_rows(self, request: PromptRequest) -> list[dict[str, Any]]:
         try:
             table = token_table(self.tokenizer, request.prompt, request.spans)
             chars = resolve_spans(request.prompt, request.spans)
@@ -96,9 +110,10 @@ class Explorer:
                  "start": int(r["start"]), "end": int(r["end"]), "label": r["label"], "selectors": sel}
                 for r, sel in zip(table.to_dict("records"), selectors, strict=True)]
 
-    def graft(self, request: GraftRequest) -> dict[str, Any]:
+    def graft(self, request: GraftRequest, check: Check | None = None) -> dict[str, Any]:
         """Top-k of PRE, SFT and the grafted pass at the prompt's last token, the answer's
-        probability and rank under each, and the source map the grafted pass ran."""
+        probability and rank under each, and the source map the grafted pass ran. ``check``
+        (if given) raises once the request is no longer wanted: it is called between steps."""
         t0 = time.perf_counter()
         if request.k > self.limits.max_k:
             raise RequestError(f"k: at most {self.limits.max_k}")
@@ -117,11 +132,13 @@ class Explorer:
             maps = self.rule_source(request, base)
         answer_id = self._answer_id(request.answer)
         with self._lock:
-            logits = self._logits(ids, maps)
+            logits = self.passes.logits(ids, maps, check)
+        logp = {name: torch.log_softmax(row, dim=-1)
+                for name, row in logits.items()}
         out = {
             "tokens": toks,
-            "top": {name: self._top(row, request.k) for name, row in logits.items()},
-            "answer": None if answer_id is None else self._answer(request.answer, answer_id, logits),
+            "top": {name: self._top(row, request.k) for name, row in logp.items()},
+            "answer": None if answer_id is None else self._answer(request.answer, answer_id, logits, logp),
             "protocol": request.protocol,
             "map": {"base": base, "roles": self.roles, "source": maps.source.tolist(),
                     "heads": sorted(maps.heads), "neurons": sorted(maps.neurons),
@@ -145,46 +162,10 @@ class Explorer:
             raise RequestError(_one_line(exc)) from None
         return CellMaps(encoded.source, dict(encoded.heads))
 
-    # ------------------------------------------------------------------ the pass
-
-    def _logits(self, ids: list[int], maps: CellMaps) -> dict[str, torch.Tensor]:
-        """Last-token logits of the grafted row and of PRE and SFT (cached per token ids)."""
-        key = tuple(ids)
-        cached = self._cache.get(key)
-        source = maps.source
-        rows = [source] + ([] if cached else [torch.full_like(source, i) for i in range(len(BASELINES))])
-        src = torch.stack(rows)
-        unit_source: list[dict[str, torch.Tensor]] = [{}, {}]
-        for out, unit_maps in zip(unit_source, (maps.heads, maps.neurons)):
-            for name, h in unit_maps.items():  # rows without unit maps: every unit follows the slot
-                s = self.slot_index[name]
-                out[name] = torch.stack([h] + [r[:, s : s + 1].expand_as(h) for r in rows[1:]])
-        head_source, neuron_source = unit_source
-        n = len(ids)
-        input_ids = torch.tensor([ids] * len(rows), dtype=torch.long)
-        with torch.no_grad():
-            logits = graft_forward(
-                self.models, input_ids.to(self.device), src.to(self.device),
-                attention_mask=torch.ones_like(input_ids).to(self.device),
-                logit_positions=torch.full((len(rows), 1), n - 1, device=self.device),
-                head_source={k: v.to(self.device) for k, v in head_source.items()} or None,
-                neuron_source={k: v.to(self.device) for k, v in neuron_source.items()} or None,
-            )[:, 0].cpu()
-        if logits.dtype not in (torch.float32, torch.float64):  # half precision: read in float32
-            logits = logits.float()
-        if cached is None:
-            cached = dict(zip(BASELINES, logits[1:]))
-            self._cache[key] = cached
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(key)
-        return {**cached, "graft": logits[0]}
-
-    def _top(self, logits: torch.Tensor, k: int) -> list[dict[str, Any]]:
-        probs = torch.softmax(logits, dim=-1)
-        values, idx = probs.topk(min(k, probs.numel()))
+    def _top(self, logp: torch.Tensor, k: int) -> list[dict[str, Any]]:
+        values, idx = logp.topk(min(k, logp.numel()))
         return [{"token": self.tokenizer.decode([int(i)]), "token_id": int(i), "prob": float(p)}
-                for i, p in zip(idx.tolist(), values.tolist(), strict=True)]
+                for i, p in zip(idx.tolist(), values.exp().tolist(), strict=True)]
 
     def _answer_id(self, answer: str | None) -> int | None:
         """The answer's first token, as runs score it (``" " + answer``)."""
@@ -195,10 +176,11 @@ class Explorer:
             raise RequestError(f"answer {answer!r} tokenizes to nothing")
         return int(ids[0])
 
-    def _answer(self, text: str, token_id: int, logits: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    def _answer(self, text: str, token_id: int, logits: Mapping[str, torch.Tensor],
+                logp: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         prob, rank = {}, {}
         for name, row in logits.items():
-            prob[name] = float(torch.softmax(row, dim=-1)[token_id])
+            prob[name] = float(logp[name][token_id].exp())
             rank[name] = int((row > row[token_id]).sum())  # 0-based, as in a run's results
         return {"text": text, "token": self.tokenizer.decode([token_id]), "token_id": token_id,
                 "prob": prob, "rank": rank}

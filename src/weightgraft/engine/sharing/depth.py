@@ -47,7 +47,8 @@ from weightgraft.engine.sharing.prefix import (
 from weightgraft.errors import GraftArgumentError
 
 __all__ = ["DepthStart", "DepthStats", "depth_start", "differs", "item_starts", "slot_layers", "cost_batches",
-           "depth_forward", "depth_state_bytes", "Reduce", "UNIT_BUDGET"]
+           "depth_forward", "depth_state_bytes", "Reduce", "UNIT_BUDGET",
+           "ReferenceStates", "run_pass", "decoder_blocks"]
 
 Reduce = Callable[[torch.Tensor, list[int]], torch.Tensor]  # (a pass's logits, its item indices) -> kept rows
 UNIT_BUDGET = 1 << 24  # unit-map entries per pass (int64: 128 MiB)
@@ -81,7 +82,7 @@ class DepthStats:
 def slot_layers(model: nn.Module) -> list[int]:
     """Per slot of ``model``, the decoder layer it acts in: -1 for ``embed`` / ``pos_embed``,
     the number of layers for ``final_norm`` / ``unembed``."""
-    n_layers = len(_blocks(model))
+    n_layers = len(decoder_blocks(model))
     out = []
     for s in model_slots(model):
         if s.name.startswith("layers."):
@@ -93,7 +94,7 @@ def slot_layers(model: nn.Module) -> list[int]:
     return out
 
 
-def _blocks(model: nn.Module) -> nn.ModuleList:
+def decoder_blocks(model: nn.Module) -> nn.ModuleList:
     """The model's decoder blocks, where its architecture adapter says they are."""
     return model.get_submodule(adapter_for(model.config).layers)
 
@@ -201,6 +202,8 @@ class ReferenceStates:
 
         def take(states: torch.Tensor) -> torch.Tensor:
             picked = states[rows.to(states.device)]  # [rows, heads, n, dim]
+            if bool(mask.all()):  # every row starts at the same position: no padding to put in
+                return picked[:, :, :longest]
             where = index.to(states.device)[:, None, :, None].expand(-1, picked.shape[1], -1, picked.shape[-1])
             return picked.gather(2, where) * mask.to(states.device)[:, None, :, None].to(states.dtype)
 
@@ -286,7 +289,7 @@ def _cache_bytes(cache: DynamicCache | None) -> int:
     return total
 
 
-def _run_pass(
+def run_pass(
     models: Sequence[nn.Module], items: Sequence[GraftItem], starts: Sequence[DepthStart],
     states: ReferenceStates, blocks: nn.ModuleList, pad_id: int, k: int, widths: Mapping[str, int],
     slot_index: Mapping[str, int], stats: DepthStats,
@@ -364,7 +367,7 @@ def item_starts(
     slot_list = model_slots(model)
     slot_index = {s.name: i for i, s in enumerate(slot_list)}
     widths = checked_unit_widths([*items, *references], slot_list, slot_index)
-    return _starts(items, references, slot_layers(model), len(_blocks(model)), widths, slot_index)[1]
+    return _starts(items, references, slot_layers(model), len(decoder_blocks(model)), widths, slot_index)[1]
 
 
 def _cost(item: GraftItem, start: DepthStart, n_layers: int) -> int:
@@ -399,7 +402,7 @@ def depth_forward(
     slot_list = model_slots(models[0])
     slot_index = {s.name: i for i, s in enumerate(slot_list)}
     widths = checked_unit_widths([*items, *references], slot_list, slot_index)
-    blocks = _blocks(models[0])
+    blocks = decoder_blocks(models[0])
     layers, n_layers = slot_layers(models[0]), len(blocks)
     rows, starts = _starts(items, references, layers, n_layers, widths, slot_index)
     states = _reference_states(models, rows, starts, pad_id, blocks, widths, slot_index)
@@ -407,7 +410,7 @@ def depth_forward(
     k = max(item.n_logits for item in items)
     out = None
     for chosen in cost_batches(items, starts, n_layers, chunk, unit_budget):
-        part = _run_pass(models, [items[i] for i in chosen], [starts[i] for i in chosen], states, blocks,
+        part = run_pass(models, [items[i] for i in chosen], [starts[i] for i in chosen], states, blocks,
                          pad_id, k, widths, slot_index, stats)
         part = part if reduce is None else reduce(part, chosen)
         if out is None:

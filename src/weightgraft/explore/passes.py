@@ -1,0 +1,113 @@
+"""The model passes behind a request, per prompt: the first request of a prompt runs its grafted,
+PRE and SFT rows in one pass and keeps PRE's and SFT's logits and states (``engine.sharing.
+resume``); each later stroke runs its grafted row only from where it first differs from PRE or
+SFT (a stroke painted at token p from layer l runs layers l.. at tokens p..). Models that cannot
+resume (half precision, unchecked caches) run the grafted row whole. A ``check`` given with a
+request is called before the pass and before each decoder layer, so that a stroke the page has
+superseded stops within a layer instead of holding the line."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.forward import graft_forward
+from weightgraft.engine.sharing.depth import decoder_blocks
+from weightgraft.engine.sharing.prefix import GraftItem, checked_unit_widths, pad_segments, segment, split_units
+from weightgraft.engine.sharing.resume import KeptStates, keep_states, resumable, resume
+from weightgraft.explore.cells import CellMaps
+
+BASELINES = ("pre", "sft")
+Check = Callable[[], None]  # raises when the request is no longer wanted
+
+
+@dataclass
+class PromptRows:
+    """What one prompt's first pass keeps: PRE's and SFT's last-token logits, and their states."""
+
+    logits: dict[str, torch.Tensor]
+    kept: KeptStates | None
+
+
+class Passes:
+    """The passes over ``models`` (``models[0]`` PRE, ``models[1]`` SFT), with per prompt (by
+    token ids) the baselines' logits for ``cache_size`` prompts and their states for the
+    ``kept_size`` most recent (a few MB per prompt)."""
+
+    def __init__(self, models: Sequence[nn.Module], pad_id: int, cache_size: int = 64, kept_size: int = 4) -> None:
+        self.models = list(models)
+        self.pad_id = pad_id
+        self.resumable = resumable(self.models[0])
+        self.slot_list = model_slots(self.models[0])
+        self.slot_index = {s.name: i for i, s in enumerate(self.slot_list)}
+        self.blocks = decoder_blocks(self.models[0])
+        self.cache: OrderedDict[tuple[int, ...], PromptRows] = OrderedDict()
+        self.cache_size, self.kept_size = cache_size, kept_size
+
+    def logits(self, ids: list[int], maps: CellMaps, check: Check | None = None) -> dict[str, torch.Tensor]:
+        """Last-token logits of the grafted row (``graft``) and of PRE and SFT."""
+        key = tuple(ids)
+        item = GraftItem(ids, maps.source, head_source=maps.heads or None, neuron_source=maps.neurons or None)
+        rows = self.cache.get(key)
+        with _checked(self.blocks, check):
+            if rows is not None and (rows.kept is not None or not self.resumable):
+                graft = self._one(item, rows.kept)
+            else:  # a new prompt (or one whose states were let go): the three rows in one pass
+                n_slots = len(self.slot_list)
+                baselines = [GraftItem(ids, torch.full((len(ids), n_slots), r, dtype=torch.long)) for r in range(len(BASELINES))]
+                if self.resumable:
+                    logits, kept = keep_states(self.models, [item, *baselines], kept=[1, 2], pad_id=self.pad_id)
+                else:
+                    logits, kept = self._whole([item, *baselines]), None
+                logits = _readable(logits[:, 0])
+                rows = self.cache[key] = PromptRows(dict(zip(BASELINES, logits[1:])), kept)
+                graft = logits[0]
+        self.cache.move_to_end(key)
+        while len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+        for older in list(self.cache.values())[: -self.kept_size]:
+            older.kept = None
+        return {**rows.logits, "graft": graft}
+
+    def _one(self, item: GraftItem, kept: KeptStates | None) -> torch.Tensor:
+        """The grafted row alone: resumed from the kept states, or whole."""
+        if kept is not None:
+            return _readable(resume(self.models, item, kept, self.pad_id)[0, 0])
+        return _readable(self._whole([item])[0, 0])
+
+    def _whole(self, items: list[GraftItem]) -> torch.Tensor:
+        widths = checked_unit_widths(items, self.slot_list, self.slot_index)
+        batch = pad_segments([segment(it, 0, len(it), widths, self.slot_index) for it in items], self.pad_id, left=False)
+        heads, neurons = split_units(batch.heads)
+        n = batch.input_ids.shape[1]
+        with torch.no_grad():
+            return graft_forward(self.models, batch.input_ids, batch.source, attention_mask=batch.mask,
+                                 logit_positions=torch.full((len(items), 1), n - 1), head_source=heads,
+                                 neuron_source=neurons)
+
+
+def _readable(logits: torch.Tensor) -> torch.Tensor:
+    """On the CPU, and half precision read in float32."""
+    logits = logits.cpu()
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
+@contextlib.contextmanager
+def _checked(blocks: nn.ModuleList, check: Check | None) -> Iterator[None]:
+    """``check()`` now and before each decoder layer while the block runs."""
+    if check is None:
+        yield
+        return
+    check()
+    handles = [block.register_forward_pre_hook(lambda *_: check()) for block in blocks]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
