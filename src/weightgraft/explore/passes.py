@@ -17,9 +17,8 @@ import torch
 from torch import nn
 
 from weightgraft.engine.architectures import model_slots
-from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.sharing.depth import decoder_blocks
-from weightgraft.engine.sharing.prefix import GraftItem, checked_unit_widths, pad_segments, segment, split_units
+from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 from weightgraft.engine.sharing.resume import KeptStates, keep_states, resumable, resume
 from weightgraft.explore.cells import CellMaps
 
@@ -44,8 +43,7 @@ class Passes:
         self.models = list(models)
         self.pad_id = pad_id
         self.resumable = resumable(self.models[0])
-        self.slot_list = model_slots(self.models[0])
-        self.slot_index = {s.name: i for i, s in enumerate(self.slot_list)}
+        self.n_slots = len(model_slots(self.models[0]))
         self.blocks = decoder_blocks(self.models[0])
         self.cache: OrderedDict[tuple[int, ...], PromptRows] = OrderedDict()
         self.cache_size, self.kept_size = cache_size, kept_size
@@ -59,8 +57,7 @@ class Passes:
             if rows is not None and (rows.kept is not None or not self.resumable):
                 graft = self._one(item, rows.kept)
             else:  # a new prompt (or one whose states were let go): the three rows in one pass
-                n_slots = len(self.slot_list)
-                baselines = [GraftItem(ids, torch.full((len(ids), n_slots), r, dtype=torch.long)) for r in range(len(BASELINES))]
+                baselines = [GraftItem(ids, torch.full((len(ids), self.n_slots), r, dtype=torch.long)) for r in range(len(BASELINES))]
                 if self.resumable:
                     logits, kept = keep_states(self.models, [item, *baselines], kept=[1, 2], pad_id=self.pad_id)
                 else:
@@ -82,14 +79,7 @@ class Passes:
         return _readable(self._whole([item])[0, 0])
 
     def _whole(self, items: list[GraftItem]) -> torch.Tensor:
-        widths = checked_unit_widths(items, self.slot_list, self.slot_index)
-        batch = pad_segments([segment(it, 0, len(it), widths, self.slot_index) for it in items], self.pad_id, left=False)
-        heads, neurons = split_units(batch.heads)
-        n = batch.input_ids.shape[1]
-        with torch.no_grad():
-            return graft_forward(self.models, batch.input_ids, batch.source, attention_mask=batch.mask,
-                                 logit_positions=torch.full((len(items), 1), n - 1), head_source=heads,
-                                 neuron_source=neurons)
+        return prefix_forward(self.models, items, self.pad_id, share=False)  # one batched pass, rows whole
 
 
 def _readable(logits: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,21 @@ from weightgraft.errors import GraftArgumentError
 __all__ = ["KeptStates", "resumable", "keep_states", "resume", "resume_start"]
 
 
+@dataclass(frozen=True)
+class _Model:
+    """What a resume needs of the base model, looked up once per call."""
+
+    slot_list: list
+    slot_index: dict[str, int]
+    layers: list[int]
+    blocks: nn.ModuleList
+
+    @classmethod
+    def of(cls, model: nn.Module) -> _Model:
+        slot_list = model_slots(model)
+        return cls(slot_list, {s.name: i for i, s in enumerate(slot_list)}, slot_layers(model), decoder_blocks(model))
+
+
 @dataclass
 class KeptStates:
     """Reference rows (all of the same tokens) and their states at every layer."""
@@ -58,6 +73,7 @@ class KeptStates:
     references: list[GraftItem]
     states: ReferenceStates
     models: tuple[int, ...]  # ids of the models the states were computed with
+    base: _Model  # their base model's slots and blocks, looked up once for every resume
 
     def nbytes(self) -> int:
         return self.states.nbytes()
@@ -85,10 +101,9 @@ def keep_states(models: Sequence[nn.Module], items: Sequence[GraftItem], kept: S
     if not resumable(models[0]):
         raise GraftArgumentError("these models cannot resume from kept states (half precision or an unchecked cache)")
     _same_tokens(items)
-    slot_list = model_slots(models[0])
-    slot_index = {s.name: i for i, s in enumerate(slot_list)}
-    widths = checked_unit_widths(items, slot_list, slot_index)
-    blocks = decoder_blocks(models[0])
+    base = _Model.of(models[0])
+    slot_index, blocks = base.slot_index, base.blocks
+    widths = checked_unit_widths(items, base.slot_list, slot_index)
     rows = torch.as_tensor(list(kept), dtype=torch.long)
     seen: dict[int, torch.Tensor] = {}
 
@@ -115,22 +130,7 @@ def keep_states(models: Sequence[nn.Module], items: Sequence[GraftItem], kept: S
         values=[layer.values[rows.to(layer.values.device)] for layer in cache.layers],
         row_of={r: r for r in range(len(kept))},
     )
-    return logits, KeptStates([items[i] for i in kept], states, tuple(id(m) for m in models))
-
-
-@dataclass(frozen=True)
-class _Model:
-    """What a resume needs of the base model, looked up once per call."""
-
-    slot_list: list
-    slot_index: dict[str, int]
-    layers: list[int]
-    blocks: nn.ModuleList
-
-    @classmethod
-    def of(cls, model: nn.Module) -> _Model:
-        slot_list = model_slots(model)
-        return cls(slot_list, {s.name: i for i, s in enumerate(slot_list)}, slot_layers(model), decoder_blocks(model))
+    return logits, KeptStates([items[i] for i in kept], states, tuple(id(m) for m in models), base)
 
 
 def _start(base: _Model, item: GraftItem, kept: KeptStates, widths: dict[str, int]) -> DepthStart:
@@ -145,7 +145,9 @@ def _start(base: _Model, item: GraftItem, kept: KeptStates, widths: dict[str, in
 def resume_start(model: nn.Module, item: GraftItem, kept: KeptStates) -> DepthStart:
     """Where ``item`` resumes: its first differing position and layer against the kept
     reference that leaves it the least work (positions x layers to run)."""
-    base = _Model.of(model)
+    if id(model) != kept.models[0]:
+        raise GraftArgumentError("kept states resume rows of the models that computed them")
+    base = kept.base
     return _start(base, item, kept, checked_unit_widths([item, *kept.references], base.slot_list, base.slot_index))
 
 
@@ -155,7 +157,7 @@ def resume(models: Sequence[nn.Module], item: GraftItem, kept: KeptStates, pad_i
     from ``resume_start`` on, on the kept reference's states."""
     if tuple(id(m) for m in models) != kept.models or is_half(models[0]):
         raise GraftArgumentError("kept states resume rows of the models that computed them, in full precision")
-    base = _Model.of(models[0])
+    base = kept.base
     widths = checked_unit_widths([item, *kept.references], base.slot_list, base.slot_index)
     start = _start(base, item, kept, widths)
     return run_pass(models, [item], [start], kept.states, base.blocks, pad_id, item.n_logits,
