@@ -1,0 +1,102 @@
+"""The seeded simulations that hold :mod:`weightgraft.stats` to its coverage and error rates
+(run by the suite, and by ``python -m weightgraft.stats.simulation`` for docs/statistics.md).
+
+Effects per prompt: a whole effect ``w = mu + e1`` and a region effect ``r = share * w + 0.3 * e2``
+with ``e1, e2`` of mean 0 and sd 1 from one family (normal, lognormal with sigma 1, its mirror
+image, Student t with 3 degrees of freedom); ``mu = 1`` (an effect a prompt sample can see) or
+``mu = 0.2`` (a denominator near 0). A true null for the paired test: per prompt a shared
+prompt effect plus the family's noise, for the region and for each of its null draws alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from weightgraft.stats.means import share_interval
+from weightgraft.stats.paired import paired_p
+from weightgraft.stats.rates import rate_ci
+
+FAMILIES = ("normal", "lognormal", "mirrored lognormal", "t3")
+SHARE = 0.3
+
+
+def noise(family: str, rng: np.random.Generator, size: int | tuple[int, ...]) -> np.ndarray:
+    """Draws of mean 0 and sd 1."""
+    if family == "normal":
+        return rng.standard_normal(size)
+    if family in ("lognormal", "mirrored lognormal"):
+        x = (rng.lognormal(0.0, 1.0, size) - np.exp(0.5)) / np.sqrt((np.e - 1) * np.e)
+        return x if family == "lognormal" else -x
+    if family == "t3":
+        return rng.standard_t(3, size) / np.sqrt(3.0)
+    raise ValueError(f"unknown family {family!r}")
+
+
+def share_coverage(family: str, n: int, mu: float, sims: int, seed: int = 0) -> dict[str, float]:
+    """Of ``sims`` samples: the share of intervals given that cover the true share, the share
+    declined, and the share that cover or decline."""
+    rng = np.random.default_rng(seed)
+    covered = declined = 0
+    for _ in range(sims):
+        w = mu + noise(family, rng, n)
+        r = SHARE * w + 0.3 * noise(family, rng, n)
+        iv = share_interval(r, w)
+        if iv.declined:
+            declined += 1
+        elif iv.low <= SHARE <= iv.high:
+            covered += 1
+    given = sims - declined
+    return {"coverage_given": covered / given if given else float("nan"), "given": given,
+            "declined": declined / sims, "covered_or_declined": (covered + declined) / sims}
+
+
+def null_rejection(family: str, n: int, sims: int, draws: int = 20, alpha: float = 0.05, seed: int = 0,
+                   n_resamples: int = 999, one_draw_null: bool = False) -> float:
+    """How often :func:`paired_p` rejects at ``alpha`` when the region is one more random
+    region (``draws`` null draws per prompt; ``one_draw_null``: a 1-D null of one draw each)."""
+    rng = np.random.default_rng(seed)
+    rejected = 0
+    for i in range(sims):
+        prompt = 3.0 * rng.standard_normal((n, 1))
+        k = 1 if one_draw_null else draws
+        null = prompt + noise(family, rng, (n, k))
+        region = prompt[:, 0] + noise(family, rng, n)
+        p = paired_p(region, null[:, 0] if one_draw_null else null, seed=i, n_resamples=n_resamples)
+        rejected += p <= alpha
+    return rejected / sims
+
+
+def rate_coverage(n: int, rate: float) -> float:
+    """The exact coverage of :func:`rate_ci` at a true ``rate`` (a sum over the binomial)."""
+    from scipy import stats as sps
+
+    pmf = sps.binom.pmf(np.arange(n + 1), n, rate)
+    hit = [(lambda lo_hi: lo_hi[0] <= rate <= lo_hi[1])(rate_ci(k, n)[1:]) for k in range(n + 1)]
+    return float(pmf[np.array(hit)].sum())
+
+
+def main() -> None:  # pragma: no cover - prints docs/statistics.md's tables
+    print("| family | n | mu | covers (given) | declined | covers or declines |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for mu in (1.0, 0.2):
+        for family in FAMILIES:
+            for n in (8, 20, 40):
+                c = share_coverage(family, n, mu, 2000)
+                print(f"| {family} | {n} | {mu} | {c['coverage_given']:.3f} ({c['given']}) | {c['declined']:.3f} "
+                      f"| {c['covered_or_declined']:.3f} |")
+    print()
+    print("| family | n | rejects (20 draws per prompt) | rejects (one-draw 1-D null, sign flip only) |")
+    print("|---|---:|---:|---:|")
+    for family in FAMILIES:
+        for n in (8, 20, 40):
+            print(f"| {family} | {n} | {null_rejection(family, n, 2000):.3f} "
+                  f"| {null_rejection(family, n, 2000, one_draw_null=True):.3f} |")
+    print()
+    print("| n | least coverage of the rate interval over true rates 0.01-0.99 |")
+    print("|---:|---:|")
+    for n in (6, 20, 40):
+        print(f"| {n} | {min(rate_coverage(n, p) for p in np.linspace(0.01, 0.99, 99)):.3f} |")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
