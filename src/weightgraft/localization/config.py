@@ -46,16 +46,19 @@ class SearchSettings(BaseModel):
 
 
 class ClaimSettings(BaseModel):
-    """The paper's claims as exact region grafts against a null (``claims.csv``)."""
+    """The paper's claims as exact region grafts against their null (``claims.csv``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
-    # random regions of each claim's size and component mix, drawn outside it; the smallest
-    # p-value is 1 / (null_sets + 1), and Holm multiplies it by the claims of a map (6)
-    null_sets: int = Field(199, ge=19)
-    bootstrap: int = Field(2000, ge=100, description="paired bootstrap resamples over prompts (the CI)")
+    # null sets per prompt and claim (random positions, other components; blocks and the
+    # complement take every set there is): the paired test across prompts needs few
+    null_draws: int = Field(20, ge=1)
+    resamples: int = Field(9999, ge=99, description="sign flips and relabelings of the paired test (its least p: 1/(resamples+1))")
     prompts: int | None = Field(None, ge=2, description="at most this many prompts per template (every graft is exact)")
+    # fewer prompts per map than this is refused before anything runs; lower it to run anyway,
+    # and the rows say 'exploratory'
+    min_prompts: int = Field(20, ge=2)
 
 
 class ReversalSetting(BaseModel):

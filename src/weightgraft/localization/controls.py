@@ -20,10 +20,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from weightgraft.localization.claims.regions import empirical_p
 from weightgraft.localization.draws import Draw, DrawError, draw_outside
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey, SetVerifier
+from weightgraft.stats import empirical_p
 
 Kind = Literal["random", "matched"]
 KINDS: tuple[Kind, ...] = ("random", "matched")

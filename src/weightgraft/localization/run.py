@@ -7,8 +7,8 @@ Stages, each written when finished (a rerun skips what exists): ``parts/estimate
 killed run, or a raised ``exact:``, computes only the prompts no part holds); ``cells.parquet``
 (both joined); ``search.json`` (``found_sets``: search on fit prompts, refinement, controls,
 missed-effects estimate, held-out shares); ``stability.csv``; ``parts/claims_*`` per SFT model
-and direction, and ``claims.csv`` / ``claims_null.json`` (``claims.stage``: the claims as exact
-region grafts against their null; with ``reversal:``, claims 4-5 in the paper's setting,
+and direction, and ``claims.csv`` / ``claims_prompts.parquet`` (``claims.stage``: the claims as exact
+region grafts against their null, on the SFT and the null models; with ``reversal:``, claims 4-5 in the paper's setting,
 ``claims.reversal``); ``report/`` (drawn by ``weightgraft.api.localize``, since ``report``
 builds on this package). Without ``directions``, the prompts of the trained direction
 (``directions``).
@@ -44,7 +44,8 @@ from weightgraft import atomic
 from weightgraft.data.prompts import DatasetError
 from weightgraft.engine.architectures import Units
 from weightgraft.experiments.config import ConfigError
-from weightgraft.localization.claims import PRE_SFT
+from weightgraft.localization.claims import NULL_FINETUNE, PRE_SFT
+from weightgraft.localization.claims.evidence import claims_evidence
 from weightgraft.localization.claims.stage import map_claims, write_claims
 from weightgraft.experiments.store import ResultsDirConflict
 from weightgraft.localization.config import LocalizeConfig, load_localize_config
@@ -259,7 +260,7 @@ def _set_rows(config: LocalizeConfig, prompts: list[Any]) -> int:
 
     s = config.search
     per_search = max(s.max_cells if s.refine else 0, 1 + 2 * s.controls, 2 * s.missed_sample, 1)
-    per_claims = len(CLAIMS) * (2 + config.claims.null_sets)
+    per_claims = len(CLAIMS) * (3 + config.claims.null_draws) + 32  # regions, within, rest, draws, layer blocks
     calls = [n * (1 + sets) for search, claims in _per_template(config, prompts)
              for n, sets in ((search, per_search), (claims, per_claims))]  # each prompt's base is a row too
     return max(calls, default=0)
@@ -340,6 +341,9 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         config = load_localize_config(Path(config), overrides)
     prompts = select_prompts(config)  # fail on data before any model loads
     reversal = reversal_prompts(config)
+    evidence = claims_evidence(config, prompts, len(reversal)) if config.claims.enabled else None
+    if evidence is not None and evidence.problem:  # claims that cannot reach a verdict: said before any model loads
+        raise ConfigError(evidence.problem)
     adapters = _check_peft(config)
     from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 
@@ -359,6 +363,8 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     torch.manual_seed(config.seed)
     say = print if progress else (lambda *a, **k: None)
     say(choice.note)
+    if evidence is not None and evidence.warning:
+        say(f"warning: {evidence.warning}")
     seconds: dict[str, float] = {}
     t0 = time.time()
     dtype = getattr(torch, config.dtype)
@@ -386,7 +392,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     pad_id = pre.tokenizer.pad_token_id if pre.tokenizer.pad_token_id is not None else 0
     frames = []
     claim_tables: list[pd.DataFrame] = []
-    claim_nulls: list[dict[str, Any]] = []
+    claim_prompts: list[pd.DataFrame] = []
     search: dict[str, Any] = {}
     for i, (label, spec) in enumerate(sfts):  # one SFT (or null) model in memory at a time
         t0 = time.time()
@@ -403,13 +409,15 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         parts.mkdir(parents=True, exist_ok=True)
         stamp = "" if i == 0 else f"{label}/"
         cells = _model_maps(config, examples, pre.model, sft.model, pairs, pad_id, parts, stamp, say, seconds)
-        if config.claims.enabled and label not in nulls:
+        if config.claims.enabled:  # null finetunes too: no fact claim may hold on them
             t0 = time.time()
+            setting = NULL_FINETUNE if label in nulls else PRE_SFT
             for direction in config.graft_directions:
-                table, null = map_claims(pairs[direction], examples, cells, label, direction, PRE_SFT, config.claims,
-                                         config.seed, pad_id, config.metric, config.exact_chunk, parts, say)
+                table, per_prompt = map_claims(pairs[direction], examples, cells, label, direction, setting,
+                                               config.claims, config.seed, pad_id, config.metric, config.exact_chunk,
+                                               parts, say)
                 claim_tables.append(table)
-                claim_nulls += null
+                claim_prompts.append(per_prompt)
             seconds[f"{stamp}claims"] = time.time() - t0
         if i == 0:
             search = find_sets(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
@@ -422,9 +430,9 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         gc.collect()
     if reversal and config.claims.enabled:
         t0 = time.time()
-        table, null = reversal_claims(config, reversal, load, dtype, pad_id, run_dir / "parts", say)
+        table, per_prompt = reversal_claims(config, reversal, load, dtype, pad_id, run_dir / "parts", say, pre.model)
         claim_tables.append(table)
-        claim_nulls += null
+        claim_prompts.append(per_prompt)
         seconds["claims_reversal"] = time.time() - t0
     cells = pd.concat(frames, ignore_index=True)
     _write(cells, run_dir / "cells.parquet")
@@ -433,5 +441,5 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     table = stability_table(whole_cells(cells), nulls=nulls)
     atomic.write_text(run_dir / "stability.csv", table.to_csv(index=False))
     atomic.write_text(run_dir / "stability_null.csv", null_summary(table).to_csv(index=False))
-    write_claims(run_dir, claim_tables, claim_nulls)
+    write_claims(run_dir, claim_tables, claim_prompts)
     return LocalizeResult(run_dir, cells, search, excluded, seconds, None, choice.note)

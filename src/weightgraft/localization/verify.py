@@ -44,6 +44,15 @@ class SetVerifier:
         _, eff = exact_effects(self.models, self.examples, per_example, self.pad_id, self.metric, self.chunk)
         return torch.stack(eff).double()
 
+    def per_prompt_sets(self, sets: Sequence[Sequence[Sequence[CellKey]]]) -> torch.Tensor:
+        """``[n_prompts, len(sets)]`` float64: each set names its keys per prompt (``sets[j][i]``:
+        the keys grafted in prompt i), as the claims' per-prompt nulls need."""
+        if not sets:
+            return torch.zeros(len(self.examples), 0, dtype=torch.float64)
+        per_example = [[[m[k] for k in s[i] if k in m] for s in sets] for i, m in enumerate(self.cell_maps)]
+        _, eff = exact_effects(self.models, self.examples, per_example, self.pad_id, self.metric, self.chunk)
+        return torch.stack(eff).double()
+
     def effects(self, sets: Sequence[Sequence[CellKey]]) -> torch.Tensor:
         """``[len(sets)]`` float64: the mean over prompts of the exact effect of grafting each set."""
         if not sets:

@@ -6,16 +6,18 @@ coverage or error rate by a seeded simulation at the sample sizes the defaults u
   or NaN bounds and the reason (:func:`share_interval`) where no interval keeps its coverage;
 - :func:`mean_ci`: a mean over prompts with its t interval, declined the same way;
 - :func:`paired_p`: a region's per-prompt effect against its per-prompt null, across prompts;
+- :func:`empirical_p`: one value against draws from its null (the found sets' controls);
 - :func:`holm`: Holm's step-down adjustment over one family of tests;
 - :func:`rate_ci`: a top-k rate with its Clopper-Pearson interval;
 - :func:`model_label_p`: are the models of one group more alike than a group of others?
 """
 
+from weightgraft.stats.empirical import empirical_p
 from weightgraft.stats.labels import model_label_p, models_needed
 from weightgraft.stats.means import Interval, mean_ci, mean_interval, share_ci, share_interval
 from weightgraft.stats.multiple import holm
 from weightgraft.stats.paired import least_p, paired_p
 from weightgraft.stats.rates import rate_ci, rate_cis
 
-__all__ = ["Interval", "holm", "least_p", "mean_ci", "mean_interval", "model_label_p", "models_needed", "paired_p",
+__all__ = ["Interval", "empirical_p", "holm", "least_p", "mean_ci", "mean_interval", "model_label_p", "models_needed", "paired_p",
            "rate_ci", "rate_cis", "share_ci", "share_interval"]

@@ -1,17 +1,17 @@
-"""The claims tested by grafting each claim's whole region exactly, against a null of random
-regions (``claims.csv``).
+"""The claims judged by grafting each claim's region exactly on every prompt, against its null
+(``claims.csv``).
 
-For one map (a model pair, a template, a graft direction, a setting) and every claim: the exact
-effect per prompt of grafting the region, the cells it is a share of (*within*) and
-``null_sets`` random regions drawn outside it (``draws``), all in one batched engine call;
-``share_exact`` is the ratio of sums over prompts with its paired bootstrap CI (seeded), each
-null region's share likewise, and ``null_p`` the empirical p-value of the region against them,
-``null_p_holm`` Holm-adjusted over the claims of the map; ``null_critical`` is the null's 95th
-percentile on the claim's side (the 5th for a "<" claim). ``share_estimate`` is the same ratio
-of the summed gradient estimates of the region's cells, and ``interaction`` their ratio
-(``share_exact / share_estimate``: 1 where the first-order map adds up to the region graft).
-``region_cells_share`` and ``region_params_share``: the region's part of the within cells and
-of their parameters, summed over prompts (what a region of no special role would carry).
+For one map (a model pair, a template, a graft direction, a setting) and every claim, per prompt:
+the exact effect of grafting the region, of *within* (the cells it is a share of) and of its
+null sets (``nulls``), all in one batched engine call. ``share_exact`` is the ratio of sums over
+prompts with its Fieller interval (``weightgraft.stats.share_interval``; declined with the reason
+in ``interval_note``); ``null_p`` the paired test across prompts that the region beats its null
+(``weightgraft.stats.paired_p``; a component claim must beat both its kinds: the larger p);
+``null_mean`` the null sets' effect as a share of within. ``share_estimate`` is the same ratio
+of the summed gradient estimates of the region's cells and ``interaction`` the ratio of the two.
+``region_cells_share`` / ``region_params_share``: the region's part of the within cells and of
+their parameters over prompts (what a region of no special role would carry). The per-prompt
+effects come back beside the rows (``claims_prompts.parquet``) so any row can be recomputed.
 """
 
 from __future__ import annotations
@@ -21,137 +21,204 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from weightgraft.localization.claims.regions import (CLAIMS, PRE_SFT, Claim, empirical_p, holm, key_frame, mean_ci,
-                                                 ratio_ci, verdict)
-from weightgraft.localization.draws import DrawError, draw_outside
+from weightgraft.localization.claims.nulls import NullSets, block_nulls, component_nulls, position_nulls
+from weightgraft.localization.claims.regions import CLAIMS, NULL_KINDS, PRE_SFT, Claim, key_frame
+from weightgraft.localization.claims.verdicts import decide
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey
+from weightgraft.stats import mean_interval, paired_p, share_interval
 
-Effects = Callable[[Sequence[Sequence[CellKey]]], np.ndarray]  # sets -> [n_prompts, n_sets] exact effects
+PromptSet = tuple[tuple[CellKey, ...], ...]  # one sorted key tuple per prompt
+Effects = Callable[[Sequence[PromptSet]], np.ndarray]  # sets -> [n_prompts, n_sets] exact effects
+DRAWS = 20
 
 
 @dataclass(frozen=True)
 class ClaimMap:
-    """What the claims of one map need: per prompt the keys it has and their gradient
-    estimates, the exact effects of key sets, the parameters of each slot, the model's depth."""
+    """What the claims of one map need: per prompt its id, the keys it has and their gradient
+    estimates, the exact effects of per-prompt key sets, the parameters of each slot, the depth."""
 
     keys: Sequence[set[CellKey]]
     estimates: Sequence[Mapping[CellKey, float]]
     effects: Effects
     params: Mapping[str, int]
     n_layers: int
-    # per prompt, the exact single-cell effects where the run mapped them (``exact``): the
-    # claim's share of summed exact cells, beside the estimate's and the region graft's
+    # per prompt, the exact single-cell effects where the run mapped them (``exact``)
     exact_cells: Sequence[Mapping[CellKey, float]] = ()
+    prompt_ids: Sequence[str] = ()
 
 
-def null_seed(seed: int, label: str, claim: str, index: int) -> str:
-    """The seed string of one null region (distinct per map, claim and draw)."""
-    return f"{seed}:{label}:{claim}:null:{index}"
+def null_seed(seed: int, label: str, claim: str, prompt: str, kind: str) -> str:
+    """The seed string of one prompt's null draws of one kind (distinct per map and claim)."""
+    return f"{seed}:{label}:{claim}:{prompt}:{kind}"
 
 
-def _component(key: CellKey) -> str:
-    return slot_parts(key[1])[1]
+def _pick(pred, keys: list[CellKey], frame: pd.DataFrame, n_layers: int) -> list[CellKey]:
+    return [k for k, m in zip(keys, pred(frame, n_layers).to_numpy(bool)) if m]
 
 
-def _regions(claim: Claim, pool: list[CellKey], n_layers: int) -> tuple[list[CellKey], list[CellKey], list[CellKey]]:
-    frame = key_frame(pool)
-    pick = lambda pred: [k for k, m in zip(pool, pred(frame, n_layers).to_numpy(bool)) if m]  # noqa: E731
-    return pick(claim.region), pick(claim.within), pick(claim.pool)
+def _frozen(keys: Sequence[CellKey]) -> tuple[CellKey, ...]:
+    return tuple(sorted(set(keys)))
 
 
-def _counted(keys: Sequence[set[CellKey]], region: Sequence[CellKey], weight: Callable[[CellKey], float]) -> float:
-    return float(sum(weight(k) for have in keys for k in region if k in have))
+@dataclass
+class _Plan:
+    claim: Claim
+    region: list[list[CellKey]]
+    within: list[list[CellKey]]
+    rest: list[list[CellKey]]  # within minus region (the marginal's other term)
+    nulls: dict[str, list[NullSets]]  # kind -> per prompt
 
 
-def _exact_cells_share(data: ClaimMap, region: Sequence[CellKey], within: Sequence[CellKey]) -> float:
+def _plan(claim: Claim, data: ClaimMap, frames: list[tuple[list[CellKey], pd.DataFrame]], label: str, seed: int,
+          draws: int) -> _Plan:
+    region, within, nulls = [], [], {}
+    for keys, frame in frames:
+        region.append(_pick(claim.region, keys, frame, data.n_layers))
+        within.append(_pick(claim.within, keys, frame, data.n_layers))
+    rest = [[k for k in w if k not in set(r)] for r, w in zip(region, within)]
+    ids = list(data.prompt_ids) or [str(i) for i in range(len(region))]
+    if claim.null == "complement":
+        nulls["complement"] = [NullSets([r]) for r in rest]
+    elif claim.null == "positions":
+        nulls["positions"] = [position_nulls(r, w, draws, null_seed(seed, label, claim.name, i, "positions"))
+                              for r, w, i in zip(region, within, ids)]
+    elif claim.null == "components" and claim.marginal:
+        among = sorted({slot_parts(s)[1] for w in within for _, s in w} - {slot_parts(s)[1] for r in region for _, s in r})
+        nulls["other components"] = [component_nulls(r, set(w), draws, null_seed(seed, label, claim.name, i, "components"),
+                                                     among) for r, w, i in zip(region, within, ids)]
+    elif claim.null == "components":
+        nulls["layer blocks"] = [block_nulls(r, have, data.n_layers) for r, have in zip(region, data.keys)]
+        nulls["other components"] = [component_nulls(r, have, draws, null_seed(seed, label, claim.name, i, "components"))
+                                     for r, have, i in zip(region, data.keys, ids)]
+    return _Plan(claim, region, within, rest, nulls)
+
+
+def _kind_sets(plan: _Plan, kind: str) -> list[list[list[CellKey]]] | str:
+    """The kind's null sets as [draw][prompt] key lists (the fewest draws any prompt has), or
+    why the kind has none."""
+    per = plan.nulls[kind]
+    missing = next((n.missing for n in per if n.missing), "")
+    k = min((len(n.sets) for n in per), default=0)
+    if missing or k == 0:
+        return missing or "no null set"
+    if plan.claim.marginal:  # the marginal of the other set: within minus it
+        return [[[key for key in w if key not in set(n.sets[j])] for n, w in zip(per, plan.within)] for j in range(k)]
+    return [[n.sets[j] for n in per] for j in range(k)]
+
+
+def _exact_cells_share(data: ClaimMap, region: list[list[CellKey]], within: list[list[CellKey]]) -> float:
     """The region's share of the summed exact single-cell effects, where every prompt has an
-    exact effect for each of its cells of ``within`` (else NaN: a partial sum is no share)."""
+    exact effect for each of its cells of within (else NaN: a partial sum is no share)."""
     if len(data.exact_cells) != len(data.keys):
         return float("nan")
     num = den = 0.0
-    for have, exact in zip(data.keys, data.exact_cells):
-        keys = [k for k in within if k in have]
-        if any(k not in exact for k in keys):
+    for r, w, exact in zip(region, within, data.exact_cells):
+        if any(k not in exact for k in w):
             return float("nan")
-        den += sum(exact[k] for k in keys)
-        num += sum(exact[k] for k in region if k in have)
+        den += sum(exact[k] for k in w)
+        num += sum(exact[k] for k in r)
     return num / den if den else float("nan")
 
 
 def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Sequence[Claim] = CLAIMS,
-                n_null: int = 199, seed: int = 0, n_boot: int = 2000) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(rows, nulls)``: one claims.csv row per claim, and per claim the seeds and shares of
-    its null regions (``label`` names the map in the seeds: model/template/direction)."""
-    pool = sorted(set().union(*data.keys)) if data.keys else []
-    plans = []
-    for claim in claims:
-        region, within, null_pool = _regions(claim, pool, data.n_layers)
-        draws, how = [], "none"
-        if region and n_null:
-            try:
-                draws = [draw_outside(null_pool, region, region, null_seed(seed, label, claim.name, j),
-                                      _component if claim.match_mix else None) for j in range(n_null)]
-                how = "component mix" if claim.match_mix else "uniform"
-            except DrawError as exc:
-                how = f"none: {exc}"
-        plans.append((claim, region, within, draws, how))
-    sets: dict[tuple[CellKey, ...], int] = {}
-    for _, region, within, draws, _ in plans:
-        for keys in [region, within] + [d.keys for d in draws]:
-            sets.setdefault(tuple(sorted(keys)), len(sets))
-    effects = data.effects([list(k) for k in sets]) if sets else np.zeros((len(data.keys), 0))
-    rows, nulls = [], []
-    for claim, region, within, draws, how in plans:
-        rng = np.random.default_rng(seed)  # the same prompt resamples for every claim
-        col = lambda keys: effects[:, sets[tuple(sorted(keys))]]  # noqa: E731
+                 draws: int = DRAWS, seed: int = 0, n_resamples: int = 9999, precondition: str = "",
+                 ) -> tuple[list[dict[str, Any]], pd.DataFrame]:
+    """``(rows, per_prompt)``: one claims.csv row per claim (verdicts judged with this map as the
+    family; ``stage.write_claims`` judges the run's rows again as one family), and the per-prompt
+    effects (claim, prompt id, region, within, null mean per kind)."""
+    frames = []
+    for have in data.keys:
+        keys = sorted(have)
+        frames.append((keys, key_frame(keys)))
+    plans = [_plan(c, data, frames, label, seed, draws) for c in claims]
+    everything = [sorted(h) for h in data.keys]
+    sets: dict[PromptSet, int] = {}
+
+    def want(per_prompt: Sequence[Sequence[CellKey]]) -> PromptSet:
+        key = tuple(_frozen(k) for k in per_prompt)
+        sets.setdefault(key, len(sets))
+        return key
+
+    want(everything)
+    kinds: dict[tuple[str, str], Any] = {}
+    for plan in plans:
+        for part in (plan.region, plan.within, plan.rest):
+            want(part)
+        for kind in plan.nulls:
+            got = _kind_sets(plan, kind)
+            kinds[(plan.claim.name, kind)] = got
+            if not isinstance(got, str):
+                for s in got:
+                    want(s)
+    effects = np.asarray(data.effects(list(sets)), dtype=float) if data.keys else np.zeros((0, len(sets)))
+
+    def col(per_prompt: Sequence[Sequence[CellKey]]) -> np.ndarray:
+        return effects[:, sets[tuple(_frozen(k) for k in per_prompt)]]
+
+    whole = col(everything)
+    ids = list(data.prompt_ids) or [str(i) for i in range(len(data.keys))]
+    rows, prompts = [], []
+    for plan in plans:
+        claim = plan.claim
+        n_region = sum(len(r) for r in plan.region)
+        den = col(plan.within)
+        num = den - col(plan.rest) if claim.marginal else col(plan.region)
         row: dict[str, Any] = {"claim": claim.name, "statement": claim.statement, "setting": setting,
                                "paper_setting": claim.paper_setting, "in_paper_setting": setting == claim.paper_setting,
                                "threshold": claim.threshold, "side": ">" if claim.above else "<",
-                               "n_prompts": len(data.keys), "n_region_keys": len(region), "null_drawn": how,
-                               "seed": seed, "n_boot": n_boot}
-        if not region:
-            rows.append({**row, "within_effect": np.nan, "within_ci_low": np.nan, "within_ci_high": np.nan,
-                         "share_exact": np.nan, "ci_low": np.nan, "ci_high": np.nan, "share_estimate": np.nan,
-                         "share_exact_cells": np.nan, "interaction": np.nan, "region_cells_share": np.nan,
-                         "region_params_share": np.nan,
-                         "null_mean": np.nan, "null_critical": np.nan, "null_p": np.nan, "n_null": 0,
-                         "n_null_unmatched": 0, "verdict": "no cells"})
-            nulls.append({"claim": claim.name, "setting": setting, "seeds": [], "shares": []})
-            continue
-        num, den = col(region), col(within)
-        share, low, high = ratio_ci(num, den, n_boot, rng)
-        within_low, within_high = mean_ci(den, n_boot, rng)
-        null_shares = np.array([col(d.keys).sum() / den.sum() if den.sum() else np.nan for d in draws])
-        est_num = sum(e.get(k, 0.0) for e in data.estimates for k in region)
-        est_den = sum(e.get(k, 0.0) for e in data.estimates for k in within)
+                               "n_prompts": len(data.keys), "n_region_keys": n_region,
+                               "null_kind": claim.null, "null": NULL_KINDS[claim.null], "seed": seed,
+                               "precondition": precondition, "whole_effect": float(whole.mean()) if len(whole) else np.nan}
+        share = share_interval(num, den) if len(den) else None
+        within = mean_interval(den) if len(den) else None
+        row.update({"region_effect": float(num.mean()) if len(num) else np.nan,
+                    "within_effect": within.value if within else np.nan,
+                    "within_ci_low": within.low if within else np.nan,
+                    "within_ci_high": within.high if within else np.nan,
+                    "within_note": within.declined if within else "",
+                    "share_exact": share.value if share else np.nan, "ci_low": share.low if share else np.nan,
+                    "ci_high": share.high if share else np.nan, "interval_note": share.declined if share else ""})
+        p_values, null_shares, drawn, unmatched, notes = [], [], [], 0, []
+        record = pd.DataFrame({"claim": claim.name, "prompt_id": ids, "region_effect": num, "within_effect": den,
+                               "whole_effect": whole})
+        for kind in plan.nulls:
+            got = kinds[(claim.name, kind)]
+            if isinstance(got, str):
+                notes.append(f"{kind}: {got}")
+                p_values.append(np.nan)
+                continue
+            null = np.stack([col(s) for s in got], axis=1)  # [prompts, draws]
+            if claim.marginal:
+                null = den[:, None] - null
+            p_values.append(paired_p(num, null, alternative="greater" if claim.above else "less", seed=seed,
+                                     n_resamples=n_resamples) if n_region else np.nan)
+            null_shares.append(float(null.mean(1).sum() / den.sum()) if den.sum() else np.nan)
+            drawn.append(f"{kind} ({null.shape[1]} per prompt)")
+            unmatched += sum(n.n_unmatched for n in plan.nulls[kind])
+            record[f"null_mean_{kind.replace(' ', '_')}"] = null.mean(1)
+        # a region must beat every kind of its null: the larger p (an intersection-union test)
+        judged = claim.judged and p_values and not np.isnan(p_values).any()
+        row["null_p"] = float(max(p_values)) if judged else np.nan
+        row.update({"null_p_by_kind": "; ".join(f"{k}: {p:.4g}" for k, p in zip(plan.nulls, p_values)),
+                    "null_mean": float(np.mean(null_shares)) if null_shares else np.nan,
+                    "null_drawn": "; ".join(drawn + notes) or "none", "n_null_unmatched": unmatched})
+        est_num = sum(e.get(k, 0.0) for e, r in zip(data.estimates, plan.region) for k in r)
+        est_den = sum(e.get(k, 0.0) for e, w in zip(data.estimates, plan.within) for k in w)
         share_est = est_num / est_den if est_den else np.nan
-        share_cells = _exact_cells_share(data, region, within)
-        ones = _counted(data.keys, within, lambda k: 1.0)
-        params = _counted(data.keys, within, lambda k: data.params.get(k[1], 0))
-        rows.append({**row, "within_effect": float(den.mean()), "within_ci_low": within_low,
-                     "within_ci_high": within_high, "share_exact": share, "ci_low": low, "ci_high": high,
-                     "share_estimate": share_est,
-                     "share_exact_cells": share_cells,
-                     "interaction": share / share_est if share_est else np.nan,
-                     "region_cells_share": _counted(data.keys, region, lambda k: 1.0) / ones if ones else np.nan,
-                     "region_params_share": (_counted(data.keys, region, lambda k: data.params.get(k[1], 0)) / params
-                                             if params else np.nan),
-                     "null_mean": float(np.nanmean(null_shares)) if len(draws) else np.nan,
-                     "null_critical": (float(np.nanpercentile(null_shares, 95 if claim.above else 5))
-                                       if len(draws) else np.nan),
-                     "null_p": empirical_p(share, null_shares, claim.above) if len(draws) else np.nan,
-                     "n_null": len(draws), "n_null_unmatched": int(sum(d.n_unmatched for d in draws))})
-        nulls.append({"claim": claim.name, "setting": setting, "drawn": how,
-                      "seeds": [null_seed(seed, label, claim.name, j) for j in range(len(draws))],
-                      "shares": [float(v) for v in null_shares], "unmatched": [d.n_unmatched for d in draws]})
-    adjusted = holm([r["null_p"] for r in rows])
-    for claim, r, p in zip(claims, rows, adjusted):
-        r["null_p_holm"] = float(p)
-        if "verdict" not in r and r["within_ci_low"] <= 0 <= r["within_ci_high"]:  # NaN (one prompt): undecided
-            r["verdict"] = "no effect"
-        if "verdict" not in r:
-            r["verdict"] = verdict(claim, r["ci_low"], r["ci_high"], r["share_exact"], r["null_mean"],
-                                   r["null_p_holm"])
-    return rows, nulls
+        n_within = sum(len(w) for w in plan.within)
+        p_within = sum(data.params.get(s, 0) for w in plan.within for _, s in w)
+        row.update({"share_estimate": share_est, "share_exact_cells": _exact_cells_share(data, plan.region, plan.within),
+                    "interaction": row["share_exact"] / share_est if share_est else np.nan,
+                    "region_cells_share": n_region / n_within if n_within else np.nan,
+                    "region_params_share": (sum(data.params.get(s, 0) for r in plan.region for _, s in r) / p_within
+                                            if p_within else np.nan)})
+        rows.append(row)
+        prompts.append(record)
+    judged = decide(pd.DataFrame(rows))
+    for row, (_, r) in zip(rows, judged.iterrows()):
+        row.update(null_p_holm=float(r["null_p_holm"]), verdict=r["verdict"], reason=r["reason"])
+    per_prompt = pd.concat(prompts, ignore_index=True) if prompts else pd.DataFrame()
+    return rows, per_prompt

@@ -8,7 +8,7 @@ of the same pair.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,43 @@ def roles_checked(config: LocalizeConfig) -> str:
     return "; ".join(said)
 
 
+DONOR_TOP5 = 0.8  # the paper's precondition: the donor knows the reversed facts (its top-5 on the prompts)
+
+
+@torch.no_grad()
+def _scores(model: torch.nn.Module, examples: Sequence[Any]) -> tuple[float, float]:
+    """Top-5 rate and mean log-probability of each example's scored first answer token."""
+    hits, logprobs = [], []
+    device = next(model.parameters()).device
+    for e in examples:
+        s = e.scored
+        logits = model(input_ids=torch.tensor([s.input_ids], device=device)).logits[0, s.position].float()
+        hits.append(bool((logits.topk(5).indices == s.target).any()))
+        logprobs.append(float(torch.log_softmax(logits, -1)[s.target]))
+    return sum(hits) / len(hits), sum(logprobs) / len(logprobs)
+
+
+def precondition_check(pre: torch.nn.Module, recipient: torch.nn.Module, donor: torch.nn.Module,
+                       examples: Sequence[Any]) -> dict[str, Any]:
+    """The setting's precondition on its own prompts: the donor's and the recipient's top-5, how
+    far the recipient's log-probability of the answer sits below PRE's, and ``precondition``
+    ('' where the donor's top-5 reaches ``DONOR_TOP5``, else why not)."""
+    donor_top5, donor_lp = _scores(donor, examples)
+    recipient_top5, recipient_lp = _scores(recipient, examples)
+    _, pre_lp = _scores(pre, examples)
+    why = "" if donor_top5 >= DONOR_TOP5 else (
+        f"the donor ranks {donor_top5:.0%} of the reversed answers in its top 5 (the setting needs >= "
+        f"{DONOR_TOP5:.0%}): it does not know the reversed facts")
+    return {"donor_top5": donor_top5, "recipient_top5": recipient_top5, "donor_logprob": donor_lp,
+            "recipient_logprob": recipient_lp, "pre_logprob": pre_lp, "recipient_below_pre": pre_lp - recipient_lp,
+            "precondition": why}
+
+
 def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Callable[[str, torch.dtype], Any],
-                    dtype: torch.dtype, pad_id: int, parts: Path,
-                    say: Callable[..., None]) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """The both->a2b claims' rows (``model`` = ``reversal``) and their null records."""
+                    dtype: torch.dtype, pad_id: int, parts: Path, say: Callable[..., None],
+                    pre: torch.nn.Module) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The both->a2b claims' rows (``model`` = ``reversal``), judged only where the donor meets
+    the setting's precondition, and their per-prompt effects."""
     from weightgraft.engine.partial import PartialGraft
     from weightgraft.localization.examples import build_examples
     from weightgraft.localization.maps import estimate_frame
@@ -80,15 +113,18 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
     estimates = estimate_frame(PartialGraft(recipient.model, donor.model), examples, "sufficiency", config.metric,
                                config.batch_size)
     say(f"[reversal] estimates of every cell: {time.time() - t0:.1f}s")
+    check = precondition_check(pre, recipient.model, donor.model, examples)
+    say(f"[reversal] donor top-5 {check['donor_top5']:.0%}, recipient top-5 {check['recipient_top5']:.0%}, "
+        f"recipient {check['recipient_below_pre']:.2f} nats below PRE" + (f": {check['precondition']}" if check["precondition"] else ""))
     claims = [c for c in CLAIMS if c.paper_setting == BOTH_A2B]
     import hashlib
 
     # the setting's models and prompts are outside the run's identity: their results are kept apart by them
     folder = parts / LABEL / hashlib.sha256(setting.model_dump_json().encode()).hexdigest()[:12]
     folder.mkdir(parents=True, exist_ok=True)
-    table, nulls = map_claims([recipient.model, donor.model], examples, estimates, LABEL, "sufficiency", BOTH_A2B,
-                              config.claims, config.seed, pad_id, config.metric, config.exact_chunk, folder, say,
-                              claims)
+    table, per_prompt = map_claims([recipient.model, donor.model], examples, estimates, LABEL, "sufficiency", BOTH_A2B,
+                                   config.claims, config.seed, pad_id, config.metric, config.exact_chunk, folder, say,
+                                   claims, check["precondition"])
     table = table.assign(donor=setting.donor, recipient=setting.recipient, prompt_direction=setting.direction,
-                         roles=roles_checked(config))
-    return table, nulls
+                         roles=roles_checked(config), **{k: v for k, v in check.items() if k != "precondition"})
+    return table, per_prompt

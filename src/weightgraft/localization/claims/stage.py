@@ -1,7 +1,7 @@
 """The claims stage of ``localize``: for one model pair and graft direction, every template's
 claims as exact region grafts against their null (``grafts``), stored in ``parts/`` under
 a digest of the claims' settings (a rerun with the same settings reads them; other settings
-compute anew) and gathered into ``claims.csv`` and ``claims_null.json``.
+compute anew) and gathered into ``claims.csv`` (judged as one family) and ``claims_prompts.parquet``.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from weightgraft import atomic
 from weightgraft.engine.attribution import Metric
 from weightgraft.localization.claims.grafts import ClaimMap, judge_claims
 from weightgraft.localization.claims.regions import CLAIMS, Claim
+from weightgraft.localization.claims.verdicts import MIN_PROMPTS, decide
 from weightgraft.localization.examples import LocalizeExample
 from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
 
-FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "within_effect", "share_exact", "ci_low",
-         "ci_high", "share_estimate", "share_exact_cells", "interaction", "region_cells_share", "region_params_share",
-         "null_mean", "null_p", "null_p_holm", "verdict"]
+FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "evidence", "within_effect", "share_exact",
+         "ci_low", "ci_high", "null_kind", "null_mean", "null_p", "null_p_holm", "verdict", "reason", "share_estimate",
+         "share_exact_cells", "interaction", "region_cells_share", "region_params_share"]
 
 
 def slot_params(model: nn.Module) -> dict[str, int]:
@@ -48,30 +49,31 @@ def slot_params(model: nn.Module) -> dict[str, int]:
     return out
 
 
-def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequence[Claim]) -> str:
+def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequence[Claim], precondition: str) -> str:
     data = {"settings": settings.model_dump(mode="json"), "seed": seed, "metric": metric, "setting": setting,
-            "claims": [c.name for c in claims]}
+            "claims": [c.name for c in claims], "precondition": precondition, "version": 2}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample], estimates: pd.DataFrame,
                model_label: str, direction: str, setting: str, settings: Any, seed: int, pad_id: int,
                metric: Metric, chunk: int, parts: Path, say: Callable[..., None],
-               claims: Sequence[Claim] = CLAIMS) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """claims.csv rows (and the null records) of one pair and direction, read from ``parts``
-    where an earlier run with the same settings wrote them."""
+               claims: Sequence[Claim] = CLAIMS, precondition: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """claims.csv rows and their per-prompt effects of one pair and direction, read from
+    ``parts`` where an earlier run with the same settings wrote them."""
     from weightgraft.engine.architectures import model_slots
 
-    stem = parts / f"claims_{setting.replace('->', '_')}_{direction}_{_digest(settings, seed, metric, setting, claims)}"
-    table, null_path = stem.with_suffix(".parquet"), stem.with_suffix(".json")
-    if table.is_file() and null_path.is_file():
-        return pd.read_parquet(table), json.loads(null_path.read_text())
+    digest = _digest(settings, seed, metric, setting, claims, precondition)
+    stem = parts / f"claims_{setting.replace('->', '_').replace(' ', '_')}_{direction}_{digest}"
+    table, prompt_path = stem.with_suffix(".parquet"), stem.parent / f"{stem.name}_prompts.parquet"
+    if table.is_file() and prompt_path.is_file():
+        return pd.read_parquet(table), pd.read_parquet(prompt_path)
     index = {s.name: i for i, s in enumerate(model_slots(models[0]))}
     params = slot_params(models[0])
     n_layers = 1 + max(int(name.split(".")[1]) for name in index if name.startswith("layers."))
     frame = whole_cells(estimates)
     frame = frame[frame["direction"] == direction]
-    rows, nulls = [], []
+    rows, prompts = [], []
     for template in dict.fromkeys(e.prompt.template for e in examples):
         group = [e for e in examples if e.prompt.template == template][: settings.prompts]
         maps = [cell_map(e, index, models[0]) for e in group]
@@ -86,31 +88,35 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
                 exact.append(dict(zip(zip(g["position_label"], g["slot"]), g["exact"])))
             else:
                 exact.append({})
-        data = ClaimMap([set(m) for m in maps], est, lambda sets: verifier.per_prompt(sets).numpy(), params, n_layers,
-                        exact)
-        found, null = judge_claims(data, f"{model_label}/{template}/{direction}", setting, claims,
-                                   settings.null_sets, seed, settings.bootstrap)
+        data = ClaimMap([set(m) for m in maps], est, lambda sets: verifier.per_prompt_sets(sets).numpy(), params,
+                        n_layers, exact, [e.prompt.id for e in group])
+        found, per_prompt = judge_claims(data, f"{model_label}/{template}/{direction}", setting, claims,
+                                         settings.null_draws, seed, settings.resamples, precondition)
         for r in found:  # the paper grafted the donor into the base: sufficiency
             r.update(model=model_label, template=template, direction=direction,
-                     in_paper_setting=bool(r["in_paper_setting"] and direction == "sufficiency"))
+                     in_paper_setting=bool(r["in_paper_setting"] and direction == "sufficiency"),
+                     evidence="exploratory" if r["n_prompts"] < MIN_PROMPTS else "confirmatory")
             r["note"] = "" if r["in_paper_setting"] else f"outside the paper's setting ({r['paper_setting']}, sufficiency)"
-        for n in null:
-            n.update(model=model_label, template=template, direction=direction)
         rows += found
-        nulls += null
+        prompts.append(per_prompt.assign(model=model_label, template=template, direction=direction, setting=setting))
         say(f"[{direction}/{template}] claims ({setting}): " + ", ".join(f"{r['claim']} {r['verdict']}" for r in found))
     out = pd.DataFrame(rows)
     out = out[FIRST + [c for c in out.columns if c not in FIRST]]
+    per = pd.concat(prompts, ignore_index=True)
     with atomic.atomic_path(table) as tmp:
         out.to_parquet(tmp, index=False)
-    atomic.write_json(null_path, nulls)
-    return out, nulls
+    with atomic.atomic_path(prompt_path) as tmp:
+        per.to_parquet(tmp, index=False)
+    return out, per
 
 
-def write_claims(run_dir: Path, tables: Sequence[pd.DataFrame], nulls: Sequence[dict[str, Any]]) -> None:
-    """``claims.csv`` (one row per claim and map) and ``claims_null.json`` (each null region's
-    seed and share: redraw with ``draws.draw_outside``)."""
+def write_claims(run_dir: Path, tables: Sequence[pd.DataFrame], prompts: Sequence[pd.DataFrame]) -> pd.DataFrame | None:
+    """``claims.csv`` (one row per claim and map; every judged row of the run one Holm family) and
+    ``claims_prompts.parquet`` (each row's per-prompt effects: any row can be recomputed)."""
     if not tables:
-        return
-    atomic.write_text(run_dir / "claims.csv", pd.concat(tables, ignore_index=True).to_csv(index=False))
-    atomic.write_json(run_dir / "claims_null.json", list(nulls), default=float)
+        return None
+    table = decide(pd.concat(tables, ignore_index=True))
+    atomic.write_text(run_dir / "claims.csv", table.to_csv(index=False))
+    with atomic.atomic_path(run_dir / "claims_prompts.parquet") as tmp:
+        pd.concat(prompts, ignore_index=True).to_parquet(tmp, index=False)
+    return table
