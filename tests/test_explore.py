@@ -265,7 +265,7 @@ def outputs(tmp_path_factory):
     loc = localize(parse_localize_config({
         "name": "loc", "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
         "out": str(root / "loc"), "batch_size": 3, "exact": 1, "graft_directions": ["sufficiency"],
-        "search": {"target_share": 0.8}, "templates": ["headline"]}), progress=False, load=loader)
+        "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"target_share": 0.8}, "templates": ["headline"]}), progress=False, load=loader)
     pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
     return run_dir, loc.run_dir, pre, sft
 

@@ -38,7 +38,7 @@ def unit_run(request, tmp_path_factory):
         "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "templates": ["qa"],
         "graft_directions": ["sufficiency"], "exact": 1, "batch_size": 4, "report": False,
         "units": units, "exact_units": 4, "dtype": "float64",
-        "search": {"target_share": 0.9, "max_cells": 64, "controls": 0, "missed_sample": 0, "refine": False}})
+        "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"target_share": 0.9, "max_cells": 64, "controls": 0, "missed_sample": 0, "refine": False}})
     result = localize(config, progress=False, load=loader64)
     pre, sft = loader64("tiny-llama:pre"), loader64("tiny-llama:sft")
     explorer = Explorer({"pre": pre.model, "sft": sft.model}, pre.tokenizer)

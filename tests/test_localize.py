@@ -22,7 +22,7 @@ COLUMNS = ["example_id", "template", "direction", "position", "position_label", 
 def _config(tmp_path, **extra):
     data = write_world(tmp_path / "data", n=4)
     raw = {"name": "loc", "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"},
-           "out": str(tmp_path / "runs"), "batch_size": 3, "exact_chunk": 64, **extra}
+           "out": str(tmp_path / "runs"), "batch_size": 3, "exact_chunk": 64, "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, **extra}
     return parse_localize_config(raw)
 
 
@@ -52,10 +52,10 @@ def test_localize_end_to_end(tmp_path):
     # claims.csv: the paper's claims as exact region grafts, per template and graft direction
     from weightgraft.localization.claims import CLAIMS, VERDICTS
 
-    claims = pd.read_csv(result.run_dir / "claims.csv")
+    claims = pd.read_csv(result.run_dir / "claims.csv", keep_default_na=False, na_values=[""])
     assert set(claims["claim"]) == {c.name for c in CLAIMS} and len(claims) == 2 * 2 * len(CLAIMS)
-    for column in ("setting", "share_exact", "ci_low", "ci_high", "share_estimate", "interaction",
-                   "region_cells_share", "null_mean", "null_p", "null_p_holm"):
+    for column in ("setting", "share_exact", "ci_low", "ci_high", "share_estimate", "interaction", "null_kind",
+                   "region_cells_share", "null_mean", "null_p", "null_p_holm", "evidence", "reason", "family_size"):
         assert column in claims
     assert set(claims["verdict"]) <= set(VERDICTS) and (claims["n_prompts"] == 4).all()
     # exact single-cell maps of 2 of the 4 prompts: no share of a partial sum of exact cells
@@ -64,7 +64,11 @@ def test_localize_end_to_end(tmp_path):
     inside = claims[claims["in_paper_setting"]]
     assert set(inside["direction"]) == {"sufficiency"} and set(inside["claim"]) == {"fe_lt", "enrichment", "recall",
                                                                                    "recall_no_unembed"}
-    assert (result.run_dir / "claims_null.json").is_file()
+    assert (claims["evidence"] == "exploratory").all()  # 4 prompts per map, with claims.min_prompts lowered
+    per_prompt = pd.read_parquet(result.run_dir / "claims_prompts.parquet")
+    assert len(per_prompt) == len(claims) * 4
+    # one Holm family: every judged row of the run
+    assert (claims["family_size"] == claims["null_p"].notna().sum()).all()
     html = (result.run_dir / "report" / "index.html").read_text()
     assert "The paper's claims" in html and "recall_o_late_ffn" in html
 

@@ -32,7 +32,7 @@ def _freeform(path, n=4):
 def test_a_freeform_jsonl_that_run_accepts(tmp_path):
     data = _freeform(tmp_path / "own.jsonl")
     config = parse_localize_config({"data": str(data), "models": MODELS, "out": str(tmp_path / "run"),
-                                    "exact": 1, "report": False, "search": {"controls": 0, "missed_sample": 0}})
+                                    "exact": 1, "report": False, "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"controls": 0, "missed_sample": 0}})
     result = localize(config, progress=False, load=loader)
     assert set(result.cells["template"]) == {"freeform"}
     assert result.cells["example_id"].nunique() == 4
@@ -46,7 +46,7 @@ def test_a_freeform_jsonl_that_run_accepts(tmp_path):
 def test_raising_exact_extends_a_finished_run(tmp_path):
     data = write_world(tmp_path / "data", n=4)
     base = {"data": str(data), "models": MODELS, "batch_size": 3, "exact_chunk": 64, "report": False,
-            "graft_directions": ["sufficiency"], "search": {"enabled": False}}
+            "graft_directions": ["sufficiency"], "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"enabled": False}}
     first = localize(parse_localize_config({**base, "exact": 1, "out": str(tmp_path / "a")}), progress=False, load=loader)
     parts = sorted((first.run_dir / "parts").glob("exact_*.parquet"))
     stamps = {p: p.stat().st_mtime_ns for p in parts}
@@ -75,7 +75,7 @@ def test_raising_exact_extends_a_finished_run(tmp_path):
 def test_changed_prompt_content_is_refused(tmp_path):
     data = write_world(tmp_path / "data", n=3)
     raw = {"data": str(data), "models": MODELS, "out": str(tmp_path / "run"), "exact": "none", "report": False,
-           "graft_directions": ["sufficiency"], "search": {"enabled": False}}
+           "graft_directions": ["sufficiency"], "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"enabled": False}}
     localize(parse_localize_config(raw), progress=False, load=loader)
     path = data / "test_prompts.jsonl"
     path.write_text(path.read_text().replace("Keanu Reeves", "Keanu Reves"))
@@ -139,12 +139,12 @@ def test_cli_names_a_report_only_when_there_is_one(tmp_path, monkeypatch, report
     cfg.write_text(yaml.safe_dump({"data": str(write_world(tmp_path / "data", n=3)), "models": MODELS,
                                    "out": str(tmp_path / "run"), "exact": "none", "report": report,
                                    "templates": ["headline"], "graft_directions": ["sufficiency"],
-                                   "search": {"controls": 0, "missed_sample": 0}}))
+                                   "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"controls": 0, "missed_sample": 0}}))
     out = CliRunner().invoke(app, ["localize", str(cfg)], catch_exceptions=False).output
     page = tmp_path / "run" / "report" / "index.html"
     assert page.is_file() == report
     assert (f"report: {page}" in out.replace("\n", "")) == report
     assert "directions:" in out and "refined by exact marginal gain" in out
     flat = out.replace("\n", "")
-    assert "claim recall_no_unembed:" in flat and "exact region share" in flat and "random regions of its size" in flat
+    assert "claim recall_no_unembed (pre->sft):" in flat and "exact share" in flat and "its null:" in flat
     assert "held-out prompts' effect" in flat  # the found set's share on prompts the search never saw

@@ -30,7 +30,7 @@ def no_load(*_):
 def _raw(tmp_path, sft, null=None, **extra):
     models = {"pre": "tiny-llama:pre", "sft": sft, **({"nulls": null} if null is not None else {})}
     return {"name": "nulls", "data": str(write_world(tmp_path / "data", n=4)), "out": str(tmp_path / "run"),
-            "models": models, "batch_size": 3, "exact_chunk": 64, **extra}
+            "models": models, "batch_size": 3, "exact_chunk": 64, "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, **extra}
 
 
 # ------------------------------------------------------------------ config

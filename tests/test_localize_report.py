@@ -18,7 +18,7 @@ def page(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     raw = {"name": "tiny-report", "data": str(write_world(tmp / "data", n=4)), "out": str(tmp / "run"),
            "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "exact": 1, "batch_size": 3,
-           "exact_chunk": 64, "search": {"controls": 20, "missed_sample": 8}}
+           "exact_chunk": 64, "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"controls": 20, "missed_sample": 8}}
     result = localize(parse_localize_config(raw), progress=False, load=loader)
     assert result.report == result.run_dir / "report" / "index.html"
     return result.report

@@ -31,7 +31,7 @@ def no_load(*_):
 
 def _raw(tmp_path, sft, **extra):
     return {"name": "stab", "data": str(write_world(tmp_path / "data", n=4)), "out": str(tmp_path / "run"),
-            "models": {"pre": "tiny-llama:pre", "sft": sft}, "batch_size": 3, "exact_chunk": 64, **extra}
+            "models": {"pre": "tiny-llama:pre", "sft": sft}, "batch_size": 3, "exact_chunk": 64, "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, **extra}
 
 
 # ------------------------------------------------------------------ independent recomputation
@@ -218,7 +218,7 @@ def test_explore_shows_the_first_sft_models_map(multi):
 # ------------------------------------------------------------------ extending a run, exact values
 
 def test_appending_sft_models_extends_a_run_and_other_changes_are_refused(tmp_path):
-    extra = {"exact": "all", "graft_directions": ["sufficiency"], "search": {"enabled": False}, "report": False}
+    extra = {"exact": "all", "graft_directions": ["sufficiency"], "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"enabled": False}, "report": False}
     first = localize(parse_localize_config(_raw(tmp_path, SFTS[0], **extra)), progress=False, load=loader)
     single = pd.read_csv(first.run_dir / "stability.csv")
     assert set(single["kind"]) == {"template"} and len(single) == 1  # one SFT model: the template pair only
@@ -272,7 +272,7 @@ def test_cli_prints_the_stability_summary(tmp_path, monkeypatch):
                         lambda cfg, progress=True, load=None: real(cfg, progress=False, load=copy_loader))
     cfg = tmp_path / "loc.yaml"
     cfg.write_text(yaml.safe_dump({**_raw(tmp_path, SFTS[:2]), "exact": "none", "report": False,
-                                   "graft_directions": ["sufficiency"], "search": {"enabled": False}}))
+                                   "graft_directions": ["sufficiency"], "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"enabled": False}}))
     out = CliRunner().invoke(app, ["localize", str(cfg)], catch_exceptions=False).output.replace("\n", "")
     table = pd.read_csv(tmp_path / "run" / "stability.csv")
     assert "stability over SFT models: 2 pair(s)" in out and "stability over templates: 2 pair(s)" in out

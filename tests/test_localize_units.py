@@ -25,7 +25,7 @@ def _run(tmp, units: str, **extra):
            "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "templates": ["headline"],
            "graft_directions": ["sufficiency"], "exact": 1, "batch_size": 4, "exact_chunk": 64,
            "report": False, "units": units, "exact_units": 8, "dtype": "float64",
-           "search": {"target_share": 0.5, "max_cells": 256, "controls": 20, "missed_sample": 8, "refine_rounds": 3},
+           "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"target_share": 0.5, "max_cells": 256, "controls": 20, "missed_sample": 8, "refine_rounds": 3},
            **extra}
     config = parse_localize_config(raw)
     return config, localize(config, progress=False, load=loader64)

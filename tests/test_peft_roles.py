@@ -153,7 +153,7 @@ def test_localize_takes_a_peft_donor(tmp_path):
     cells = {}
     for name, sft in (("lora", f"peft(pre, {path})"), ("merged", "merged")):
         raw = {"name": name, "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": sft},
-               "out": str(tmp_path / "runs" / name), "exact": 1, "search": {"enabled": False}, "report": False}
+               "out": str(tmp_path / "runs" / name), "exact": 1, "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"enabled": False}, "report": False}
         result = localize(parse_localize_config(raw), progress=False, load=load)
         cells[name] = result.cells.sort_values(["example_id", "direction", "position", "slot"]).reset_index(drop=True)
     for col in ("estimate", "exact"):

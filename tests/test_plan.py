@@ -186,7 +186,8 @@ def test_localize_plans_and_refuses_before_loading(run_raw: dict, tmp_path: Path
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from weightgraft.api.localize import localize
 
-    raw = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": "none"}
+    raw = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": "none",
+           "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}}
     plan = _plan_localize(parse_localize_config(raw), with_time=False)
     pre = resolve_footprint(run_raw["models"]["pre"])
     assert plan.memory["parameters"] == 2 * pre.param_bytes("float32")
@@ -198,7 +199,8 @@ def test_localize_plans_and_refuses_before_loading(run_raw: dict, tmp_path: Path
 
 
 def test_localize_plan_holds_pre_and_one_sft_model_at_a_time(run_raw: dict, tmp_path: Path) -> None:
-    one = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": 2}
+    one = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": 2,
+           "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}}
     three = {**one, "models": {"pre": run_raw["models"]["pre"], "sft": [run_raw["models"]["sft"], run_raw["models"]["pre"]]}}
     a = _plan_localize(parse_localize_config(one))
     b = _plan_localize(parse_localize_config(three))

@@ -154,7 +154,7 @@ def test_commands_that_tokenize_refuse_random_models_before_loading(tmp_path: Pa
         runner.run_experiment(config, progress=False)
     assert "\n" not in str(err.value)
     loc = parse_localize_config({"data": str(data), "models": {"pre": spec, "sft": spec + "@1"},
-                                 "out": str(tmp_path / "loc")})
+                                 "out": str(tmp_path / "loc"), "claims": {"min_prompts": 2}})
     with pytest.raises(ModelLoadError, match="without a tokenizer"):
         localize(loc, progress=False)
 

@@ -73,7 +73,7 @@ def test_localize_runs_on_a_random_pair_with_a_tokenizer(tmp_path, random_specs)
 
     raw = {"name": "loc", "data": str(write_world(tmp_path / "data", n=2)),
            "models": {"pre": random_specs["pre"], "sft": random_specs["sft"]}, "out": str(tmp_path / "loc"),
-           "batch_size": 4, "exact": 1, "report": False}
+           "batch_size": 4, "exact": 1, "report": False, "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}}
     with pytest.raises(ModelLoadError, match="a random model without a tokenizer"):
         run_localize(parse_localize_config(raw), progress=False)
     with pytest.raises(TokenizerMismatchError, match="tokenizer 'bytes' has 259 tokens"):

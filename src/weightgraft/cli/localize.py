@@ -66,13 +66,13 @@ def localize(
 
         from weightgraft.localization.claims import VERDICTS
 
-        table = pd.read_csv(claims)
-        for claim, rows in table.groupby("claim", sort=False):
+        table = pd.read_csv(claims, keep_default_na=False, na_values=[""])
+        for (setting, claim), rows in table.groupby(["setting", "claim"], sort=False):
             counts = rows["verdict"].value_counts()
-            console.print(f"claim {claim}: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in VERDICTS if v in ("holds", "fails", "undecided") or counts.get(v, 0))
-                          + f" of {len(rows)} map(s), exact region share {rows['share_exact'].min():.2f} to "
-                          f"{rows['share_exact'].max():.2f} (random regions of its size: {rows['null_mean'].min():.2f} to "
-                          f"{rows['null_mean'].max():.2f})")
+            console.print(f"claim {claim} ({setting}): " + ", ".join(
+                f"{v} {int(counts.get(v, 0))}" for v in VERDICTS if v in ("holds", "fails", "undecided") or counts.get(v, 0))
+                + f" of {len(rows)} map(s), exact share {rows['share_exact'].min():.2f} to "
+                f"{rows['share_exact'].max():.2f} (its null: {rows['null_mean'].min():.2f} to {rows['null_mean'].max():.2f})")
         console.print(f"claims: {claims}")
     if result.report is not None:
         console.print(f"report: {result.report}")

@@ -174,41 +174,54 @@ def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
 
 
 def _claims_section(run_dir: Path) -> str:
-    """``claims.csv``: the paper's claims as exact region grafts against a null of random
-    regions (a run made before them, or with ``claims: {enabled: false}``, has none)."""
+    """``claims.csv``: the paper's claims as exact region grafts, judged across prompts against
+    their null (a run made before them, or with ``claims: {enabled: false}``, has none)."""
     from weightgraft.localization.claims import ALPHA, CLAIMS
+    from weightgraft.localization.claims.regions import NULL_KINDS
+    from weightgraft.localization.claims.verdicts import FLOOR, family_floor, p_text
 
     path = run_dir / "claims.csv"
-    table = pd.read_csv(path) if path.is_file() else pd.DataFrame()
-    if table.empty or "share_exact" not in table:
-        return ("<h2>The paper's claims</h2><p>No exact claims in this run (<code>claims.csv</code> is missing or "
-                "from a version that summed first-order estimates); run localize again to write them.</p>")
-    intro = ("<h2>The paper's claims</h2><p>Each claim grafts its whole region exactly in every prompt: the share is "
-             "a ratio of sums over prompts of the region graft's effect and the effect of the cells it is a share of, "
-             "with a 95% paired bootstrap CI. Its null: random regions of the same size and component mix drawn "
-             f"outside it (seeds and shares in <code>claims_null.json</code>); p = (1 + #null at least as extreme) / "
-             f"(1 + n), Holm-adjusted over the claims of a map. <i>holds</i>: CI on the claim's side of the threshold "
-             f"and Holm p &le; {ALPHA:g}; <i>fails</i>: CI on the other side, or no better than the mean random region; "
-             "else <i>undecided</i>; <i>no cells</i>: the prompts have no cell in the region; <i>no effect</i>: the "
-             "graft of what the share is a share of has no effect (the 95% CI of its mean includes 0), so the ratio "
-             "says nothing either way. The estimate share (summed "
-             "gradient estimates of the region's cells) and its ratio to the exact share (<i>interaction</i>) stand "
-             "beside it. A row outside the setting where the paper made the claim says so.</p>"
-             + html_table(("claim", "statement", "test", "paper's setting"),
-                          [(c.name, c.statement, f"share {'>' if c.above else '<'} {c.threshold:g}", c.paper_setting)
-                           for c in CLAIMS]))
+    table = pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.is_file() else pd.DataFrame()
+    if table.empty or "null_kind" not in table:
+        return ("<h2>The paper's claims</h2><p>No claims judged across prompts in this run (<code>claims.csv</code> is "
+                "missing or from an earlier version); run localize again to write them.</p>")
+    family = int(table["family_size"].max()) if "family_size" in table else 0
+    n_min = int(table["n_prompts"].min())
+    intro = ("<h2>The paper's claims</h2><p>Each claim grafts its whole region exactly in every prompt. The share is "
+             "a ratio of sums over prompts of the region graft's effect and the effect of the cells it is a share of "
+             "(<i>within</i>), with its 95% Fieller interval (declined, with the reason, where the within effect's "
+             "interval includes 0 or the effects are too skewed for their number of prompts). The region must beat its "
+             "null across prompts: a paired test (sign flips of the per-prompt differences, and relabelings of the "
+             f"region among its null draws within each prompt; the larger p), Holm-adjusted over all {family} judged "
+             f"rows of this run as one family (least reachable adjusted p: {family_floor(n_min, family, 9999):.2g}). "
+             f"<i>holds</i>: the interval on the claim's side of the threshold and Holm p &le; {ALPHA:g}; <i>fails</i>: "
+             "the interval on the other side; else <i>undecided</i> (the reason is given); <i>no effect</i>: within's "
+             f"interval includes 0 or its effect is below {FLOOR:.0%} of the whole donor-base gap; <i>precondition not "
+             "met</i>: the setting's donor does not know the facts. Rows on null finetunes (<i>null finetune</i>) must "
+             "hold nothing. Per-prompt effects: <code>claims_prompts.parquet</code>.</p>"
+             + html_table(("claim", "statement", "test", "null", "paper's setting"),
+                          [(c.name, c.statement, "shown" if not c.judged else f"share {'>' if c.above else '<'} "
+                            f"{c.threshold:g}", NULL_KINDS[c.null], c.paper_setting) for c in CLAIMS]))
     keys = [k for k in ("model",) if k in table and table[k].nunique() > 1] + ["setting", "direction", "template"]
 
     def f(v: float) -> str:
         return "-" if pd.isna(v) else f"{v:.2f}"
 
-    rows = [(*[str(r[k]) for k in keys], r["claim"], f"{f(r['share_exact'])} [{f(r['ci_low'])}, {f(r['ci_high'])}]",
-             f"{r['side']} {r['threshold']:g}", f(r["null_mean"]), f"{r['null_p']:.3g} / {r['null_p_holm']:.3g}"
-             if not pd.isna(r["null_p"]) else "-", f(r["share_estimate"]), f(r["interaction"]), f(r["region_cells_share"]),
-             r["verdict"], str(r["n_prompts"]), r.get("note", "") if isinstance(r.get("note", ""), str) else "")
-            for _, r in table.iterrows()]
-    return intro + html_table((*keys, "claim", "exact share [95% CI]", "test", "null mean", "p / Holm p",
-                               "estimate share", "interaction", "cells share", "verdict", "prompts", "note"), rows)
+    def text(v: object) -> str:
+        return "" if pd.isna(v) else str(v)
+
+    rows = []
+    for _, r in table.iterrows():
+        floor = family_floor(int(r["n_prompts"]), family, 9999)
+        interval = (f"{f(r['share_exact'])} [{f(r['ci_low'])}, {f(r['ci_high'])}]" if not pd.isna(r["ci_low"])
+                    else f"{f(r['share_exact'])} (no interval)")
+        rows.append((*[str(r[k]) for k in keys], r["claim"], interval,
+                     "-" if pd.isna(r["threshold"]) else f"{r['side']} {r['threshold']:g}", f(r["null_mean"]),
+                     f"{p_text(r['null_p'], floor / family if family else floor)} / {p_text(r['null_p_holm'], floor)}",
+                     r["verdict"], text(r.get("reason")), f"{int(r['n_prompts'])} ({text(r.get('evidence'))})",
+                     f(r["share_estimate"]), text(r.get("note"))))
+    return intro + html_table((*keys, "claim", "exact share [95% CI]", "test", "null mean (share)", "p / Holm p",
+                               "verdict", "why", "prompts", "estimate share", "note"), rows)
 
 
 def _sets_section(search: dict[str, Any]) -> str:
