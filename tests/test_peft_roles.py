@@ -162,7 +162,8 @@ def test_localize_takes_a_peft_donor(tmp_path):
     manifest = json.loads((tmp_path / "runs" / "lora" / "manifest.json").read_text())
     assert manifest["adapter"]["path"] == str(path.resolve())
     bad = parse_localize_config({"name": "x", "data": str(data), "out": str(tmp_path / "runs"),
-                                 "models": {"pre": "tiny-llama:pre", "sft": f"peft(pre, {tmp_path / 'nope'})"}})
+                                 "models": {"pre": "tiny-llama:pre", "sft": f"peft(pre, {tmp_path / 'nope'})"},
+                                 "claims": {"enabled": False}})
     with pytest.raises(PeftError, match="does not exist"):
         localize(bad, progress=False, load=lambda *a: pytest.fail("loaded a model"))
 
