@@ -109,7 +109,11 @@ def test_behaviour_metrics_against_the_models(tmp_path):
     # the summary's recovery is a ratio of means over the examples, not a mean of ratios
     flp = res.pivot(index="example_id", columns="scheme", values="first_logprob")
     assert lt.recovery == pytest.approx((flp["LT"] - flp["PRE"]).mean() / (flp["SFT"] - flp["PRE"]).mean())
-    assert lt.recovery_lo <= lt.recovery <= lt.recovery_hi and lt.n_recovery == len(flp)
+    assert lt.n_recovery == len(flp)
+    if np.isnan(lt.recovery_lo):  # declined (few or skewed examples): the note says why
+        assert "no interval" in lt.recovery_note
+    else:
+        assert lt.recovery_lo <= lt.recovery <= lt.recovery_hi
     assert "few examples" in lt.recovery_note  # 6 examples: said next to the number
     lp = res.pivot(index="example_id", columns="scheme", values="answer_logprob")
 
@@ -155,17 +159,19 @@ def test_summary_recovery_is_a_ratio_of_means_that_one_small_gap_cannot_swing():
     is pulled far below zero, the ratio of means stays near the other examples' share."""
     gain = np.array([3.0, 2.5, 3.5, -9.8])  # the last example: graft - PRE
     gap = np.array([4.0, 3.0, 4.0, 0.52])
-    value, lo, hi, n, note = ratio_of_means(gain, gap, n_boot=2000, seed=0)
+    value, lo, hi, n, note = ratio_of_means(gain, gap)
     assert value == pytest.approx(gain.mean() / gap.mean()) and n == 4
     assert np.mean(gain / gap) < -3 < value  # the per-example mean is what misled
-    assert lo <= value <= hi
-    assert "few examples (n=4)" in note
+    # one example far from the others at n = 4: no interval keeps its coverage, and the note says so
+    assert np.isnan(lo) and np.isnan(hi) and "few examples (n=4)" in note and "no interval: effects too skewed" in note
+    rng = np.random.default_rng(0)
+    gaps = rng.normal(4.0, 0.5, 30)
+    spread = ratio_of_means(0.7 * gaps + rng.normal(0, 0.2, 30), gaps)
+    assert spread[1] < spread[0] < spread[2] and spread[4] == ""
     many = ratio_of_means(np.full(40, 2.0), np.full(40, 4.0))
     assert many[0] == pytest.approx(0.5) and many[4] == ""  # stable: no note
     small = ratio_of_means(np.full(40, 0.1), np.full(40, 0.2))
     assert "small SFT-PRE gap" in small[4]
-    same_seed = ratio_of_means(gain, gap, n_boot=2000, seed=0)
-    assert same_seed[1:3] == (lo, hi)  # seeded
 
 
 def test_recovery_flags_a_tiny_gap():

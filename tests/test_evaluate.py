@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from weightgraft.experiments.metrics import bootstrap_ci, summarize
+from weightgraft.experiments.metrics import summarize
 from weightgraft.experiments.prediction import answer_logprob, score_next_token
 
 
@@ -34,12 +34,13 @@ def test_answer_logprob_sums_teacher_forced_tokens():
     assert math.isclose(answer_logprob(logits, [0, 2]), math.log(0.5) + math.log(0.8), rel_tol=1e-6)
 
 
-def test_bootstrap_ci_brackets_the_mean_and_is_seeded():
-    values = np.array([1, 0, 1, 1, 0, 1, 0, 1, 1, 1], dtype=float)
-    lo, hi = bootstrap_ci(values, seed=0)
-    assert lo <= values.mean() <= hi and 0 <= lo < hi <= 1
-    assert bootstrap_ci(values, seed=0) == (lo, hi)
-    assert bootstrap_ci(np.ones(5)) == pytest.approx((1.0, 1.0), abs=1e-12)
+def test_summary_rates_carry_clopper_pearson_intervals_never_a_point():
+    """6 of 6 hits is 100 [54, 100], not [100, 100] (the interval a resampling of six hits gives)."""
+    rows = [{"model_set": "m", "template": "t", "scheme": "SFT", "family": "position", "rank": 0, "prob": 0.9,
+             "answer_logprob": -0.1, "finite": True, **{f"top{k}": True for k in (1, 5, 10, 20, 50, 100)}}
+            for _ in range(6)]
+    (row,) = summarize(pd.DataFrame(rows)).to_dict("records")
+    assert row["top5"] == 1.0 and row["top5_hi"] == 1.0 and 0.5 < row["top5_lo"] < 0.6
 
 
 def test_summary_excludes_non_finite_rows_from_averages():

@@ -1,6 +1,6 @@
 """Summaries of a sweep's rows: recovery from the baseline rows, and per (model set, template,
 direction, scheme) every metric of ``metric_table.METRIC_TABLE`` aggregated as it says, with
-bootstrap confidence intervals."""
+confidence intervals from ``weightgraft.stats`` (Clopper-Pearson rates, t means, Fieller ratios)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import pandas as pd
 
 from weightgraft.experiments import metric_table
 from weightgraft.experiments.metric_table import MetricSpec
+from weightgraft.stats import mean_ci, rate_cis, share_interval
 
 # |SFT - PRE| below which a per-example recovery is flagged (and left out of paired
 # differences): the ratio of two near-equal log-probs says nothing about the graft.
 MIN_RECOVERY_GAP = 0.1
 # The summary's recovery is flagged as unstable below these (mean gap in nats, examples) or
-# when the bootstrap's mean gap reaches zero.
+# where its interval is declined.
 STABLE_MEAN_GAP = 0.5
 STABLE_N = 10
 # per-example column -> the log-probability it is the recovery of
@@ -54,11 +55,11 @@ def add_recovery(results: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def ratio_of_means(gain: np.ndarray, gap: np.ndarray, n_boot: int = 1000, seed: int = 0,
-                   alpha: float = 0.05) -> tuple[float, float, float, int, str]:
-    """``mean(gain) / mean(gap)`` over the examples where both are finite, a paired percentile
-    bootstrap interval (examples resampled together), the count, and a note where the number
-    is unstable (few examples, a small mean gap, or resamples whose mean gap reaches zero).
+def ratio_of_means(gain: np.ndarray, gap: np.ndarray, alpha: float = 0.05) -> tuple[float, float, float, int, str]:
+    """``mean(gain) / mean(gap)`` over the examples where both are finite, its Fieller interval
+    (``weightgraft.stats.share_interval``: paired, exact for normal effects, declined where the
+    mean gap's interval includes 0 or the effects are too skewed for their number), the count, and
+    a note where the number is unstable (few examples, a small mean gap, a declined interval).
 
     A mean of per-example ratios lets one example with a small gap dominate; the ratio of
     means weighs each example by its gap, which is what "the share of the SFT-PRE difference
@@ -68,45 +69,28 @@ def ratio_of_means(gain: np.ndarray, gap: np.ndarray, n_boot: int = 1000, seed: 
     n = int(gain.size)
     if n == 0 or gap.mean() == 0:
         return float("nan"), float("nan"), float("nan"), n, "undefined: no SFT-PRE gap" if n else ""
-    value = float(gain.mean() / gap.mean())
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_boot, n))
-    gaps = gap[idx].mean(axis=1)
-    crosses = bool((np.sign(gaps) != np.sign(gap.mean())).any() | (gaps == 0).any())
-    with np.errstate(divide="ignore", invalid="ignore"):
-        boots = gain[idx].mean(axis=1) / gaps
-    lo, hi = (float(np.quantile(boots, alpha / 2)), float(np.quantile(boots, 1 - alpha / 2)))
+    interval = share_interval(gain, gap, level=1 - alpha)
     notes = []
     if n < STABLE_N:
         notes.append(f"few examples (n={n})")
     if abs(gap.mean()) < STABLE_MEAN_GAP:
         notes.append(f"small SFT-PRE gap ({gap.mean():.2f} nats)")
-    if crosses:
-        notes.append("the gap's sign changes under resampling")
-    return value, lo, hi, n, ("unstable: " + "; ".join(notes)) if notes else ""
+    if interval.declined:
+        notes.append(f"no interval: {interval.declined}")
+    return interval.value, interval.low, interval.high, n, ("unstable: " + "; ".join(notes)) if notes else ""
 
 
-def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
+def _mean_ci(values: np.ndarray) -> tuple[float, float, float]:
     values = values[np.isfinite(values)]
     if not values.size:
         return float("nan"), float("nan"), float("nan")
-    return (float(values.mean()), *bootstrap_ci(values, n_boot, seed))
-
-
-def bootstrap_ci(values: np.ndarray, n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (seeded)."""
-    values = np.asarray(values, dtype=float)
-    if values.size == 0:
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, values.size, size=(n_boot, values.size))].mean(axis=1)
-    return float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2))
+    return mean_ci(values)
 
 
 SUMMARY_KEYS = ["model_set", "template", "scheme"]
 
 
-def _aggregate(spec: MetricSpec, ok: pd.DataFrame, n_boot: int, seed: int) -> dict[str, object]:
+def _aggregate(spec: MetricSpec, ok: pd.DataFrame) -> dict[str, object]:
     """One metric's summary columns over the finite rows ``ok`` of one group (none where the
     results lack the metric's column)."""
     name, how = spec.name, spec.aggregate
@@ -118,7 +102,7 @@ def _aggregate(spec: MetricSpec, ok: pd.DataFrame, n_boot: int, seed: int) -> di
     if how == "rate":
         out: dict[str, object] = {name: float(values.mean()) if len(values) else float("nan")}
         if spec.ci:
-            out[f"{name}_lo"], out[f"{name}_hi"] = bootstrap_ci(values, n_boot, seed)
+            out[f"{name}_lo"], out[f"{name}_hi"] = rate_cis(values)[1:]
         return out
     if how == "rank":
         return {f"mean_{name}": float(values.mean()) if len(values) else float("nan"),
@@ -126,17 +110,18 @@ def _aggregate(spec: MetricSpec, ok: pd.DataFrame, n_boot: int, seed: int) -> di
     if how == "mean":
         return {f"mean_{name}": float(ok[name].mean()) if len(ok) else float("nan")}
     if how == "mean_ci":
-        mean, lo, hi = _mean_ci(values, n_boot, seed)
+        mean, lo, hi = _mean_ci(values)
         return {f"mean_{name}": mean, f"{name}_lo": lo, f"{name}_hi": hi, f"n_{name}": int(np.isfinite(values).sum())}
     gain, gap = ok[f"{name}_gain"].to_numpy(dtype=float), ok[f"{name}_gap"].to_numpy(dtype=float)
-    return dict(zip(spec.summary_columns(), ratio_of_means(gain, gap, n_boot, seed)))
+    return dict(zip(spec.summary_columns(), ratio_of_means(gain, gap)))
 
 
-def summarize(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def summarize(results: pd.DataFrame) -> pd.DataFrame:
     """One row per (model set, template, direction, scheme): n, top-k rates with 95% CIs,
     ranks, the behaviour metrics (logit difference, KL to the donor) with 95% CIs over the rows
     where they are defined (``n_<metric>``), and ``recovery`` / ``recovery_answer`` as a ratio
-    of means with a paired bootstrap CI and a ``*_note`` where the number is unstable.
+    of means with its Fieller interval and a ``*_note`` where the number is unstable. Every
+    interval is ``weightgraft.stats``' (nothing is resampled, so the summary draws no random number).
     ``direction`` (a2b, b2a) is empty for prompts without one.
 
     Rows with non-finite logits are counted in ``n_nonfinite`` and left out of every average.
@@ -153,7 +138,7 @@ def summarize(results: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.Da
             "family": group["family"].iloc[0], "n": len(ok), "n_nonfinite": int((~group["finite"]).sum()),
         }
         for spec in metric_table.METRIC_TABLE:
-            row.update(_aggregate(spec, ok, n_boot, seed))
+            row.update(_aggregate(spec, ok))
         row["_order"] = order[scheme]
         rows.append(row)
     out = pd.DataFrame(rows)

@@ -1,4 +1,4 @@
-"""Paired differences between two schemes on the same examples, with bootstrap CIs.
+"""Paired differences between two schemes on the same examples, with their intervals.
 
 Schemes of a sweep share their examples, so "does FE+LT beat LT?" is best read from the
 per-example differences (which cancel the examples' own difficulty) rather than from two
@@ -15,7 +15,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from weightgraft.experiments.metric_table import pair_skips, paired_metrics
-from weightgraft.experiments.metrics import bootstrap_ci
+from weightgraft.stats import mean_ci
 
 
 
@@ -49,10 +49,10 @@ def check_pairs(pairs: Sequence[SchemePair], scheme_names: Sequence[str]) -> Non
 
 def paired_differences(
     results: pd.DataFrame, pairs: Sequence[SchemePair], metrics: Sequence[str] | None = None,
-    n_boot: int = 1000, seed: int = 0,
 ) -> pd.DataFrame:
     """One row per (model set, template, pair, metric): the mean of ``a - b`` over the examples
-    both schemes scored (finite logits, metric defined), with a paired bootstrap 95% CI.
+    both schemes scored (finite logits, metric defined), with the 95% t interval of the paired
+    differences (``weightgraft.stats.mean_ci``: NaN bounds where it declines).
     ``metrics``: default every metric the metric table marks as paired."""
     metrics = paired_metrics() if metrics is None else metrics
     skips = pair_skips()
@@ -77,7 +77,7 @@ def paired_differences(
                 both = np.isfinite(va - vb)
                 va, vb = va[both], vb[both]
                 diff = va - vb
-                lo, hi = bootstrap_ci(diff, n_boot, seed)
+                _, lo, hi = mean_ci(diff) if diff.size else (np.nan, np.nan, np.nan)
                 rows.append({
                     "model_set": model_set, "template": template, "a": pair.a, "b": pair.b,
                     "metric": name, "n": int(diff.size),

@@ -318,10 +318,10 @@ def _finish(run_dir, config, schemes, store, order, exclusions, model_info, comp
         )
     results = add_recovery(results)  # per example, from the stored baseline rows
     write_atomic(run_dir / "results.parquet", results.to_parquet(index=False))
-    summary = summarize(results, seed=config.seed)
+    summary = summarize(results)
     write_atomic(run_dir / "summary.csv", summary.to_csv(index=False).encode())
     if config.pairs:
-        pairs = paired_differences(results, config.pairs, seed=config.seed)
+        pairs = paired_differences(results, config.pairs)
         write_atomic(run_dir / "summary_pairs.csv", pairs.to_csv(index=False).encode())
     if continuations:
         write_atomic(run_dir / "continuations.csv", pd.DataFrame(list(continuations)).to_csv(index=False).encode())

@@ -63,7 +63,7 @@ def accuracy_bar_figure(
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     ax.set_title(title)
-    note = f"whiskers: 95% bootstrap CI\nn = {_n_range(rows)} examples per scheme"
+    note = f"whiskers: 95% Clopper-Pearson interval\nn = {_n_range(rows)} examples per scheme"
     if (rows["n_nonfinite"] > 0).any():
         note += "\n† non-finite rows left out"
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False,
