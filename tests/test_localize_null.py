@@ -13,7 +13,7 @@ import pytest
 from weightgraft.api.localize import localize
 from weightgraft.experiments.config import ConfigError
 from weightgraft.localization.config import parse_localize_config
-from weightgraft.localization.stability import null_summary, separation_p, stability_table
+from weightgraft.localization.stability import null_summary, stability_table
 from tiny_world import loader, write_world
 
 SFTS = ["tiny-llama:sft", "tiny-llama:sft-copy"]  # the second: the first's weights again
@@ -118,8 +118,8 @@ def test_stability_rows_name_their_kind(run):
     summary = pd.read_csv(result.run_dir / "stability_null.csv")
     assert list(summary["template"]) == ["headline", "qa"]
     assert (summary["n_sft_pairs"] == 1).all() and (summary["n_null_pairs"] == 2).all()
-    # separated (identical seeds), but 1 seed pair against 2 null pairs is chance 1/3: undecided
-    assert list(summary["verdict"]) == ["undecided", "undecided"]
+    # separated (identical seeds), but 2 seeds beside 1 null: 3 labelings, least p 1/3: undecided, and says why
+    assert summary["verdict"].str.startswith("undecided: 2 seeds beside 1 null(s) cannot reach").all()
     assert summary["separation_p"].to_numpy() == pytest.approx([1 / 3, 1 / 3])
 
 
@@ -183,24 +183,31 @@ def _cells(values: dict[str, np.ndarray]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _planted(null_shares_structure: bool, seed: int = 0) -> pd.DataFrame:
+def _planted(null_shares_structure: bool, seed: int = 0, n_seeds: int = 3) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     n = len(SPANS) * N_LAYERS * len(COMPONENTS)
     structure = rng.lognormal(0.0, 1.5, n)
     other = rng.lognormal(0.0, 1.5, n)
     noisy = lambda base: base * np.exp(rng.normal(0.0, 0.3, n))  # noqa: E731
-    values = {f"sft[{i}]": noisy(structure) for i in range(3)}
+    values = {f"sft[{i}]": noisy(structure) for i in range(n_seeds)}
     values |= {f"null[{j}]": noisy(structure if null_shares_structure else other) for j in range(2)}
     return _cells(values)
 
 
+def test_three_seeds_beside_two_nulls_cannot_exceed_and_say_how_many_seeds_could():
+    """5 models: 10 labelings, least p 0.1, whatever the maps: the verdict says so."""
+    row = null_summary(stability_table(_planted(False), nulls=["null[0]", "null[1]"])).iloc[0]
+    assert row["separation_p"] == pytest.approx(1 / 10)
+    assert row["verdict"] == "undecided: 3 seeds beside 2 null(s) cannot reach p <= 0.05 (least p 0.1; 5 seeds could)"
+
+
 def test_verdict_exceeds_on_planted_structure():
-    table = stability_table(_planted(False), nulls=["null[0]", "null[1]"])
-    assert list(table["kind"].value_counts().sort_index().items()) == [("null_vs_null", 1), ("sft", 3), ("sft_vs_null", 6)]
+    table = stability_table(_planted(False, n_seeds=5), nulls=["null[0]", "null[1]"])
+    assert list(table["kind"].value_counts().sort_index().items()) == [("null_vs_null", 1), ("sft", 10), ("sft_vs_null", 10)]
     summary = null_summary(table)
     assert len(summary) == 1
     row = summary.iloc[0]
-    assert row["verdict"] == "exceeds" and row["separation_p"] == pytest.approx(1 / 84)
+    assert row["verdict"] == "exceeds" and row["separation_p"] == pytest.approx(1 / 21)
     sft, null = table[table["kind"] == "sft"], table[table["kind"] == "sft_vs_null"]
     assert row["sft_spearman_mean"] == pytest.approx(sft["spearman_coarse"].mean())
     assert row["null_overlap_mean"] == pytest.approx(null["top_overlap"].mean())
@@ -220,7 +227,6 @@ def test_verdict_is_undecided_without_seeds_pairs_or_nulls():
     one_seed = cells[cells["model"].isin(["sft[0]", "null[0]", "null[1]"])]
     summary = null_summary(stability_table(one_seed, nulls=["null[0]", "null[1]"]))
     assert list(summary["verdict"]) == ["undecided"] and list(summary["n_sft_pairs"]) == [0]
-    assert separation_p(3, 6) == pytest.approx(1 / 84) and separation_p(1, 2) == pytest.approx(1 / 3)
 
 
 def test_cli_prints_seeds_against_the_null(run, monkeypatch):

@@ -24,19 +24,21 @@ one, else the attribution estimate (integrated gradients where the run computed 
 with a null model? Seeds share initialization, data and recipe, and the gradient estimates are
 taken on PRE, so a high seed-vs-seed Spearman alone may reflect architecture and recipe rather
 than where the facts sit; per template and direction, the ``sft`` rows are set against the
-``sft_vs_null`` rows.
+``sft_vs_null`` rows, by a permutation test over the models' labels (not over pairs: pairs that
+share a model are not exchangeable), whose least p is ``1 / C(seeds + nulls, seeds)``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from itertools import combinations
 from math import comb
 
 import pandas as pd
 
 from weightgraft.localization.agreement import spearman
+from weightgraft.stats import model_label_p, models_needed
 
 TOP_K = 50
 ALPHA = 0.05  # the largest separation_p at which seed stability "exceeds" the null
@@ -152,30 +154,38 @@ def stability_table(cells: pd.DataFrame, k: int = TOP_K, nulls: Collection[str] 
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def separation_p(n_sft: int, n_null: int) -> float:
-    """The chance that ``n_sft`` seed pairs all rank above ``n_null`` seed-vs-null pairs when the
-    labels are exchangeable: ``1 / C(n_sft + n_null, n_sft)``."""
-    return 1.0 / comb(n_sft + n_null, n_sft)
+def separation_p(pairs: pd.DataFrame, seeds: Sequence[str], nulls: Sequence[str]) -> float:
+    """The permutation p over models (``weightgraft.stats.model_label_p``) that the seeds agree with
+    each other more than with the nulls, on both measures (the larger p): every relabeling of the
+    models as ``len(seeds)`` seeds, so its least value is ``1 / C(seeds + nulls, seeds)``."""
+    values = []
+    for column in MEASURES.values():
+        sim = {(a, b): v for a, b, v in zip(pairs["model_a"], pairs["model_b"], pairs[column])}
+        values.append(model_label_p(sim, list(seeds), list(nulls)))
+    return max(values)
 
 
-def null_verdict(sft: pd.DataFrame, null: pd.DataFrame) -> str:
-    """``exceeds`` only if every seed pair is above every seed-vs-null pair on both measures and
-    that separation is unlikely by chance (``separation_p <= ALPHA``; rank separation, not means,
-    since 3 seeds and 2 nulls give 3 and 6 values); ``undecided`` with no seed pair, no null pair,
-    a missing value or too few pairs to tell; else ``does not exceed``."""
+def null_verdict(sft: pd.DataFrame, null: pd.DataFrame, p: float, n_seeds: int, n_nulls: int) -> str:
+    """``exceeds`` where every seed pair is above every seed-vs-null pair on both measures and the
+    permutation p over models is <= ``ALPHA``; ``undecided`` with no seed pair, no null pair, a
+    missing value, or too few models for the test to reach ``ALPHA`` (saying how many seeds would);
+    else ``does not exceed``."""
     columns = list(MEASURES.values())
     if sft.empty or null.empty or sft[columns].isna().any().any() or null[columns].isna().any().any():
         return "undecided"
     if not all(sft[c].min() > null[c].max() for c in columns):
         return "does not exceed"
-    return "exceeds" if separation_p(len(sft), len(null)) <= ALPHA else "undecided"
+    if 1 / comb(n_seeds + n_nulls, n_seeds) > ALPHA:
+        return (f"undecided: {n_seeds} seeds beside {n_nulls} null(s) cannot reach p <= {ALPHA} "
+                f"(least p {1 / comb(n_seeds + n_nulls, n_seeds):.2g}; {models_needed(n_nulls, ALPHA)} seeds could)")
+    return "exceeds" if p <= ALPHA else "undecided"
 
 
 def null_summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per (template, direction) of ``stability.csv``'s model pairs: the seed pairs'
-    mean Spearman and top-k overlap beside the seed-vs-null pairs', and the verdict (a run
-    without null models: ``n_null_pairs`` 0, ``undecided``)."""
-    pairs = table[table["kind"].isin(["sft", "sft_vs_null"])]
+    mean Spearman and top-k overlap beside the seed-vs-null pairs', the permutation p over
+    models and the verdict (a run without null models: ``n_null_pairs`` 0, ``undecided``)."""
+    pairs = table[table["kind"].isin(["sft", "sft_vs_null", "null_vs_null"])]
     rows = []
     for (template, direction), g in pairs.groupby(["template_a", "direction"], sort=False):
         sft, null = g[g["kind"] == "sft"], g[g["kind"] == "sft_vs_null"]
@@ -186,7 +196,10 @@ def null_summary(table: pd.DataFrame) -> pd.DataFrame:
             row[f"null_{name}_mean"] = null[column].mean()
             row[f"sft_{name}_min"] = sft[column].min()
             row[f"null_{name}_max"] = null[column].max()
-        row["separation_p"] = separation_p(len(sft), len(null)) if len(sft) and len(null) else float("nan")
-        row["verdict"] = null_verdict(sft, null)
+        seeds = list(dict.fromkeys([*sft["model_a"], *sft["model_b"], *null["model_a"]]))
+        nulls = list(dict.fromkeys(null["model_b"]))
+        row["separation_p"] = (separation_p(g, seeds, nulls) if len(sft) and len(null)
+                               and not g[list(MEASURES.values())].isna().any().any() else float("nan"))
+        row["verdict"] = null_verdict(sft, null, row["separation_p"], len(seeds), len(nulls))
         rows.append(row)
     return pd.DataFrame(rows, columns=NULL_COLUMNS)
