@@ -316,6 +316,18 @@ def test_too_few_prompts_are_refused_before_any_model_loads(tmp_path):
            "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "search": {"enabled": False}}
     with pytest.raises(ConfigError, match=r"4 prompts per map .*fewer than claims.min_prompts \(20\).*'limit'"):
         localize(parse_localize_config(raw), progress=False, load=no_load)
+    from typer.testing import CliRunner
+    import yaml
+
+    from weightgraft.cli import app
+    from weightgraft.localization.claims.evidence import claims_notes
+
+    notes = claims_notes(parse_localize_config(raw))
+    assert notes[0].startswith("claims: 12 judged tests on at least 4 prompts per map") and "refused by localize" in notes[1]
+    path = tmp_path / "loc.yaml"
+    path.write_text(yaml.safe_dump({**raw, "models": {"pre": "random:llama-3.2-1b", "sft": "random:llama-3.2-1b@1"}}))
+    out = CliRunner().invoke(app, ["plan", str(path), "--no-time"], catch_exceptions=False).output.replace("\n", " ")
+    assert "refused by localize: claims: 4 prompts per map" in " ".join(out.split())
     lowered = parse_localize_config({**raw, "claims": {"min_prompts": 4}})
     evidence = claims_evidence(lowered, select_prompts(lowered))
     assert not evidence.problem and evidence.exploratory

@@ -52,8 +52,11 @@ def plan(
         from weightgraft.localization.run import plan_input
         from weightgraft.planning.localize import plan_localize_work
 
-        work = plan_input(parse_localize_config(raw, str(config)))
-        result = plan_localize_work(work, memory=memory, gpu=chosen, with_time=time)
+        from weightgraft.localization.claims.evidence import claims_notes
+
+        localize_config = parse_localize_config(raw, str(config))
+        result = plan_localize_work(plan_input(localize_config), memory=memory, gpu=chosen, with_time=time)
+        result.notes.extend(claims_notes(localize_config))
     else:
         result = plan_experiment(parse_config(raw, str(config)), memory=memory, gpu=chosen, with_time=time)
     if as_json:

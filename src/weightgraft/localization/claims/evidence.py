@@ -49,3 +49,21 @@ def claims_evidence(config: Any, prompts: Sequence[Any], n_reversal: int = 0) ->
         warning = (f"claims: the least Holm-adjusted p of {family} tests on {n} prompts is {floor:.3g} > {ALPHA}: no "
                    "claim could hold; raise claims.resamples, use more prompts, or set claims.enabled: false")
     return Evidence(n, family, floor, n < MIN_PROMPTS, problem, warning)
+
+
+def claims_notes(config: Any) -> list[str]:
+    """What ``weightgraft plan`` says of a localize config's claims: the family, the least p it
+    can reach, and what would refuse or flag the run."""
+    if not config.claims.enabled:
+        return []
+    from weightgraft.localization.claims.reversal import reversal_prompts
+    from weightgraft.localization.examples import select_prompts
+
+    found = claims_evidence(config, select_prompts(config), len(reversal_prompts(config)))
+    notes = [f"claims: {found.family} judged tests on at least {found.n_prompts} prompts per map, one Holm family; "
+             f"the least adjusted p is {found.floor:.2g}" + (" (rows exploratory)" if found.exploratory else "")]
+    if found.problem:
+        notes.append(f"refused by localize: {found.problem}")
+    if found.warning:
+        notes.append(f"flagged: {found.warning}")
+    return notes
