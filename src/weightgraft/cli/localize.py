@@ -36,8 +36,12 @@ def localize(
             stats = controls.get(kind) or {}
             if "mean" in stats:
                 half = stats.get("heldout") or stats
+                floor = 1 / (1 + controls.get("n_sets", 0))
+                at_floor = half["p"] <= floor * (1 + 1e-9)
                 console.print(f"{'':>11}   {kind} sets of {entry['size']} outside it ({'held out' if 'heldout' in stats else 'fit'}): "
-                              f"mean {half['mean']:.0%}, p95 {half['p95']:.0%}, the set's p = {half['p']:.3g}")
+                              f"mean {half['mean']:.0%}, p95 {half['p95']:.0%}, the set's p "
+                              + (f"<= {floor:.3g} (the floor of {controls.get('n_sets', 0)} controls)" if at_floor
+                                 else f"= {half['p']:.3g}"))
     if result.excluded:
         console.print(f"[yellow]{len(result.excluded)} prompt(s) excluded[/] (answer tokenizes to nothing)")
     if result.directions_note:

@@ -88,8 +88,13 @@ def _controls_cell(stats: dict[str, Any], n_sets: int) -> str:
         return ""
     if "not_drawn" in stats:
         return f'<span class="warn">not drawn: {_esc(stats["not_drawn"])}</span>'
+    from weightgraft.localization.claims.verdicts import p_text
+
     p = stats.get("p")
-    text = f"{_pct(stats.get('mean'))} / {_pct(stats.get('p95'))}" + (f", p = {p:.3g}" if p is not None else "")
+    floor = 1 / (1 + n_sets) if n_sets else 0.0  # the empirical p of n controls cannot go below this
+    text = f"{_pct(stats.get('mean'))} / {_pct(stats.get('p95'))}" + (
+        f", p {p_text(p, floor)}" + (f" (the floor of {n_sets} controls)" if p <= floor * (1 + 1e-9) else "")
+        if p is not None else "")
     return text if p is None or p <= 0.05 else f'<span class="warn">{text}</span>'
 
 
