@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-SKEW_FACTOR = 10.0
+SKEW_FACTOR = 8.0
 MIN_N = 3
 
 

@@ -74,17 +74,19 @@ class _Plan:
 
 def _plan(claim: Claim, data: ClaimMap, frames: list[tuple[list[CellKey], pd.DataFrame]], label: str, seed: int,
           draws: int) -> _Plan:
-    region, within, nulls = [], [], {}
+    region, within, pools, nulls = [], [], [], {}
     for keys, frame in frames:
         region.append(_pick(claim.region, keys, frame, data.n_layers))
         within.append(_pick(claim.within, keys, frame, data.n_layers))
+        avoid = set(_pick(claim.null_avoid, keys, frame, data.n_layers)) if claim.null_avoid else set()
+        pools.append([k for k in within[-1] if k not in avoid])
     rest = [[k for k in w if k not in set(r)] for r, w in zip(region, within)]
     ids = list(data.prompt_ids) or [str(i) for i in range(len(region))]
     if claim.null == "complement":
         nulls["complement"] = [NullSets([r]) for r in rest]
     elif claim.null == "positions":
-        nulls["positions"] = [position_nulls(r, w, draws, null_seed(seed, label, claim.name, i, "positions"))
-                              for r, w, i in zip(region, within, ids)]
+        nulls["positions"] = [position_nulls(r, pool, draws, null_seed(seed, label, claim.name, i, "positions"))
+                              for r, pool, i in zip(region, pools, ids)]
     elif claim.null == "components" and claim.marginal:
         among = sorted({slot_parts(s)[1] for w in within for _, s in w} - {slot_parts(s)[1] for r in region for _, s in r})
         nulls["other components"] = [component_nulls(r, set(w), draws, null_seed(seed, label, claim.name, i, "components"),
@@ -125,10 +127,12 @@ def _exact_cells_share(data: ClaimMap, region: list[list[CellKey]], within: list
 
 def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Sequence[Claim] = CLAIMS,
                  draws: int = DRAWS, seed: int = 0, n_resamples: int = 9999, precondition: str = "",
-                 ) -> tuple[list[dict[str, Any]], pd.DataFrame]:
+                 sign: int = 1) -> tuple[list[dict[str, Any]], pd.DataFrame]:
     """``(rows, per_prompt)``: one claims.csv row per claim (verdicts judged with this map as the
     family; ``stage.write_claims`` judges the run's rows again as one family), and the per-prompt
-    effects (claim, prompt id, region, within, null mean per kind)."""
+    effects (claim, prompt id, region, within, null mean per kind). ``sign``: the way the donor
+    moves the metric when it carries the finetuned behaviour (+1 grafting SFT into PRE, -1 the
+    other way); a map whose whole graft does not move it that way has no effect to localize."""
     frames = []
     for have in data.keys:
         keys = sorted(have)
@@ -171,9 +175,13 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
                                "threshold": claim.threshold, "side": ">" if claim.above else "<",
                                "n_prompts": len(data.keys), "n_region_keys": n_region,
                                "null_kind": claim.null, "null": NULL_KINDS[claim.null], "seed": seed,
-                               "precondition": precondition, "whole_effect": float(whole.mean()) if len(whole) else np.nan}
+                               "precondition": precondition, "whole_effect": float(whole.mean()) if len(whole) else np.nan,
+                               "expected_sign": sign}
         share = share_interval(num, den) if len(den) else None
         within = mean_interval(den) if len(den) else None
+        whole_iv = mean_interval(whole) if len(whole) else None
+        row.update({"whole_ci_low": whole_iv.low if whole_iv else np.nan,
+                    "whole_ci_high": whole_iv.high if whole_iv else np.nan})
         row.update({"region_effect": float(num.mean()) if len(num) else np.nan,
                     "within_effect": within.value if within else np.nan,
                     "within_ci_low": within.low if within else np.nan,

@@ -5,7 +5,9 @@ A claim names a *region* (the cells it says carry the effect), the cells it is a
 (*within*), a threshold and a side, and its null kind (``NULL_KINDS``):
 
 - ``positions``: the region's slots at as many other whole positions of the prompt (random sets of
-  the same token count, the same layers and components), drawn per prompt;
+  the same token count, the same layers and components), drawn per prompt from the positions no
+  claim names (``null_avoid``: the first entity's claim is not compared with the last token, which
+  the recall claims name, nor recall with the first entity);
 - ``complement``: the rest of *within* (a region too large for random positions: FE+LT covers
   most of a short prompt's positions);
 - ``layer blocks``: the region's components at the same positions in every other contiguous block
@@ -51,7 +53,7 @@ PRE_SFT, BOTH_A2B, NULL_FINETUNE = "pre->sft", "both->a2b", "null finetune"
 VERDICTS = ("holds", "fails", "undecided", "no cells", "no effect", "precondition not met", "shown")
 NullKind = Literal["positions", "complement", "components", "none"]
 NULL_KINDS: dict[str, str] = {
-    "positions": "random whole positions of the same token count (same slots)",
+    "positions": "random whole positions of the same token count (same slots), among the positions no claim names",
     "complement": "the rest of within",
     "components": "other layer blocks of the same size; other components at the same layers",
     "none": "none (shown, not judged)",
@@ -75,6 +77,7 @@ class Claim:
     above: bool = True
     marginal: bool = False
     paper_setting: str = PRE_SFT
+    null_avoid: Predicate | None = None  # positions a position null never draws (another claim's region)
 
     @property
     def judged(self) -> bool:
@@ -126,10 +129,10 @@ def _lt_late_attn_o_ffn(c: pd.DataFrame, n: int) -> pd.Series:
 CLAIMS: tuple[Claim, ...] = (
     Claim("fe_lt", "first entity + last token carry most of the effect",
           lambda c, n: _fe(c, n) | _lt(c, n), _everything, 0.5, "complement"),
-    Claim("enrichment", "the first entity's tokens carry a share", _fe, _everything, 0.0, "positions"),
-    Claim("recall", "the last token carries a share", _lt, _everything, 0.0, "positions"),
+    Claim("enrichment", "the first entity's tokens carry a share", _fe, _everything, 0.0, "positions", null_avoid=_lt),
+    Claim("recall", "the last token carries a share", _lt, _everything, 0.0, "positions", null_avoid=_fe),
     Claim("recall_no_unembed", "the last token without the unembedding carries a share",
-          lambda c, n: _lt(c, n) & (c["component"] != "unembed"), _everything, 0.0, "positions"),
+          lambda c, n: _lt(c, n) & (c["component"] != "unembed"), _everything, 0.0, "positions", null_avoid=_fe),
     Claim("recall_o_late_ffn", "at the last token, O + FFN of the last quarter carry most of the quarter's "
           "attention + O + FFN graft", lambda c, n: _lt_late(c, n, ("o",) + FFN), _lt_late_attn_o_ffn, 0.5,
           "components", paper_setting=BOTH_A2B),

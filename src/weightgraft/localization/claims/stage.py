@@ -51,7 +51,7 @@ def slot_params(model: nn.Module) -> dict[str, int]:
 
 def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequence[Claim], precondition: str) -> str:
     data = {"settings": settings.model_dump(mode="json"), "seed": seed, "metric": metric, "setting": setting,
-            "claims": [c.name for c in claims], "precondition": precondition, "version": 2}
+            "claims": [c.name for c in claims], "precondition": precondition, "version": 3}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -91,7 +91,8 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
         data = ClaimMap([set(m) for m in maps], est, lambda sets: verifier.per_prompt_sets(sets).numpy(), params,
                         n_layers, exact, [e.prompt.id for e in group])
         found, per_prompt = judge_claims(data, f"{model_label}/{template}/{direction}", setting, claims,
-                                         settings.null_draws, seed, settings.resamples, precondition)
+                                         settings.null_draws, seed, settings.resamples, precondition,
+                                         1 if direction == "sufficiency" else -1)
         for r in found:  # the paper grafted the donor into the base: sufficiency
             r.update(model=model_label, template=template, direction=direction,
                      in_paper_setting=bool(r["in_paper_setting"] and direction == "sufficiency"),

@@ -5,8 +5,10 @@ null across prompts, Holm-adjusted over one family (every judged row a run print
   null (Holm-adjusted p <= ``ALPHA``);
 - *fails*: the interval lies wholly on the other side;
 - *undecided*: otherwise, or where the interval was declined (the row's ``interval_note`` says why);
-- *no effect*: the effect the share is a share of (*within*) is not distinguishable from 0 (its t
-  interval includes 0) or is below ``FLOOR`` of the whole donor-base gap: a ratio of noise;
+- *no effect*: the whole graft's interval does not lie on the side the finetune moves the answer
+  (``expected_sign``: the donor does not carry the behaviour, as on a null finetune), or the effect
+  the share is a share of (*within*) is not distinguishable from 0 (its t interval includes 0) or
+  is below ``FLOOR`` of the whole donor-base gap: a ratio of noise;
 - *no cells*: the prompts have no cell in the region; *shown*: a row shown, not judged;
 - *precondition not met*: the setting's donor does not know the facts (``precondition`` says how).
 """
@@ -37,11 +39,16 @@ def _one(row: pd.Series) -> tuple[str, str]:
         return "shown", "shown beside the claims, not judged"
     if row["n_prompts"] < 3:
         return "undecided", "fewer than 3 prompts"
+    sign = row.get("expected_sign", 1)
+    wl, wh = row.get("whole_ci_low", float("nan")), row.get("whole_ci_high", float("nan"))
+    if not _nan(wl) and not (sign * wl > 0 and sign * wh > 0):
+        return "no effect", (f"the whole graft does not move the answer the finetune's way (whole effect "
+                             f"{row['whole_effect']:.3g} [{wl:.3g}, {wh:.3g}]): no behaviour to localize")
     low, high = row["within_ci_low"], row["within_ci_high"]
     if not _nan(low) and low <= 0 <= high or row.get("within_note", "").startswith("the whole effect's interval"):
         return "no effect", "within's interval includes 0"
     whole = row.get("whole_effect", float("nan"))
-    if not _nan(whole) and whole > 0 and row["within_effect"] < FLOOR * whole:
+    if not _nan(whole) and sign * row["within_effect"] < FLOOR * abs(whole):
         return "no effect", f"within's effect is below {FLOOR:.0%} of the whole donor-base gap ({whole:.3g})"
     if _nan(row["ci_low"]):
         return "undecided", f"no interval: {row.get('interval_note', '')}"
