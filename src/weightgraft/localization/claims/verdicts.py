@@ -54,6 +54,11 @@ def _one(row: pd.Series) -> tuple[str, str]:
         return "undecided", f"no interval: {row.get('interval_note', '')}"
     threshold, above = row["threshold"], row["side"] == ">"
     beats = not _nan(row["null_p_holm"]) and row["null_p_holm"] <= ALPHA
+    if _nan(row["null_p"]):
+        drawn = str(row.get("null_drawn", ""))
+        why = drawn.split(": ", 1)[1] if ": " in drawn else "no null set"
+        verdict = "fails" if (row["ci_high"] < threshold if above else row["ci_low"] > threshold) else "undecided"
+        return verdict, f"no null of its kind can be drawn on every prompt ({why})"
     right = row["ci_low"] > threshold if above else row["ci_high"] < threshold
     wrong = row["ci_high"] < threshold if above else row["ci_low"] > threshold
     if wrong:
