@@ -146,7 +146,7 @@ def test_console_names_are_not_cut():
     summary = summarize(pd.DataFrame([
         {"model_set": "m", "template": "t", "scheme": s, "family": "custom", "finite": True, "rank": 0,
          "prob": 1.0, "answer_logprob": 0.0, **{f"top{k}": True for k in (1, 5, 10, 20, 50, 100)}}
-        for s in names]), n_boot=10)
+        for s in names]))
     console = Console(width=60, record=True)
     print_summary(summary, protocol="authors", console=console)
     text = console.export_text()
