@@ -332,3 +332,37 @@ def test_too_few_prompts_are_refused_before_any_model_loads(tmp_path):
     evidence = claims_evidence(lowered, select_prompts(lowered))
     assert not evidence.problem and evidence.exploratory
     assert evidence.family == 6 * 2 and evidence.floor == pytest.approx(12 / 16) and "no claim could hold" in evidence.warning
+
+
+def _row(**over):
+    base = {"claim": "c", "n_region_keys": 10, "null_kind": "positions", "n_prompts": 40, "within_ci_low": 1.0,
+            "within_ci_high": 2.0, "within_note": "", "whole_effect": 5.0, "whole_ci_low": 4.0, "whole_ci_high": 6.0,
+            "expected_sign": 1, "within_effect": 1.5, "ci_low": 0.3, "ci_high": 0.5, "interval_note": "",
+            "threshold": 0.0, "side": ">", "null_p": 0.001, "null_drawn": "positions (20 per prompt)",
+            "precondition": ""}
+    return {**base, **over}
+
+
+def test_verdicts_from_rows_one_holm_family():
+    import pandas as pd
+
+    from weightgraft.localization.claims.verdicts import decide, p_text
+
+    rows = pd.DataFrame([
+        _row(),                                                             # holds
+        _row(null_p=0.06),                                                  # above 0.05 after Holm: undecided
+        _row(whole_ci_low=-6.0, whole_ci_high=-4.0, whole_effect=-5.0),     # the donor lowers the answer
+        _row(within_effect=0.1),                                            # 2% of the whole gap: below the floor
+        _row(ci_low=float("nan"), ci_high=float("nan"), interval_note="effects too skewed"),
+        _row(null_p=float("nan"), null_drawn="positions: 5 other positions, fewer than the region's 6"),
+        _row(precondition="the donor ranks 0% ..."),
+        _row(threshold=0.5, ci_low=0.1, ci_high=0.3),                       # fails
+    ])
+    out = decide(rows)
+    assert list(out["verdict"]) == ["holds", "undecided", "no effect", "no effect", "undecided", "undecided",
+                                    "precondition not met", "fails"]
+    assert out["family_size"].iloc[0] == 6  # judged rows with a p, precondition met
+    assert out["null_p_holm"].iloc[0] == pytest.approx(6 * 0.001)
+    assert "below 5% of the whole donor-base gap" in out["reason"].iloc[3]
+    assert "no null of its kind" in out["reason"].iloc[5] and "fewer than the region's 6" in out["reason"].iloc[5]
+    assert p_text(0.0001, 0.0001) == "<= 0.0001" and p_text(0.002, 0.0001) == "0.002"
