@@ -15,6 +15,7 @@ from dataclasses import replace
 from weightgraft.data.prompts import TestPrompt
 from weightgraft.experiments.config import ConfigError, ExperimentConfig
 from weightgraft.models.footprint import ModelFootprint, resolve_footprint
+from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.budget import budget, cuda_here
 from weightgraft.planning.cards import Card
 from weightgraft.planning.lengths import length_summary, tokenizer_for
@@ -74,6 +75,8 @@ def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[li
         roles = [RoleShape(role=role, spec=roles_spec[role], footprint=_role_footprint(roles_spec[role], roles_spec, footprints),
                            served=served.get(i, set()) if i else None, lowrank=parse_lowrank(roles_spec[role]) is not None)
                  for i, role in enumerate(used)]
+        for r in roles[1:]:
+            check_graftable(used[0], base, r.role, r.footprint)
         shapes.append(SetShape(name=set_name, base=base, roles=roles, rows=rows, source_bytes=source_bytes))
     return shapes, lengths
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from weightgraft.engine.architectures import Units, model_slots
 from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
 from weightgraft.models.footprint import ModelFootprint, dtype_bytes, resolve_footprint
+from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.budget import budget
 from weightgraft.planning.cards import Card
 from weightgraft.planning.lengths import length_summary, tokenizer_for
@@ -95,6 +96,7 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                       held_bytes=pre.param_bytes(work.dtype), holds="whole")]
     for sft in work.sfts:
         fp = pre if sft.adapter is not None else resolve_footprint(sft.spec)
+        check_graftable("pre", pre, sft.label, fp)
         size = _adapter_size(sft.adapter) if sft.adapter is not None else fp.param_bytes
         holds = "LoRA adapter" if sft.adapter is not None else "whole"
         sizes.append(size)

@@ -3,7 +3,6 @@ and the one-line refusal of a plan that does not fit."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -111,22 +110,25 @@ def check_plan(plan: Plan) -> Plan:
 
 def plan_skipped(exc: Exception) -> None:
     """A config the plan cannot read (a hub id not in the cache, a broken directory): the
-    loader then says what is wrong in its own words; other failures of the plan are said in
-    one line and do not stop the run."""
+    loader then says what is wrong in its own words. Any other failure of the plan is a bug and
+    is raised (never "plan skipped" and on)."""
     from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 
     if not isinstance(exc, (ModelLoadError, ModelNotFoundError, OSError)):
-        print(f"plan skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
+        raise exc
 
 
 def with_planned_batch(config: Any, make_plan: Callable[[], Plan], user_errors: tuple[type[Exception], ...]) -> Any:
     """What ``run`` and ``localize`` do before loading: ``make_plan()``, refused in one line
     when it does not fit; the config with the plan's batch size where the config fixes none.
-    ``user_errors`` (and :class:`PlanError`) propagate; any other failure of the plan is
-    :func:`plan_skipped` and the config is returned as given."""
+    ``user_errors``, :class:`PlanError` and a pair that cannot be grafted propagate; a config
+    the plan cannot read returns the config as given (:func:`plan_skipped`; the loader says what
+    is wrong), and any other failure is raised."""
+    from weightgraft.engine.compat import ModelMismatchError
+
     try:
         plan = make_plan()
-    except (PlanError, *user_errors):
+    except (PlanError, ModelMismatchError, *user_errors):
         raise
     except Exception as exc:  # the plan only refuses what it knows cannot fit
         plan_skipped(exc)
