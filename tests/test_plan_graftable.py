@@ -78,3 +78,27 @@ def test_a_bug_while_planning_is_raised_not_skipped(tmp_path, tiny_model_dirs, m
     monkeypatch.setattr("weightgraft.experiments.plan.plan_experiment", broken)
     with pytest.raises(ZeroDivisionError, match="a bug in the plan"):
         run_experiment(parse_config(_raw(tmp_path, tiny_model_dirs["pre"], tiny_model_dirs["sft"])), progress=False)
+
+
+def test_a_pair_no_single_card_holds_says_how_many_cards_device_map_needs(tmp_path):
+    """Two 8B models (~30 GiB each in bfloat16) on a 24 GB card: no change fits one card, and the
+    refusal counts the cards ``device_map=auto`` needs from the bfloat16 peak at batch 1."""
+    import math
+    import re
+
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.plan import plan_experiment
+    from weightgraft.planning.cards import card
+    from weightgraft.planning.sizes import gib
+
+    raw = {"data": str(write_world(tmp_path / "data")), "device": "cuda", "tokenizer": "bytes",
+           "models": {"pre": "random:llama-3.1-8b", "sft": "random:llama-3.1-8b@1"},
+           "schemes": [{"preset": "position"}], "out": str(tmp_path / "run")}
+    rtx = card("rtx4090-24gb")
+    plan = plan_experiment(parse_config(raw), gpu=rtx, with_time=False)
+    assert not plan.fits and not plan.suggestions
+    found = re.search(r"device_map=auto needs at least (\d+) rtx4090-24gb cards \(([\d.]+) GiB in bfloat16", plan.least)
+    assert found, plan.least
+    need = float(found.group(2))
+    assert int(found.group(1)) == math.ceil(need / float(gib(plan.budget_bytes).split()[0]))
+    assert int(found.group(1)) >= 2

@@ -125,7 +125,7 @@ def plan_experiment(config: ExperimentConfig, prompts: list[TestPrompt] | None =
                 notes=notes)
     if plan.fits:
         return plan
-    advice, least = run_advice(settings, where.limit, _spread(config, memory, gpu))
+    advice, least = run_advice(settings, where.limit, _spread(config, memory, gpu), gpu.name if gpu else None)
     return replace(plan, suggestions=advice, least=least)
 
 

@@ -4,6 +4,8 @@ config that this arithmetic says would make it fit."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from weightgraft.models.footprint import ModelFootprint
@@ -88,10 +90,12 @@ def run_memory(shape: SetShape, dtype: str, lean: bool, batch: int, held_now: in
             "source maps": shape.source_bytes, **act}
 
 
-def run_advice(settings: RunSettings, limit: int, spread: tuple[int, int] | None = None) -> tuple[list[str], str]:
+def run_advice(settings: RunSettings, limit: int, spread: tuple[int, int] | None = None,
+               card: str | None = None) -> tuple[list[str], str]:
     """The changes that fit ``limit`` by this arithmetic (bfloat16, lean donors, both, a smaller
     fixed batch, and ``device_map=auto`` where ``spread`` = (GPUs, their memory in all) of this
-    machine holds the run), and what the least of them needs: said when none fits."""
+    machine holds the run), and what the least of them needs: said when none fits. With a named
+    ``card`` (whose memory is ``limit``), also how many such cards ``device_map=auto`` needs."""
     batch = settings.batch_fixed or 1  # a fixed batch stays what the config says
 
     def peak(b: int = batch, dtype: str | None = None, lean: bool | None = None) -> int:
@@ -115,4 +119,10 @@ def run_advice(settings: RunSettings, limit: int, spread: tuple[int, int] | None
                    f"of {gib(spread[1])})")
     candidates = [("batch 1", peak(1))] + [(what, peak(1, **kw)) for what, kw in changes]
     least_what, least = min(candidates, key=lambda c: c[1])
-    return out, f"the least it needs is {gib(least)} ({least_what}{', batch 1' if least_what != 'batch 1' else ''})"
+    said = f"the least it needs is {gib(least)} ({least_what}{', batch 1' if least_what != 'batch 1' else ''})"
+    if card is not None and not out:
+        whole = min(peak(1, lean=False), peak(1, "bfloat16", False))  # a device_map loads every role whole
+        n = math.ceil(whole / limit)
+        said += (f"; across GPUs, device_map=auto needs at least {n} {card} cards ({gib(whole)} in "
+                 f"{'bfloat16' if whole < peak(1, lean=False) else settings.dtype}, batch 1, at {gib(limit)} a card)")
+    return out, said
