@@ -409,3 +409,18 @@ def test_the_cli_says_a_cuda_plan_without_a_machine_in_one_line(run_raw: dict, t
         main()
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: PlanError: device 'cuda'")
+
+
+def test_the_localize_plan_counts_the_claims_grafts(run_raw: dict, tmp_path: Path) -> None:
+    """The claims stage (each prompt's region and null grafts) is a part of the predicted time,
+    proportional to the prompts it grafts; without claims it is not there."""
+    raw = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": "none",
+           "search": {"enabled": False}, "graft_directions": ["sufficiency"],
+           "claims": {"min_prompts": 2, "null_draws": 5}}
+    full = _plan_localize(parse_localize_config(raw))
+    half = _plan_localize(parse_localize_config({**raw, "claims": {**raw["claims"], "prompts": 2}}))
+    off = _plan_localize(parse_localize_config({**raw, "claims": {"enabled": False}}))
+    n = len(plan_input(parse_localize_config(raw)).claim_prompts)
+    assert full.time_parts["claims"] > half.time_parts["claims"] > 0 and "claims" not in off.time_parts
+    assert n > 2 * 2  # every prompt of each template, against 2 per template
+    assert any(note.startswith(f"claims: {n} prompts x up to") for note in full.notes)

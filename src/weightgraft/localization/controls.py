@@ -11,19 +11,71 @@ drawn from its own string seed, recorded with its cells, so that anyone can draw
 (:func:`draw_control`) or regraft the cells. Every share is exact: all control sets of a found
 set are one batched engine pass (prefix sharing). Per kind: the empirical p-value of the found
 set, ``(1 + #controls >= found) / (1 + n)``, and the share per cell of the set and the controls.
+
+A draw (``draw_outside``) never contains a key of the set it is compared with. Where it matches a
+mix, each group is drawn from its own keys outside the set; a group with too few of them gives
+what it has, and the shortfall is drawn uniformly from the rest of the complement and counted
+(``n_unmatched``). Every draw is reproducible from its seed string (``random.Random(seed)`` over
+the sorted pool, so the draw depends on the set of candidates only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+import random
+from collections import Counter, defaultdict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
-from weightgraft.localization.draws import Draw, DrawError, draw_outside
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey, SetVerifier
 from weightgraft.stats import empirical_p
+
+K = TypeVar("K", bound=Hashable)
+
+
+class DrawError(ValueError):
+    """The complement holds fewer keys than the set to match."""
+
+
+@dataclass(frozen=True)
+class Draw(Generic[K]):
+    """The keys drawn and how many of them could not be matched to their group."""
+
+    keys: list[K]
+    n_unmatched: int
+
+
+def draw_outside(pool: Sequence[K], avoid: Sequence[K], size_like: Sequence[K], seed: str,
+                 group: Callable[[K], Hashable] | None = None) -> Draw[K]:
+    """``len(size_like)`` keys from ``pool`` minus ``avoid``: uniform (``group`` None) or with
+    ``size_like``'s count of keys per ``group(key)``, the shortfall uniform from the rest."""
+    rng = random.Random(seed)
+    banned = set(avoid)
+    outside = sorted(k for k in set(pool) if k not in banned)
+    n = len(size_like)
+    if len(outside) < n:
+        raise DrawError(f"only {len(outside)} keys lie outside the set, fewer than its {n}")
+    if group is None:
+        return Draw(rng.sample(outside, n), 0)
+    by_group: dict[Hashable, list[K]] = defaultdict(list)
+    for key in outside:
+        by_group[group(key)].append(key)
+    chosen: list[K] = []
+    short = 0
+    for g, count in sorted(Counter(group(k) for k in size_like).items(), key=lambda gc: repr(gc[0])):
+        keys = by_group.get(g, [])
+        take = min(count, len(keys))
+        chosen += rng.sample(keys, take)
+        short += count - take
+    if short:
+        taken = set(chosen)
+        rest = [k for k in outside if k not in taken]
+        chosen += rng.sample(rest, short)
+    return Draw(chosen, short)
+
 
 Kind = Literal["random", "matched"]
 KINDS: tuple[Kind, ...] = ("random", "matched")
@@ -42,7 +94,7 @@ def control_seed(seed: int, direction: str, template: str, kind: Kind, index: in
 
 def draw_control(candidates: Sequence[CellKey], found: Sequence[CellKey], kind: Kind, seed: str) -> Draw[CellKey]:
     """One control set of ``len(found)`` keys from ``candidates`` outside ``found``,
-    reproducible from ``seed`` (:func:`weightgraft.localization.draws.draw_outside`)."""
+    reproducible from ``seed`` (:func:`draw_outside`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown control kind {kind!r}; use random or matched")
     return draw_outside(candidates, found, found, seed, mix_key if kind == "matched" else None)

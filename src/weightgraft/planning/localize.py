@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from weightgraft.engine.architectures import Units, model_slots
 from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
@@ -18,7 +18,7 @@ from weightgraft.planning.cards import Card
 from weightgraft.planning.lengths import length_summary, tokenizer_for
 from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, smaller_batch
 from weightgraft.planning.sizes import gib
-from weightgraft.planning.timing import attribution_seconds, exact_cell_seconds, rate_for
+from weightgraft.planning.timing import attribution_seconds, exact_cell_seconds, forward_seconds, rate_for
 
 __all__ = ["CELL_ROW_BYTES", "DEFAULT_LOCALIZE_BATCH", "DEPTH_STATES", "EXACT_BATCH", "GRAFT_MAPS", "UNIT_ROW_BYTES",
            "UNIT_SHARE_COPIES", "LocalizeWork", "plan_localize_work", "unit_width"]
@@ -68,6 +68,13 @@ class LocalizeWork:
     exact_references: int = 0
     # the most (prompt, set) rows one call of the search's stages or the claims grafts
     set_rows: int = 0
+    # the prompts the claims graft (per SFT model and direction); their sets per prompt that graft
+    # whole positions (recomputed, with prefix sharing, from about the middle of the prompt on) and
+    # those at the last token only (one position recomputed), beside the layer blocks (counted
+    # from the model's depth)
+    claim_prompts: list[str] = field(default_factory=list)
+    claim_position_sets: int = 0
+    claim_last_sets: int = 0
     directions: int  # graft directions (sufficiency, necessity)
     ig_steps: int
     units: Units
@@ -140,6 +147,14 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
             if exact_lengths:
                 parts["exact cells"] = (exact_cell_seconds(pre, exact_lengths, work.exact_chunk, rate)
                                         * work.directions * len(work.sfts))
+            if work.claim_prompts:
+                last = work.claim_last_sets + pre.layers  # the layer blocks: at most one per layer
+                rows = [row for p in work.claim_prompts for row in
+                        [(count(p), 1)] + [(max(1, count(p) // 2), 1)] * work.claim_position_sets + [(1, 1)] * last]
+                parts["claims"] = (forward_seconds(pre, sorted(rows), work.exact_chunk, rate)  # passes group like rows
+                                   * work.directions * len(work.sfts))
+                notes.append(f"claims: {len(work.claim_prompts)} prompts x up to {work.claim_position_sets} position "
+                             f"grafts and {last} grafts at the last token, per mapped model and direction")
             seconds = sum(parts.values())
     plan = Plan(kind="localize", device=work.device, dtype=work.dtype, roles=roles, prompts=length_summary(lengths, how),
                 rows=len(lengths), batch_size=batch, batch_size_fixed=work.batch_size is not None,

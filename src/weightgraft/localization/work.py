@@ -1,0 +1,99 @@
+"""What a localize config asks of memory and time, as ``weightgraft.planning`` reads it: the
+prompts each stage grafts and the most rows one call of it holds (``plan_input``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from weightgraft.localization.config import LocalizeConfig
+from weightgraft.localization.examples import select_prompts
+
+if TYPE_CHECKING:
+    from weightgraft.planning.localize import LocalizeWork
+
+
+def plan_input(config: LocalizeConfig, prompts: list[Any] | None = None) -> LocalizeWork:
+    """What this config asks of memory and time, as ``weightgraft.planning`` reads it."""
+    from weightgraft.models.peft_donor import parse_peft
+    from weightgraft.planning.localize import LocalizeWork, SftModel
+
+    prompts = select_prompts(config) if prompts is None else prompts
+    exact, count = [], defaultdict(int)
+    for p in prompts:  # the prompts ``_exact_subset`` maps exactly: all, none, or the first N per template
+        if config.exact == "all" or (config.exact != "none" and count[p.template] < config.exact):
+            count[p.template] += 1
+            exact.append(p.prompt)
+    sfts = []
+    for label, spec in config.mapped_models():
+        lora = parse_peft(spec)
+        sfts.append(SftModel(label=label, spec=spec, adapter=str(lora.directory) if lora is not None else None))
+    return LocalizeWork(pre=config.models["pre"], sfts=sfts, prompts=[p.prompt for p in prompts], exact_prompts=exact,
+                        exact_references=_exact_references(config, prompts, len(exact)),
+                        set_rows=_set_rows(config, prompts), claim_prompts=_claim_prompts(config, prompts),
+                        claim_position_sets=4 * 3 + 3 * config.claims.null_draws + 1,
+                        claim_last_sets=3 * 3 + 2 * config.claims.null_draws,
+                        directions=len(config.graft_directions), ig_steps=config.ig_steps, units=config.units,
+                        unit_rows=config.unit_rows, exact_units=config.exact_units, exact_chunk=config.exact_chunk,
+                        batch_size=config.batch_size if "batch_size" in config.model_fields_set else None,
+                        dtype=config.dtype, device=config.device, tokenizer=config.tokenizer)
+
+
+def _claim_prompts(config: LocalizeConfig, prompts: list[Any]) -> list[str]:
+    """The prompts the claims graft: each template's first ``claims.prompts`` (all by default)."""
+    if not config.claims.enabled:
+        return []
+    count: dict[str, int] = defaultdict(int)
+    out = []
+    for p in prompts:
+        if config.claims.prompts is None or count[p.template] < config.claims.prompts:
+            count[p.template] += 1
+            out.append(p.prompt)
+    return out
+
+
+def _per_template(config: LocalizeConfig, prompts: list[Any]) -> list[tuple[int, int]]:
+    """Per template, the most prompts one call of its search (fit or held-out half) and of its
+    claims grafts (0 where that stage is off)."""
+    from weightgraft.localization.found_sets import split_prompts
+
+    by_template: dict[str, list[str]] = defaultdict(list)
+    for p in prompts:
+        by_template[p.template].append(p.id)
+    out = []
+    for template, ids in by_template.items():
+        search = 0
+        if config.search.enabled:
+            split = split_prompts(ids, config.seed, template, config.search.heldout)
+            search = max(len(split["fit_ids"]), len(split["heldout_ids"]))
+        claims = min(len(ids), config.claims.prompts or len(ids)) if config.claims.enabled else 0
+        out.append((search, claims))
+    return out
+
+
+def _set_rows(config: LocalizeConfig, prompts: list[Any]) -> int:
+    """The most (prompt, set) rows one call of the search's stages or of the claims grafts: a
+    refinement round (the set without each of up to ``max_cells`` cells), the controls (the
+    found set and both kinds' draws), the missed-effect sample (below and above the cut), the
+    claims (each claim's region, its part within and its null regions)."""
+    from weightgraft.localization.claims.regions import CLAIMS
+
+    s = config.search
+    per_search = max(s.max_cells if s.refine else 0, 1 + 2 * s.controls, 2 * s.missed_sample, 1)
+    per_claims = len(CLAIMS) * (3 + config.claims.null_draws) + 32  # regions, within, rest, draws, layer blocks
+    calls = [n * (1 + sets) for search, claims in _per_template(config, prompts)
+             for n, sets in ((search, per_search), (claims, per_claims))]  # each prompt's base is a row too
+    return max(calls, default=0)
+
+
+def _exact_references(config: LocalizeConfig, prompts: list[Any], n_exact: int) -> int:
+    """The reference rows depth sharing holds in the largest ``exact_effects`` call: an exact-map
+    group's bases (single cells share with their base alone), a template's fit or held-out prompts
+    (search, refinement, controls, missed sample) or its claim prompts, each with its base and the
+    union of its sets (0: no stage computes exact effects)."""
+    from weightgraft.localization.exact_parts import EXACT_GROUP
+
+    out = min(EXACT_GROUP, n_exact)
+    for search, claims in _per_template(config, prompts):
+        out = max(out, 2 * search, 2 * claims)
+    return out
