@@ -366,3 +366,21 @@ def test_verdicts_from_rows_one_holm_family():
     assert "below 5% of the whole donor-base gap" in out["reason"].iloc[3]
     assert "no null of its kind" in out["reason"].iloc[5] and "fewer than the region's 6" in out["reason"].iloc[5]
     assert p_text(0.0001, 0.0001) == "<= 0.0001" and p_text(0.002, 0.0001) == "0.002"
+
+
+def test_a_skew_declined_interval_is_decided_by_the_sign_test_across_prompts():
+    import pandas as pd
+
+    from weightgraft.localization.claims.verdicts import decide
+
+    skewed = dict(ci_low=float("nan"), ci_high=float("nan"), threshold=0.5,
+                  interval_note="effects too skewed for 40 prompts (skewness 5.8; an interval needs n >= 270)")
+    out = decide(pd.DataFrame([
+        _row(**skewed, n_past_threshold=40, sign_p_past=0.5 ** 40, sign_p_short=1.0),
+        _row(**skewed, n_past_threshold=3, sign_p_past=1.0, sign_p_short=1e-8),
+        _row(**skewed, n_past_threshold=24, sign_p_past=0.13, sign_p_short=0.92),
+        _row(**{**skewed, "interval_note": "fewer than 3 prompts"}, n_past_threshold=2, sign_p_past=0.25,
+             sign_p_short=1.0),
+    ]))
+    assert list(out["verdict"]) == ["holds", "fails", "undecided", "undecided"]
+    assert "on 40 of 40 prompts the region is past 0.5 of within" in out["reason"].iloc[0]

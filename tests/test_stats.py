@@ -101,3 +101,24 @@ def test_model_label_p_over_models_not_pairs():
     assert st.models_needed(2) == 5 and 1 / math.comb(5 + 2, 5) <= 0.05
     flat = {pair: 0.5 for pair in sim}
     assert st.model_label_p(flat, seeds, nulls) == 1.0
+
+
+@pytest.mark.parametrize("n", [8, 20, 40])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sign_test_keeps_its_error_rate_whatever_the_skew(family, n):
+    """Differences with median 0 from every family (the skewed ones too): the exact binomial test
+    rejects at most alpha of the time."""
+    from weightgraft.stats.simulation import noise
+
+    rng = np.random.default_rng(n)
+    draws = noise(family, rng, (2000, n))
+    centred = draws - np.median(noise(family, np.random.default_rng(99), 200_000))  # median 0
+    rate = np.mean([st.sign_test_p(row) <= 0.05 for row in centred])
+    assert rate <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 2000), rate
+
+
+def test_sign_test_counts_prompts_not_magnitudes():
+    assert st.sign_test_p(np.ones(10)) == pytest.approx(0.5 ** 10)
+    assert st.sign_test_p(np.ones(10), alternative="less") == pytest.approx(1.0)
+    assert st.sign_test_p(np.array([5.0, -0.1, -0.1, -0.1])) > 0.5  # one large value is one prompt
+    assert math.isnan(st.sign_test_p(np.zeros(3)))

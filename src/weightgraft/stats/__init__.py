@@ -8,6 +8,7 @@ coverage or error rate by a seeded simulation at the sample sizes the defaults u
 - :func:`paired_p`: a region's per-prompt effect against its per-prompt null, across prompts;
 - :func:`empirical_p`: one value against draws from its null (the found sets' controls);
 - :func:`holm`: Holm's step-down adjustment over one family of tests;
+- :func:`sign_test_p`: on how many prompts a difference is above 0 (exact, any distribution);
 - :func:`rate_ci`: a top-k rate with its Clopper-Pearson interval;
 - :func:`model_label_p`: are the models of one group more alike than a group of others?
 """
@@ -18,6 +19,7 @@ from weightgraft.stats.means import Interval, mean_ci, mean_interval, share_ci, 
 from weightgraft.stats.multiple import holm
 from weightgraft.stats.paired import least_p, paired_p
 from weightgraft.stats.rates import rate_ci, rate_cis
+from weightgraft.stats.signs import sign_test_p
 
 __all__ = ["Interval", "empirical_p", "holm", "least_p", "mean_ci", "mean_interval", "model_label_p", "models_needed", "paired_p",
-           "rate_ci", "rate_cis", "share_ci", "share_interval"]
+           "rate_ci", "rate_cis", "share_ci", "share_interval", "sign_test_p"]

@@ -28,7 +28,7 @@ from weightgraft.localization.claims.regions import CLAIMS, NULL_KINDS, PRE_SFT,
 from weightgraft.localization.claims.verdicts import decide
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey
-from weightgraft.stats import mean_interval, paired_p, share_interval
+from weightgraft.stats import mean_interval, paired_p, share_interval, sign_test_p
 
 PromptSet = tuple[tuple[CellKey, ...], ...]  # one sorted key tuple per prompt
 Effects = Callable[[Sequence[PromptSet]], np.ndarray]  # sets -> [n_prompts, n_sets] exact effects
@@ -189,6 +189,11 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
                     "within_note": within.declined if within else "",
                     "share_exact": share.value if share else np.nan, "ci_low": share.low if share else np.nan,
                     "ci_high": share.high if share else np.nan, "interval_note": share.declined if share else ""})
+        if claim.judged and len(den):  # where skew declines the interval: on how many prompts is it past the threshold?
+            past = num - claim.threshold * den
+            row.update(n_past_threshold=int((past > 0).sum() if claim.above else (past < 0).sum()),
+                       sign_p_past=sign_test_p(past, alternative="greater" if claim.above else "less"),
+                       sign_p_short=sign_test_p(past, alternative="less" if claim.above else "greater"))
         p_values, null_shares, drawn, unmatched, notes = [], [], [], 0, []
         record = pd.DataFrame({"claim": claim.name, "prompt_id": ids, "region_effect": num, "within_effect": den,
                                "whole_effect": whole})

@@ -5,6 +5,9 @@ null across prompts, Holm-adjusted over one family (every judged row a run print
   null (Holm-adjusted p <= ``ALPHA``);
 - *fails*: the interval lies wholly on the other side;
 - *undecided*: otherwise, or where the interval was declined (the row's ``interval_note`` says why);
+  where it was declined for skew, the sign test across prompts decides instead (is the region past
+  the threshold's part of within on most prompts: ``n_past_threshold``, ``sign_p_past``; one-sided
+  at ``SIGN_ALPHA``), and the reason says so: a statement about the median prompt, not the mean;
 - *no effect*: the whole graft's interval does not lie on the side the finetune moves the answer
   (``expected_sign``: the donor does not carry the behaviour, as on a null finetune), or the effect
   the share is a share of (*within*) is not distinguishable from 0 (its t interval includes 0) or
@@ -23,6 +26,7 @@ from weightgraft.localization.claims.regions import ALPHA
 from weightgraft.stats import holm, least_p
 
 FLOOR = 0.05  # within's mean effect below this share of the whole donor-base gap: no effect
+SIGN_ALPHA = 0.025  # one side of a 95% interval: the sign test's level where skew declines the interval
 MIN_PROMPTS = 20  # fewer per map: refused, unless claims.min_prompts lowers it (rows then exploratory)
 
 
@@ -50,10 +54,21 @@ def _one(row: pd.Series) -> tuple[str, str]:
     whole = row.get("whole_effect", float("nan"))
     if not _nan(whole) and sign * row["within_effect"] < FLOOR * abs(whole):
         return "no effect", f"within's effect is below {FLOOR:.0%} of the whole donor-base gap ({whole:.3g})"
-    if _nan(row["ci_low"]):
-        return "undecided", f"no interval: {row.get('interval_note', '')}"
     threshold, above = row["threshold"], row["side"] == ">"
     beats = not _nan(row["null_p_holm"]) and row["null_p_holm"] <= ALPHA
+    if _nan(row["ci_low"]):
+        note = str(row.get("interval_note", ""))
+        if not note.startswith("effects too skewed") or _nan(row.get("sign_p_past", float("nan"))):
+            return "undecided", f"no interval: {note}"
+        # skew leaves the mean no interval: the sign test says on how many prompts it is past the threshold
+        n, k = int(row["n_prompts"]), int(row["n_past_threshold"])
+        said = (f"no interval ({note}); on {k} of {n} prompts the region is past {threshold:g} of within "
+                f"(sign test p {row['sign_p_past']:.2g})")
+        if row["sign_p_short"] <= SIGN_ALPHA:
+            return "fails", said
+        if row["sign_p_past"] <= SIGN_ALPHA and beats:
+            return "holds", said
+        return "undecided", said + ("" if row["sign_p_past"] <= SIGN_ALPHA else f", not <= {SIGN_ALPHA}")
     if _nan(row["null_p"]):
         drawn = str(row.get("null_drawn", ""))
         why = drawn.split(": ", 1)[1] if ": " in drawn else "no null set"
