@@ -66,6 +66,15 @@ def null_rejection(family: str, n: int, sims: int, draws: int = 20, alpha: float
     return rejected / sims
 
 
+def sign_rejection(family: str, n: int, sims: int, alpha: float = 0.05, seed: int = 0) -> float:
+    """How often :func:`sign_test_p` rejects at ``alpha`` on differences of median 0."""
+    from weightgraft.stats.signs import sign_test_p
+
+    median = float(np.median(noise(family, np.random.default_rng(99), 200_000)))
+    rows = noise(family, np.random.default_rng(seed), (sims, n)) - median
+    return float(np.mean([sign_test_p(row) <= alpha for row in rows]))
+
+
 def rate_coverage(n: int, rate: float) -> float:
     """The exact coverage of :func:`rate_ci` at a true ``rate`` (a sum over the binomial)."""
     from scipy import stats as sps
@@ -91,6 +100,12 @@ def main() -> None:  # pragma: no cover - prints docs/statistics.md's tables
         for n in (8, 20, 40):
             print(f"| {family} | {n} | {null_rejection(family, n, 2000):.3f} "
                   f"| {null_rejection(family, n, 2000, one_draw_null=True):.3f} |")
+    print()
+    print("| family | n | the sign test rejects (median 0) |")
+    print("|---|---:|---:|")
+    for family in FAMILIES:
+        for n in (8, 20, 40):
+            print(f"| {family} | {n} | {sign_rejection(family, n, 2000):.3f} |")
     print()
     print("| n | least coverage of the rate interval over true rates 0.01-0.99 |")
     print("|---:|---:|")
