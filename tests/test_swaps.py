@@ -136,3 +136,51 @@ def test_logit_rows_are_checked_before_the_pass(tiny_pair, tiny_tok):
             PartialGraft(pre, sft).forward(ids, torch.zeros(*ids.shape, len(slots(pre)), dtype=torch.float64),
                                            logit_positions=bad)
     assert _state(pre) == before
+
+
+def _hooks(model: torch.nn.Module) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+@pytest.mark.parametrize("where", ["keep_states", "reference_states"])
+def test_state_hooks_come_off_when_the_pass_fails_before_it_runs(where, monkeypatch):
+    """An error between registering the state-keeping hooks and the pass (building the batch)
+    leaves no hook on the user's model."""
+    from tiny_models import make_donor, make_tiny
+
+    import weightgraft.engine.sharing.depth as depth
+    import weightgraft.engine.sharing.resume as resume
+    from weightgraft.engine.architectures import model_slots
+    from weightgraft.engine.sharing.prefix import GraftItem
+
+    base = make_tiny("llama", seed=0, n_layers=3)
+    models = [base, make_donor(base, seed=1)]
+    before = [_hooks(m) for m in models]
+    n_slots = len(model_slots(base))
+    item = GraftItem([5, 6, 7, 8], torch.zeros(4, n_slots, dtype=torch.long))
+
+    def broken(*a, **k):
+        raise RuntimeError("the batch could not be built")
+
+    monkeypatch.setattr(resume if where == "keep_states" else depth, "pad_segments", broken)
+    with pytest.raises(RuntimeError, match="could not be built"):
+        if where == "keep_states":
+            resume.keep_states(models, [item], kept=[0], pad_id=0)
+        else:
+            blocks = depth.decoder_blocks(base)
+            index = {s.name: i for i, s in enumerate(model_slots(base))}
+            depth._reference_states(models, [item], [depth.DepthStart(0, 1)], 0, blocks, {}, index)
+    assert [_hooks(m) for m in models] == before
+
+
+def test_activation_hooks_come_off_however_the_block_ends(tiny_pair):
+    from weightgraft.engine.activations import activation_names, record
+
+    model, _ = tiny_pair("llama", torch.float32)
+    before = _hooks(model)
+    names = activation_names(model)[:3]
+    with pytest.raises(KeyboardInterrupt):
+        with record(model, names):
+            assert _hooks(model) == before + 3
+            raise KeyboardInterrupt
+    assert _hooks(model) == before

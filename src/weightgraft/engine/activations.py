@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine.architectures import adapter_for, model_slots
+from weightgraft.engine.swaps import swaps
 from weightgraft.errors import GraftArgumentError
 
 RESID_POST = "resid_post"
@@ -65,19 +66,15 @@ def record(model: nn.Module, names: Sequence[str]) -> Iterator[dict[str, list[to
         sample = ", ".join(sorted(known)[:4])
         raise GraftArgumentError(f"no activation named {unknown[0]!r} on this model (names look like {sample}, ...)")
     seen: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-    handles = []
-    for name, (path, columns, pos_axis) in _targets(model, names).items():
-        def hook(_module, _args, output, name=name, columns=columns, pos_axis=pos_axis):
-            value = output[0] if isinstance(output, tuple) else output
-            if columns is not None:
-                value = value.index_select(-1, columns.to(value.device))
-            seen[name].append(value.detach().movedim(pos_axis, 1))
-        handles.append(model.get_submodule(path).register_forward_hook(hook))
-    try:
+    with swaps() as made:  # every hook comes off however the block ends, also mid-registration
+        for name, (path, columns, pos_axis) in _targets(model, names).items():
+            def hook(_module, _args, output, name=name, columns=columns, pos_axis=pos_axis):
+                value = output[0] if isinstance(output, tuple) else output
+                if columns is not None:
+                    value = value.index_select(-1, columns.to(value.device))
+                seen[name].append(value.detach().movedim(pos_axis, 1))
+            made.hook(model.get_submodule(path), hook)
         yield seen
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def stacked(seen: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -1,6 +1,7 @@
 """What a grafted pass changes on the user's models for the length of one call, and the one place
 that undoes it: module forwards swapped for grafted ones, a pre-hook that keeps only the rows
-whose logits are asked for, eval mode, eager attention for half-precision models. Everything :func:`swaps` installs is restored when its
+whose logits are asked for, hooks that read states (kept states, activations, explore's stop
+checks), eval mode, eager attention for half-precision models. Everything :func:`swaps` installs is restored when its
 block exits, however it exits (an error, a KeyboardInterrupt), so a model is never left grafted.
 
 A swap replaces the module's *instance* ``forward``, which ``nn.Module.__call__`` calls: hooks
@@ -76,6 +77,11 @@ class Swaps:
             raise GraftArgumentError(f"logit_positions must lie in 0..{seq - 1}")
         self._undo.append(unembedding.register_forward_pre_hook(_keep_rows(positions)).remove)
         return positions
+
+    def hook(self, module: nn.Module, fn: Callable[..., Any], *, pre: bool = False, with_kwargs: bool = False) -> None:
+        """A forward hook (``pre``: a forward pre-hook) on ``module`` until the block exits."""
+        register = module.register_forward_pre_hook if pre else module.register_forward_hook
+        self._undo.append(register(fn, with_kwargs=with_kwargs).remove)
 
     def eval_mode(self, models: Iterable[nn.Module]) -> None:
         """No dropout; models already in eval mode are left untouched."""

@@ -20,6 +20,7 @@ from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.sharing.depth import decoder_blocks
 from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 from weightgraft.engine.sharing.resume import KeptStates, keep_states, resumable, resume
+from weightgraft.engine.swaps import swaps
 from weightgraft.explore.cells import CellMaps
 
 BASELINES = ("pre", "sft")
@@ -95,9 +96,7 @@ def _checked(blocks: nn.ModuleList, check: Check | None) -> Iterator[None]:
         yield
         return
     check()
-    handles = [block.register_forward_pre_hook(lambda *_: check()) for block in blocks]
-    try:
+    with swaps() as made:  # the checks come off however the pass ends
+        for block in blocks:
+            made.hook(block, lambda *_: check(), pre=True)
         yield
-    finally:
-        for h in handles:
-            h.remove()

@@ -229,18 +229,16 @@ def _reference_states(
         seen[j] = _layer_input(args, kwargs)
 
     layers = sorted(set().union(*wanted.values()))
-    handles = [blocks[j].register_forward_pre_hook(functools.partial(keep, j), with_kwargs=True) for j in layers]
-    batch = pad_segments([segment(references[r], 0, len(references[r]), widths, slot_index) for r in used],
-                         pad_id, left=False)
-    heads, neurons = split_units(batch.heads)
     cache = DynamicCache()  # full layers only
-    try:
+    with swaps() as made:  # the hooks come off however the pass ends
+        for j in layers:
+            made.hook(blocks[j], functools.partial(keep, j), pre=True, with_kwargs=True)
+        batch = pad_segments([segment(references[r], 0, len(references[r]), widths, slot_index) for r in used],
+                             pad_id, left=False)
+        heads, neurons = split_units(batch.heads)
         graft_forward(models, batch.input_ids, batch.source, attention_mask=batch.mask,
                       logit_positions=torch.zeros(len(used), 1, dtype=torch.long), head_source=heads,
                       past_key_values=cache, neuron_source=neurons)
-    finally:
-        for h in handles:
-            h.remove()
     residuals = {r: {j: seen[j][b, : len(references[r])] for j in sorted(wanted[r])} for b, r in enumerate(used)}
     return ReferenceStates(residuals, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
                            {r: b for b, r in enumerate(used)})

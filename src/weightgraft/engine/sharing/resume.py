@@ -46,6 +46,7 @@ from weightgraft.engine.sharing.prefix import (
     split_units,
     wanted_positions,
 )
+from weightgraft.engine.swaps import swaps
 from weightgraft.errors import GraftArgumentError
 
 __all__ = ["KeptStates", "resumable", "keep_states", "resume", "resume_start"]
@@ -111,19 +112,16 @@ def keep_states(models: Sequence[nn.Module], items: Sequence[GraftItem], kept: S
         hidden = args[0] if args else kwargs["hidden_states"]
         seen[j] = hidden[rows.to(hidden.device)]
 
-    handles = [block.register_forward_pre_hook(functools.partial(keep, j), with_kwargs=True)
-               for j, block in enumerate(blocks)]
-    batch = pad_segments([segment(item, 0, len(item), widths, slot_index) for item in items], pad_id, left=False)
-    heads, neurons = split_units(batch.heads)
     cache = DynamicCache()  # full layers only: a later row may resume at any position
     k = max(item.n_logits for item in items)
-    try:
+    with swaps() as made:  # the hooks come off however the pass ends
+        for j, block in enumerate(blocks):
+            made.hook(block, functools.partial(keep, j), pre=True, with_kwargs=True)
+        batch = pad_segments([segment(item, 0, len(item), widths, slot_index) for item in items], pad_id, left=False)
+        heads, neurons = split_units(batch.heads)
         logits = graft_forward(models, batch.input_ids, batch.source, attention_mask=batch.mask,
                                logit_positions=wanted_positions(items, [0] * len(items), k),
                                head_source=heads, past_key_values=cache, neuron_source=neurons)
-    finally:
-        for h in handles:
-            h.remove()
     states = ReferenceStates(
         residuals={r: {j: seen[j][r] for j in range(len(blocks))} for r in range(len(kept))},
         keys=[layer.keys[rows.to(layer.keys.device)] for layer in cache.layers],
