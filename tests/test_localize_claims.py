@@ -278,16 +278,19 @@ def test_reversal_rows_are_precondition_not_met_where_the_donor_does_not_know_th
            "graft_directions": ["sufficiency"], "search": {"enabled": False},
            "claims": {"null_draws": 3, "resamples": 99, "min_prompts": 2},
            "reversal": {"donor": "tiny-llama:relation", "recipient": "tiny-llama:task", "template": "qa",
-                        "direction": "a2b"}}
+                        "direction": "a2b", "controls": ["tiny-llama:sft"]}}
     result = localize(parse_localize_config(raw), progress=False, load=loader)
     claims = pd.read_csv(result.run_dir / "claims.csv", keep_default_na=False)
+    control = claims[claims["model"] == "reversal control[0]"]
+    assert len(control) == 3 and set(control["donor_role"]) == {"control"} and "holds" not in set(control["verdict"])
+    assert set(control["donor"]) == {"tiny-llama:sft"}
     rev = claims[claims["model"] == "reversal"]
     assert set(rev["claim"]) == {"recall_o_late_ffn", "qkv_marginal", "attn_ffn_no_o"}
     assert set(rev["setting"]) == {"both->a2b"} and rev["in_paper_setting"].all()
     assert set(rev["verdict"]) == {"precondition not met"} and rev["precondition"].str.contains("top 5").all()
     assert {"donor_top5", "recipient_top5", "recipient_below_pre"} <= set(rev.columns)
     assert (rev["donor_top5"].astype(float) < 0.8).all()
-    assert set(rev["roles"]) == {"donor: no training manifest; recipient: no training manifest"}
+    assert set(rev["roles"]) == {"donor: no training manifest; recipient: no training manifest; control[0]: no training manifest"}
     outside = claims[(claims["model"] == "sft") & claims["claim"].isin(["recall_o_late_ffn", "qkv_marginal"])]
     assert not outside["in_paper_setting"].astype(bool).any()
     assert (result.run_dir / "claims_prompts.parquet").is_file()

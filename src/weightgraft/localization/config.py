@@ -69,6 +69,9 @@ class ReversalSetting(BaseModel):
 
     donor: str  # finetuned on both directions (split: both)
     recipient: str  # finetuned on a2b only (split: a2b)
+    # control donors: finetuned on both directions of *other* facts, grafted and judged the same
+    # way; no claim may hold on them (rows ``reversal control[i]``)
+    controls: list[str] = Field(default_factory=list)
     template: str = "paper_headline"
     direction: Literal["a2b", "b2a"] = "b2a"
 

@@ -36,7 +36,8 @@ def claims_evidence(config: Any, prompts: Sequence[Any], n_reversal: int = 0) ->
     models = len(config.mapped_models())
     family = len(judged) * len(counts) * len(config.graft_directions) * models
     if n_reversal:
-        family += sum(c.paper_setting == BOTH_A2B for c in judged)
+        donors = 1 + len(config.reversal.controls) if config.reversal is not None else 1
+        family += sum(c.paper_setting == BOTH_A2B for c in judged) * donors
         n = min(n, min(n_reversal, cap))
     floor = family_floor(n, family, settings.resamples)
     problem = warning = ""

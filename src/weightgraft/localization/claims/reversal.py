@@ -48,8 +48,10 @@ def roles_checked(config: LocalizeConfig) -> str:
 
     setting = config.reversal
     said = []
-    for role, spec, ok in (("donor", setting.donor, lambda d: d == ["a2b", "b2a"]),
-                           ("recipient", setting.recipient, lambda d: setting.direction not in d)):
+    both = lambda d: d == ["a2b", "b2a"]  # noqa: E731
+    checks = [("donor", setting.donor, both), ("recipient", setting.recipient, lambda d: setting.direction not in d)]
+    checks += [(f"control[{i}]", spec, both) for i, spec in enumerate(setting.controls)]
+    for role, spec, ok in checks:
         found = model_directions(spec)
         if found is None:
             said.append(f"{role}: no training manifest")
@@ -96,35 +98,47 @@ def precondition_check(pre: torch.nn.Module, recipient: torch.nn.Module, donor: 
 def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Callable[[str, torch.dtype], Any],
                     dtype: torch.dtype, pad_id: int, parts: Path, say: Callable[..., None],
                     pre: torch.nn.Module) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The both->a2b claims' rows (``model`` = ``reversal``), judged only where the donor meets
-    the setting's precondition, and their per-prompt effects."""
+    """The both->a2b claims' rows (``model`` = ``reversal``, and ``reversal control[i]`` for each
+    control donor), each judged only where its donor meets the setting's precondition, and their
+    per-prompt effects."""
     from weightgraft.engine.partial import PartialGraft
     from weightgraft.localization.examples import build_examples
     from weightgraft.localization.maps import estimate_frame
     from weightgraft.models.tokenization import check_same_tokenizer
 
     setting = config.reversal
-    recipient, donor = load(setting.recipient, dtype), load(setting.donor, dtype)
-    check_same_tokenizer(recipient.tokenizer, donor.tokenizer, "reversal donor")
+    recipient = load(setting.recipient, dtype)
     examples, excluded = build_examples(prompts, recipient.tokenizer)
     if excluded:
         say(f"reversal: {len(excluded)} prompt(s) excluded: {excluded[:3]}")
-    t0 = time.time()
-    estimates = estimate_frame(PartialGraft(recipient.model, donor.model), examples, "sufficiency", config.metric,
-                               config.batch_size)
-    say(f"[reversal] estimates of every cell: {time.time() - t0:.1f}s")
-    check = precondition_check(pre, recipient.model, donor.model, examples)
-    say(f"[reversal] donor top-5 {check['donor_top5']:.0%}, recipient top-5 {check['recipient_top5']:.0%}, "
-        f"recipient {check['recipient_below_pre']:.2f} nats below PRE" + (f": {check['precondition']}" if check["precondition"] else ""))
     claims = [c for c in CLAIMS if c.paper_setting == BOTH_A2B]
     import hashlib
 
     # the setting's models and prompts are outside the run's identity: their results are kept apart by them
     folder = parts / LABEL / hashlib.sha256(setting.model_dump_json().encode()).hexdigest()[:12]
-    folder.mkdir(parents=True, exist_ok=True)
-    table, per_prompt = map_claims([recipient.model, donor.model], examples, estimates, LABEL, "sufficiency", BOTH_A2B,
-                                   config.claims, config.seed, pad_id, config.metric, config.exact_chunk, folder, say,
-                                   claims, check["precondition"])
-    table = table.assign(donor=setting.donor, recipient=setting.recipient, prompt_direction=setting.direction,
-                         roles=roles_checked(config), **{k: v for k, v in check.items() if k != "precondition"})
+    tables, per_prompts = [], []
+    donors = [(LABEL, "donor", setting.donor)]
+    donors += [(f"{LABEL} control[{i}]", "control", spec) for i, spec in enumerate(setting.controls)]
+    for label, role, spec in donors:  # one donor in memory at a time
+        donor = load(spec, dtype)
+        check_same_tokenizer(recipient.tokenizer, donor.tokenizer, f"reversal {role}")
+        t0 = time.time()
+        estimates = estimate_frame(PartialGraft(recipient.model, donor.model), examples, "sufficiency", config.metric,
+                                   config.batch_size)
+        say(f"[{label}] estimates of every cell: {time.time() - t0:.1f}s")
+        check = precondition_check(pre, recipient.model, donor.model, examples)
+        say(f"[{label}] donor top-5 {check['donor_top5']:.0%}, recipient top-5 {check['recipient_top5']:.0%}, "
+            f"recipient {check['recipient_below_pre']:.2f} nats below PRE"
+            + (f": {check['precondition']}" if check["precondition"] else ""))
+        where = folder / label.replace(" ", "_").replace("[", "").replace("]", "")
+        where.mkdir(parents=True, exist_ok=True)
+        table, per_prompt = map_claims([recipient.model, donor.model], examples, estimates, label, "sufficiency",
+                                       BOTH_A2B, config.claims, config.seed, pad_id, config.metric, config.exact_chunk,
+                                       where, say, claims, check["precondition"])
+        tables.append(table.assign(donor=spec, donor_role=role, recipient=setting.recipient,
+                                   prompt_direction=setting.direction, roles=roles_checked(config),
+                                   **{k: v for k, v in check.items() if k != "precondition"}))
+        per_prompts.append(per_prompt)
+        del donor
+    table, per_prompt = pd.concat(tables, ignore_index=True), pd.concat(per_prompts, ignore_index=True)
     return table, per_prompt
