@@ -61,8 +61,11 @@ def test_a_component_typo_is_refused_with_the_config_once(tmp_path, saved):
     raw = tiny_config(tmp_path, "typo", world={"n": 2}, models=saved, schemes=bad)
     with pytest.raises(ConfigError, match=r"components: .*unknown component 'fnn' in 'o\+fnn'"):
         parse_config(raw)
-    with pytest.raises(ValueError, match="unknown component 'fnn'"):
+    with pytest.raises(wg.WeightgraftError, match="unknown component 'fnn'") as err:  # a ValueError too
         wg.Rule(model="sft", components="o+fnn")
+    assert isinstance(err.value, ValueError) and "\n" not in str(err.value) and "http" not in str(err.value)
+    with pytest.raises(wg.WeightgraftError, match="colour: Extra inputs are not permitted"):
+        wg.Scheme(name="x", colour=1)
     wg.Rule(model="sft", components="o+ffn-down")  # a well-formed one is accepted
     proc = _cli("run", _write(tmp_path, raw), "--no-progress")
     assert proc.returncode != 0

@@ -7,9 +7,10 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, get_protocol
 from weightgraft.schemes.selectors import (
@@ -23,13 +24,32 @@ from weightgraft.schemes.selectors import (
     select_positions,
 )
 from weightgraft.engine.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
+from weightgraft.errors import WeightgraftError
 
 # The two families a scheme has without a preset (the presets' are in weightgraft.schemes.families):
 BASELINE = "baseline"  # a model alone, as ``baselines()`` makes them
 CUSTOM = "custom"  # a user's own Scheme; a preset's builder leaves its schemes so and the registry names them
 
 
-class Rule(BaseModel):
+class SchemeInputError(WeightgraftError, ValueError):
+    """A rule or scheme built in Python with a field it cannot use (a misspelt component, an
+    unknown key), said in one line."""
+
+
+class _Checked(BaseModel):
+    """A model built in Python whose bad fields are a :class:`SchemeInputError` in one line (a
+    config's are ``ConfigError``: configs validate without calling ``__init__``)."""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            said = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+            raise SchemeInputError(f"{type(self).__name__}: {said}") from None
+
+
+class Rule(_Checked):
     """Slots ``components`` of layers ``layers`` at ``positions`` come from role ``model``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -58,7 +78,7 @@ class Rule(BaseModel):
         return value
 
 
-class Scheme(BaseModel):
+class Scheme(_Checked):
     """A graft plan. Slots no rule claims come from ``base``; later rules win over earlier."""
 
     model_config = ConfigDict(extra="forbid")
