@@ -198,6 +198,20 @@ def test_scheme_and_base_role(tiny_pair, tiny_tok):
     torch.testing.assert_close(a.logits, c.logits, rtol=0, atol=ATOL)
 
 
+def test_one_prompt_may_be_a_string_with_one_mapping_of_spans(tiny_pair, tiny_tok):
+    """``wg.graft`` and ``wg.compare`` take one prompt as a string, as ``wg.generate`` and
+    ``wg.tokens`` do; its row equals the same prompt in a list."""
+    pre, sft = tiny_pair("llama")
+    models, rule = {"pre": pre, "sft": sft}, wg.Rule(model="sft", positions="subject")
+    one = wg.graft(models, tiny_tok, "Paris is in", rule, spans={"subject": "Paris"})
+    listed = wg.graft(models, tiny_tok, ["Paris is in"], rule, spans=[{"subject": "Paris"}])
+    torch.testing.assert_close(one.logits, listed.logits, rtol=0, atol=0)
+    assert repr(one).startswith("GraftOutput(1 prompt,")
+    rows = wg.compare(models, tiny_tok, "Paris is in", " France", [wg.Scheme(name="S", rules=[rule])],
+                      spans={"subject": "Paris"})
+    assert len(rows) == 1
+
+
 def _no_compute(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the engine ran before the input was checked")
@@ -209,7 +223,6 @@ def _no_compute(monkeypatch):
 @pytest.mark.parametrize(("kwargs", "message"), [
     (dict(rules=wg.Rule(model="dpo")), "uses model role 'dpo'"),
     (dict(prompts=[]), "prompts is empty"),
-    (dict(prompts="Paris is in"), "not one string"),
     (dict(rules=wg.Rule(model="sft", positions="subject")), "prompt 0 ('The capital of France is'): span 'subject'"),
     (dict(rules=wg.Rule(model="sft", positions="subject"), spans=[{"subject": "France"}, {"subject": "Paris"}, {}]),
      "prompt 2 ("),

@@ -18,12 +18,12 @@ from weightgraft.experiments.examples import Exclusions, prepare
 from weightgraft.experiments.metrics import add_recovery
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
-from weightgraft.schemes.binding import GraftInputError, Rules, Spans, prepare_graft
+from weightgraft.schemes.binding import GraftInputError, Rules, Spans, one_or_many, prepare_graft
 
 
 def compare(
-    models: Mapping[str, Any], tokenizer: Any, prompts: Sequence[str], answers: Sequence[str],
-    schemes: Rules | Sequence[Scheme], spans: Spans = None, protocol: str = DEFAULT_PROTOCOL,
+    models: Mapping[str, Any], tokenizer: Any, prompts: str | Sequence[str], answers: str | Sequence[str],
+    schemes: Rules | Sequence[Scheme], spans: Spans | Mapping[str, Any] = None, protocol: str = DEFAULT_PROTOCOL,
     batch_size: int = 16, score_answer: bool = True, model_set: str = "default",
     template: str = "custom", prefix_sharing: bool = True,
 ) -> pd.DataFrame:
@@ -34,11 +34,14 @@ def compare(
     ``schemes`` are presets (``weightgraft.presets.position()``) or your own
     :class:`~weightgraft.Scheme` objects over the roles of ``models``; one Rule or a list of
     Rules is one scheme named ``graft`` over the first role, as in :func:`weightgraft.graft`; ``spans`` as in
-    :func:`weightgraft.graft`. Every prompt must be placeable by every scheme: one that is not
+    :func:`weightgraft.graft` (one prompt may be a string, with its answer a string). Every prompt must be placeable by every scheme: one that is not
     is an error naming it (a comparison never drops prompts silently).
     """
     if batch_size < 1:
         raise GraftInputError("batch_size must be at least 1")
+    if isinstance(prompts, str) and isinstance(answers, str):  # one prompt and its answer
+        answers = [answers]
+    prompts, spans = one_or_many(prompts, spans)
     prepared = prepare_graft(models, schemes, many=True, prompts=prompts, spans=spans, tokenizer=tokenizer,
                              protocol=protocol)
     roles, ordered, schemes, compiled = prepared.roles, prepared.models, prepared.schemes, prepared.compiled

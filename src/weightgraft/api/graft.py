@@ -12,12 +12,12 @@ from weightgraft.api.batch import pad
 from weightgraft.api.outputs import GraftOutput
 from weightgraft.engine.activations import activation_names, record, stacked
 from weightgraft.engine.forward import graft_forward
-from weightgraft.schemes.binding import GraftInputError, Rules, Spans, prepare_graft
+from weightgraft.schemes.binding import GraftInputError, Rules, Spans, one_or_many, prepare_graft
 
 
 def graft(
-    models: Mapping[str, Any], tokenizer: Any, prompts: Sequence[str], rules: Rules,
-    base: str | None = None, spans: Spans = None, protocol: str = DEFAULT_PROTOCOL,
+    models: Mapping[str, Any], tokenizer: Any, prompts: str | Sequence[str], rules: Rules,
+    base: str | None = None, spans: Spans | Mapping[str, Any] = None, protocol: str = DEFAULT_PROTOCOL,
     full_logits: bool = False, cache: bool | Sequence[str] = False,
 ) -> GraftOutput:
     """Run ``prompts`` once with the weights ``rules`` choose, and return the logits.
@@ -27,6 +27,7 @@ def graft(
     :class:`~weightgraft.Rule`, a list of them (later rules win), or a
     :class:`~weightgraft.Scheme`. ``spans`` gives, per prompt, named spans as a substring or
     ``(start, end)`` characters, so that ``positions="subject"`` selects the subject's tokens.
+    One prompt may be a string (its spans one mapping): the output then holds one row.
     The last token, padding (either side), tied embeddings and per-head rules are handled here;
     a rule that selects no token of some prompt is an error naming it. Runs without gradients.
 
@@ -34,6 +35,7 @@ def graft(
     activations, ``[batch, seq, ...]`` over the padded batch: every slot's module output
     (``layers.{i}.o``, ``layers.{i}.down``, ...) and ``layers.{i}.resid_post``.
     """
+    prompts, spans = one_or_many(prompts, spans)
     prepared = prepare_graft(models, rules, base=base, prompts=prompts, spans=spans, tokenizer=tokenizer,
                              protocol=protocol)
     roles, ordered = prepared.roles, prepared.models

@@ -70,5 +70,6 @@ class GraftOutput:
     def __repr__(self) -> str:
         full = "" if self.full_logits is None else f", full_logits={list(self.full_logits.shape)}"
         cache = "" if self.cache is None else f", cache={len(self.cache)} activations"
-        return (f"GraftOutput({len(self.prompts)} prompts, protocol={self.protocol}, "
+        n = len(self.prompts)
+        return (f"GraftOutput({n} prompt{'' if n == 1 else 's'}, protocol={self.protocol}, "
                 f"logits={list(self.logits.shape)}{full}{cache})")

@@ -91,6 +91,14 @@ def check_roles(schemes: Sequence[Scheme], roles: Sequence[str]) -> None:
             )
 
 
+def one_or_many(prompts: str | Sequence[str], spans: Spans | Mapping[str, Any]) -> tuple[list[str], Spans]:
+    """One prompt (a string, with one mapping of spans) as a list of one, as every API call takes
+    it; a list of prompts as it is."""
+    if isinstance(prompts, str):
+        return [prompts], None if spans is None else [spans] if isinstance(spans, Mapping) else spans
+    return prompts, spans
+
+
 def check_prompts(prompts: Sequence[str], spans: Spans) -> list[dict[str, tuple[int, int]]]:
     """The prompts are non-empty strings; each prompt's spans as character offsets."""
     if isinstance(prompts, str):
