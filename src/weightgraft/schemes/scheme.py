@@ -48,6 +48,10 @@ class _Checked(BaseModel):
                              f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
             raise SchemeInputError(f"{type(self).__name__}: {said}") from None
 
+    # pydantic then validates nested rules and schemes (a config's) without this __init__, so a
+    # config's errors keep their field paths (schemes.0.rules.0.layers) and stay ConfigError
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
 
 class Rule(_Checked):
     """Slots ``components`` of layers ``layers`` at ``positions`` come from role ``model``."""

@@ -84,33 +84,31 @@ def rate_coverage(n: int, rate: float) -> float:
     return float(pmf[np.array(hit)].sum())
 
 
+def _table(header: list[str], right: int, rows: list[list[str]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * (len(header) - right) + "---:|" * right)
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print()
+
+
 def main() -> None:  # pragma: no cover - prints docs/statistics.md's tables
-    print("| family | n | mu | covers (given) | declined | covers or declines |")
-    print("|---|---:|---:|---:|---:|---:|")
+    shares = []
     for mu in (1.0, 0.2):
         for family in FAMILIES:
             for n in (8, 20, 40):
                 c = share_coverage(family, n, mu, 2000)
-                print(f"| {family} | {n} | {mu} | {c['coverage_given']:.3f} ({c['given']}) | {c['declined']:.3f} "
-                      f"| {c['covered_or_declined']:.3f} |")
-    print()
-    print("| family | n | rejects (20 draws per prompt) | rejects (one-draw 1-D null, sign flip only) |")
-    print("|---|---:|---:|---:|")
-    for family in FAMILIES:
-        for n in (8, 20, 40):
-            print(f"| {family} | {n} | {null_rejection(family, n, 2000):.3f} "
-                  f"| {null_rejection(family, n, 2000, one_draw_null=True):.3f} |")
-    print()
-    print("| family | n | the sign test rejects (median 0) |")
-    print("|---|---:|---:|")
-    for family in FAMILIES:
-        for n in (8, 20, 40):
-            print(f"| {family} | {n} | {sign_rejection(family, n, 2000):.3f} |")
-    print()
-    print("| n | least coverage of the rate interval over true rates 0.01-0.99 |")
-    print("|---:|---:|")
-    for n in (6, 20, 40):
-        print(f"| {n} | {min(rate_coverage(n, p) for p in np.linspace(0.01, 0.99, 99)):.3f} |")
+                shares.append([family, str(n), str(mu), f"{c['coverage_given']:.3f} ({c['given']})",
+                               f"{c['declined']:.3f}", f"{c['covered_or_declined']:.3f}"])
+    _table(["family", "n", "mu", "covers (given)", "declined", "covers or declines"], 5, shares)
+    cells = [(family, n) for family in FAMILIES for n in (8, 20, 40)]
+    _table(["family", "n", "rejects (20 draws per prompt)", "rejects (one-draw 1-D null, sign flip only)"], 3,
+           [[f, str(n), f"{null_rejection(f, n, 2000):.3f}", f"{null_rejection(f, n, 2000, one_draw_null=True):.3f}"]
+            for f, n in cells])
+    _table(["family", "n", "the sign test rejects (median 0)"], 2,
+           [[f, str(n), f"{sign_rejection(f, n, 2000):.3f}"] for f, n in cells])
+    _table(["n", "least coverage of the rate interval over true rates 0.01-0.99"], 2,
+           [[str(n), f"{min(rate_coverage(n, p) for p in np.linspace(0.01, 0.99, 99)):.3f}"] for n in (6, 20, 40)])
 
 
 if __name__ == "__main__":  # pragma: no cover
