@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
-import pytest
 import torch
 
 from weightgraft.experiments.metrics import summarize

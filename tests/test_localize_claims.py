@@ -14,7 +14,7 @@ import torch
 import weightgraft as wg
 from weightgraft.localization.claims.grafts import ClaimMap, judge_claims, null_seed
 from weightgraft.localization.claims.nulls import position_nulls
-from weightgraft.localization.claims.regions import CLAIMS, key_frame, last_quarter
+from weightgraft.localization.claims.regions import CLAIMS, last_quarter
 
 N_LAYERS = 8
 LABELS = ["tok0", "tok1", "first_entity-1", "first_entity", "first_entity+1", "relation", "relation+1", "last"]
@@ -259,6 +259,7 @@ def test_exact_shares_and_claim_5s_marginal_equal_direct_grafts(tmp_path):
     last = (logprob(wg.Rule(model="sft", positions="last", components="all")) - base).sum()
     assert rows.loc["recall", "share_exact"] == pytest.approx(float(last / whole), abs=1e-12)
     assert (table["n_prompts"] == 4).all() and (table["evidence"] == "exploratory").all()
+    assert table["least_p"].to_numpy() == pytest.approx(1 / 16)  # exact sign flips of 4 prompts, above 1/100
 
 
 def test_reversal_rows_are_precondition_not_met_where_the_donor_does_not_know_the_facts(tmp_path):

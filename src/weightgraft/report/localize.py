@@ -183,7 +183,7 @@ def _claims_section(run_dir: Path) -> str:
     their null (a run made before them, or with ``claims: {enabled: false}``, has none)."""
     from weightgraft.localization.claims import ALPHA, CLAIMS
     from weightgraft.localization.claims.regions import NULL_KINDS
-    from weightgraft.localization.claims.verdicts import FLOOR, family_floor, p_text
+    from weightgraft.localization.claims.verdicts import FLOOR, p_text
 
     path = run_dir / "claims.csv"
     table = pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.is_file() else pd.DataFrame()
@@ -191,14 +191,15 @@ def _claims_section(run_dir: Path) -> str:
         return ("<h2>The paper's claims</h2><p>No claims judged across prompts in this run (<code>claims.csv</code> is "
                 "missing or from an earlier version); run localize again to write them.</p>")
     family = int(table["family_size"].max()) if "family_size" in table else 0
-    n_min = int(table["n_prompts"].min())
+    least = table["least_p"] if "least_p" in table else pd.Series(float("nan"), index=table.index)
+    reach = (f" (least reachable adjusted p: {min(1.0, family * least.max()):.2g})" if least.notna().any() else "")
     intro = ("<h2>The paper's claims</h2><p>Each claim grafts its whole region exactly in every prompt. The share is "
              "a ratio of sums over prompts of the region graft's effect and the effect of the cells it is a share of "
              "(<i>within</i>), with its 95% Fieller interval (declined, with the reason, where the within effect's "
              "interval includes 0 or the effects are too skewed for their number of prompts). The region must beat its "
              "null across prompts: a paired test (sign flips of the per-prompt differences, and relabelings of the "
              f"region among its null draws within each prompt; the larger p), Holm-adjusted over all {family} judged "
-             f"rows of this run as one family (least reachable adjusted p: {family_floor(n_min, family, 9999):.2g}). "
+             f"rows of this run as one family{reach}. "
              f"<i>holds</i>: the interval on the claim's side of the threshold and Holm p &le; {ALPHA:g}; <i>fails</i>: "
              "the interval on the other side; else <i>undecided</i> (the reason is given); <i>no effect</i>: within's "
              f"interval includes 0 or its effect is below {FLOOR:.0%} of the whole donor-base gap; <i>precondition not "
@@ -217,12 +218,12 @@ def _claims_section(run_dir: Path) -> str:
 
     rows = []
     for _, r in table.iterrows():
-        floor = family_floor(int(r["n_prompts"]), family, 9999)
+        floor = min(1.0, family * least[r.name])  # the row's least p, Holm-adjusted at the family's size
         interval = (f"{f(r['share_exact'])} [{f(r['ci_low'])}, {f(r['ci_high'])}]" if not pd.isna(r["ci_low"])
                     else f"{f(r['share_exact'])} (no interval)")
         rows.append((*[str(r[k]) for k in keys], r["claim"], interval,
                      "-" if pd.isna(r["threshold"]) else f"{r['side']} {r['threshold']:g}", f(r["null_mean"]),
-                     f"{p_text(r['null_p'], floor / family if family else floor)} / {p_text(r['null_p_holm'], floor)}",
+                     f"{p_text(r['null_p'], least[r.name])} / {p_text(r['null_p_holm'], floor)}",
                      r["verdict"], text(r.get("reason")), f"{int(r['n_prompts'])} ({text(r.get('evidence'))})",
                      f(r["share_estimate"]), text(r.get("note"))))
     return intro + html_table((*keys, "claim", "exact share [95% CI]", "test", "null mean (share)", "p / Holm p",

@@ -28,7 +28,7 @@ from weightgraft.localization.claims.regions import CLAIMS, NULL_KINDS, PRE_SFT,
 from weightgraft.localization.claims.verdicts import decide
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey
-from weightgraft.stats import mean_interval, paired_p, share_interval, sign_test_p
+from weightgraft.stats import least_p, mean_interval, paired_p, share_interval, sign_test_p
 
 PromptSet = tuple[tuple[CellKey, ...], ...]  # one sorted key tuple per prompt
 Effects = Callable[[Sequence[PromptSet]], np.ndarray]  # sets -> [n_prompts, n_sets] exact effects
@@ -80,7 +80,7 @@ def _plan(claim: Claim, data: ClaimMap, frames: list[tuple[list[CellKey], pd.Dat
         within.append(_pick(claim.within, keys, frame, data.n_layers))
         avoid = set(_pick(claim.null_avoid, keys, frame, data.n_layers)) if claim.null_avoid else set()
         pools.append([k for k in within[-1] if k not in avoid])
-    rest = [[k for k in w if k not in set(r)] for r, w in zip(region, within)]
+    rest = [[k for k in w if k not in r_set] for r, w in zip(region, within) for r_set in [set(r)]]
     ids = list(data.prompt_ids) or [str(i) for i in range(len(region))]
     if claim.null == "complement":
         nulls["complement"] = [NullSets([r]) for r in rest]
@@ -107,7 +107,8 @@ def _kind_sets(plan: _Plan, kind: str) -> list[list[list[CellKey]]] | str:
     if missing or k == 0:
         return missing or "no null set"
     if plan.claim.marginal:  # the marginal of the other set: within minus it
-        return [[[key for key in w if key not in set(n.sets[j])] for n, w in zip(per, plan.within)] for j in range(k)]
+        return [[[key for key in w if key not in drop] for n, w in zip(per, plan.within) for drop in [set(n.sets[j])]]
+                for j in range(k)]
     return [[n.sets[j] for n in per] for j in range(k)]
 
 
@@ -141,10 +142,8 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
     everything = [sorted(h) for h in data.keys]
     sets: dict[PromptSet, int] = {}
 
-    def want(per_prompt: Sequence[Sequence[CellKey]]) -> PromptSet:
-        key = tuple(_frozen(k) for k in per_prompt)
-        sets.setdefault(key, len(sets))
-        return key
+    def want(per_prompt: Sequence[Sequence[CellKey]]) -> None:
+        sets.setdefault(tuple(_frozen(k) for k in per_prompt), len(sets))
 
     want(everything)
     kinds: dict[tuple[str, str], Any] = {}
@@ -163,6 +162,7 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
         return effects[:, sets[tuple(_frozen(k) for k in per_prompt)]]
 
     whole = col(everything)
+    whole_iv = mean_interval(whole) if len(whole) else None  # the donor's whole effect: one per map
     ids = list(data.prompt_ids) or [str(i) for i in range(len(data.keys))]
     rows, prompts = [], []
     for plan in plans:
@@ -176,10 +176,9 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Seq
                                "n_prompts": len(data.keys), "n_region_keys": n_region,
                                "null_kind": claim.null, "null": NULL_KINDS[claim.null], "seed": seed,
                                "precondition": precondition, "whole_effect": float(whole.mean()) if len(whole) else np.nan,
-                               "expected_sign": sign}
+                               "expected_sign": sign, "least_p": least_p(len(den), n_resamples=n_resamples)}
         share = share_interval(num, den) if len(den) else None
         within = mean_interval(den) if len(den) else None
-        whole_iv = mean_interval(whole) if len(whole) else None
         row.update({"whole_ci_low": whole_iv.low if whole_iv else np.nan,
                     "whole_ci_high": whole_iv.high if whole_iv else np.nan})
         row.update({"region_effect": float(num.mean()) if len(num) else np.nan,

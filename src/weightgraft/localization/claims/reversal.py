@@ -116,7 +116,7 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
 
     # the setting's models and prompts are outside the run's identity: their results are kept apart by them
     folder = parts / LABEL / hashlib.sha256(setting.model_dump_json().encode()).hexdigest()[:12]
-    tables, per_prompts = [], []
+    tables, per_prompts, roles = [], [], roles_checked(config)
     donors = [(LABEL, "donor", setting.donor)]
     donors += [(f"{LABEL} control[{i}]", "control", spec) for i, spec in enumerate(setting.controls)]
     for label, role, spec in donors:  # one donor in memory at a time
@@ -136,7 +136,7 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
                                        BOTH_A2B, config.claims, config.seed, pad_id, config.metric, config.exact_chunk,
                                        where, say, claims, check["precondition"])
         tables.append(table.assign(donor=spec, donor_role=role, recipient=setting.recipient,
-                                   prompt_direction=setting.direction, roles=roles_checked(config),
+                                   prompt_direction=setting.direction, roles=roles,
                                    **{k: v for k, v in check.items() if k != "precondition"}))
         per_prompts.append(per_prompt)
         del donor
