@@ -246,3 +246,13 @@ def test_cli_prints_seeds_against_the_null(run, monkeypatch):
     assert (f"seeds vs null, headline / sufficiency: Spearman {summary['sft_spearman_mean']:.2f} vs "
             f"{summary['null_spearman_mean']:.2f}") in out
     assert "(means of 1 and 2 pairs): undecided" in out
+
+
+def test_the_report_says_why_one_seed_against_a_null_is_undecided():
+    from weightgraft.report.localize import _null_table
+
+    cells = _planted(False)
+    one_seed = cells[cells["model"].isin(["sft[0]", "null[0]", "null[1]"])]
+    text = _null_table(null_summary(stability_table(one_seed, nulls=["null[0]", "null[1]"])))
+    assert "no pair of SFT models (one training seed)" in text and "nan" not in text
+    assert "permutation test over the models' labels" in text

@@ -132,14 +132,19 @@ def _null_table(summary: pd.DataFrame) -> str:
     summary = summary[summary["n_null_pairs"] > 0]
     if summary.empty:
         return ""
+    def f(v: float, spec: str) -> str:
+        return "-" if pd.isna(v) else format(v, spec)
+
     rows = [(r["template"], r["direction"], f"{r['n_sft_pairs']} / {r['n_null_pairs']}",
-             f"{r['sft_spearman_mean']:.3f} / {r['null_spearman_mean']:.3f}",
-             f"{r['sft_overlap_mean']:.2f} / {r['null_overlap_mean']:.2f}", f"{r['separation_p']:.3g}", r["verdict"])
+             f"{f(r['sft_spearman_mean'], '.3f')} / {f(r['null_spearman_mean'], '.3f')}",
+             f"{f(r['sft_overlap_mean'], '.2f')} / {f(r['null_overlap_mean'], '.2f')}", f(r["separation_p"], ".3g"),
+             r["verdict"] if r["n_sft_pairs"] else f"{r['verdict']}: no pair of SFT models (one training seed)")
             for _, r in summary.iterrows()]
     return ("<p><b>Seeds against a null</b> (<code>stability_null.csv</code>): <i>exceeds</i> only where every "
-            "pair of SFT models is above every SFT-vs-null pair on both measures, and that separation has "
-            "chance at most 0.05 under exchangeable pairs (<i>separation p</i> = 1 / C(pairs, seed pairs)); "
-            "<i>undecided</i> with too few pairs.</p>"
+            "pair of SFT models is above every SFT-vs-null pair on both measures, and a permutation test over the "
+            "models' labels (every choice of which models are the seeds; <i>separation p</i>, least value "
+            "1 / C(seeds + nulls, seeds)) gives p &le; 0.05; <i>undecided</i> with too few models, and then it "
+            "says how many seeds could reach 0.05.</p>"
             + html_table(("template", "direction", "pairs: seeds / vs null", "Spearman, coarse: seeds / vs null",
                           "top-k overlap: seeds / vs null", "separation p", "verdict"), rows))
 
