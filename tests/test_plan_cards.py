@@ -54,3 +54,53 @@ def test_a_cpu_still_measures_its_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("weightgraft.models.calibration.throughput", lambda d, t: seen.append((d, t)) or "measured")
     assert timing.rate_for("cpu", "float32", None) == ("measured", None)
     assert seen == [("cpu", "float32")]
+
+
+def test_a_gpu_plan_adds_reading_the_weights_from_disk_and_over_the_host_link(
+        tmp_path, tiny_model_dirs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40: a plan for a card counts the weights' trip (disk, then the card's host link) as
+    parts of the time, at the stated rates; ``--disk-gbps`` names another disk; a CPU plan has
+    no such part; a localize plan for a card counts its roles' bytes too."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from weightgraft.cli import app
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.plan import plan_experiment
+    from weightgraft.localization.config import parse_localize_config
+    from weightgraft.localization.run import plan_input
+    from weightgraft.planning.errors import PlanError
+    from weightgraft.planning.localize import plan_localize_work
+    from tiny_world import write_world
+
+    monkeypatch.setattr(budget_mod, "cuda_here", lambda: False)
+    data = str(write_world(tmp_path / "data"))
+    models = {"pre": str(tiny_model_dirs["pre"]), "sft": str(tiny_model_dirs["sft"])}
+    raw = {"name": "planned", "data": data, "models": models, "schemes": [{"preset": "position"}],
+           "out": str(tmp_path / "run"), "report": False, "device": "cuda"}
+    h100 = CARDS["h100-80gb"]
+    plan = plan_experiment(parse_config(raw), gpu=h100)
+    held = sum(r.held_bytes for r in plan.roles)
+    assert plan.time_parts["read weights from disk"] == pytest.approx(held / 2e9)
+    assert plan.time_parts["copy weights to the card"] == pytest.approx(held / 64e9)
+    assert plan.predicted_seconds == pytest.approx(sum(plan.time_parts.values()))
+    assert any("disk at 2 GB/s (assumed" in n and "64 GB/s" in n for n in plan.notes)
+    a100 = plan_experiment(parse_config(raw), gpu=CARDS["a100-80gb"])
+    assert a100.time_parts["copy weights to the card"] == pytest.approx(held / 32e9)  # PCIe 4 against 5
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(json.dumps(raw))
+    cli = CliRunner()
+    fast = json.loads(cli.invoke(app, ["plan", str(path), "--gpu", "h100-80gb", "--disk-gbps", "4", "--json"]).output)
+    assert fast["time_parts"]["read weights from disk"] == pytest.approx(held / 4e9)
+    alone = cli.invoke(app, ["plan", str(path), "--disk-gbps", "4", "--memory", "80GiB"])
+    assert isinstance(alone.exception, PlanError) and "--disk-gbps needs --gpu" in str(alone.exception)
+
+    cpu = plan_experiment(parse_config({**raw, "device": "cpu"}))
+    assert not any("weights" in part for part in cpu.time_parts)
+
+    loc = parse_localize_config({"data": data, "models": models, "out": str(tmp_path / "loc"), "exact": "none",
+                                 "search": {"enabled": False}, "claims": {"enabled": False}, "device": "cuda"})
+    local = plan_localize_work(plan_input(loc), gpu=h100)
+    assert local.time_parts["read weights from disk"] == pytest.approx(sum(r.held_bytes for r in local.roles) / 2e9)

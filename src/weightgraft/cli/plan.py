@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from weightgraft.planning.cards import CARDS
+from weightgraft.planning.errors import PlanError
 from weightgraft.planning.sizes import gib as _gib
 
 console = Console()
@@ -33,6 +35,8 @@ def plan(
                                          "instead of this device's free memory."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Plan for one GPU of this kind (its memory and "
                                       "stated rates): " + ", ".join(CARDS) + "."),
+    disk_gbps: Optional[float] = typer.Option(None, "--disk-gbps", help="With --gpu: the read rate of the disk "
+                                              "the weights come from, in GB/s (default: 2, a stated assumption)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
     time: bool = typer.Option(True, "--time/--no-time", help="Predict the wall time (calibrates this "
                               "device once, a few seconds, cached; with --gpu: the card's stated rates)."),
@@ -46,6 +50,10 @@ def plan(
     if memory is not None:
         parse_size(memory)  # a bad size is one line, before anything else
     chosen = card(gpu) if gpu is not None else None
+    if disk_gbps is not None:
+        if chosen is None or disk_gbps <= 0:
+            raise PlanError("--disk-gbps needs --gpu CARD and a rate above 0 (GB/s of the disk the weights come from)")
+        chosen = replace(chosen, disk_bytes_per_second=disk_gbps * 1e9)
     raw = read_yaml_config(config, overrides or [], "experiment or localize")
     if isinstance(raw, dict) and "schemes" not in raw:
         from weightgraft.localization.config import parse_localize_config

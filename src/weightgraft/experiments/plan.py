@@ -19,9 +19,9 @@ from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.budget import budget, cuda_here
 from weightgraft.planning.cards import Card
 from weightgraft.planning.lengths import length_summary, tokenizer_for
-from weightgraft.planning.plan import HEADROOM, Plan, choose_batch, with_planned_batch
+from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, with_planned_batch
 from weightgraft.planning.run import RoleShape, RunSettings, SetShape, held, run_advice
-from weightgraft.planning.timing import forward_seconds, rate_for
+from weightgraft.planning.timing import card_for, forward_seconds, rate_for, weight_read_seconds
 
 __all__ = ["DEFAULT_RUN_BATCH", "plan_before_run", "plan_experiment"]
 
@@ -114,8 +114,14 @@ def plan_experiment(config: ExperimentConfig, prompts: list[TestPrompt] | None =
         rate, note = rate_for(config.device, config.dtype, gpu)
         if note:
             notes.append(note)
+        roles = [r for s in shapes for r in held(s, config.dtype, settings.lean)]
         if rate is not None:
             parts = {f"sweep {s.name}": forward_seconds(s.base, s.rows, batch, rate) for s in shapes}
+            on_card, _ = card_for(config.device, gpu)
+            if on_card is not None:
+                reads, read_note = weight_read_seconds(_loaded_once(roles), on_card)
+                parts.update(reads)
+                notes.append(read_note)
             seconds = sum(parts.values())
     plan = Plan(kind="run", device=config.device, dtype=config.dtype,
                 roles=[r for s in shapes for r in held(s, config.dtype, settings.lean)], prompts=lengths,
@@ -127,6 +133,11 @@ def plan_experiment(config: ExperimentConfig, prompts: list[TestPrompt] | None =
         return plan
     advice, least = run_advice(settings, where.limit, _spread(config, memory, gpu), gpu.name if gpu else None)
     return replace(plan, suggestions=advice, least=least)
+
+
+def _loaded_once(roles: list[RolePlan]) -> list[int]:
+    """Held bytes of each model a run loads: a spec held the same way in several sets loads once."""
+    return list({(r.spec, r.holds): r.held_bytes for r in roles}.values())
 
 
 def plan_before_run(config: ExperimentConfig, prompts: list[TestPrompt]) -> ExperimentConfig:

@@ -18,7 +18,14 @@ from weightgraft.planning.cards import Card
 from weightgraft.planning.lengths import length_summary, tokenizer_for
 from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, smaller_batch
 from weightgraft.planning.sizes import gib
-from weightgraft.planning.timing import attribution_seconds, exact_cell_seconds, forward_seconds, rate_for
+from weightgraft.planning.timing import (
+    attribution_seconds,
+    card_for,
+    exact_cell_seconds,
+    forward_seconds,
+    rate_for,
+    weight_read_seconds,
+)
 
 __all__ = ["CELL_ROW_BYTES", "DEFAULT_LOCALIZE_BATCH", "DEPTH_STATES", "EXACT_BATCH", "GRAFT_MAPS", "UNIT_ROW_BYTES",
            "UNIT_SHARE_COPIES", "LocalizeWork", "plan_localize_work", "unit_width"]
@@ -155,6 +162,11 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                                    * work.directions * len(work.sfts))
                 notes.append(f"claims: {len(work.claim_prompts)} prompts x up to {work.claim_position_sets} position "
                              f"grafts and {last} grafts at the last token, per mapped model and direction")
+            on_card, _ = card_for(work.device, gpu)
+            if on_card is not None:
+                reads, read_note = weight_read_seconds([r.held_bytes for r in roles], on_card)
+                parts.update(reads)
+                notes.append(read_note)
             seconds = sum(parts.values())
     plan = Plan(kind="localize", device=work.device, dtype=work.dtype, roles=roles, prompts=length_summary(lengths, how),
                 rows=len(lengths), batch_size=batch, batch_size_fixed=work.batch_size is not None,

@@ -18,7 +18,24 @@ from weightgraft.planning.cards import (
     card_of_device,
 )
 
-__all__ = ["attribution_seconds", "exact_cell_seconds", "forward_seconds", "rate_for"]
+__all__ = ["attribution_seconds", "card_for", "exact_cell_seconds", "forward_seconds", "rate_for", "weight_read_seconds"]
+
+
+def card_for(device: str, gpu: Card | None) -> tuple[Card | None, str | None]:
+    """The card a plan is for: the one named, or the card this CUDA device is; None with the
+    reason when a CUDA device is absent here or not in the table; None without one for a CPU."""
+    if gpu is not None or not device.startswith("cuda"):
+        return gpu, None
+    from weightgraft.planning.budget import cuda_here
+
+    if not cuda_here():
+        return None, "time not predicted: no CUDA device here to measure; name the card with --gpu"
+    name, total = _cuda_device(device)
+    found = card_of_device(name, total)
+    if found is None:
+        return None, (f"time not predicted: {name} is not in the card table ({', '.join(CARDS)}); "
+                      "name the nearest with --gpu")
+    return found, None
 
 
 def rate_for(device: str, dtype: str, gpu: Card | None) -> tuple[Throughput | None, str | None]:
@@ -26,16 +43,9 @@ def rate_for(device: str, dtype: str, gpu: Card | None) -> tuple[Throughput | No
     card this CUDA device is: its stated rate; a CUDA config where this torch has no CUDA: none
     (time not predicted); an unknown GPU: none either (a small model's measured rate on a GPU is
     launch-bound, hundreds of times too slow); a CPU: its measured rate (measured once, cached)."""
-    if gpu is None and device.startswith("cuda"):
-        from weightgraft.planning.budget import cuda_here
-
-        if not cuda_here():
-            return None, "time not predicted: no CUDA device here to measure; name the card with --gpu"
-        name, total = _cuda_device(device)
-        gpu = card_of_device(name, total)
-        if gpu is None:
-            return None, (f"time not predicted: {name} is not in the card table ({', '.join(CARDS)}); "
-                          "name the nearest with --gpu")
+    gpu, missing = card_for(device, gpu)
+    if missing is not None:
+        return None, missing
     if gpu is not None:
         rate = Throughput(f"card {gpu.name}|{dtype}", gpu.sustained_flops(dtype), SECONDS_PER_MODULE_CALL,
                           ATTRIBUTION_RATIO, "stated")
@@ -46,6 +56,19 @@ def rate_for(device: str, dtype: str, gpu: Card | None) -> tuple[Throughput | No
     from weightgraft.models.calibration import throughput
 
     return throughput(device, dtype), None
+
+
+def weight_read_seconds(held_bytes: Sequence[int], gpu: Card) -> tuple[dict[str, float], str]:
+    """Reading every held model before the first batch: from disk, then over the card's host
+    link, one after the other (a stated upper bound: loaders overlap the two in part); and the
+    note that states both rates."""
+    total = sum(held_bytes)
+    parts = {"read weights from disk": total / gpu.disk_bytes_per_second,
+             "copy weights to the card": total / gpu.host_link_bytes_per_second}
+    note = (f"reading the weights ({total / 2**30:.2f} GiB held): disk at {gpu.disk_bytes_per_second / 1e9:g} GB/s "
+            f"(assumed; --disk-gbps names yours), then the card's host link at its stated "
+            f"{gpu.host_link_bytes_per_second / 1e9:g} GB/s")
+    return parts, note
 
 
 def _cuda_device(device: str) -> tuple[str, int]:
