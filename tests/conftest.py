@@ -6,9 +6,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import browser
 import pytest
 import torch
 from tiny_models import make_donor, make_tiny, tiny_tokenizer
+
+
+def pytest_report_header() -> str:
+    """One line on whether the browser tests can run here, and how to make them run."""
+    return browser.header()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The same line at the end, where ``pytest -q`` (the README's command) shows no header."""
+    if browser.CHROMIUM is None:
+        terminalreporter.write_line(browser.header())
 
 
 @pytest.fixture(scope="session")

@@ -5,13 +5,13 @@ token when the prompt is edited. Skipped, with one line, where no browser is ins
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import browser as browser_env
 import pytest
 
 import weightgraft as wg
@@ -21,18 +21,12 @@ from weightgraft.explore.serve import free_port
 from weightgraft.explore.session import Explorer
 
 PROMPT = "Keanu Reeves starred in a movie with"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run"]
 
 
 def _playwright() -> Any:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("no playwright Python package (pip install -e '.[test]') for the browser tests")
-    if CHROMIUM is None:
-        pytest.skip("no chromium on this machine (apt-get install chromium) for the browser tests")
+    from playwright.sync_api import sync_playwright  # a test dependency: pip install -e '.[test]'
+
+    browser_env.chromium()
     return sync_playwright
 
 
@@ -82,7 +76,7 @@ def served(tiny_pair, tiny_tok, tmp_path_factory) -> Iterator[tuple[str, Any, An
     assert server.started
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            browser = p.chromium.launch(executable_path=browser_env.chromium(), args=browser_env.FLAGS)
             yield f"http://127.0.0.1:{port}/", browser, pre, sft
             browser.close()
     finally:

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
+from browser import chromium
 
 from weightgraft.api.localize import localize
 from weightgraft.localization.config import parse_localize_config
@@ -52,10 +52,7 @@ def test_heatmaps_include_embed_final_norm_and_unembed(page):
 
 
 def test_screenshot_in_a_real_browser(page, tmp_path):
-    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if browser is None:
-        print("SKIP reason: no chromium installed (Debian: apt-get install -y chromium)")
-        pytest.skip("no chromium installed (Debian: apt-get install -y chromium)")
+    browser = chromium()
     shot = tmp_path / "localize.png"
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                     "--window-size=1400,2400", page.as_uri()], capture_output=True, timeout=180, check=False)
