@@ -46,7 +46,7 @@ class SearchResult:
         }
 
 
-def _schedule(n: int, dense: int = 16, growth: float = 1.25) -> list[int]:
+def growing_sizes(n: int, dense: int = 16, growth: float = 1.25) -> list[int]:
     """Sizes to verify: every size up to ``dense``, then geometric steps, then ``n``."""
     sizes = list(range(1, min(dense, n) + 1))
     while sizes and sizes[-1] < n:
@@ -90,7 +90,7 @@ def minimal_graft_search(
     if verify.total == 0:
         raise SearchError("the donor does not change the metric on these examples: no share to recover")
     ranking = rank_keys(estimates, 1.0 if verify.total > 0 else -1.0)
-    sizes = _schedule(min(len(ranking), max_cells))
+    sizes = growing_sizes(min(len(ranking), max_cells))
     found = None
     for start in range(0, len(sizes), batch_sizes):
         batch = sizes[start : start + batch_sizes]

@@ -33,10 +33,46 @@ def plan_input(config: LocalizeConfig, prompts: list[Any] | None = None) -> Loca
                         set_rows=_set_rows(config, prompts), claim_prompts=_claim_prompts(config, prompts),
                         claim_position_sets=4 * 3 + 3 * config.claims.null_draws + 1,
                         claim_last_sets=3 * 3 + 2 * config.claims.null_draws,
+                        **_search_work(config, prompts),
                         directions=len(config.graft_directions), ig_steps=config.ig_steps, units=config.units,
                         unit_rows=config.unit_rows, exact_units=config.exact_units, exact_chunk=config.exact_chunk,
                         batch_size=config.batch_size if "batch_size" in config.model_fields_set else None,
                         dtype=config.dtype, device=config.device, tokenizer=config.tokenizer)
+
+
+def _search_work(config: LocalizeConfig, prompts: list[Any]) -> dict[str, Any]:
+    """The search's exact set grafts per prompt, for its time. The found set's size is taken at
+    ``max_cells`` (an upper bound: the search stops where the target is met; on the demo pair it
+    reaches the cap), and refinement as halving the set each round (a round grafts the set
+    without each of its cells; a round that removes fewer cells costs more, up to
+    ``refine_rounds`` x ``max_cells`` sets)."""
+    from weightgraft.localization.found_sets import split_prompts
+    from weightgraft.localization.search import growing_sizes
+
+    s = config.search
+    if not s.enabled:
+        return {}
+    by_template: dict[str, list[Any]] = defaultdict(list)
+    for p in prompts:
+        by_template[p.template].append(p)
+    fit, held = [], []
+    for template, group in by_template.items():
+        split = split_prompts([p.id for p in group], config.seed, template, s.heldout)
+        fit += [p.prompt for p in group if p.id in set(split["fit_ids"])]
+        held += [p.prompt for p in group if p.id in set(split["heldout_ids"])]
+    size, refine, rounds = s.max_cells, 0, 0
+    while s.refine and size > 1 and rounds < s.refine_rounds:
+        refine += size + len(bin(size)) - 2  # each cell left out, then the blocks tried
+        size, rounds = size // 2, rounds + 1
+    sets_kept = 2 if s.refine else 1  # the found set and the refined one are both controlled
+    controls = 2 * s.controls * sets_kept
+    search_sets = len(growing_sizes(s.max_cells)) + s.max_cells.bit_length()  # prefixes, then the bisection
+    note = (f"search: up to {s.max_cells} cells verified on {len(fit)} fit prompts ({search_sets} prefix sets), "
+            f"refinement taken as halving the set each round ({refine} sets), {controls} control sets, "
+            f"{2 * s.missed_sample} missed-sample cells; an upper bound where the target is met early")
+    return {"search_fit_prompts": fit, "search_heldout_prompts": held,
+            "search_fit_sets": search_sets + refine + controls + 2 * s.missed_sample,
+            "search_heldout_sets": sets_kept + controls, "search_note": note}
 
 
 def _claim_prompts(config: LocalizeConfig, prompts: list[Any]) -> list[str]:

@@ -82,6 +82,14 @@ class LocalizeWork:
     claim_prompts: list[str] = field(default_factory=list)
     claim_position_sets: int = 0
     claim_last_sets: int = 0
+    # the search's exact set grafts, per SFT searched and direction: each prompt of a template's
+    # fit half grafts ``search_fit_sets`` sets (growing prefixes, refinement rounds, controls, the
+    # missed sample), each held-out prompt ``search_heldout_sets`` (shares, controls)
+    search_fit_prompts: list[str] = field(default_factory=list)
+    search_heldout_prompts: list[str] = field(default_factory=list)
+    search_fit_sets: int = 0
+    search_heldout_sets: int = 0
+    search_note: str = ""
     directions: int  # graft directions (sufficiency, necessity)
     ig_steps: int
     units: Units
@@ -129,7 +137,7 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                        width, held.held, b)
 
     batch = choose_batch(work.batch_size, DEFAULT_LOCALIZE_BATCH, len(lengths), memory_at, HEADROOM * held.limit)
-    notes = ["the minimal graft search is not predicted (its length depends on the effects found)"]
+    notes: list[str] = []
     if width:
         rows = min(batch, len(lengths))
         notes.append(f"units: {work.units}: {width} units per position; one attribution batch holds "
@@ -162,6 +170,12 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                                    * work.directions * len(work.sfts))
                 notes.append(f"claims: {len(work.claim_prompts)} prompts x up to {work.claim_position_sets} position "
                              f"grafts and {last} grafts at the last token, per mapped model and direction")
+            if work.search_fit_prompts:
+                rows = ([(count(p), 1)] * work.search_fit_sets for p in work.search_fit_prompts)
+                held_rows = ([(count(p), 1)] * work.search_heldout_sets for p in work.search_heldout_prompts)
+                every = sorted(r for group in (*rows, *held_rows) for r in group)
+                parts["search"] = forward_seconds(pre, every, work.exact_chunk, rate) * work.directions
+                notes.append(work.search_note)
             on_card, _ = card_for(work.device, gpu)
             if on_card is not None:
                 reads, read_note = weight_read_seconds([r.held_bytes for r in roles], on_card)
