@@ -149,4 +149,4 @@ def plan_before_run(config: ExperimentConfig, prompts: list[TestPrompt]) -> Expe
     for roles in config.sets().values():
         if config.tokenizer is None:  # the config's tokenizer serves models that have none
             refuse_random(roles, "weightgraft run")
-    return with_planned_batch(config, lambda: plan_experiment(config, prompts, with_time=False), (ConfigError,))
+    return with_planned_batch(config, lambda: plan_experiment(config, prompts, with_time=False))

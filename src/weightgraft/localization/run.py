@@ -56,6 +56,7 @@ from weightgraft.localization.found_sets import find_sets
 from weightgraft.localization.maps import estimate_frame, unit_picks, whole_cells
 from weightgraft.localization.work import plan_input
 from weightgraft.localization.claims.reversal import reversal_claims, reversal_prompts
+from weightgraft.schemes.labels import LABEL_VERSION
 
 
 @dataclass
@@ -97,6 +98,10 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
             same = old.get("identity") == config.identity()
         if not same:
             raise ResultsDirConflict(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
+        if old.get("labels", 1) != LABEL_VERSION:  # its cells are keyed by labels that name other tokens
+            raise ResultsDirConflict(f"{run_dir} holds cells named by position labels of version {old.get('labels', 1)} "
+                                     f"(a span's last token was the span's name); this version names them "
+                                     f"'{{span}}_last' (labels {LABEL_VERSION}); choose another 'out' or delete the folder")
         for role, what in (("sft", "SFT"), ("nulls", "null")):
             before, now = _spec_list(old.get("config", {}), role), _spec_list(config.model_dump(), role)
             if now[: len(before)] != before:
@@ -109,12 +114,12 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
             raise ResultsDirConflict(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
                              f"({', '.join(changed[:3])}); choose another 'out' or delete the folder")
         old.update({"identity": config.identity(), "config": config.model_dump(mode="json"),
-                    "examples": {**known, **digests}})
+                    "examples": {**known, **digests}, "labels": LABEL_VERSION})
         atomic.write_json(manifest, old)
         return
     (run_dir / "parts").mkdir(parents=True, exist_ok=True)
     atomic.write_json(manifest, {"identity": config.identity(), "config": config.model_dump(mode="json"),
-                                 "examples": digests})
+                                 "examples": digests, "labels": LABEL_VERSION})
 
 
 def _note(run_dir: Path, **fields: Any) -> None:
@@ -217,8 +222,7 @@ def plan_before_localize(config: LocalizeConfig, prompts: list[Any]) -> Localize
 
     if config.tokenizer is None:  # the config's tokenizer serves models that have none
         refuse_random(config.roles(), "weightgraft localize")
-    return with_planned_batch(config, lambda: plan_localize_work(plan_input(config, prompts), with_time=False),
-                              (ConfigError,))
+    return with_planned_batch(config, lambda: plan_localize_work(plan_input(config, prompts), with_time=False))
 
 
 def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: Any, sft: Any,

@@ -144,7 +144,7 @@ def _renamings(model: nn.Module, keys: Iterable[str]) -> dict[str, str]:
         from transformers.core_model_loading import WeightRenaming
 
         rules = [r for r in get_model_conversion_mapping(model) if type(r) is WeightRenaming]
-    except Exception:  # an internal API of transformers: without it, names are taken as stored
+    except (ImportError, AttributeError, TypeError):  # an internal API of transformers: without it, names are taken as stored
         return {}
     out = {}
     for key in keys:

@@ -137,7 +137,7 @@ def _identity_value(module: Any) -> float:
             probe = torch.linspace(-1, 1, weight.shape[0], dtype=torch.float32).to(weight.dtype)[None]
             out = module(probe)
         return 0.0 if bool(out.abs().sum() > 0) else 1.0
-    except Exception:
+    except (RuntimeError, TypeError, ValueError):  # a module that cannot take the probe: taken as "1 + w"
         return 1.0
     finally:
         with torch.no_grad():
@@ -276,17 +276,24 @@ def random_roles(specs: Mapping[str, str]) -> list[str]:
     return [role for role, spec in specs.items() if is_random_spec(spec)]
 
 
+CONFIG_COMMANDS = ("weightgraft run", "weightgraft localize")  # their configs may give `tokenizer:`
+
+
 def refuse_random(specs: Mapping[str, str], command: str) -> None:
     """One error line, before any model loads, when ``command`` needs a tokenizer and some role
-    is a random model (which has none)."""
+    is a random model (which has none); for a run or localize, what makes it work (a config's
+    ``tokenizer:`` key), since there it does."""
     roles = random_roles(specs)
     if roles:
         role = roles[0]
+        head = f"model {role!r} is {specs[role]!r}, a random model without a tokenizer; `{command}` tokenizes text"
+        if command in CONFIG_COMMANDS:
+            raise ModelLoadError(
+                f"{head}: give the config a `tokenizer:` for it (bytes, an embedded model's name such as "
+                "smollm2-135m, or a tokenizer directory) and it runs; `weightgraft plan` sizes it as it is")
         raise ModelLoadError(
-            f"model {role!r} is {specs[role]!r}, a random model without a tokenizer; `{command}` "
-            "tokenizes text, so it needs a real model. Use `weightgraft plan` to size this run "
-            "(random models are for plans, benchmarks and `weightgraft check`)"
-        )
+            f"{head}, so it needs a real model (a run or localize config can pair random models with a "
+            "`tokenizer:`; `weightgraft plan` and `weightgraft check` take them as they are)")
 
 
 def random_token_batch(vocab_size: int, rows: int, seed: int = 0, device: Any = "cpu",

@@ -60,7 +60,7 @@ def _fast_tokenizer(directory: str) -> Any:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except Exception:  # an unreadable tokenizer only makes the lengths an estimate, said by the caller
+    except (OSError, ValueError, KeyError):  # no readable tokenizer: the lengths are an estimate, said by the caller
         return None
     return tok if getattr(tok, "is_fast", False) else None
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from weightgraft.planning.errors import PlanError
 from weightgraft.planning.sizes import gib
 
-__all__ = ["HEADROOM", "Plan", "RolePlan", "check_plan", "choose_batch", "plan_skipped", "smaller_batch"]
+__all__ = ["HEADROOM", "Plan", "RolePlan", "check_plan", "choose_batch", "smaller_batch"]
 
 HEADROOM = 0.9  # a chosen batch size keeps the predicted peak under this share of the budget
 
@@ -108,30 +108,17 @@ def check_plan(plan: Plan) -> Plan:
     return plan
 
 
-def plan_skipped(exc: Exception) -> None:
-    """A config the plan cannot read (a hub id not in the cache, a broken directory): the
-    loader then says what is wrong in its own words. Any other failure of the plan is a bug and
-    is raised (never "plan skipped" and on)."""
-    from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
-
-    if not isinstance(exc, (ModelLoadError, ModelNotFoundError, OSError)):
-        raise exc
-
-
-def with_planned_batch(config: Any, make_plan: Callable[[], Plan], user_errors: tuple[type[Exception], ...]) -> Any:
+def with_planned_batch(config: Any, make_plan: Callable[[], Plan]) -> Any:
     """What ``run`` and ``localize`` do before loading: ``make_plan()``, refused in one line
     when it does not fit; the config with the plan's batch size where the config fixes none.
-    ``user_errors``, :class:`PlanError` and a pair that cannot be grafted propagate; a config
-    the plan cannot read returns the config as given (:func:`plan_skipped`; the loader says what
-    is wrong), and any other failure is raised."""
-    from weightgraft.engine.compat import ModelMismatchError
+    A config the plan cannot read (a hub id not in the cache, a broken directory) returns the
+    config as given: the loader then says what is wrong in its own words. Every other error,
+    the user's and a bug alike, is raised."""
+    from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 
     try:
         plan = make_plan()
-    except (PlanError, ModelMismatchError, *user_errors):
-        raise
-    except Exception as exc:  # the plan only refuses what it knows cannot fit
-        plan_skipped(exc)
+    except (ModelLoadError, ModelNotFoundError, OSError):  # a config the plan cannot read
         return config
     check_plan(plan)
     if plan.batch_size != config.batch_size:
