@@ -1,6 +1,8 @@
 """``weightgraft plan``'s peak for a localize config against the peak resident memory of that
-localize run, and the plan's depth-shared states against what depth sharing held
-(``DepthStats.peak_bytes``, the largest over every ``exact_effects`` call of the run).
+localize run, the plan's depth-shared states against what depth sharing held
+(``DepthStats.peak_bytes``, the largest over every ``exact_effects`` call of the run), and the
+plan's time by stage (attribution, exact cells, search, claims) against the run's own stage
+times (``LocalizeResult.seconds``; loading the models is not a planned part on a CPU).
 
     OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/bench_plan_localize.py \\
         --config docs/localize/sets.yaml [key=value ...]
@@ -68,6 +70,16 @@ def _recording_depth(calls: list[dict[str, int]]) -> Any:
     return own
 
 
+def _stage(key: str) -> str | None:
+    """The plan's part a stage time of the run belongs to (``estimates_sufficiency`` ->
+    attribution; a model's stamp prefix is ignored)."""
+    for prefix, part in (("estimates_", "attribution"), ("exact_", "exact cells"), ("search_", "search"),
+                         ("claims", "claims")):
+        if prefix in key:
+            return part
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", type=Path, required=True, help="a localize YAML")
@@ -89,12 +101,12 @@ def main() -> None:
     except OSError:
         pass
     work = plan_input(config)
-    plan = plan_localize_work(work, with_time=False)
+    plan = plan_localize_work(work, with_time=True)
     calls: list[dict[str, int]] = []
     own = _recording_depth(calls)
     t0 = time.time()
     try:
-        measured, _ = _peak(lambda: run_localize(config, progress=False))
+        measured, run = _peak(lambda: run_localize(config, progress=False))
     finally:
         import weightgraft.engine.cells as cells
 
@@ -106,12 +118,17 @@ def main() -> None:
     states = depth_state_bytes(resolve_footprint(work.pre).config, work.exact_references, seq, work.exact_chunk,
                                8 if work.dtype == "float64" else 4)
     held = max((c["peak_bytes"] for c in calls), default=0)
+    stages = {part: round(sum(v for k, v in run.seconds.items() if _stage(k) == part), 1) for part in plan.time_parts}
+    timed = sum(stages.values())
     result = {
         "config": str(args.config), "overrides": args.overrides, "seconds": round(time.time() - t0, 1),
         "threads": args.threads, "prompts": plan.prompts, "batch_size": plan.batch_size,
         "plan_MiB": {k: round(v / 2**20, 1) for k, v in plan.memory.items()},
         "predicted_peak_MiB": round(plan.peak_bytes / 2**20, 1), "measured_peak_rss_MiB": round(measured / 2**20, 1),
         "predicted/measured": round(plan.peak_bytes / measured, 3),
+        "time_s": {"planned": {k: round(v, 1) for k, v in plan.time_parts.items()}, "measured": stages,
+                   "not planned": {k: round(v, 1) for k, v in run.seconds.items() if _stage(k) is None},
+                   "planned/measured": round((plan.predicted_seconds or 0) / timed, 3) if timed else None},
         "depth": {"exact_effects_calls": len(calls), "reference_rows_planned": work.exact_references,
                   "predicted_states_MiB": round(states / 2**20, 2), "measured_states_MiB": round(held / 2**20, 2),
                   "predicted/measured": round(states / held, 3) if held else None,
@@ -121,6 +138,8 @@ def main() -> None:
     print(f"peak: predicted {gib(plan.peak_bytes)} ({EXACT_BATCH} {gib(plan.memory.get(EXACT_BATCH, 0))}, "
           f"{DEPTH_STATES} {gib(plan.memory.get(DEPTH_STATES, 0))}), measured {gib(measured)} RSS: "
           f"predicted/measured {plan.peak_bytes / measured:.3f}", file=sys.stderr)
+    print(f"time: planned {plan.predicted_seconds or 0:.1f} s, measured {timed:.1f} s in the planned stages "
+          f"({time.time() - t0:.1f} s with loading)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -172,11 +172,11 @@ def test_top_k_is_readable_and_ordered(tiny_pair, tiny_tok):
     with pytest.raises(ValueError):
         out.top(0)
     frame = out.top_frame(3)  # the same, as a tidy table
-    assert list(frame.columns) == ["prompt", "text", "rank", "token", "token_id", "probability"]
+    assert list(frame.columns) == ["prompt_index", "prompt", "rank", "token", "token_id", "probability"]
     assert len(frame) == 9 and frame["rank"].tolist() == [0, 1, 2] * 3
     for b, row in enumerate(top):
-        part = frame[frame.prompt == b]
-        assert part.text.unique().tolist() == [PROMPTS[b]]
+        part = frame[frame.prompt_index == b]
+        assert part.prompt.unique().tolist() == [PROMPTS[b]]  # the text, as in compare's rows
         assert part.token.tolist() == [t for t, _ in row]
         assert part.probability.tolist() == pytest.approx([p for _, p in row])
         assert [tiny_tok.decode([i]) for i in part.token_id] == part.token.tolist()

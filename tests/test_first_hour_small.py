@@ -27,9 +27,9 @@ def test_top_frame_ranks_are_the_results_ranks(tiny_pair, tiny_tok):
     out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, PROMPTS, RULE)
     frame = out.top_frame(4)
     for row in frame.itertuples():
-        logits = out.logits[row.prompt]
+        logits = out.logits[row.prompt_index]
         assert row.rank == int((logits > logits[row.token_id]).sum())  # a run's rank: 0 = likeliest
-    assert frame.groupby("prompt")["rank"].min().tolist() == [0, 0]
+    assert frame.groupby("prompt_index")["rank"].min().tolist() == [0, 0]
 
 
 def test_compare_numbers_its_examples(tiny_pair, tiny_tok):

@@ -116,6 +116,16 @@ def test_rerun_reuses_finished_stages_and_resumes_a_lost_part(tmp_path):
     other = _config(tmp_path, exact="none", metric="kl")
     with pytest.raises(ValueError, match="another config"):
         localize(other, progress=False, load=loader)
+    # a run whose cells are keyed by the labels before '{span}_last' (its 'first_entity' was the
+    # entity's last token) is not extended with cells of today's labels
+    manifest = first.run_dir / "manifest.json"
+    stored = json.loads(manifest.read_text())
+    assert stored["labels"] == 2
+    stored.pop("labels")
+    manifest.write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match="position labels of version 1") as err:
+        localize(config, progress=False, load=loader)
+    assert "\n" not in str(err.value)
 
 
 def test_config_errors_before_any_model_loads(tmp_path):
@@ -138,7 +148,7 @@ def test_position_labels_line_up_template_words_around_entities():
     # "AB CD starred with": entity of 2 tokens, then relation words
     offsets = [(0, 2), (3, 5), (6, 13), (14, 18)]
     labels = position_labels(offsets, {"first_actor": (0, 5), "relation": (6, 13)}, "second_actor")
-    assert labels == ["first_entity-1", "first_entity", "relation", "last"]
+    assert labels == ["first_entity_last-1", "first_entity_last", "relation_last", "last"]
 
 
 def test_agreement_ranks_and_coarse_groups():
@@ -154,11 +164,13 @@ def test_agreement_ranks_and_coarse_groups():
         assert spearman(a, a * 3 + 1) == 1.0 and spearman(a, -a) == -1.0, n
         b = pd.Series(rng.normal(size=n))
         assert spearman(a, b) == pytest.approx(a.rank().corr(b.rank()), abs=1e-12)  # Pearson of the ranks
-    assert [span_of(x) for x in ("first_entity-2", "relation+1", "last", "tok0", "relation#2")] == \
+    assert [span_of(x) for x in ("first_entity_last-2", "relation_last+1", "last", "tok0", "relation_last#2")] == \
         ["first_entity", "relation", "last", "other", "relation"]
+    # maps stored before the labels named a span's last token '{span}_last' group the same way
+    assert [span_of(x) for x in ("first_entity-2", "first_entity", "relation+1")] == ["first_entity"] * 2 + ["relation"]
     cells = pd.DataFrame({
         "example_id": ["a"] * 4, "template": ["t"] * 4, "direction": ["sufficiency"] * 4,
-        "position_label": ["first_entity", "first_entity-1", "last", "last"],
+        "position_label": ["first_entity_last", "first_entity_last-1", "last", "last"],
         "layer": pd.array([0, 0, 3, None], dtype="Int64"), "component": ["o", "o", "down", "unembed"],
         "estimate": [1.0, 2.0, 3.0, 4.0], "exact": [1.5, 2.5, 2.0, 5.0],
     })

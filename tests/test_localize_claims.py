@@ -17,7 +17,8 @@ from weightgraft.localization.claims.nulls import position_nulls
 from weightgraft.localization.claims.regions import CLAIMS, last_quarter
 
 N_LAYERS = 8
-LABELS = ["tok0", "tok1", "first_entity-1", "first_entity", "first_entity+1", "relation", "relation+1", "last"]
+LABELS = ["tok0", "tok1", "first_entity_last-1", "first_entity_last", "first_entity_last+1", "relation_last",
+          "relation_last+1", "last"]
 COMPONENTS = ["q", "k", "v", "o", "gate", "up", "down", "attn_norm"]
 N_PROMPTS = 20
 BY_NAME = {c.name: c for c in CLAIMS}
@@ -100,11 +101,11 @@ def test_no_claim_holds_on_a_map_without_structure(seed):
 def _fe_lt_share(target: float, noise: float):
     """Cells of FE+LT worth ``a`` and the others 1, so that FE+LT's share is ``target``."""
     keys = _keys()
-    inside = sum(1 for label, _ in keys if label in ("first_entity-1", "first_entity", "last"))
+    inside = sum(1 for label, _ in keys if label in ("first_entity_last-1", "first_entity_last", "last"))
     a = target * (len(keys) - inside) / ((1 - target) * inside)
 
     def value(key, rng):
-        return (a if key[0] in ("first_entity-1", "first_entity", "last") else 1.0) * (1 + rng.normal(0, noise))
+        return (a if key[0] in ("first_entity_last-1", "first_entity_last", "last") else 1.0) * (1 + rng.normal(0, noise))
     return value
 
 
@@ -127,13 +128,13 @@ def test_the_unembedding_alone_makes_recall_hold_not_recall_without_it():
 
 def test_position_nulls_move_the_region_to_other_whole_positions_reproducibly():
     keys = _keys()
-    region = [k for k in keys if k[0] in ("first_entity-1", "first_entity")]
+    region = [k for k in keys if k[0] in ("first_entity_last-1", "first_entity_last")]
     first = position_nulls(region, keys, 20, null_seed(0, "m", "enrichment", "p0", "positions"))
     again = position_nulls(region, keys, 20, null_seed(0, "m", "enrichment", "p0", "positions"))
     assert first == again and len(first.sets) == 15 and first.n_unmatched == 0  # C(6, 2): every pair
     for s in first.sets:
         labels = {label for label, _ in s}
-        assert len(labels) == 2 and not labels & {"first_entity-1", "first_entity"}
+        assert len(labels) == 2 and not labels & {"first_entity_last-1", "first_entity_last"}
         assert sorted(slot for _, slot in s) == sorted(slot for _, slot in region)  # the same slots
     assert len({tuple(s) for s in first.sets}) == 15  # no repeats
     # the last token's final norm and unembedding have no place at another position: each is

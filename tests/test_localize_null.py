@@ -55,7 +55,7 @@ def test_null_forms_labels_and_identity(tmp_path):
 def test_bad_null_lists_are_one_line_errors(tmp_path, null, message):
     with pytest.raises(ConfigError, match=message) as err:
         parse_localize_config(_raw(tmp_path, SFTS, null))
-    assert len(str(err.value).splitlines()) == 2  # the file's header and one line for the problem
+    assert len(str(err.value).splitlines()) == 1  # the file and the problem, in one line
 
 
 def test_unknown_null_settings_are_refused(tmp_path):
@@ -72,7 +72,7 @@ def test_a_bare_yaml_null_key_is_a_one_line_error(tmp_path):
     path.write_text(yaml.safe_dump(_raw(tmp_path, SFTS)).replace("models:\n", "models:\n  null: [tiny-llama:task]\n"))
     with pytest.raises(ConfigError, match="a role name must be a string, got None .null models go under 'nulls'.") as err:
         load_localize_config(path)
-    assert len(str(err.value).splitlines()) == 2
+    assert len(str(err.value).splitlines()) == 1
 
 
 # ------------------------------------------------------------------ a run with a null model
@@ -160,7 +160,7 @@ def test_appending_a_null_extends_the_run_and_changing_one_is_refused(run, tmp_p
 
 # ------------------------------------------------------------------ the verdict on planted maps
 
-SPANS = ["tok0", "first_entity", "relation", "last"]
+SPANS = ["tok0", "first_entity_last", "relation_last", "last"]
 COMPONENTS = ["attn", "mlp", "o"]
 N_LAYERS, N_PROMPTS = 8, 3
 

@@ -201,7 +201,7 @@ def test_missed_sample_effects_are_exact_and_below_the_cut(finished):
 
 
 def test_received_counts_cells_at_labels_some_prompts_lack(tmp_path):
-    # free-form prompts whose first entity is 2 or 3 words: 'first_entity-2' exists in one only
+    # free-form prompts whose first entity is 2 or 3 words: 'first_entity_last-2' exists in one only
     lines = [{"prompt": "Keanu Reeves starred in a movie with", "answer": "Nicole Kidman", "id": "a",
               "spans": {"first_actor": "Keanu Reeves", "relation": "starred in a movie"}},
              {"prompt": "Tom Hanks Brad starred in a movie with", "answer": "Will Smith", "id": "b",
@@ -212,11 +212,11 @@ def test_received_counts_cells_at_labels_some_prompts_lack(tmp_path):
                                     "out": str(tmp_path / "run")})
     pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
     examples, _ = build_examples(select_prompts(config), pre.tokenizer)
-    assert "first_entity-2" in examples[1].labels and "first_entity-2" not in examples[0].labels
+    assert "first_entity_last-2" in examples[1].labels and "first_entity_last-2" not in examples[0].labels
     index = {s.name: i for i, s in enumerate(model_slots(pre.model))}
     maps = [cell_map(e, index, pre.model) for e in examples]
     verifier = SetVerifier([pre.model, sft.model], [e.scored for e in examples], maps, pad_id=0)
-    keys = [("first_entity-2", "layers.0.o"), ("first_entity", "layers.0.o"), ("last", "unembed")]
+    keys = [("first_entity_last-2", "layers.0.o"), ("first_entity_last", "layers.0.o"), ("last", "unembed")]
     got = received_summary(verifier, keys, ["a", "b"])
     assert got == {"size": 3, "min": 2, "max": 3, "n_prompts_short": 1, "short": {"a": 2}}
 

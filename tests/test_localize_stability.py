@@ -57,23 +57,26 @@ def _spearman(a: list[float], b: list[float]) -> float:
 
 
 def _span(label: str) -> str:
-    """The span group, written out another way: strip a ``#n``, then a trailing ``-k`` / ``+k``."""
+    """The span group, written out another way: strip a ``#n``, then a trailing ``-k`` / ``+k``,
+    then the ``_last`` that names a span's last token."""
     base = label.partition("#")[0]
     if base.startswith("tok") and base[3:].isdigit():
         return "other"
     head, sign, tail = max(base.rpartition("-"), base.rpartition("+"), key=lambda p: len(p[0]))
-    if sign and tail.isdigit():
-        return head + ("+" if sign == "+" else "")
-    return base
+    if not (sign and tail.isdigit()):
+        head, sign = base, ""
+    head = head[: -len("_last")] if head.endswith("_last") else head
+    return head + ("+" if sign == "+" else "")
 
 
 def test_span_groups_keep_the_words_after_a_span_apart():
     from weightgraft.localization.stability import span_group
 
-    labels = ["first_entity-2", "first_entity", "first_entity+3", "tok0", "relation#2", "relation_preposition+1",
-              "last", "my-span", "my-span-1"]
+    labels = ["first_entity_last-2", "first_entity_last", "first_entity_last+3", "tok0", "relation_last#2",
+              "relation_preposition_last+1", "last", "my-span_last", "my-span_last-1",
+              "first_entity-2", "first_entity", "relation+1"]  # the last three: labels of maps stored before '_last'
     want = ["first_entity", "first_entity", "first_entity+", "other", "relation", "relation_preposition+", "last",
-            "my-span", "my-span"]
+            "my-span", "my-span", "first_entity", "first_entity", "relation+"]
     assert [span_group(x) for x in labels] == want == [_span(x) for x in labels]
 
 
@@ -136,7 +139,7 @@ def test_sft_list_forms_and_refusals_before_loading(tmp_path):
                          ({"x": 1}, "one model spec")):
         with pytest.raises(ConfigError, match=message) as err:
             parse_localize_config(_raw(tmp_path, bad))
-        assert len(str(err.value).splitlines()) == 2  # the file's header and one line for the problem
+        assert len(str(err.value).splitlines()) == 1  # the file and the problem, in one line
     with pytest.raises(ConfigError, match="models.pre: one model spec"):
         parse_localize_config({**_raw(tmp_path, "x"), "models": {"pre": ["a", "b"], "sft": "x"}})
     # a LoRA donor in the list must sit on pre: refused before anything loads

@@ -77,5 +77,6 @@ def test_the_table_lists_the_summary_columns_in_their_order() -> None:
     summary = summarize(results)
     expected = [c for m in METRIC_TABLE if m.aggregate != "ratio_of_means" for c in m.summary_columns()]
     assert list(summary.columns) == ["model_set", "template", "direction", "scheme", "family", "n", "n_nonfinite",
-                                     *expected]
+                                     "n_weak_first_token", *expected]
+    assert "logit_diff_note" in expected and (summary["logit_diff_note"] == "").all()  # no flags column: none
     assert all(math.isfinite(v) for v in summary["mean_logit_diff"])

@@ -175,9 +175,11 @@ def test_html_is_self_contained_and_escapes_prompts(written):
     assert len(re.findall(r"<details><summary>ex\d: ", page)) == 2 * 4  # 4 examples for each of 2 templates
     assert "ex5:" not in page
     assert "ab" * 32 in page and "non-finite logits" in page
-    # the Run table: one row per (model set, role) with spec, source and hash
-    assert "<td>sft2pre</td><td>pre</td><td>models/pre</td><td>tiny-pre</td><td>" + "ab" * 32 in page
-    assert "<td>sft2pre</td><td>sft</td><td>models/sft</td><td>tiny-sft</td><td>" + "cd" * 32 in page
+    # the provenance table: one row per (model set, role) with spec, source and hash (its first
+    # digits shown, the whole of it the cell's tooltip)
+    for role, source, digest in (("pre", "tiny-pre", "ab" * 32), ("sft", "tiny-sft", "cd" * 32)):
+        assert (f"<td>sft2pre</td><td>{role}</td><td>models/{role}</td><td>{source}</td>"
+                f'<td><code class="hash" title="{digest}">{digest[:12]}…</code>') in page
     assert "<td>default</td>" not in page
 
 

@@ -167,9 +167,63 @@ def run_demo(
         console.print(line)
     if result.exclusions["total"]:
         console.print(f"[yellow]excluded from every scheme: {result.exclusions['by_reason']}[/]")
-    console.print(f"summary: {out / 'summary.csv'}\nreport:  {paths.html}")
+    console.print(f"summary: {out / 'summary.csv'}")
     console.print("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()))
+    if model == DEMO_MODEL and lora is None:  # `wg.load("demo")`, `sft: demo`, explore's opening find it
+        from weightgraft.models.demo_models import write_demo_record
+
+        write_demo_record(model, sft_dir, out / "run")
+    configs = write_next_configs(out, model, sft_spec(model, sft_dir, lora))
+    console.print("\n".join(next_steps(out, model, sft_dir, lora, Path(paths.html), configs)), highlight=False,
+                  markup=False)
     return DemoResult(out, sft_dir, trained, seconds)
+
+
+def sft_spec(model: str, sft_dir: Path, lora: int | None) -> str:
+    """How a config names the demo's finetune: the cache directory (a LoRA demo: ``peft(pre, DIR)``)."""
+    return str(sft_dir) if lora is None else f"peft(pre, {sft_dir})"
+
+
+def write_next_configs(out: Path, model: str, sft: str) -> dict[str, Path]:
+    """Configs to copy beside the demo's outputs: its sweep (``position.yaml``) and a localize run on
+    the same pair (``localize.yaml``), paths relative to their folder so they run from anywhere."""
+    head = f"# the demo's pair: {model} and its finetune; paths are relative to this file\n"
+    models = f"models:\n  pre: {model}\n  sft: \"{sft}\"\n"
+    templates = f"templates: [{', '.join(DEMO_TEMPLATES)}]\ndirections: [a2b]\n"
+    texts = {
+        "position": (f"# weightgraft run {out / 'position.yaml'}: the demo's position sweep, to copy and edit\n{head}"
+                     f"name: demo_position\nprotocol: {DEMO_PROTOCOL}\ndata: data\n{models}"
+                     f"schemes:\n  - preset: position\n{templates}out: position\n"),
+        "localize": (f"# weightgraft localize {out / 'localize.yaml'}: the paper's claims on the demo's pair, "
+                     f"as exact region grafts against their nulls (~5 min on 2 CPU cores)\n{head}"
+                     f"name: demo_localize\ndata: data\n{models}{templates}metric: logprob\n"
+                     "graft_directions: [sufficiency]\nexact: none\nsearch: {enabled: false}\nout: localize\n"),
+    }
+    paths = {}
+    for name, text in texts.items():
+        paths[name] = out / f"{name}.yaml"
+        atomic.write_text(paths[name], text)
+    return paths
+
+
+def next_steps(out: Path, model: str, sft_dir: Path, lora: int | None, report: Path,
+               configs: dict[str, Path]) -> list[str]:
+    """The lines that end the demo: where its report and finetune are, and commands that work on
+    what it just made (the default demo's models by their short names, ``demo:pre`` and ``demo``)."""
+    named = model == DEMO_MODEL and lora is None
+    pre, sft = ("demo:pre", "demo") if named else (model, str(sft_dir))
+    lines = ["", "next:",
+             f"  report    {report}  (open it in a browser)",
+             f"  finetune  {sft_dir}" + ("  (wg.load(\"demo\"); in a config: sft: demo)" if named else ""),
+             f"  configs   {configs['position']} (this sweep), {configs['localize']}: copy one and edit it",
+             f"  run       weightgraft run {configs['position']}",
+             f"  localize  weightgraft localize {configs['localize']}"]
+    if lora is None:
+        lines.append(f"  explore   weightgraft explore -m pre={pre} -m sft={sft} --run {out / 'run'}")
+        lines.append(f"  notebook  pre, tok = wg.load(\"{pre}\"); sft, _ = wg.load(\"{sft}\")")
+    else:
+        lines.append(f"  notebook  pre, tok = wg.load(\"{model}\"); sft = wg.load_peft(pre, \"{sft_dir}\")")
+    return lines
 
 
 def shape_checks(summary: pd.DataFrame) -> list[str]:

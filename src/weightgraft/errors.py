@@ -8,6 +8,9 @@ one line; anything else is a bug in weightgraft and keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class WeightgraftError(Exception):
     """An error whose message tells the user what to change; never a bug in weightgraft."""
@@ -21,3 +24,16 @@ class GraftArgumentError(WeightgraftError, ValueError):
 class GraftArgumentTypeError(GraftArgumentError, TypeError):
     """An argument of the wrong kind (a float map where model indices go, integers where
     shares go, a module the engine cannot graft this way); a ``TypeError`` as well."""
+
+
+def validation_line(exc: Exception, loc: Callable[[tuple[Any, ...]], str] | None = None, at: str = "") -> str:
+    """pydantic's ``ValidationError`` as one line a user can act on: ``field.path: message``
+    per error, joined by ``; `` (pydantic's own text spans lines and ends in a web link). ``loc``
+    writes a field path (default: its parts joined by dots); ``at`` goes before each path (a
+    config's ``at schemes.0.layers: ...``)."""
+    parts = []
+    for err in exc.errors():  # type: ignore[attr-defined]
+        where = loc(tuple(err["loc"])) if loc is not None else ".".join(str(x) for x in err["loc"])
+        msg = " ".join(str(err["msg"]).removeprefix("Value error, ").split())
+        parts.append(f"{at}{where or '<root>'}: {msg}")
+    return "; ".join(parts)

@@ -52,20 +52,20 @@ class GraftOutput:
         ]
 
     def top_frame(self, k: int = 5) -> pd.DataFrame:
-        """``top(k)`` as a tidy table, one row per (prompt, rank): columns ``prompt`` (its index),
-        ``text``, ``rank`` (0 =
-        likeliest, the convention of a run's ``rank`` column), ``token``, ``token_id`` and ``probability``."""
+        """``top(k)`` as a tidy table, one row per (prompt, rank): columns ``prompt_index``,
+        ``prompt`` (its text, as in ``wg.compare``'s rows), ``rank`` (0 = likeliest, the
+        convention of a run's ``rank`` column), ``token``, ``token_id`` and ``probability``."""
         if k < 1:
             raise ValueError("k must be at least 1")
         probs = torch.softmax(self.logits.detach().float(), dim=-1)
         values, ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
         rows = [
-            {"prompt": b, "text": self.prompts[b], "rank": r, "token": self.tokenizer.decode([int(i)]),
+            {"prompt_index": b, "prompt": self.prompts[b], "rank": r, "token": self.tokenizer.decode([int(i)]),
              "token_id": int(i), "probability": float(p)}
             for b, (row_ids, row_p) in enumerate(zip(ids.tolist(), values.tolist(), strict=True))
             for r, (i, p) in enumerate(zip(row_ids, row_p, strict=True))
         ]
-        return pd.DataFrame(rows, columns=["prompt", "text", "rank", "token", "token_id", "probability"])
+        return pd.DataFrame(rows, columns=["prompt_index", "prompt", "rank", "token", "token_id", "probability"])
 
     def __repr__(self) -> str:
         full = "" if self.full_logits is None else f", full_logits={list(self.full_logits.shape)}"

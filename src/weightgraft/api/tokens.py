@@ -1,5 +1,5 @@
 """``weightgraft.tokens``: a prompt's tokens with the labels positions go by, so that a
-selector such as ``first_entity-3`` or ``relation+2`` can be read off before running."""
+selector such as ``first_entity_last-2`` or ``relation_last+1`` can be read off before running."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ from typing import Any
 import pandas as pd
 
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
-from weightgraft.localization.examples import position_labels
 from weightgraft.schemes.binding import GraftInputError, check_tokenizer
-from weightgraft.schemes.selectors import first_entity, token_span
+from weightgraft.schemes.labels import FIRST_ENTITY, first_entity, position_labels, token_span
 
 
 def tokens(tokenizer: Any, prompt: str, spans: Mapping[str, SpanSpec] | None = None) -> pd.DataFrame:
     """One row per token of ``prompt`` (as ``wg.graft`` tokenizes it): ``position``, ``id``,
-    ``token`` (its text), ``start`` / ``end`` (characters), ``label`` (``last``, ``{span}`` for a
-    span's last token, ``{span}-k`` inside it, ``{span}+k`` after it, ``tok{i}`` before any span;
-    the first entity span is ``first_entity``: one label per position, as the cells of
-    ``localize``'s maps are named) and ``spans`` (the named spans it belongs to: a span name as a
-    position selector, ``positions="first_entity"``, selects every token listed under it)."""
+    ``token`` (its text), ``start`` / ``end`` (characters), ``label`` and ``spans``. Both are
+    position selectors that pick what the row shows, so a rule can be written from this table:
+    ``label`` picks this one token (``first_entity_last`` for the first entity's last token,
+    ``first_entity_last-k`` inside it, ``relation_last+k`` after a span, ``tok{i}`` before any
+    span, ``last``; the names of ``localize``'s cells); each name in ``spans`` (``actor``,
+    ``first_entity``) picks every token listed under it."""
     check_tokenizer(tokenizer)
     try:
         char_spans = resolve_spans(prompt, spans)
@@ -34,7 +34,7 @@ def tokens(tokenizer: Any, prompt: str, spans: Mapping[str, SpanSpec] | None = N
     fe = first_entity(char_spans, None)
     for name, (start, end) in char_spans.items():
         for i in token_span(offsets, start, end):
-            owners.setdefault(i, []).append(name + (" (first_entity)" if name == fe else ""))
+            owners.setdefault(i, []).extend([name, FIRST_ENTITY] if name == fe else [name])
     labels = position_labels(offsets, char_spans)
     return pd.DataFrame({
         "position": range(len(ids)), "id": ids,

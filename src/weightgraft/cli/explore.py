@@ -8,7 +8,7 @@ import typer
 
 
 def explore(
-    model: list[str] = typer.Option([], "--model", "-m", help="ROLE=SPEC: pre=SPEC and sft=SPEC (more roles may be painted too)."),
+    model: list[str] = typer.Option([], "--model", "-m", help="ROLE=SPEC: pre=SPEC and sft=SPEC (more roles may be painted too; pre=demo:pre sft=demo: what `weightgraft demo` made)."),
     run: Path | None = typer.Option(None, "--run", help="A `weightgraft run` directory: its summary, figures and schemes."),
     localize: Path | None = typer.Option(None, "--localize", help="A `weightgraft localize` directory: cell maps and minimal sets."),
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port (0: any free one)."),
@@ -34,6 +34,7 @@ def explore(
 
     from weightgraft.explore.app import create_app
     from weightgraft.explore.artifacts import LocalizeView, RunView
+    from weightgraft.explore.opening import opening_example
     from weightgraft.explore.serve import pick_port, serve
     from weightgraft.explore.session import Explorer
     from weightgraft.models import load_model
@@ -41,9 +42,11 @@ def explore(
 
     run_view = RunView(run) if run is not None else None  # read before the models load
     localize_view = LocalizeView(localize) if localize is not None else None
+    opening = opening_example(run, roles["sft"])  # a fact the SFT knows, and where it came from
+    typer.echo(opening.line())
     loaded = {role: load_model(spec, device=device) for role, spec in roles.items()}
     for role, lm in loaded.items():
         check_same_tokenizer(loaded["pre"].tokenizer, lm.tokenizer, f"model {role!r}")
     explorer = Explorer({r: lm.model for r, lm in loaded.items()}, loaded["pre"].tokenizer)
     port = pick_port(host, port)
-    serve(create_app(explorer, run_view, localize_view, address=(host, port)), host=host, port=port)
+    serve(create_app(explorer, run_view, localize_view, address=(host, port), opening=opening), host=host, port=port)

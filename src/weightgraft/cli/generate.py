@@ -39,7 +39,7 @@ def _rule(text: str):
 
     fields = _pairs([p for p in text.split(",") if p.strip()], "rule field")
     try:
-        return Rule.model_validate(fields)
+        return Rule(**fields)  # a bad field: SchemeInputError in one line (model_validate gave pydantic's text)
     except ValueError as exc:
         raise typer.BadParameter(f"rule {text!r}: {exc}") from None
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
-from weightgraft.errors import WeightgraftError
+from weightgraft.errors import WeightgraftError, validation_line
 from weightgraft.experiments.pairs import SchemePair, check_pairs
 from weightgraft.schemes.presets import preset
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, ProtocolName
@@ -197,16 +197,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def _config_path(path: tuple[Any, ...]) -> str:
+    """A field path as the user wrote it: the union's tag ("preset" / "scheme") that follows a
+    schemes entry's index is not a key of the config."""
+    return ".".join(str(x) for i, x in enumerate(path)
+                    if not (i >= 2 and path[i - 2] == "schemes" and isinstance(path[i - 1], int)
+                            and x in ("preset", "scheme")))
+
+
 def _format_validation(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid experiment config {source}:"]
-    for err in exc.errors():
-        # the union's tag ("preset" / "scheme") follows a schemes entry's index: not a key the user wrote
-        path = err["loc"]
-        loc = ".".join(str(x) for i, x in enumerate(path)
-                       if not (i >= 2 and path[i - 2] == "schemes" and isinstance(path[i - 1], int)
-                               and x in ("preset", "scheme")))
-        lines.append(f"  at {loc or '<root>'}: {err['msg']}")
-    return "\n".join(lines)
+    """One line: every field path and its problem (no pydantic web links)."""
+    return f"invalid experiment config {source}: {validation_line(exc, _config_path, at='at ')}"
 
 
 def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:

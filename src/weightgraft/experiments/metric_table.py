@@ -54,7 +54,9 @@ class MetricSpec:
     ``*_gain`` over ``*_gap`` columns, with a paired CI and a note). ``paired``: taken by paired
     differences (``pair_skip``: a boolean column whose rows they leave out). ``header`` /
     ``shown``: its column in the report's tables and how its summary value is written;
-    ``chart``: summary column -> axis label, for the bar charts and heatmaps."""
+    ``chart``: summary column -> axis label, for the bar charts and heatmaps; ``flags``: a
+    results column of per-row flags (``refused: ...`` / ``weak: ...``) the summary counts into
+    ``<name>_note`` (``answer_tokens.logit_diff_note``)."""
 
     name: str
     compute: Callable[[ScoreInputs], float | bool | int] | None
@@ -66,6 +68,7 @@ class MetricSpec:
     header: str | None = None
     shown: Shown | None = None
     chart: tuple[tuple[str, str], ...] = ()
+    flags: str | None = None
 
     def summary_columns(self) -> list[str]:
         """The summary columns this metric writes, in order."""
@@ -77,7 +80,7 @@ class MetricSpec:
         if self.aggregate == "mean":
             return [f"mean_{n}"]
         if self.aggregate == "mean_ci":
-            return [f"mean_{n}", f"{n}_lo", f"{n}_hi", f"n_{n}"]
+            return [f"mean_{n}", f"{n}_lo", f"{n}_hi", f"n_{n}", *([f"{n}_note"] if self.flags else [])]
         if self.aggregate == "ratio_of_means":
             return [n, f"{n}_lo", f"{n}_hi", f"n_{n}", f"{n}_note"]
         return []
@@ -108,12 +111,14 @@ METRIC_TABLE: tuple[MetricSpec, ...] = (
     MetricSpec(name="answer_logprob", aggregate="mean", paired=True,
                compute=_finite_or_nan(lambda s: answer_logprob(s.logits, s.answer_ids[: s.logits.shape[0]]))),
     MetricSpec(name="logit_diff", compute=lambda s: logit_difference(_first(s), s.answer_ids[0], s.distractor),
-               aggregate="mean_ci", paired=True, header="logit diff vs distractor", shown="mean_ci"),
+               aggregate="mean_ci", paired=True, header="logit diff vs distractor", shown="mean_ci",
+               flags="logit_diff_flag"),  # NaN where refused (``scoring._distractor``)
     MetricSpec(name="kl_donor", aggregate="mean_ci", paired=True, header="KL(donor‖graft)", shown="mean_ci",
                compute=lambda s: kl_divergence(s.donor_logits, _first(s)) if s.donor_logits is not None else float("nan")),
     MetricSpec(name="recovery", compute=None, aggregate="ratio_of_means", paired=True, pair_skip="recovery_small_gap",
                recovery_of="first_logprob", header="recovery (first token)", shown="mean_ci"),
-    MetricSpec(name="recovery_answer", compute=None, aggregate="ratio_of_means", recovery_of="answer_logprob"),
+    MetricSpec(name="recovery_answer", compute=None, aggregate="ratio_of_means", recovery_of="answer_logprob",
+               header="recovery (whole answer)", shown="mean_ci"),  # beside it: a weak first token misleads
 )
 
 

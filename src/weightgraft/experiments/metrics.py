@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from weightgraft.experiments import metric_table
+from weightgraft.experiments.answer_tokens import add_answer_flags, logit_diff_note
 from weightgraft.experiments.metric_table import MetricSpec
 from weightgraft.stats import mean_ci, rate_cis, share_interval
 
@@ -28,8 +29,10 @@ def add_recovery(results: pd.DataFrame) -> pd.DataFrame:
     log-probability (the paper's target), ``recovery_answer`` the same of the whole answer's
     teacher-forced log-probability; ``*_gain`` (grafted - PRE) and ``*_gap`` (SFT - PRE) are
     kept for the summary's ratio of means; ``*_small_gap`` flags |SFT - PRE| <
-    ``MIN_RECOVERY_GAP``. NaN where a baseline row is missing."""
-    out = results.copy()
+    ``MIN_RECOVERY_GAP``. NaN where a baseline row is missing. First, the answers' first-token
+    flags (``answer_tokens.add_answer_flags``): they too are read from the other rows, and they
+    say which of the two recoveries to trust."""
+    out = add_answer_flags(results)
     if "first_logprob" not in out.columns and "prob" in out.columns:  # rows of an older run
         with np.errstate(divide="ignore"):
             out["first_logprob"] = np.log(out["prob"].to_numpy(dtype=float))
@@ -111,7 +114,10 @@ def _aggregate(spec: MetricSpec, ok: pd.DataFrame) -> dict[str, object]:
         return {f"mean_{name}": float(ok[name].mean()) if len(ok) else float("nan")}
     if how == "mean_ci":
         mean, lo, hi = _mean_ci(values)
-        return {f"mean_{name}": mean, f"{name}_lo": lo, f"{name}_hi": hi, f"n_{name}": int(np.isfinite(values).sum())}
+        out = {f"mean_{name}": mean, f"{name}_lo": lo, f"{name}_hi": hi, f"n_{name}": int(np.isfinite(values).sum())}
+        if spec.flags is not None:
+            out[f"{name}_note"] = logit_diff_note(ok[spec.flags]) if spec.flags in ok.columns else ""
+        return out
     gain, gap = ok[f"{name}_gain"].to_numpy(dtype=float), ok[f"{name}_gap"].to_numpy(dtype=float)
     return dict(zip(spec.summary_columns(), ratio_of_means(gain, gap)))
 
@@ -119,7 +125,8 @@ def _aggregate(spec: MetricSpec, ok: pd.DataFrame) -> dict[str, object]:
 def summarize(results: pd.DataFrame) -> pd.DataFrame:
     """One row per (model set, template, direction, scheme): n, top-k rates with 95% CIs,
     ranks, the behaviour metrics (logit difference, KL to the donor) with 95% CIs over the rows
-    where they are defined (``n_<metric>``), and ``recovery`` / ``recovery_answer`` as a ratio
+    where they are defined (``n_<metric>``; ``logit_diff_note`` counts refused and weak ones),
+    ``n_weak_first_token`` (rows whose first token does not identify the answer), and ``recovery`` / ``recovery_answer`` as a ratio
     of means with its Fieller interval and a ``*_note`` where the number is unstable. Every
     interval is ``weightgraft.stats``' (nothing is resampled, so the summary draws no random number).
     ``direction`` (a2b, b2a) is empty for prompts without one.
@@ -136,6 +143,7 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
         row = {
             "model_set": model_set, "template": template, "direction": direction, "scheme": scheme,
             "family": group["family"].iloc[0], "n": len(ok), "n_nonfinite": int((~group["finite"]).sum()),
+            "n_weak_first_token": int(ok["weak_first_token"].sum()) if "weak_first_token" in ok else 0,
         }
         for spec in metric_table.METRIC_TABLE:
             row.update(_aggregate(spec, ok))

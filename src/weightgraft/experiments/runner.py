@@ -42,7 +42,7 @@ from weightgraft.schemes.selectors import (
     LITERAL_SPANS,
     position_names,
 )
-from weightgraft.experiments.store import ResultsStore, write_atomic
+from weightgraft.experiments.store import ROWS_FORMAT, ResultsStore, write_atomic
 from weightgraft.engine.forward import slots
 from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.models.donors import default_loader, load_donor
@@ -238,6 +238,7 @@ def run_identity(config: ExperimentConfig, schemes: list[Any], prompts: list[Any
         return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     return {
+        "rows_format": ROWS_FORMAT,
         "core": config.identity_core(),
         "schemes": {s.name: digest(s.model_dump(mode="json")) for s in schemes},
         "examples": {p.id: digest(dataclasses.asdict(p)) for p in prompts},
@@ -332,6 +333,7 @@ def _finish(run_dir, config, schemes, store, order, exclusions, model_info, comp
         "models": model_info, "device": config.device, "dtype": config.dtype, "seed": config.seed,
         "exclusions": exclusion_summary, "n_rows": len(results),
         "n_partial_target": int(results["target_partial"].sum()) if "target_partial" in results else 0, "computed_this_run": computed,
+        "n_weak_first_token": int(results["weak_first_token"].sum()) if "weak_first_token" in results else 0,
         "processes": ranks.world,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": round(time.time() - started, 2),

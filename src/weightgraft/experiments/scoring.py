@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from weightgraft.data.prompts import answer_token_ids
+from weightgraft.experiments.answer_tokens import REFUSED, distractor_flag, scored_on
 from weightgraft.experiments.examples import Prepared
 from weightgraft.experiments.metric_table import ScoreInputs, row_metrics
 from weightgraft.experiments.prediction import answer_logprob, score_next_token, whole_character_prefix
@@ -98,22 +99,29 @@ def _extend(src: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([src, src[-1:].expand(n, *src.shape[1:])], dim=0) if n else src
 
 
-def _distractor_id(tokenizer, distractor: str | None) -> int | None:
-    if not distractor:
-        return None
-    ids = answer_token_ids(tokenizer, distractor)
-    return ids[0] if ids else None
+def _distractor(tokenizer, answer: str, answer_token: str, distractor: str | None) -> tuple[int | None, dict[str, Any]]:
+    """The distractor's first token id for the logit difference (None: no distractor, or one
+    whose first token and the answer's begin each other's names, refused), and its columns."""
+    ids = answer_token_ids(tokenizer, distractor) if distractor else []
+    if not ids:
+        return None, {"distractor_token": None, "logit_diff_flag": ""}
+    token = tokenizer.decode([ids[0]])
+    flag = distractor_flag(answer, answer_token, str(distractor), token)
+    return (None if flag.startswith(REFUSED) else ids[0]), {"distractor_token": token, "logit_diff_flag": flag}
 
 
 def score_rows(
     items, logits, n_logits, tokenizer, model_set, scheme_meta,
     donor_logits: Sequence[torch.Tensor | None] | None = None, base: Baselines | None = None,
 ) -> list[dict[str, Any]]:
+    """One results row per item; ``scored_on`` says which token the first-token metrics read
+    (dataset-wide flags on it are added after the sweep, ``answer_tokens.add_answer_flags``)."""
     rows = []
     for b, (ex, scheme) in enumerate(items):
         p = ex.prompt
         pred = score_next_token(logits[b, 0], ex.answer_ids[0])
-        distractor = _distractor_id(tokenizer, p.distractor)
+        target_token = tokenizer.decode([pred.target_token_id])
+        distractor, distractor_cols = _distractor(tokenizer, p.answer, target_token, p.distractor)
         donor = donor_logits[b] if donor_logits is not None else None
         metrics = row_metrics(ScoreInputs(logits=logits[b, : n_logits[b]], answer_ids=ex.answer_ids, prediction=pred,
                                          distractor=distractor, donor_logits=donor))
@@ -122,11 +130,11 @@ def score_rows(
             "family": scheme_meta[scheme]["family"], "labels": scheme_meta[scheme]["labels"],
             "example_id": p.id, "relation_id": p.relation_id, "direction": p.direction or "",
             "prompt": p.prompt, "answer": p.answer,
-            "target_token_id": pred.target_token_id, "target_token": tokenizer.decode([pred.target_token_id]),
-            "n_answer_tokens": n_logits[b],
+            "target_token_id": pred.target_token_id, "target_token": target_token,
+            "n_answer_tokens": n_logits[b], "scored_on": scored_on(target_token, n_logits[b], len(ex.answer_ids)),
             "top_tokens": [tokenizer.decode([i]) for i in pred.top_ids],
             "top_probs": pred.top_probs, "finite": pred.finite,
-            "distractor": p.distractor,
+            "distractor": p.distractor, **distractor_cols,
             **metrics,
             **_baseline_fields(scheme, base),
             **_first_character(tokenizer, ex.answer_ids, logits[b, : n_logits[b]], pred.finite),

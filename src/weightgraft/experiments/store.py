@@ -23,6 +23,10 @@ from weightgraft import atomic
 from weightgraft.errors import WeightgraftError
 
 KEY = ("model_set", "template", "scheme", "example_id")
+# What a row holds and how it was computed; a folder whose rows were written in an older format
+# is refused rather than resumed (2: ``scored_on``, ``distractor_token``, ``logit_diff_flag``;
+# a distractor logit difference between first tokens that begin each other's names is NaN).
+ROWS_FORMAT = 2
 
 
 class ResultsDirConflict(WeightgraftError, ValueError):
@@ -168,6 +172,11 @@ def check_identity(found: dict[str, Any], wanted: dict[str, Any], run_dir: Path)
     a scheme or example present in both must have the same definition / content.
     """
     afresh = f"results are never mixed: pass another out=... or delete {run_dir} to start afresh"
+    if found.get("rows_format", 1) != wanted.get("rows_format", 1):
+        raise ResultsDirConflict(
+            f"{run_dir} holds rows in format {found.get('rows_format', 1)} (an earlier weightgraft); this "
+            f"one writes format {wanted.get('rows_format', 1)}, which scores answers differently; {afresh}"
+        )
     if found.get("core") != wanted["core"]:
         raise ResultsDirConflict(
             f"{run_dir} holds results of another experiment config (a setting that changes every "
@@ -188,6 +197,7 @@ def merge_identity(found: dict[str, Any], wanted: dict[str, Any]) -> dict[str, A
     """The identity of a folder after this command adds its work to what it holds."""
     models = {k: dict(v) for k, v in found.get("models", {}).items()}
     return {
+        **({"rows_format": wanted["rows_format"]} if "rows_format" in wanted else {}),
         "core": wanted["core"],
         "schemes": {**found.get("schemes", {}), **wanted.get("schemes", {})},
         "examples": {**found.get("examples", {}), **wanted.get("examples", {})},

@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from weightgraft.explore.artifacts import LocalizeView, RunView
 from weightgraft.explore.guard import Guard, served_hosts
+from weightgraft.explore.opening import DEFAULT, Opening
 from weightgraft.explore.requests import GraftRequest, RequestError, TokensRequest, parse
 from weightgraft.explore.session import Explorer
 from weightgraft.explore.work import Work
@@ -62,9 +63,10 @@ async def _body(request: Request, limit: int, timeout: float) -> Any:
 
 
 def create_app(explorer: Explorer, run: RunView | None = None, localize: LocalizeView | None = None,
-               address: tuple[str, int] = ("127.0.0.1", DEFAULT_PORT)) -> Starlette:
+               address: tuple[str, int] = ("127.0.0.1", DEFAULT_PORT), opening: Opening | None = None) -> Starlette:
     """The ASGI app over one loaded model set (and optionally a run's and a localize run's
-    outputs, read once here), answering requests addressed to ``address`` (host, port) only."""
+    outputs, read once here), answering requests addressed to ``address`` (host, port) only. The
+    page opens on ``opening`` (``opening.opening_example``; the built-in, unchecked prompt if None)."""
     limit, timeout = explorer.limits.max_body_bytes, explorer.limits.body_timeout_s
     work = Work(explorer.limits.max_waiting)
     run_json = run.to_json() if run is not None else None
@@ -74,7 +76,8 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
     async def info(request: Request) -> Response:
-        return JSONResponse({**explorer.info(), "run": run_json is not None, "localize": localize_json is not None})
+        return JSONResponse({**explorer.info(), "run": run_json is not None, "localize": localize_json is not None,
+                             "opening": (opening or DEFAULT).to_json()})
 
     async def tokens(request: Request) -> Response:
         req = parse(TokensRequest, await _body(request, limit, timeout))

@@ -14,11 +14,11 @@ import pandas as pd
 
 from weightgraft.report.run import ReportError, read_summary
 from weightgraft.report.tables import table_header, table_rows
+from weightgraft.schemes.labels import LABEL_VERSION, upgrade_cells, upgrade_label
 
 EXAMPLES_PER_TEMPLATE = 8
 CONTROLS_SHOWN = 2  # control sets per kind offered on the page
 GROUP_COLUMNS = ("model_set", "template", "direction")  # shown where the run has more than one value
-RECOVERY_ANSWER = "recovery (whole answer)"
 
 
 def _clean(value: Any) -> Any:
@@ -88,28 +88,15 @@ def _examples(rows: Sequence[dict[str, Any]], known: dict[str, dict[str, Any]]) 
     return out
 
 
-def _ratio_cell(row: dict[str, Any], metric: str) -> str:
-    """``0.44 [0.31, 0.58]`` (with its ``⚠ note``) of a ratio metric, ``n/a`` where undefined."""
-    value, lo, hi = (_clean(row.get(k)) for k in (metric, f"{metric}_lo", f"{metric}_hi"))
-    if not isinstance(value, (int, float)):
-        return "n/a"
-    text = f"{value:.2f} [{lo:.2f}, {hi:.2f}]" if isinstance(lo, float) and isinstance(hi, float) else f"{value:.2f}"
-    note = row.get(f"{metric}_note")
-    return text + (f" ⚠ {note}" if isinstance(note, str) and note else "")
-
-
 def summary_table(summary: pd.DataFrame) -> tuple[list[str], list[dict[str, Any]]]:
     """The run's summary as ``weightgraft report`` tables it (the same cells, confidence
-    intervals and notes), one page table for every (model set, template, direction), and the
-    whole-answer recovery where the run has it. Rows carry their keys for the row click."""
+    intervals and notes, the whole-answer recovery among them), one page table for every
+    (model set, template, direction). Rows carry their keys for the row click."""
     groups = [c for c in GROUP_COLUMNS if c in summary and (c == "template" or summary[c].nunique() > 1)]
-    extra = "recovery_answer" in summary and summary["recovery_answer"].notna().any()
-    columns = [*groups, *table_header(), *([RECOVERY_ANSWER] if extra else [])]
+    columns = [*groups, *table_header()]
     rows = []
     for record, cells in zip(summary.to_dict("records"), table_rows(summary), strict=True):
         shown = [str(record[c]) for c in groups] + list(cells)
-        if extra:
-            shown.append(_ratio_cell(record, "recovery_answer"))
         rows.append({"cells": shown, "scheme": str(record["scheme"]), "template": str(record["template"]),
                      "model_set": str(record.get("model_set", ""))})
     return columns, rows
@@ -166,11 +153,15 @@ class LocalizeView:
             raise ReportError(f"--localize {out_dir}: no cells.parquet there (is it a `weightgraft localize` directory?)")
         manifest = json.loads((out_dir / "manifest.json").read_text()) if (out_dir / "manifest.json").is_file() else {}
         search = json.loads((out_dir / "search.json").read_text()) if (out_dir / "search.json").is_file() else {}
+        old_labels = manifest.get("labels", 1) < LABEL_VERSION  # a span's last token was named by the span
+        search = upgrade_cells(search) if old_labels else search
         self.name = out_dir.name
         self.metric = search.get("metric") or (manifest.get("config") or {}).get("metric", "")
         self.units = str((manifest.get("config") or {}).get("units") or "cell")
         self.searches = [self._search(s) for s in search.get("searches", [])]
         cells = pd.read_parquet(cells_path)
+        if old_labels:
+            cells["position_label"] = cells["position_label"].map(upgrade_label)
         if "unit" in cells:  # heads / neurons: the page paints whole cells (a split slot's units summed)
             cells = cells[cells["unit"] == -1]
         # several SFT models (training seeds): the first one's maps, the model the found sets belong to

@@ -4,9 +4,10 @@ level and at a coarse level (position span x layer quarter x component), and top
 from __future__ import annotations
 
 import math
-import re
 
 import pandas as pd
+
+from weightgraft.schemes.labels import label_group
 
 ESTIMATES = ("estimate", "estimate_ig")
 
@@ -30,10 +31,9 @@ def spearman(a: pd.Series, b: pd.Series) -> float:
 
 
 def span_of(label: str) -> str:
-    """``first_entity-2`` / ``relation+1`` / ``relation#2`` -> their span; ``tok3`` -> ``other``."""
-    if label.startswith("tok"):
-        return "other"
-    return re.split(r"[-+#]", label, maxsplit=1)[0]
+    """``first_entity_last-2`` / ``relation_last+1`` / ``relation_last#2`` -> their span
+    (``first_entity``, ``relation``); ``tok3`` -> ``other``."""
+    return label_group(label)[0]
 
 
 def coarse(cells: pd.DataFrame, n_layers: int, columns: list[str]) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from weightgraft.engine.architectures import Units
+from weightgraft.errors import validation_line
 from weightgraft.experiments.config import ConfigError, read_yaml_config
 
 Direction = Literal["sufficiency", "necessity"]
@@ -216,9 +217,7 @@ def parse_localize_config(raw: dict, source: str = "<dict>", base_dir: Path | No
     try:
         config = LocalizeConfig.model_validate(raw)
     except ValidationError as exc:
-        lines = [f"invalid localize config {source}:"]
-        lines += [f"  at {'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError(f"invalid localize config {source}: {validation_line(exc, at='at ')}") from None
     if base_dir is not None:
         if not config.data.is_absolute():
             config.data = base_dir / config.data

@@ -1,16 +1,17 @@
 """Test prompts as scored examples, with a label per token position that lines positions up
-across prompts of one template (entities differ in length, the template's words do not)."""
+across prompts of one template (entities differ in length, the template's words do not); the
+labels are ``schemes.labels.position_labels``, each a position selector of its own token."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from weightgraft.data.freeform import load_prompts
 from weightgraft.data.prompts import DatasetError, TestPrompt, answer_token_ids
-from weightgraft.schemes.selectors import first_entity, token_span
+from weightgraft.schemes.labels import position_labels
 from weightgraft.engine.cells import ScoredExample
 
 
@@ -22,40 +23,6 @@ class LocalizeExample:
     prompt: TestPrompt
     scored: ScoredExample
     labels: tuple[str, ...]  # one per position 0..scored.position
-
-
-def position_labels(offsets: Sequence[tuple[int, int]], spans: Mapping[str, tuple[int, int]],
-                    answer_field: str | None = None) -> list[str]:
-    """``last`` for the last token; inside a span, ``{span}`` for its last token and
-    ``{span}-k`` for k tokens before it; after a span, ``{span}+k``; before any span, ``tok{i}``.
-    The first entity span is also named ``first_entity`` (``first_entity`` = its last token)."""
-    n = len(offsets)
-    fe = first_entity(spans, answer_field)
-    owner: dict[int, tuple[str, int]] = {}
-    for name, (start, end) in spans.items():
-        toks = token_span(offsets, start, end)
-        shown = "first_entity" if name == fe else name
-        for k, i in enumerate(reversed(toks)):
-            owner.setdefault(i, (shown, k))
-    labels, last_span, since = [], None, 0
-    for i in range(n):
-        if i in owner:
-            name, k = owner[i]
-            labels.append(name if k == 0 else f"{name}-{k}")
-            if k == 0:
-                last_span, since = name, 0
-        elif last_span is not None:
-            since += 1
-            labels.append(f"{last_span}+{since}")
-        else:
-            labels.append(f"tok{i}")
-    labels[-1] = "last"
-    seen: dict[str, int] = {}
-    for i, label in enumerate(labels):  # overlapping spans could repeat a label: keep them apart
-        seen[label] = seen.get(label, 0) + 1
-        if seen[label] > 1:
-            labels[i] = f"{label}#{seen[label]}"
-    return labels
 
 
 def build_examples(prompts: Sequence[TestPrompt], tokenizer: Any) -> tuple[list[LocalizeExample], list[dict[str, str]]]:

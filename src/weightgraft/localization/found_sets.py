@@ -9,7 +9,7 @@ only; every set's share and its controls are also measured on the held-out promp
 (``heldout_share``, ``controls.{kind}.heldout``).
 
 Each entry also says how many of its set's cells each prompt actually received: a key at a
-label a prompt lacks (``first_entity-3`` in a two-token name) grafts nothing there.
+label a prompt lacks (``first_entity_last-3`` in a two-token name) grafts nothing there.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ without the prompts' facts; ``null_vs_null`` for two null models) and every pair
 model and direction; ``template``).
 
 Coarse map: cells grouped by (span, layer quarter, component): the span from the position
-label (``span_group``: the tokens of a span, ``first_entity-2`` -> ``first_entity``; the
-template words after a span apart from it, ``first_entity+3`` -> ``first_entity+``; ``last``;
+label (``span_group``: the tokens of a span, ``first_entity_last-2`` -> ``first_entity``; the
+template words after a span apart from it, ``first_entity_last+3`` -> ``first_entity+``; ``last``;
 tokens before any span -> ``other``), the layer quarter ``layer * 4 // n_layers`` (-1 for
 embed / final_norm / unembed), the component as in ``cells.parquet``. A bin's
 value is the sum of |effect| of its cells over the template's prompts, divided by the number of
@@ -30,7 +30,6 @@ share a model are not exchangeable), whose least p is ``1 / C(seeds + nulls, see
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Sequence
 from itertools import combinations
 from math import comb
@@ -38,6 +37,7 @@ from math import comb
 import pandas as pd
 
 from weightgraft.localization.agreement import spearman
+from weightgraft.schemes.labels import label_group
 from weightgraft.stats import model_label_p, models_needed
 
 TOP_K = 50
@@ -53,16 +53,12 @@ UNIT_COLUMNS = ("unit",)  # a head or neuron index where the run split cells by 
 
 
 def span_group(label: str) -> str:
-    """``first_entity-2`` / ``first_entity`` -> ``first_entity``; ``first_entity+3`` ->
-    ``first_entity+`` (the words after the entity are not the entity); ``tok3`` -> ``other``;
-    a repeated label's ``#2`` dropped."""
-    label = re.sub(r"#\d+$", "", label)
-    if re.fullmatch(r"tok\d+", label):
-        return "other"
-    m = re.fullmatch(r"(.+)([-+])\d+", label)
-    if m is None:
-        return label
-    return m.group(1) + "+" if m.group(2) == "+" else m.group(1)
+    """``first_entity_last-2`` / ``first_entity_last`` -> ``first_entity``; ``first_entity_last+3``
+    -> ``first_entity+`` (the words after the entity are not the entity); ``tok3`` -> ``other``;
+    a repeated label's ``#2`` dropped. Labels of maps stored before ``_last`` (``first_entity-2``)
+    group the same way."""
+    span, after = label_group(label)
+    return span + "+" if after else span
 
 
 def cell_key(cells: pd.DataFrame) -> list[str]:

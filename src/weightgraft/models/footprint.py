@@ -221,10 +221,11 @@ def resolve_footprint(spec: str) -> ModelFootprint:
     takes: ``random:``, embedded names, directories, ``.gguf`` files, cached hub ids)."""
     from transformers import AutoConfig
 
+    from weightgraft.models.demo_models import resolve_demo_spec
     from weightgraft.models.embedded import EMBEDDED_MODELS, embedded_cache_dir
     from weightgraft.models.random_models import is_random_spec, parse_random_spec, random_config, shipped_config_path
 
-    text = os.fspath(spec).strip()
+    text = resolve_demo_spec(os.fspath(spec).strip())
     if is_random_spec(text):
         parsed = parse_random_spec(text)
         return ModelFootprint(text, random_config(parsed), f"config {parsed.config_path}", None)

@@ -16,6 +16,9 @@ A spec is, in the order it is resolved:
 3. a hub id such as ``"HuggingFaceTB/SmolLM2-135M"``, *only* if it is already in the local
    Hugging Face cache: nothing is ever fetched from a hub.
 
+``demo`` / ``demo:sft`` and ``demo:pre`` name the models ``weightgraft demo`` made (its finetune
+and its base; :mod:`weightgraft.models.demo_models`), resolved before the steps above.
+
 Remote code is never run unless ``trust_remote_code=True`` is passed.
 """
 
@@ -45,6 +48,7 @@ from weightgraft.models.errors import (
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import lean_from_safetensors
 from weightgraft.models.loaded import LoadedModel
+from weightgraft.models.demo_models import resolve_demo_spec
 from weightgraft.models.random_models import is_random_spec
 
 
@@ -251,7 +255,7 @@ def check_model_spec(spec: str | os.PathLike[str], role: str = "model") -> None:
     """Refuse, in one line and without loading anything, a spec that names no model: a path that
     does not exist, a file that is not ``.gguf``, a directory without ``config.json``, or a hub
     id missing from the local cache. A missing model is said before anything else about a run."""
-    text = os.fspath(spec).strip()
+    text = resolve_demo_spec(os.fspath(spec).strip())
     if is_random_spec(text) or text.lower() in EMBEDDED_MODELS:
         return
     path = Path(text).expanduser()
@@ -299,7 +303,8 @@ def load_model(
     Args:
         spec: ``"smollm2-135m"`` / ``"gemma3-270m"`` (embedded; installed and converted on
             first use), a model directory, a ``.gguf`` file, a hub id already in the local
-            Hugging Face cache (nothing is downloaded), or ``random:NAME[@SEED]`` /
+            Hugging Face cache (nothing is downloaded), ``demo`` / ``demo:pre`` (what
+            ``weightgraft demo`` made), or ``random:NAME[@SEED]`` /
             ``random:PATH/config.json[@SEED]``: the architecture with seeded random weights
             and no tokenizer (weightgraft.models.random_models).
         device: where to put the model.
@@ -316,7 +321,7 @@ def load_model(
         PickleRefusedError: only pickle weights and ``allow_pickle`` is False.
         CorruptCheckpointError: missing config/weights/tokenizer or a truncated file.
     """
-    text = os.fspath(spec)
+    text = resolve_demo_spec(os.fspath(spec))
     if is_random_spec(text):  # a shipped or given config.json with seeded random weights
         from weightgraft.models.random_models import load_random
 
@@ -385,7 +390,7 @@ def load_model(
 def safetensors_dir(spec: str | os.PathLike[str]) -> Path | None:
     """The safetensors model directory ``spec`` names (embedded names are converted first),
     or None when it is something else (a GGUF file, a pickle checkpoint, a hub id)."""
-    text = os.fspath(spec)
+    text = resolve_demo_spec(os.fspath(spec))
     if text.strip().lower() in EMBEDDED_MODELS:
         return ensure_converted(text)
     path = Path(text).expanduser()
@@ -418,7 +423,7 @@ def load_lean_donor(
             f"no usable tokenizer in {directory} ({type(exc).__name__}: {exc}); save it next "
             "to the weights with tokenizer.save_pretrained(DIR)"
         ) from exc
-    name = os.fspath(spec)
+    name = resolve_demo_spec(os.fspath(spec))
     source = (f"embedded:{_embedded(name).name} ({directory})" if name.strip().lower() in EMBEDDED_MODELS
               else f"dir:{directory}")
     return LoadedModel(model=model, tokenizer=_finish_tokenizer(tokenizer), source=source,

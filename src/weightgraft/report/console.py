@@ -8,10 +8,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from weightgraft.experiments.answer_tokens import weak_line
+
 
 def print_summary(summary: Any, *, protocol: str, title: str = "summary", console: Console | None = None) -> None:
-    """The summary as a rich table: top-1 / top-5 (%), mean rank and first-token recovery with
-    its 95% CI per template, direction and scheme. A model set or direction that is the same on
+    """The summary as a rich table: top-1 / top-5 (%), mean rank, first-token and whole-answer
+    recovery with their 95% CIs per template, direction and scheme (and a line counting the
+    answers whose first token is shared or short, where the two recoveries can disagree). A model set or direction that is the same on
     every row goes into the title instead of a column, after the grafting ``protocol`` (the
     same schemes give other numbers under the other one). Names are never cut: long ones wrap
     within their cell. A recovery the summary flags as unstable carries a numbered mark, and
@@ -29,31 +32,46 @@ def print_summary(summary: Any, *, protocol: str, title: str = "summary", consol
     table = Table(title=f"{title} ({', '.join(fixed)})")
     for _, label in shown:
         table.add_column(label, overflow="fold")
-    has_recovery = "recovery" in summary and summary["recovery"].notna().any()
+    recoveries = [(name, label) for name, label in (("recovery", "recovery [95% CI]"),
+                                                     ("recovery_answer", "whole-answer recovery"))
+                  if name in summary and summary[name].notna().any()]
     for col in ("n", "top-1 %", "top-5 %", "mean rank"):
         table.add_column(col, justify="right", no_wrap=True)
-    if has_recovery:
-        table.add_column("recovery [95% CI]", justify="right", overflow="fold")
+    for _, label in recoveries:
+        table.add_column(label, justify="right", overflow="fold")
     notes: dict[str, int] = {}
     for row in summary.to_dict("records"):
         table.add_row(
             *(Text(str(row[col])) for col, _ in shown), str(row["n"]),  # Text: "o[3]@..." is a name, not markup
             f"{100 * row['top1']:.1f}", f"{100 * row['top5']:.1f}", f"{row['mean_rank']:.1f}",
-            *([Text(_recovery(row, notes))] if has_recovery else []),
+            *(Text(_recovery(row, notes, name)) for name, _ in recoveries),
         )
     console = console or Console()
     console.print(table)
     for note, mark in notes.items():
         console.print(Text(f"⚠{mark} {note}"))
+    weak = _weak(summary)
+    if weak:
+        console.print(Text(f"⚠ {weak}: read the whole-answer recovery beside the first-token one"))
 
 
-def _recovery(row: dict[str, Any], notes: dict[str, int]) -> str:
-    """``0.44`` over ``[0.31, 0.58]``, with the number of its note where the summary says it
-    is unstable (``notes`` gains the note)."""
-    value, lo, hi = row.get("recovery"), row.get("recovery_lo"), row.get("recovery_hi")
+def _weak(summary: Any) -> str:
+    """The weakly scored answers' line, summed over the (model set, template, direction)
+    groups (each scheme of a group scores the same answers: its largest count)."""
+    if "n_weak_first_token" not in summary or not (summary["n_weak_first_token"].fillna(0) > 0).any():
+        return ""
+    keys = [k for k in ("model_set", "template", "direction") if k in summary]
+    top = summary.sort_values("n_weak_first_token", ascending=False).drop_duplicates(keys)
+    return weak_line(int(top["n_weak_first_token"].sum()), int(top["n"].sum()))
+
+
+def _recovery(row: dict[str, Any], notes: dict[str, int], name: str = "recovery") -> str:
+    """``0.44`` over ``[0.31, 0.58]`` (of ``name``: ``recovery`` or ``recovery_answer``), with
+    the number of its note where the summary says it is unstable (``notes`` gains the note)."""
+    value, lo, hi = row.get(name), row.get(f"{name}_lo"), row.get(f"{name}_hi")
     if value is None or value != value:
         return "n/a"
-    note = row.get("recovery_note") or ""
+    note = row.get(f"{name}_note") or ""
     text = f"{value:.2f}\n[{lo:.2f}, {hi:.2f}]" if lo == lo and hi == hi else f"{value:.2f}"
     if not isinstance(note, str) or not note:
         return text

@@ -21,6 +21,7 @@ from weightgraft.report.run import (
     _groups,
     group_title,
     model_rows,
+    report_title,
 )
 from weightgraft.report.tables import (
     ANSWER_NOTE,
@@ -29,7 +30,9 @@ from weightgraft.report.tables import (
     continuations,
     table_header,
     table_rows,
+    weak_note,
 )
+from weightgraft.schemes.legend import legend
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
@@ -41,7 +44,12 @@ mark.target{background:#ffd54f;outline:1px solid #c79a00}
 figure{margin:1em 0} figure img{max-width:100%} figcaption{font-size:.85em;color:#555}
 details{margin:.3em 0} summary{cursor:pointer} pre{background:#f6f6f6;padding:.5em;overflow:auto}
 .p{color:#666;font-size:.85em}
+h1{margin:0 0 .2em} .lead{margin:.2em 0;color:#444;overflow-wrap:anywhere}
+.legend{margin:.2em 0 1em;font-size:.9em;color:#333} .legend b{font-family:ui-monospace,monospace}
+.note{font-size:.85em;color:#555} .wide{overflow-x:auto}
+.prov td{overflow-wrap:anywhere} .prov code.hash{white-space:nowrap}
 """
+HASH_SHOWN = 12  # leading hex digits of a weights hash shown; the whole hash is its tooltip
 
 
 def _esc(value: object) -> str:
@@ -68,33 +76,62 @@ def _token(text: object, target: str | None = None) -> str:
     return f'<mark class="target">{code}</mark>' if str(text) == target else code
 
 
-def _run_section(run: Run) -> str:
+def _hash_cell(value: str) -> str:
+    """A weights hash cut to its first digits, so the table fits the window; the whole hash is
+    its tooltip (``title``)."""
+    if len(value) <= HASH_SHOWN + 1:
+        return _esc(value)
+    return f'<code class="hash" title="{_esc(value)}">{_esc(value[:HASH_SHOWN])}…</code>'
+
+
+def _header(run: Run) -> str:
+    """The page's top: the sweep's name, what it compared, and what its scheme names mean."""
+    specs = [f"{_esc(role)} <code>{_esc(spec)}</code>" if not ms or ms == "default"
+             else f"{_esc(ms)}/{_esc(role)} <code>{_esc(spec)}</code>"
+             for ms, role, spec, _, _ in model_rows(run.manifest)]
+    shown = ", ".join(specs[:6]) + (f" and {len(specs) - 6} more" if len(specs) > 6 else "")
+    lead = [f"weightgraft report; protocol <b>{_esc(run.manifest.get('protocol', 'paper'))}</b>"]
+    if shown:
+        lead.append(f"models: {shown}")
+    lead.append('<a href="#provenance">provenance</a> (hashes, versions, config) at the end')
+    parts = [f"<h1>{_esc(report_title(run))}</h1>", f'<p class="lead">{"; ".join(lead)}</p>']
+    names = legend(dict.fromkeys(run.summary["scheme"].astype(str)))
+    if names:
+        items = " · ".join(f"<b>{_esc(abbr)}</b> = {_esc(meaning)}" for abbr, meaning in names)
+        parts.append(f'<p class="legend" id="legend">Scheme names: {items}</p>')
+    return "<header>" + "\n".join(parts) + "</header>"
+
+
+def _provenance_section(run: Run) -> str:
     m = run.manifest
-    parts = ["<h2>Run</h2>", f"<p>directory: <code>{_esc(run.path)}</code>; started "
+    parts = ['<section id="provenance" class="prov"><h2>Provenance</h2>',
+             f"<p>directory: <code>{_esc(run.path)}</code>; started "
              f"{_esc(m.get('started', 'n/a'))}, finished {_esc(m.get('finished', 'n/a'))}</p>",
              f"<p>protocol: <b>{_esc(m.get('protocol', 'paper'))}</b>; {_esc(ANSWER_NOTE)}</p>"]
-    models = model_rows(m)
+    models = [(*(_esc(c) for c in row[:4]), _hash_cell(row[4])) for row in model_rows(m)]
     if models:
-        parts.append(html_table(("model set", "role", "spec", "source", "weights sha256"), models))
+        parts.append(html_table(("model set", "role", "spec", "source", "weights sha256"), models, raw=True))
     versions = m.get("versions") or {}
     if versions:
         parts.append(html_table(("package", "version"), [(k, v) for k, v in versions.items()]))
     config = json.dumps(m.get("config", {}), indent=2, default=str)
-    parts.append(f"<details><summary>config</summary><pre>{_esc(config)}</pre></details>")
+    parts.append(f"<details><summary>config</summary><pre>{_esc(config)}</pre></details></section>")
     return "\n".join(parts)
 
 
 def _summary_section(run: Run) -> str:
-    parts = ["<h2>Summary</h2>", "<p>Rates in percent with 95% Clopper-Pearson intervals (other means: t intervals; recovery: Fieller; an interval too few or too skewed rows cannot give is left out and the note says why); n counts "
+    parts = ['<section id="summary"><h2>Summary</h2>', "<p class='note'>Rates in percent with 95% Clopper-Pearson intervals (other means: t intervals; recovery: Fieller; an interval too few or too skewed rows cannot give is left out and the note says why); n counts "
              "rows with finite logits; non-finite rows are flagged and left out of every average.</p>"]
     for key, group in _groups(run.summary):
         parts.append(f"<h3>{_esc(group_title(key))}</h3>")
         header = table_header()
         parts.append(html_table(header, table_rows(group), warn_col=len(header) - 1))
+        if weak_note(group):  # answers scored on a first token that does not identify them
+            parts.append(f'<p class="warn">{_esc(weak_note(group))}</p>')
     conts = continuations(run)
     if conts is not None:
         parts += ["<h3>Grafted continuations (greedy)</h3>", html_table(CONTINUATION_HEADER, conts)]
-    return "\n".join(parts)
+    return "\n".join(parts) + "</section>"
 
 
 def _figures_section(figures: Sequence[ReportFigure]) -> str:
@@ -158,18 +195,19 @@ def _examples_section(run: Run, max_examples: int, top_n: int) -> str:
             first = ex.iloc[0]
             title = (f"{_esc(eid)}: {_esc(first['prompt'])} → {_esc(first['answer'])} "
                      f"(target {_token(first['target_token'])})")
-            parts.append(f"<details><summary>{title}</summary>"
-                         f"{html_table(header, _example_rows(ex, top_n), raw=True)}</details>")
+            parts.append(f'<details><summary>{title}</summary><div class="wide">'
+                         f"{html_table(header, _example_rows(ex, top_n), raw=True)}</div></details>")
     return "\n".join(parts)
 
 
 def report_html(run: Run, figures: Sequence[ReportFigure], max_examples: int = 50, top_n: int = 10) -> str:
-    """The self-contained report page (figures embedded as base64 PNG)."""
+    """The self-contained report page (figures embedded as base64 PNG): the result first (the
+    sweep's name, its scheme names defined, the summary tables), provenance last."""
     body = "\n".join([
-        f"<h1>weightgraft report: {_esc(run.path.name)}</h1>",
-        _run_section(run), _summary_section(run), _figures_section(figures),
-        _exclusions_section(run), _examples_section(run, max_examples, top_n),
+        _header(run), _summary_section(run), _figures_section(figures),
+        _exclusions_section(run), _examples_section(run, max_examples, top_n), _provenance_section(run),
     ])
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>weightgraft report: {_esc(run.path.name)}</title><style>{CSS}</style></head>"
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{_esc(report_title(run))}: weightgraft report</title><style>{CSS}</style></head>"
             f"<body>\n{body}\n</body></html>\n")

@@ -161,6 +161,18 @@ def _groups(summary: pd.DataFrame) -> list[tuple[tuple[str, str, str], pd.DataFr
     ]
 
 
+def report_title(run: Run) -> str:
+    """The name the run's config gives the sweep (``name:``), so a report reads as the user's
+    experiment; the folder's name only where the config names none (no ``name:``, so the
+    default ``experiment``, or no config recorded)."""
+    from weightgraft.experiments.config import ExperimentConfig
+
+    config = run.manifest.get("config") or {}
+    name = str(config.get("name") or "").strip() if isinstance(config, dict) else ""
+    unnamed = ("", str(ExperimentConfig.model_fields["name"].default))
+    return name if name not in unnamed else run.path.name
+
+
 def group_title(key: tuple[str, str, str], sep: str = " / ") -> str:
     """``model set / template`` (``/ direction`` when the prompts have one)."""
     return sep.join(part for part in key if part)

@@ -8,8 +8,10 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft.experiments.answer_tokens import weak_line
 from weightgraft.experiments.metric_table import MetricSpec, table_metrics
-from weightgraft.report.run import Run, _groups, group_title
+from weightgraft.report.run import Run, _groups, group_title, report_title
+from weightgraft.schemes.legend import legend
 
 
 def format_pct_ci(p: float, lo: float | None = None, hi: float | None = None) -> str:
@@ -56,6 +58,22 @@ def _shown(row: Any, spec: MetricSpec) -> str:
     if spec.shown == "number":
         return _fmt_rank(getattr(row, column))
     return _fmt_mean_ci(row, spec.name, column)
+
+
+def weak_note(group: pd.DataFrame) -> str:
+    """``⚠ N of M answers are scored on a first token shared ...`` for one (model set,
+    template) summary, pointing at the whole-answer recovery; "" when none is (or an older
+    summary does not count them). Every scheme scores the same answers: the largest count is
+    the group's."""
+    if "n_weak_first_token" not in group or group.empty:
+        return ""
+    weak = group["n_weak_first_token"].fillna(0)
+    if not weak.max() > 0:
+        return ""
+    at = int(weak.to_numpy().argmax())
+    return (f"⚠ {weak_line(int(weak.iloc[at]), int(group['n'].iloc[at]))}: their first-token metrics "
+            "(top-k, rank, first-token recovery, logit diff) may credit another answer; read the "
+            "whole-answer recovery beside them")
 
 
 def table_rows(group: pd.DataFrame) -> list[tuple[str, ...]]:
@@ -105,10 +123,15 @@ ANSWER_NOTE = ("answer log-probability: the answer's tokens follow the prompt an
 
 def summary_markdown(run: Run) -> str:
     """summary.md: a table per (model_set, template), non-finite flags, exclusions."""
-    parts = [f"# weightgraft report: {run.path.name}", "",
+    parts = [f"# {report_title(run)}: weightgraft report", "",
              f"Protocol: {run.manifest.get('protocol', 'paper')}; {ANSWER_NOTE}.", ""]
+    names = legend(dict.fromkeys(run.summary["scheme"].astype(str)))
+    if names:
+        parts += ["Scheme names: " + "; ".join(f"`{abbr}` = {meaning}" for abbr, meaning in names) + ".", ""]
     for key, group in _groups(run.summary):
         parts += [f"## {group_title(key)}", "", markdown_table(table_header(), table_rows(group)), ""]
+        if weak_note(group):
+            parts += [f"> {weak_note(group)}", ""]
         bad = group[group["n_nonfinite"] > 0]
         if len(bad):
             parts += [f"> ⚠ non-finite logits: {int(bad['n_nonfinite'].sum())} row(s) in "

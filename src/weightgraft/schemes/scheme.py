@@ -24,7 +24,7 @@ from weightgraft.schemes.selectors import (
     select_positions,
 )
 from weightgraft.engine.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
-from weightgraft.errors import WeightgraftError
+from weightgraft.errors import WeightgraftError, validation_line
 
 # The two families a scheme has without a preset (the presets' are in weightgraft.schemes.families):
 BASELINE = "baseline"  # a model alone, as ``baselines()`` makes them
@@ -44,9 +44,7 @@ class _Checked(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            said = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: "
-                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
-            raise SchemeInputError(f"{type(self).__name__}: {said}") from None
+            raise SchemeInputError(f"{type(self).__name__}: {validation_line(exc)}") from None
 
     # pydantic then validates nested rules and schemes (a config's) without this __init__, so a
     # config's errors keep their field paths (schemes.0.rules.0.layers) and stay ConfigError

@@ -1,7 +1,11 @@
 """Selector expressions: which token positions, which layers, which components.
 
-Positions: ``first_actor``, ``last``, ``all``, ``first_entity``, token indices (``0``, ``-2``),
-unions ``a+b``, intersections ``a&b``, complements ``~a``, parentheses.
+Positions: span names (``first_actor``: the whole span), ``first_entity`` (the earliest entity
+span, whole), ``last``, ``all``, token indices (``0``, ``-2``), the labels of ``wg.tokens`` (one token
+each: ``first_entity_last``, ``first_entity_last-2``, ``relation_last+1``, ``tok0``; see
+``schemes.labels``), unions ``a+b``, intersections ``a&b``, complements ``~a``, parentheses. A
+label's offset is written without spaces (``relation_last+1``); a union with a token index takes
+spaces or parentheses (``relation_last + 1``).
 Layers: ``all``, ``3``, ``-1``, ``2..5`` (inclusive), ``2:6`` (half-open), ``first_half``,
 ``last_quarter``, ``quarter:2``, ``eighth:7``, ``k/n`` (the k-th of n equal groups), unions ``+``;
 under protocol ``authors`` named quarters are ``n//4`` wide with the remainder in the fourth.
@@ -15,25 +19,29 @@ from collections.abc import Callable, Mapping, Sequence
 
 from weightgraft.engine.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS
 from weightgraft.errors import WeightgraftError
+from weightgraft.schemes.labels import (
+    FIRST_ENTITY,
+    LABEL_ATOM,
+    LITERAL_SPANS,
+    SpanNotFound,
+    first_entity,
+    is_label,
+    label_position,
+    label_span,
+    span_tokens,
+    token_span,
+)
+
+# LITERAL_SPANS, SpanNotFound, first_entity and token_span live in schemes.labels; imported from here too
 
 
 class SelectorError(WeightgraftError, ValueError):
     """A selector expression that cannot be parsed or does not fit the model."""
 
 
-class SpanNotFound(WeightgraftError, LookupError):
-    """A position selector names a span this example does not have (the example is excluded).
-    ``span`` is the missing span's name when a named span is what is missing."""
-
-    def __init__(self, message: str, span: str | None = None) -> None:
-        super().__init__(message)
-        self.span = span
-
-
 # ---------------------------------------------------------------- positions
 
-_POS_TOKEN = re.compile(r"\s*(?:(?P<num>-?\d+)|(?P<name>[A-Za-z_]\w*)|(?P<op>[+&~()]))")
-LITERAL_SPANS = frozenset({"relation", "relation_preposition", "preposition"})
+_POS_TOKEN = re.compile(rf"\s*(?:(?P<num>-?\d+)|(?P<label>{LABEL_ATOM})|(?P<name>[A-Za-z_]\w*)|(?P<op>[+&~()]))")
 
 
 def _tokenize(expr: str, pattern: re.Pattern[str], what: str) -> list[tuple[str, str]]:
@@ -112,17 +120,6 @@ class _Parser:
         return self.atom(kind, value)
 
 
-def token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:
-    """Token indices whose characters overlap ``[start, end)`` (special tokens have none)."""
-    return [i for i, (s, e) in enumerate(offsets) if e > s and s < end and e > start]
-
-
-def first_entity(spans: Mapping[str, tuple[int, int]], answer_field: str | None) -> str | None:
-    """The earliest field span of the prompt that is an entity (not a literal relation word)."""
-    fields = [(s[0], k) for k, s in spans.items() if k not in LITERAL_SPANS and k != answer_field]
-    return min(fields)[1] if fields else None
-
-
 def select_positions(
     expr: str,
     offsets: Sequence[tuple[int, int]],
@@ -147,18 +144,9 @@ def select_positions(
             return set(universe)
         if value == "last":
             return {n - 1}
-        name = value
-        if value == "first_entity":
-            name = first_entity(spans, answer_field)
-            if name is None:
-                raise SpanNotFound("the prompt has no entity span for 'first_entity'")
-        if name not in spans:
-            raise SpanNotFound(f"span {name!r} is not marked in this prompt (has: {sorted(spans)})", name)
-        start, end = spans[name]
-        found = token_span(offsets, start, end)
-        if not found:
-            raise SpanNotFound(f"span {name!r} [{start}, {end}) covers no token")
-        return set(found)
+        if value in spans or value == FIRST_ENTITY or not is_label(value):
+            return set(span_tokens(value, offsets, spans, answer_field))
+        return {label_position(value, offsets, spans, answer_field)}
 
     return sorted(_Parser(_tokenize(expr, _POS_TOKEN, "position"), expr, atom, universe).parse())
 
@@ -167,13 +155,20 @@ BUILTIN_POSITIONS = frozenset({"all", "last", "first_entity"})
 
 
 def position_names(expr: str) -> set[str]:
-    """The span / built-in names a position selector refers to (checked before any run)."""
-    return {value for kind, value in _tokenize(expr, _POS_TOKEN, "position") if kind == "name"}
+    """The span / built-in names a position selector refers to (checked before any run): a
+    label counts from its span (``relation_last+1`` -> ``relation``); ``tok{i}`` is an index."""
+    names = set()
+    for kind, value in _tokenize(expr, _POS_TOKEN, "position"):
+        if kind in ("name", "label"):
+            span = label_span(value) if is_label(value) else value
+            if span is not None:
+                names.add(span)
+    return names
 
 
 def unmarked_spans(expr: str, marked: set[str]) -> list[str]:
     """The spans a position selector needs that a prompt marking only ``marked`` lacks
-    (``first_entity`` needs any entity span), so that a free prompt is refused before any
+    (``first_entity`` and its labels need any entity span), so that a free prompt is refused before any
     model loads rather than at the first forward pass."""
     missing = []
     for name in sorted(position_names(expr)):

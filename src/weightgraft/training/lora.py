@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from weightgraft.errors import validation_line
 from weightgraft.training.errors import TrainingError
 
 ALL_LINEAR = "all-linear"  # peft's name for every linear layer of the blocks (not the unembedding)
@@ -23,6 +24,13 @@ class LoraSettings(BaseModel):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     # module names as peft takes them (q_proj, o_proj, ...), or "all-linear"
     targets: list[str] | str = ALL_LINEAR
+
+    def __init__(self, **data: Any) -> None:
+        """Bad settings (``rank=0``) are a ``TrainingError`` in one line, not pydantic's text."""
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise TrainingError(f"LoRA settings: {validation_line(exc)}") from None
 
 
 def parse_targets(text: str | None) -> list[str] | str:

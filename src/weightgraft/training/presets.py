@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from weightgraft.errors import validation_line
 from weightgraft.training.errors import TrainingError
 
 
@@ -133,6 +134,4 @@ def get_preset(name_or_path: str | os.PathLike[str], **overrides: Any) -> TrainP
         return TrainPreset.model_validate({**base, **clean})
     except ValidationError as exc:
         fields = ", ".join(TrainPreset.model_fields)
-        raise TrainingError(
-            f"invalid preset settings for {key!r}: {exc}\nfields: {fields}"
-        ) from exc
+        raise TrainingError(f"invalid preset settings for {key!r}: {validation_line(exc)} (fields: {fields})") from None

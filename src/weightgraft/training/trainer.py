@@ -45,6 +45,7 @@ from pydantic import ValidationError
 from weightgraft import atomic
 from weightgraft.models import LoadedModel, load_model, weights_sha256
 from weightgraft.training.embeddings import freeze_embeddings
+from weightgraft.errors import validation_line
 from weightgraft.training.errors import TrainingError
 from weightgraft.training.lora import LoraSettings, wrap_lora
 from weightgraft.training.outputs import (
@@ -184,7 +185,7 @@ def finetune(
                 {**preset.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
             )
         except ValidationError as exc:
-            raise TrainingError(f"invalid preset overrides: {exc}") from exc
+            raise TrainingError(f"invalid preset overrides: {validation_line(exc)}") from None
     else:
         settings = get_preset(preset, **overrides)
     if max_steps is not None and max_steps < 1:

@@ -279,6 +279,16 @@ function drawGraftLine() {
     : byUnit && `grafted ${byUnit}`;
 }
 
+// the example the server chose to open on (a fact the finetune knows, where one is known) and where it came from
+function openOn(opening) {
+  if (!opening) return;
+  $("prompt").value = opening.prompt;
+  $("spans").value = formatSpans(opening.prompt, opening.spans);
+  $("answer").value = opening.answer || "";
+  $("opening").textContent = opening.line;
+  $("opening").classList.toggle("unchecked", !opening.checked);
+}
+
 function debounce(fn, ms) { let t; return () => { clearTimeout(t); t = setTimeout(fn, ms); }; }
 
 async function init() {
@@ -299,6 +309,7 @@ async function init() {
   };
   $("reset").onclick = () => { state.rules = []; state.applied = null; markScheme(null); graft(); };
   const later = debounce(refresh, 250);
+  openOn(state.info.opening);
   state.prompt = $("prompt").value;
   $("prompt").addEventListener("input", () => { moveSpans(); later(); });
   $("spans").addEventListener("input", later);

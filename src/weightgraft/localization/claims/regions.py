@@ -104,9 +104,9 @@ def last_quarter(n_layers: int) -> list[int]:
 
 
 def _fe(c: pd.DataFrame, n: int) -> pd.Series:
-    """The first entity's own tokens (``first_entity``, ``first_entity-k``), not the words
-    after it (``first_entity+k``)."""
-    return c["position_label"].str.fullmatch(r"first_entity(-\d+)?(#\d+)?")
+    """The first entity's own tokens (``first_entity_last``, ``first_entity_last-k``), not the
+    words after it (``first_entity_last+k``)."""
+    return c["position_label"].str.fullmatch(r"first_entity_last(-\d+)?(#\d+)?")
 
 
 def _lt(c: pd.DataFrame, n: int) -> pd.Series:

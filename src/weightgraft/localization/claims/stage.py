@@ -51,7 +51,7 @@ def slot_params(model: nn.Module) -> dict[str, int]:
 
 def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequence[Claim], precondition: str) -> str:
     data = {"settings": settings.model_dump(mode="json"), "seed": seed, "metric": metric, "setting": setting,
-            "claims": [c.name for c in claims], "precondition": precondition, "version": 5}
+            "claims": [c.name for c in claims], "precondition": precondition, "version": 6}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
