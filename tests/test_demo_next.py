@@ -154,3 +154,28 @@ def test_run_demo_records_its_models_and_prints_next(no_demo, tmp_path, tiny_mod
     assert resolve_demo_spec("demo") == str(result.sft_dir.resolve())
     assert read_demo_record().run == (tmp_path / "runs" / "demo" / "run").resolve()
     assert (tmp_path / "runs/demo/position.yaml").is_file() and (tmp_path / "runs/demo/localize.yaml").is_file()
+
+
+def test_a_demo_sweep_of_an_older_rows_format_is_kept_aside_not_mixed(tmp_path) -> None:
+    """``make demo`` after an upgrade: the old sweep (another rows format) is moved aside, kept
+    whole, and the new sweep starts in an empty folder; a sweep of this format stays put."""
+    import json
+
+    from rich.console import Console
+
+    from weightgraft.demo import _set_aside_older_rows
+    from weightgraft.experiments.store import ROWS_FORMAT
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "identity.json").write_text(json.dumps({"core": {}}))  # format 1 wrote no rows_format
+    (run / "results.parquet").write_text("old rows")
+    console = Console(record=True, width=200)
+    _set_aside_older_rows(run, console)
+    aside = tmp_path / "run.rows-format-1"
+    assert not run.exists() and (aside / "results.parquet").read_text() == "old rows"
+    assert f"kept in {aside}" in " ".join(console.export_text().split())
+    run.mkdir()
+    (run / "identity.json").write_text(json.dumps({"rows_format": ROWS_FORMAT}))
+    _set_aside_older_rows(run, console)
+    assert (run / "identity.json").is_file()

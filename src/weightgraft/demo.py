@@ -148,6 +148,7 @@ def run_demo(
         "seed": seed,
         "out": str(out / "run"),
     })
+    _set_aside_older_rows(out / "run", console)
     result = run_experiment(config)
     seconds["sweep"] = time.time() - t0
 
@@ -175,8 +176,28 @@ def run_demo(
         write_demo_record(model, sft_dir, out / "run")
     configs = write_next_configs(out, model, sft_spec(model, sft_dir, lora))
     console.print("\n".join(next_steps(out, model, sft_dir, lora, Path(paths.html), configs)), highlight=False,
-                  markup=False)
+                  markup=False, soft_wrap=True)  # paths and commands stay whole, to copy
     return DemoResult(out, sft_dir, trained, seconds)
+
+
+def _set_aside_older_rows(run_dir: Path, console: Console) -> None:
+    """A demo sweep stored by an earlier weightgraft, in another rows format, is moved aside
+    (kept, never mixed, never deleted) so that ``make demo`` after an upgrade runs afresh
+    instead of stopping; a ``run`` of the user's own config refuses such a folder instead."""
+    from weightgraft.experiments.store import ROWS_FORMAT
+
+    try:
+        found = json.loads((run_dir / "identity.json").read_text()).get("rows_format", 1)
+    except (OSError, ValueError):
+        return
+    if found == ROWS_FORMAT:
+        return
+    aside = run_dir.with_name(f"{run_dir.name}.rows-format-{found}")
+    if aside.exists():
+        shutil.rmtree(aside)
+    run_dir.rename(aside)
+    console.print(f"the earlier sweep in {run_dir} holds rows in format {found} (this weightgraft writes "
+                  f"{ROWS_FORMAT}); it is kept in {aside} and the sweep runs afresh")
 
 
 def sft_spec(model: str, sft_dir: Path, lora: int | None) -> str:
