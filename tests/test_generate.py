@@ -97,13 +97,13 @@ def test_no_rules_is_base_generate_and_all_donor_is_donor_generate(arch):
 def test_sampling_is_seeded_and_inputs_are_checked():
     tok = tiny_tokenizer()
     base, donor = tiny_models("llama", 2, torch.float64, vocab_size=len(tok))
-    a = generate([base, donor], tok, PROMPT, RULES, 8, do_sample=True, spans=SPANS, seed=3)
-    b = generate([base, donor], tok, PROMPT, RULES, 8, do_sample=True, spans=SPANS, seed=3)
+    a = generate([base, donor], tok, PROMPT, RULES, max_new_tokens=8, do_sample=True, spans=SPANS, seed=3)
+    b = generate([base, donor], tok, PROMPT, RULES, max_new_tokens=8, do_sample=True, spans=SPANS, seed=3)
     assert a == b
     with pytest.raises(ValueError, match="does not occur"):
-        generate([base, donor], tok, PROMPT, RULES, 4, spans={"subject": "Louvre"})
+        generate([base, donor], tok, PROMPT, RULES, max_new_tokens=4, spans={"subject": "Louvre"})
     with pytest.raises(ValueError, match="mapping role"):
-        generate([base, donor, donor], tok, PROMPT, None, 4)
+        generate([base, donor, donor], tok, PROMPT, None, max_new_tokens=4)
 
 
 def test_generate_command(tmp_path):
@@ -125,7 +125,7 @@ def test_generate_command(tmp_path):
             "-s", "subject=Eiffel Tower", "-r", rule, "-n", "5"]
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
-    expected = generate([pre, sft], tok, PROMPT, [RULES[0]], 5, spans=SPANS)
+    expected = generate([pre, sft], tok, PROMPT, [RULES[0]], max_new_tokens=5, spans=SPANS)
     assert out.stdout.strip().splitlines()[-1] == f"graft: {PROMPT}{expected}"
     # a low-rank role given on the command line
     low = ["generate", PROMPT, "-m", f"pre={tmp_path / 'pre'}", "-m", f"full={tmp_path / 'sft'}",
@@ -133,7 +133,7 @@ def test_generate_command(tmp_path):
     out = CliRunner().invoke(app, low)
     assert out.exit_code == 0, out.output
     lr = lowrank_model(pre, sft, 2)
-    expected = generate([pre, lr], tok, PROMPT, [Rule(model="sft", positions="last")], 4)
+    expected = generate([pre, lr], tok, PROMPT, [Rule(model="sft", positions="last")], max_new_tokens=4)
     assert out.stdout.strip().splitlines()[-1] == f"graft: {PROMPT}{expected}"
     bad = CliRunner().invoke(app, args[:-4] + ["-s", "subject=Louvre"])
     assert bad.exit_code != 0

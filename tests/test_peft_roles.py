@@ -186,7 +186,7 @@ def test_generate_command_takes_a_peft_role(tmp_path):
             "-r", "model=sft,positions=last", "-n", "4"]
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
-    expected = generate([pre, wg.load_peft(pre, path)], tok, prompt, [wg.Rule(model="sft", positions="last")], 4)
+    expected = generate([pre, wg.load_peft(pre, path)], tok, prompt, [wg.Rule(model="sft", positions="last")], max_new_tokens=4)
     assert out.stdout.strip().splitlines()[-1] == f"graft: {prompt}{expected}"
     bad = CliRunner().invoke(app, args[:4] + ["-m", f"sft=peft(pre, {tmp_path / 'nope'})"] + args[6:])
     assert bad.exit_code != 0 and "does not exist" in str(bad.exception)

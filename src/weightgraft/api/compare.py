@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import pandas as pd
 
@@ -21,9 +21,15 @@ from weightgraft.experiments.scoring import baselines, compute_logits, score_row
 from weightgraft.schemes.binding import GraftInputError, Rules, Spans, one_or_many, prepare_graft
 
 
+
+if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
 def compare(
-    models: Mapping[str, Any], tokenizer: Any, prompts: str | Sequence[str], answers: str | Sequence[str],
-    schemes: Rules | Sequence[Scheme], spans: Spans | Mapping[str, Any] = None, protocol: str = DEFAULT_PROTOCOL,
+    models: Mapping[str, nn.Module], tokenizer: PreTrainedTokenizerBase, prompts: str | Sequence[str],
+    answers: str | Sequence[str], schemes: Rules | Sequence[Scheme],
+    *, spans: Spans | Mapping[str, Any] = None, protocol: str = DEFAULT_PROTOCOL,
     batch_size: int = 16, score_answer: bool = True, model_set: str = "default",
     template: str = "custom", prefix_sharing: bool = True,
 ) -> pd.DataFrame:

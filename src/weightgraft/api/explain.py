@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import pandas as pd
 
@@ -10,7 +10,12 @@ from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.schemes.binding import Rules, as_scheme, compile_for, input_errors
 
 
-def explain(rules: Rules, model: Any, protocol: str = DEFAULT_PROTOCOL, base: str = "pre") -> pd.DataFrame:
+
+if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
+def explain(rules: Rules, model: nn.Module, *, protocol: str = DEFAULT_PROTOCOL, base: str = "pre") -> pd.DataFrame:
     """One row per rule: the role it takes weights from, its position selector, and the layers,
     per-layer components and global slots (embed, final_norm, unembed) it selects on ``model``
     (later rules win where they overlap). Nothing runs: this is the rule as compiled.

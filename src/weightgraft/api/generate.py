@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.data.spans import SpanSpec
@@ -13,6 +13,11 @@ from weightgraft.schemes.selectors import SpanNotFound
 
 DEFAULT_ROLES = ("pre", "sft")
 
+
+
+if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 def _as_mapping(models: Mapping[str, Any] | Sequence[Any]) -> Mapping[str, Any]:
     """A plain sequence of models is read as (pre, sft)."""
@@ -28,10 +33,11 @@ def _as_mapping(models: Mapping[str, Any] | Sequence[Any]) -> Mapping[str, Any]:
 
 
 def generate(
-    models: Mapping[str, Any] | Sequence[Any],
-    tokenizer: Any,
+    models: Mapping[str, nn.Module] | Sequence[nn.Module],
+    tokenizer: PreTrainedTokenizerBase,
     prompt: str | Sequence[str],
     rules: Rules | None = None,
+    *,
     max_new_tokens: int = 20,
     do_sample: bool = False,
     spans: Mapping[str, SpanSpec] | Sequence[Mapping[str, SpanSpec] | None] | None = None,

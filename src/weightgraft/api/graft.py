@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 
@@ -15,9 +15,14 @@ from weightgraft.engine.forward import graft_forward
 from weightgraft.schemes.binding import GraftInputError, Rules, Spans, one_or_many, prepare_graft
 
 
+
+if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
 def graft(
-    models: Mapping[str, Any], tokenizer: Any, prompts: str | Sequence[str], rules: Rules,
-    base: str | None = None, spans: Spans | Mapping[str, Any] = None, protocol: str = DEFAULT_PROTOCOL,
+    models: Mapping[str, nn.Module], tokenizer: PreTrainedTokenizerBase, prompts: str | Sequence[str], rules: Rules,
+    *, base: str | None = None, spans: Spans | Mapping[str, Any] = None, protocol: str = DEFAULT_PROTOCOL,
     full_logits: bool = False, cache: bool | Sequence[str] = False,
 ) -> GraftOutput:
     """Run ``prompts`` once with the weights ``rules`` choose, and return the logits.

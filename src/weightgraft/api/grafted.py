@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 
@@ -27,6 +27,11 @@ from weightgraft.schemes.binding import GraftInputError, Rules, prepare_graft
 from weightgraft.schemes.scheme import CompiledScheme
 from weightgraft.schemes.selectors import SpanNotFound
 
+
+
+if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 @dataclass
 class _Row:
@@ -104,7 +109,7 @@ def _left_padded(input_ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tu
 
 @contextmanager
 def grafted(
-    models: Mapping[str, Any], tokenizer: Any, rules: Rules, base: str | None = None,
+    models: Mapping[str, nn.Module], tokenizer: PreTrainedTokenizerBase, rules: Rules, *, base: str | None = None,
     spans: Mapping[str, SpanSpec] | None = None, protocol: str = DEFAULT_PROTOCOL,
 ) -> Iterator[Any]:
     """The base model (the first role, or ``base``), running grafted inside the block.

@@ -4,7 +4,7 @@ selector such as ``first_entity_last-2`` or ``relation_last+1`` can be read off 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import pandas as pd
 
@@ -13,7 +13,12 @@ from weightgraft.schemes.binding import GraftInputError, check_tokenizer
 from weightgraft.schemes.labels import FIRST_ENTITY, first_entity, position_labels, token_span
 
 
-def tokens(tokenizer: Any, prompt: str, spans: Mapping[str, SpanSpec] | None = None) -> pd.DataFrame:
+
+if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
+def tokens(tokenizer: PreTrainedTokenizerBase, prompt: str, spans: Mapping[str, SpanSpec] | None = None) -> pd.DataFrame:
     """One row per token of ``prompt`` (as ``wg.graft`` tokenizes it): ``position``, ``id``,
     ``token`` (its text), ``start`` / ``end`` (characters), ``label`` and ``spans``. Both are
     position selectors that pick what the row shows, so a rule can be written from this table:
