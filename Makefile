@@ -6,8 +6,9 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.weightgraft-installed
+DOCS_STAMP := $(VENV)/.weightgraft-docs-installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean docs
 
 install: $(STAMP)
 
@@ -23,6 +24,20 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The docs site (mkdocs.yml, pages under docs/) into site/: first docs/tutorial.ipynb is run on the
+# demo pair and its text outputs written into it (docs/run_tutorial.py), when `make demo` has run.
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	@if [ -d runs/demo/data ] && $(BIN)/python -c "from weightgraft.models.demo_models import resolve_demo_spec as r; r('demo'); r('demo:pre')" 2>/dev/null; then \
+		$(BIN)/python docs/run_tutorial.py; \
+	else \
+		echo "make docs: no demo here, so docs/tutorial.ipynb is not run on the demo pair: run \`make demo\` first. Building the site with the notebook as it is."; \
+	fi
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_engine.py

@@ -22,7 +22,7 @@ def _batch(seq: int = 6):
     return ids, mask, torch.tensor([seq - 1, seq - 2]), torch.tensor([5, 9])
 
 
-@pytest.mark.parametrize("metric", ["logprob", "logit_diff", "kl"])
+@pytest.mark.parametrize("metric", ["first_logprob", "logit_diff", "neg_kl_donor"])
 @pytest.mark.parametrize("model_type", ARCHS)
 def test_gradient_matches_finite_difference(model_type, metric):
     pair = PartialGraft(*tiny_models(model_type, 2, torch.float64))
@@ -31,7 +31,7 @@ def test_gradient_matches_finite_difference(model_type, metric):
     gen = torch.Generator().manual_seed(1)
     alpha = torch.rand(2, ids.shape[1], n_slots, generator=gen, dtype=torch.float64)
     distractors = torch.tensor([7, 11]) if metric == "logit_diff" else None
-    ref = donor_logprobs(pair, ids, pos, mask) if metric == "kl" else None
+    ref = donor_logprobs(pair, ids, pos, mask) if metric == "neg_kl_donor" else None
     grad = graft_attribution(pair, ids, pos, targets, metric, distractors, mask, start=alpha)
     for s in range(n_slots):  # every slot, at a random position up to row 0's scored one
         t = int(pos[0]) if pair.slots[s].name in ("final_norm", "unembed") else int(torch.randint(0, int(pos[0]) + 1, (1,), generator=gen))

@@ -63,7 +63,7 @@ def test_cells_cover_every_slot_once_per_position_and_output_slots_at_the_end():
     assert all(len(per_pos[t]) == len(names) - 2 for t in range(ex.position))
 
 
-@pytest.mark.parametrize("metric", ["logit_diff", "kl"])
+@pytest.mark.parametrize("metric", ["logit_diff", "neg_kl_donor"])
 def test_other_metrics_and_prefix_sharing_agree_with_whole_rows(metric):
     base = make_tiny("llama", seed=0)
     models = [base, make_donor(base, seed=1)]
@@ -74,7 +74,7 @@ def test_other_metrics_and_prefix_sharing_agree_with_whole_rows(metric):
     for a, b in zip(shared[1], whole[1]):
         assert torch.allclose(a, b, atol=1e-4)
     everything = [[[Cell(t, s) for t in range(ex.position + 1) for s in range(len(wg.slots(base)))]] for ex in examples]
-    if metric == "kl":  # grafting every cell is the donor: KL to it is 0
+    if metric == "neg_kl_donor":  # grafting every cell is the donor: KL to it is 0
         b, eff = exact_effects(models, examples, everything, pad_id=0, metric=metric)
         assert torch.allclose(b + torch.cat(eff), torch.zeros(2, dtype=torch.float64), atol=1e-5)
 

@@ -168,7 +168,7 @@ def test_blocks_below_every_start_do_not_run():
     assert sum(b * t for b, t in seen[1:]) >= len(last) * 7
 
 
-@pytest.mark.parametrize("metric", ["logprob", "kl"])
+@pytest.mark.parametrize("metric", ["first_logprob", "neg_kl_donor"])
 @torch.no_grad()
 def test_exact_effects_paths_agree(metric):
     """exact_effects through depth sharing, the prefix-only path and whole rows: one answer."""

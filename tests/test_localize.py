@@ -113,7 +113,7 @@ def test_rerun_reuses_finished_stages_and_resumes_a_lost_part(tmp_path):
     second = localize(config, progress=False, load=loader)
     assert all(p.stat().st_mtime_ns == stamps[p] for p in parts[:-1])
     pd.testing.assert_frame_equal(first.cells, second.cells)
-    other = _config(tmp_path, exact="none", metric="kl")
+    other = _config(tmp_path, exact="none", metric="neg_kl_donor")
     with pytest.raises(ValueError, match="another config"):
         localize(other, progress=False, load=loader)
     # a run whose cells are keyed by the labels before '{span}_last' (its 'first_entity' was the

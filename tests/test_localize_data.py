@@ -68,7 +68,7 @@ def test_raising_exact_extends_a_finished_run(tmp_path):
     assert sorted(third.cells.loc[third.cells["exact"].notna(), "example_id"].unique()) == ["r0000/headline", "r0000/qa"]
     # another setting that changes every number is still refused
     with pytest.raises(ValueError, match="another config"):
-        localize(parse_localize_config({**base, "exact": 1, "metric": "kl", "out": str(tmp_path / "a")}),
+        localize(parse_localize_config({**base, "exact": 1, "metric": "neg_kl_donor", "out": str(tmp_path / "a")}),
                  progress=False, load=loader)
 
 

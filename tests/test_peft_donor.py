@@ -242,7 +242,7 @@ def test_attribution_and_exact_cell_maps_on_a_lora_donor_equal_the_merged_models
             (PartialGraft(donor, base), PartialGraft(merged, base)),  # necessity
             (PartialGraft(base, donor).swapped(), PartialGraft(base, merged).swapped()),
         ):
-            for metric in ("logprob", "kl"):
+            for metric in ("first_logprob", "neg_kl_donor"):
                 got = graft_attribution(lora_pair, ids, positions, targets, metric, attention_mask=mask)
                 want = graft_attribution(merged_pair, ids, positions, targets, metric, attention_mask=mask)
                 assert (got - want).abs().max().item() <= TOL

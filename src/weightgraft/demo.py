@@ -217,7 +217,7 @@ def write_next_configs(out: Path, model: str, sft: str) -> dict[str, Path]:
                      f"schemes:\n  - preset: position\n{templates}out: position\n"),
         "localize": (f"# weightgraft localize {out / 'localize.yaml'}: the paper's claims on the demo's pair, "
                      f"as exact region grafts against their nulls (~5 min on 2 CPU cores)\n{head}"
-                     f"name: demo_localize\ndata: data\n{models}{templates}metric: logprob\n"
+                     f"name: demo_localize\ndata: data\n{models}{templates}metric: first_logprob\n"
                      "graft_directions: [sufficiency]\nexact: none\nsearch: {enabled: false}\nout: localize\n"),
     }
     paths = {}

@@ -3,11 +3,19 @@ policy once, when torch loads, so the default is set here, before anything impor
 
 from __future__ import annotations
 
+import logging
 import os
+
+# Loggers of optional packages that transformers imports with its quantizers whenever torchao is
+# installed (the `quant` and `test` extras): torchao's "Failed to load ... .so" for CUDA kernels a
+# CPU build lacks, and torch's note on torchao's enums. Neither is about the user's work.
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
 
 
 def main() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # waiting threads yield the core
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     from weightgraft.cli import main as cli_main
 
     cli_main()

@@ -63,14 +63,14 @@ def compare(
         for i, (p, a, s) in enumerate(zip(prompts, answers, prompt_spans, strict=True))
     ]
     exclusions = Exclusions()
-    prepared = prepare(records, tokenizer, compiled, model_set, exclusions)
+    examples = prepare(records, tokenizer, compiled, model_set, exclusions)
     if exclusions.rows:
         first = exclusions.rows[0]
         i = int(first["example_id"])
         more = f" (and {len(exclusions.rows) - 1} more)" if len(exclusions.rows) > 1 else ""
         raise GraftInputError(f"prompt {i} ({prompts[i]!r}): {first['reason']}{more}")
     meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
-    items = [(ex, s.name) for ex in prepared for s in schemes]
+    items = [(ex, s.name) for ex in examples for s in schemes]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     base = baselines(schemes, roles[0])
     rows: list[dict[str, Any]] = []

@@ -60,8 +60,10 @@ def generate(
     prepared = prepare_graft(_as_mapping(models), [] if rules is None else rules, base=base, protocol=protocol)
     ordered, (compiled,) = prepared.models, prepared.compiled
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    per_prompt: list[Mapping[str, SpanSpec] | None]
     if isinstance(prompt, str) or spans is None or isinstance(spans, Mapping):
-        per_prompt = [spans] * len(prompts)
+        # as before: one prompt string takes ``spans`` whole, even a list (a known gap, kept)
+        per_prompt = [spans] * len(prompts)  # type: ignore[list-item]
     else:
         per_prompt = list(spans)
         if len(per_prompt) != len(prompts):

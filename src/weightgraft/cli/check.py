@@ -40,19 +40,18 @@ def check(
 ) -> None:
     """Check the fast engine against the per-token KV-cache definition on YOUR models."""
     from weightgraft.engine.check import DEFAULT_PROMPTS, check_engine
-    from weightgraft.models import load_model
+    from weightgraft.models.donors import LoadSettings, load_role
+    from weightgraft.models.random_models import random_token_batch
+    from weightgraft.models.spec import RandomSpec, parse_spec
     from weightgraft.models.tokenization import batch_encode, check_same_tokenizer
 
-    from weightgraft.models.random_models import is_random_spec, random_token_batch
-
-    randoms = [is_random_spec(s) for s in [base, *donor]]
+    specs = [parse_spec(s) for s in [base, *donor]]
+    randoms = [isinstance(s, RandomSpec) for s in specs]
     if any(randoms) and (not all(randoms) or prompts is not None):
         raise typer.BadParameter("random: models have no tokenizer: check them only against each other, "
                                  "on random token ids (without --prompts)")
-    loaded = [
-        load_model(spec, device=device, dtype=_dtype(dtype), allow_pickle=allow_pickle)
-        for spec in [base, *donor]
-    ]
+    settings = LoadSettings(device=device, dtype=_dtype(dtype), allow_pickle=allow_pickle)
+    loaded = [load_role(spec, settings) for spec in specs]
     for other in loaded[1:]:
         if not all(randoms):
             check_same_tokenizer(loaded[0].tokenizer, other.tokenizer, other.source)

@@ -105,42 +105,34 @@ def generate(
                 )
 
     from weightgraft.api.generate import generate as run_generate
-    from weightgraft.models import load_model
-    from weightgraft.models.lowrank import (
-        check_lowrank_roles,
-        lowrank_model,
-        parse_lowrank,
-    )
-
-    from weightgraft.models.peft_donor import check_peft_roles, load_peft, parse_peft
-
-    check_lowrank_roles(roles, "--model")
-    check_peft_roles(roles, "--model")
+    from weightgraft.models.donors import LoadSettings, load_role
+    from weightgraft.models.lowrank import check_lowrank_roles
+    from weightgraft.models.peft_donor import check_peft_roles
     from weightgraft.models.random_models import refuse_random
+    from weightgraft.models.spec import is_derived, parse_roles
 
-    refuse_random(roles, "weightgraft generate")  # no tokenizer: one line, before loading
-    cache: dict[str, object] = {}
-    tokenizers: list = []
+    specs = parse_roles(roles, "--model")
+    check_lowrank_roles(specs, "--model")
+    check_peft_roles(specs, "--model")
+    refuse_random(specs, "weightgraft generate")  # no tokenizer: one line, before loading
+    settings = LoadSettings(device=device)
+    loaded: dict = {}
 
-    def load(role: str):
-        """A role's model; a low-rank or LoRA role is built from the roles it names."""
-        if role not in cache:
-            low, lora = parse_lowrank(roles[role]), parse_peft(roles[role])
-            if lora is not None:
-                cache[role] = load_peft(load(lora.base), lora.directory)
-            elif low is None:
-                lm = load_model(roles[role], device=device)
-                tokenizers.append(lm.tokenizer)
-                cache[role] = lm.model
-            else:
-                cache[role] = lowrank_model(load(low.base), load(low.donor), low.k, low.vectors)
-        return cache[role]
+    def load(role: str) -> None:
+        """A role's model; a low-rank or LoRA role after the roles it is built from."""
+        if role not in loaded:
+            spec = specs[role]
+            for ref in spec.refs() if is_derived(spec) else ():  # type: ignore[union-attr]
+                load(ref)
+            loaded[role] = load_role(spec, settings, roles=specs, loaded=loaded)
 
-    models = {r: load(r) for r in used}
-    tok = tokenizers[0]
+    for r in used:
+        load(r)
+    models = {r: loaded[r].model for r in used}
+    tok = next(lm.tokenizer for lm in loaded.values() if not is_derived(lm.spec))
     console.print(f"protocol {protocol}", highlight=False)
     for s in schemes:
-        texts = run_generate(models, tok, prompts, s, max_new_tokens, do_sample=sample, spans=spans,
+        texts = run_generate(models, tok, prompts, s, max_new_tokens=max_new_tokens, do_sample=sample, spans=spans,
                              temperature=temperature, seed=seed, base=s.base, protocol=protocol)
         for prompt, text in zip(prompts, texts):
             console.print(f"[bold]{s.name}[/]: {prompt}[cyan]{text}[/]", highlight=False)

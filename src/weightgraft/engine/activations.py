@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,7 +44,7 @@ def _targets(model: nn.Module, names: Sequence[str]) -> dict[str, tuple[str, tor
     """name -> (module path, output columns or None, position axis)."""
     adapter = adapter_for(model.config)
     slots = {s.name: s for s in model_slots(model)}
-    out = {}
+    out: dict[str, tuple[str, torch.Tensor | None, int]] = {}
     for name in names:
         if name.endswith(f".{RESID_POST}"):
             out[name] = (f"{adapter.layers}.{name.split('.')[1]}", None, 1)
@@ -68,7 +69,8 @@ def record(model: nn.Module, names: Sequence[str]) -> Iterator[dict[str, list[to
     seen: dict[str, list[torch.Tensor]] = {n: [] for n in names}
     with swaps() as made:  # every hook comes off however the block ends, also mid-registration
         for name, (path, columns, pos_axis) in _targets(model, names).items():
-            def hook(_module, _args, output, name=name, columns=columns, pos_axis=pos_axis):
+            def hook(_module: nn.Module, _args: tuple[Any, ...], output: Any, name: str = name,
+                     columns: torch.Tensor | None = columns, pos_axis: int = pos_axis) -> None:
                 value = output[0] if isinstance(output, tuple) else output
                 if columns is not None:
                     value = value.index_select(-1, columns.to(value.device))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from enum import Enum
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -337,7 +337,7 @@ class Slot:
         return list(cols.view(n, -1))
 
 
-_SLOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (config json, slots)
+_SLOTS: weakref.WeakKeyDictionary[nn.Module, tuple[str, list[Slot]]] = weakref.WeakKeyDictionary()  # model -> (config json, slots)
 
 
 def model_slots(model: nn.Module) -> list[Slot]:
@@ -347,7 +347,7 @@ def model_slots(model: nn.Module) -> list[Slot]:
     them could change nothing. Remembered per model while its config stays the same (every
     ``graft_forward`` call asks for them).
     """
-    key = model.config.to_json_string()
+    key = projections.hf_config(model).to_json_string()
     cached = _SLOTS.get(model)
     if cached is not None and cached[0] == key:
         return list(cached[1])
@@ -357,10 +357,10 @@ def model_slots(model: nn.Module) -> list[Slot]:
 
 
 def _build_slots(model: nn.Module) -> list[Slot]:
-    config = model.config
+    config = projections.hf_config(model)
     adapter = adapter_for(config)
     try:
-        layers = model.get_submodule(adapter.layers)
+        layers = cast(nn.ModuleList, model.get_submodule(adapter.layers))  # HF's decoder blocks
     except AttributeError as exc:
         raise UnsupportedArchitectureError(
             f"{config.model_type}: expected decoder blocks at {adapter.layers!r}: {exc}"
@@ -439,7 +439,7 @@ def _check_coverage(model: nn.Module, slots_: list[Slot]) -> None:
     for name, _ in model.named_parameters(remove_duplicate=False):
         if name not in covered:
             raise UnsupportedArchitectureError(
-                f"{model.config.model_type}: parameter {name!r} belongs to no graftable "
+                f"{projections.hf_config(model).model_type}: parameter {name!r} belongs to no graftable "
                 "component; this model variant (a config option or a custom module) is not "
                 "supported by its adapter"
             )

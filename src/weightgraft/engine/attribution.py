@@ -17,40 +17,30 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Literal
-
 import torch
 from torch import nn
 
 from weightgraft.engine.architectures import UnitKind, Units
+from weightgraft.engine.projections import input_embedding_weight
+from weightgraft.engine.metric_table import Batch, localize_metric
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.errors import GraftArgumentError
 
 __all__ = ["Metric", "graft_attribution", "graft_unit_attribution", "graft_metric", "metric_values", "unit_slots"]
 
-Metric = Literal["logprob", "logit_diff", "kl"]
+Metric = str  # a name of ``engine.metric_table.localize_metrics()`` (legacy ``logprob`` read as ``first_logprob``)
 
 
 def metric_values(
-    logits: torch.Tensor, targets: torch.Tensor, metric: Metric = "logprob",
+    logits: torch.Tensor, targets: torch.Tensor, metric: Metric = "first_logprob",
     distractors: torch.Tensor | None = None, reference_logprobs: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per row ``[batch]`` from logits ``[batch, vocab]`` at the scored positions: the target's
-    log-probability, ``logit[target] - logit[distractor]``, or ``-KL(reference || p)``."""
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    targets = targets.to(logits.device)
-    if metric == "logprob":
-        return torch.log_softmax(logits, dim=-1)[rows, targets]
-    if metric == "logit_diff":
-        if distractors is None:
-            raise GraftArgumentError("metric 'logit_diff' needs a distractor token per row")
-        return logits[rows, targets] - logits[rows, distractors.to(logits.device)]
-    if metric == "kl":
-        if reference_logprobs is None:
-            raise GraftArgumentError("metric 'kl' needs the reference next-token log-probabilities")
-        ref = reference_logprobs.to(logits.device)
-        return -(ref.exp() * (ref - torch.log_softmax(logits, dim=-1))).sum(-1)
-    raise GraftArgumentError(f"unknown metric {metric!r}; use logprob, logit_diff or kl")
+    """Per row ``[batch]`` from logits ``[batch, vocab]`` at the scored positions: the metric's
+    one implementation in ``engine.metric_table`` (where higher is always the donor's side)."""
+    batch = localize_metric(metric).batch
+    if batch is None:  # localize_metric returns entries with a batch form only
+        raise RuntimeError(f"metric {metric!r} has no batch form")
+    return batch(Batch(logits, targets, distractors, reference_logprobs))
 
 
 @contextlib.contextmanager
@@ -67,7 +57,8 @@ def _frozen(models: list[nn.Module]) -> Iterator[None]:
             p.requires_grad_(was[k])
 
 
-def _crop(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor):
+def _crop(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+          positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """Positions after the last scored one cannot change any scored logit: leave them out."""
     stop = int(positions.max()) + 1
     mask = attention_mask[:, :stop] if attention_mask is not None else None
@@ -76,7 +67,7 @@ def _crop(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position
 
 def graft_metric(
     pair: PartialGraft, input_ids: torch.Tensor, alpha: torch.Tensor, positions: torch.Tensor,
-    targets: torch.Tensor, metric: Metric = "logprob", distractors: torch.Tensor | None = None,
+    targets: torch.Tensor, metric: Metric = "first_logprob", distractors: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None, reference_logprobs: torch.Tensor | None = None,
     unit_alpha: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
@@ -89,8 +80,8 @@ def graft_metric(
 
 def donor_logprobs(pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor,
                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The donor's next-token log-probabilities ``[batch, vocab]`` at ``positions`` (the KL
-    metric's reference)."""
+    """The donor's next-token log-probabilities ``[batch, vocab]`` at ``positions`` (the reference
+    of the metrics that need the donor's distribution)."""
     ids, mask, _ = _crop(input_ids, attention_mask, positions)
     ones = torch.ones(*ids.shape, len(pair.slots), dtype=torch.float32)
     with torch.no_grad():
@@ -100,7 +91,7 @@ def donor_logprobs(pair: PartialGraft, input_ids: torch.Tensor, positions: torch
 
 def graft_attribution(
     pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
-    metric: Metric = "logprob", distractors: torch.Tensor | None = None,
+    metric: Metric = "first_logprob", distractors: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None, steps: int = 1,
     start: torch.Tensor | None = None, end: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -112,14 +103,14 @@ def graft_attribution(
                         start, end, None)[0]
 
 
-def unit_slots(pair: PartialGraft, kind: UnitKind) -> dict[str, int]:
+def unit_slots(pair: PartialGraft, kind: Units) -> dict[str, int]:
     """Slot name -> number of units, for every slot that splits into ``kind`` units."""
     return {s.name: s.units(kind) for s in pair.slots if s.units(kind)}
 
 
 def graft_unit_attribution(
     pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
-    kind: UnitKind, metric: Metric = "logprob", distractors: torch.Tensor | None = None,
+    kind: UnitKind, metric: Metric = "first_logprob", distractors: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None, steps: int = 1,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``graft_attribution`` with every q/k/v/o slot split into heads (``kind="head"``) or
@@ -130,9 +121,9 @@ def graft_unit_attribution(
     to first order, for the gradient, where they sum to the unsplit cell's gradient)."""
     if kind not in (Units.HEAD, Units.NEURON):
         raise GraftArgumentError(f"kind must be 'head' or 'neuron', got {kind!r}")
-    kind = Units(kind)
+    units = Units(kind)
     return _attribution(pair, input_ids, positions, targets, metric, distractors, attention_mask, steps,
-                        None, None, unit_slots(pair, kind))
+                        None, None, unit_slots(pair, units))
 
 
 def _attribution(
@@ -145,12 +136,12 @@ def _attribution(
     unit_widths = unit_widths or {}
     batch, seq = input_ids.shape
     n_slots = len(pair.slots)
-    dtype = torch.promote_types(pair.base.get_input_embeddings().weight.dtype, torch.float32)
+    dtype = torch.promote_types(input_embedding_weight(pair.base).dtype, torch.float32)
     ids, mask, stop = _crop(input_ids, attention_mask, positions)
     a0 = (start if start is not None else torch.zeros(batch, seq, n_slots, dtype=dtype))[:, :stop]
     a1 = (end if end is not None else torch.ones(batch, seq, n_slots, dtype=dtype))[:, :stop]
     a0, a1 = a0.to(dtype), a1.to(dtype)
-    reference = donor_logprobs(pair, ids, positions, mask) if metric == "kl" else None
+    reference = donor_logprobs(pair, ids, positions, mask) if localize_metric(metric).needs_donor else None
     total = torch.zeros(batch, stop, n_slots, dtype=dtype)
     unit_totals = {name: torch.zeros(batch, stop, n, dtype=dtype) for name, n in unit_widths.items()}
     with _frozen([pair.base, pair.donor]), torch.enable_grad():

@@ -29,6 +29,7 @@ from torch import nn
 from weightgraft.engine import lora
 from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units, model_slots
 from weightgraft.engine.attribution import Metric, metric_values
+from weightgraft.engine.metric_table import localize_metric
 from weightgraft.engine.sharing.depth import UNIT_BUDGET, DepthStats, Reduce, depth_forward
 from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 from weightgraft.errors import GraftArgumentError
@@ -143,7 +144,8 @@ def _item(example: ScoredExample, cells: Sequence[Cell], slot_list: Sequence[Slo
             whole[c.position, c.slot] = 1
         if c.unit != WHOLE:
             units.setdefault(c.slot, []).append(c)
-    heads, neurons = {}, {}
+    heads: dict[str, torch.Tensor] = {}
+    neurons: dict[str, torch.Tensor] = {}
     for s, chosen in units.items():
         slot = slot_list[s]
         kind = slot.unit_kind()
@@ -213,6 +215,7 @@ def _prefix_logits(
         if out is None:
             out = part.new_empty(len(items), *part.shape[1:])
         out[torch.tensor(rows, device=out.device)] = part
+    assert out is not None  # items is never empty
     return out
 
 
@@ -226,12 +229,13 @@ def _run(models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, c
 @torch.no_grad()
 def exact_effects(
     models: Sequence[nn.Module], examples: Sequence[ScoredExample],
-    cell_sets: Sequence[Sequence[Sequence[Cell]]], pad_id: int, metric: Metric = "logprob",
+    cell_sets: Sequence[Sequence[Sequence[Cell]]], pad_id: int, metric: Metric = "first_logprob",
     chunk: int = 512, share: Sharing = True, stats: DepthStats | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``(base metric [n_examples], [effects [len(cell_sets[i])] per example])``: the effect of
     grafting each set of cells of ``cell_sets[i]`` from ``models[1]`` into ``models[0]`` in
-    example i, ``M(graft) - M(base)``. ``kl`` is measured against the donor's distribution.
+    example i, ``M(graft) - M(base)`` of ``metric`` (``engine.metric_table``; ``neg_kl_donor`` is
+    measured against the donor's distribution).
 
     ``share``: ``True`` / ``"depth"`` runs each set from its first position and first layer
     (``weightgraft.engine.sharing.depth``), ``"prefix"`` from its first position through every layer
@@ -242,8 +246,9 @@ def exact_effects(
         raise GraftArgumentError("exact cell effects need exactly two models: [base, donor]")
     if len(cell_sets) != len(examples):
         raise GraftArgumentError("give one list of cell sets per example")
-    if metric == "logit_diff" and any(ex.distractor is None for ex in examples):
-        raise GraftArgumentError("metric 'logit_diff' needs a distractor on every example")
+    spec = localize_metric(metric)
+    if spec.needs_distractor and any(ex.distractor is None for ex in examples):
+        raise GraftArgumentError(f"metric {spec.name!r} needs a distractor on every example")
     slot_list = model_slots(models[0])
     items: list[GraftItem] = []
     owner: list[int] = []
@@ -258,7 +263,7 @@ def exact_effects(
     unions = [_item(ex, list(dict.fromkeys(c for cells in sets for c in cells)), slot_list)
               for ex, sets in zip(examples, cell_sets) if len(sets) > 1]
     reference = None
-    if metric == "kl":  # the donor's next-token distribution of each example, first
+    if spec.needs_donor:  # the donor's next-token distribution of each example, first
         donors = []
         for ex in examples:
             base = _item(ex, [], slot_list)
@@ -267,7 +272,7 @@ def exact_effects(
         reference = torch.log_softmax(logits, -1)
     owners = torch.tensor(owner)
     targets = torch.tensor([ex.target for ex in examples])[owners]
-    distractors = torch.tensor([ex.distractor for ex in examples])[owners] if metric == "logit_diff" else None
+    distractors = torch.tensor([ex.distractor for ex in examples])[owners] if spec.needs_distractor else None
 
     def reduce(part: torch.Tensor, rows: list[int]) -> torch.Tensor:
         at = torch.as_tensor(rows, dtype=torch.long)
@@ -276,9 +281,9 @@ def exact_effects(
                              None if reference is None else reference[owners[at]])
 
     values = _run(models, items, pad_id, chunk, share, stats, unions, reduce)
-    base, effects, row = [], [], 0
+    base_values, effects, row = [], [], 0
     for sets in cell_sets:
-        base.append(values[row])
+        base_values.append(values[row])
         effects.append(values[row + 1 : row + 1 + len(sets)] - values[row])
         row += 1 + len(sets)
-    return torch.stack(base), effects
+    return torch.stack(base_values), effects

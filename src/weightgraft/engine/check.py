@@ -135,7 +135,7 @@ def _check(
         ref = per_token_forward(models, input_ids, source, attention_mask, composite=composite)
         fast, ref = fast[real].double(), ref[real].double()
         engine_vs_plain = reference_vs_plain = None
-        only = source.unique()
+        only = torch.unique(source)
         if only.numel() == 1:
             plain = models[int(only)](input_ids=input_ids, attention_mask=attention_mask).logits
             plain = plain[real].double()

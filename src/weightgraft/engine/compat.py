@@ -9,6 +9,7 @@ from torch import nn
 
 from weightgraft.engine import lora
 from weightgraft.engine.architectures import adapter_for
+from weightgraft.engine.projections import hf_config
 from weightgraft.errors import WeightgraftError
 
 # Config keys that describe bookkeeping, not the computation of a forward pass.
@@ -55,7 +56,7 @@ class ModelMismatchError(WeightgraftError, ValueError):
 
 
 def _config_items(model: nn.Module) -> dict[str, Any]:
-    return {k: v for k, v in model.config.to_dict().items() if k not in _IGNORED_CONFIG_KEYS}
+    return {k: v for k, v in hf_config(model).to_dict().items() if k not in _IGNORED_CONFIG_KEYS}
 
 
 def _named_parameters(model: nn.Module, i: int) -> list[tuple[str, nn.Parameter]]:
@@ -74,13 +75,13 @@ def check_compatible(models: Sequence[nn.Module]) -> None:
     config, parameter names, shapes, dtypes and device (LoRA donors by the names of the
     projections they wrap)."""
     base = models[0]
-    adapter_for(base.config)
+    adapter_for(hf_config(base))
     base_params = _named_parameters(base, 0)
     base_cfg = _config_items(base)
     for i, other in enumerate(models[1:], start=1):
         if other is base:
             continue
-        bt, ot = base.config.model_type, getattr(other.config, "model_type", None)
+        bt, ot = hf_config(base).model_type, getattr(hf_config(other), "model_type", None)
         if bt != ot:
             raise ModelMismatchError(f"models[{i}] is a {ot!r} model but the base is {bt!r}")
         other_params = dict(_named_parameters(other, i))

@@ -11,9 +11,9 @@ model that serves it (not by the base and then again by the donor).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 __all__ = ["slots", "graft_forward", "graft_call", "position_ids_from_mask"]
 
 
@@ -32,6 +35,12 @@ def slots(model: nn.Module) -> list[str]:
     """The graftable slots of ``model``: ``embed``, ``pos_embed`` (GPT-2's learned positions),
     ``layers.{i}.{component}``, ``final_norm``, ``unembed``, in that fixed order (the last axis of a ``source`` tensor)."""
     return [s.name for s in model_slots(model)]
+
+
+def input_embedding_weight(model: nn.Module) -> torch.Tensor:
+    """The weight of a transformers model's input embedding (the device inputs go to)."""
+    # nn.Module's stubs type a model's methods and a module's weight as ``Tensor | Module`` attributes
+    return cast(torch.Tensor, cast("PreTrainedModel", model).get_input_embeddings().weight)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -66,7 +75,7 @@ def _as_index(columns: torch.Tensor | None) -> torch.Tensor | slice | None:
     return columns
 
 
-def _callers(targets: list[nn.Module]) -> list:
+def _callers(targets: list[nn.Module]) -> list[Callable[..., Any]]:
     """Per model, what computes its rows: the base module's own (about to be swapped) forward."""
     return [own_forward(t) if i == 0 else t for i, t in enumerate(targets)]
 
@@ -75,10 +84,10 @@ class _OnDevice:
     """Index tensors moved once to each device a module runs on (``device_map`` placement
     puts layers on several GPUs; the source map lives on the embedding's)."""
 
-    def __init__(self, tensors: dict[str, object], device: torch.device) -> None:
+    def __init__(self, tensors: dict[str, Any], device: torch.device) -> None:
         self.by_device = {device: tensors}
 
-    def get(self, device: torch.device) -> dict[str, object]:
+    def get(self, device: torch.device) -> dict[str, Any]:
         found = self.by_device.get(device)
         if found is None:
             first = next(iter(self.by_device.values()))
@@ -92,8 +101,19 @@ def _move(value: object, device: torch.device) -> object:
     if isinstance(value, (list, tuple)):
         return type(value)(_move(v, device) for v in value)
     if isinstance(value, _Group):
-        return _Group(_move(value.columns, device), value.models.to(device))
+        columns = value.columns.to(device) if isinstance(value.columns, torch.Tensor) else value.columns
+        return _Group(columns, value.models.to(device))
     return value
+
+
+_RowSet = tuple[int, torch.Tensor, torch.Tensor]  # (model, rows b, rows t)
+_Split = tuple[int | None, list[_RowSet], tuple[torch.Tensor, ...]]
+
+
+def _rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(b, t)`` indices where a ``[batch, rows]`` mask holds."""
+    b, t = mask.nonzero(as_tuple=True)
+    return b, t
 
 
 class _Lookup:
@@ -103,26 +123,26 @@ class _Lookup:
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
         self.modules = [dict(m.named_modules(remove_duplicate=False)) for m in models]
-        self.splits: dict[tuple, tuple] = {}
+        self.splits: dict[tuple[bytes, ...], _Split] = {}
 
     def targets(self, path: str) -> list[nn.Module]:
         return [named[path] for named in self.modules]
 
-    def split(self, groups: list[_Group]) -> tuple:
+    def split(self, groups: list[_Group]) -> _Split:
         """``(single model or None, [(model, rows b, rows t)], mixed rows)`` for ``groups``."""
         key = tuple(g.models.cpu().numpy().tobytes() for g in groups)
         if key not in self.splits:
             stacked = torch.stack([b for g in groups for b in g.bounds()], dim=-1)  # [batch, rows, 2 groups]
             uniform = (stacked == stacked[..., :1]).all(dim=-1)
             whole = stacked[..., 0]
-            present = whole.unique().tolist()
+            present = torch.unique(whole).tolist()
             single = present[0] if len(present) == 1 and bool(uniform.all()) else None
-            row_sets = [(m, *(whole == m).logical_and(uniform).nonzero(as_tuple=True)) for m in present]
+            row_sets = [(m, *_rows((whole == m).logical_and(uniform))) for m in present]
             self.splits[key] = (single, row_sets, (~uniform).nonzero(as_tuple=True))
         return self.splits[key]
 
 
-def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis: int):
+def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis: int) -> Callable[..., torch.Tensor]:
     """A forward for the base module at ``path`` that computes every row once, with the
     weights of the model that serves it (rows split by model; fused modules by columns)."""
     targets = lookup.targets(path)
@@ -131,13 +151,16 @@ def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis
 
     placed = _OnDevice({"row_sets": row_sets, "mixed": mixed, "groups": groups}, groups[0].models.device)
 
-    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if single is not None:
-            return fns[single](x, *args, **kwargs)
+            whole: torch.Tensor = fns[single](x, *args, **kwargs)
+            return whole
         here = placed.get(x.device)
-        row_sets, mixed, groups = here["row_sets"], here["mixed"], here["groups"]
+        row_sets: list[_RowSet] = here["row_sets"]
+        mixed: tuple[torch.Tensor, ...] = here["mixed"]
+        groups: list[_Group] = here["groups"]
         xv = x if pos_axis == 1 else x.movedim(pos_axis, 1)
-        out = None
+        out: torch.Tensor | None = None
         for m, b, t in row_sets:
             if b.numel() == 0:
                 continue
@@ -149,16 +172,18 @@ def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis
             b_mix, t_mix = mixed
             x_mix = xv[b_mix, t_mix]
             chosen = _column_models(groups, b_mix, t_mix, projections.out_features(targets[0]))  # [rows, out]
-            y_mix = None
-            for m in chosen.unique().tolist():
+            y_mix: torch.Tensor | None = None
+            for m in torch.unique(chosen).tolist():
                 sel = (chosen == m).any(dim=1).nonzero().flatten()
                 y = fns[m](x_mix[sel], *args, **kwargs)  # every column of model m, kept where m serves
                 if y_mix is None:
                     y_mix = y.new_zeros(len(b_mix), y.shape[-1])
                 y_mix[sel] = torch.where(chosen[sel] == m, y, y_mix[sel])
+            assert y_mix is not None  # mixed rows have some model
             if out is None:
                 out = y_mix.new_empty(*xv.shape[:2], y_mix.shape[-1])
             out[b_mix, t_mix] = y_mix
+        assert out is not None  # every row is in a row set or mixed
         return out if pos_axis == 1 else out.movedim(1, pos_axis)
 
     return forward
@@ -183,7 +208,7 @@ def _column_models(groups: list[_Group], b: torch.Tensor, t: torch.Tensor, width
 def _in_unit_forward(
     path: str, lookup: _Lookup, unit_models: torch.Tensor, bias_models: torch.Tensor,
     unit_width: int, pos_axis: int,
-):
+) -> Callable[..., torch.Tensor]:
     """A forward for a projection grafted unit by unit on its input side (o by head, down by
     neuron): its input columns (one group of ``unit_width`` per unit) are multiplied by the
     weights of the model serving that unit and summed; the bias, which belongs to no unit,
@@ -193,7 +218,7 @@ def _in_unit_forward(
     stacked = torch.cat([unit_models, bias_models[..., None]], dim=-1)  # [batch, rows, units+1]
     uniform = (stacked == stacked[..., :1]).all(dim=-1)
     whole = stacked[..., 0]
-    row_sets = [(int(m), *(whole == m).logical_and(uniform).nonzero(as_tuple=True)) for m in whole.unique()]
+    row_sets = [(int(m), *_rows((whole == m).logical_and(uniform))) for m in torch.unique(whole)]
     b_mix, t_mix = (~uniform).nonzero(as_tuple=True)
     mix_units = unit_models[b_mix, t_mix]  # [n, units]
     mix_bias = bias_models[b_mix, t_mix]
@@ -201,12 +226,15 @@ def _in_unit_forward(
     placed = _OnDevice({"row_sets": row_sets, "b_mix": b_mix, "t_mix": t_mix,
                         "mix_units": mix_units, "mix_bias": mix_bias}, unit_models.device)
 
-    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         here = placed.get(x.device)
-        row_sets, b_mix, t_mix = here["row_sets"], here["b_mix"], here["t_mix"]
-        mix_units, mix_bias = here["mix_units"], here["mix_bias"]
+        row_sets: list[_RowSet] = here["row_sets"]
+        b_mix: torch.Tensor = here["b_mix"]
+        t_mix: torch.Tensor = here["t_mix"]
+        mix_units: torch.Tensor = here["mix_units"]
+        mix_bias: torch.Tensor = here["mix_bias"]
         xv = x if pos_axis == 1 else x.movedim(pos_axis, 1)
-        out = None
+        out: torch.Tensor | None = None
         for m, b, t in row_sets:
             if b.numel():
                 y = fns[m](xv[b, t], *args, **kwargs)
@@ -216,11 +244,11 @@ def _in_unit_forward(
         if b_mix.numel():
             x_mix = xv[b_mix, t_mix]
             y = None
-            for m in mix_units.unique().tolist():
+            for m in torch.unique(mix_units).tolist():
                 keep = (mix_units == m).repeat_interleave(unit_width, dim=1).to(x_mix.dtype)
                 part = _matmul_no_bias(targets[m], x_mix * keep)
                 y = part if y is None else y + part
-            for m in mix_bias.unique().tolist():
+            for m in torch.unique(mix_bias).tolist():
                 bias = targets[m].bias
                 if bias is not None:
                     rows = mix_bias == m
@@ -228,6 +256,7 @@ def _in_unit_forward(
             if out is None:
                 out = y.new_empty(*xv.shape[:2], y.shape[-1])
             out[b_mix, t_mix] = y
+        assert out is not None  # every row is in a row set or mixed
         return out if pos_axis == 1 else out.movedim(1, pos_axis)
 
     return forward
@@ -256,7 +285,9 @@ def _plan(base: nn.Module, slot_list: list[Slot], columns: list[torch.Tensor], u
                 continue
             groups, _ = by_module.setdefault(part.path, ([], part.pos_axis))
             if s in units:
-                unit_cols = slot.unit_columns(base.get_submodule(part.path), slot.unit_kind())
+                kind = slot.unit_kind()
+                assert kind is not None  # _check_units took unit maps of unit slots only
+                unit_cols = slot.unit_columns(base.get_submodule(part.path), kind)
                 groups.append(_Group(torch.stack(unit_cols).to(columns[s].device), units[s]))
                 continue
             cols = _as_index(part.columns)
@@ -331,8 +362,9 @@ def graft_forward(
     neuron_source: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` of the grafted pass: see :func:`graft_call`."""
-    return graft_call(models, input_ids, source, attention_mask, logit_positions, head_source,
-                      past_key_values, neuron_source=neuron_source).logits
+    logits: torch.Tensor = graft_call(models, input_ids, source, attention_mask, logit_positions, head_source,
+                                      past_key_values, neuron_source=neuron_source).logits
+    return logits
 
 
 def graft_call(
@@ -391,7 +423,7 @@ def graft_call(
         )
     if source.dtype.is_floating_point or source.dtype == torch.bool:
         raise GraftArgumentTypeError(f"source must be an integer tensor, got {source.dtype}")
-    device = base.get_input_embeddings().weight.device
+    device = input_embedding_weight(base).device
     source = source.to(device=device, dtype=torch.long)
     if source.numel() and (int(source.min()) < 0 or int(source.max()) >= len(models)):
         raise GraftArgumentError(
@@ -425,6 +457,7 @@ def graft_call(
         for s, unit_models in units.items():
             slot = slot_list[s]
             kind = slot.unit_kind()
+            assert kind is not None  # _check_units took unit maps of unit slots only
             if slot.unit_side(kind) == "out":
                 out_units[s] = unit_models
             elif bool((unit_models != columns[s][..., None]).any()):  # else the slot's map serves

@@ -12,24 +12,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
 from weightgraft.data.spans import SpanSpec, resolve_spans
+from weightgraft.engine.projections import hf_config, input_embedding_weight
 from weightgraft.engine.forward import graft_forward
 from weightgraft.errors import GraftArgumentError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class SourcePlan(Protocol):
     """What generation needs of a compiled scheme: the slot names and, for a text's token
     offsets, the source rows (``[tokens, slots]``) and per-head sources."""
 
-    slot_names: Sequence[str]
+    @property
+    def slot_names(self) -> Sequence[str]: ...
 
-    def sources(self, offsets, char_spans, answer_field=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+    def sources(
+        self, offsets: Sequence[tuple[int, int]], char_spans: Mapping[str, tuple[int, int]],
+        answer_field: str | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
 @dataclass
@@ -75,7 +83,7 @@ def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: in
 
 @torch.no_grad()
 def generate_one(
-    models: Sequence[nn.Module], tokenizer, prompt: str, compiled: SourcePlan,
+    models: Sequence[nn.Module], tokenizer: PreTrainedTokenizerBase, prompt: str, compiled: SourcePlan,
     spans: Mapping[str, SpanSpec] | None = None, max_new_tokens: int = 20,
     do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
     seed: int = 0, stop_at_eos: bool = True, held: Mapping[int, set[int]] | None = None,
@@ -97,10 +105,10 @@ def generate_one(
         for t in range(len(src)):
             _check_held(src[t], {k: v[t : t + 1] for k, v in heads.items()}, compiled.slot_names, held)
     base = models[0]
-    device = base.get_input_embeddings().weight.device
+    device = input_embedding_weight(base).device
     eos = tokenizer.eos_token_id if stop_at_eos else None
     gen = torch.Generator().manual_seed(seed) if do_sample else None
-    cache = DynamicCache(config=base.config)
+    cache = DynamicCache(config=hf_config(base))
     n = len(ids)
     logits = graft_forward(
         models, torch.tensor([ids], device=device), src[None], logit_positions=torch.tensor([[n - 1]]),
@@ -131,7 +139,8 @@ def generate_one(
     new_source = torch.cat(rows) if rows else torch.empty(0, n_slots, dtype=torch.long)
     new_heads = {k: torch.cat([h[k] for h in head_rows]) for k in heads} if head_rows else {}
     return Continuation(
-        prompt=prompt, token_ids=new_ids, text=tokenizer.decode(new_ids, skip_special_tokens=True),
+        # one sequence of ids decodes to one str (transformers types decode ``str | list[str]``)
+        prompt=prompt, token_ids=new_ids, text=cast(str, tokenizer.decode(new_ids, skip_special_tokens=True)),
         logits=torch.stack(steps), prompt_source=src, new_source=new_source,
         prompt_heads=heads, new_heads=new_heads,
     )

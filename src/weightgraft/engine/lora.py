@@ -11,6 +11,9 @@ weight ``W + scale * B A``. Nothing here imports peft (modules are recognised by
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Protocol, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,6 +38,24 @@ class UnsupportedLora(WeightgraftError, ValueError):
     """A peft layer whose computation the engine does not reproduce (DoRA, LoRA biases, ...)."""
 
 
+class _LoraLayer(Protocol):
+    """What is read here of a peft LoRA layer (see :func:`_layer`)."""
+
+    base_layer: nn.Module
+    active_adapters: list[str]
+    lora_A: Mapping[str, nn.Linear]  # nn.ModuleDicts
+    lora_B: Mapping[str, nn.Linear]
+    lora_dropout: Mapping[str, nn.Module]
+    scaling: dict[str, float]
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
+
+
+def _layer(module: nn.Module) -> _LoraLayer:
+    # peft's attributes, which nn.Module's stubs type as ``Tensor | Module``
+    return cast(_LoraLayer, module)
+
+
 def is_lora(module: nn.Module) -> bool:
     """Whether ``module`` is a peft tuner layer wrapping a ``base_layer``."""
     return (
@@ -51,7 +72,7 @@ def has_lora(model: nn.Module) -> bool:
 def base_layer(module: nn.Module) -> nn.Module:
     """The projection a peft layer wraps (the module itself when it is not wrapped)."""
     while is_lora(module):
-        module = module.base_layer
+        module = _layer(module).base_layer
     return module
 
 
@@ -68,7 +89,8 @@ def _active(module: nn.Module) -> list[str]:
     """The adapters a peft layer's forward adds, as its own forward decides it."""
     if getattr(module, "disable_adapters", False) or getattr(module, "merged", False):
         return []
-    names = [a for a in module.active_adapters if a in module.lora_A]
+    layer = _layer(module)
+    names = [a for a in layer.active_adapters if a in layer.lora_A]
     for a in names:
         if a in getattr(module, "lora_variant", {}):
             raise UnsupportedLora(f"adapter {a!r} is a LoRA variant (e.g. DoRA); only plain LoRA can be grafted")
@@ -104,13 +126,14 @@ def adapter_output(
     the adapter's); None when no adapter is active or ``module`` is no LoRA layer."""
     if not is_lora(module):
         return None
+    layer = _layer(module)
     out = None
     for a in _active(module):
-        w_a, w_b = module.lora_A[a].weight, module.lora_B[a].weight
+        w_a, w_b = layer.lora_A[a].weight, layer.lora_B[a].weight
         if dtype is not None:
             w_a, w_b = w_a.to(dtype), w_b.to(dtype)
-        h = F.linear(module.lora_dropout[a](x.to(w_a.dtype)), w_a)
-        y = F.linear(h, w_b if cols is None else w_b[cols]) * module.scaling[a]
+        h = F.linear(layer.lora_dropout[a](x.to(w_a.dtype)), w_a)
+        y = F.linear(h, w_b if cols is None else w_b[cols]) * layer.scaling[a]
         out = y if out is None else out + y
     return None if out is None else out.to(dtype or x.dtype)
 
@@ -127,6 +150,6 @@ def delta_weight(module: nn.Module) -> torch.Tensor | None:
     ``get_delta_weight``, the same the merge adds); None when no adapter is active."""
     out = None
     for a in _active(module):
-        d = module.get_delta_weight(a)
+        d = _layer(module).get_delta_weight(a)
         out = d if out is None else out + d
     return out

@@ -18,14 +18,15 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from weightgraft.engine import lora, projections
-from weightgraft.engine.architectures import Slot, model_slots
+from weightgraft.engine.architectures import Slot, UnitKind, model_slots
 from weightgraft.engine.compat import check_compatible
-from weightgraft.engine.forward import position_ids_from_mask
+from weightgraft.engine.forward import input_embedding_weight, position_ids_from_mask
 from weightgraft.engine.swaps import Swaps, own_forward, swaps
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
@@ -48,40 +49,42 @@ class _ModulePlan:
     pos_axis: int
     slots: list[int]  # slot indices that own (part of) this module
     onehot: torch.Tensor | None  # [len(slots), out]: which output columns each slot owns
-    delta: Callable[[torch.Tensor], torch.Tensor]
+    delta: Callable[..., torch.Tensor]  # ``D(x, *args, **kwargs)``: the module's own arguments
     # projections only: ``x -> x ΔW`` without the bias, and the bias difference (unit grafts)
     weight_delta: Callable[[torch.Tensor], torch.Tensor] | None = None
     bias_delta: torch.Tensor | None = None
 
 
-def _linear_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> tuple[Callable, Callable, torch.Tensor | None]:
+def _linear_delta(
+    module: nn.Module, donor: nn.Module, dtype: torch.dtype,
+) -> tuple[Callable[..., torch.Tensor], Callable[[torch.Tensor], torch.Tensor], torch.Tensor | None]:
     """``D``, its weight part ``x -> x ΔW`` and the bias difference ``Δb`` (or None)."""
     # effective weights: a LoRA layer's ``.weight`` is its base projection's alone
     dw = projections.effective_weight(donor, dtype) - projections.effective_weight(module, dtype)
     db = None
-    if module.bias is not None:
-        db = donor.bias.detach().to(dtype) - module.bias.detach().to(dtype)
+    if module.bias is not None:  # nn.Module's stubs type a module's bias as ``Tensor | Module``
+        db = cast(torch.Tensor, donor.bias).detach().to(dtype) - cast(torch.Tensor, module.bias).detach().to(dtype)
     return (lambda x, *a, **k: projections.apply_weight(module, x.to(dtype), dw, db),
             lambda x: projections.apply_weight(module, x.to(dtype), dw, None), db)
 
 
-def _adapter_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Callable:
+def _adapter_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Callable[..., torch.Tensor]:
     """Two layers around one projection (a LoRA donor and its base): ``D(x)`` is the
     difference of their adapters' outputs, low rank, never a full ``[out, in]`` delta (the
     modules a LoRA donor does not adapt cost nothing)."""
     width = projections.out_features(module)
 
-    def delta(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    def delta(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         x = x.to(dtype)
         d, m = lora.adapter_output(donor, x, dtype=dtype), lora.adapter_output(module, x, dtype=dtype)
-        if d is None and m is None:
-            return x.new_zeros(*x.shape[:-1], width)
-        return d - m if d is not None and m is not None else (d if d is not None else -m)
+        if d is None:
+            return x.new_zeros(*x.shape[:-1], width) if m is None else -m
+        return d - m if m is not None else d
 
     return delta
 
 
-def _general_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Callable:
+def _general_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> Callable[..., torch.Tensor]:
     """``f(x; Δθ) - f(x; 0)``: exact for any module affine in its parameters (the constant part,
     e.g. Gemma's ``1 +``, cancels)."""
     with_delta = copy.deepcopy(module).to(dtype)
@@ -100,9 +103,10 @@ def _general_delta(module: nn.Module, donor: nn.Module, dtype: torch.dtype) -> C
             p.requires_grad_(False)
     is_embedding = isinstance(module, nn.Embedding)
 
-    def delta(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    def delta(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         x = x if is_embedding else x.to(dtype)
-        return with_delta(x, *args, **kwargs) - zero(x, *args, **kwargs)
+        out: torch.Tensor = with_delta(x, *args, **kwargs) - zero(x, *args, **kwargs)
+        return out
 
     return delta
 
@@ -115,13 +119,14 @@ class _AtZero(torch.autograd.Function):
     (the attribution-patching trick), instead of in the forward and again through autograd."""
 
     @staticmethod
-    def forward(ctx, y, coef, x, plan, sign):
+    def forward(ctx: Any, y: torch.Tensor, coef: torch.Tensor, x: torch.Tensor, plan: _ModulePlan,
+                sign: float) -> torch.Tensor:
         ctx.save_for_backward(x)
         ctx.plan, ctx.sign, ctx.coef_shape = plan, sign, coef.shape
         return y.clone()
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None, None]:
         (x,) = ctx.saved_tensors
         plan = ctx.plan
         with torch.no_grad():
@@ -151,7 +156,7 @@ class PartialGraft:
         self.plans = _plans if _plans is not None else self._build_plans()
 
     def _build_plans(self) -> list[_ModulePlan]:
-        weight = self.base.get_input_embeddings().weight
+        weight = input_embedding_weight(self.base)
         dtype = torch.promote_types(weight.dtype, torch.float32)
         by_path: dict[str, list[tuple[int, torch.Tensor | None, int]]] = {}
         for s, slot in enumerate(self.slots):
@@ -209,7 +214,7 @@ class PartialGraft:
                              f"got {list(alpha.shape)}")
         if not alpha.dtype.is_floating_point:
             raise GraftArgumentTypeError(f"alpha must be a float tensor, got {alpha.dtype}")
-        device = self.base.get_input_embeddings().weight.device
+        device = input_embedding_weight(self.base).device
         input_ids, alpha = input_ids.to(device), alpha.to(device)
         if attention_mask is None:
             attention_mask = torch.ones(batch, seq, dtype=torch.long, device=device)
@@ -228,7 +233,8 @@ class PartialGraft:
             swap.eager_attention([self.base])
             out = self.base(input_ids=input_ids, attention_mask=attention_mask,
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-        return out.logits
+        logits: torch.Tensor = out.logits
+        return logits
 
     __call__ = forward
 
@@ -253,6 +259,11 @@ class PartialGraft:
             out[index[name]] = tensor.to(device)
         return out
 
+    def _unit_kind(self, s: int) -> UnitKind:
+        kind = self.slots[s].unit_kind()
+        assert kind is not None  # _check_units took unit shares of unit slots only
+        return kind
+
     def _unit_layout(self, plan: _ModulePlan, units: dict[int, torch.Tensor]) -> tuple[str, torch.Tensor, list[int]]:
         """For a module some of whose slots are mixed unit by unit: the side units sit on, the
         index of each column (output side: of the module's output; input side: of its input)
@@ -260,16 +271,17 @@ class PartialGraft:
         unit), and those slots in order."""
         module = self.base.get_submodule(plan.path)
         split = [s for s in plan.slots if s in units]
-        sides = {self.slots[s].unit_side(self.slots[s].unit_kind()) for s in split}
+        sides = {self.slots[s].unit_side(self._unit_kind(s)) for s in split}
         if len(sides) != 1:
             raise TypeError(f"{plan.path}: units on both sides of one module")
         side = sides.pop()
+        assert side is not None  # a unit slot's units are output or input columns
         width = projections.in_features(module) if side == "in" else projections.out_features(module)
-        total = sum(self.slots[s].units(self.slots[s].unit_kind()) for s in split)
+        total = sum(self.slots[s].units(self._unit_kind(s)) for s in split)
         index = torch.full((width,), total, dtype=torch.long)
         offset = 0
         for s in split:
-            cols = torch.stack(self.slots[s].unit_columns(module, self.slots[s].unit_kind()))  # [units, w]
+            cols = torch.stack(self.slots[s].unit_columns(module, self._unit_kind(s)))  # [units, w]
             index[cols.reshape(-1)] = torch.arange(offset, offset + cols.shape[0]).repeat_interleave(cols.shape[1])
             offset += cols.shape[0]
         return side, index, split
@@ -286,15 +298,17 @@ class PartialGraft:
             else:
                 swap.forward(module, self._mixed_forward(module, plan, coef, at_zero))
 
-    def _mixed_forward(self, module: nn.Module, plan: _ModulePlan, coef: torch.Tensor, at_zero: bool) -> Callable:
+    def _mixed_forward(self, module: nn.Module, plan: _ModulePlan, coef: torch.Tensor,
+                       at_zero: bool) -> Callable[..., torch.Tensor]:
         """``base(x) + a * D(x)``; ``coef`` is ``[batch, seq, len(plan.slots)]``."""
         fn = own_forward(module)
         sign = self.sign
 
-        def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            y = fn(x, *args, **kwargs)
+        def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            y: torch.Tensor = fn(x, *args, **kwargs)
             if at_zero:
-                return _AtZero.apply(y, coef, x, plan, sign) if coef.requires_grad else y
+                apply = cast(Callable[..., torch.Tensor], _AtZero.apply)  # torch leaves Function.apply unannotated
+                return apply(y, coef, x, plan, sign) if coef.requires_grad else y
             d = plan.delta(x, *args, **kwargs)
             c = coef.to(d.dtype)
             if plan.onehot is not None:  # column groups: [batch, seq, out]
@@ -309,7 +323,7 @@ class PartialGraft:
 
 
     def _unit_forward(self, module: nn.Module, plan: _ModulePlan, coef: torch.Tensor,
-                      units: dict[int, torch.Tensor], at_zero: bool) -> Callable:
+                      units: dict[int, torch.Tensor], at_zero: bool) -> Callable[..., torch.Tensor]:
         """``base(x)`` plus each unit's share of ``D``: output side (q/k/v, gate/up), column
         ``c`` gets ``a[unit(c)] * D(x)_c`` (slots of the module not split keep their own share);
         input side (o, down), ``(x * a[unit(column)]) ΔW`` plus the slot's share of ``Δb``."""
@@ -321,11 +335,12 @@ class PartialGraft:
         index = index.to(coef.device)
         layout = _UnitLayout(side, index, int(ucoef.shape[-1]), keep)
 
-        def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            y = fn(x, *args, **kwargs)
+        def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            y: torch.Tensor = fn(x, *args, **kwargs)
             if at_zero:
                 if coef.requires_grad or ucoef.requires_grad:
-                    return _UnitsAtZero.apply(y, coef, ucoef, x, plan, layout, sign)
+                    apply = cast(Callable[..., torch.Tensor], _UnitsAtZero.apply)  # torch leaves it unannotated
+                    return apply(y, coef, ucoef, x, plan, layout, sign)
                 return y
             padded = torch.cat([ucoef, ucoef.new_zeros(*ucoef.shape[:-1], 1)], dim=-1)
             if side == "out":
@@ -335,6 +350,7 @@ class PartialGraft:
                     c = c + (coef * keep).to(d.dtype) @ plan.onehot.to(device=d.device)
                 return y + (sign * c * d).to(y.dtype)
             scaled = x * padded[..., index].to(x.dtype)
+            assert plan.weight_delta is not None  # input-side units are a projection's
             d = plan.weight_delta(scaled)
             if plan.bias_delta is not None:
                 d = d + coef[..., :1].to(d.dtype) * plan.bias_delta
@@ -356,14 +372,17 @@ class _UnitsAtZero(torch.autograd.Function):
     shares computed in the backward only (as ``_AtZero``, per unit)."""
 
     @staticmethod
-    def forward(ctx, y, coef, ucoef, x, plan, layout, sign):
+    def forward(ctx: Any, y: torch.Tensor, coef: torch.Tensor, ucoef: torch.Tensor, x: torch.Tensor,
+                plan: _ModulePlan, layout: _UnitLayout, sign: float) -> torch.Tensor:
         ctx.save_for_backward(x)
         ctx.plan, ctx.layout, ctx.sign = plan, layout, sign
         ctx.shapes = (coef.shape, ucoef.shape)
         return y.clone()
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(
+        ctx: Any, grad: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None, None]:
         (x,) = ctx.saved_tensors
         plan, layout = ctx.plan, ctx.layout
         coef_shape, ucoef_shape = ctx.shapes

@@ -82,7 +82,8 @@ def eager_attention(models: Iterable[Any]) -> Iterator[None]:
 class _Float64Casts(TorchFunctionMode):
     """Every cast to float32 inside it becomes a cast to float64."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_function__(self, func: Callable[..., Any], types: Iterable[type], args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.float:
             func = torch.Tensor.double

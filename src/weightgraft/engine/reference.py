@@ -4,12 +4,18 @@ Token by token with a KV cache: position t is processed by a model whose weights
 slot, are copied from the model that ``source`` names for t. It is slow on purpose and
 shares no code path with ``weightgraft.engine.forward`` beyond the slot table, so that it can serve
 as the oracle the engine is tested (and ``weightgraft check``-ed) against.
+
+A quantized module (bitsandbytes nf4/fp4/int8, torchao) cannot be copied entry by entry (its
+scales live beside the packed weight): in the private copy it becomes a ``_Routed`` module that
+calls the quantized module of the model serving it (per output column, for a fused projection's
+q/k/v or a head's columns), so each token still runs on its own model's weights, never dequantized.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -19,9 +25,39 @@ from weightgraft.engine import lora, projections
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.precision import batch_invariant_attention
-from weightgraft.errors import GraftArgumentError
+from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["per_token_forward", "per_token_mixed_forward", "CompositeModel"]
+
+
+class _Weighted(Protocol):
+    weight: torch.Tensor
+
+
+class _LM(Protocol):
+    """What is read here of a transformers causal LM (see :func:`_lm`)."""
+
+    config: PretrainedConfig
+    dtype: torch.dtype
+
+    def get_output_embeddings(self) -> _Weighted: ...
+
+
+def _lm(model: nn.Module) -> _LM:
+    # nn.Module's stubs type a model's attributes as ``Tensor | Module``, and transformers
+    # leaves ``get_output_embeddings`` unannotated
+    return cast(_LM, model)
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    return cast(torch.Tensor, module.weight)  # nn.Module's stubs type a parameter as ``Tensor | Module``
+
+
+def _bias(module: nn.Module) -> torch.Tensor | None:
+    return cast("torch.Tensor | None", module.bias)  # as ``_weight``
 
 
 class CompositeModel:
@@ -36,12 +72,17 @@ class CompositeModel:
                     "give it a merged copy (weightgraft.models.peft_donor.merged_copy)"
                 )
         self.models = list(models)
-        self.model = copy.deepcopy(models[0])
+        quantized = {part.path for slot in model_slots(models[0]) for part in slot.parts
+                     if projections.is_quantized(models[0].get_submodule(part.path))}
+        shared = {id(models[0].get_submodule(path)): nn.Identity() for path in quantized}
+        self.model = copy.deepcopy(models[0], memo=shared)  # quantized modules are not copied
+        for path in quantized:
+            self.model.set_submodule(path, _Routed([m.get_submodule(path) for m in models]))
         for mod in self.model.modules():  # deepcopy copies forward hooks too: drop them
             mod._forward_hooks.clear()
             mod._forward_pre_hooks.clear()
         self.model.eval()
-        self.slots: list[Slot] = model_slots(self.model)
+        self.slots: list[Slot] = model_slots(models[0])  # paths only; a _Routed module has no parameters
         self._untie()
         self.current = [0] * len(self.slots)  # the copy holds the base's weights
 
@@ -72,7 +113,9 @@ class CompositeModel:
             for part in slot.parts:
                 dst = self.model.get_submodule(part.path)
                 src = self.models[m].get_submodule(part.path)
-                if part.columns is None:
+                if isinstance(dst, _Routed):
+                    dst.serve(m, part.columns)
+                elif part.columns is None:
                     src_params = dict(src.named_parameters(remove_duplicate=False))
                     for name, p in dst.named_parameters(remove_duplicate=False):
                         p.copy_(src_params[name])
@@ -88,25 +131,63 @@ class CompositeModel:
         (part,) = slot.parts
         dst = self.model.get_submodule(part.path)
         kind = slot.unit_kind()
-        cols = torch.stack(slot.unit_columns(dst, kind))  # [units, width]
+        assert kind is not None  # only unit slots are loaded unit by unit
+        cols = torch.stack(slot.unit_columns(self.models[0].get_submodule(part.path), kind))  # [units, width]
         chosen = torch.tensor(head_models)
-        for m in chosen.unique().tolist():
+        for m in torch.unique(chosen).tolist():
             src = self.models[m].get_submodule(part.path)
             mine = cols[chosen == m].reshape(-1)
-            if slot.unit_side(kind) == "out":
+            if isinstance(dst, _Routed):  # input columns of a packed weight: in_index refuses
+                dst.serve(m, mine) if slot.unit_side(kind) == "out" else projections.in_index(src, mine)
+            elif slot.unit_side(kind) == "out":
                 _copy_columns(dst, src, mine)
             else:
                 index = projections.in_index(dst, mine)
-                dst.weight[index] = src.weight[index]
-        if slot.unit_side(kind) == "in" and dst.bias is not None:
-            dst.bias.copy_(self.models[whole].get_submodule(part.path).bias)
+                _weight(dst)[index] = _weight(src)[index]
+        if slot.unit_side(kind) == "in" and (bias := _bias(dst)) is not None:  # compatible models: the donor has one
+            bias.copy_(cast(torch.Tensor, _bias(self.models[whole].get_submodule(part.path))))
+
+
+class _Routed(nn.Module):
+    """A quantized module of the private copy: each call goes through the quantized module of
+    the model serving each output column (``chosen``), the whole output of one model when one
+    serves them all; attributes it lacks are read from the base's module."""
+
+    def __init__(self, targets: list[nn.Module]) -> None:
+        super().__init__()
+        self.targets = targets  # a plain list: the models' modules are not submodules of the copy
+        self.chosen = torch.zeros(projections.out_features(targets[0]), dtype=torch.long)
+
+    def __getattr__(self, name: str) -> Any:  # ``.weight``, ``.in_features``, ... of the base's module
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["targets"][0], name)
+
+    def serve(self, m: int, columns: torch.Tensor | None) -> None:
+        """Model ``m`` serves output ``columns`` (all of them for None)."""
+        self.chosen[slice(None) if columns is None else columns.cpu()] = m
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        present = torch.unique(self.chosen).tolist()
+        if len(present) == 1:
+            whole: torch.Tensor = self.targets[present[0]](x, *args, **kwargs)
+            return whole
+        out: torch.Tensor | None = None
+        for m in present:
+            y: torch.Tensor = self.targets[m](x, *args, **kwargs)
+            keep = (self.chosen == m).to(y.device)
+            out = y if out is None else torch.where(keep, y, out)
+        assert out is not None  # several models serve
+        return out
 
 
 def _copy_columns(dst: nn.Module, src: nn.Module, cols: torch.Tensor) -> None:
     index = projections.out_index(dst, cols)
-    dst.weight[index] = src.weight[index]
-    if dst.bias is not None:
-        dst.bias[cols] = src.bias[cols]
+    _weight(dst)[index] = _weight(src)[index]
+    bias = _bias(dst)
+    if bias is not None:
+        bias[cols] = cast(torch.Tensor, _bias(src))[cols]  # compatible models: the donor has one
 
 
 @torch.no_grad()
@@ -137,14 +218,14 @@ def per_token_forward(
     batch, seq = input_ids.shape
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = _lm(model).get_output_embeddings().weight.shape[0]
     device = input_ids.device
-    out = torch.zeros(batch, seq, vocab, dtype=model.dtype, device=device)
+    out = torch.zeros(batch, seq, vocab, dtype=_lm(model).dtype, device=device)
     index = {slot.name: s for s, slot in enumerate(composite.slots)}
     heads = {index[name]: h for name, h in {**(head_source or {}), **(neuron_source or {})}.items()}
     for b in range(batch):
         real = attention_mask[b].bool().nonzero().flatten()
-        cache = DynamicCache(config=model.config)
+        cache = DynamicCache(config=_lm(model).config)
         for step, t in enumerate(real.tolist()):
             if copy_per_position:
                 composite = CompositeModel(models)
@@ -170,6 +251,11 @@ def _load_mixed(composite: CompositeModel, alphas: Sequence[float]) -> None:
         composite.current[s] = -1  # mixed: a later ``load`` reloads it
         for part in slot.parts:
             dst = composite.model.get_submodule(part.path)
+            if isinstance(dst, _Routed):
+                raise GraftArgumentTypeError(
+                    f"{part.path} is quantized: (1 - a) * W_base + a * W_donor is not defined in its "
+                    "packed layout; graft it whole (a = 0 or 1), or load both models unquantized"
+                )
             p0 = dict(base.get_submodule(part.path).named_parameters(remove_duplicate=False))
             p1 = dict(donor.get_submodule(part.path).named_parameters(remove_duplicate=False))
             for name, p in dst.named_parameters(remove_duplicate=False):
@@ -198,11 +284,11 @@ def per_token_mixed_forward(
     batch, seq = input_ids.shape
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    out = torch.zeros(batch, seq, vocab, dtype=model.dtype, device=input_ids.device)
+    vocab = _lm(model).get_output_embeddings().weight.shape[0]
+    out = torch.zeros(batch, seq, vocab, dtype=_lm(model).dtype, device=input_ids.device)
     for b in range(batch):
         real = attention_mask[b].bool().nonzero().flatten()
-        cache = DynamicCache(config=model.config)
+        cache = DynamicCache(config=_lm(model).config)
         for step, t in enumerate(real.tolist()):
             _load_mixed(composite, alpha[b, t].tolist())
             logits = model(

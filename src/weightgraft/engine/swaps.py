@@ -25,14 +25,17 @@ __all__ = ["Swaps", "swaps", "own_forward"]
 def own_forward(module: nn.Module) -> Callable[..., Any]:
     """The forward ``module`` runs now, kept before it is swapped: an instance-level forward
     (accelerate's device hook wraps one in) or the class's, bound to the module."""
-    own = module.__dict__.get("forward")
-    return own if own is not None else type(module).forward.__get__(module)
+    own: Callable[..., Any] | None = module.__dict__.get("forward")
+    if own is not None:
+        return own
+    bound: Callable[..., Any] = type(module).forward.__get__(module)
+    return bound
 
 
-def _keep_rows(positions: torch.Tensor) -> Callable[[nn.Module, tuple], tuple]:
+def _keep_rows(positions: torch.Tensor) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
     """Pre-hook for the unembedding: only the hidden states at ``positions`` ``[batch, k]``."""
 
-    def hook(module: nn.Module, args: tuple) -> tuple:
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         hidden = args[0]
         index = positions.to(hidden.device)[:, :, None].expand(-1, -1, hidden.shape[-1])
         return (hidden.gather(1, index), *args[1:])
@@ -89,7 +92,11 @@ class Swaps:
             if any(m.training for m in model.modules()):
                 mode = model.training
                 model.eval()
-                self._undo.append(lambda model=model, mode=mode: model.train(mode))
+
+                def restore(model: nn.Module = model, mode: bool = mode) -> None:
+                    model.train(mode)
+
+                self._undo.append(restore)
 
     def eager_attention(self, models: Iterable[nn.Module]) -> None:
         """Half-precision models run HF's eager attention, so that a row's numbers do not

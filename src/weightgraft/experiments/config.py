@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, model_validator
 
 from weightgraft.errors import WeightgraftError, validation_line
 from weightgraft.experiments.pairs import SchemePair, check_pairs
+from weightgraft.models.spec import ModelSpec, PeftSpec, SpecText, parse_spec, spec_error_of
 from weightgraft.schemes.presets import preset
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, ProtocolName
 from weightgraft.schemes.scheme import Scheme
@@ -78,8 +79,8 @@ class ExperimentConfig(BaseModel):
     name: str = "experiment"
     data: Path
     # role -> model spec (directory, .gguf, embedded name); or several named model sets.
-    models: dict[str, str] | None = None
-    model_sets: dict[str, dict[str, str]] | None = None
+    models: dict[str, SpecText] | None = None
+    model_sets: dict[str, dict[str, SpecText]] | None = None
     schemes: list[SchemeEntry] = Field(min_length=1)
     # "paper": the paper's text; "authors": what the authors' code computes
     # (weightgraft.schemes.protocol lists every difference)
@@ -109,14 +110,26 @@ class ExperimentConfig(BaseModel):
     pairs: list[SchemePair] = Field(default_factory=list)
     generate: GenerateSpec | None = None  # grafted continuations (continuations.csv)
 
+    _specs: dict[str, dict[str, ModelSpec]] = PrivateAttr(default_factory=dict)
+
     @model_validator(mode="after")
     def _one_kind_of_models(self) -> ExperimentConfig:
         if (self.models is None) == (self.model_sets is None):
             raise ValueError("give exactly one of 'models' (role -> spec) or 'model_sets'")
+        self._specs = {name: {role: parse_spec(text) for role, text in roles.items()}
+                       for name, roles in self.sets().items()}  # each text checked by SpecText
         return self
 
     def sets(self) -> dict[str, dict[str, str]]:
+        """Model set -> role -> the spec as written (what manifests and identities record)."""
         return self.model_sets if self.model_sets is not None else {"default": dict(self.models or {})}
+
+    def spec_sets(self) -> dict[str, dict[str, ModelSpec]]:
+        """Model set -> role -> typed spec, parsed once when the config was validated."""
+        texts = self.sets()
+        if {n: {r: s.text for r, s in roles.items()} for n, roles in self._specs.items()} != texts:
+            self._specs = {n: {r: parse_spec(t) for r, t in roles.items()} for n, roles in texts.items()}  # edited since
+        return self._specs
 
     def resolved_schemes(self) -> list[Scheme]:
         out: list[Scheme] = []
@@ -217,7 +230,8 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | N
     try:
         config = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_validation(exc, source)) from None
+        line = _format_validation(exc, source)
+        raise spec_error_of(exc, line) or ConfigError(line) from None
     if base_dir is not None:
         if not config.data.is_absolute():
             config.data = base_dir / config.data
@@ -230,7 +244,8 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | N
 def _anchor(value: Any, folder: Path, must_exist: bool) -> Any:
     """A relative path written in a YAML, taken from the YAML's folder (a model spec only
     when it names something there: it may also be an embedded name or a hub id)."""
-    if isinstance(value, str) and value.lstrip().startswith("peft("):  # peft(ROLE, DIR): its DIR
+    spec = _spec_or_none(value)
+    if isinstance(spec, PeftSpec):  # peft(ROLE, DIR): its DIR
         from weightgraft.models.peft_donor import anchor_peft
 
         return anchor_peft(value, folder)
@@ -240,6 +255,17 @@ def _anchor(value: Any, folder: Path, must_exist: bool) -> Any:
     if not must_exist or anchored.exists():
         return os.path.normpath(anchored)  # docs/x/../../runs/y is shown as runs/y
     return value
+
+
+def _spec_or_none(value: Any) -> ModelSpec | None:
+    """``value`` as a model spec, None where it is none (a malformed one is refused when the
+    config is validated, with its field path)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        return parse_spec(value)
+    except ValueError:
+        return None
 
 
 def anchor_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from weightgraft.experiments.metric_table import pair_skips, paired_metrics
+from weightgraft.engine.metric_table import pair_skips, paired_metrics
 from weightgraft.stats import mean_ci
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from weightgraft.data.prompts import TestPrompt
 from weightgraft.experiments.config import ConfigError, ExperimentConfig
 from weightgraft.models.footprint import ModelFootprint, resolve_footprint
+from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftSpec
 from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.budget import budget, cuda_here
 from weightgraft.planning.cards import Card
@@ -28,32 +29,27 @@ __all__ = ["DEFAULT_RUN_BATCH", "plan_before_run", "plan_experiment"]
 DEFAULT_RUN_BATCH = 64  # ExperimentConfig.batch_size's default: the most a plan chooses
 
 
-def _role_footprint(spec: str, roles_spec: dict[str, str], cache: dict[str, ModelFootprint]) -> ModelFootprint:
+def _role_footprint(spec: ModelSpec, roles_spec: dict[str, ModelSpec], cache: dict[str, ModelFootprint]) -> ModelFootprint:
     """The footprint of a role's shapes: a low-rank role has its donor's, a LoRA role its base's."""
-    from weightgraft.models.lowrank import parse_lowrank
-    from weightgraft.models.peft_donor import parse_peft
-
-    low, lora = parse_lowrank(spec), parse_peft(spec)
-    if low is not None:
-        spec = roles_spec[low.donor]
-    if lora is not None:
-        spec = roles_spec[lora.base]
-    if spec not in cache:
-        cache[spec] = resolve_footprint(spec)
-    return cache[spec]
+    if isinstance(spec, LowRankSpec):
+        spec = roles_spec[spec.donor]
+    if isinstance(spec, PeftSpec):
+        spec = roles_spec[spec.base]
+    if spec.text not in cache:
+        cache[spec.text] = resolve_footprint(spec)
+    return cache[spec.text]
 
 
 def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[list[SetShape], dict]:
     """Per model set: its roles' footprints, the (tokens, logits) of every (example, scheme)
     row and the bytes of the source maps; and the prompts' lengths."""
     from weightgraft.experiments.examples import Exclusions, prepare, served_slots
-    from weightgraft.models.lowrank import parse_lowrank
     from weightgraft.schemes.binding import compile_for
 
     schemes = config.resolved_schemes()
     footprints: dict[str, ModelFootprint] = {}
     shapes, lengths = [], {}
-    for set_name, roles_spec in config.sets().items():
+    for set_name, roles_spec in config.spec_sets().items():
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
         base = _role_footprint(roles_spec[used[0]], roles_spec, footprints)
         names = base.slot_names
@@ -73,7 +69,7 @@ def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[li
             source_bytes += sum(h.numel() * 8 for maps in ex.heads.values() for h in maps.values())
         lengths = length_summary([len(ex.input_ids) for ex in prepared], how)
         roles = [RoleShape(role=role, spec=roles_spec[role], footprint=_role_footprint(roles_spec[role], roles_spec, footprints),
-                           served=served.get(i, set()) if i else None, lowrank=parse_lowrank(roles_spec[role]) is not None)
+                           served=served.get(i, set()) if i else None)
                  for i, role in enumerate(used)]
         for r in roles[1:]:
             check_graftable(used[0], base, r.role, r.footprint)
@@ -146,7 +142,7 @@ def plan_before_run(config: ExperimentConfig, prompts: list[TestPrompt]) -> Expe
     does not fix one."""
     from weightgraft.models.random_models import refuse_random
 
-    for roles in config.sets().values():
+    for roles in config.spec_sets().values():
         if config.tokenizer is None:  # the config's tokenizer serves models that have none
             refuse_random(roles, "weightgraft run")
     return with_planned_batch(config, lambda: plan_experiment(config, prompts, with_time=False))

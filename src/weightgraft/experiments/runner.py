@@ -45,14 +45,11 @@ from weightgraft.schemes.selectors import (
 from weightgraft.experiments.store import ROWS_FORMAT, ResultsStore, write_atomic
 from weightgraft.engine.forward import slots
 from weightgraft.engine.precision import batch_invariant_attention
-from weightgraft.models.donors import default_loader, load_donor
+from weightgraft.models.donors import LeanSlots, LoadSettings, default_loader, load_role
 from weightgraft.models.lean import memory_report
-from weightgraft.models.lowrank import (
-    check_lowrank_roles,
-    load_lowrank_role,
-    parse_lowrank,
-)
-from weightgraft.models.peft_donor import check_peft_roles, load_peft_role, parse_peft
+from weightgraft.models.lowrank import check_lowrank_roles
+from weightgraft.models.peft_donor import check_peft_roles
+from weightgraft.models.spec import LowRankSpec, PeftSpec
 from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 
 
@@ -97,40 +94,37 @@ def run_experiment(
     _check_device(config.device)
     prompts = select_prompts(load_prompts(config.data), config)  # fail before claiming run_dir
     _check_names(config, schemes, prompts)
-    for set_name, roles_spec in config.sets().items():
+    for set_name, roles_spec in config.spec_sets().items():
         check_lowrank_roles(roles_spec, f"model set {set_name!r}")
         check_peft_roles(roles_spec, f"model set {set_name!r}")
-    every_role = {f"{name}/{role}": spec for name, roles in config.sets().items() for role, spec in roles.items()}
+    every_role = {f"{name}/{role}": spec for name, roles in config.spec_sets().items() for role, spec in roles.items()}
     # before any model loads; a vocabulary too small for it is refused from the models' configs
     shared_tokenizer = config_tokenizer(config.tokenizer, every_role if load is None else None)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_run
         from weightgraft.models.loading import check_model_specs
 
-        for set_name, roles_spec in config.sets().items():  # a missing model first, before the run dir
+        for set_name, roles_spec in config.spec_sets().items():  # a missing model first, before the run dir
             check_model_specs(roles_spec, f"model set {set_name!r}")
 
         config = plan_before_run(config, prompts)
-    lowrank_cache: dict = {}  # SVD factors per (base, donor) pair, shared by every k
-    peft_bases: dict = {}  # the base of a LoRA role whose base role no scheme uses, by spec
     ranks = start(config.device)
     if ranks.world > 1:
         config = config.model_copy(update={"device": ranks.device(config.device)})
         progress = progress and ranks.is_main
     store = _open_store(run_dir, config, ranks, run_identity(config, schemes, prompts))
     done = store.done()
-    load = load or default_loader
+    # one cache for the run: SVD factors per (base, donor) pair for every k, the base of a LoRA
+    # role whose base role no scheme uses
+    settings = LoadSettings.of(config, load or default_loader)
     exclusions = Exclusions()
     order: list[tuple] = []
     model_info: dict[str, dict[str, dict[str, str]]] = {}
     computed = 0
     continuations: list[dict[str, Any]] = []
-    for set_name, roles_spec in config.sets().items():
+    for set_name, roles_spec in config.spec_sets().items():
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
-        low, lora = parse_lowrank(roles_spec[used[0]]), parse_peft(roles_spec[used[0]])
-        first = (load_lowrank_role(low, roles_spec, load, config, {}, lowrank_cache) if low
-                 else load_peft_role(lora, roles_spec, load, config, {}, peft_bases) if lora
-                 else load(roles_spec[used[0]], config))
+        first = load_role(roles_spec[used[0]], settings, roles=roles_spec)
         give_tokenizer(first, shared_tokenizer, used[0])
         store.add_model(set_name, used[0], first.weights_sha256)
         roles = {r: i for i, r in enumerate(used)}
@@ -141,12 +135,8 @@ def run_experiment(
         served = served_slots(prepared, names)
         loaded = {used[0]: first}
         for role in used[1:]:
-            low, lora = parse_lowrank(roles_spec[role]), parse_peft(roles_spec[role])
-            loaded[role] = (
-                load_lowrank_role(low, roles_spec, load, config, loaded, lowrank_cache) if low
-                else load_peft_role(lora, roles_spec, load, config, loaded, peft_bases) if lora
-                else load_donor(load, roles_spec[role], config, first, served.get(roles[role], set()))
-            )
+            loaded[role] = load_role(roles_spec[role], settings, roles=roles_spec, loaded=loaded,
+                                     lean=LeanSlots(first, served.get(roles[role], set())))
             give_tokenizer(loaded[role], shared_tokenizer, role)
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
             store.add_model(set_name, role, loaded[role].weights_sha256)
@@ -154,9 +144,10 @@ def run_experiment(
         batch_invariant_attention(models)
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
         model_info[set_name] = {
-            r: {"spec": roles_spec[r], "source": lm.source, "weights_sha256": lm.weights_sha256,
+            r: {"spec": roles_spec[r].text, "source": lm.source, "weights_sha256": lm.weights_sha256,
                 "n_layers": first.model.config.num_hidden_layers, **memory[r],
-                **({"adapter": lm.adapter.as_dict(parse_peft(roles_spec[r]).base)} if hasattr(lm, "adapter") else {})}
+                **({"adapter": lm.adapter.as_dict(spec.base)}
+                   if lm.adapter is not None and isinstance(spec := roles_spec[r], PeftSpec) else {})}
             for r, lm in loaded.items()
         }
         if progress:
@@ -219,10 +210,9 @@ def _check_names(config: ExperimentConfig, schemes: list[Any], prompts: list[Any
                     f"{', '.join(sorted(marked)) or 'none'})"
                 )
     used = set().union(*(s.roles() for s in schemes))
-    for set_name, roles in config.sets().items():
-        low = [parse_lowrank(spec) for r, spec in roles.items() if r in used]
-        referenced = {ref for spec in low if spec is not None for ref in (spec.donor, spec.base)}
-        referenced |= {p.base for r, spec in roles.items() if r in used and (p := parse_peft(spec)) is not None}
+    for set_name, roles in config.spec_sets().items():
+        referenced = {ref for r, spec in roles.items() if r in used and isinstance(spec, (LowRankSpec, PeftSpec))
+                      for ref in spec.refs()}
         extra = sorted(set(roles) - used - referenced)
         if extra:
             raise ConfigError(

@@ -11,8 +11,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from weightgraft.engine.architectures import Units
-from weightgraft.errors import validation_line
+from weightgraft.engine.metric_table import localize_metric
+from weightgraft.errors import GraftArgumentError, validation_line
 from weightgraft.experiments.config import ConfigError, read_yaml_config
+from weightgraft.models.spec import ModelSpec, ModelSpecError, parse_spec, spec_error_of
 
 Direction = Literal["sufficiency", "necessity"]
 
@@ -115,9 +117,10 @@ class LocalizeConfig(BaseModel):
     templates: list[str] | None = None
     directions: list[Literal["a2b", "b2a"]] | None = None
     limit: int | None = Field(None, ge=1, description="max examples per template")
-    # logprob: the first answer token; logit_diff: minus the next example's first answer
-    # token (another relation of the template); kl: -KL(donor || grafted)
-    metric: Literal["logprob", "logit_diff", "kl"] = "logprob"
+    # a name of engine.metric_table.localize_metrics(): first_logprob (the first answer token),
+    # logit_diff (minus the next example's first answer token: another relation of the
+    # template), neg_kl_donor (-KL(donor || grafted)); higher is always the donor's side
+    metric: str = "first_logprob"
     graft_directions: list[Direction] = Field(default_factory=lambda: ["sufficiency", "necessity"], min_length=1)
     ig_steps: int = Field(0, ge=0, description="0: gradient only; k > 1: also integrated gradients")
     # exact single-cell maps: "all" examples, "none", or the first N examples of each template
@@ -158,11 +161,21 @@ class LocalizeConfig(BaseModel):
                 _spec_list(role, spec)
             elif not isinstance(spec, str) or not spec.strip():
                 raise ValueError(f"models.{role}: one model spec (a string; only 'sft' and 'nulls' take a list), got {spec!r}")
+        for role, spec in value.items():  # each spec parsed here, so a malformed one names its field
+            for i, text in enumerate([spec] if isinstance(spec, str) else spec):
+                try:
+                    parse_spec(text)
+                except ModelSpecError as exc:
+                    raise type(exc)(f"models.{role}{'' if isinstance(spec, str) else f'.{i}'}: {exc}") from None
         sfts = [value["sft"]] if isinstance(value["sft"], str) else value["sft"]
         both = [x for x in value.get("nulls", []) if x in sfts]
         if both:
             raise ValueError(f"models.nulls lists {both[0]!r}, which models.sft lists too (a null is another finetune)")
         return value
+
+    def role_specs(self) -> dict[str, ModelSpec]:
+        """:meth:`roles`, typed (each text was checked when the config was validated)."""
+        return {role: parse_spec(text) for role, text in self.roles().items()}
 
     def sft_models(self) -> list[tuple[str, str]]:
         """(role label, spec) of each SFT model, in the config's order."""
@@ -182,6 +195,16 @@ class LocalizeConfig(BaseModel):
         """Every role by label (``pre``, ``sft`` or ``sft[i]``, ``null[i]``, other roles): one spec each."""
         flat = {role: spec for role, spec in self.models.items() if role not in ("sft", "nulls")}
         return {**flat, **dict(self.mapped_models())}
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, value: str) -> str:
+        """One name per quantity: the legacy ``logprob`` is stored as ``first_logprob``; ``kl``
+        (two signs) and names localize cannot measure in are refused."""
+        try:
+            return localize_metric(value).name
+        except GraftArgumentError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("exact")
     @classmethod
@@ -217,7 +240,8 @@ def parse_localize_config(raw: dict, source: str = "<dict>", base_dir: Path | No
     try:
         config = LocalizeConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"invalid localize config {source}: {validation_line(exc, at='at ')}") from None
+        line = f"invalid localize config {source}: {validation_line(exc, at='at ')}"
+        raise spec_error_of(exc, line) or ConfigError(line) from None
     if base_dir is not None:
         if not config.data.is_absolute():
             config.data = base_dir / config.data

@@ -37,10 +37,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _sft_folder(spec: str) -> Path | None:
-    from weightgraft.models.peft_donor import parse_peft
+    from weightgraft.models.spec import PeftSpec, parse_spec
 
-    lora = parse_peft(spec)
-    folder = Path(lora.directory) if lora is not None else Path(spec).expanduser()
+    lora = parse_spec(spec)
+    folder = Path(lora.directory) if isinstance(lora, PeftSpec) else Path(spec).expanduser()
     return folder if folder.is_dir() else None
 
 

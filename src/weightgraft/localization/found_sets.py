@@ -112,7 +112,7 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
             estimates = _estimates(sub, column, config.units, model)
             whole_maps, maps = _maps(config, group, slot_index, model, estimates)
             entry = entries.get((direction, template))
-            if entry is not None and (config.metric != "logprob" and not entry.get("search_checked")
+            if entry is not None and (config.metric != "first_logprob" and not entry.get("search_checked")
                                       or entry.get("fit_ids") != split["fit_ids"]):
                 entry = None  # searched on other prompts, or before shares were measured in the metric: again
             total = None

@@ -56,6 +56,9 @@ from weightgraft.localization.found_sets import find_sets
 from weightgraft.localization.maps import estimate_frame, unit_picks, whole_cells
 from weightgraft.localization.work import plan_input
 from weightgraft.localization.claims.reversal import reversal_claims, reversal_prompts
+from weightgraft.models.donors import LoadSettings, load_role
+from weightgraft.models.loaded import LoadedModel
+from weightgraft.models.spec import PeftSpec, parse_spec
 from weightgraft.schemes.labels import LABEL_VERSION
 
 
@@ -130,15 +133,15 @@ def _note(run_dir: Path, **fields: Any) -> None:
     atomic.write_json(manifest, data, default=str)
 
 
-def _check_peft(config: LocalizeConfig) -> list[Any]:
+def _check_peft(config: LocalizeConfig) -> list[PeftSpec | None]:
     """``sft: peft(pre, DIR)`` (a LoRA donor on the pair's base), checked before loading; one
     adapter spec (or None) per mapped model (SFT models, then null models)."""
-    from weightgraft.models.peft_donor import PeftError, check_peft_roles, parse_peft
+    from weightgraft.models.peft_donor import PeftError, check_peft_roles
 
-    roles = config.roles()
+    roles = config.role_specs()
     check_peft_roles(roles, "models")
-    specs = [parse_peft(spec) for _, spec in config.mapped_models()]
-    if parse_peft(roles["pre"]) is not None or any(s is not None and s.base != "pre" for s in specs):
+    specs = [spec if isinstance(spec := parse_spec(text), PeftSpec) else None for _, text in config.mapped_models()]
+    if isinstance(roles["pre"], PeftSpec) or any(s is not None and s.base != "pre" for s in specs):
         raise PeftError("models: a LoRA donor is the 'sft' model, on the base 'pre': sft: peft(pre, DIR)")
     return specs
 
@@ -148,30 +151,29 @@ def _parts_name(i: int, n_sft: int) -> str:
     return f"sft{i}" if i < n_sft else f"null{i - n_sft}"
 
 
-def _load_sft(spec: str, label: str, first: bool, pre: Any, adapter: Any, load: Any, dtype: torch.dtype,
-              run_dir: Path) -> Any:
+def _load_sft(spec: str, label: str, first: bool, pre: LoadedModel, adapter: PeftSpec | None,
+              settings: LoadSettings, run_dir: Path) -> LoadedModel:
     """One donor: loaded by spec, or the LoRA adapter on ``pre`` (recorded in the manifest:
     ``adapters`` by label, and ``adapter`` for the first SFT model)."""
     if adapter is None:
-        return load(spec, dtype)
-    from types import SimpleNamespace
-
-    from weightgraft.models.peft_donor import adapter_info, load_peft
-
-    model = load_peft(pre.model, adapter.directory)
+        return load_role(spec, settings)
+    sft = load_role(adapter, settings, loaded={"pre": pre})
+    assert sft.adapter is not None
     manifest = run_dir / "manifest.json"
     data = json.loads(manifest.read_text())
-    info = adapter_info(model).as_dict("pre")
+    info = sft.adapter.as_dict("pre")
     data.setdefault("adapters", {})[label] = info
     if first:
         data["adapter"] = info
     atomic.write_json(manifest, data)
-    return SimpleNamespace(model=model, tokenizer=pre.tokenizer)
+    return sft
 
 
-def _model_info(spec: str, model: Any) -> dict[str, str]:
-    return {"spec": spec, "source": str(getattr(model, "source", "")),
-            "weights_sha256": str(getattr(model, "weights_sha256", ""))}
+def _model_info(spec: str, model: LoadedModel) -> dict[str, str]:
+    """A model's manifest entry (a LoRA donor's adapter is recorded apart, under ``adapters``)."""
+    if model.adapter is not None:
+        return {"spec": spec, "source": "", "weights_sha256": ""}
+    return {"spec": spec, "source": model.source, "weights_sha256": model.weights_sha256}
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
@@ -221,7 +223,7 @@ def plan_before_localize(config: LocalizeConfig, prompts: list[Any]) -> Localize
     from weightgraft.planning.plan import with_planned_batch
 
     if config.tokenizer is None:  # the config's tokenizer serves models that have none
-        refuse_random(config.roles(), "weightgraft localize")
+        refuse_random(config.role_specs(), "weightgraft localize")
     return with_planned_batch(config, lambda: plan_localize_work(plan_input(config, prompts), with_time=False))
 
 
@@ -280,11 +282,11 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 
     # before any model loads; a vocabulary too small for it is refused from the models' configs
-    shared_tokenizer = config_tokenizer(config.tokenizer, config.roles() if load is None else None)
+    shared_tokenizer = config_tokenizer(config.tokenizer, config.role_specs() if load is None else None)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.models.loading import check_model_specs
 
-        check_model_specs(config.roles(), "models")
+        check_model_specs(config.role_specs(), "models")
         config = plan_before_localize(config, prompts)
     run_dir = config.run_dir()
     _claim(run_dir, config, prompts)
@@ -300,12 +302,13 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     seconds: dict[str, float] = {}
     t0 = time.time()
     dtype = getattr(torch, config.dtype)
-    if load is None:
-        from weightgraft.models import load_model
+    custom = load
+    settings = LoadSettings(device=config.device, dtype=dtype,
+                            loader=None if custom is None else (lambda text: custom(text, dtype)))
 
-        def load(spec, dt):
-            return load_model(spec, device=config.device, dtype=dt)
-    pre = load(config.models["pre"], dtype)
+    def load(spec: str, dt: torch.dtype) -> LoadedModel:  # the reversal claims' models, as the run's
+        return load_role(spec, settings)
+    pre = load_role(config.role_specs()["pre"], settings)
     give_tokenizer(pre, shared_tokenizer, "pre")
     seconds["load"] = time.time() - t0
     examples, excluded = build_examples(prompts, pre.tokenizer)
@@ -328,7 +331,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     search: dict[str, Any] = {}
     for i, (label, spec) in enumerate(sfts):  # one SFT (or null) model in memory at a time
         t0 = time.time()
-        sft = _load_sft(spec, label, i == 0, pre, adapters[i], load, dtype, run_dir)
+        sft = _load_sft(spec, label, i == 0, pre, adapters[i], settings, run_dir)
         give_tokenizer(sft, shared_tokenizer, label)
         check_same_tokenizer(pre.tokenizer, sft.tokenizer, f"model {label!r}")
         seconds["load"] += time.time() - t0

@@ -74,7 +74,7 @@ def minimal_graft_search(
     models: Sequence[nn.Module], examples: Sequence[ScoredExample],
     cell_maps: Sequence[dict[CellKey, Cell]], estimates: Mapping[CellKey, float], pad_id: int,
     target_share: float = 0.9, max_cells: int = 1024, batch_sizes: int = 8, chunk: int = 512,
-    metric: Metric = "logprob", total: float | None = None,
+    metric: Metric = "first_logprob", total: float | None = None,
 ) -> SearchResult:
     """Rank keys by ``estimates`` in the direction of the donor's total effect, then verify
     growing prefixes of that ranking exactly (``batch_sizes`` sizes per pass) until one

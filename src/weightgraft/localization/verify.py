@@ -24,7 +24,7 @@ class SetVerifier:
     """Exact effects and shares of key sets over one group of prompts."""
 
     def __init__(self, models: Sequence[nn.Module], examples: Sequence[ScoredExample],
-                 cell_maps: Sequence[dict[CellKey, Cell]], pad_id: int, metric: Metric = "logprob",
+                 cell_maps: Sequence[dict[CellKey, Cell]], pad_id: int, metric: Metric = "first_logprob",
                  chunk: int = 512, total: float | None = None) -> None:
         self.models, self.examples, self.cell_maps = models, examples, cell_maps
         self.pad_id, self.metric, self.chunk = pad_id, metric, chunk

@@ -1,4 +1,4 @@
-"""Models: loading (embedded names, directories, GGUF, hub cache), weight hashes, lean donors."""
+"""Models: typed specs, loading (embedded names, directories, GGUF, hub cache, roles), weight hashes, lean donors."""
 
 from weightgraft.lazy import lazy_exports
 
@@ -16,6 +16,11 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "hash_tensor": ("weightgraft.models.hashing", "hash_tensor"),
     "weights_sha256": ("weightgraft.models.hashing", "weights_sha256"),
     "LoadedModel": ("weightgraft.models.loaded", "LoadedModel"),
+    "LoadSettings": ("weightgraft.models.donors", "LoadSettings"),
+    "load_role": ("weightgraft.models.donors", "load_role"),
+    "ModelSpec": ("weightgraft.models.spec", "ModelSpec"),
+    "ModelSpecError": ("weightgraft.models.spec", "ModelSpecError"),
+    "parse_spec": ("weightgraft.models.spec", "parse_spec"),
     "load_lean_donor": ("weightgraft.models.loading", "load_lean_donor"),
     "load_model": ("weightgraft.models.loading", "load_model"),
     "safetensors_dir": ("weightgraft.models.loading", "safetensors_dir"),

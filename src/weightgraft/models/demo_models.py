@@ -18,9 +18,10 @@ from typing import Any
 
 from weightgraft import atomic
 from weightgraft.models.errors import ModelNotFoundError
+from weightgraft.models.spec import DEMO_SPECS, DemoSpec, ModelSpec, PeftSpec, parse_spec
 
-# spec -> role of the demo's model set (plain names: no pattern, nothing else to parse)
-DEMO_SPECS: dict[str, str] = {"demo": "sft", "demo:sft": "sft", "demo:pre": "pre"}
+__all__ = ["DEMO_SPECS", "DemoNotFoundError", "DemoRecord", "is_demo_spec", "read_demo_record", "record_path",
+           "resolve_demo", "resolve_demo_spec", "write_demo_record"]
 DEMO_RUN = Path("runs/demo/run")  # where `weightgraft demo` writes its sweep (weightgraft.demo.demo_out)
 RECORD_FORMAT = "weightgraft.demo/1"
 
@@ -50,9 +51,10 @@ def record_path() -> Path:
     return cache_root() / "demo" / "last.json"
 
 
-def is_demo_spec(spec: str | os.PathLike[str]) -> bool:
+def is_demo_spec(spec: str | os.PathLike[str] | ModelSpec) -> bool:
     """Whether ``spec`` names a model of the demo (``demo``, ``demo:sft``, ``demo:pre``)."""
-    return isinstance(spec, str) and spec.strip().lower() in DEMO_SPECS
+    return isinstance(spec, DemoSpec) or (isinstance(spec, str) and bool(spec.strip())
+                                          and isinstance(parse_spec(spec), DemoSpec))
 
 
 def write_demo_record(pre: str, sft: Path, run: Path) -> Path:
@@ -71,7 +73,11 @@ def _from_manifest(run: Path) -> DemoRecord | None:
         pre, sft = str(models["pre"]), Path(str(models["sft"])).expanduser()
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if str(models["sft"]).lstrip().startswith("peft("):
+    try:
+        lora = isinstance(parse_spec(str(models["sft"])), PeftSpec)
+    except ValueError:
+        return None
+    if lora:
         return None  # a LoRA demo's donor is an adapter, not a model directory
     return DemoRecord(pre=pre, sft=sft.resolve(), run=run.resolve())
 
@@ -86,19 +92,24 @@ def read_demo_record() -> DemoRecord | None:
         return _from_manifest(DEMO_RUN)
 
 
-def resolve_demo_spec(spec: str) -> str:
-    """The spec a demo name stands for (the finetune's directory, or the base's name); any
-    other spec unchanged. A demo name with no demo behind it is one line saying how to make it."""
-    if not is_demo_spec(spec):
-        return spec
+def resolve_demo(spec: DemoSpec) -> ModelSpec:
+    """The spec a demo name stands for (the finetune's directory, or the base's spec). A demo
+    name with no demo behind it is one line saying how to make it."""
     record = read_demo_record()
+    name = spec.text.strip()
     if record is None:
-        raise DemoNotFoundError(f"{spec.strip()!r} names the demo's models, but no demo has run here "
+        raise DemoNotFoundError(f"{name!r} names the demo's models, but no demo has run here "
                                 f"(no {record_path()}, no {DEMO_RUN}/manifest.json): run `make demo` or "
                                 "`weightgraft demo` first")
-    if DEMO_SPECS[spec.strip().lower()] == "pre":
-        return record.pre
+    if spec.role == "pre":
+        return parse_spec(record.pre)
     if not (record.sft / "config.json").is_file():
-        raise DemoNotFoundError(f"{spec.strip()!r}: the demo's finetune {record.sft} is gone from the cache; "
+        raise DemoNotFoundError(f"{name!r}: the demo's finetune {record.sft} is gone from the cache; "
                                 "run `make demo` or `weightgraft demo` again to train it")
-    return str(record.sft)
+    return parse_spec(str(record.sft))
+
+
+def resolve_demo_spec(spec: str) -> str:
+    """:func:`resolve_demo` on a string: the spec's text it stands for; any other spec unchanged."""
+    parsed = parse_spec(spec) if isinstance(spec, str) and spec.strip() else None
+    return resolve_demo(parsed).text if isinstance(parsed, DemoSpec) else spec

@@ -1,42 +1,143 @@
-"""Loading the models of a sweep: the base in full, donors lean (only what they serve)."""
+"""Loading a model set's roles: one :func:`load_role` for every spec, one :class:`LoadedModel` back.
+
+Why one function: a run, ``weightgraft generate``, ``localize`` and ``wg.load`` all load roles;
+each used to match the spec string and pick a loader itself. Here the typed spec
+(:mod:`weightgraft.models.spec`) picks: a model by name (in full, or lean: only the tensors it
+serves, sharing the rest with the base), a LoRA donor on its base role, a low-rank donor from
+its base and donor roles.
+"""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from weightgraft.models import loading
 from weightgraft.models.lean import donor_view, needed_parameters
-from weightgraft.models.loading import load_model
+from weightgraft.models.loaded import LoadedModel
+from weightgraft.models.lowrank import build_lowrank, lowrank_delta
+from weightgraft.models.peft_donor import build_peft
+from weightgraft.models.spec import LowRankSpec, ModelSpec, ModelSpecError, PeftSpec, is_derived, parse_spec
+
+__all__ = ["DTYPES", "LeanSlots", "LoadSettings", "as_loaded", "default_loader", "load_donor", "load_role"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_donor(load: Callable[[str, Any], Any], spec: str, config: Any,
-                base: Any, slots_served: set[str]) -> Any:
-    """A donor holding only what it serves (``config.lean_donors``), sharing the rest with
-    the base: read lazily from safetensors where the default loader would read a directory,
-    else loaded in full and then thinned."""
+@dataclass
+class LoadSettings:
+    """How the roles of a run load: where, in which dtype, and with what loader.
 
-    from weightgraft.models import load_lean_donor
+    ``loader`` loads a model by its spec's text (tests and ``run_experiment(load=...)`` give
+    their own; None: :func:`weightgraft.models.load_model` with the fields below).
+    ``cache`` holds what a run's model sets share: the SVD of a (base, donor) pair for every k,
+    the base of a LoRA role that no scheme uses."""
 
-    if not config.lean_donors or config.device_map is not None:
-        return load(spec, config)
-    needed = needed_parameters(base.model, slots_served)
-    if load is default_loader:
-        lean = load_lean_donor(spec, base, needed)
-        if lean is not None:
-            return lean
-    full = load(spec, config)
+    device: str | torch.device = "cpu"
+    dtype: torch.dtype = torch.float32
+    device_map: str | dict[str, Any] | None = None
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    lean_donors: bool = False
+    loader: Callable[[str], Any] | None = None
+    cache: dict[Any, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: Any, load: Callable[[str, Any], Any] | None = None) -> LoadSettings:
+        """The settings of a run config (``device``, ``dtype``, ``device_map``, ``lean_donors``);
+        ``load(text, config)``: a custom loader."""
+        return cls(device=config.device, dtype=DTYPES[config.dtype], device_map=getattr(config, "device_map", None),
+                   lean_donors=bool(getattr(config, "lean_donors", False)),
+                   loader=None if load is None or load is default_loader else (lambda text: load(text, config)))
+
+
+@dataclass(frozen=True)
+class LeanSlots:
+    """A donor that serves only ``slots`` of ``base``'s model: it holds only their tensors."""
+
+    base: LoadedModel
+    slots: set[str]
+
+
+def as_loaded(obj: Any, spec: ModelSpec) -> LoadedModel:
+    """What a custom loader gave, as the one loaded type (its ``source`` and hash, if it has them)."""
+    if isinstance(obj, LoadedModel):
+        return obj if obj.spec is not None else dataclasses.replace(obj, spec=spec)
+    return LoadedModel(model=obj.model, tokenizer=getattr(obj, "tokenizer", None), source=str(getattr(obj, "source", "")),
+                       weights_sha256=str(getattr(obj, "weights_sha256", "")), spec=spec,
+                       adapter=getattr(obj, "adapter", None))
+
+
+def _load_named(spec: ModelSpec, settings: LoadSettings) -> LoadedModel:
+    if settings.loader is not None:
+        return as_loaded(settings.loader(spec.text), spec)
+    return loading.load_model(spec, device=settings.device, dtype=settings.dtype, allow_pickle=settings.allow_pickle,
+                              trust_remote_code=settings.trust_remote_code, device_map=settings.device_map)
+
+
+def _lean(spec: ModelSpec, settings: LoadSettings, lean: LeanSlots) -> LoadedModel:
+    """A donor holding only what it serves, sharing the rest with the base: read lazily from
+    safetensors where the default loader would read a directory, else loaded in full and thinned."""
+    needed = needed_parameters(lean.base.model, lean.slots)
+    if settings.loader is None:
+        built = loading.load_lean_donor(spec, lean.base, needed)
+        if built is not None:
+            return built
+    full = _load_named(spec, settings)
     params = dict(full.model.named_parameters(remove_duplicate=False))
-    missing = sorted(needed - set(params))
-    if missing:
+    if needed - set(params):
         return full  # the engine's compatibility check names the mismatch
     thin = copy.copy(full)
-    thin.model = donor_view(base.model, {n: params[n] for n in needed}, full.model.config)
+    thin.model = donor_view(lean.base.model, {n: params[n] for n in needed}, full.model.config)
+    thin.lean = True
     return thin
 
 
-def default_loader(spec: str, config: Any) -> Any:
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config.dtype]
-    return load_model(spec, device=config.device, dtype=dtype, device_map=config.device_map)
+def load_role(spec: str | ModelSpec, settings: LoadSettings, *, roles: Mapping[str, str | ModelSpec] | None = None,
+              loaded: Mapping[str, LoadedModel] | None = None, lean: LeanSlots | None = None) -> LoadedModel:
+    """The model a role's spec names. ``roles``: the set's specs (a peft or low-rank role is
+    built from them); ``loaded``: roles already loaded (a LoRA donor shares its base's tensors);
+    ``lean``: load an ordinary donor holding only the slots it serves (with ``settings.lean_donors``
+    and no device_map)."""
+    spec = parse_spec(spec)
+    specs = {r: parse_spec(s) for r, s in (roles or {}).items()}
+    done = loaded or {}
+    missing = [r for r in spec.refs() if r not in specs and r not in done] if is_derived(spec) else []  # type: ignore[union-attr]
+    if missing:
+        raise ModelSpecError(f"{spec.text!r} is built from role {missing[0]!r}, which is not given: name it in the "
+                             "same model set (a config's models, --model ROLE=SPEC)")
+    if isinstance(spec, PeftSpec):
+        base = done.get(spec.base)
+        if base is None:
+            key = ("peft-base", specs[spec.base].text)
+            if key not in settings.cache:
+                settings.cache[key] = _load_named(specs[spec.base], settings)
+            base = settings.cache[key]
+        return build_peft(spec, base)
+    if isinstance(spec, LowRankSpec):
+        key = ("lowrank", specs[spec.base].text, specs[spec.donor].text)
+        if key not in settings.cache:
+            base = done.get(spec.base) or _load_named(specs[spec.base], settings)
+            donor = _load_named(specs[spec.donor], settings)
+            settings.cache[key] = (lowrank_delta(base, donor), base, donor)
+        delta, base, donor = settings.cache[key]
+        return build_lowrank(spec, base, donor, delta)
+    if lean is not None and settings.lean_donors and settings.device_map is None:
+        return _lean(spec, settings, lean)
+    return _load_named(spec, settings)
+
+
+def load_donor(load: Callable[[str, Any], Any], spec: str, config: Any, base: Any, slots_served: set[str]) -> LoadedModel:
+    """``load_role`` of an ordinary donor with a run config's settings (kept for callers of the
+    older signature)."""
+    return load_role(spec, LoadSettings.of(config, load), lean=LeanSlots(as_loaded(base, parse_spec(spec)), slots_served))
+
+
+def default_loader(spec: str, config: Any) -> LoadedModel:
+    """:func:`weightgraft.models.load_model` with a run config's device, dtype and device_map."""
+    return load_role(spec, LoadSettings.of(config))

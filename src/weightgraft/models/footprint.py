@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
+from weightgraft.models.spec import EmbeddedSpec, ModelSpec, RandomSpec, is_derived
 
 __all__ = ["ModelFootprint", "dtype_bytes", "resolve_footprint"]
 
@@ -216,28 +217,31 @@ def _has_tokenizer(directory: Path) -> bool:
     return any((directory / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
 
 
-def resolve_footprint(spec: str) -> ModelFootprint:
+def resolve_footprint(spec: str | os.PathLike[str] | ModelSpec) -> ModelFootprint:
     """The footprint of a model spec, reading its config only (the same specs ``load_model``
     takes: ``random:``, embedded names, directories, ``.gguf`` files, cached hub ids)."""
     from transformers import AutoConfig
 
-    from weightgraft.models.demo_models import resolve_demo_spec
-    from weightgraft.models.embedded import EMBEDDED_MODELS, embedded_cache_dir
-    from weightgraft.models.random_models import is_random_spec, parse_random_spec, random_config, shipped_config_path
+    from weightgraft.models.embedded import embedded_cache_dir
+    from weightgraft.models.loading import resolved_spec
+    from weightgraft.models.random_models import parse_random_spec, random_config, shipped_config_path
 
-    text = resolve_demo_spec(os.fspath(spec).strip())
-    if is_random_spec(text):
-        parsed = parse_random_spec(text)
+    parsed_spec = resolved_spec(spec)
+    if is_derived(parsed_spec):
+        raise ModelLoadError(f"{parsed_spec.text!r} is built from other roles: plan for the roles it names")
+    text = parsed_spec.text.strip()
+    if isinstance(parsed_spec, RandomSpec):
+        parsed = parse_random_spec(parsed_spec)
         return ModelFootprint(text, random_config(parsed), f"config {parsed.config_path}", None)
-    if text.lower() in EMBEDDED_MODELS:
-        directory = embedded_cache_dir(text.lower())
+    if isinstance(parsed_spec, EmbeddedSpec):
+        directory = embedded_cache_dir(parsed_spec.name)
         if (directory / "config.json").is_file():
             config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
             return ModelFootprint(text, config, f"{directory}/config.json",
                                   str(directory) if _has_tokenizer(directory) else None)
-        shipped = shipped_config_path(text)
+        shipped = shipped_config_path(parsed_spec.name)
         if shipped is not None:  # not converted yet: the shipped copy of its config
-            return ModelFootprint(text, random_config(f"random:{text}"), f"shipped config {shipped}", None)
+            return ModelFootprint(text, random_config(RandomSpec(parsed_spec.name)), f"shipped config {shipped}", None)
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

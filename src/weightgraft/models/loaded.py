@@ -1,9 +1,15 @@
-"""What loading a model gives: the model, its tokenizer, where it came from, its hash."""
+"""What loading a model gives: the model, its tokenizer, where it came from, its hash.
+
+One type for every role a run holds (a model loaded by name, a lean donor, a LoRA donor, a
+low-rank donor), so that callers read the same fields whatever the spec was."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from weightgraft.models.spec import ModelSpec
 
 
 @dataclass
@@ -17,10 +23,17 @@ class LoadedModel:
         source: where it came from, e.g. ``"embedded:smollm2-135m (/home/u/.cache/...)"``,
             ``"dir:/abs/path"``, ``"gguf:/abs/file.gguf"`` or ``"hub-cache:org/name"``.
         weights_sha256: :func:`weights_sha256` of the model as loaded (before moving it to
-            ``device``; after the dtype conversion).
+            ``device``; after the dtype conversion). For a LoRA donor, the sha256 of the base's
+            hash and the adapter's.
+        spec: the typed spec it was loaded from (:mod:`weightgraft.models.spec`), when known.
+        adapter: a LoRA donor's adapter (what manifests record), else None.
+        lean: whether the model holds only some tensors, sharing the rest with a base.
     """
 
     model: Any
     tokenizer: Any
     source: str
     weights_sha256: str
+    spec: ModelSpec | None = None
+    adapter: Any = None  # weightgraft.models.peft_donor.AdapterInfo (not imported: peft_donor builds on this)
+    lean: bool = False

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +47,23 @@ from weightgraft.models.errors import (
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import lean_from_safetensors
 from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.demo_models import resolve_demo_spec
-from weightgraft.models.random_models import is_random_spec
+from weightgraft.models.demo_models import resolve_demo
+from weightgraft.models.spec import (
+    PICKLE_SUFFIXES as _PICKLE_SUFFIXES,
+    DemoSpec,
+    EmbeddedSpec,
+    ModelSpec,
+    RandomSpec,
+    is_derived,
+    looks_like_path as _looks_like_path,
+    parse_spec,
+)
 
 
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+def resolved_spec(spec: str | os.PathLike[str] | ModelSpec) -> ModelSpec:
+    """``spec`` parsed, a demo name replaced by the spec it stands for."""
+    parsed = parse_spec(spec)
+    return resolve_demo(parsed) if isinstance(parsed, DemoSpec) else parsed
 
 
 def _check_safetensors(path: Path) -> None:
@@ -213,16 +223,6 @@ def _refuse_offload(model: Any, source: str) -> None:
         )
 
 
-def _looks_like_path(spec: str) -> bool:
-    """A spec that cannot be a hub id ("name" or "org/name") is meant as a path."""
-    return (
-        spec.startswith(("/", ".", "~"))
-        or spec.endswith((".gguf", ".safetensors", *_PICKLE_SUFFIXES))
-        or "\\" in spec
-        or not _HUB_ID.match(spec)
-    )
-
-
 def _load_hub_cache(
     spec: str, dtype: torch.dtype, trust_remote_code: bool,
     device_map: str | dict[str, Any] | None = None,
@@ -251,13 +251,14 @@ def _load_hub_cache(
     return model, tokenizer
 
 
-def check_model_spec(spec: str | os.PathLike[str], role: str = "model") -> None:
+def check_model_spec(spec: str | os.PathLike[str] | ModelSpec, role: str = "model") -> None:
     """Refuse, in one line and without loading anything, a spec that names no model: a path that
     does not exist, a file that is not ``.gguf``, a directory without ``config.json``, or a hub
     id missing from the local cache. A missing model is said before anything else about a run."""
-    text = resolve_demo_spec(os.fspath(spec).strip())
-    if is_random_spec(text) or text.lower() in EMBEDDED_MODELS:
+    parsed = resolved_spec(spec)
+    if isinstance(parsed, (RandomSpec, EmbeddedSpec)) or is_derived(parsed):
         return
+    text = parsed.text.strip()
     path = Path(text).expanduser()
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ModelLoadError(f"{role} {text!r} is a file but not a .gguf file: give a model directory "
@@ -278,19 +279,15 @@ def check_model_spec(spec: str | os.PathLike[str], role: str = "model") -> None:
         )
 
 
-def check_model_specs(roles: dict[str, str], where: str) -> None:
+def check_model_specs(roles: dict[str, str] | dict[str, ModelSpec], where: str) -> None:
     """:func:`check_model_spec` for every role of a model set that names a model (low-rank and
     peft roles are built from other roles; their own checks cover them)."""
-    from weightgraft.models.lowrank import parse_lowrank
-    from weightgraft.models.peft_donor import parse_peft
-
     for role, spec in roles.items():
-        if parse_lowrank(spec) is None and parse_peft(spec) is None:
-            check_model_spec(spec, f"{where}: model {role!r} =")
+        check_model_spec(spec, f"{where}: model {role!r} =")
 
 
 def load_model(
-    spec: str | os.PathLike[str],
+    spec: str | os.PathLike[str] | ModelSpec,
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -321,15 +318,19 @@ def load_model(
         PickleRefusedError: only pickle weights and ``allow_pickle`` is False.
         CorruptCheckpointError: missing config/weights/tokenizer or a truncated file.
     """
-    text = resolve_demo_spec(os.fspath(spec))
-    if is_random_spec(text):  # a shipped or given config.json with seeded random weights
+    parsed = resolved_spec(spec)
+    if is_derived(parsed):
+        raise ModelLoadError(f"{parsed.text!r} is built from other roles of a model set: load it with "
+                             "weightgraft.models.donors.load_role (a config's roles), or wg.load_peft")
+    text = parsed.text
+    if isinstance(parsed, RandomSpec):  # a shipped or given config.json with seeded random weights
         from weightgraft.models.random_models import load_random
 
-        return load_random(text, device=device, dtype=dtype, device_map=device_map)
-    if text.strip().lower() in EMBEDDED_MODELS:
-        directory = ensure_converted(text)
+        return load_random(parsed, device=device, dtype=dtype, device_map=device_map)
+    if isinstance(parsed, EmbeddedSpec):
+        directory = ensure_converted(parsed.name)
         model, tokenizer = _load_dir(directory, dtype, False, False, device_map)
-        source = f"embedded:{_embedded(text).name} ({directory})"
+        source = f"embedded:{_embedded(parsed.name).name} ({directory})"
     else:
         path = Path(text).expanduser()
         if path.exists():
@@ -379,6 +380,7 @@ def load_model(
         tokenizer=_finish_tokenizer(tokenizer),
         source=source,
         weights_sha256=digest,
+        spec=parse_spec(spec),
     )
 
 
@@ -387,13 +389,15 @@ def load_model(
 # --------------------------------------------------------------------------------------
 
 
-def safetensors_dir(spec: str | os.PathLike[str]) -> Path | None:
+def safetensors_dir(spec: str | os.PathLike[str] | ModelSpec) -> Path | None:
     """The safetensors model directory ``spec`` names (embedded names are converted first),
     or None when it is something else (a GGUF file, a pickle checkpoint, a hub id)."""
-    text = resolve_demo_spec(os.fspath(spec))
-    if text.strip().lower() in EMBEDDED_MODELS:
-        return ensure_converted(text)
-    path = Path(text).expanduser()
+    parsed = resolved_spec(spec)
+    if isinstance(parsed, EmbeddedSpec):
+        return ensure_converted(parsed.name)
+    if isinstance(parsed, RandomSpec) or is_derived(parsed):
+        return None
+    path = Path(parsed.text).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         if any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file():
             _check_model_dir(path, allow_pickle=False)
@@ -402,7 +406,7 @@ def safetensors_dir(spec: str | os.PathLike[str]) -> Path | None:
 
 
 def load_lean_donor(
-    spec: str | os.PathLike[str], base: LoadedModel, needed: set[str]
+    spec: str | os.PathLike[str] | ModelSpec, base: LoadedModel, needed: set[str]
 ) -> LoadedModel | None:
     """Load a donor holding only the ``needed`` parameters (read lazily from its
     safetensors), sharing every other tensor with ``base``; None where ``spec`` is not a
@@ -423,8 +427,8 @@ def load_lean_donor(
             f"no usable tokenizer in {directory} ({type(exc).__name__}: {exc}); save it next "
             "to the weights with tokenizer.save_pretrained(DIR)"
         ) from exc
-    name = resolve_demo_spec(os.fspath(spec))
-    source = (f"embedded:{_embedded(name).name} ({directory})" if name.strip().lower() in EMBEDDED_MODELS
+    parsed = resolved_spec(spec)
+    source = (f"embedded:{_embedded(parsed.name).name} ({directory})" if isinstance(parsed, EmbeddedSpec)
               else f"dir:{directory}")
     return LoadedModel(model=model, tokenizer=_finish_tokenizer(tokenizer), source=source,
-                       weights_sha256=digest)
+                       weights_sha256=digest, spec=parse_spec(spec), lean=True)

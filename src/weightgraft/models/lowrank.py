@@ -18,71 +18,28 @@ rank: they come whole from the donor (``vectors="donor"``) or stay the base's
 from __future__ import annotations
 
 import copy
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
-
+from collections.abc import Mapping
 import torch
 from torch import nn
 
-from weightgraft.errors import WeightgraftError
 from weightgraft.models.hashing import weights_sha256
+from weightgraft.models.loaded import LoadedModel
+from weightgraft.models.spec import LowRankError, LowRankSpec, ModelSpec, Vectors, parse_lowrank, parse_spec
 
-Vectors = Literal["donor", "pre"]
-_SPEC = re.compile(r"^\s*lowrank\s*\((?P<args>.*)\)\s*$")
-
-
-class LowRankError(WeightgraftError, ValueError):
-    """A low-rank spec or model pair that cannot make a low-rank donor."""
+__all__ = ["LowRankDelta", "LowRankError", "LowRankSpec", "build_lowrank", "check_lowrank_roles", "lowrank_delta", "lowrank_model",
+           "parse_lowrank"]
 
 
-@dataclass(frozen=True)
-class LowRankSpec:
-    """``lowrank(ROLE, k=K[, base=ROLE][, vectors=donor|pre])`` from a config's model roles."""
-
-    donor: str
-    k: int
-    base: str = "pre"
-    vectors: Vectors = "donor"
-
-
-def parse_lowrank(spec: str) -> LowRankSpec | None:
-    """The low-rank spec, None for an ordinary model spec; a malformed one is an error."""
-    m = _SPEC.match(spec)
-    if m is None:
-        if spec.strip().startswith("lowrank"):
-            raise LowRankError(f"model spec {spec!r}: write lowrank(ROLE, k=K), e.g. lowrank(sft, k=8)")
-        return None
-    parts = [p.strip() for p in m.group("args").split(",") if p.strip()]
-    if not parts or "=" in parts[0]:
-        raise LowRankError(f"model spec {spec!r}: the first argument is the donor role, e.g. lowrank(sft, k=8)")
-    fields: dict[str, Any] = {"donor": parts[0]}
-    for part in parts[1:]:
-        key, _, value = (x.strip() for x in part.partition("="))
-        if key == "k" and value.isdigit() and int(value) >= 1:
-            fields["k"] = int(value)
-        elif key == "base" and value:
-            fields["base"] = value
-        elif key == "vectors" and value in ("donor", "pre"):
-            fields["vectors"] = value
-        else:
-            raise LowRankError(f"model spec {spec!r}: cannot read {part!r} (k=N with N >= 1, base=ROLE, vectors=donor|pre)")
-    if "k" not in fields:
-        raise LowRankError(f"model spec {spec!r}: give the rank, e.g. lowrank({parts[0]}, k=8)")
-    return LowRankSpec(**fields)
-
-
-def check_lowrank_roles(roles_spec: Mapping[str, str], where: str) -> None:
+def check_lowrank_roles(roles_spec: Mapping[str, str | ModelSpec], where: str) -> None:
     """Every low-rank role refers to ordinary roles of its model set (before loading)."""
-    for role, spec in roles_spec.items():
-        low = parse_lowrank(spec)
-        if low is None:
+    specs = {role: parse_spec(spec) for role, spec in roles_spec.items()}
+    for role, low in specs.items():
+        if not isinstance(low, LowRankSpec):
             continue
         for ref in (low.donor, low.base):
-            if ref not in roles_spec:
-                raise LowRankError(f"{where}: role {role!r} = {spec!r} refers to role {ref!r}, which the set does not define")
-            if parse_lowrank(roles_spec[ref]) is not None:
+            if ref not in specs:
+                raise LowRankError(f"{where}: role {role!r} = {low.text!r} refers to role {ref!r}, which the set does not define")
+            if isinstance(specs[ref], LowRankSpec):
                 raise LowRankError(f"{where}: role {role!r} refers to {ref!r}, itself a low-rank role")
 
 
@@ -128,33 +85,19 @@ def lowrank_model(pre: nn.Module, sft: nn.Module, k: int, vectors: Vectors = "do
     return LowRankDelta(pre, sft).model(k, vectors)
 
 
-@dataclass
-class LowRankLoaded:
-    """What the runner holds per role, for a low-rank donor."""
-
-    model: Any
-    tokenizer: Any
-    source: str
-    weights_sha256: str
+def lowrank_delta(base: LoadedModel, donor: LoadedModel) -> LowRankDelta:
+    """The SVD of ``donor - base``, refused for models spread by a device_map."""
+    if getattr(base.model, "hf_device_map", None) or getattr(donor.model, "hf_device_map", None):
+        raise LowRankError("low-rank donors are built on one device; drop device_map")
+    return LowRankDelta(base.model, donor.model)
 
 
-def load_lowrank_role(
-    low: LowRankSpec, roles_spec: Mapping[str, str], load: Callable[[str, Any], Any], config: Any,
-    loaded: Mapping[str, Any], cache: dict[tuple[str, str], tuple[LowRankDelta, Any, Any]],
-) -> LowRankLoaded:
-    """Build a low-rank role of a model set; the SVD of one (base, donor) pair is reused for
-    every k and model set of the run (``cache``)."""
-    key = (roles_spec[low.base], roles_spec[low.donor])
-    if key not in cache:
-        base = loaded.get(low.base) or load(roles_spec[low.base], config)
-        donor = load(roles_spec[low.donor], config)
-        if getattr(base.model, "hf_device_map", None) or getattr(donor.model, "hf_device_map", None):
-            raise LowRankError("low-rank donors are built on one device; drop device_map")
-        cache[key] = (LowRankDelta(base.model, donor.model), base, donor)
-    delta, base, donor = cache[key]
-    model = delta.model(low.k, low.vectors)
-    return LowRankLoaded(
+def build_lowrank(low: LowRankSpec, base: LoadedModel, donor: LoadedModel, delta: LowRankDelta | None = None) -> LoadedModel:
+    """The low-rank role ``low`` from its loaded base and donor (``delta``: their SVD, when
+    already computed for another k; see :func:`weightgraft.models.donors.load_role`)."""
+    model = (delta or lowrank_delta(base, donor)).model(low.k, low.vectors)
+    return LoadedModel(
         model=model, tokenizer=donor.tokenizer,
         source=f"lowrank(k={low.k}, vectors={low.vectors}) of {donor.source} over {base.source}",
-        weights_sha256=weights_sha256(model),
+        weights_sha256=weights_sha256(model), spec=low,
     )

@@ -20,8 +20,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,8 @@ from typing import Any
 from torch import nn
 
 from weightgraft.engine import lora
-from weightgraft.errors import WeightgraftError
+from weightgraft.models.loaded import LoadedModel
+from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftError, PeftSpec, is_derived, parse_peft, parse_spec
 
 __all__ = [
     "AdapterInfo",
@@ -38,15 +38,14 @@ __all__ = [
     "adapter_bytes",
     "adapter_info",
     "anchor_peft",
+    "build_peft",
     "check_adapter_dir",
     "check_peft_roles",
     "load_peft",
-    "load_peft_role",
     "merged_copy",
     "parse_peft",
 ]
 
-_SPEC = re.compile(r"^\s*peft\s*\((?P<args>.*)\)\s*$", re.S)
 # adapter_config.json options that change the computation beyond W x + B A x * scale (or that
 # train base tensors, which loading would write into the shared base): refused, with the reason
 _REFUSED = {
@@ -66,18 +65,6 @@ _REFUSED = {
     "monteclora_config": "MonteCLoRA samples its weights",
 }
 _ATTR = "_weightgraft_adapter"
-
-
-class PeftError(WeightgraftError, ValueError):
-    """A peft role spec or adapter directory that cannot make a LoRA donor."""
-
-
-@dataclass(frozen=True)
-class PeftSpec:
-    """``peft(BASE_ROLE, DIR)`` from a config's model roles."""
-
-    base: str
-    directory: str
 
 
 @dataclass(frozen=True)
@@ -115,20 +102,6 @@ class AdapterInfo:
             "role changes nothing"
         )
         return out
-
-
-def parse_peft(spec: str) -> PeftSpec | None:
-    """The peft spec, None for any other model spec; a malformed one is an error."""
-    m = _SPEC.match(spec)
-    if m is None:
-        if re.match(r"\s*peft\s*\(", spec):  # "peft_models/x" is a directory, "peft(..." a spec
-            raise PeftError(f"model spec {spec!r}: write peft(BASE_ROLE, ADAPTER_DIR), e.g. peft(pre, models/lora)")
-        return None
-    base, comma, directory = (x.strip() for x in m.group("args").partition(","))
-    directory = directory.strip("'\"").strip()
-    if not comma or not base or not directory or "=" in base:
-        raise PeftError(f"model spec {spec!r}: write peft(BASE_ROLE, ADAPTER_DIR), e.g. peft(pre, models/lora)")
-    return PeftSpec(base, directory)
 
 
 def anchor_peft(spec: str, folder: Path) -> str:
@@ -178,29 +151,29 @@ def check_adapter_dir(directory: str | Path) -> dict[str, Any]:
     return cfg
 
 
-def check_peft_roles(roles_spec: Mapping[str, str], where: str) -> None:
+def check_peft_roles(roles_spec: Mapping[str, str | ModelSpec], where: str) -> None:
     """Every peft role names an ordinary role of its model set and a usable adapter
     directory; no low-rank role is built on a peft role (before loading)."""
-    from weightgraft.models.lowrank import parse_lowrank
-
-    for role, spec in roles_spec.items():
+    specs: dict[str, ModelSpec] = {}
+    for role, text in roles_spec.items():
         try:
-            p = parse_peft(spec)
+            specs[role] = parse_spec(text)
         except PeftError as exc:
             raise PeftError(f"{where}: role {role!r}: {exc}") from None
-        if p is None:
-            low = parse_lowrank(spec)
-            for ref in (low.donor, low.base) if low else ():
-                if ref in roles_spec and parse_peft(roles_spec[ref]) is not None:
-                    raise PeftError(f"{where}: role {role!r} = {spec!r} builds on {ref!r}, a peft role; "
+    for role, p in specs.items():
+        if isinstance(p, LowRankSpec):
+            for ref in (p.donor, p.base):
+                if ref in specs and isinstance(specs[ref], PeftSpec):
+                    raise PeftError(f"{where}: role {role!r} = {p.text!r} builds on {ref!r}, a peft role; "
                                     "low-rank donors take ordinary models")
+        if not isinstance(p, PeftSpec):
             continue
-        if p.base not in roles_spec:
-            raise PeftError(f"{where}: role {role!r} = {spec!r} refers to role {p.base!r}, which the set "
-                            f"does not define (it has {sorted(roles_spec)})")
-        ref = roles_spec[p.base]
-        if parse_peft(ref) is not None or parse_lowrank(ref) is not None:
-            raise PeftError(f"{where}: role {role!r} refers to {p.base!r}, itself a derived role ({ref!r}); "
+        if p.base not in specs:
+            raise PeftError(f"{where}: role {role!r} = {p.text!r} refers to role {p.base!r}, which the set "
+                            f"does not define (it has {sorted(specs)})")
+        ref = specs[p.base]
+        if is_derived(ref):
+            raise PeftError(f"{where}: role {role!r} refers to {p.base!r}, itself a derived role ({ref.text!r}); "
                             "the base of an adapter is an ordinary model")
         try:
             check_adapter_dir(p.directory)
@@ -345,33 +318,13 @@ def merged_copy(donor: nn.Module) -> nn.Module:
     return out.eval()
 
 
-@dataclass
-class PeftLoaded:
-    """What the runner holds per role, for a LoRA donor. ``weights_sha256`` is the sha256 of
-    the base's weights hash and the adapter's, so a run's identity follows both without
-    hashing the base's tensors a second time."""
-
-    model: Any
-    tokenizer: Any
-    source: str
-    weights_sha256: str
-    adapter: AdapterInfo
-
-
-def load_peft_role(
-    spec: PeftSpec, roles_spec: Mapping[str, str], load: Callable[[str, Any], Any], config: Any,
-    loaded: Mapping[str, Any], cache: dict[str, Any],
-) -> PeftLoaded:
-    """Build a peft role of a model set on its base role: the one already loaded for the set
-    (so that the donor shares its tensors) or one loaded here (kept in ``cache`` by spec)."""
-    base = loaded.get(spec.base)
-    if base is None:
-        key = roles_spec[spec.base]
-        if key not in cache:
-            cache[key] = load(key, config)
-        base = cache[key]
+def build_peft(spec: PeftSpec, base: LoadedModel) -> LoadedModel:
+    """The LoRA role ``spec`` on its loaded base (the donor shares the base's tensors).
+    ``weights_sha256`` is the sha256 of the base's weights hash and the adapter's, so a run's
+    identity follows both without hashing the base's tensors a second time."""
     model = load_peft(base.model, spec.directory)
     info = adapter_info(model)
+    assert info is not None  # load_peft always attaches it
     digest = hashlib.sha256(f"peft\0{base.weights_sha256}\0{info.sha256}".encode()).hexdigest()
-    return PeftLoaded(model=model, tokenizer=base.tokenizer,
-                      source=f"peft:{info.path} over {base.source}", weights_sha256=digest, adapter=info)
+    return LoadedModel(model=model, tokenizer=base.tokenizer, source=f"peft:{info.path} over {base.source}",
+                       weights_sha256=digest, spec=spec, adapter=info)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,21 +33,11 @@ from typing import Any
 
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 from weightgraft.models.loaded import LoadedModel
+from weightgraft.models.spec import CONFIG_DIR, ModelSpec, RandomSpec, parse_spec, shipped_configs
 
 PREFIX = "random:"
-CONFIG_DIR = Path(__file__).with_name("configs")
 FILL_VERSION = 1  # bump when the way weights are drawn changes (it is part of the hash)
 NORM_NOISE = 0.05
-
-
-def is_random_spec(spec: str | os.PathLike[str]) -> bool:
-    """Whether ``spec`` names a random model (``random:...``)."""
-    return isinstance(spec, str) and spec.strip().lower().startswith(PREFIX)
-
-
-def shipped_configs() -> list[str]:
-    """Names ``random:NAME`` accepts: the configs shipped with weightgraft."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
 
 
 def shipped_config_path(name: str) -> Path | None:
@@ -58,8 +47,8 @@ def shipped_config_path(name: str) -> Path | None:
 
 
 @dataclass(frozen=True)
-class RandomSpec:
-    """A parsed ``random:`` spec: which config, and the seed of the weights."""
+class RandomModel:
+    """A ``random:`` spec resolved: which config file, and the seed of the weights."""
 
     text: str
     config_path: Path
@@ -79,38 +68,34 @@ class RandomSpec:
         return data
 
 
-def parse_random_spec(spec: str) -> RandomSpec:
-    """``random:NAME[@SEED]`` or ``random:PATH/config.json[@SEED]``; an unknown name or a missing
-    file is one error line naming what exists."""
-    text = spec.strip()
-    body = text[len(PREFIX):]
-    seed = 0
-    head, sep, tail = body.rpartition("@")
-    if sep and tail.strip().isdigit():
-        body, seed = head, int(tail)
-    body = body.strip()
-    if not body:
-        raise ModelNotFoundError(f"{text!r}: say which config, e.g. random:llama-3.2-1b "
-                                 f"(shipped: {', '.join(shipped_configs())}) or random:PATH/config.json")
+def parse_random_spec(spec: str | RandomSpec | RandomModel) -> RandomModel:
+    """``random:NAME[@SEED]`` or ``random:PATH/config.json[@SEED]`` resolved to its config file; an
+    unknown name or a missing file is one error line naming what exists."""
+    if isinstance(spec, RandomModel):
+        return spec
+    parsed = parse_spec(spec)
+    if not isinstance(parsed, RandomSpec):
+        raise ModelNotFoundError(f"{parsed.text!r} is no random model spec (random:NAME[@SEED])")
+    text, body = parsed.text.strip(), parsed.target
     shipped = shipped_config_path(body)
     if shipped is not None:
-        return RandomSpec(text, shipped, seed)
+        return RandomModel(text, shipped, parsed.seed)
     path = Path(body).expanduser()
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        return RandomSpec(text, path.resolve(), seed)
+        return RandomModel(text, path.resolve(), parsed.seed)
     raise ModelNotFoundError(
         f"{text!r}: {body!r} is neither a shipped config ({', '.join(shipped_configs())}) nor an "
         "existing config.json file (random:PATH/config.json)"
     )
 
 
-def random_config(spec: str | RandomSpec) -> Any:
+def random_config(spec: str | RandomSpec | RandomModel) -> Any:
     """The transformers config of a random spec (no weights)."""
     from transformers import CONFIG_MAPPING
 
-    parsed = parse_random_spec(spec) if isinstance(spec, str) else spec
+    parsed = parse_random_spec(spec)
     data = parsed.config_dict()
     try:
         return CONFIG_MAPPING[data["model_type"]].from_dict(data)
@@ -174,7 +159,7 @@ def _norm_identities(model: Any) -> dict[str, float]:
     return out
 
 
-def weights_digest(parsed: RandomSpec, dtype: Any) -> str:
+def weights_digest(parsed: RandomModel, dtype: Any) -> str:
     """What determines a random model's weights, hashed: config, seed, dtype, fill version."""
     payload = json.dumps({"config": parsed.config_dict(), "seed": parsed.seed,
                           "dtype": str(dtype).removeprefix("torch."), "fill": FILL_VERSION}, sort_keys=True)
@@ -192,7 +177,7 @@ def _skeleton(config: Any, dtype: Any) -> Any:
     return model
 
 
-def build_random_model(spec: str, dtype: Any = None, only: Iterable[str] | None = None) -> tuple[Any, str]:
+def build_random_model(spec: str | RandomSpec, dtype: Any = None, only: Iterable[str] | None = None) -> tuple[Any, str]:
     """``(model, weights_digest)`` of a random spec, on the CPU, in eval mode; with ``only``
     (parameter names) just those tensors are drawn (the others stay uninitialised: for lean
     donors, which share them from the base)."""
@@ -219,14 +204,14 @@ def build_random_model(spec: str, dtype: Any = None, only: Iterable[str] | None 
     return model.eval(), weights_digest(parsed, dtype)
 
 
-def load_random(spec: str, *, device: Any = "cpu", dtype: Any = None, device_map: Any = None) -> Any:
+def load_random(spec: str | RandomSpec, *, device: Any = "cpu", dtype: Any = None, device_map: Any = None) -> Any:
     """:func:`weightgraft.models.load_model` for ``random:`` specs (tokenizer None)."""
     import torch
 
     from weightgraft.engine.precision import batch_invariant_attention
 
     if device_map is not None:
-        raise ModelLoadError(f"{spec}: device_map is not available for random models; build it on one device")
+        raise ModelLoadError(f"{parse_spec(spec).text}: device_map is not available for random models; build it on one device")
     dtype = dtype or torch.float32
     model, digest = build_random_model(spec, dtype)
     batch_invariant_attention([model])
@@ -235,10 +220,10 @@ def load_random(spec: str, *, device: Any = "cpu", dtype: Any = None, device_map
     return LoadedModel(model=model, tokenizer=None,
                        source=f"random:{parsed.name} (seed {parsed.seed}, {str(dtype).removeprefix('torch.')}, "
                               f"{parsed.config_path})",
-                       weights_sha256=digest)
+                       weights_sha256=digest, spec=parse_spec(spec))
 
 
-def lean_random_donor(spec: str, base: Any, needed: Iterable[str]) -> Any:
+def lean_random_donor(spec: str | RandomSpec, base: Any, needed: Iterable[str]) -> Any:
     """A random donor holding only the ``needed`` parameters (drawn exactly as in the full
     donor), sharing every other tensor with ``base`` (a LoadedModel)."""
     from weightgraft.models.lean import donor_view
@@ -268,25 +253,25 @@ def lean_random_donor(spec: str, base: Any, needed: Iterable[str]) -> Any:
     view = donor_view(base.model, tensors, config)
     return LoadedModel(model=view, tokenizer=None,
                        source=f"random:{parsed.name} (seed {parsed.seed}, lean)",
-                       weights_sha256=weights_digest(parsed, ref.dtype))
+                       weights_sha256=weights_digest(parsed, ref.dtype), spec=parse_spec(spec), lean=True)
 
 
-def random_roles(specs: Mapping[str, str]) -> list[str]:
+def random_roles(specs: Mapping[str, str | ModelSpec]) -> list[str]:
     """The roles whose spec is a random model."""
-    return [role for role, spec in specs.items() if is_random_spec(spec)]
+    return [role for role, spec in specs.items() if isinstance(parse_spec(spec), RandomSpec)]
 
 
 CONFIG_COMMANDS = ("weightgraft run", "weightgraft localize")  # their configs may give `tokenizer:`
 
 
-def refuse_random(specs: Mapping[str, str], command: str) -> None:
+def refuse_random(specs: Mapping[str, str | ModelSpec], command: str) -> None:
     """One error line, before any model loads, when ``command`` needs a tokenizer and some role
     is a random model (which has none); for a run or localize, what makes it work (a config's
     ``tokenizer:`` key), since there it does."""
     roles = random_roles(specs)
     if roles:
         role = roles[0]
-        head = f"model {role!r} is {specs[role]!r}, a random model without a tokenizer; `{command}` tokenizes text"
+        head = f"model {role!r} is {parse_spec(specs[role]).text!r}, a random model without a tokenizer; `{command}` tokenizes text"
         if command in CONFIG_COMMANDS:
             raise ModelLoadError(
                 f"{head}: give the config a `tokenizer:` for it (bytes, an embedded model's name such as "

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from weightgraft.data.prompts import DatasetError
 from weightgraft.errors import WeightgraftError
+
+if TYPE_CHECKING:
+    from weightgraft.models.spec import ModelSpec
 
 
 class TokenizerMismatchError(WeightgraftError, ValueError):
@@ -71,13 +74,14 @@ def load_tokenizer(spec: str) -> Any:
     embedded model's name (its tokenizer), or a local directory holding a tokenizer."""
     from transformers import AutoTokenizer
 
-    from weightgraft.models.embedded import EMBEDDED_MODELS, ensure_converted
+    from weightgraft.models.embedded import ensure_converted
     from weightgraft.models.errors import ModelLoadError
+    from weightgraft.models.spec import embedded_name
 
     text = str(spec).strip()
     if text == BYTES:
         return _byte_tokenizer()
-    where = ensure_converted(text) if text.lower() in EMBEDDED_MODELS else text
+    where = ensure_converted(text) if embedded_name(text) else text
     try:
         tok = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
     except Exception as exc:
@@ -109,16 +113,17 @@ def give_tokenizer(loaded: Any, tokenizer: Any, role: str) -> None:
     loaded.tokenizer = tokenizer
 
 
-def config_tokenizer(name: str | None, specs: dict[str, str] | None) -> Any:
+def config_tokenizer(name: str | None, specs: Mapping[str, str | ModelSpec] | None) -> Any:
     """A config's ``tokenizer:`` (None without one), checked against the vocabulary of every
     model in ``specs`` from their configs alone (derived ``lowrank(...)``/``peft(...)`` roles
     share their bases' vocabulary)."""
     if name is None:
         return None
     from weightgraft.models.footprint import resolve_footprint
+    from weightgraft.models.spec import is_derived, parse_spec
 
     tokenizer = load_tokenizer(name)
-    sizes = {role: resolve_footprint(spec).vocab for role, spec in (specs or {}).items()
-             if not spec.lstrip().startswith(("peft(", "lowrank("))}
+    parsed = {role: parse_spec(spec) for role, spec in (specs or {}).items()}
+    sizes = {role: resolve_footprint(spec).vocab for role, spec in parsed.items() if not is_derived(spec)}
     check_tokenizer_fits(tokenizer, name, sizes)
     return tokenizer

@@ -68,14 +68,16 @@ def _fast_tokenizer(directory: str) -> Any:
 def _named_tokenizer(name: str) -> Any:
     """A config's ``tokenizer:`` as ``weightgraft.models.tokenization.load_tokenizer`` reads it,
     where that needs no conversion: ``bytes``, a directory, an embedded model's converted copy."""
-    from weightgraft.models.embedded import EMBEDDED_MODELS, embedded_cache_dir
+    from weightgraft.models.embedded import embedded_cache_dir
+    from weightgraft.models.spec import embedded_name
     from weightgraft.models.tokenization import BYTES, load_tokenizer
 
     text = name.strip()
     if text == BYTES:
         return load_tokenizer(text)
-    if text.lower() in EMBEDDED_MODELS:
-        return _fast_tokenizer(str(embedded_cache_dir(text.lower())))
+    embedded = embedded_name(text)
+    if embedded is not None:
+        return _fast_tokenizer(str(embedded_cache_dir(embedded)))
     return _fast_tokenizer(text)
 
 

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from weightgraft.models.footprint import ModelFootprint
+from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftSpec, parse_spec
 from weightgraft.planning.plan import MemoryAt, RolePlan, choose_batch
 from weightgraft.planning.sizes import gib
 
@@ -21,10 +22,17 @@ class RoleShape:
     a donor (None: the base, held whole) and whether it is a low-rank approximation."""
 
     role: str
-    spec: str
+    spec: ModelSpec  # a string given here is parsed
     footprint: ModelFootprint
     served: set[str] | None
-    lowrank: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", parse_spec(self.spec))
+
+    @property
+    def lowrank(self) -> bool:
+        """Whether the role is a low-rank approximation (held whole, SVD factors aside)."""
+        return isinstance(self.spec, LowRankSpec)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,14 +68,14 @@ class RunSettings:
 
 def held(shape: SetShape, dtype: str, lean: bool) -> list[RolePlan]:
     """What each role of the set holds: whole, a lean donor's served slots, a LoRA adapter."""
-    from weightgraft.models.peft_donor import adapter_bytes, parse_peft
+    from weightgraft.models.peft_donor import adapter_bytes
 
     out = []
     n_slots = len(shape.base.slot_names)
     for i, r in enumerate(shape.roles):
-        lora = parse_peft(r.spec)
+        lora = r.spec
         fp = r.footprint
-        if lora is not None:
+        if isinstance(lora, PeftSpec):
             size, holds = adapter_bytes(lora.directory, dtype), "LoRA adapter (the base's tensors shared)"
         elif r.lowrank:
             size, holds = fp.param_bytes(dtype), "low-rank (whole model; SVD factors not counted)"
@@ -75,7 +83,7 @@ def held(shape: SetShape, dtype: str, lean: bool) -> list[RolePlan]:
             size, holds = fp.param_bytes(dtype), "whole"
         else:
             size, holds = fp.held_bytes(r.served or set(), dtype), f"lean ({len(r.served or ())} of {n_slots} slots)"
-        out.append(RolePlan(model_set=shape.name, role=r.role, spec=r.spec, config=fp.where, n_params=fp.n_params,
+        out.append(RolePlan(model_set=shape.name, role=r.role, spec=r.spec.text, config=fp.where, n_params=fp.n_params,
                             held_bytes=size, holds=holds))
     return out
 

@@ -55,12 +55,12 @@ def write_report(
 
     ``out_dir`` defaults to ``run_dir/report``; ``max_examples`` caps the per-example tables per
     (model set, template); bar charts show top-``k`` and top-1 accuracy beside mean-rank bars;
-    grids show ``heatmap_metrics`` (default: top-``k`` and mean rank).
+    grids show ``heatmap_metrics`` (default: ``engine.metric_table.figure_defaults``, top-``k``
+    and mean rank).
     """
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
-    metrics = tuple(heatmap_metrics) if heatmap_metrics is not None else (f"top{k}", "mean_rank")
-    figures = write_figures(run, out / "figures", metrics, k)
+    figures = write_figures(run, out / "figures", heatmap_metrics, k)
     md_path, html_path = out / "summary.md", out / "report.html"
     atomic.write_text(md_path, summary_markdown(run))
     atomic.write_text(html_path, report_html(run, figures, max_examples, top_n))

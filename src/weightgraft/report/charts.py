@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from weightgraft.report.run import BAR_COLOURS, METRICS
+from weightgraft.engine.metric_table import chart_labels, chart_of
+from weightgraft.report.run import BAR_COLOURS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -120,7 +121,7 @@ def _bars(ax: Axes, x: np.ndarray, rows: pd.DataFrame, metric: str, width: float
         err = np.nan_to_num(np.clip(np.vstack([vals - lo, hi - vals]), 0, None))
     else:
         hi, err = vals, None
-    label = METRICS[metric].replace(" (%)", "") + (" ± 95% CI" if err is not None else "")
+    label = chart_labels()[metric].replace(" (%)", "") + (" ± 95% CI" if err is not None else "")
     ax.bar(x, np.nan_to_num(vals), width, yerr=err, capsize=3, label=label,
            color=BAR_COLOURS.get(metric), error_kw={"lw": 1, "ecolor": "0.2"})
     if annotate:
@@ -144,43 +145,51 @@ def heatmap_figure(
     grid: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str], metric: str,
     title: str, xlabel: str, ylabel: str,
 ) -> Figure:
-    """An annotated heatmap of a rate (percent, 0-100) or a rank (log colour scale)."""
+    """An annotated heatmap of a summary column drawn as ``engine.metric_table`` says: a rate in
+    percent (0-100), a rank (log colour scale on rank + 1) or a value (its own range); the
+    colours run bright where the metric's better side is."""
     from matplotlib.colors import LogNorm, Normalize
 
-    is_rank = metric.endswith("rank")
-    values = grid if is_rank else 100 * grid
+    chart, spec = chart_of(metric)
+    is_rank = chart.scale == "rank"
+    values = 100 * grid if chart.scale == "pct" else grid
+    finite = np.isfinite(values).any()
     if is_rank:
         shown = values + 1  # rank 0 is the best: log scale on rank + 1
-        vmax = float(np.nanmax(shown)) if np.isfinite(shown).any() else 2.0
-        norm, cmap = LogNorm(vmin=1, vmax=max(vmax, 2.0)), "viridis_r"
+        vmax = float(np.nanmax(shown)) if finite else 2.0
+        norm = LogNorm(vmin=1, vmax=max(vmax, 2.0))
+    elif chart.scale == "pct":
+        shown, norm = values, Normalize(0, 100)
     else:
-        shown, norm, cmap = values, Normalize(0, 100), "viridis"
+        shown, norm = values, Normalize(float(np.nanmin(values)) if finite else 0.0, float(np.nanmax(values)) if finite else 1.0)
+    cmap = "viridis_r" if spec.higher_is_better is False else "viridis"
     n_rows, n_cols = grid.shape
     fig = _figure(min(30.0, max(6.0, 2.8 + 0.4 * n_cols)), max(2.8, 1.6 + 0.5 * n_rows))
     ax = fig.add_subplot()
     im = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, norm=norm, aspect="auto")
     ax.set_facecolor("0.9")
     if n_cols <= 40:
-        _annotate(ax, values, shown, norm, is_rank)
+        _annotate(ax, values, shown, norm, cmap == "viridis_r", chart.scale)
     _tick_labels(ax, [display_name(c) for c in col_labels])
     ax.set_yticks(np.arange(n_rows), [display_name(r) for r in row_labels])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     scale = ", log colour scale" if is_rank else ""
-    ax.set_title(f"{title}\n{METRICS[metric]}{scale}", fontsize="medium")
-    fig.colorbar(im, ax=ax).set_label(METRICS[metric])
+    ax.set_title(f"{title}\n{chart.label}{scale}", fontsize="medium")
+    fig.colorbar(im, ax=ax).set_label(chart.label)
     return fig
 
 
-def _annotate(ax: Axes, values: np.ndarray, shown: np.ndarray, norm: Any, is_rank: bool) -> None:
-    """Write each cell's value, dark on the bright end of viridis, light on the dark end."""
+def _annotate(ax: Axes, values: np.ndarray, shown: np.ndarray, norm: Any, reverse: bool, scale: str) -> None:
+    """Write each cell's value, dark on the bright end of viridis (its low end when
+    ``reverse``), light on the dark end."""
     for (i, j), v in np.ndenumerate(values):
         if not math.isfinite(v):
             ax.text(j, i, "–", ha="center", va="center", fontsize="small", color="0.4")
             continue
         level = float(norm(shown[i, j]))
-        bright = level < 0.4 if is_rank else level > 0.6
-        text = f"{v:.1f}" if is_rank and v < 10 else f"{v:.0f}"
+        bright = level < 0.4 if reverse else level > 0.6
+        text = f"{v:.2f}" if scale == "value" else f"{v:.1f}" if scale == "rank" and v < 10 else f"{v:.0f}"
         ax.text(j, i, text, ha="center", va="center", fontsize="small",
                 color="black" if bright else "white")
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from weightgraft.engine.metric_table import figure_defaults
 from weightgraft.schemes.families import FAMILIES, Figures, drawn_as
 from weightgraft.schemes.scheme import BASELINE
 from weightgraft.report.charts import (
@@ -37,7 +38,7 @@ class FigureContext:
     labels: Mapping[str, Mapping[str, str]]
     head: str  # title prefix
     k: int = 5  # bar charts draw top-k (and top-1) accuracy
-    heatmap_metrics: tuple[str, ...] = ("top5", "mean_rank")
+    heatmap_metrics: tuple[str, ...] = field(default_factory=lambda: figure_defaults(5)[1])
     layer_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def rows(self, family: str) -> pd.DataFrame:
@@ -45,7 +46,7 @@ class FigureContext:
 
     @property
     def bar_metrics(self) -> tuple[str, ...]:
-        return ("top1",) if self.k == 1 else (f"top{self.k}", "top1")
+        return figure_defaults(self.k)[0]  # engine.metric_table says which
 
 
 def _family_rows(group: pd.DataFrame, family: str | None, figures: Figures) -> pd.DataFrame:
@@ -54,8 +55,9 @@ def _family_rows(group: pd.DataFrame, family: str | None, figures: Figures) -> p
 
 
 def _baseline_note(group: pd.DataFrame) -> str:
-    base = group[group["family"] == BASELINE]
-    return ", ".join(f"{s} {format_pct_ci(v)}" for s, v in zip(base["scheme"], base["top5"], strict=True))
+    """The baselines' default bar metric (a rate), for a grid's title."""
+    base, column = group[group["family"] == BASELINE], figure_defaults(5)[0][0]
+    return ", ".join(f"{s} {format_pct_ci(v)}" for s, v in zip(base["scheme"], base[column], strict=True))
 
 
 def component_figures(group: pd.DataFrame, labels: Mapping[str, Mapping[str, str]], head: str,
@@ -256,7 +258,7 @@ FAMILY_FIGURES: Mapping[str, tuple[FigureMaker, ...]] = _FamilyFigures()
 
 
 def group_figures(run: Run, key: tuple[str, str, str], group: pd.DataFrame, k: int = 5,
-                  heatmap_metrics: Sequence[str] = ("top5", "mean_rank")) -> Named:
+                  heatmap_metrics: Sequence[str] | None = None) -> Named:
     """Every figure of one (model set, template, direction): (name, figure) pairs, family by
     family in the order the summary lists them."""
     from weightgraft.report.run import group_title, layer_ranges
@@ -264,7 +266,8 @@ def group_figures(run: Run, key: tuple[str, str, str], group: pd.DataFrame, k: i
     model_set, template, _ = key
     labels = {s: run.labels.get((model_set, template, s), {}) for s in group["scheme"]}
     head = group_title(key, " · ").replace("$", r"\$")  # no mathtext in names
-    ctx = FigureContext(group, labels, head, k, tuple(heatmap_metrics), layer_ranges(run.manifest, model_set))
+    grids = tuple(heatmap_metrics) if heatmap_metrics is not None else figure_defaults(k)[1]
+    ctx = FigureContext(group, labels, head, k, grids, layer_ranges(run.manifest, model_set))
     out: Named = []
     for family in dict.fromkeys(group["family"]):
         for make in FAMILY_FIGURES.get(family, (family_bars,)):

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from weightgraft import atomic
+from weightgraft.engine.metric_table import chart_labels, figure_defaults
 from weightgraft.report.families import group_figures
-from weightgraft.report.run import METRICS, ReportError, ReportFigure, Run, _groups
+from weightgraft.report.run import ReportError, ReportFigure, Run, _groups
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,12 +42,14 @@ def _caption(fig: Figure) -> str:
     return fig.axes[0].get_title().replace("\n", "; ").replace(r"\$", "$")
 
 
-def write_figures(run: Run, fig_dir: Path, heatmap_metrics: Sequence[str] = ("top5", "mean_rank"),
+def write_figures(run: Run, fig_dir: Path, heatmap_metrics: Sequence[str] | None = None,
                   k: int = 5) -> list[ReportFigure]:
-    """Draw and save every figure of the run under ``fig_dir``; bar charts show top-``k``."""
-    for metric in (*heatmap_metrics, f"top{k}"):
-        if metric not in METRICS:
-            raise ReportError(f"unknown heatmap metric or k: {metric!r}; choose from {', '.join(METRICS)}")
+    """Draw and save every figure of the run under ``fig_dir``; bar charts show top-``k``; the
+    grids ``heatmap_metrics`` (default, and the choices: ``engine.metric_table``'s charts)."""
+    heatmap_metrics = tuple(heatmap_metrics) if heatmap_metrics is not None else figure_defaults(k)[1]
+    for metric in (*heatmap_metrics, *figure_defaults(k)[0]):
+        if metric not in chart_labels():
+            raise ReportError(f"unknown heatmap metric or k: {metric!r}; choose from {', '.join(chart_labels())}")
     fig_dir.mkdir(parents=True, exist_ok=True)
     written: list[ReportFigure] = []
     used: set[str] = set()

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from weightgraft import atomic
+from weightgraft.engine.metric_table import describe
 from weightgraft.localization.agreement import agreement
 from weightgraft.localization.config import null_labels, sft_labels
 from weightgraft.localization.stability import COLUMNS as STABILITY_COLUMNS
@@ -60,7 +61,7 @@ def _header(run_dir: Path, manifest: dict[str, Any], cells: pd.DataFrame) -> str
     n_prompts = manifest.get("n_prompts") or cells.groupby("template")["example_id"].nunique().to_dict()
     excluded = manifest.get("excluded") or []
     facts = [
-        ("metric", config.get("metric", "logprob")),
+        ("metric", describe(config.get("metric", "first_logprob"), localize=True)),
         ("graft directions", ", ".join(config.get("graft_directions", []))),
         ("prompts per template", ", ".join(f"{t}: {n}" for t, n in n_prompts.items())),
         ("prompt directions", ", ".join(manifest.get("prompt_directions") or []) or "n/a"),
@@ -251,7 +252,7 @@ def _sets_section(search: dict[str, Any]) -> str:
                             for t, s in splits.items()) if splits else
                   '<span class="warn">no split: the sets were searched and judged on the same prompts</span>')
     parts = ["<h2>Found sets</h2>",
-             f"<p>Every share is an exact graft in the metric <b>{_esc(search.get('metric', 'logprob'))}</b> "
+             f"<p>Every share is an exact graft in the metric <b>{_esc(describe(search.get('metric', 'first_logprob'), localize=True))}</b> "
              "(share of the donor's total effect over a template's prompts). Each template's prompts are split "
              f"(seeded; <code>splits</code> in search.json): {split_note}. The sets are searched and refined on the "
              "fit prompts; the held-out prompts, which the search never saw, come first. <i>ranking</i>: the "

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from weightgraft.errors import WeightgraftError
-from weightgraft.experiments.metric_table import chart_labels
+from weightgraft.engine.metric_table import chart_labels
 from weightgraft.experiments.metrics import SUMMARY_KEYS, summarize
 
 RESULTS_FILE = "results.parquet"
@@ -23,7 +23,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "target_token", "rank", "prob", "top1", "top5", "top10", "top20", "top50", "top100",
     "answer_logprob", "top_tokens", "top_probs", "finite",
 )
-METRICS: dict[str, str] = chart_labels()  # summary column -> axis label (``experiments.metric_table``)
+METRICS: dict[str, str] = chart_labels()  # summary column -> axis label (``engine.metric_table``)
 BAR_COLOURS = {"top5": "#3b6ea8", "top1": "#e08a3c"}
 MAX_LISTED = 100  # exclusions and non-finite rows listed in the HTML page
 

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from weightgraft.experiments.answer_tokens import weak_line
-from weightgraft.experiments.metric_table import MetricSpec, table_metrics
+from weightgraft.engine.metric_table import MetricSpec, table_metrics
 from weightgraft.report.run import Run, _groups, group_title, report_title
 from weightgraft.schemes.legend import legend
 

@@ -60,13 +60,14 @@ def as_schemes(rules: Rules | Sequence[Scheme], base_role: str, base: str | None
     """A list of Schemes as given; anything else :func:`as_scheme` takes, as one Scheme."""
     if isinstance(rules, Sequence) and not isinstance(rules, (str, bytes)) and not rules:
         raise GraftInputError("no schemes given: pass a weightgraft.Scheme, a list of them, or Rules")
-    if isinstance(rules, Sequence) and not isinstance(rules, (str, bytes)) and rules \
-            and all(isinstance(r, Scheme) for r in rules):
-        return list(rules)
+    if isinstance(rules, Sequence) and not isinstance(rules, (str, bytes)) and rules:
+        schemes = [r for r in rules if isinstance(r, Scheme)]
+        if len(schemes) == len(rules):
+            return schemes
     return [as_scheme(rules, base_role, base)]
 
 
-def as_scheme(rules: Rules, base_role: str, base: str | None) -> Scheme:
+def as_scheme(rules: Rules | Sequence[Scheme], base_role: str, base: str | None) -> Scheme:
     """One Rule, a list of them, or a Scheme, as a Scheme over ``base_role`` (``base`` when
     given): the one conversion every front-door function uses."""
     if isinstance(rules, Scheme):
@@ -77,7 +78,8 @@ def as_scheme(rules: Rules, base_role: str, base: str | None) -> Scheme:
         rules = [rules]
     if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence) or not all(isinstance(r, Rule) for r in rules):
         raise GraftInputError("rules must be a weightgraft.Rule, a list of Rules, or a weightgraft.Scheme")
-    return Scheme(name="graft", base=base if base is not None else base_role, rules=list(rules))
+    return Scheme(name="graft", base=base if base is not None else base_role,
+                  rules=[r for r in rules if isinstance(r, Rule)])  # all of them: checked above
 
 
 def check_roles(schemes: Sequence[Scheme], roles: Sequence[str]) -> None:
@@ -91,12 +93,13 @@ def check_roles(schemes: Sequence[Scheme], roles: Sequence[str]) -> None:
             )
 
 
-def one_or_many(prompts: str | Sequence[str], spans: Spans | Mapping[str, Any]) -> tuple[list[str], Spans]:
+def one_or_many(prompts: str | Sequence[str], spans: Spans | Mapping[str, Any]) -> tuple[Sequence[str], Spans]:
     """One prompt (a string, with one mapping of spans) as a list of one, as every API call takes
     it; a list of prompts as it is."""
     if isinstance(prompts, str):
         return [prompts], None if spans is None else [spans] if isinstance(spans, Mapping) else spans
-    return prompts, spans
+    # one mapping with a list of prompts is passed on as it was (check_prompts sees its keys)
+    return prompts, spans  # type: ignore[return-value]
 
 
 def check_prompts(prompts: Sequence[str], spans: Spans) -> list[dict[str, tuple[int, int]]]:

@@ -163,7 +163,7 @@ def upgrade_cells(obj: object) -> object:
     """A stored localize artifact (search.json) with every cell's version-1 label upgraded:
     ``position_label`` values, and ``[label, slot]`` pairs under ``cells``."""
     if isinstance(obj, dict):
-        out = {}
+        out: dict[object, object] = {}
         for key, value in obj.items():
             if key == "position_label" and isinstance(value, str):
                 out[key] = upgrade_label(value)

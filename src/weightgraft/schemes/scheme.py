@@ -62,7 +62,7 @@ class Rule(_Checked):
     components: str = "body"
     # Fraction of the rule's layers left ungrafted: one seeded subset per scheme (protocol
     # paper) or int(rate * n_layers) layers re-drawn at every grafted token (authors).
-    layer_dropout: float = Field(0.0, ge=0.0, le=1.0)
+    layer_dropout: float = Field(default=0.0, ge=0.0, le=1.0)
     seed: int = 0
     # Per-head selection (``"0,3"``, ``"0..3"``, ``"all"``) of the q/k/v/o components chosen.
     heads: str | None = None
@@ -184,10 +184,10 @@ class CompiledScheme:
                     if s in heads:
                         heads[s][rows] = rule.model
                 continue
-            for s, chosen in rule.heads.items():
+            for s, head_idx in rule.heads.items():
                 if s not in heads:
                     heads[s] = src[:, s : s + 1].repeat(1, self.slot_heads[s])
-                heads[s][rows[:, None], chosen[None, :]] = rule.model
+                heads[s][rows[:, None], head_idx[None, :]] = rule.model
         return src, {self.slot_names[s]: h for s, h in heads.items()}
 
 

@@ -22,14 +22,14 @@ from weightgraft.errors import WeightgraftError
 from weightgraft.schemes.labels import (
     FIRST_ENTITY,
     LABEL_ATOM,
-    LITERAL_SPANS,
-    SpanNotFound,
-    first_entity,
+    LITERAL_SPANS as LITERAL_SPANS,
+    SpanNotFound as SpanNotFound,
+    first_entity as first_entity,
     is_label,
     label_position,
     label_span,
     span_tokens,
-    token_span,
+    token_span as token_span,
 )
 
 # LITERAL_SPANS, SpanNotFound, first_entity and token_span live in schemes.labels; imported from here too
@@ -81,8 +81,9 @@ class _Parser:
 
     def parse(self) -> set[int]:
         result = self._union()
-        if self._peek() is not None:
-            raise SelectorError(f"unexpected {self._peek()[1]!r} in selector {self.expr!r}")
+        extra = self._peek()
+        if extra is not None:
+            raise SelectorError(f"unexpected {extra[1]!r} in selector {self.expr!r}")
         return result
 
     def _union(self) -> set[int]:

@@ -23,10 +23,12 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from weightgraft.engine.architectures import adapter_for, model_slots
 from weightgraft.engine.forward import graft_forward
@@ -45,6 +47,9 @@ from weightgraft.engine.sharing.prefix import (
     wanted_positions,
 )
 from weightgraft.errors import GraftArgumentError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 __all__ = ["DepthStart", "DepthStats", "depth_start", "differs", "item_starts", "slot_layers", "cost_batches",
            "depth_forward", "depth_state_bytes", "Reduce", "UNIT_BUDGET",
@@ -96,7 +101,9 @@ def slot_layers(model: nn.Module) -> list[int]:
 
 def decoder_blocks(model: nn.Module) -> nn.ModuleList:
     """The model's decoder blocks, where its architecture adapter says they are."""
-    return model.get_submodule(adapter_for(model.config).layers)
+    blocks = model.get_submodule(adapter_for(model.config).layers)
+    assert isinstance(blocks, nn.ModuleList)  # every adapter's decoder blocks are one
+    return blocks
 
 
 def differs(item: Segment, reference: Segment, slot_index: Mapping[str, int]) -> torch.Tensor:
@@ -140,7 +147,7 @@ def cost_batches(
     position 0 (no cache to share) never share a pass with rows that start later."""
     work = [_work(item, s, n_layers) for item, s in zip(items, starts)]
 
-    def key(i: int) -> tuple:
+    def key(i: int) -> tuple[bool, int, int, tuple[str, ...], int]:
         units = items[i].unit_maps()
         return (starts[i].position == 0, work[i][0], work[i][1], tuple(sorted(units)), i)
 
@@ -171,8 +178,19 @@ def cost_batches(
     return out
 
 
-def _layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
-    return args[0] if args else kwargs["hidden_states"]
+def _layer_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    hidden: torch.Tensor = args[0] if args else kwargs["hidden_states"]
+    return hidden
+
+
+def cache_states(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer, the keys and values of a cache of full layers (``DynamicCache()``) a pass filled."""
+    keys, values = [], []
+    for layer in cache.layers:
+        assert isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None
+        keys.append(layer.keys)
+        values.append(layer.values)
+    return keys, values
 
 
 @dataclass
@@ -189,7 +207,7 @@ class ReferenceStates:
         tensors = [*self.keys, *self.values, *(t for per in self.residuals.values() for t in per.values())]
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def cache(self, config: object, starts: Sequence[DepthStart]) -> tuple[DynamicCache, torch.Tensor]:
+    def cache(self, config: PretrainedConfig, starts: Sequence[DepthStart]) -> tuple[DynamicCache, torch.Tensor]:
         """A ``DynamicCache`` whose row b holds the keys and values of positions
         ``[0, starts[b].position)`` of its reference, left-padded to the longest, and the
         attention mask of those cached positions."""
@@ -225,7 +243,7 @@ def _reference_states(
     used = sorted(wanted)
     seen: dict[int, torch.Tensor] = {}
 
-    def keep(j: int, _module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def keep(j: int, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         seen[j] = _layer_input(args, kwargs)
 
     layers = sorted(set().union(*wanted.values()))
@@ -240,18 +258,18 @@ def _reference_states(
                       logit_positions=torch.zeros(len(used), 1, dtype=torch.long), head_source=heads,
                       past_key_values=cache, neuron_source=neurons)
     residuals = {r: {j: seen[j][b, : len(references[r])] for j in sorted(wanted[r])} for b, r in enumerate(used)}
-    return ReferenceStates(residuals, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
-                           {r: b for b, r in enumerate(used)})
+    keys, values = cache_states(cache)
+    return ReferenceStates(residuals, keys, values, {r: b for b, r in enumerate(used)})
 
 
-def _skipped(*args, **kwargs) -> torch.Tensor:
+def _skipped(*args: Any, **kwargs: Any) -> torch.Tensor:
     return _layer_input(args, kwargs)
 
 
-def _entering(own, rows: torch.Tensor, residual: torch.Tensor):
+def _entering(own: Callable[..., Any], rows: torch.Tensor, residual: torch.Tensor) -> Callable[..., Any]:
     """A block forward that first replaces the input of ``rows`` by ``residual``."""
 
-    def forward(*args, **kwargs):
+    def forward(*args: Any, **kwargs: Any) -> Any:
         hidden = _layer_input(args, kwargs)
         keep = rows.to(hidden.device)[:, None, None]
         hidden = torch.where(keep, residual.to(device=hidden.device, dtype=hidden.dtype), hidden)
@@ -296,7 +314,8 @@ def run_pass(
     its reference's keys and values before that position."""
     cache, attention_prefix = None, None
     if starts[0].position > 0:
-        cache, attention_prefix = states.cache(models[0].config, starts)
+        # nn.Module's stubs type a model's config as ``Tensor | Module``
+        cache, attention_prefix = states.cache(cast("PreTrainedModel", models[0]).config, starts)
     segments = [segment(item, s.position, len(item), widths, slot_index) for item, s in zip(items, starts)]
     batch = pad_segments(segments, pad_id, left=False)
     row_layers = torch.tensor([s.layer for s in starts], dtype=torch.long)
@@ -414,4 +433,5 @@ def depth_forward(
         if out is None:
             out = part.new_empty(len(items), *part.shape[1:])
         out[torch.as_tensor(chosen, dtype=torch.long, device=out.device)] = part
+    assert out is not None  # items make at least one pass
     return out

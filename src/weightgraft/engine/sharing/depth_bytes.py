@@ -4,12 +4,17 @@ adds to the peak of exact effects (``weightgraft.planning.localize``) and what
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from transformers import DynamicCache
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["cached_positions", "depth_state_bytes"]
 
 
-def cached_positions(config: object, seq_len: int) -> list[int]:
+def cached_positions(config: PretrainedConfig, seq_len: int) -> list[int]:
     """Per decoder layer, the positions a pass's ``DynamicCache`` keeps of a row of ``seq_len``
     tokens: all of them, or a sliding-window layer's last ``window - 1`` (the cache transformers
     builds from ``config``, as ``depth_forward`` builds it)."""
@@ -20,7 +25,9 @@ def cached_positions(config: object, seq_len: int) -> list[int]:
     return out
 
 
-def depth_state_bytes(config: object, n_references: int, seq_len: int, chunk: int, dtype_bytes: int = 4) -> int:
+def depth_state_bytes(
+    config: PretrainedConfig, n_references: int, seq_len: int, chunk: int, dtype_bytes: int = 4,
+) -> int:
     """The bytes ``depth_forward`` holds at most in shared states (``DepthStats.peak_bytes``):
     ``n_references`` reference rows of at most ``seq_len`` tokens, each with its keys, values and
     residual stream at every layer (a full cache: items need any prefix of the row), and one

@@ -17,16 +17,20 @@ import warnings
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from weightgraft.engine.architectures import NEURON_COMPONENTS, Units, model_slots
+from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
 from weightgraft.errors import GraftArgumentError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["GraftItem", "PrefixGroup", "PrefixPlan", "Segment", "PaddedBatch", "shared_prefix_groups",
            "prefix_forward", "segment", "pad_segments", "run_prefixes", "split_units",
@@ -277,7 +281,7 @@ def shareable_cache(model: nn.Module) -> DynamicCache | None:
     """An empty cache for ``model``, or None (with a warning) when its cache layers are of a
     kind whose rows prefix sharing has not been checked to select and extend exactly; full and
     sliding-window attention layers are (Gemma 2/3, Mistral: tests/test_prefix.py)."""
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=cast("PreTrainedModel", model).config)  # nn.Module's stubs type it ``Tensor | Module``
     known = (DynamicLayer, DynamicSlidingWindowLayer)
     other = sorted({type(x).__name__ for x in cache.layers if type(x) not in known})
     if not other:
@@ -345,7 +349,7 @@ def _run_suffixes(
 
 
 def checked_unit_widths(
-    items: Sequence[GraftItem], slot_list: Sequence, slot_index: Mapping[str, int]
+    items: Sequence[GraftItem], slot_list: Sequence[Slot], slot_index: Mapping[str, int]
 ) -> dict[str, int]:
     """Heads (neurons) per head- (neuron-) mapped slot, from the slot table; names that cannot
     be so mapped are refused here, before padding would fail on them less clearly."""
@@ -394,6 +398,7 @@ def prefix_forward(
     )
     parts: list[tuple[Sequence[int], torch.Tensor]] = []
     if plan.groups:
+        assert cache is not None  # groups are planned only with a cache
         prefix_mask = run_prefixes(models, items, plan.groups, cache, pad_id, widths, slot_index)
         parts.append(_run_suffixes(models, items, plan, cache, prefix_mask, pad_id, k, widths, slot_index))
     if plan.unshared:

@@ -19,18 +19,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
 from weightgraft.engine.sharing.depth import (
     DepthStart,
     DepthStats,
     ReferenceStates,
+    cache_states,
     decoder_blocks,
     depth_start,
     differs,
@@ -56,7 +58,7 @@ __all__ = ["KeptStates", "resumable", "keep_states", "resume", "resume_start"]
 class _Model:
     """What a resume needs of the base model, looked up once per call."""
 
-    slot_list: list
+    slot_list: list[Slot]
     slot_index: dict[str, int]
     layers: list[int]
     blocks: nn.ModuleList
@@ -108,7 +110,7 @@ def keep_states(models: Sequence[nn.Module], items: Sequence[GraftItem], kept: S
     rows = torch.as_tensor(list(kept), dtype=torch.long)
     seen: dict[int, torch.Tensor] = {}
 
-    def keep(j: int, _module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def keep(j: int, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hidden = args[0] if args else kwargs["hidden_states"]
         seen[j] = hidden[rows.to(hidden.device)]
 
@@ -122,10 +124,11 @@ def keep_states(models: Sequence[nn.Module], items: Sequence[GraftItem], kept: S
         logits = graft_forward(models, batch.input_ids, batch.source, attention_mask=batch.mask,
                                logit_positions=wanted_positions(items, [0] * len(items), k),
                                head_source=heads, past_key_values=cache, neuron_source=neurons)
+    keys, values = cache_states(cache)
     states = ReferenceStates(
         residuals={r: {j: seen[j][r] for j in range(len(blocks))} for r in range(len(kept))},
-        keys=[layer.keys[rows.to(layer.keys.device)] for layer in cache.layers],
-        values=[layer.values[rows.to(layer.values.device)] for layer in cache.layers],
+        keys=[k[rows.to(k.device)] for k in keys],
+        values=[v[rows.to(v.device)] for v in values],
         row_of={r: r for r in range(len(kept))},
     )
     return logits, KeptStates([items[i] for i in kept], states, tuple(id(m) for m in models), base)

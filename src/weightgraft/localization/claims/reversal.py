@@ -30,7 +30,7 @@ def reversal_prompts(config: LocalizeConfig) -> list[TestPrompt]:
     if setting is None:
         return []
     if config.metric == "logit_diff":
-        raise DatasetError("reversal: metric 'logit_diff' needs a distractor per prompt; use logprob or kl")
+        raise DatasetError("reversal: metric 'logit_diff' needs a distractor per prompt; use first_logprob or neg_kl_donor")
     from weightgraft.data.freeform import load_prompts
 
     roles_checked(config)
