@@ -8,7 +8,6 @@ import functools
 import json
 import random
 import resource
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ def single_cells(models: list, examples: list, n_cells: int, seed: int = 0, reps
         effects = {}
         # the two paths alternate, `reps` times each, and the fastest of each counts: a burst of
         # other load on the machine then slows one repetition, not one path
-        for rep in range(reps):
+        for _ in range(reps):
             for path in PATHS:
                 stats = DepthStats()
                 t0 = time.perf_counter()

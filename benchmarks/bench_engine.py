@@ -239,7 +239,8 @@ def main() -> None:
             _sync(args.device)
             return time.perf_counter() - t0, mem
 
-    last = lambda ids: torch.full((ids.shape[0], 1), ids.shape[1] - 1, dtype=torch.long)
+    def last(ids: torch.Tensor) -> torch.Tensor:
+        return torch.full((ids.shape[0], 1), ids.shape[1] - 1, dtype=torch.long)
     # (b) the engine, logits only where they are scored (the last position)
     time_b, mem_b = timed(lambda ids, mask, source: wg.graft_forward(
         models, ids, source, attention_mask=mask, logit_positions=last(ids)))

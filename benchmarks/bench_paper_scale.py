@@ -383,7 +383,7 @@ def report(results: list[dict], args, command: str) -> str:
     for r in results:
         q = _ratios(r)
         n = r.get("rows") or 1
-        cell = lambda key, fmt="{:.4f}", div=1: (fmt.format(r[key] / div) if key in r else "-")  # noqa: E731
+        cell = lambda key, fmt="{:.4f}", div=1, r=r: (fmt.format(r[key] / div) if key in r else "-")  # noqa: E731
         lines.append(
             f"| {r['model']} | {r.get('dtype', '-')} | {r['n_params'] / 1e9:.2f} B | {cell('engine_s', div=n)} | "
             f"{cell('prefix_s', div=n)} | {cell('plain_s', div=n)} | {cell('per_token_s_per_row')} ({r.get('per_token_variant', '-')}) | "

@@ -72,8 +72,8 @@ def main() -> None:
         config = parse_localize_config({**raw, "units": units.value})
         plan = plan_localize_work(plan_input(config), memory="1TiB", with_time=False)
         examples, _ = build_examples(select_prompts(config), pre.tokenizer)
-        measured, frame = _peak_extra(lambda: estimate_frame(pair, examples, "sufficiency", "logprob", plan.batch_size,
-                                                             0, units, config.unit_rows))
+        measured, frame = _peak_extra(lambda examples=examples, plan=plan, units=units, config=config: estimate_frame(
+            pair, examples, "sufficiency", "first_logprob", plan.batch_size, 0, units, config.unit_rows))
         parts = {k: plan.memory.get(k, 0) for k in ("batch (attribution or exact cells)", "unit rows", "cell tables")}
         predicted = sum(parts.values())
         print(json.dumps({"units": str(units), "prompts": len(examples), "batch": plan.batch_size, "rows": len(frame),

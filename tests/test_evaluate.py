@@ -44,7 +44,7 @@ def test_summary_rates_carry_clopper_pearson_intervals_never_a_point():
 
 def test_summary_excludes_non_finite_rows_from_averages():
     rows = []
-    for i, (rank, finite) in enumerate([(0, True), (3, True), (7, True), (-1, False)]):
+    for rank, finite in [(0, True), (3, True), (7, True), (-1, False)]:
         row = {"model_set": "m", "template": "headline", "scheme": "LT", "family": "position",
                "rank": rank, "prob": 0.1, "answer_logprob": -2.0, "finite": finite}
         row.update({f"top{k}": finite and rank < k for k in (1, 5, 10, 20, 50, 100)})

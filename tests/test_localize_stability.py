@@ -116,7 +116,7 @@ def _check_table(cells: pd.DataFrame, table: pd.DataFrame) -> int:
     got = set(zip(table["kind"], table["direction"], table["model_a"], table["template_a"], table["model_b"], table["template_b"]))
     assert got == want and len(table) == len(want)
     for r in table.itertuples():
-        pick = lambda m, t: cells[(cells["model"] == m) & (cells["template"] == t) & (cells["direction"] == r.direction)]  # noqa: E731
+        pick = lambda m, t, r=r: cells[(cells["model"] == m) & (cells["template"] == t) & (cells["direction"] == r.direction)]  # noqa: E731
         exp = _expected(pick(r.model_a, r.template_a), pick(r.model_b, r.template_b), n_layers)
         assert r.value == exp["value"] and r.n_bins == exp["n_bins"] and r.top_k == exp["top_k"]
         assert r.spearman_coarse == pytest.approx(exp["spearman_coarse"], abs=1e-9)

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from weightgraft.engine import metric_table
 from weightgraft.engine.attribution import metric_values
-from weightgraft.engine.metric_table import METRIC_TABLE, Batch, Chart, MetricSpec, ScoreInputs, score_next_token
+from weightgraft.engine.metric_table import METRIC_TABLE, Chart, MetricSpec, ScoreInputs, score_next_token
 from weightgraft.errors import GraftArgumentError
 from weightgraft.experiments.config import ConfigError
 

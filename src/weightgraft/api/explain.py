@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -13,7 +13,6 @@ from weightgraft.schemes.binding import Rules, as_scheme, compile_for, input_err
 
 if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
     from torch import nn
-    from transformers import PreTrainedTokenizerBase
 
 def explain(rules: Rules, model: nn.Module, *, protocol: str = DEFAULT_PROTOCOL, base: str = "pre") -> pd.DataFrame:
     """One row per rule: the role it takes weights from, its position selector, and the layers,

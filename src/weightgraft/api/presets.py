@@ -10,9 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from weightgraft.schemes import families
-from weightgraft.schemes.paper_presets import COMPONENT_SETS, LAYER_GROUPS, POSITION_SETS, SPAN_SETS
-from weightgraft.schemes.presets import DIRECTIONS, preset
-from weightgraft.schemes.scheme import baselines
+# re-exported as wg.presets.<name> (explicitly, for ruff and mypy)
+from weightgraft.schemes.paper_presets import COMPONENT_SETS as COMPONENT_SETS
+from weightgraft.schemes.paper_presets import LAYER_GROUPS as LAYER_GROUPS
+from weightgraft.schemes.paper_presets import POSITION_SETS as POSITION_SETS
+from weightgraft.schemes.paper_presets import SPAN_SETS as SPAN_SETS
+from weightgraft.schemes.presets import DIRECTIONS as DIRECTIONS
+from weightgraft.schemes.presets import preset as preset
+from weightgraft.schemes.scheme import baselines as baselines
 
 _FIXED = ["COMPONENT_SETS", "DIRECTIONS", "LAYER_GROUPS", "POSITION_SETS", "SPAN_SETS", "baselines", "preset"]
 

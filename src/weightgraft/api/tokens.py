@@ -4,7 +4,7 @@ selector such as ``first_entity_last-2`` or ``relation_last+1`` can be read off 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -15,7 +15,6 @@ from weightgraft.schemes.labels import FIRST_ENTITY, first_entity, position_labe
 
 
 if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
-    from torch import nn
     from transformers import PreTrainedTokenizerBase
 
 def tokens(tokenizer: PreTrainedTokenizerBase, prompt: str, spans: Mapping[str, SpanSpec] | None = None) -> pd.DataFrame:

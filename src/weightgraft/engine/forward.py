@@ -13,20 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
 from weightgraft.engine import projections
-from weightgraft.engine.architectures import Slot, UnitKind, Units, model_slots
-from weightgraft.engine.compat import check_compatible
+from weightgraft.engine.architectures import Slot, Units, model_slots
+from weightgraft.engine.compat import check_compatible, check_units, merge_identical
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 __all__ = ["slots", "graft_forward", "graft_call", "position_ids_from_mask"]
 
@@ -35,12 +32,6 @@ def slots(model: nn.Module) -> list[str]:
     """The graftable slots of ``model``: ``embed``, ``pos_embed`` (GPT-2's learned positions),
     ``layers.{i}.{component}``, ``final_norm``, ``unembed``, in that fixed order (the last axis of a ``source`` tensor)."""
     return [s.name for s in model_slots(model)]
-
-
-def input_embedding_weight(model: nn.Module) -> torch.Tensor:
-    """The weight of a transformers model's input embedding (the device inputs go to)."""
-    # nn.Module's stubs type a model's methods and a module's weight as ``Tensor | Module`` attributes
-    return cast(torch.Tensor, cast("PreTrainedModel", model).get_input_embeddings().weight)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -297,59 +288,6 @@ def _plan(base: nn.Module, slot_list: list[Slot], columns: list[torch.Tensor], u
     return by_module
 
 
-def _check_units(
-    unit_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
-    n_models: int, device: torch.device, kind: UnitKind,
-) -> dict[int, torch.Tensor]:
-    """``head_source`` (``Units.HEAD``) or ``neuron_source`` (``Units.NEURON``) keyed by
-    slot index, validated: slots with units of that kind only, right shapes."""
-    arg, which = f"{kind}_source", "q, k, v and o" if kind == Units.HEAD else "gate, up and down"
-    index = {slot.name: s for s, slot in enumerate(slot_list)}
-    out: dict[int, torch.Tensor] = {}
-    for name, tensor in unit_source.items():
-        if name not in index:
-            raise GraftArgumentError(f"{arg} names {name!r}, which is not a slot of this model")
-        slot = slot_list[index[name]]
-        n = slot.units(kind)
-        if not n:
-            per_unit = [s.name for s in slot_list if s.units(kind)][:4]
-            raise GraftArgumentError(
-                f"slot {name!r} cannot be grafted per {kind}; only {which} can "
-                f"(e.g. {', '.join(per_unit)})"
-            )
-        if tuple(tensor.shape) != (batch, seq, n):
-            raise GraftArgumentError(
-                f"{arg}[{name!r}] must have shape [batch, seq, {kind}s] = "
-                f"{[batch, seq, n]}, got {list(tensor.shape)}"
-            )
-        if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
-            raise GraftArgumentTypeError(f"{arg}[{name!r}] must be an integer tensor, got {tensor.dtype}")
-        tensor = tensor.to(device=device, dtype=torch.long)
-        if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= n_models):
-            raise GraftArgumentError(f"{arg}[{name!r}] values must index the {n_models} models")
-        out[index[name]] = tensor
-    return out
-
-
-def _distinct(
-    models: Sequence[nn.Module], source: torch.Tensor, units: dict[int, torch.Tensor],
-) -> tuple[list[nn.Module], torch.Tensor, dict[int, torch.Tensor]]:
-    """One model object under several indices (``{"pre": pre, "sft": pre}``, the identity
-    graft) is one model: its indices are merged, so no module is patched to call itself."""
-    first: dict[int, int] = {}
-    distinct: list[nn.Module] = []
-    remap = []
-    for m in models:
-        if id(m) not in first:
-            first[id(m)] = len(distinct)
-            distinct.append(m)
-        remap.append(first[id(m)])
-    if len(distinct) == len(models):
-        return list(models), source, units
-    table = torch.tensor(remap, device=source.device)
-    return distinct, table[source], {s: table[u] for s, u in units.items()}
-
-
 def graft_forward(
     models: Sequence[nn.Module],
     input_ids: torch.Tensor,
@@ -423,7 +361,7 @@ def graft_call(
         )
     if source.dtype.is_floating_point or source.dtype == torch.bool:
         raise GraftArgumentTypeError(f"source must be an integer tensor, got {source.dtype}")
-    device = input_embedding_weight(base).device
+    device = projections.input_embedding_weight(base).device
     source = source.to(device=device, dtype=torch.long)
     if source.numel() and (int(source.min()) < 0 or int(source.max()) >= len(models)):
         raise GraftArgumentError(
@@ -442,9 +380,9 @@ def graft_call(
         )
     position_ids = position_ids_from_mask(attention_mask)[:, cached:]
 
-    units = _check_units(head_source or {}, slot_list, batch, seq, len(models), device, Units.HEAD)
-    units.update(_check_units(neuron_source or {}, slot_list, batch, seq, len(models), device, Units.NEURON))
-    models, source, units = _distinct(models, source, units)
+    units = check_units(head_source or {}, slot_list, batch, seq, len(models), device, Units.HEAD)
+    units.update(check_units(neuron_source or {}, slot_list, batch, seq, len(models), device, Units.NEURON))
+    models, source, units = merge_identical(models, source, units)
     columns = [source[:, :, s] for s in range(len(slot_list))]
     with swaps() as swap:
         if logit_positions is not None:  # "unembed" is always the last slot

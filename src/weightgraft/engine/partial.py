@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -26,11 +26,19 @@ from torch import nn
 from weightgraft.engine import lora, projections
 from weightgraft.engine.architectures import Slot, UnitKind, model_slots
 from weightgraft.engine.compat import check_compatible
-from weightgraft.engine.forward import input_embedding_weight, position_ids_from_mask
+from weightgraft.engine.forward import position_ids_from_mask
 from weightgraft.engine.swaps import Swaps, own_forward, swaps
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 __all__ = ["PartialGraft", "partial_graft_forward"]
+
+
+def _embedding_weight(model: nn.Module) -> torch.Tensor:
+    # nn.Module's stubs type a model's methods and a module's weight as ``Tensor | Module`` attributes
+    return cast(torch.Tensor, cast("PreTrainedModel", model).get_input_embeddings().weight)
 
 
 def _is_affine(module: nn.Module) -> bool:
@@ -156,7 +164,7 @@ class PartialGraft:
         self.plans = _plans if _plans is not None else self._build_plans()
 
     def _build_plans(self) -> list[_ModulePlan]:
-        weight = input_embedding_weight(self.base)
+        weight = _embedding_weight(self.base)
         dtype = torch.promote_types(weight.dtype, torch.float32)
         by_path: dict[str, list[tuple[int, torch.Tensor | None, int]]] = {}
         for s, slot in enumerate(self.slots):
@@ -214,7 +222,7 @@ class PartialGraft:
                              f"got {list(alpha.shape)}")
         if not alpha.dtype.is_floating_point:
             raise GraftArgumentTypeError(f"alpha must be a float tensor, got {alpha.dtype}")
-        device = input_embedding_weight(self.base).device
+        device = _embedding_weight(self.base).device
         input_ids, alpha = input_ids.to(device), alpha.to(device)
         if attention_mask is None:
             attention_mask = torch.ones(batch, seq, dtype=torch.long, device=device)

@@ -45,7 +45,7 @@ def add_recovery(results: pd.DataFrame) -> pd.DataFrame:
         lp = out.set_index([*key, "scheme"])[source]
         lp = lp[~lp.index.duplicated()]
 
-        def lookup(col: str) -> np.ndarray:
+        def lookup(col: str, key: list[str] = key, lp: pd.Series = lp) -> np.ndarray:
             idx = pd.MultiIndex.from_arrays([out[k] for k in key] + [out[col].fillna("")])
             return lp.reindex(idx).to_numpy(dtype=float)
 

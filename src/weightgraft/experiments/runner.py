@@ -247,7 +247,7 @@ def _open_store(run_dir: Path, config: ExperimentConfig, ranks: Ranks, identity:
     if ranks.is_main:
         try:
             store = ResultsStore(run_dir, identity, dumped, writer)
-        except Exception as exc:  # tell the other ranks before raising
+        except Exception as exc:  # noqa: BLE001 - any error: tell the other ranks, then raise it
             error = exc
     failed = ranks.total(int(error is not None))
     if failed:

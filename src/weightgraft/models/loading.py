@@ -109,7 +109,7 @@ def _check_model_dir(path: Path, allow_pickle: bool) -> bool:
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (ValueError, KeyError) as exc:
-            raise CorruptCheckpointError(f"{index} is not a valid safetensors index: {exc}")
+            raise CorruptCheckpointError(f"{index} is not a valid safetensors index: {exc}") from exc
         missing = [s for s in shards if not (path / s).is_file()]
         if missing:
             raise CorruptCheckpointError(

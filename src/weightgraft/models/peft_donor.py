@@ -225,7 +225,7 @@ def load_peft(base: nn.Module, directory: str | Path, adapter_name: str = "defau
         raise PeftError("LoRA donors are built on one device; load the base without a multi-device device_map")
     try:
         config = LoraConfig.from_pretrained(str(path))
-    except Exception as exc:
+    except (OSError, ValueError, TypeError) as exc:  # missing, unparsable or of unknown fields
         raise PeftError(f"{path}: cannot read adapter_config.json ({_first_line(exc)})") from None
     # the adapter's values are loaded below: no initialisation that could write to base weights
     # (PiSSA / OLoRA / LoFTQ initialisations modify W in place)
@@ -234,7 +234,7 @@ def load_peft(base: nn.Module, directory: str | Path, adapter_name: str = "defau
     weight = next(base.parameters())
     try:
         stored = load_peft_weights(str(path), device=str(weight.device))
-    except Exception as exc:
+    except (OSError, ValueError, RuntimeError) as exc:  # missing, truncated or not a tensor file
         raise PeftError(f"{path}: cannot read the adapter weights ({_first_line(exc)})") from None
     stored = _adapter_tensors(stored, base, path)
     clone = _structural_copy(base)
@@ -242,7 +242,7 @@ def load_peft(base: nn.Module, directory: str | Path, adapter_name: str = "defau
     try:
         inject_adapter_in_model(config, clone, adapter_name=adapter_name)
         result = set_peft_model_state_dict(clone, stored, adapter_name=adapter_name)
-    except Exception as exc:
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:  # shapes or names that differ
         raise PeftError(f"{path}: the adapter does not fit the base model ({_first_line(exc)})") from None
     finally:
         for p, flag in flags:  # peft marks every non-adapter parameter frozen: the base's too

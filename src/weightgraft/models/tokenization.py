@@ -84,7 +84,7 @@ def load_tokenizer(spec: str) -> Any:
     where = ensure_converted(text) if embedded_name(text) else text
     try:
         tok = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
-    except Exception as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # no tokenizer files, or unreadable ones
         raise ModelLoadError(f"tokenizer {text!r}: no tokenizer there ({type(exc).__name__}); give a directory "
                              f"saved with tokenizer.save_pretrained, an embedded model's name or {BYTES!r}") from None
     if not getattr(tok, "is_fast", False):

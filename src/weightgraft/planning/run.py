@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftSpec, parse_spec
-from weightgraft.planning.plan import MemoryAt, RolePlan, choose_batch
+from weightgraft.planning.plan import RolePlan, choose_batch
 from weightgraft.planning.sizes import gib
 
 __all__ = ["RoleShape", "RunSettings", "SetShape", "held", "run_advice", "run_memory"]

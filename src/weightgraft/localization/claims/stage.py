@@ -88,7 +88,7 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
                 exact.append(dict(zip(zip(g["position_label"], g["slot"]), g["exact"])))
             else:
                 exact.append({})
-        data = ClaimMap([set(m) for m in maps], est, lambda sets: verifier.per_prompt_sets(sets).numpy(), params,
+        data = ClaimMap([set(m) for m in maps], est, lambda sets, verifier=verifier: verifier.per_prompt_sets(sets).numpy(), params,
                         n_layers, exact, [e.prompt.id for e in group])
         found, per_prompt = judge_claims(data, f"{model_label}/{template}/{direction}", setting, claims,
                                          settings.null_draws, seed, settings.resamples, precondition,
