@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -34,3 +39,22 @@ def header() -> str:
     if CHROMIUM is not None:
         return f"browser tests: {CHROMIUM}"
     return f"browser tests: skipped, no chromium here; to run them: {HOW}"
+
+
+@contextmanager
+def served(app: Any, port: int) -> Iterator[str]:
+    """``app`` served by uvicorn on a thread at ``port`` while the block runs; its address."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

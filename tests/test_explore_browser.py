@@ -5,8 +5,6 @@ token when the prompt is edited. Skipped, with one line, where no browser is ins
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,7 +57,6 @@ def _authors_run(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def served(tiny_pair, tiny_tok, tmp_path_factory) -> Iterator[tuple[str, Any, Any, Any]]:
-    import uvicorn
 
     sync_playwright = _playwright()
     pre, sft = tiny_pair("llama")
@@ -67,21 +64,10 @@ def served(tiny_pair, tiny_tok, tmp_path_factory) -> Iterator[tuple[str, Any, An
     localize = LocalizeView(_unit_set_dir(tmp_path_factory.mktemp("unit_set")))
     run = RunView(_authors_run(tmp_path_factory.mktemp("authors_run")))
     app = create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok), run, localize, address=("127.0.0.1", port))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=browser_env.chromium(), args=browser_env.FLAGS)
-            yield f"http://127.0.0.1:{port}/", browser, pre, sft
-            browser.close()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with browser_env.served(app, port) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_env.chromium(), args=browser_env.FLAGS)
+        yield url, browser, pre, sft
+        browser.close()
 
 
 @pytest.fixture()

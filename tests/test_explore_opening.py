@@ -6,8 +6,6 @@ command line say where the example came from."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -128,7 +126,6 @@ def test_the_cli_says_where_the_opening_example_came_from(run_dir, no_demo, monk
 
 def test_the_browser_page_fills_its_inputs_with_the_opening(run_dir, no_demo, tiny_pair, tiny_tok):
     import browser as browser_env
-    import uvicorn
 
     from weightgraft.explore.serve import free_port
 
@@ -139,23 +136,14 @@ def test_the_browser_page_fills_its_inputs_with_the_opening(run_dir, no_demo, ti
     opening = opening_example(run_dir, "tiny-llama:sft")
     port = free_port()
     app = create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok), address=("127.0.0.1", port), opening=opening)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    try:
+    with browser_env.served(app, port) as url:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=browser_env.FLAGS)
             page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{port}/")
+            page.goto(url)
             page.wait_for_selector("body[data-ready]", timeout=30000)
             assert page.input_value("#prompt") == opening.prompt
             assert page.input_value("#answer") == opening.answer
             assert page.text_content("#opening") == opening.line()
             assert page.text_content("#error") == ""  # its spans are the dataset's, accepted as they are
             browser.close()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
