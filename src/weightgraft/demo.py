@@ -50,12 +50,18 @@ class DemoError(WeightgraftError, ValueError):
     """A demo option the recipe does not serve (a model it was not written for)."""
 
 
-def demo_out(model: str, lora: int | None = None) -> Path:
+def demo_out(model: str, lora: int | None = None, quantization: str | None = None) -> Path:
     """The default output directory: ``runs/demo`` for the default model, else
-    ``runs/demo-{model}``, with ``-lora`` for a LoRA demo (two demos never share a run
-    directory)."""
+    ``runs/demo-{model}``, with ``-lora`` for a LoRA demo and ``-lora-nf4`` for a QLoRA one (two
+    demos never share a run directory)."""
     name = "demo" if model == DEMO_MODEL else f"demo-{model}"
-    return Path(f"runs/{name}-lora" if lora is not None else f"runs/{name}")
+    name += "-lora" if lora is not None else ""
+    return Path(f"runs/{name}" + (f"-{quantization}" if quantization is not None else ""))
+
+
+def pre_spec(model: str, quantization: str | None) -> str:
+    """How the demo's configs name PRE: the embedded model, or it quantized (a QLoRA demo)."""
+    return model if quantization is None else f"quantized({model}, {quantization})"
 
 
 def check_demo_model(model: str) -> None:
@@ -66,7 +72,7 @@ def check_demo_model(model: str) -> None:
 
 
 def _sft_cache_dir(data_dir: Path, preset: str, split: str, seed: int, model: str = DEMO_MODEL,
-                   lora: int | None = None) -> Path:
+                   lora: int | None = None, quantization: str | None = None) -> Path:
     """The finetuned model (or LoRA adapter) depends on the training data and templates,
     preset, split, seed, base model and adapter rank."""
     from weightgraft.models import cache_root
@@ -77,6 +83,7 @@ def _sft_cache_dir(data_dir: Path, preset: str, split: str, seed: int, model: st
         h.update(hashlib.sha256((data_dir / name).read_bytes()).digest())
     settings = get_preset(preset).model_dump(mode="json")
     key = [model, settings, split, seed, DEMO_TRAIN_TEMPLATES] + ([{"lora": lora}] if lora is not None else [])
+    key += [{"quantization": quantization}] if quantization is not None else []
     h.update(json.dumps(key, sort_keys=True).encode())
     return cache_root() / "demo" / f"{'lora' if lora is not None else 'sft'}-{h.hexdigest()[:16]}"
 
@@ -91,11 +98,15 @@ def run_demo(
     console: Console | None = None,
     model: str = DEMO_MODEL,
     lora: int | None = None,
+    quantization: str | None = None,
 ) -> DemoResult:
     """Run the demo end to end on ``model`` (one of ``DEMO_MODELS``); every step longer than a
     few seconds shows progress. ``out`` defaults to ``demo_out(model, lora)``. With ``lora``
-    the SFT model is a LoRA adapter of that rank, grafted as ``peft(pre, ADAPTER)``."""
+    the SFT model is a LoRA adapter of that rank, grafted as ``peft(pre, ADAPTER)``; with
+    ``quantization`` too, PRE loads quantized and the adapter trains over it (QLoRA)."""
     check_demo_model(model)
+    if quantization is not None and lora is None:
+        raise DemoError(f"--quantization {quantization} makes a QLoRA demo: add --lora RANK")
     from weightgraft.data import build_dataset
     from weightgraft.experiments.config import parse_config
     from weightgraft.experiments.runner import run_experiment
@@ -104,7 +115,7 @@ def run_demo(
     from weightgraft.training import finetune
 
     console = console or Console()
-    out = Path(out) if out is not None else demo_out(model, lora)
+    out = Path(out) if out is not None else demo_out(model, lora, quantization)
     seconds: dict[str, float] = {}
 
     t0 = time.time()
@@ -116,7 +127,7 @@ def run_demo(
     t0 = time.time()
     console.rule(f"2/4 base model: {model}")
     ensure_converted(model)
-    sft_dir = _sft_cache_dir(data_dir, preset, split, seed, model, lora)
+    sft_dir = _sft_cache_dir(data_dir, preset, split, seed, model, lora, quantization)
     trained = False
     if retrain and sft_dir.exists():
         shutil.rmtree(sft_dir)
@@ -126,7 +137,8 @@ def run_demo(
         from weightgraft.training.lora import LoraSettings
 
         finetune(model, data_dir, split=split, preset=preset, out=sft_dir, seed=seed, resume=True,
-                 templates=list(DEMO_TRAIN_TEMPLATES), lora=None if lora is None else LoraSettings(rank=lora))
+                 templates=list(DEMO_TRAIN_TEMPLATES), lora=None if lora is None else LoraSettings(rank=lora),
+                 quantization=quantization)
         trained = True
     else:
         console.print(f"finetuned model cached in {sft_dir} (pass --retrain to train again)")
@@ -140,7 +152,7 @@ def run_demo(
         "name": "demo",
         "protocol": DEMO_PROTOCOL,
         "data": str(data_dir),
-        "models": {"pre": model, "sft": str(sft_dir) if lora is None else f"peft(pre, {sft_dir})"},
+        "models": {"pre": pre_spec(model, quantization), "sft": sft_spec(model, sft_dir, lora)},
         "schemes": [{"preset": "position"}],
         "templates": list(DEMO_TEMPLATES),
         "directions": ["a2b"],
@@ -174,8 +186,8 @@ def run_demo(
         from weightgraft.models.demo_models import write_demo_record
 
         write_demo_record(model, sft_dir, out / "run")
-    configs = write_next_configs(out, model, sft_spec(model, sft_dir, lora))
-    console.print("\n".join(next_steps(out, model, sft_dir, lora, Path(paths.html), configs)), highlight=False,
+    configs = write_next_configs(out, pre_spec(model, quantization), sft_spec(model, sft_dir, lora))
+    console.print("\n".join(next_steps(out, pre_spec(model, quantization), sft_dir, lora, Path(paths.html), configs)), highlight=False,
                   markup=False, soft_wrap=True)  # paths and commands stay whole, to copy
     return DemoResult(out, sft_dir, trained, seconds)
 
@@ -209,7 +221,7 @@ def write_next_configs(out: Path, model: str, sft: str) -> dict[str, Path]:
     """Configs to copy beside the demo's outputs: its sweep (``position.yaml``) and a localize run on
     the same pair (``localize.yaml``), paths relative to their folder so they run from anywhere."""
     head = f"# the demo's pair: {model} and its finetune; paths are relative to this file\n"
-    models = f"models:\n  pre: {model}\n  sft: \"{sft}\"\n"
+    models = f"models:\n  pre: \"{model}\"\n  sft: \"{sft}\"\n"
     templates = f"templates: [{', '.join(DEMO_TEMPLATES)}]\ndirections: [a2b]\n"
     texts = {
         "position": (f"# weightgraft run {out / 'position.yaml'}: the demo's position sweep, to copy and edit\n{head}"

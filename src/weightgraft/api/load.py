@@ -9,16 +9,25 @@ from typing import Any
 from weightgraft.models.spec import ModelSpec
 
 
-def load(spec: str | os.PathLike[str] | ModelSpec, **kwargs: Any) -> tuple[Any, Any]:
+def load(spec: str | os.PathLike[str] | ModelSpec, *, quantization: str | Any = None, **kwargs: Any) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for any spec ``weightgraft.models.load_model`` accepts (an
     embedded name such as ``"smollm2-135m"``, ``"demo"`` / ``"demo:pre"`` for what ``weightgraft
-    demo`` made, a model directory, a ``.gguf`` file, a cached hub id); ``kwargs`` (``device``,
-    ``dtype``, ...) go to ``load_model``. Nothing is downloaded."""
+    demo`` made, a model directory, a ``.gguf`` file, a cached hub id, ``quantized(SPEC, nf4)``);
+    ``quantization``: load it quantized, a scheme name (``"nf4"``, ``"fp4"``, ``"int8"``,
+    ``"torchao-int8"``) or a transformers quantization config of your own (the same as the spec
+    ``quantized(SPEC, SCHEME)``); ``kwargs`` (``device``, ``dtype``, ...) go to ``load_model``.
+    Nothing is downloaded."""
     from weightgraft.models.donors import LoadSettings, load_role
     from weightgraft.models.loading import resolved_spec
-    from weightgraft.models.spec import DemoSpec, EmbeddedSpec, parse_spec
+    from weightgraft.models.spec import DemoSpec, EmbeddedSpec, QuantizedSpec, parse_spec, quantized
 
     parsed = parse_spec(spec)
+    if quantization is not None:
+        parsed = quantized(parsed, quantization)
+    if isinstance(parsed, QuantizedSpec):
+        from weightgraft.models.loading import check_model_spec
+
+        check_model_spec(parsed)  # the scheme's package and the model exist: one line before loading
     resolved = resolved_spec(parsed)  # a demo name without a demo: one line, before loading
     loaded = load_role(resolved, LoadSettings(**kwargs))
     if isinstance(parsed, DemoSpec):  # say which model the short name found

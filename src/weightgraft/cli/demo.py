@@ -20,13 +20,20 @@ def demo(
     retrain: bool = typer.Option(False, help="Finetune again even if a cached model exists."),
     lora: int = typer.Option(None, "--lora", min=1, help="Finetune a LoRA adapter of this rank (the SFT "
                              "model is peft(pre, ADAPTER)); default output runs/demo-lora."),
+    quantization: str = typer.Option(None, "--quantization", help="With --lora: load PRE quantized (nf4, fp4, "
+                                     "int8, torchao-int8) and train the adapter over it (QLoRA); output "
+                                     "runs/demo-lora-SCHEME."),
 ) -> None:
     """The whole workflow on an embedded model (SmolLM2-135M by default, or Gemma 3 270M): data,
     finetune (cached), sweep, report."""
     from weightgraft.demo import check_demo_model, run_demo
 
     check_demo_model(model)  # a DemoError: one line, before anything is built
+    if quantization is not None:
+        from weightgraft.models.spec import quantized
+
+        quantized(model, quantization)  # an unknown scheme: one line, before anything is built
     run_demo(model=model, out=out, n_relations=relations, seed=seed, preset=preset, retrain=retrain, console=console,
-             lora=lora)
+             lora=lora, quantization=quantization)
 
 

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from weightgraft.models.errors import ModelLoadError
+from weightgraft.models.quantization.schemes import QuantizationError
+from weightgraft.models.spec import ModelSpecError
 from weightgraft.training.errors import TrainingError
 from weightgraft.training.presets import PRESETS
 
@@ -98,6 +100,11 @@ def train(
         help="Modules the adapter adapts, e.g. q_proj,v_proj (default: all-linear, every linear "
         "layer of the blocks).",
     ),
+    quantization: Optional[str] = typer.Option(
+        None, "--quantization",
+        help="Load the base quantized (nf4, fp4, int8, torchao-int8) and train the LoRA adapter over it "
+        "(QLoRA; needs --lora): the donor is peft(pre, OUT) with pre: quantized(MODEL, SCHEME).",
+    ),
 ) -> None:
     """Finetune a pretrained model (PRE) into an SFT / task / relation model (HF Trainer)."""
     from weightgraft.training.lora import LoraSettings, parse_targets
@@ -127,8 +134,9 @@ def train(
             batch_size=batch_size,
             templates=[t.strip() for t in templates.split(",") if t.strip()] if templates else None,
             lora=adapter,
+            quantization=quantization,
         )
-    except (TrainingError, ModelLoadError) as exc:
+    except (TrainingError, ModelLoadError, ModelSpecError, QuantizationError) as exc:
         _err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from exc
     r = result.manifest["results"]
@@ -137,7 +145,8 @@ def train(
         f"[green]done[/] {result.out_dir}: validation loss "
         f"{'?' if before is None else f'{before:.4f}'} -> {r['eval_loss']:.4f} "
         f"({r['global_step']} steps, {r['seconds']:.0f} s)"
-        + (f"; a LoRA adapter: use it as peft(pre, {result.out_dir})" if lora is not None else ""),
+        + (f"; a LoRA adapter: use it as peft(pre, {result.out_dir})" if lora is not None else "")
+        + (f" with pre: quantized({model}, {quantization})" if quantization is not None else ""),
         highlight=False,
     )
 

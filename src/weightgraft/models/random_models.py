@@ -204,23 +204,29 @@ def build_random_model(spec: str | RandomSpec, dtype: Any = None, only: Iterable
     return model.eval(), weights_digest(parsed, dtype)
 
 
-def load_random(spec: str | RandomSpec, *, device: Any = "cpu", dtype: Any = None, device_map: Any = None) -> Any:
-    """:func:`weightgraft.models.load_model` for ``random:`` specs (tokenizer None)."""
+def load_random(spec: str | RandomSpec, *, device: Any = "cpu", dtype: Any = None, device_map: Any = None,
+                quantization: Any = None) -> Any:
+    """:func:`weightgraft.models.load_model` for ``random:`` specs (tokenizer None); with a
+    transformers ``quantization`` config, the random model quantized on ``device_map``."""
     import torch
 
     from weightgraft.engine.precision import batch_invariant_attention
+    from weightgraft.models.hashing import weights_sha256
+    from weightgraft.models.quantization.load import quantize_in_memory
 
-    if device_map is not None:
+    if device_map is not None and quantization is None:
         raise ModelLoadError(f"{parse_spec(spec).text}: device_map is not available for random models; build it on one device")
     dtype = dtype or torch.float32
     model, digest = build_random_model(spec, dtype)
-    batch_invariant_attention([model])
-    model.to(device)
     parsed = parse_random_spec(spec)
-    return LoadedModel(model=model, tokenizer=None,
-                       source=f"random:{parsed.name} (seed {parsed.seed}, {str(dtype).removeprefix('torch.')}, "
-                              f"{parsed.config_path})",
-                       weights_sha256=digest, spec=parse_spec(spec))
+    source = f"random:{parsed.name} (seed {parsed.seed}, {str(dtype).removeprefix('torch.')}, {parsed.config_path})"
+    if quantization is not None:
+        model = quantize_in_memory(model, quantization, dtype, device_map)
+        digest, source = weights_sha256(model), f"{source} quantized"
+    batch_invariant_attention([model])
+    if quantization is None:
+        model.to(device)
+    return LoadedModel(model=model, tokenizer=None, source=source, weights_sha256=digest, spec=parse_spec(spec))
 
 
 def lean_random_donor(spec: str | RandomSpec, base: Any, needed: Iterable[str]) -> Any:

@@ -11,6 +11,8 @@ The variants, in the order a string is resolved:
 - :class:`RandomSpec` ``random:NAME[@SEED]`` / ``random:PATH/config.json[@SEED]``;
 - :class:`PeftSpec` ``peft(BASE_ROLE, ADAPTER_DIR)``: a LoRA donor on another role;
 - :class:`LowRankSpec` ``lowrank(ROLE, k=K[, base=ROLE][, vectors=donor|pre])``;
+- :class:`QuantizedSpec` ``quantized(SPEC, SCHEME)``: a model by name loaded quantized
+  (SCHEME: nf4, fp4, int8, torchao-int8; :mod:`weightgraft.models.quantization`);
 - :class:`EmbeddedSpec` an embedded model's name (``smollm2-135m``);
 - :class:`FolderSpec` a path (a model directory or a ``.gguf`` file; existing, or not
   shaped like a hub id);
@@ -22,6 +24,8 @@ Whether a folder or hub model exists is checked before loading
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -33,9 +37,11 @@ from pydantic import AfterValidator
 from weightgraft.errors import WeightgraftError
 from weightgraft.models.embedded import EMBEDDED_MODELS
 from weightgraft.models.errors import ModelNotFoundError
+from weightgraft.models.quantization.schemes import QUANTIZATIONS as QUANTIZATION_NAMES
+from weightgraft.models.quantization.schemes import QuantizationError, check_scheme
 
 __all__ = [
-    "DEMO_SPECS", "DemoSpec", "EmbeddedSpec", "FolderSpec", "HubSpec", "LowRankError", "LowRankSpec",
+    "DEMO_SPECS", "DemoSpec", "QuantizedSpec", "QuantizedSpecError", "EmbeddedSpec", "FolderSpec", "HubSpec", "LowRankError", "LowRankSpec",
     "ModelSpec", "ModelSpecError", "PeftError", "PeftSpec", "RandomSpec", "is_derived", "looks_like_path",
     "SpecText", "embedded_name", "spec_error_of", "parse_lowrank", "parse_peft", "parse_roles", "parse_spec",
 ]
@@ -49,6 +55,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _PEFT = re.compile(r"^\s*peft\s*\((?P<args>.*)\)\s*$", re.S)
 _PEFT_START = re.compile(r"\s*peft\s*\(")  # "peft_models/x" is a directory, "peft(..." a spec
 _LOWRANK = re.compile(r"^\s*lowrank\s*\((?P<args>.*)\)\s*$")
+_QUANTIZED = re.compile(r"^\s*quantized\s*\((?P<args>.*)\)\s*$", re.S)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _PEFT_HINT = "write peft(BASE_ROLE, ADAPTER_DIR), e.g. peft(pre, models/lora)"
 
@@ -71,6 +78,10 @@ class PeftSpecError(ModelSpecError, PeftError):
 
 class LowRankSpecError(ModelSpecError, LowRankError):
     """A malformed ``lowrank(...)`` spec."""
+
+
+class QuantizedSpecError(ModelSpecError, QuantizationError):
+    """A malformed ``quantized(...)`` spec, or one naming an unknown or refused scheme."""
 
 
 class RandomSpecError(ModelSpecError, ModelNotFoundError):
@@ -189,8 +200,29 @@ class LowRankSpec:
         return (self.base, self.donor)
 
 
-ModelSpec = Union[FolderSpec, HubSpec, EmbeddedSpec, RandomSpec, DemoSpec, PeftSpec, LowRankSpec]
-SPEC_TYPES: tuple[type, ...] = (FolderSpec, HubSpec, EmbeddedSpec, RandomSpec, DemoSpec, PeftSpec, LowRankSpec)
+NamedSpec = Union[FolderSpec, HubSpec, EmbeddedSpec, RandomSpec, DemoSpec]
+NAMED_TYPES: tuple[type, ...] = (FolderSpec, HubSpec, EmbeddedSpec, RandomSpec, DemoSpec)
+
+
+@dataclass(frozen=True)
+class QuantizedSpec:
+    """``quantized(SPEC, SCHEME)``: the model SPEC names (a folder, hub id, embedded or demo name,
+    or ``random:``), loaded with its linear weights quantized by SCHEME (``nf4``, ``fp4``,
+    ``int8``, ``torchao-int8``). ``custom``: a transformers quantization config given in Python
+    (``wg.load(spec, quantization=BitsAndBytesConfig(...))``); its scheme reads ``custom-<hash>``."""
+
+    inner: NamedSpec
+    scheme: str
+    custom: Any = field(default=None, compare=False)
+    text: str = field(default="", compare=False)
+    kind: ClassVar[str] = "quantized"
+
+    def __post_init__(self) -> None:
+        _text(self, f"quantized({self.inner.text}, {self.scheme})")
+
+
+ModelSpec = Union[FolderSpec, HubSpec, EmbeddedSpec, RandomSpec, DemoSpec, PeftSpec, LowRankSpec, QuantizedSpec]
+SPEC_TYPES: tuple[type, ...] = (*NAMED_TYPES, PeftSpec, LowRankSpec, QuantizedSpec)
 
 
 def is_derived(spec: ModelSpec) -> bool:
@@ -242,6 +274,50 @@ def _lowrank(text: str) -> LowRankSpec | None:
     return LowRankSpec(**fields, text=text)
 
 
+def _quantized(text: str) -> QuantizedSpec | None:
+    m = _QUANTIZED.match(text)
+    hint = "write quantized(SPEC, SCHEME), e.g. quantized(smollm2-135m, nf4)"
+    if m is None:
+        if re.match(r"\s*quantized\s*\(", text):
+            raise QuantizedSpecError(f"model spec {text!r}: {hint}")
+        return None
+    inner_text, comma, scheme = (x.strip() for x in m.group("args").rpartition(","))
+    scheme = scheme.strip("'\"").strip().lower()
+    if not comma or not inner_text or not scheme:
+        raise QuantizedSpecError(f"model spec {text!r}: {hint}")
+    try:
+        check_scheme(scheme)
+    except QuantizationError as exc:
+        raise QuantizedSpecError(f"model spec {text!r}: {exc}") from None
+    inner = parse_spec(inner_text)
+    if not isinstance(inner, NAMED_TYPES):
+        raise QuantizedSpecError(f"model spec {text!r}: quantize a model by name (a folder, hub id, embedded name or "
+                                 f"random:), not a {inner.kind} role; for QLoRA write peft(ROLE, DIR) over a quantized role")
+    return QuantizedSpec(inner, scheme, text=text)  # type: ignore[arg-type]
+
+
+def quantized(spec: str | ModelSpec, scheme: str | Any) -> QuantizedSpec:
+    """``spec`` loaded quantized: ``scheme`` a name (``nf4`` ...) or a transformers quantization
+    config object (a ``BitsAndBytesConfig`` of your own)."""
+    inner = parse_spec(spec)
+    if isinstance(inner, QuantizedSpec):
+        raise QuantizedSpecError(f"{inner.text!r} is quantized already")
+    if not isinstance(inner, NAMED_TYPES):
+        raise QuantizedSpecError(f"{inner.text!r}: quantize a model by name, not a {inner.kind} role")
+    if isinstance(scheme, str):
+        try:
+            check_scheme(scheme.strip().lower())
+        except QuantizationError as exc:
+            raise QuantizedSpecError(f"{inner.text!r}: {exc}") from None
+        return QuantizedSpec(inner, scheme.strip().lower())  # type: ignore[arg-type]
+    to_dict = getattr(scheme, "to_dict", None)
+    if to_dict is None:
+        raise QuantizedSpecError(f"quantization is a scheme name ({', '.join(QUANTIZATION_NAMES)}) or a transformers "
+                                 f"quantization config, got {type(scheme).__name__}")
+    digest = hashlib.sha256(json.dumps(to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return QuantizedSpec(inner, f"custom-{digest}", custom=scheme)  # type: ignore[arg-type]
+
+
 def _random(text: str) -> RandomSpec:
     body, seed = text.strip()[len(RANDOM_PREFIX):], 0
     head, sep, tail = body.rpartition("@")
@@ -271,7 +347,7 @@ def parse_spec(text: str | os.PathLike[str] | ModelSpec) -> ModelSpec:
         return DemoSpec(DEMO_SPECS[key], text=raw)
     if key.startswith(RANDOM_PREFIX):
         return _random(raw)
-    derived = _peft(raw) or _lowrank(raw)
+    derived = _peft(raw) or _lowrank(raw) or _quantized(raw)
     if derived is not None:
         return derived
     if key in EMBEDDED_MODELS:

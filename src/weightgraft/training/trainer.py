@@ -47,6 +47,7 @@ from weightgraft.models import LoadedModel, load_model, weights_sha256
 from weightgraft.training.embeddings import freeze_embeddings
 from weightgraft.errors import validation_line
 from weightgraft.training.errors import TrainingError
+from weightgraft.models.spec import quantized
 from weightgraft.training.lora import LoraSettings, wrap_lora
 from weightgraft.training.outputs import (
     CHECKPOINTS,
@@ -145,6 +146,7 @@ def finetune(
     callbacks: list[Any] | None = None,
     templates: Sequence[str] | None = None,
     lora: LoraSettings | None = None,
+    quantization: str | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Finetune a causal LM on one split of a relation dataset with the HF Trainer.
@@ -171,6 +173,7 @@ def finetune(
             validation keeps its held-out templates. Default: every template.
         lora: train a LoRA adapter instead (weightgraft.training.lora); ``out`` is then peft's
             adapter directory, a donor as ``peft(pre, out)``.
+        quantization: QLoRA: the base loaded quantized (``nf4`` ...), ``lora`` trained over it.
         **overrides: preset fields to override, e.g. ``learning_rate=5e-5, epochs=2``.
     """
     from transformers import TrainingArguments, set_seed
@@ -190,6 +193,11 @@ def finetune(
         settings = get_preset(preset, **overrides)
     if max_steps is not None and max_steps < 1:
         raise TrainingError("max_steps must be at least 1")
+    if quantization is not None and (lora is None or isinstance(model_spec, LoadedModel)):
+        raise TrainingError(f"--quantization {quantization} trains a LoRA adapter over the base loaded quantized (QLoRA): "
+                            "add --lora RANK and give the base by its spec (quantized weights do not train)")
+    base_spec = None if isinstance(model_spec, LoadedModel) else (
+        quantized(os.fspath(model_spec), quantization) if quantization is not None else os.fspath(model_spec))
 
     templates = list(templates) if templates is not None and not isinstance(templates, str) else templates
     train_records, val_records = split_records(data_root, split, templates)
@@ -224,6 +232,7 @@ def finetune(
         "supplemental_sha256": _sha256_file(supplemental_path) if supplemental_path else None,
         "templates": templates,  # None, as in runs saved before the option: every template
         **({"lora": lora.model_dump()} if lora is not None else {}),
+        **({"quantization": quantization} if quantization is not None else {}),
     }
     if resume and (out_dir / MANIFEST_NAME).is_file():
         _compare_run_config(out_dir, run_config, "the finished run")
@@ -238,9 +247,10 @@ def finetune(
     else:
         from accelerate import PartialState
 
+        assert base_spec is not None  # a LoadedModel base is trained as it was loaded
         spec_text = os.fspath(model_spec)
         with PartialState().main_process_first():  # one process converts an embedded model
-            loaded = load_model(spec_text, allow_pickle=allow_pickle)
+            loaded = load_model(base_spec, allow_pickle=allow_pickle)
     model, tokenizer = loaded.model, loaded.tokenizer
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -389,6 +399,7 @@ def finetune(
         "freeze_unembed": freeze_unembed,
         "untied_embeddings": untied,
         **({"lora": lora.model_dump()} if lora is not None else {}),
+        **({"quantization": quantization} if quantization is not None else {}),
         "parameters": {"total": n_total, "trainable": n_trainable},
         "results": {
             "train_loss": train_loss,
