@@ -21,7 +21,7 @@ from weightgraft.planning.budget import budget, cuda_here
 from weightgraft.planning.cards import Card
 from weightgraft.planning.lengths import length_summary, tokenizer_for
 from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, with_planned_batch
-from weightgraft.planning.run import RoleShape, RunSettings, SetShape, held, run_advice
+from weightgraft.planning.run import RoleShape, RunSettings, SetShape, held, quantized_notes, run_advice
 from weightgraft.planning.timing import card_for, forward_seconds, rate_for, weight_read_seconds
 
 __all__ = ["DEFAULT_RUN_BATCH", "plan_before_run", "plan_experiment"]
@@ -105,6 +105,9 @@ def plan_experiment(config: ExperimentConfig, prompts: list[TestPrompt] | None =
     batch = choose_batch(fixed, DEFAULT_RUN_BATCH, n_rows, settings.memory_at, HEADROOM * where.limit)
     notes = ["prefix sharing (on by default) computes shared positions once: the time is an upper bound"
              if config.prefix_sharing and config.dtype == "float32" else "rows run whole"]
+    quantized = {r.spec.text: (r.role, r.spec.text, r.footprint) for s in shapes for r in s.roles
+                 if r.footprint.quantization is not None and not isinstance(r.spec, PeftSpec)}
+    notes += quantized_notes(list(quantized.values()), config.dtype)
     seconds, parts = None, {}
     if with_time:
         rate, note = rate_for(config.device, config.dtype, gpu)
@@ -132,8 +135,9 @@ def plan_experiment(config: ExperimentConfig, prompts: list[TestPrompt] | None =
 
 
 def _loaded_once(roles: list[RolePlan]) -> list[int]:
-    """Held bytes of each model a run loads: a spec held the same way in several sets loads once."""
-    return list({(r.spec, r.holds): r.held_bytes for r in roles}.values())
+    """Bytes each model a run loads reads (a quantized role: dense, quantized as it loads): a
+    spec held the same way in several sets loads once."""
+    return list({(r.spec, r.holds): r.loaded_bytes for r in roles}.values())
 
 
 def plan_before_run(config: ExperimentConfig, prompts: list[TestPrompt]) -> ExperimentConfig:

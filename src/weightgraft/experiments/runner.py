@@ -35,6 +35,7 @@ from weightgraft.experiments.metrics import (
     summarize,
 )
 from weightgraft.experiments.pairs import paired_differences
+from weightgraft.experiments.quantized_check import check_quantized_roles
 from weightgraft.schemes.binding import compile_for
 from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
 from weightgraft.schemes.selectors import (
@@ -140,6 +141,7 @@ def run_experiment(
             give_tokenizer(loaded[role], shared_tokenizer, role)
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
             store.add_model(set_name, role, loaded[role].weights_sha256)
+        checked = check_quantized_roles(roles_spec, loaded, prepared, settings)  # a quantized finetune vs itself dense
         models = [loaded[r].model for r in used]
         batch_invariant_attention(models)
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
@@ -147,7 +149,8 @@ def run_experiment(
             r: {"spec": roles_spec[r].text, "source": lm.source, "weights_sha256": lm.weights_sha256,
                 "n_layers": first.model.config.num_hidden_layers, **memory[r],
                 **({"adapter": lm.adapter.as_dict(spec.base)}
-                   if lm.adapter is not None and isinstance(spec := roles_spec[r], PeftSpec) else {})}
+                   if lm.adapter is not None and isinstance(spec := roles_spec[r], PeftSpec) else {}),
+                **({"quantized_agreement": checked[r]} if r in checked else {})}
             for r, lm in loaded.items()
         }
         if progress:

@@ -22,7 +22,15 @@ from weightgraft.models.lean import donor_view, needed_parameters
 from weightgraft.models.loaded import LoadedModel
 from weightgraft.models.lowrank import build_lowrank, lowrank_delta
 from weightgraft.models.peft_donor import build_peft
-from weightgraft.models.spec import LowRankSpec, ModelSpec, ModelSpecError, PeftSpec, is_derived, parse_spec
+from weightgraft.models.spec import (
+    LowRankSpec,
+    ModelSpec,
+    ModelSpecError,
+    PeftSpec,
+    QuantizedSpec,
+    is_derived,
+    parse_spec,
+)
 
 __all__ = ["DTYPES", "LeanSlots", "LoadSettings", "as_loaded", "default_loader", "load_donor", "load_role"]
 
@@ -127,8 +135,8 @@ def load_role(spec: str | ModelSpec, settings: LoadSettings, *, roles: Mapping[s
             settings.cache[key] = (lowrank_delta(base, donor), base, donor)
         delta, base, donor = settings.cache[key]
         return build_lowrank(spec, base, donor, delta)
-    if lean is not None and settings.lean_donors and settings.device_map is None:
-        return _lean(spec, settings, lean)
+    if lean is not None and settings.lean_donors and settings.device_map is None and not isinstance(spec, QuantizedSpec):
+        return _lean(spec, settings, lean)  # a quantized donor loads whole: its packed tensors cannot be thinned
     return _load_named(spec, settings)
 
 

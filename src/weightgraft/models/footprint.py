@@ -6,6 +6,11 @@ before any weight is read. The architecture is built on the ``meta`` device (sha
 storage, milliseconds even for 8B parameters), so parameter counts, tied tensors and the
 slot -> tensor map come from the very modules the engine will graft, not from a formula.
 
+A ``quantized(SPEC, SCHEME)`` role has SPEC's shapes; the modules transformers would quantize
+are found on the meta model by transformers' own rules, and their weights counted at the
+scheme's bytes (:func:`quantized_weight_bytes`, equal to the byte to loaded models in
+tests/test_plan_quantized.py).
+
 The activation estimates are upper-bound style sums of the tensors one layer holds at once
 (inference) or that autograd keeps for the backward pass (attribution); they are checked
 against measured memory in tests/test_plan.py (within a factor stated there).
@@ -14,17 +19,23 @@ against measured memory in tests/test_plan.py (within a factor stated there).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
-from weightgraft.models.spec import EmbeddedSpec, ModelSpec, RandomSpec, is_derived
+from weightgraft.models.spec import EmbeddedSpec, ModelSpec, QuantizedSpec, RandomSpec, is_derived
 
-__all__ = ["ModelFootprint", "dtype_bytes", "resolve_footprint"]
+__all__ = ["SCHEME_LAYOUT", "ModelFootprint", "Quantization", "dtype_bytes", "quantization_of", "quantized_weight_bytes",
+           "resolve_footprint"]
 
 _DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+BNB_BLOCK, BNB_NESTED_BLOCK = 64, 256  # bitsandbytes 4-bit blocksize (transformers' default), its nested one
+# How each scheme stores a weight, in words (the plan's arithmetic says it)
+SCHEME_LAYOUT = {"nf4": "4-bit + a float32 scale per 64", "fp4": "4-bit + a float32 scale per 64",
+                 "int8": "int8 + a float32 scale per row", "torchao-int8": "int8 + a float32 scale and int8 zero per row"}
 
 
 def dtype_bytes(dtype: Any) -> int:
@@ -33,6 +44,90 @@ def dtype_bytes(dtype: Any) -> int:
     if name not in _DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPE_BYTES)}")
     return _DTYPE_BYTES[name]
+
+
+def quantized_weight_bytes(scheme: str, out_features: int, in_features: int, double_quant: bool = False) -> int:
+    """Bytes one linear weight of ``out_features`` x ``in_features`` (n = out x in weights) takes
+    stored by ``scheme``, as transformers' quantizers leave it in memory:
+
+    - ``nf4`` / ``fp4`` (bitsandbytes ``Linear4bit``): ceil(n / 2) bytes of packed 4-bit codes, one
+      float32 absmax per block of 64 weights (4 ceil(n / 64)) and the 4-bit type's 16-entry
+      float32 table (64 bytes): 0.5625 bytes a weight. With double quantization
+      (``bnb_4bit_use_double_quant``, off in ``quantization.load.quantization_config``) the
+      absmax is one uint8 per block plus, per 256 blocks, one float32, with a 256-entry float32
+      table and a float32 offset: about 0.5159 bytes a weight.
+    - ``int8`` (bitsandbytes ``Linear8bitLt``): n int8 bytes + one float32 scale per output row (``SCB``).
+    - ``torchao-int8`` (torchao ``Int8Tensor``, weight-only): n int8 bytes + per output row a float32
+      scale and an int8 zero point (5 bytes), whatever the compute dtype.
+
+    Biases, norms, embeddings and the modules transformers keeps unquantized stay in the compute
+    dtype (:meth:`ModelFootprint.param_bytes`). On a CPU with AVX512-BF16, bitsandbytes repacks a
+    4-bit weight at its first eval forward with a bfloat16 absmax (0.53125 bytes a weight): this
+    is then an upper bound."""
+    n = out_features * in_features
+    if scheme in ("nf4", "fp4"):
+        blocks = -(-n // BNB_BLOCK)
+        if double_quant:
+            scales = blocks + 4 * -(-blocks // BNB_NESTED_BLOCK) + 4 * BNB_NESTED_BLOCK + 4
+        else:
+            scales = 4 * blocks
+        return -(-n // 2) + scales + 4 * 16
+    if scheme == "int8":
+        return n + 4 * out_features
+    if scheme == "torchao-int8":
+        return n + 5 * out_features
+    raise ValueError(f"no byte formula for quantization {scheme!r}")
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How a role's linear weights are stored: the scheme (``nf4``, ``fp4``, ``int8``,
+    ``torchao-int8``), bitsandbytes' double quantization, and the modules the user keeps
+    unquantized (None: transformers' defaults, the output embedding and tied tensors)."""
+
+    scheme: str
+    double_quant: bool = False
+    skip: tuple[str, ...] | None = None
+    bnb: bool = True  # bitsandbytes converts ``nn.Linear`` exactly and GPT-2's ``Conv1D``; torchao any ``nn.Linear``
+
+
+def quantization_of(spec: QuantizedSpec) -> Quantization:
+    """The :class:`Quantization` a quantized spec loads with: its scheme's, or what the user's
+    own transformers config (a ``BitsAndBytesConfig``, a ``TorchAoConfig`` of int8 weight-only) says."""
+    custom = spec.custom
+    if custom is None:
+        return Quantization(spec.scheme, bnb=spec.scheme != "torchao-int8")
+    kind = type(custom).__name__
+    if kind == "BitsAndBytesConfig":
+        skip = getattr(custom, "llm_int8_skip_modules", None)
+        skip = tuple(skip) if skip is not None else None
+        if getattr(custom, "load_in_4bit", False):
+            return Quantization(str(custom.bnb_4bit_quant_type), bool(custom.bnb_4bit_use_double_quant), skip)
+        if getattr(custom, "load_in_8bit", False):
+            return Quantization("int8", skip=skip)
+    if kind == "TorchAoConfig" and type(getattr(custom, "quant_type", None)).__name__ == "Int8WeightOnlyConfig" \
+            and not getattr(custom, "include_input_output_embeddings", False):
+        skip = getattr(custom, "modules_to_not_convert", None)
+        return Quantization("torchao-int8", skip=tuple(skip) if skip is not None else None, bnb=False)
+    raise ModelLoadError(f"{spec.text!r}: cannot plan a {kind} (the plan counts bitsandbytes 4-bit and 8-bit and "
+                         "torchao int8 weight-only); give a scheme name")
+
+
+def _default_skips(model: Any) -> list[str]:
+    """transformers' ``get_keys_to_not_convert``: tied tensors, the last parameter's module and
+    the output embedding stay unquantized."""
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    keys = set(tied) | set(tied.values()) | {list(model.named_parameters())[-1][0]}
+    out = model.get_output_embeddings()
+    keys |= {name for name, module in model.named_modules() if out is not None and module is out}
+    return [k.removesuffix(".weight") for k in keys]
+
+
+def _converted(name: str, skip: list[str]) -> bool:
+    """transformers' ``should_convert_module``: no pattern matches ``name`` from its start (up
+    to a module boundary, as a regex) or as a suffix."""
+    boundary = r"(?:(?<=\.)|(?=\.|$))"
+    return not any(re.match(rf"(?:{key}){boundary}", name) or name.endswith(key) for key in skip)
 
 
 @dataclass
@@ -47,6 +142,7 @@ class ModelFootprint:
     config: Any
     where: str
     tokenizer_dir: str | None = None
+    quantization: Quantization | None = None  # a ``quantized(SPEC, SCHEME)`` role's
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @cached_property
@@ -67,11 +163,57 @@ class ModelFootprint:
         """Parameters, tied tensors counted once (what ``model.parameters()`` yields)."""
         return sum(p.numel() for p in self.meta.parameters())
 
-    def param_bytes(self, dtype: Any) -> int:
-        """Bytes of the whole model's parameters and buffers in ``dtype``."""
+    @cached_property
+    def quantized_shapes(self) -> dict[str, tuple[int, int]]:
+        """Path -> (out, in) of each module whose weight transformers stores quantized (none
+        unquantized): bitsandbytes converts every exact ``nn.Linear`` (and GPT-2's ``Conv1D``),
+        torchao every ``nn.Linear``, but those of transformers' ``modules_to_not_convert``."""
+        q = self.quantization
+        if q is None:
+            return {}
+        from torch import nn
+        from transformers.pytorch_utils import Conv1D
+
+        skip = list(q.skip) if q.skip is not None else _default_skips(self.meta)
+        skip += list(getattr(self.meta, "_keep_in_fp32_modules", None) or [])
+        out = {}
+        for name, module in self.meta.named_modules():
+            if not name or not _converted(name, skip):
+                continue
+            if (type(module) is nn.Linear) if q.bnb else isinstance(module, nn.Linear):
+                out[name] = (module.out_features, module.in_features)
+            elif q.bnb and isinstance(module, Conv1D):
+                out[name] = (module.weight.shape[1], module.weight.shape[0])
+        return out
+
+    @cached_property
+    def _quantized_weights(self) -> dict[int, int]:
+        """id of a quantized weight on the meta model -> its bytes (:func:`quantized_weight_bytes`)."""
+        q = self.quantization
+        if q is None:
+            return {}
+        return {id(self.meta.get_submodule(path).weight): quantized_weight_bytes(q.scheme, o, i, q.double_quant)
+                for path, (o, i) in self.quantized_shapes.items()}
+
+    def _tensor_bytes(self, p: Any, size: int) -> int:
+        return self._quantized_weights.get(id(p), p.numel() * size)
+
+    def param_bytes(self, dtype: Any, quantized: bool = True) -> int:
+        """Bytes of the whole model's parameters and buffers in ``dtype``; a quantized role's
+        quantized weights at their scheme's bytes (``quantized=False``: as read, dense)."""
         size = dtype_bytes(dtype)
         buffers = sum(b.numel() * b.element_size() for b in self.meta.buffers())
-        return self.n_params * size + buffers
+        if not quantized or self.quantization is None:
+            return self.n_params * size + buffers
+        return sum(self._tensor_bytes(p, size) for p in self.meta.parameters()) + buffers
+
+    def quantized_parts(self, dtype: Any) -> tuple[int, int, int, int]:
+        """(quantized weights, their bytes, other parameters, their bytes and the buffers'):
+        the two terms of :meth:`param_bytes` of a quantized role."""
+        shapes = self.quantized_shapes
+        n_q = sum(o * i for o, i in shapes.values())
+        q_bytes = sum(self._quantized_weights.values())
+        return n_q, q_bytes, self.n_params - n_q, self.param_bytes(dtype) - q_bytes
 
     @cached_property
     def slot_parameters(self) -> dict[str, list[str]]:
@@ -94,8 +236,9 @@ class ModelFootprint:
 
         names = needed_parameters(self.meta, slots)
         params = dict(self.meta.named_parameters(remove_duplicate=False))
-        unique = {id(params[n]): params[n].numel() for n in names}
-        return sum(unique.values()) * dtype_bytes(dtype)
+        size = dtype_bytes(dtype)
+        unique = {id(params[n]): self._tensor_bytes(params[n], size) for n in names}
+        return sum(unique.values())
 
     def delta_bytes(self, dtype: Any, donor_slots: set[str] | None = None) -> int:
         """Bytes of a ``PartialGraft``'s deltas (localize's attribution): per grafted module, the
@@ -227,6 +370,10 @@ def resolve_footprint(spec: str | os.PathLike[str] | ModelSpec) -> ModelFootprin
     from weightgraft.models.random_models import parse_random_spec, random_config, shipped_config_path
 
     parsed_spec = resolved_spec(spec)
+    if isinstance(parsed_spec, QuantizedSpec):  # the named model's shapes, its linear weights quantized
+        inner = resolve_footprint(parsed_spec.inner)
+        return ModelFootprint(parsed_spec.text.strip(), inner.config, inner.where, inner.tokenizer_dir,
+                              quantization=quantization_of(parsed_spec))
     if is_derived(parsed_spec):
         raise ModelLoadError(f"{parsed_spec.text!r} is built from other roles: plan for the roles it names")
     text = parsed_spec.text.strip()

@@ -33,6 +33,11 @@ def weights_sha256(model_or_state_dict: Any) -> str:
 
 def hash_tensor(digest: Any, name: str, tensor: torch.Tensor) -> None:
     """One entry of :func:`weights_sha256` (also streamed by lean donors, tensor by tensor)."""
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is not None and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        for inner in flatten()[0]:  # a tensor subclass (torchao's quantized weights): its own tensors
+            hash_tensor(digest, f"{name}.{inner}", getattr(tensor, inner))
+        return
     t = tensor.detach().to("cpu").contiguous()
     header = f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{tuple(t.shape)}\0"
     digest.update(header.encode())

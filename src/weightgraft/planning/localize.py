@@ -17,6 +17,7 @@ from weightgraft.planning.budget import budget
 from weightgraft.planning.cards import Card
 from weightgraft.planning.lengths import length_summary, tokenizer_for
 from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, smaller_batch
+from weightgraft.planning.run import DEQUANTIZED, dequantized_bytes, quantized_notes
 from weightgraft.planning.sizes import gib
 from weightgraft.planning.timing import (
     attribution_seconds,
@@ -115,16 +116,21 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
     several = len(work.sfts) > 1
     sizes: list[Callable[[str], int]] = []
     roles = [RolePlan(model_set="default", role="pre", spec=work.pre, config=pre.where, n_params=pre.n_params,
-                      held_bytes=pre.param_bytes(work.dtype), holds="whole")]
+                      held_bytes=pre.param_bytes(work.dtype), holds=_whole(pre),
+                      read_bytes=pre.param_bytes(work.dtype, quantized=False))]
+    quantized = [("pre", work.pre, pre)]
     for sft in work.sfts:
         fp = pre if sft.adapter is not None else resolve_footprint(sft.spec)
         check_graftable("pre", pre, sft.label, fp)
         size = _adapter_size(sft.adapter) if sft.adapter is not None else fp.param_bytes
-        holds = "LoRA adapter" if sft.adapter is not None else "whole"
+        holds = "LoRA adapter" if sft.adapter is not None else _whole(fp)
         sizes.append(size)
+        if sft.adapter is None:
+            quantized.append((sft.label, sft.spec, fp))
         roles.append(RolePlan(model_set="default", role=sft.label, spec=sft.spec, config=fp.where, n_params=fp.n_params,
                               held_bytes=size(work.dtype),
-                              holds=holds + (", one SFT model at a time" if several else "")))
+                              holds=holds + (", one SFT model at a time" if several else ""),
+                              read_bytes=None if sft.adapter is not None else fp.param_bytes(work.dtype, quantized=False)))
     tok, how = tokenizer_for(pre, work.tokenizer)
     count = lambda text: len(tok(text, return_offsets_mapping=True, add_special_tokens=True)["input_ids"])  # noqa: E731
     lengths = [count(p) for p in work.prompts]
@@ -137,7 +143,7 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                        width, held.held, b)
 
     batch = choose_batch(work.batch_size, DEFAULT_LOCALIZE_BATCH, len(lengths), memory_at, HEADROOM * held.limit)
-    notes: list[str] = []
+    notes: list[str] = quantized_notes(quantized, work.dtype)
     if width:
         rows = min(batch, len(lengths))
         notes.append(f"units: {work.units}: {width} units per position; one attribution batch holds "
@@ -178,7 +184,7 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                 notes.append(work.search_note)
             on_card, _ = card_for(work.device, gpu)
             if on_card is not None:
-                reads, read_note = weight_read_seconds([r.held_bytes for r in roles], on_card)
+                reads, read_note = weight_read_seconds([r.loaded_bytes for r in roles], on_card)
                 parts.update(reads)
                 notes.append(read_note)
             seconds = sum(parts.values())
@@ -189,6 +195,10 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
     if plan.fits:
         return plan
     return replace(plan, suggestions=_advice(work, memory_at, held.limit), least=_least(work, memory_at))
+
+
+def _whole(fp: ModelFootprint) -> str:
+    return "whole" + (f", {fp.quantization.scheme}" if fp.quantization is not None else "")
 
 
 def _adapter_size(directory: str) -> Callable[[str], int]:
@@ -247,6 +257,8 @@ def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str],
         out[DEPTH_STATES] = max(batch, exact + states) - batch
     if maps:
         out[GRAFT_MAPS] = max(batch, exact + states + maps) - max(batch, exact + states)
+    if pre.quantization is not None:
+        out[DEQUANTIZED] = dequantized_bytes([pre], work.dtype)
     out["cell tables"] = CELL_ROW_BYTES * cells * len(sizes)
     if width:  # the unit rows kept per prompt and direction: its top ``unit_rows`` of every unit
         kept = work.directions * sum(min(work.unit_rows, t * width) for t in lengths)

@@ -28,6 +28,12 @@ class RolePlan:
     n_params: int
     held_bytes: int
     holds: str  # "whole", "lean (N of M slots)", "LoRA adapter", ...
+    read_bytes: int | None = None  # bytes read and copied to load it, where not ``held_bytes`` (quantized on load)
+
+    @property
+    def loaded_bytes(self) -> int:
+        """What loading it reads from disk and copies to the device."""
+        return self.held_bytes if self.read_bytes is None else self.read_bytes
 
 
 @dataclass(frozen=True, kw_only=True)

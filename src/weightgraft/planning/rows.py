@@ -8,7 +8,7 @@ import math
 from weightgraft.models.footprint import resolve_footprint
 from weightgraft.planning.budget import budget
 from weightgraft.planning.plan import Plan, RolePlan
-from weightgraft.planning.run import RoleShape, SetShape, held, run_memory
+from weightgraft.planning.run import RoleShape, SetShape, held, quantized_notes, run_memory
 from weightgraft.planning.timing import attribution_seconds, forward_seconds, rate_for
 
 __all__ = ["plan_attribution", "plan_rows"]
@@ -31,10 +31,11 @@ def plan_rows(base: str, donors: dict[str, set[str] | None], rows: list[tuple[in
     if rate is not None:
         parts = {"grafted forward": forward_seconds(fp, shape.rows, batch_size, rate)}
         seconds = parts["grafted forward"]
+    notes = quantized_notes([(r.role, r.spec.text, r.footprint) for r in roles], dtype)
     return Plan(kind="run", device=device, dtype=dtype, roles=held(shape, dtype, True), prompts={}, rows=len(rows),
                 batch_size=batch_size, batch_size_fixed=True, batches=math.ceil(len(rows) / batch_size),
                 memory=run_memory(shape, dtype, True, batch_size, where.held), budget_bytes=where.limit,
-                budget_source=where.source, predicted_seconds=seconds, time_parts=parts)
+                budget_source=where.source, predicted_seconds=seconds, time_parts=parts, notes=notes)
 
 
 def plan_attribution(pre: str, donor_bytes: int | None, lengths: list[int], dtype: str, batch_size: int, *,

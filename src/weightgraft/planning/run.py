@@ -8,12 +8,15 @@ import math
 
 from dataclasses import dataclass, field
 
-from weightgraft.models.footprint import ModelFootprint
-from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftSpec, parse_spec
+from weightgraft.models.footprint import SCHEME_LAYOUT, ModelFootprint, dtype_bytes
+from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftSpec, QuantizedSpec, parse_spec
 from weightgraft.planning.plan import RolePlan, choose_batch
 from weightgraft.planning.sizes import gib
 
-__all__ = ["RoleShape", "RunSettings", "SetShape", "held", "run_advice", "run_memory"]
+__all__ = ["DEQUANTIZED", "RoleShape", "RunSettings", "SetShape", "dequantized_bytes", "held", "quantized_notes",
+           "run_advice", "run_memory"]
+
+DEQUANTIZED = "dequantized weight (one at a time)"  # the plan's memory line of a quantized run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +78,7 @@ def held(shape: SetShape, dtype: str, lean: bool) -> list[RolePlan]:
     for i, r in enumerate(shape.roles):
         lora = r.spec
         fp = r.footprint
+        read = None
         if isinstance(lora, PeftSpec):
             size, holds = adapter_bytes(lora.directory, dtype), "LoRA adapter (the base's tensors shared)"
         elif r.lowrank:
@@ -83,8 +87,27 @@ def held(shape: SetShape, dtype: str, lean: bool) -> list[RolePlan]:
             size, holds = fp.param_bytes(dtype), "whole"
         else:
             size, holds = fp.held_bytes(r.served or set(), dtype), f"lean ({len(r.served or ())} of {n_slots} slots)"
+        if isinstance(lora, QuantizedSpec) and fp.quantization is not None:
+            holds += f", {fp.quantization.scheme}"
+            read = fp.param_bytes(dtype, quantized=False)  # read dense, quantized as it loads
         out.append(RolePlan(model_set=shape.name, role=r.role, spec=r.spec.text, config=fp.where, n_params=fp.n_params,
-                            held_bytes=size, holds=holds))
+                            held_bytes=size, holds=holds, read_bytes=read))
+    return out
+
+
+def quantized_notes(roles: list[tuple[str, str, ModelFootprint]], dtype: str) -> list[str]:
+    """The arithmetic of each quantized role's bytes, one note each: ``(role, spec, footprint)``."""
+    out = []
+    for role, spec, fp in roles:
+        q = fp.quantization
+        if q is None:
+            continue
+        n_q, q_bytes, n_rest, rest = fp.quantized_parts(dtype)
+        layout = SCHEME_LAYOUT[q.scheme] + (" (double-quantized scales)" if q.double_quant else "")
+        out.append(f"{role} {spec}: {n_q / 1e9:.2f}B weights in {layout} = {gib(q_bytes)}, + {n_rest / 1e9:.2f}B "
+                   f"other parameters (embeddings, unquantized modules, norms) in {dtype} = {gib(rest)}: "
+                   f"{gib(q_bytes + rest)} held; read dense ({gib(fp.param_bytes(dtype, quantized=False))} "
+                   "in the run's dtype) and quantized as it loads")
     return out
 
 
@@ -93,9 +116,20 @@ def run_memory(shape: SetShape, dtype: str, lean: bool, batch: int, held_now: in
     seq = max(t for t, _ in shape.rows)
     logits = max(n for _, n in shape.rows)
     act = shape.base.inference_bytes(min(batch, len(shape.rows)), seq, logits, dtype)
-    return {"process before loading": held_now,
-            "parameters": sum(r.held_bytes for r in held(shape, dtype, lean)),
-            "source maps": shape.source_bytes, **act}
+    parts = {"process before loading": held_now,
+             "parameters": sum(r.held_bytes for r in held(shape, dtype, lean)),
+             "source maps": shape.source_bytes, **act}
+    scratch = dequantized_bytes([r.footprint for r in shape.roles], dtype)
+    if scratch:
+        parts[DEQUANTIZED] = scratch
+    return parts
+
+
+def dequantized_bytes(footprints: list[ModelFootprint], dtype: str) -> int:
+    """The largest quantized weight in ``dtype``: bitsandbytes' 4-bit and 8-bit matmuls dequantize
+    the whole weight of each call before multiplying, one at a time (counted for torchao too: an
+    upper bound where its kernel multiplies int8 directly)."""
+    return max((o * i for fp in footprints for o, i in fp.quantized_shapes.values()), default=0) * dtype_bytes(dtype)
 
 
 def run_advice(settings: RunSettings, limit: int, spread: tuple[int, int] | None = None,

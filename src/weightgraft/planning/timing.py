@@ -58,14 +58,16 @@ def rate_for(device: str, dtype: str, gpu: Card | None) -> tuple[Throughput | No
     return throughput(device, dtype), None
 
 
-def weight_read_seconds(held_bytes: Sequence[int], gpu: Card) -> tuple[dict[str, float], str]:
-    """Reading every held model before the first batch: from disk, then over the card's host
-    link, one after the other (a stated upper bound: loaders overlap the two in part); and the
-    note that states both rates."""
-    total = sum(held_bytes)
+def weight_read_seconds(loaded_bytes: Sequence[int], gpu: Card) -> tuple[dict[str, float], str]:
+    """Reading every model before the first batch (``RolePlan.loaded_bytes``: what it holds, or
+    for a role quantized as it loads its dense weights: transformers reads them and copies them to
+    the card before it quantizes them there): from disk, then over the card's host link, one
+    after the other (a stated upper bound: loaders overlap the two in part); and the note that
+    states both rates."""
+    total = sum(loaded_bytes)
     parts = {"read weights from disk": total / gpu.disk_bytes_per_second,
              "copy weights to the card": total / gpu.host_link_bytes_per_second}
-    note = (f"reading the weights ({total / 2**30:.2f} GiB held): disk at {gpu.disk_bytes_per_second / 1e9:g} GB/s "
+    note = (f"reading the weights ({total / 2**30:.2f} GiB read): disk at {gpu.disk_bytes_per_second / 1e9:g} GB/s "
             f"(assumed; --disk-gbps names yours), then the card's host link at its stated "
             f"{gpu.host_link_bytes_per_second / 1e9:g} GB/s")
     return parts, note
