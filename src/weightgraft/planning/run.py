@@ -83,7 +83,7 @@ def held(shape: SetShape, dtype: str, lean: bool) -> list[RolePlan]:
             size, holds = adapter_bytes(lora.directory, dtype), "LoRA adapter (the base's tensors shared)"
         elif r.lowrank:
             size, holds = fp.param_bytes(dtype), "low-rank (whole model; SVD factors not counted)"
-        elif i == 0 or not lean:
+        elif i == 0 or not lean or r.served is None or isinstance(lora, QuantizedSpec):  # quantized donors load whole
             size, holds = fp.param_bytes(dtype), "whole"
         else:
             size, holds = fp.held_bytes(r.served or set(), dtype), f"lean ({len(r.served or ())} of {n_slots} slots)"
