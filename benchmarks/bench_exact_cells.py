@@ -89,7 +89,7 @@ def main() -> None:
           f"threads={torch.get_num_threads()} sharing={args.sharing} layers={n_layers} prompts={len(examples)} "
           f"tokens/prompt={min(len(e.input_ids) for e in examples)}-{max(len(e.input_ids) for e in examples)}")
     with torch.no_grad():  # warm-up
-        exact_effects(models, examples[:1], [[[c] for c in sets[0][:8]]], 0, chunk=args.chunk, share=args.sharing)
+        exact_effects(models, examples[:1], [[[c] for c in sets[0][:8]]], pad_id=0, chunk=args.chunk, share=args.sharing)
     for label, keep in groups.items():
         chosen = [[[c] for c in cells if keep(c)] for cells in sets]
         n = sum(len(s) for s in chosen)
@@ -97,7 +97,7 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         _sync(args.device)
         t0 = time.perf_counter()
-        exact_effects(models, examples, chosen, 0, chunk=args.chunk, share=args.sharing)
+        exact_effects(models, examples, chosen, pad_id=0, chunk=args.chunk, share=args.sharing)
         _sync(args.device)
         seconds = time.perf_counter() - t0
         peak = (f" peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated"

@@ -78,7 +78,7 @@ def main() -> None:
 
     # 1. attribution map of every cell, both directions
     t0 = time.time()
-    maps = {d: estimate_frame(p, examples, d, "logprob", 16) for d, p in (("sufficiency", pair), ("necessity", pair.swapped()))}
+    maps = {d: estimate_frame(p, examples, d, metric="logprob", batch_size=16) for d, p in (("sufficiency", pair), ("necessity", pair.swapped()))}
     t_grad = time.time() - t0
     print(f"attribution (gradient), every cell, both directions: {t_grad:.1f}s  [target < 60 s] "
           f"({sum(len(m) for m in maps.values())} rows)")
@@ -93,7 +93,7 @@ def main() -> None:
                 ids[i, : e.scored.position + 1] = torch.tensor(e.scored.input_ids)
                 mask[i, : e.scored.position + 1] = 1
             graft_attribution(p, ids, torch.tensor([e.scored.position for e in chunk]),
-                              torch.tensor([e.scored.target for e in chunk]), attention_mask=mask, steps=args.ig_steps)
+                              targets=torch.tensor([e.scored.target for e in chunk]), attention_mask=mask, steps=args.ig_steps)
     t_ig = time.time() - t0
     print(f"integrated gradients ({args.ig_steps} steps), every cell, both directions: {t_ig:.1f}s")
 
@@ -118,7 +118,7 @@ def main() -> None:
     times = {}
     for share in (True, False):
         t0 = time.time()
-        exact_effects([pre.model, sft.model], [ex.scored], [[[c] for c in sample]], 0, share=share)
+        exact_effects([pre.model, sft.model], [ex.scored], [[[c] for c in sample]], pad_id=0, share=share)
         times[share] = time.time() - t0
     print(f"300 cells of one prompt: depth sharing {times[True]:.1f}s, whole rows {times[False]:.1f}s "
           f"({times[False] / times[True]:.2f}x)")

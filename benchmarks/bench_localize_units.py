@@ -56,10 +56,10 @@ def main() -> None:
         n = 0
         for chunk, ids, mask, pos, targets in _batches(examples, args.batch):
             if units == "cell":
-                g = graft_attribution(pair, ids, pos, targets, attention_mask=mask)
+                g = graft_attribution(pair, ids, pos, targets=targets, attention_mask=mask)
                 n += sum((e.scored.position + 1) * g.shape[-1] for e in chunk)
             else:
-                g, per_unit = graft_unit_attribution(pair, ids, pos, targets, units, attention_mask=mask)
+                g, per_unit = graft_unit_attribution(pair, ids, pos, targets=targets, kind=units, attention_mask=mask)
                 width = g.shape[-1] - len(per_unit) + sum(u.shape[-1] for u in per_unit.values())
                 n += sum((e.scored.position + 1) * width for e in chunk)
         key = units if units not in times else "cell (again)"
@@ -69,7 +69,7 @@ def main() -> None:
 
     for units in ("cell", "neuron"):  # localize's estimate stage: the same passes plus the table rows
         t0 = time.time()
-        frame = estimate_frame(pair, examples, "sufficiency", "logprob", args.batch, units=units)
+        frame = estimate_frame(pair, examples, "sufficiency", metric="logprob", batch_size=args.batch, units=units)
         print(f"localize estimate stage (estimate_frame), units: {units}: {time.time() - t0:.1f}s, {len(frame):,} rows",
               flush=True)
     cell = min(times["cell"], times["cell (again)"])

@@ -299,7 +299,7 @@ def run_one(args) -> dict:
         def attribution():
             for i in range(0, ids.shape[0], args.attr_batch):
                 graft_attribution(pair, ids[i : i + args.attr_batch], pos[i : i + args.attr_batch],
-                                  targets[i : i + args.attr_batch], attention_mask=mask[i : i + args.attr_batch])
+                                  targets=targets[i : i + args.attr_batch], attention_mask=mask[i : i + args.attr_batch])
 
         def forward_backward():
             emb = base.model.get_input_embeddings()

@@ -67,13 +67,13 @@ def main() -> None:
     raw = {"data": args.data, "models": {"pre": args.pre, "sft": args.sft}, "templates": ["headline", "qa"],
            "limit": args.limit, "graft_directions": ["sufficiency"], "exact": "none"}
     warm, _ = build_examples(select_prompts(parse_localize_config(raw)), pre.tokenizer)
-    estimate_frame(pair, warm[:2], "sufficiency", "logprob", 2, 0, Units.NEURON, 20000)  # warm-up
+    estimate_frame(pair, warm[:2], "sufficiency", metric="logprob", batch_size=2, ig_steps=0, units=Units.NEURON, unit_rows=20000)  # warm-up
     for units in (Units.CELL, Units.NEURON, Units.HEAD):
         config = parse_localize_config({**raw, "units": units.value})
         plan = plan_localize_work(plan_input(config), memory="1TiB", with_time=False)
         examples, _ = build_examples(select_prompts(config), pre.tokenizer)
         measured, frame = _peak_extra(lambda examples=examples, plan=plan, units=units, config=config: estimate_frame(
-            pair, examples, "sufficiency", "first_logprob", plan.batch_size, 0, units, config.unit_rows))
+            pair, examples, "sufficiency", metric="first_logprob", batch_size=plan.batch_size, ig_steps=0, units=units, unit_rows=config.unit_rows))
         parts = {k: plan.memory.get(k, 0) for k in ("batch (attribution or exact cells)", "unit rows", "cell tables")}
         predicted = sum(parts.values())
         print(json.dumps({"units": str(units), "prompts": len(examples), "batch": plan.batch_size, "rows": len(frame),

@@ -32,7 +32,7 @@ def test_gradient_matches_finite_difference(model_type, metric):
     alpha = torch.rand(2, ids.shape[1], n_slots, generator=gen, dtype=torch.float64)
     distractors = torch.tensor([7, 11]) if metric == "logit_diff" else None
     ref = donor_logprobs(pair, ids, pos, mask) if metric == "neg_kl_donor" else None
-    grad = graft_attribution(pair, ids, pos, targets, metric, distractors, mask, start=alpha)
+    grad = graft_attribution(pair, ids, pos, targets=targets, metric=metric, distractors=distractors, attention_mask=mask, start=alpha)
     for s in range(n_slots):  # every slot, at a random position up to row 0's scored one
         t = int(pos[0]) if pair.slots[s].name in ("final_norm", "unembed") else int(torch.randint(0, int(pos[0]) + 1, (1,), generator=gen))
 
@@ -42,7 +42,7 @@ def test_gradient_matches_finite_difference(model_type, metric):
                 a = alpha.clone()
                 a[0, t, s] += sign * h
                 with torch.no_grad():
-                    bumped.append(float(graft_metric(pair, ids, a, pos, targets, metric, distractors, mask, ref)[0]))
+                    bumped.append(float(graft_metric(pair, ids, a, positions=pos, targets=targets, metric=metric, distractors=distractors, attention_mask=mask, reference_logprobs=ref)[0]))
             return (bumped[0] - bumped[1]) / (2 * h)
 
         got = float(grad[0, t, s])
@@ -66,7 +66,7 @@ def test_gradient_is_exact_with_float64_rmsnorm(monkeypatch, metric):
     ids, mask, pos, targets = _batch()
     alpha = torch.rand(2, ids.shape[1], len(pair.slots), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     distractors = torch.tensor([7, 11])
-    grad = graft_attribution(pair, ids, pos, targets, metric, distractors, mask, start=alpha)
+    grad = graft_attribution(pair, ids, pos, targets=targets, metric=metric, distractors=distractors, attention_mask=mask, start=alpha)
     for s in range(len(pair.slots)):
         for t in range(int(pos[0]) + 1):
             vals = []
@@ -74,7 +74,7 @@ def test_gradient_is_exact_with_float64_rmsnorm(monkeypatch, metric):
                 a = alpha.clone()
                 a[0, t, s] += sign * 1e-5
                 with torch.no_grad():
-                    vals.append(float(graft_metric(pair, ids, a, pos, targets, metric, distractors, mask)[0]))
+                    vals.append(float(graft_metric(pair, ids, a, positions=pos, targets=targets, metric=metric, distractors=distractors, attention_mask=mask)[0]))
             fd = (vals[0] - vals[1]) / 2e-5
             assert abs(float(grad[0, t, s]) - fd) <= 1e-8 + 1e-6 * abs(fd)
 
@@ -83,7 +83,7 @@ def test_gradient_is_exact_with_float64_rmsnorm(monkeypatch, metric):
 def test_cells_that_cannot_matter_get_zero(model_type):
     pair = PartialGraft(*tiny_models(model_type, 2, torch.float64))
     ids, mask, pos, targets = _batch()
-    grad = graft_attribution(pair, ids, pos, targets, attention_mask=mask)
+    grad = graft_attribution(pair, ids, pos, targets=targets, attention_mask=mask)
     names = [s.name for s in pair.slots]
     out_only = [names.index("unembed")] + ([names.index("final_norm")] if "final_norm" in names else [])
     assert grad[1, int(pos[1]) + 1:].abs().max() == 0  # after the scored position
@@ -98,11 +98,11 @@ def test_cells_that_cannot_matter_get_zero(model_type):
 def test_integrated_gradients_add_up_to_the_total_change(model_type):
     pair = PartialGraft(*tiny_models(model_type, 2, torch.float64))
     ids, mask, pos, targets = _batch(5)
-    ig = graft_attribution(pair, ids, pos, targets, attention_mask=mask, steps=24)
+    ig = graft_attribution(pair, ids, pos, targets=targets, attention_mask=mask, steps=24)
     n_slots = len(pair.slots)
     with torch.no_grad():
-        m0 = graft_metric(pair, ids, torch.zeros(2, 5, n_slots, dtype=torch.float64), pos, targets, attention_mask=mask)
-        m1 = graft_metric(pair, ids, torch.ones(2, 5, n_slots, dtype=torch.float64), pos, targets, attention_mask=mask)
+        m0 = graft_metric(pair, ids, torch.zeros(2, 5, n_slots, dtype=torch.float64), positions=pos, targets=targets, attention_mask=mask)
+        m1 = graft_metric(pair, ids, torch.ones(2, 5, n_slots, dtype=torch.float64), positions=pos, targets=targets, attention_mask=mask)
     total = ig.sum(dim=(1, 2))
     assert torch.allclose(total, m1 - m0, rtol=2e-2, atol=2e-2)
     assert (m1 - m0).abs().min() > 0.1  # the pair differs: the check is not 0 == 0
@@ -112,7 +112,7 @@ def test_weights_keep_their_requires_grad():
     pair = PartialGraft(*tiny_models("llama", 2, torch.float64))
     ids, mask, pos, targets = _batch()
     before = [p.requires_grad for p in pair.base.parameters()]
-    graft_attribution(pair, ids, pos, targets, attention_mask=mask)
+    graft_attribution(pair, ids, pos, targets=targets, attention_mask=mask)
     assert [p.requires_grad for p in pair.base.parameters()] == before
     assert all(p.grad is None for p in pair.base.parameters())
 

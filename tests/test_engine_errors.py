@@ -44,7 +44,7 @@ MISTAKES = {
     "logit rows": (lambda b, d: wg.graft_forward([b, d], IDS, _source(b), logit_positions=torch.tensor([[5]])),
                    ValueError, r"logit_positions must lie in 0..4"),
     "integer alpha": (lambda b, d: PartialGraft(b, d)(IDS, _source(b)), TypeError, "alpha must be a float tensor"),
-    "one model's cells": (lambda b, d: exact_effects([b], [], [], 0), ValueError, "exactly two models"),
+    "one model's cells": (lambda b, d: exact_effects([b], [], [], pad_id=0), ValueError, "exactly two models"),
     "cell name": (lambda b, d: parse_cell_name("layers.3.o/x2"), ValueError, "not a cell name"),
     "activation name": (lambda b, d: record(b, ["layers.0.nope"]).__enter__(), ValueError, "no activation named"),
     "metric": (lambda b, d: metric_values(torch.zeros(1, 4), torch.tensor([0]), "top1"), ValueError, "unknown metric"),

@@ -34,7 +34,7 @@ def test_generation_equals_per_token_definition(arch):
     base, donor = tiny_models(arch, 2, torch.float64, vocab_size=len(tok))
     scheme = Scheme(name="graft", rules=RULES)
     with float64_exact([base, donor]):
-        out = generate_one([base, donor], tok, PROMPT, _compiled(base, scheme), SPANS,
+        out = generate_one([base, donor], tok, PROMPT, compiled=_compiled(base, scheme), spans=SPANS,
                            max_new_tokens=6, stop_at_eos=False)
     assert len(out.token_ids) == 6
     prompt_ids = tok(PROMPT)["input_ids"]
@@ -54,7 +54,7 @@ def test_last_token_rules_follow_the_new_token():
     tok = tiny_tokenizer()
     base, donor = tiny_models("llama", 2, torch.float64, vocab_size=len(tok))
     scheme = Scheme(name="s", rules=[Rule(model="sft", positions="1+-1", components="body")])
-    out = generate_one([base, donor], tok, PROMPT, _compiled(base, scheme), max_new_tokens=4,
+    out = generate_one([base, donor], tok, PROMPT, compiled=_compiled(base, scheme), max_new_tokens=4,
                        stop_at_eos=False)
     n = len(tok(PROMPT)["input_ids"])
     src = torch.cat([out.prompt_source, out.new_source])
@@ -69,7 +69,7 @@ def test_per_head_rules_generate_exactly():
     tok = tiny_tokenizer()
     base, donor = tiny_models("qwen2", 2, torch.float64, vocab_size=len(tok))
     scheme = Scheme(name="h", rules=[Rule(model="sft", positions="last", components="q+o", heads="0,2")])
-    out = generate_one([base, donor], tok, PROMPT, _compiled(base, scheme), max_new_tokens=4, stop_at_eos=False)
+    out = generate_one([base, donor], tok, PROMPT, compiled=_compiled(base, scheme), max_new_tokens=4, stop_at_eos=False)
     n = len(tok(PROMPT)["input_ids"])
     ids = torch.tensor([tok(PROMPT)["input_ids"] + out.token_ids[:-1]])
     src = torch.cat([out.prompt_source, out.new_source])[None]

@@ -84,7 +84,7 @@ def test_sets_are_searched_on_fit_prompts_and_judged_on_held_out_ones(finished):
         # the search never saw the held-out prompts: a search on the fit prompts alone finds the same set
         sub = cells[(cells.direction == entry["direction"]) & cells.example_id.isin(entry["fit_ids"])]
         estimates = {k: float(v) for k, v in sub.groupby(["position_label", "slot"])["estimate"].sum().items()}
-        alone = minimal_graft_search(models, [e.scored for e in fit_ex], fit_maps, estimates, 0, 0.9, 1024, chunk=64)
+        alone = minimal_graft_search(models, [e.scored for e in fit_ex], fit_maps, estimates=estimates, pad_id=0, target_share=0.9, max_cells=1024, chunk=64)
         assert alone.cells == found
         # controls measured on both halves
         for kind in ("random", "matched"):

@@ -164,7 +164,7 @@ def test_a_metric_registered_once_reaches_results_summary_console_report_figures
     assert "toy margin" in text and f"{summary['mean_toy_margin'].iloc[0]:.2f}" in text
     assert "| toy margin |" in summary_markdown(load_run(result.run_dir))
     grid = summary["mean_toy_margin"].to_numpy()[None]
-    fig = heatmap_figure(grid, ["row"], list(summary["scheme"]), "mean_toy_margin", "toy", "x", "y")
+    fig = heatmap_figure(grid, ["row"], list(summary["scheme"]), metric="mean_toy_margin", title="toy", xlabel="x", ylabel="y")
     assert "toy margin (p - 0.5)" in fig.axes[0].get_title()
     logits = _logits(4)
     got = metric_values(logits, torch.tensor([0, 1, 2]), "toy_margin")

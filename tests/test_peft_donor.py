@@ -243,8 +243,8 @@ def test_attribution_and_exact_cell_maps_on_a_lora_donor_equal_the_merged_models
             (PartialGraft(base, donor).swapped(), PartialGraft(base, merged).swapped()),
         ):
             for metric in ("first_logprob", "neg_kl_donor"):
-                got = graft_attribution(lora_pair, ids, positions, targets, metric, attention_mask=mask)
-                want = graft_attribution(merged_pair, ids, positions, targets, metric, attention_mask=mask)
+                got = graft_attribution(lora_pair, ids, positions, targets=targets, metric=metric, attention_mask=mask)
+                want = graft_attribution(merged_pair, ids, positions, targets=targets, metric=metric, attention_mask=mask)
                 assert (got - want).abs().max().item() <= TOL
                 assert got.abs().max().item() > 1e-3
             alpha = torch.rand(*ids.shape, len(wg.slots(base)), generator=torch.Generator().manual_seed(0),

@@ -373,9 +373,9 @@ def test_unit_shares_are_what_neuron_attribution_adds(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, SMALL["vocab_size"], (rows, seq), generator=gen)
     pos, targets = torch.full((rows,), seq - 1), torch.zeros(rows, dtype=torch.long)
-    graft_unit_attribution(pair, ids[:2], pos[:2], targets[:2], Units.NEURON)  # warm-up
-    cell = _peak_extra(lambda: graft_attribution(pair, ids, pos, targets))
-    neuron = _peak_extra(lambda: graft_unit_attribution(pair, ids, pos, targets, Units.NEURON))
+    graft_unit_attribution(pair, ids[:2], pos[:2], targets=targets[:2], kind=Units.NEURON)  # warm-up
+    cell = _peak_extra(lambda: graft_attribution(pair, ids, pos, targets=targets))
+    neuron = _peak_extra(lambda: graft_unit_attribution(pair, ids, pos, targets=targets, kind=Units.NEURON))
     width = unit_width(footprint, Units.NEURON)
     assert width == 3 * 2048 * SMALL["num_hidden_layers"] and unit_width(footprint, Units.CELL) == 0
     predicted = UNIT_SHARE_COPIES * rows * seq * width * 4

@@ -138,8 +138,8 @@ def test_unit_gradients_sum_to_the_cell_gradient(model_type, kind):
     base, donor = tiny_models(model_type, 2, torch.float64)
     pair = PartialGraft(base, donor)
     ids, pos, targets = _scored()
-    cells = attribution.graft_attribution(pair, ids, pos, targets)
-    split, units = attribution.graft_unit_attribution(pair, ids, pos, targets, kind)
+    cells = attribution.graft_attribution(pair, ids, pos, targets=targets)
+    split, units = attribution.graft_unit_attribution(pair, ids, pos, targets=targets, kind=kind)
     names = [s.name for s in pair.slots]
     assert set(units) == set(attribution.unit_slots(pair, kind)) and units
     for name, g in units.items():
@@ -204,7 +204,7 @@ def test_bad_unit_alpha_is_refused():
     with pytest.raises(ValueError, match=r"shape \[batch, seq, neurons\]"):
         pair.forward(ids, alpha, unit_alpha={"layers.0.up": torch.zeros(1, 4, 4)})
     with pytest.raises(ValueError, match="kind must be"):
-        attribution.graft_unit_attribution(pair, ids, torch.tensor([3]), torch.tensor([5]), "cell")
+        attribution.graft_unit_attribution(pair, ids, torch.tensor([3]), targets=torch.tensor([5]), kind="cell")
 
 
 # ---- exact effects of unit cells ----------------------------------------------------------------

@@ -92,7 +92,7 @@ def run_demo(
     out: Path | None = None,
     n_relations: int = 40,
     seed: int = 0,
-    preset: str = "cpu-quick",
+    *, preset: str = "cpu-quick",
     split: str = "a2b",
     retrain: bool = False,
     console: Console | None = None,

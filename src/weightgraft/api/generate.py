@@ -71,8 +71,8 @@ def generate(
     texts = []
     for i, (p, s) in enumerate(zip(prompts, per_prompt)):
         try:
-            texts.append(generate_one(ordered, tokenizer, p, compiled, s, max_new_tokens, do_sample,
-                                      temperature, top_k, seed).text)
+            texts.append(generate_one(ordered, tokenizer, p, compiled=compiled, spans=s, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                      temperature=temperature, top_k=top_k, seed=seed).text)
         except SpanNotFound as exc:
             raise GraftInputError(f"prompt {i} ({p!r}): {exc}") from exc
     return texts[0] if isinstance(prompt, str) else texts

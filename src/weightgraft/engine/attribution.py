@@ -66,7 +66,7 @@ def _crop(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
 
 
 def graft_metric(
-    pair: PartialGraft, input_ids: torch.Tensor, alpha: torch.Tensor, positions: torch.Tensor,
+    pair: PartialGraft, input_ids: torch.Tensor, alpha: torch.Tensor, *, positions: torch.Tensor,
     targets: torch.Tensor, metric: Metric = "first_logprob", distractors: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None, reference_logprobs: torch.Tensor | None = None,
     unit_alpha: Mapping[str, torch.Tensor] | None = None,
@@ -90,7 +90,7 @@ def donor_logprobs(pair: PartialGraft, input_ids: torch.Tensor, positions: torch
 
 
 def graft_attribution(
-    pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
+    pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, *, targets: torch.Tensor,
     metric: Metric = "first_logprob", distractors: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None, steps: int = 1,
     start: torch.Tensor | None = None, end: torch.Tensor | None = None,
@@ -109,7 +109,7 @@ def unit_slots(pair: PartialGraft, kind: Units) -> dict[str, int]:
 
 
 def graft_unit_attribution(
-    pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
+    pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, *, targets: torch.Tensor,
     kind: UnitKind, metric: Metric = "first_logprob", distractors: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None, steps: int = 1,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -151,8 +151,8 @@ def _attribution(
             alpha = point.detach().clone().requires_grad_(True)
             unit_alpha = {name: torch.full((batch, stop, n), share, dtype=dtype, requires_grad=True)
                           for name, n in unit_widths.items()}
-            values = graft_metric(pair, ids, alpha, positions, targets, metric, distractors, mask, reference,
-                                  unit_alpha or None)
+            values = graft_metric(pair, ids, alpha, positions=positions, targets=targets, metric=metric, distractors=distractors, attention_mask=mask, reference_logprobs=reference,
+                                  unit_alpha=unit_alpha or None)
             grads = torch.autograd.grad(values.sum(), [alpha, *unit_alpha.values()], allow_unused=True)
             total += grads[0].detach().to(total.device)
             for name, g in zip(unit_alpha, grads[1:]):

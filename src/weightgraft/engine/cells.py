@@ -229,7 +229,7 @@ def _run(models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, c
 @torch.no_grad()
 def exact_effects(
     models: Sequence[nn.Module], examples: Sequence[ScoredExample],
-    cell_sets: Sequence[Sequence[Sequence[Cell]]], pad_id: int, metric: Metric = "first_logprob",
+    cell_sets: Sequence[Sequence[Sequence[Cell]]], *, pad_id: int, metric: Metric = "first_logprob",
     chunk: int = 512, share: Sharing = True, stats: DepthStats | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``(base metric [n_examples], [effects [len(cell_sets[i])] per example])``: the effect of

@@ -83,7 +83,7 @@ def _sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: in
 
 @torch.no_grad()
 def generate_one(
-    models: Sequence[nn.Module], tokenizer: PreTrainedTokenizerBase, prompt: str, compiled: SourcePlan,
+    models: Sequence[nn.Module], tokenizer: PreTrainedTokenizerBase, prompt: str, *, compiled: SourcePlan,
     spans: Mapping[str, SpanSpec] | None = None, max_new_tokens: int = 20,
     do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
     seed: int = 0, stop_at_eos: bool = True, held: Mapping[int, set[int]] | None = None,

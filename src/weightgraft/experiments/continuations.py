@@ -12,7 +12,7 @@ from weightgraft.engine.generate import generate_one
 
 
 def sweep_continuations(
-    models: Sequence[Any], tokenizer: Any, prepared: Sequence[Prepared], compiled: Sequence[CompiledScheme],
+    models: Sequence[Any], tokenizer: Any, prepared: Sequence[Prepared], *, compiled: Sequence[CompiledScheme],
     n_examples: int, max_new_tokens: int, schemes: Sequence[str] | None, served: Mapping[int, set[str]],
     model_set: str,
 ) -> list[dict[str, Any]]:
@@ -29,8 +29,8 @@ def sweep_continuations(
             row = {"model_set": model_set, "template": ex.prompt.template, "example_id": ex.prompt.id,
                    "scheme": c.name, "prompt": ex.prompt.prompt, "answer": ex.prompt.answer}
             try:
-                out = generate_one(models, tokenizer, ex.prompt.prompt, c, ex.prompt.spans,
-                                   max_new_tokens, held=held, answer_field=ex.prompt.answer_field)
+                out = generate_one(models, tokenizer, ex.prompt.prompt, compiled=c, spans=ex.prompt.spans,
+                                   max_new_tokens=max_new_tokens, held=held, answer_field=ex.prompt.answer_field)
                 row.update(continuation=out.text, error=None)
             except ValueError as exc:
                 row.update(continuation=None, error=str(exc))

@@ -120,7 +120,7 @@ def run_experiment(
     settings = LoadSettings.of(config, load or default_loader)
     exclusions = Exclusions()
     order: list[tuple] = []
-    model_info: dict[str, dict[str, dict[str, str]]] = {}
+    model_info: dict[str, dict[str, dict[str, Any]]] = {}
     computed = 0
     continuations: list[dict[str, Any]] = []
     for set_name, roles_spec in config.spec_sets().items():
@@ -176,8 +176,8 @@ def run_experiment(
                 raise
         if config.generate is not None and ranks.is_main:
             g = config.generate
-            continuations += sweep_continuations(models, first.tokenizer, prepared, compiled, g.n_examples,
-                                                 g.max_new_tokens, g.schemes, served, set_name)
+            continuations += sweep_continuations(models, first.tokenizer, prepared, compiled=compiled, n_examples=g.n_examples,
+                                                 max_new_tokens=g.max_new_tokens, schemes=g.schemes, served=served, model_set=set_name)
         del models, loaded
     computed = ranks.total(computed)
     if not ranks.is_main:

@@ -112,7 +112,7 @@ def control_stats(found_share: float, shares: Sequence[float], size: int) -> dic
             "controls_share_per_cell": mean / size if size else float("nan")}
 
 
-def set_controls(verifier: SetVerifier, found: Sequence[CellKey], found_share: float, n_sets: int,
+def set_controls(verifier: SetVerifier, found: Sequence[CellKey], found_share: float, *, n_sets: int,
                  seed: int, direction: str, template: str, heldout: SetVerifier | None = None,
                  heldout_share: float | None = None) -> dict[str, Any]:
     """``n_sets`` random and ``n_sets`` matched control sets of the found set, outside it: each

@@ -42,7 +42,7 @@ def _free(parts: Path, direction: str) -> Callable[[], Path]:
 
 
 def exact_stage(models: Sequence[torch.nn.Module], chosen: Sequence[LocalizeExample], direction: str,
-                metric: Metric, pad_id: int, chunk: int, parts: Path, say: Callable[..., None],
+                *, metric: Metric, pad_id: int, chunk: int, parts: Path, say: Callable[..., None],
                 unit_cells: Callable[[LocalizeExample], list] | None = None) -> list[pd.DataFrame]:
     """The exact rows of the ``chosen`` prompts, computing only those no part holds yet
     (``unit_cells(example)``: the unit cells to map exactly besides every whole cell)."""
@@ -56,7 +56,7 @@ def exact_stage(models: Sequence[torch.nn.Module], chosen: Sequence[LocalizeExam
     for start in range(0, len(todo), EXACT_GROUP):
         group = todo[start : start + EXACT_GROUP]
         units = [unit_cells(e) for e in group] if unit_cells is not None else None
-        frame, _ = exact_frame(models, group, direction, metric, pad_id, chunk, units)
+        frame, _ = exact_frame(models, group, direction, metric=metric, pad_id=pad_id, chunk=chunk, unit_cells=units)
         with atomic.atomic_path(next_path()) as tmp:
             frame.to_parquet(tmp, index=False)
         frames.append(frame[COLUMNS])

@@ -77,7 +77,7 @@ def _maps(config: Any, group: Sequence[LocalizeExample], slot_index: dict[str, i
     return whole, units
 
 
-def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], cells: pd.DataFrame,
+def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], *, cells: pd.DataFrame,
               pairs: dict[str, list[nn.Module]], model: nn.Module, pad_id: int,
               say: Callable[..., None], seconds: dict[str, float]) -> dict[str, Any]:
     """``search.json``: every (direction, template)'s found set, refined set, controls and
@@ -120,8 +120,8 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
                 total = SetVerifier(pairs[direction], [e.scored for e in group], whole_maps, pad_id, config.metric,
                                     config.exact_chunk).total
             if entry is None:
-                result = minimal_graft_search(pairs[direction], [e.scored for e in group], maps, estimates, pad_id,
-                                              settings.target_share, settings.max_cells, chunk=config.exact_chunk,
+                result = minimal_graft_search(pairs[direction], [e.scored for e in group], maps, estimates=estimates, pad_id=pad_id,
+                                              target_share=settings.target_share, max_cells=settings.max_cells, chunk=config.exact_chunk,
                                               metric=config.metric, total=total)
                 entry = {"direction": direction, "template": template, "n_examples": len(group),
                          "fit_ids": split["fit_ids"], "heldout_ids": split["heldout_ids"],
@@ -158,12 +158,12 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
                 if heldout is not None and "heldout_share" not in r:
                     r["heldout_share"] = heldout.shares([_keys(r["cells"])])[0]
             if settings.controls and not (entry.get("controls") or {}).get("from_complement"):
-                entry["controls"] = set_controls(verifier, found, entry["share"], settings.controls, config.seed,
-                                                 direction, template, heldout, entry.get("heldout_share"))
+                entry["controls"] = set_controls(verifier, found, entry["share"], n_sets=settings.controls, seed=config.seed,
+                                                 direction=direction, template=template, heldout=heldout, heldout_share=entry.get("heldout_share"))
                 if "refined" in entry:
                     r = entry["refined"]
-                    r["controls"] = set_controls(verifier, _keys(r["cells"]), r["share"], settings.controls,
-                                                 config.seed, direction, template, heldout, r.get("heldout_share"))
+                    r["controls"] = set_controls(verifier, _keys(r["cells"]), r["share"], n_sets=settings.controls,
+                                                 seed=config.seed, direction=direction, template=template, heldout=heldout, heldout_share=r.get("heldout_share"))
                 atomic.write_json(path, out)
                 c = entry["controls"]
                 if "mean" in c.get("random", {}):
@@ -171,8 +171,8 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], c
                         f"(p = {c['random']['p']:.3g}), matched mean {c.get('matched', {}).get('mean', float('nan')):.0%}")
             if settings.missed_sample and "rules_out" not in (entry.get("missed") or {}):
                 ranking = rank_keys(estimates, 1.0 if verifier.total > 0 else -1.0)
-                entry["missed"] = missed_estimate(verifier, ranking, entry["size"], settings.missed_sample,
-                                                  config.seed, direction, template)
+                entry["missed"] = missed_estimate(verifier, ranking, entry["size"], sample_size=settings.missed_sample,
+                                                  seed=config.seed, direction=direction, template=template)
                 atomic.write_json(path, out)
             seconds[f"search_{direction}_{template}"] = time.time() - t0
             atomic.write_json(path, out)

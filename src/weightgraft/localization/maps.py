@@ -146,7 +146,7 @@ def _top_units(g: torch.Tensor, per_unit: dict[str, torch.Tensor], ig: tuple | N
 
 
 def estimate_frame(
-    pair: PartialGraft, examples: Sequence[LocalizeExample], direction: str, metric: Metric,
+    pair: PartialGraft, examples: Sequence[LocalizeExample], direction: str, *, metric: Metric,
     batch_size: int, ig_steps: int = 0, units: Units = Units.CELL, unit_rows: int = 20000,
 ) -> pd.DataFrame:
     """Gradient estimates (and integrated gradients with ``ig_steps > 1``) of every cell.
@@ -167,12 +167,12 @@ def estimate_frame(
         chunk = order[start : start + batch_size]
         ids, mask, pos, targets, distractors = _batch([examples[i] for i in chunk])
         if units == Units.CELL:
-            g = graft_attribution(pair, ids, pos, targets, metric, distractors, mask)
-            ig = (graft_attribution(pair, ids, pos, targets, metric, distractors, mask, steps=ig_steps)
+            g = graft_attribution(pair, ids, pos, targets=targets, metric=metric, distractors=distractors, attention_mask=mask)
+            ig = (graft_attribution(pair, ids, pos, targets=targets, metric=metric, distractors=distractors, attention_mask=mask, steps=ig_steps)
                   if ig_steps > 1 else None)
         else:
-            g, per_unit = graft_unit_attribution(pair, ids, pos, targets, units, metric, distractors, mask)
-            ig_pair = (graft_unit_attribution(pair, ids, pos, targets, units, metric, distractors, mask, steps=ig_steps)
+            g, per_unit = graft_unit_attribution(pair, ids, pos, targets=targets, kind=units, metric=metric, distractors=distractors, attention_mask=mask)
+            ig_pair = (graft_unit_attribution(pair, ids, pos, targets=targets, kind=units, metric=metric, distractors=distractors, attention_mask=mask, steps=ig_steps)
                        if ig_steps > 1 else None)
             for j, i in enumerate(chunk):
                 n = examples[i].scored.position + 1
@@ -204,7 +204,7 @@ def _summed(g: torch.Tensor, per_unit: dict[str, torch.Tensor], names: Sequence[
 
 def exact_frame(
     models: Sequence[torch.nn.Module], examples: Sequence[LocalizeExample], direction: str,
-    metric: Metric, pad_id: int, chunk: int = 512, unit_cells: Sequence[Sequence[Cell]] | None = None,
+    *, metric: Metric, pad_id: int, chunk: int = 512, unit_cells: Sequence[Sequence[Cell]] | None = None,
 ) -> tuple[pd.DataFrame, list[float]]:
     """Exact single-cell effects of every cell (and of ``unit_cells[i]``, example i's unit
     cells), and each example's base metric."""
@@ -214,7 +214,7 @@ def exact_frame(
     extra = [list(u) for u in unit_cells] if unit_cells is not None else [[] for _ in examples]
     cells = [example_cells(models[0], e.scored) for e in examples]
     base, effects = exact_effects(models, [e.scored for e in examples],
-                                  [[[c] for c in cs + us] for cs, us in zip(cells, extra)], pad_id, metric, chunk)
+                                  [[[c] for c in cs + us] for cs, us in zip(cells, extra)], pad_id=pad_id, metric=metric, chunk=chunk)
     maps, unit_rows = [], []
     for e, cs, us, eff in zip(examples, cells, extra, effects):
         m = torch.full((e.scored.position + 1, len(names)), float("nan"))

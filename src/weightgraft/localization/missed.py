@@ -94,7 +94,7 @@ def rules_out(effects: np.ndarray, total: float, n_below: int) -> list[dict[str,
     return out
 
 
-def missed_estimate(verifier: SetVerifier, ranking: Sequence[CellKey], k: int, sample_size: int,
+def missed_estimate(verifier: SetVerifier, ranking: Sequence[CellKey], k: int, *, sample_size: int,
                     seed: int, direction: str, template: str) -> dict[str, Any]:
     """Exact single-key effects of a rank-stratified sample below rank ``k`` (and of the top
     ``k``, sampled the same way where larger): the largest missed effect, the share of

@@ -243,8 +243,8 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
         path = parts / f"estimates_{direction}.parquet"
         t0 = time.time()
         if not path.is_file():
-            _write(estimate_frame(pair, examples, direction, config.metric, config.batch_size, config.ig_steps,
-                                  config.units, config.unit_rows), path)
+            _write(estimate_frame(pair, examples, direction, metric=config.metric, batch_size=config.batch_size, ig_steps=config.ig_steps,
+                                  units=config.units, unit_rows=config.unit_rows), path)
             seconds[f"{stamp}estimates_{direction}"] = time.time() - t0
             tell(f"[{direction}] estimates of every cell: {time.time() - t0:.1f}s")
         estimates = pd.read_parquet(path)
@@ -253,8 +253,8 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
         chosen = _exact_subset(config, examples)
         t0 = time.time()
         picks = unit_picks(estimates, examples, pre, config.units, config.exact_units) if config.units != Units.CELL else None
-        exact_parts = exact_stage(models, chosen, direction, config.metric, pad_id, config.exact_chunk, parts, tell,
-                                  picks)
+        exact_parts = exact_stage(models, chosen, direction, metric=config.metric, pad_id=pad_id, chunk=config.exact_chunk, parts=parts, say=tell,
+                                  unit_cells=picks)
         if exact_parts:
             seconds[f"{stamp}exact_{direction}"] = time.time() - t0
             estimates = estimates.merge(pd.concat(exact_parts), on=["example_id", "template", "direction", "position", "slot", "unit"], how="left")
@@ -348,14 +348,14 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
             t0 = time.time()
             setting = NULL_FINETUNE if label in nulls else PRE_SFT
             for direction in config.graft_directions:
-                table, per_prompt = map_claims(pairs[direction], examples, cells, label, direction, setting,
-                                               config.claims, config.seed, pad_id, config.metric, config.exact_chunk,
-                                               parts, say)
+                table, per_prompt = map_claims(pairs[direction], examples, cells, model_label=label, direction=direction, setting=setting,
+                                               settings=config.claims, seed=config.seed, pad_id=pad_id, metric=config.metric, chunk=config.exact_chunk,
+                                               parts=parts, say=say)
                 claim_tables.append(table)
                 claim_prompts.append(per_prompt)
             seconds[f"{stamp}claims"] = time.time() - t0
         if i == 0:
-            search = find_sets(config, run_dir, examples, cells, pairs, pre.model, pad_id, say, seconds)
+            search = find_sets(config, run_dir, examples, cells=cells, pairs=pairs, model=pre.model, pad_id=pad_id, say=say, seconds=seconds)
             if search:
                 search["model"] = label
                 atomic.write_json(run_dir / "search.json", search)
@@ -365,7 +365,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         gc.collect()
     if reversal and config.claims.enabled:
         t0 = time.time()
-        table, per_prompt = reversal_claims(config, reversal, load, dtype, pad_id, run_dir / "parts", say, pre.model)
+        table, per_prompt = reversal_claims(config, reversal, load, dtype=dtype, pad_id=pad_id, parts=run_dir / "parts", say=say, pre=pre.model)
         claim_tables.append(table)
         claim_prompts.append(per_prompt)
         seconds["claims_reversal"] = time.time() - t0

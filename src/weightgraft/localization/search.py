@@ -72,7 +72,7 @@ class _Verifier:
 
 def minimal_graft_search(
     models: Sequence[nn.Module], examples: Sequence[ScoredExample],
-    cell_maps: Sequence[dict[CellKey, Cell]], estimates: Mapping[CellKey, float], pad_id: int,
+    cell_maps: Sequence[dict[CellKey, Cell]], *, estimates: Mapping[CellKey, float], pad_id: int,
     target_share: float = 0.9, max_cells: int = 1024, batch_sizes: int = 8, chunk: int = 512,
     metric: Metric = "first_logprob", total: float | None = None,
 ) -> SearchResult:

@@ -41,7 +41,7 @@ class SetVerifier:
         if not sets:
             return torch.zeros(len(self.examples), 0, dtype=torch.float64)
         per_example = [[[m[k] for k in keys if k in m] for keys in sets] for m in self.cell_maps]
-        _, eff = exact_effects(self.models, self.examples, per_example, self.pad_id, self.metric, self.chunk)
+        _, eff = exact_effects(self.models, self.examples, per_example, pad_id=self.pad_id, metric=self.metric, chunk=self.chunk)
         return torch.stack(eff).double()
 
     def per_prompt_sets(self, sets: Sequence[Sequence[Sequence[CellKey]]]) -> torch.Tensor:
@@ -50,7 +50,7 @@ class SetVerifier:
         if not sets:
             return torch.zeros(len(self.examples), 0, dtype=torch.float64)
         per_example = [[[m[k] for k in s[i] if k in m] for s in sets] for i, m in enumerate(self.cell_maps)]
-        _, eff = exact_effects(self.models, self.examples, per_example, self.pad_id, self.metric, self.chunk)
+        _, eff = exact_effects(self.models, self.examples, per_example, pad_id=self.pad_id, metric=self.metric, chunk=self.chunk)
         return torch.stack(eff).double()
 
     def effects(self, sets: Sequence[Sequence[CellKey]]) -> torch.Tensor:

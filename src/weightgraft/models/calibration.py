@@ -159,7 +159,7 @@ def _measure(device: str, dtype: str, key: str) -> Throughput:
     ids, _, _ = batch(rows)
     pos = torch.full((rows,), seq - 1, dtype=torch.long)
     targets = torch.zeros(rows, dtype=torch.long)
-    graft_attribution(pair, ids, pos, targets)  # warm-up
-    t_attr = _median_time(lambda: graft_attribution(pair, ids, pos, targets), device)
+    graft_attribution(pair, ids, pos, targets=targets)  # warm-up
+    t_attr = _median_time(lambda: graft_attribution(pair, ids, pos, targets=targets), device)
     forward = rate_model.batch_seconds(footprint.forward_flops(rows * seq, seq, rows), calls)
     return Throughput(key, rate, per_call, t_attr / forward, time.strftime("%Y-%m-%dT%H:%M:%S"))

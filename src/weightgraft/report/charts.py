@@ -142,7 +142,7 @@ def _grid(rows: pd.DataFrame, row_keys: Sequence[str], col_keys: Sequence[str], 
 
 
 def heatmap_figure(
-    grid: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str], metric: str,
+    grid: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str], *, metric: str,
     title: str, xlabel: str, ylabel: str,
 ) -> Figure:
     """An annotated heatmap of a summary column drawn as ``engine.metric_table`` says: a rate in

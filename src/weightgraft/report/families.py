@@ -77,7 +77,7 @@ def component_figures(group: pd.DataFrame, labels: Mapping[str, Mapping[str, str
         where = f" at {pos}" if pos else ""
         title = f"{head}: component grafting{where}\nbaselines (top-5 %): {base or 'none'}"
         out.append((f"components_{pos}_{metric}", heatmap_figure(
-            _grid(sub, comps, layers, metric), comps, layers, metric, title, "layers", "components")))
+            _grid(sub, comps, layers, metric), comps, layers, metric=metric, title=title, xlabel="layers", ylabel="components")))
     return out
 
 
@@ -110,8 +110,8 @@ def layer_position_figures(group: pd.DataFrame, labels: Mapping[str, Mapping[str
         size = f"window of {window} of the layers" if window else "layer window"
         title = f"{head}: {size} grafted at each position set"
         out.append((f"layer_position_w{window}_{metric}", heatmap_figure(
-            _grid(sub, positions, starts, metric), positions, starts, metric, title,
-            xlabel, "positions")))
+            _grid(sub, positions, starts, metric), positions, starts, metric=metric, title=title,
+            xlabel=xlabel, ylabel="positions")))
     return out
 
 
@@ -136,7 +136,7 @@ def head_figures(group: pd.DataFrame, labels: Mapping[str, Mapping[str, str]], h
         sub = sub.assign(row_key=sub["label_layers"], col_key=sub["label_head"])
         title = f"{head}: head {comp} grafted at {pos}\nbaselines (top-5 %): {base or 'none'}"
         out.append((f"heads_{comp}_{pos}_{metric}", heatmap_figure(
-            _grid(sub, layer_sets, heads, metric), layer_sets, heads, metric, title, "head", "layers")))
+            _grid(sub, layer_sets, heads, metric), layer_sets, heads, metric=metric, title=title, xlabel="head", ylabel="layers")))
     return out
 
 

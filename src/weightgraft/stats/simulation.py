@@ -50,7 +50,7 @@ def share_coverage(family: str, n: int, mu: float, sims: int, seed: int = 0) -> 
             "declined": declined / sims, "covered_or_declined": (covered + declined) / sims}
 
 
-def null_rejection(family: str, n: int, sims: int, draws: int = 20, alpha: float = 0.05, seed: int = 0,
+def null_rejection(family: str, n: int, sims: int, *, draws: int = 20, alpha: float = 0.05, seed: int = 0,
                    n_resamples: int = 999, one_draw_null: bool = False) -> float:
     """How often :func:`paired_p` rejects at ``alpha`` when the region is one more random
     region (``draws`` null draws per prompt; ``one_draw_null``: a 1-D null of one draw each)."""

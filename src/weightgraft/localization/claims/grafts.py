@@ -126,7 +126,7 @@ def _exact_cells_share(data: ClaimMap, region: list[list[CellKey]], within: list
     return num / den if den else float("nan")
 
 
-def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, claims: Sequence[Claim] = CLAIMS,
+def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: Sequence[Claim] = CLAIMS,
                  draws: int = DRAWS, seed: int = 0, n_resamples: int = 9999, precondition: str = "",
                  sign: int = 1) -> tuple[list[dict[str, Any]], pd.DataFrame]:
     """``(rows, per_prompt)``: one claims.csv row per claim (verdicts judged with this map as the

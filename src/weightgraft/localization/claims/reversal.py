@@ -96,7 +96,7 @@ def precondition_check(pre: torch.nn.Module, recipient: torch.nn.Module, donor: 
 
 
 def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Callable[[str, torch.dtype], Any],
-                    dtype: torch.dtype, pad_id: int, parts: Path, say: Callable[..., None],
+                    *, dtype: torch.dtype, pad_id: int, parts: Path, say: Callable[..., None],
                     pre: torch.nn.Module) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The both->a2b claims' rows (``model`` = ``reversal``, and ``reversal control[i]`` for each
     control donor), each judged only where its donor meets the setting's precondition, and their
@@ -123,8 +123,8 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
         donor = load(spec, dtype)
         check_same_tokenizer(recipient.tokenizer, donor.tokenizer, f"reversal {role}")
         t0 = time.time()
-        estimates = estimate_frame(PartialGraft(recipient.model, donor.model), examples, "sufficiency", config.metric,
-                                   config.batch_size)
+        estimates = estimate_frame(PartialGraft(recipient.model, donor.model), examples, "sufficiency", metric=config.metric,
+                                   batch_size=config.batch_size)
         say(f"[{label}] estimates of every cell: {time.time() - t0:.1f}s")
         check = precondition_check(pre, recipient.model, donor.model, examples)
         say(f"[{label}] donor top-5 {check['donor_top5']:.0%}, recipient top-5 {check['recipient_top5']:.0%}, "
@@ -132,9 +132,9 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
             + (f": {check['precondition']}" if check["precondition"] else ""))
         where = folder / label.replace(" ", "_").replace("[", "").replace("]", "")
         where.mkdir(parents=True, exist_ok=True)
-        table, per_prompt = map_claims([recipient.model, donor.model], examples, estimates, label, "sufficiency",
-                                       BOTH_A2B, config.claims, config.seed, pad_id, config.metric, config.exact_chunk,
-                                       where, say, claims, check["precondition"])
+        table, per_prompt = map_claims([recipient.model, donor.model], examples, estimates, model_label=label, direction="sufficiency",
+                                       setting=BOTH_A2B, settings=config.claims, seed=config.seed, pad_id=pad_id, metric=config.metric, chunk=config.exact_chunk,
+                                       parts=where, say=say, claims=claims, precondition=check["precondition"])
         tables.append(table.assign(donor=spec, donor_role=role, recipient=setting.recipient,
                                    prompt_direction=setting.direction, roles=roles,
                                    **{k: v for k, v in check.items() if k != "precondition"}))

@@ -56,7 +56,7 @@ def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequenc
 
 
 def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample], estimates: pd.DataFrame,
-               model_label: str, direction: str, setting: str, settings: Any, seed: int, pad_id: int,
+               *, model_label: str, direction: str, setting: str, settings: Any, seed: int, pad_id: int,
                metric: Metric, chunk: int, parts: Path, say: Callable[..., None],
                claims: Sequence[Claim] = CLAIMS, precondition: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
     """claims.csv rows and their per-prompt effects of one pair and direction, read from
@@ -90,9 +90,9 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
                 exact.append({})
         data = ClaimMap([set(m) for m in maps], est, lambda sets, verifier=verifier: verifier.per_prompt_sets(sets).numpy(), params,
                         n_layers, exact, [e.prompt.id for e in group])
-        found, per_prompt = judge_claims(data, f"{model_label}/{template}/{direction}", setting, claims,
-                                         settings.null_draws, seed, settings.resamples, precondition,
-                                         1 if direction == "sufficiency" else -1)
+        found, per_prompt = judge_claims(data, f"{model_label}/{template}/{direction}", setting, claims=claims,
+                                         draws=settings.null_draws, seed=seed, n_resamples=settings.resamples, precondition=precondition,
+                                         sign=1 if direction == "sufficiency" else -1)
         for r in found:  # the paper grafted the donor into the base: sufficiency
             r.update(model=model_label, template=template, direction=direction,
                      in_paper_setting=bool(r["in_paper_setting"] and direction == "sufficiency"),
