@@ -1,5 +1,5 @@
-"""The house rules the code's shape must keep: imports only go down the floors (stats, data, paper -> engine
--> schemes/models -> training/planning -> experiments/localize -> api/report -> explore -> cli), no
+"""The house rules the code's shape must keep: imports only go down the floors (stats, data -> engine
+-> schemes/models -> training/planning -> experiments/localize -> api/report/paper -> explore -> cli), no
 module or package imports itself round a circle, no file over 450 lines and no folder over 15
 modules, and every file docs/architecture.md names exists. Imports are read from the source
 (``ast``), function-level and ``TYPE_CHECKING`` ones included, and the lazy export tables
@@ -20,7 +20,7 @@ PACKAGE = "weightgraft"
 
 # Floors, low to high. A module may import its own floor and the floors below.
 FLOORS: dict[str, int] = {
-    "stats": 0, "data": 0, "paper": 0, "engine": 1, "schemes": 2, "models": 2, "training": 3, "planning": 3,
+    "stats": 0, "data": 0, "paper": 5, "engine": 1, "schemes": 2, "models": 2, "training": 3, "planning": 3,
     "experiments": 4, "localization": 4, "api": 5, "report": 5, "explore": 6, "cli": 7,
 }
 # The top-level modules: lazy.py, runtime.py, errors.py (the errors' root) and atomic.py (atomic

@@ -11,6 +11,7 @@ from weightgraft.cli.demo import demo
 from weightgraft.cli.explore import explore
 from weightgraft.cli.generate import generate
 from weightgraft.cli.localize import localize
+from weightgraft.cli.paper import paper
 from weightgraft.cli.plan import plan
 from weightgraft.cli.report import report_command
 from weightgraft.cli.run import run
@@ -48,6 +49,7 @@ app.command("plan", help="Memory and time of a run or localize config, before an
 app.command("generate", help="Continue prompts with a grafted model.")(generate)
 app.command("report", help="Write tables, figures and an HTML page for a run directory.")(report_command)
 app.command("train", help="Finetune a model (HF Trainer) on a dataset's training text.")(train)
+app.command("paper", help="The paper's experiments on one model, the paper's numbers beside ours.")(paper)
 app.command("explore", help="A local web page: paint a graft, watch the answer move.")(explore)
 app.add_typer(data_app, name="data", help="Build relation datasets (worlds, templates, test prompts).")
 

@@ -1,0 +1,79 @@
+"""``weightgraft paper``: the paper's experiments on one model, the paper's numbers beside ours."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from weightgraft.paper.settings import PaperSettings
+
+console = Console()
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "not predicted"
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def paper(
+    model: str = typer.Option(..., "--model", "-m", help="The pretrained model (PRE): a folder, an embedded name "
+                              "(smollm2-135m) or a cached hub id."),
+    world: str = typer.Option("fake_movies_real_actors", help="The paper's world (the appendix: fake_movies_fake_actors, "
+                              "real_movies_real_actors_shuffled)."),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or mps."),
+    out: Path = typer.Option(Path("runs/paper"), help="Output folder: every stage in a folder keyed by its inputs, "
+                             "and paper.md / paper.html."),
+    plan: bool = typer.Option(False, "--plan", help="Print every stage with its planned time and memory; run nothing."),
+    relations: int = typer.Option(40, help="Relations in the world."),
+    seed: int = typer.Option(0, help="The world's seed (and the sweeps')."),
+    train_seed: int = typer.Option(0, help="The finetunes' seed."),
+    preset: str = typer.Option("cpu-quick", help="Finetuning preset (paper-aggressive on a GPU)."),
+    max_steps: Optional[int] = typer.Option(None, min=1, help="Stop each finetune after this many steps."),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="Sweep batch size (default: the plan's)."),
+    sweeps: Optional[str] = typer.Option(None, help="Comma-separated sweeps to run (default: all): position, component, "
+                                         "component_reversal, hybrid, position_spans, lm_head, layer_dropout."),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+) -> None:
+    """data -> finetunes (each checked against its precondition) -> every figure's sweep -> one
+    report with the paper's numbers beside ours. A stopped run resumes: finished stages are
+    reused, keyed by their inputs."""
+    from weightgraft.paper.figures import SWEEP_NAMES
+    from weightgraft.paper.pipeline import PaperSettings, run_paper
+
+    settings = PaperSettings(
+        model=model, world=world, relations=relations, seed=seed, train_seed=train_seed, device=device, out=out,
+        preset=preset, max_steps=max_steps, batch_size=batch_size, progress=progress,
+        sweeps=tuple(s.strip() for s in sweeps.split(",") if s.strip()) if sweeps else SWEEP_NAMES,
+    )
+    if plan:
+        _print_plan(settings)
+        return
+    run_paper(settings, console=console)
+
+
+def _print_plan(settings: PaperSettings) -> None:
+    from weightgraft.paper.plan import plan_paper
+    from weightgraft.planning.sizes import gib
+
+    stages = plan_paper(settings)
+    table = Table(title=f"weightgraft paper plan ({settings.device})")
+    for col in ("stage", "what", "time", "memory", "status", "counts"):
+        table.add_column(col)
+    notes: dict[str, None] = {}
+    for s in stages:
+        first, *rest = s.note.split("; ")
+        notes.update(dict.fromkeys(rest))
+        table.add_row(s.stage, s.what, _seconds(s.seconds), gib(s.memory_bytes) if s.memory_bytes else "",
+                      "done (reused)" if s.done else "to run", first)
+    console.print(table)
+    for note in notes:
+        console.print(f"note: {note}", highlight=False)
+    todo = [s.seconds for s in stages if not s.done]
+    total = None if any(t is None for t in todo) else sum(t for t in todo if t is not None)
+    console.print(f"predicted time of the stages to run: {_seconds(total)}")

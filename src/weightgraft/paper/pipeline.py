@@ -1,0 +1,234 @@
+"""``weightgraft paper``: the paper's experiments on one model, as resumable stages.
+
+data (the paper's world, seeded) -> finetunes (a2b SFT, both directions, task, relation; each
+checked against its precondition after training) -> every figure's sweep (the authors'
+protocol; a sweep whose finetune misses its precondition is not run and its figures are marked
+``precondition not met``) -> claims (a hook, not run yet) -> one report (markdown and HTML) with
+the paper's numbers beside ours. Every stage's folder is keyed by its inputs
+(:mod:`weightgraft.paper.stages`): a stopped run resumes, a changed input starts new folders.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from weightgraft.paper.figures import (
+    FINETUNES,
+    SWEEP_NAMES,
+    Finetune,
+    Sweep,
+    check_config,
+    sweep_config,
+    sweeps_for,
+)
+from weightgraft.paper.settings import (
+    CHECK_TEMPLATES,
+    PaperError,
+    PaperRun,
+    PaperSettings,
+    precondition,
+)
+from weightgraft.paper.stages import Stage, file_digest
+
+__all__ = ["PaperError", "PaperRun", "PaperSettings", "check_inputs", "precondition", "run_paper"]
+
+def check_inputs(settings: PaperSettings) -> None:
+    """Refuse, in one line and before anything is built, an unknown world, a model spec that
+    names no model (or one without a tokenizer), a device that is absent, an unknown preset or
+    sweep."""
+    from weightgraft.data.worlds import get_world
+    from weightgraft.models.loading import check_model_spec
+    from weightgraft.training import get_preset
+
+    get_world(settings.world)
+    unknown = sorted(set(settings.sweeps) - set(SWEEP_NAMES))
+    if unknown or not settings.sweeps:
+        raise PaperError(f"unknown sweep(s) {unknown}: choose among {', '.join(SWEEP_NAMES)}")
+    if settings.relations < 4:
+        raise PaperError(f"--relations {settings.relations}: the pipeline needs at least 4 (task and relation groups)")
+    if settings.model.strip().startswith("random:"):
+        raise PaperError(f"--model {settings.model!r} has no tokenizer, so it cannot be finetuned; give a model "
+                         "directory, an embedded name (smollm2-135m) or a cached hub id")
+    check_model_spec(settings.model, "--model")
+    check_device(settings.device)
+    get_preset(settings.preset)
+
+
+def check_device(device: str) -> None:
+    """``cpu``, ``cuda``/``cuda:N`` (present here) or ``mps`` (present here); else one line."""
+    import torch
+
+    if device == "cpu":
+        return
+    if device == "cuda" or device.startswith("cuda:"):
+        index = device.partition(":")[2]
+        if not index.isdigit() and index:
+            raise PaperError(f"--device {device!r}: write cuda or cuda:N")
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0 or (index and int(index) >= n):
+            raise PaperError(f"--device {device!r} is absent: {n} CUDA device(s) visible here")
+        return
+    if device == "mps":
+        if not torch.backends.mps.is_available():
+            raise PaperError("--device 'mps' is absent on this machine")
+        return
+    raise PaperError(f"--device {device!r}: use cpu, cuda, cuda:N or mps")
+
+
+def planned_sweeps(settings: PaperSettings) -> list[Sweep]:
+    return [s for s in sweeps_for(settings.world) if s.name in settings.sweeps]
+
+
+def needed_finetunes(settings: PaperSettings) -> list[Finetune]:
+    names = dict.fromkeys(f for s in planned_sweeps(settings) for f in s.finetunes)
+    return [FINETUNES[n] for n in names]
+
+
+def data_stage(settings: PaperSettings) -> Stage:
+    return Stage("data", settings.world, {"world": settings.world, "relations": settings.relations,
+                                          "seed": settings.seed}, settings.out)
+
+
+def run_data(settings: PaperSettings, console: Console) -> tuple[dict[str, Any], bool]:
+    """The paper's world, built with its seed (``weightgraft.data.build_dataset``)."""
+    from weightgraft.data import build_dataset
+
+    stage = data_stage(settings)
+    done = stage.finished()
+    if done is not None:
+        return done, True
+    started = time.time()
+    console.rule(f"data: {settings.world}, {settings.relations} relations, seed {settings.seed}")
+    if stage.folder.exists():  # a stopped build: building again is cheap
+        shutil.rmtree(stage.folder)
+    build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=stage.folder / "data")
+    digest = file_digest(stage.folder / "data" / "manifest.json")
+    return stage.finish({"dir": "data", "sha256": digest}, time.time() - started), False
+
+
+def _path(record: dict[str, Any], root: Path, key: str) -> Path:
+    return (root / f"{record['kind']}s" / f"{record['name']}-{record['key'][:12]}" / record["outputs"][key]).resolve()
+
+
+def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, Any]) -> Stage:
+    from weightgraft.training import get_preset
+
+    return Stage("finetune", finetune.name, {
+        "model": settings.model, "data": data["key"], "split": finetune.split,
+        "preset": get_preset(settings.preset).model_dump(mode="json"), "seed": settings.train_seed,
+        "templates": list(settings.train_templates) if settings.train_templates is not None else None,
+        "max_steps": settings.max_steps, "device": settings.device,
+        "check": {"templates": list(CHECK_TEMPLATES), "directions": list(finetune.directions),
+                  "groups": list(finetune.groups) if finetune.groups else None},
+    }, settings.out)
+
+
+def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, Any],
+                 console: Console) -> tuple[dict[str, Any], bool]:
+    """Finetune the model on ``finetune.split`` (``weightgraft.training.finetune``, resumed from
+    its checkpoints after a stop), then measure its precondition: the plain finetune's top-5 on
+    its own facts per test sentence and direction (a sweep of its ``SFT`` baseline)."""
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.runner import run_experiment
+    from weightgraft.training import finetune as train
+
+    stage = finetune_stage(settings, finetune, data)
+    done = stage.finished()
+    if done is not None:
+        return done, True
+    started = time.time()
+    data_dir = _path(data, settings.out, "dir")
+    model_dir = stage.folder / "model"
+    console.rule(f"finetune {finetune.name}: split {finetune.split}, preset {settings.preset} -> {stage.folder}")
+    train(settings.model, data_dir, split=finetune.split, preset=settings.preset, out=model_dir,
+          seed=settings.train_seed, resume=True,
+          templates=list(settings.train_templates) if settings.train_templates is not None else None,
+          max_steps=settings.max_steps)
+    trained = time.time() - started
+    console.print(f"precondition of {finetune.name}: top-5 of the finetune on its own facts")
+    raw = check_config(finetune, str(model_dir.resolve()), str(data_dir), CHECK_TEMPLATES, device=settings.device,
+                       seed=settings.seed, batch_size=settings.batch_size)
+    result = run_experiment(parse_config({**raw, "out": str(stage.folder / "check")}), progress=settings.progress)
+    checks = [{"template": str(r.template), "direction": str(r.direction), "top5": float(r.top5), "n": int(r.n)}
+              for r in result.summary.itertuples()]
+    return stage.finish({"model": "model", "checks": checks, "train_seconds": round(trained, 1)},
+                        time.time() - started), False
+
+
+def sweep_stage(settings: PaperSettings, sweep: Sweep, data: dict[str, Any],
+                finetunes: dict[str, dict[str, Any]]) -> tuple[Stage, dict[str, Any]]:
+    """The sweep's stage (keyed by its config with every model named by what made it: the base
+    spec, or a finetune's stage key) and its raw config to run."""
+    keyed = {role: settings.model if src == "base" else f"finetune:{finetunes[src]['key']}"
+             for role, src in sweep.roles.items()}
+    paths = {role: settings.model if src == "base" else str(_path(finetunes[src], settings.out, "model"))
+             for role, src in sweep.roles.items()}
+    common: dict[str, Any] = {"device": settings.device, "seed": settings.seed, "batch_size": settings.batch_size}
+    stage = Stage("sweep", sweep.name, {"config": sweep_config(sweep, keyed, f"data:{data['key']}", **common)},
+                  settings.out)
+    return stage, sweep_config(sweep, paths, str(_path(data, settings.out, "dir")), **common)
+
+
+def run_sweep(settings: PaperSettings, sweep: Sweep, data: dict[str, Any], finetunes: dict[str, dict[str, Any]],
+              console: Console) -> tuple[dict[str, Any], bool]:
+    """The sweep (``weightgraft.experiments.run_experiment``, which resumes from its saved rows),
+    and its summary in ``stage.json``: what the report reads."""
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.runner import run_experiment
+    from weightgraft.paper.measured import summary_rows
+
+    stage, raw = sweep_stage(settings, sweep, data, finetunes)
+    done = stage.finished()
+    if done is not None:
+        return done, True
+    started = time.time()
+    console.rule(f"sweep {sweep.name}: {sweep.label}")
+    result = run_experiment(parse_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
+    return stage.finish({"run": "run", "summary": summary_rows(result.summary)}, time.time() - started), False
+
+
+def run_claims(settings: PaperSettings, run: PaperRun, console: Console) -> None:
+    """The claims stage (``weightgraft localize``'s verdicts on the paper's statements): a hook,
+    not run yet; the report says so."""
+    return None
+
+
+def run_paper(settings: PaperSettings, console: Console | None = None,
+              after_stage: Callable[[str, str], None] | None = None) -> PaperRun:
+    """Run (or resume) every stage; write ``paper.md`` and ``paper.html`` in ``settings.out``.
+    ``after_stage(kind, name)`` is called after each stage (tests stop a run there)."""
+    from weightgraft.paper.report import write_paper_report
+
+    console = console or Console()
+    check_inputs(settings)
+    settings.out.mkdir(parents=True, exist_ok=True)
+    data, reused = run_data(settings, console)
+    run = PaperRun(settings, data, reused=["data"] if reused else [])
+    if after_stage:
+        after_stage("data", settings.world)
+    for finetune in needed_finetunes(settings):
+        run.finetunes[finetune.name], reused = run_finetune(settings, finetune, data, console)
+        run.reused += [f"finetune {finetune.name}"] if reused else []
+        if after_stage:
+            after_stage("finetune", finetune.name)
+    for sweep in planned_sweeps(settings):
+        missed = [line for f in sweep.finetunes
+                  for ok, line in [precondition(settings, FINETUNES[f], run.finetunes[f])] if not ok]
+        if missed:
+            run.skipped[sweep.name] = "; ".join(missed)
+            console.print(f"[yellow]sweep {sweep.name} not run: precondition not met ({run.skipped[sweep.name]})[/]")
+            continue
+        run.sweeps[sweep.name], reused = run_sweep(settings, sweep, data, run.finetunes, console)
+        run.reused += [f"sweep {sweep.name}"] if reused else []
+        if after_stage:
+            after_stage("sweep", sweep.name)
+    run_claims(settings, run, console)
+    run.report = write_paper_report(run)
+    console.print(f"report: {run.report} (and {run.report.with_suffix('.html')})")
+    return run

@@ -1,0 +1,115 @@
+"""``weightgraft paper --plan``: every stage with its planned time and memory, before anything
+runs. Sweeps are planned by ``weightgraft plan``'s arithmetic (``plan_experiment``: every
+finetune has the base model's shapes, so the base spec stands in for it); a finetune by the same
+rates (this device's measured rate, or none where a CUDA card cannot be measured): forward and
+backward ~3x a forward's FLOPs per step, and fp32 weights, gradients and AdamW's two moments
+(4 x the weights) plus activations, which are not counted. The world is built in a temporary
+folder for the counts (seconds; nothing is written under ``--out``)."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weightgraft.paper.figures import Finetune, check_config, sweep_config
+from weightgraft.paper.pipeline import (
+    check_inputs,
+    data_stage,
+    finetune_stage,
+    needed_finetunes,
+    planned_sweeps,
+    sweep_stage,
+)
+from weightgraft.paper.settings import CHECK_TEMPLATES, PaperSettings
+
+TRAIN_FLOPS_PER_FORWARD = 3.0  # a training step: forward + backward
+ADAM_COPIES = 4  # fp32 weights, gradients, AdamW's first and second moments
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    stage: str
+    what: str
+    seconds: float | None
+    memory_bytes: int | None
+    done: bool
+    note: str = ""
+
+
+def _record(kind: str, name: str, key: str, outputs: dict[str, str]) -> dict[str, Any]:
+    return {"kind": kind, "name": name, "key": key, "outputs": outputs}
+
+
+def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> tuple[float | None, int, str]:
+    from weightgraft.models.calibration import module_calls
+    from weightgraft.models.footprint import resolve_footprint
+    from weightgraft.planning.lengths import tokenizer_for
+    from weightgraft.planning.timing import rate_for
+    from weightgraft.training import get_preset
+    from weightgraft.training.texts import split_records
+
+    preset = get_preset(settings.preset)
+    fp = resolve_footprint(settings.model)
+    texts = [r["text"] for r in split_records(data_dir, finetune.split, settings.train_templates)[0]]
+    tok, how = tokenizer_for(fp)
+    lengths = sorted(min(len(tok(t)["input_ids"]), preset.max_length) for t in texts)
+    steps = settings.max_steps or math.ceil(math.ceil(len(texts) / preset.batch_size) * preset.epochs)
+    per_epoch = max(1, math.ceil(len(texts) / preset.batch_size))
+    memory = ADAM_COPIES * fp.param_bytes("float32")
+    rate, note = rate_for(settings.device, "float32", None)
+    note = f"{len(texts)} texts, {steps} steps of {preset.batch_size}; lengths by {how}" + (f"; {note}" if note else "")
+    if rate is None:
+        return None, memory, note
+    seconds = 0.0
+    for i in range(per_epoch):  # length-grouped batches of one epoch, then scaled to the steps
+        chunk = lengths[i * preset.batch_size:(i + 1) * preset.batch_size] or lengths[-1:]
+        seq = max(chunk)
+        flops = fp.forward_flops(len(chunk) * seq, seq, len(chunk) * seq)
+        seconds += rate.batch_seconds(TRAIN_FLOPS_PER_FORWARD * flops, 3 * module_calls(fp))
+    return seconds * steps / per_epoch, memory, note
+
+
+def plan_paper(settings: PaperSettings) -> list[PlannedStage]:
+    """Every stage ``run_paper(settings)`` would run, with planned seconds and memory; a stage
+    already finished in ``settings.out`` is marked done (it will be reused)."""
+    from weightgraft.data import build_dataset
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.plan import plan_experiment
+
+    check_inputs(settings)
+    stages: list[PlannedStage] = []
+    data = data_stage(settings)
+    data_rec = _record("data", settings.world, data.key, {"dir": "data"})
+    stages.append(PlannedStage("data", f"{settings.world}, {settings.relations} relations, seed {settings.seed}",
+                               1.0, None, data.finished() is not None, "a few seconds"))
+    with tempfile.TemporaryDirectory(prefix="weightgraft-paper-plan-") as tmp:
+        data_dir = Path(tmp) / "data"
+        build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=data_dir)
+        common: dict[str, Any] = {"device": settings.device, "seed": settings.seed, "batch_size": settings.batch_size}
+        finetunes: dict[str, dict[str, Any]] = {}
+        for finetune in needed_finetunes(settings):
+            stage = finetune_stage(settings, finetune, data_rec)
+            finetunes[finetune.name] = _record("finetune", finetune.name, stage.key, {"model": "model"})
+            seconds, memory, note = _train_plan(settings, finetune, data_dir)
+            check = plan_experiment(parse_config({**check_config(finetune, settings.model, str(data_dir),
+                                                                 CHECK_TEMPLATES, **common), "out": tmp}))
+            if seconds is not None and check.predicted_seconds is not None:
+                seconds += check.predicted_seconds
+            stages.append(PlannedStage("finetune", f"{finetune.name} (split {finetune.split}, preset {settings.preset}) "
+                                       "and its precondition check", seconds, max(memory, check.peak_bytes),
+                                       stage.finished() is not None, note))
+        for sweep in planned_sweeps(settings):
+            stage, _ = sweep_stage(settings, sweep, data_rec, finetunes)
+            raw = sweep_config(sweep, {role: settings.model for role in sweep.roles}, str(data_dir), **common)
+            plan = plan_experiment(parse_config({**raw, "out": tmp}))
+            note = "; ".join(plan.notes) + ("" if plan.fits else f"; {plan.refusal()}")
+            stages.append(PlannedStage("sweep", f"{sweep.name} ({sweep.label.partition(':')[0]})", plan.predicted_seconds,
+                                       plan.peak_bytes, stage.finished() is not None,
+                                       f"{plan.rows} rows; {note}"))
+    stages.append(PlannedStage("claims", "the paper's claims (a later stage: not run yet)", 0.0, None, False))
+    stages.append(PlannedStage("report", "paper.md and paper.html", 1.0, None, False))
+    return stages
+

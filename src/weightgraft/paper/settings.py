@@ -1,0 +1,73 @@
+"""The settings of a ``weightgraft paper`` run, what a run did, and the finetunes' preconditions
+(read by the pipeline and by its report)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weightgraft.errors import WeightgraftError
+from weightgraft.paper.figures import HEADLINE, MAIN_WORLD, QA, SWEEP_NAMES, Finetune
+
+# The demo's six renderings of each fact (weightgraft.demo.DEMO_TRAIN_TEMPLATES): the recipe
+# measured to teach SmolLM2-135M its facts on 2 CPU cores.
+TRAIN_TEMPLATES = ("qa_1", "qa_2", "qa_4", "qa_5", "article_1", "article_4")
+CHECK_TEMPLATES = (HEADLINE, QA)
+
+
+class PaperError(WeightgraftError, ValueError):
+    """An input ``weightgraft paper`` cannot run with (said in one line, before any training)."""
+
+
+@dataclass(frozen=True)
+class PaperSettings:
+    """Everything a ``weightgraft paper`` run depends on. ``trained_top5`` and ``both_b2a_top5``
+    are the preconditions (fractions): the plain finetune's top-5 on its own facts in the trained
+    direction, and the both-directions model's on the reversed (b2a) ones."""
+
+    model: str
+    world: str = MAIN_WORLD
+    relations: int = 40
+    seed: int = 0
+    train_seed: int = 0
+    device: str = "cpu"
+    out: Path = Path("runs/paper")
+    preset: str = "cpu-quick"
+    train_templates: tuple[str, ...] | None = TRAIN_TEMPLATES
+    max_steps: int | None = None
+    batch_size: int | None = None
+    sweeps: tuple[str, ...] = SWEEP_NAMES
+    trained_top5: float = 0.90
+    both_b2a_top5: float = 0.80
+    progress: bool = True
+
+    def threshold(self, finetune: Finetune, direction: str) -> float:
+        return self.both_b2a_top5 if finetune.name == "both" and direction == "b2a" else self.trained_top5
+
+
+@dataclass
+class PaperRun:
+    """What a run did: each stage's record (``stage.json``), which stages it reused, the report."""
+
+    settings: PaperSettings
+    data: dict[str, Any]
+    finetunes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # sweep -> why (precondition not met)
+    reused: list[str] = field(default_factory=list)
+    report: Path | None = None
+
+
+def precondition(settings: PaperSettings, finetune: Finetune, record: dict[str, Any]) -> tuple[bool, str]:
+    """Whether a finished finetune meets its precondition, and the line that says so."""
+    checks = record["outputs"]["checks"]
+    if not checks:
+        return False, f"{finetune.name}: no test prompt to check it on"
+    missed = [c for c in checks if not c["top5"] >= settings.threshold(finetune, c["direction"])]
+    parts = [f"{c['template']} {c['direction']} top-5 {100 * c['top5']:.1f}% "
+             f"({'>=' if c not in missed else '<'} {100 * settings.threshold(finetune, c['direction']):.0f}%)"
+             for c in checks]
+    return not missed, f"{finetune.name}: " + ", ".join(parts)
+
+

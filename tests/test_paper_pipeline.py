@@ -1,0 +1,186 @@
+"""``weightgraft paper`` end to end on a tiny random Llama with a byte-level tokenizer: every stage
+runs and the report holds the paper's rows for every figure it ran; a run stopped inside a sweep
+resumes and gives the same report; a changed world seed gets folders of its own; a precondition
+not met marks the figures that need it; bad input is one line before any training; --plan runs
+nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from weightgraft.paper.figures import MAIN_WORLD, sweeps_for
+from weightgraft.paper.numbers import NOT_RUN, paper_numbers
+from weightgraft.paper.pipeline import PaperSettings, run_paper
+from weightgraft.paper.report import NOT_MET, side_by_side_part
+
+ALL_MET = dict(trained_top5=0.0, both_b2a_top5=0.0)
+
+
+@pytest.fixture(scope="module")
+def base_model(tmp_path_factory) -> Path:
+    """A tiny tied 4-layer Llama and a byte-level BPE tokenizer trained on a small paper world."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from weightgraft.data import build_dataset
+
+    ds = build_dataset(MAIN_WORLD, n=8, seed=0)
+    texts = [r["text"] for r in ds.split("train")] + [r["prompt"] for r in ds.split("test_prompts")]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                        show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id))
+    path = tmp_path_factory.mktemp("paper_base")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def settings(base: Path, out: Path, **extra) -> PaperSettings:
+    return PaperSettings(model=str(base), relations=8, out=out, max_steps=2, batch_size=8, progress=False,
+                         **{**ALL_MET, **extra})
+
+
+@pytest.fixture(scope="module")
+def full_run(base_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper_full")
+    run = run_paper(settings(base_model, out))
+    return run, out
+
+
+def _stage_dirs(out: Path, kind: str) -> list[Path]:
+    return sorted(p for p in (out / f"{kind}s").iterdir() if p.is_dir())
+
+
+def test_every_stage_runs_and_the_report_has_a_paper_row_for_every_figure_it_ran(full_run):
+    run, out = full_run
+    assert set(run.finetunes) == {"a2b", "both", "task", "relation"}
+    assert set(run.sweeps) == {s.name for s in sweeps_for(MAIN_WORLD)} and not run.skipped
+    for kind in ("data", "finetune", "sweep"):
+        for folder in _stage_dirs(out, kind):
+            record = json.loads((folder / "stage.json").read_text())
+            assert folder.name.endswith(record["key"][:12])
+    text = (out / "paper.md").read_text()
+    assert (out / "paper.html").read_text().startswith("<!doctype html>")
+    ran = {fid for s in sweeps_for(MAIN_WORLD) for fid in s.figure_ids}
+    assert ran == {"fig2", "fig3a", "fig6", "fig7", "fig8", "fig9", "fig14", "fig4", "fig15", "fig5"}
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    for n in paper_numbers():
+        if n.figure_id in ran:
+            row = [r for r in rows if f"| {n.figure} | {n.model} | {n.scheme} | {n.metric} | {n.paper_text()} |" in r]
+            assert row, n.id
+            assert not any(r.endswith(f"| {NOT_RUN} |") for r in row), n.id
+    assert "| Sec. 4.1 | gemma-1.1-2b-it | LT | top-5 accuracy | 53% |" in text
+    assert "drop in top-5 accuracy | 29% |" in text
+    not_run = text.split("## Figures not run")[1].split("## ")[0]
+    for fid in ("fig10", "fig11", "fig12", "fig13a", "c7.1"):
+        assert fid in not_run
+    assert "## Claims" in text and "## Stage times" in text
+
+
+def test_a_run_stopped_inside_a_sweep_resumes_and_gives_the_same_report(full_run, base_model, tmp_path, monkeypatch):
+    _, full_out = full_run
+    import weightgraft.experiments.runner as runner
+    import weightgraft.training as training
+
+    score_rows, calls = runner.score_rows, []
+
+    def stop_on_the_second_batch(chunk, logits, n_logits, tokenizer, set_name, scheme_meta, *args, **kwargs):
+        calls.extend([1] if len(scheme_meta) > 1 else [])  # a sweep's batch, not a precondition check's
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return score_rows(chunk, logits, n_logits, tokenizer, set_name, scheme_meta, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "score_rows", stop_on_the_second_batch)
+    chosen = settings(base_model, tmp_path, sweeps=("position", "component_reversal"))
+    with pytest.raises(KeyboardInterrupt):
+        run_paper(chosen)
+    stopped = [p for p in _stage_dirs(tmp_path, "sweep") if not (p / "stage.json").exists()]
+    assert [p.name.split("-")[0] for p in stopped] == ["position"]
+    monkeypatch.setattr(runner, "score_rows", score_rows)
+    trained = []
+    finetune = training.finetune
+    monkeypatch.setattr(training, "finetune", lambda *a, **k: trained.append(a) or finetune(*a, **k))
+    run = run_paper(chosen)
+    assert not trained and "finetune a2b" in run.reused and "sweep position" not in run.reused
+    resumed = (tmp_path / "paper.md").read_text()
+    full = (full_out / "paper.md").read_text()
+    for heading in ("## Fig. 2, Fig. 3(a)", "## Fig. 4 and Fig. 15"):
+        assert side_by_side_part(resumed).split(heading)[1].split("## ")[0] == \
+            side_by_side_part(full).split(heading)[1].split("## ")[0]
+
+
+def test_a_changed_world_seed_is_never_mixed_with_the_old_results(full_run, base_model):
+    run0, out = full_run
+    before = {p.name for p in _stage_dirs(out, "sweep")}
+    run1 = run_paper(settings(base_model, out, seed=1, sweeps=("position",)))
+    assert run1.data["key"] != run0.data["key"] and not run1.reused
+    assert run1.finetunes["a2b"]["key"] != run0.finetunes["a2b"]["key"]
+    assert run1.sweeps["position"]["key"] != run0.sweeps["position"]["key"]
+    assert len(_stage_dirs(out, "data")) == 2
+    assert before < {p.name for p in _stage_dirs(out, "sweep")}
+    record = json.loads((out / "sweeps" / f"position-{run1.sweeps['position']['key'][:12]}" / "stage.json").read_text())
+    assert record["inputs"]["config"]["data"] == f"data:{run1.data['key']}"
+
+
+def test_a_precondition_not_met_marks_the_figures_that_need_it(full_run, base_model, tmp_path):
+    _, out = full_run
+    # the finished finetunes are reused; the preconditions are read from their records
+    run = run_paper(settings(base_model, out, trained_top5=0.0, both_b2a_top5=1.01))
+    assert set(run.skipped) == {"component_reversal"}
+    assert "finetune both" in run.reused
+    text = (out / "paper.md").read_text()
+    section = text.split("## Fig. 4 and Fig. 15")[1].split("## ")[0]
+    assert "precondition not met" in section and "< 101%" in section
+    rows = [line for line in section.splitlines() if line.startswith("| Fig.")]
+    assert rows and all(line.endswith(f"| {NOT_MET} |") for line in rows)
+    assert "| both | both | precondition not met |" in text
+    strict = run_paper(settings(base_model, out, trained_top5=0.9, both_b2a_top5=0.8))
+    assert set(strict.skipped) == {s.name for s in sweeps_for(MAIN_WORLD)}  # random models know nothing
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--world", "atlantis"], "unknown world 'atlantis'"),
+    (["--model", "MISSING"], "does not exist"),
+    (["--device", "cuda:7"], "is absent"),
+    (["--sweeps", "fig99"], "unknown sweep"),
+])
+def test_bad_input_is_one_line_before_any_training(base_model, tmp_path, monkeypatch, capsys, args, says):
+    from weightgraft.cli import main
+
+    monkeypatch.delenv("WEIGHTGRAFT_DEBUG", raising=False)
+    model = str(tmp_path / "nothing-here") if "MISSING" in args else str(base_model)
+    args = [model if a == "MISSING" else a for a in args]
+    argv = ["weightgraft", "paper", "--out", str(tmp_path / "out"), *(["--model", model] if "--model" not in args else []),
+            *args]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_plan_prints_every_stage_and_runs_nothing(base_model, tmp_path, monkeypatch, capsys):
+    from weightgraft.paper.plan import plan_paper
+
+    stages = plan_paper(settings(base_model, tmp_path / "out"))
+    kinds = [s.stage for s in stages]
+    assert kinds == ["data"] + ["finetune"] * 4 + ["sweep"] * 7 + ["claims", "report"]
+    assert all(s.seconds is not None for s in stages)  # a CPU: this device's measured rate
+    assert all(s.memory_bytes for s in stages if s.stage in ("finetune", "sweep"))
+    assert not any(s.done for s in stages) and not (tmp_path / "out").exists()
