@@ -26,6 +26,11 @@ class GraftArgumentTypeError(GraftArgumentError, TypeError):
     shares go, a module the engine cannot graft this way); a ``TypeError`` as well."""
 
 
+class ResultsDirConflict(WeightgraftError, ValueError):
+    """A results folder that holds results of another config (a run, a localize run, a stage):
+    refused, never mixed."""
+
+
 def validation_line(exc: Exception, loc: Callable[[tuple[Any, ...]], str] | None = None, at: str = "") -> str:
     """pydantic's ``ValidationError`` as one line a user can act on: ``field.path: message``
     per error, joined by ``; `` (pydantic's own text spans lines and ends in a web link). ``loc``

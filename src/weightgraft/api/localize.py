@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from weightgraft.experiments.config import apply_overrides
+from weightgraft.configfile import apply_overrides
 from weightgraft.localization.config import LocalizeConfig, load_localize_config, parse_localize_config
 from weightgraft.localization.run import LocalizeResult, run_localize
 

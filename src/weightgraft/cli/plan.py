@@ -42,7 +42,8 @@ def plan(
                               "device once, a few seconds, cached; with --gpu: the card's stated rates)."),
 ) -> None:
     """Plan a run or localize config: memory per role and per batch, batch size, predicted time."""
-    from weightgraft.experiments.config import parse_config, read_yaml_config
+    from weightgraft.configfile import read_yaml_config
+    from weightgraft.experiments.config import parse_config
     from weightgraft.experiments.plan import plan_experiment
     from weightgraft.planning.cards import card
     from weightgraft.planning.sizes import parse_size

@@ -3,25 +3,18 @@ expanded before any model is loaded."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, model_validator
 
-from weightgraft.errors import WeightgraftError, validation_line
+from weightgraft.configfile import ConfigError, json_digest, read_yaml_config
+from weightgraft.errors import validation_line
 from weightgraft.experiments.pairs import SchemePair, check_pairs
-from weightgraft.models.spec import ModelSpec, PeftSpec, SpecText, parse_spec, spec_error_of
+from weightgraft.models.spec import ModelSpec, SpecText, parse_spec, spec_error_of
 from weightgraft.schemes.presets import preset
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, ProtocolName
 from weightgraft.schemes.scheme import Scheme
-
-
-class ConfigError(WeightgraftError, ValueError):
-    """A broken experiment config; the message names the path of the bad key."""
 
 
 class PresetRef(BaseModel):
@@ -169,7 +162,7 @@ class ExperimentConfig(BaseModel):
             "schemes", "templates", "directions", "groups", "limit", "name"})
         if data["tokenizer"] is None:  # runs made before the key keep their identity
             del data["tokenizer"]
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        return json_digest(data)
 
     def identity(self) -> str:
         """Hash of what determines the results (not batch size, device or output place)."""
@@ -179,35 +172,7 @@ class ExperimentConfig(BaseModel):
             del data["protocol"]
         if data["tokenizer"] is None:
             del data["tokenizer"]
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    node: Any = tree
-    keys = dotted.split(".")
-    for key in keys[:-1]:
-        if isinstance(node, list):
-            node = node[int(key)]
-        else:
-            node = node.setdefault(key, {})
-    last = keys[-1]
-    if isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``a.b=value`` (value parsed as YAML) onto a raw config dict."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. limit=10)")
-        key, value = item.split("=", 1)
-        try:
-            _set_path(raw, key.strip(), yaml.safe_load(value))
-        except (IndexError, ValueError, TypeError) as exc:
-            raise ConfigError(f"cannot apply override {item!r}: {exc}") from exc
-    return raw
+        return json_digest(data)
 
 
 def _config_path(path: tuple[Any, ...]) -> str:
@@ -239,69 +204,6 @@ def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | N
             config.out = base_dir / config.out
     config.resolved_schemes()
     return config
-
-
-def _anchor(value: Any, folder: Path, must_exist: bool) -> Any:
-    """A relative path written in a YAML, taken from the YAML's folder (a model spec only
-    when it names something there: it may also be an embedded name or a hub id)."""
-    spec = _spec_or_none(value)
-    if isinstance(spec, PeftSpec):  # peft(ROLE, DIR): its DIR
-        from weightgraft.models.peft_donor import anchor_peft
-
-        return anchor_peft(value, folder)
-    if not isinstance(value, str) or not value or Path(value).is_absolute() or "(" in value:
-        return value
-    anchored = folder / value
-    if not must_exist or anchored.exists():
-        return os.path.normpath(anchored)  # docs/x/../../runs/y is shown as runs/y
-    return value
-
-
-def _spec_or_none(value: Any) -> ModelSpec | None:
-    """``value`` as a model spec, None where it is none (a malformed one is refused when the
-    config is validated, with its field path)."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    try:
-        return parse_spec(value)
-    except ValueError:
-        return None
-
-
-def anchor_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """``data``, ``out`` and model directories of a raw config, relative to ``folder``."""
-    for key in ("data", "out"):
-        if key in raw:
-            raw[key] = _anchor(raw[key], folder, must_exist=False)
-    if "tokenizer" in raw:  # a directory there, else a name ("bytes", an embedded model)
-        raw["tokenizer"] = _anchor(raw["tokenizer"], folder, must_exist=True)
-    model_sets = raw.get("model_sets")
-    for roles in [raw.get("models"), *(model_sets.values() if isinstance(model_sets, dict) else [])]:
-        if isinstance(roles, dict):
-            for role, spec in roles.items():
-                if isinstance(spec, str):
-                    roles[role] = _anchor(spec, folder, must_exist=True)
-                elif isinstance(spec, list):
-                    roles[role] = [_anchor(x, folder, must_exist=True) for x in spec]
-    return raw
-
-
-def read_yaml_config(path: Path, overrides: list[str] | None = None, what: str = "experiment") -> dict[str, Any]:
-    """A config YAML as a raw dict with ``key=value`` overrides applied (validated by the caller).
-
-    Relative paths in the file (``data``, ``out``, model directories) are taken from the
-    file's folder, so a config runs the same from any working directory; override values are
-    taken as typed, from the working directory."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{what} config {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    if isinstance(raw, dict):
-        anchor_paths(raw, path.parent)
-    return apply_overrides(raw, overrides or [])
 
 
 def load_config(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -7,7 +7,6 @@ Data flows one way: config -> compiled schemes -> per-example source tensors -> 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import platform
 import sys
@@ -21,6 +20,7 @@ import pandas as pd
 
 from weightgraft.data.freeform import load_prompts
 from weightgraft.data.prompts import DatasetError, load_test_prompts  # noqa: F401 (benchmarks import it here)
+from weightgraft.configfile import json_digest
 from weightgraft.experiments.config import ConfigError, ExperimentConfig
 from weightgraft.experiments.continuations import sweep_continuations
 from weightgraft.experiments.distributed import Ranks, start
@@ -227,8 +227,7 @@ def _check_names(config: ExperimentConfig, schemes: list[Any], prompts: list[Any
 def run_identity(config: ExperimentConfig, schemes: list[Any], prompts: list[Any]) -> dict[str, Any]:
     """What the rows depend on: the core settings, each scheme's definition and each test
     prompt's content (model weights are added as they load)."""
-    def digest(obj: Any) -> str:
-        return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    digest = json_digest
 
     return {
         "rows_format": ROWS_FORMAT,

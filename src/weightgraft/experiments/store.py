@@ -20,17 +20,13 @@ from typing import Any
 import pandas as pd
 
 from weightgraft import atomic
-from weightgraft.errors import WeightgraftError
+from weightgraft.errors import ResultsDirConflict, WeightgraftError
 
 KEY = ("model_set", "template", "scheme", "example_id")
 # What a row holds and how it was computed; a folder whose rows were written in an older format
 # is refused rather than resumed (2: ``scored_on``, ``distractor_token``, ``logit_diff_flag``;
 # a distractor logit difference between first tokens that begin each other's names is NaN).
 ROWS_FORMAT = 2
-
-
-class ResultsDirConflict(WeightgraftError, ValueError):
-    """The results directory holds results of a different experiment config."""
 
 
 class ResultsWriteError(WeightgraftError, OSError):

@@ -3,8 +3,6 @@ maps to compute."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -13,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from weightgraft.engine.architectures import Units
 from weightgraft.engine.metric_table import localize_metric
 from weightgraft.errors import GraftArgumentError, validation_line
-from weightgraft.experiments.config import ConfigError, read_yaml_config
+from weightgraft.configfile import ConfigError, json_digest, read_yaml_config
 from weightgraft.models.spec import ModelSpec, ModelSpecError, parse_spec, spec_error_of
 
 Direction = Literal["sufficiency", "necessity"]
@@ -225,7 +223,7 @@ class LocalizeConfig(BaseModel):
         data["models"].pop("nulls", None)
         if data["tokenizer"] is None:  # runs made before the key keep their identity
             del data["tokenizer"]
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        return json_digest(data)
 
     def run_dir(self) -> Path:
         """``out`` is the run directory itself, as in ``weightgraft run``; without it,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weightgraft.experiments.config import ConfigError
+from weightgraft.configfile import ConfigError
 
 SPLIT_DIRECTIONS = {"a2b": ["a2b"], "b2a": ["b2a"], "both": ["a2b", "b2a"]}
 

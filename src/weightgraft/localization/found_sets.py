@@ -25,7 +25,7 @@ import pandas as pd
 from torch import nn
 
 from weightgraft import atomic
-from weightgraft.experiments.config import ConfigError
+from weightgraft.configfile import ConfigError
 from weightgraft.localization.controls import set_controls
 from weightgraft.localization.examples import LocalizeExample
 from weightgraft.engine.architectures import Units

@@ -43,11 +43,11 @@ import torch
 from weightgraft import atomic
 from weightgraft.data.prompts import DatasetError
 from weightgraft.engine.architectures import Units
-from weightgraft.experiments.config import ConfigError
+from weightgraft.configfile import ConfigError
 from weightgraft.localization.claims import NULL_FINETUNE, PRE_SFT
 from weightgraft.localization.claims.evidence import claims_evidence
 from weightgraft.localization.claims.stage import map_claims, write_claims
-from weightgraft.experiments.store import ResultsDirConflict
+from weightgraft.errors import ResultsDirConflict
 from weightgraft.localization.config import LocalizeConfig, load_localize_config
 from weightgraft.localization.examples import LocalizeExample, build_examples, select_prompts
 from weightgraft.localization.directions import choose_directions, left_out

@@ -6,13 +6,13 @@ compute anew) and gathered into ``claims.csv`` (judged as one family) and ``clai
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from weightgraft.configfile import json_digest
 from torch import nn
 
 from weightgraft import atomic
@@ -52,7 +52,7 @@ def slot_params(model: nn.Module) -> dict[str, int]:
 def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequence[Claim], precondition: str) -> str:
     data = {"settings": settings.model_dump(mode="json"), "seed": seed, "metric": metric, "setting": setting,
             "claims": [c.name for c in claims], "precondition": precondition, "version": 6}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    return json_digest(data, 12)
 
 
 def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample], estimates: pd.DataFrame,
