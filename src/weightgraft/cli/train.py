@@ -11,10 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from weightgraft.models.errors import ModelLoadError
-from weightgraft.models.quantization.schemes import QuantizationError
-from weightgraft.models.spec import ModelSpecError
-from weightgraft.training.errors import TrainingError
+from weightgraft.errors import WeightgraftError
 from weightgraft.training.presets import PRESETS
 
 _err = Console(stderr=True)
@@ -136,7 +133,7 @@ def train(
             lora=adapter,
             quantization=quantization,
         )
-    except (TrainingError, ModelLoadError, ModelSpecError, QuantizationError) as exc:
+    except WeightgraftError as exc:  # a training setting, a model, a spec or a scheme it cannot use
         _err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from exc
     r = result.manifest["results"]

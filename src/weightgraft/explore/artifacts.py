@@ -15,6 +15,7 @@ import pandas as pd
 from weightgraft.report.run import ReportError, read_summary
 from weightgraft.report.tables import table_header, table_rows
 from weightgraft.schemes.labels import LABEL_VERSION, upgrade_cells, upgrade_label
+from weightgraft.data.freeform import load_prompts
 
 EXAMPLES_PER_TEMPLATE = 8
 CONTROLS_SHOWN = 2  # control sets per kind offered on the page
@@ -65,7 +66,6 @@ def _find_data(data: str | None, where: Path) -> Path | None:
 
 def _prompts_by_id(data: str | None, where: Path) -> dict[str, dict[str, Any]]:
     """Test prompts of the dataset a run used, by example id (spans included), or ``{}``."""
-    from weightgraft.data.freeform import load_prompts
 
     found = _find_data(data, where)
     if found is None:

@@ -16,6 +16,9 @@ from typing import Any
 import pandas as pd
 
 from weightgraft.explore.artifacts import _prompts_by_id
+from weightgraft.errors import WeightgraftError
+from weightgraft.models.demo_models import read_demo_record
+from weightgraft.models.demo_models import resolve_demo_spec
 
 SFT_ROLE = "sft"
 _COLUMNS = ("model_set", "scheme", "template", "example_id", "prompt", "answer", "rank", "prob",
@@ -118,8 +121,6 @@ def _manifest(run_dir: Path) -> dict[str, Any]:
 
 def _same_model(spec: str | None, other: str | Path | None) -> bool:
     """Whether two specs name the same model (demo names and paths resolved)."""
-    from weightgraft.errors import WeightgraftError
-    from weightgraft.models.demo_models import resolve_demo_spec
 
     if spec is None or other is None:
         return False
@@ -135,7 +136,6 @@ def _same_model(spec: str | None, other: str | Path | None) -> bool:
 
 def opening_example(run: Path | None, sft: str | None = None) -> Opening:
     """The example explore opens on, for ``--run`` (or none) and the SFT spec being loaded."""
-    from weightgraft.models.demo_models import read_demo_record
 
     if run is not None:
         found = best_known(Path(run), f"{run} results")

@@ -25,6 +25,7 @@ from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, Re
 from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import first_entity, token_span
+from weightgraft.explore.schemes import page_schemes
 
 
 class Explorer:
@@ -53,7 +54,6 @@ class Explorer:
 
     def info(self) -> dict[str, Any]:
         """What the page needs before the first prompt: roles, slots, grids, limits, presets."""
-        from weightgraft.explore.schemes import page_schemes
 
         return {
             "roles": self.roles, "slots": self.slot_names, "layout": self.layout,

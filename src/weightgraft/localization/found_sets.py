@@ -35,6 +35,7 @@ from weightgraft.localization.missed import missed_estimate
 from weightgraft.localization.refine import refine_set
 from weightgraft.localization.search import minimal_graft_search, rank_keys
 from weightgraft.localization.verify import CellKey, SetVerifier, received_summary
+from weightgraft.engine.architectures import model_slots
 
 
 def _keys(cells: list[dict[str, str]]) -> list[CellKey]:
@@ -47,7 +48,6 @@ def _estimates(sub: pd.DataFrame, column: str, units: Units, model: nn.Module) -
     if units == Units.CELL:
         sub = whole_cells(sub)
         return {k: float(v) for k, v in sub.groupby(["position_label", "slot"])[column].sum().items()}
-    from weightgraft.engine.architectures import model_slots
 
     split = {s.name for s in model_slots(model) if s.units(units)}
     keep = (sub["unit"] != WHOLE) | ~sub["slot"].isin(split)
@@ -87,7 +87,6 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], *
     path = run_dir / "search.json"
     if not settings.enabled:
         return {}
-    from weightgraft.engine.architectures import model_slots
 
     slot_index = {s.name: i for i, s in enumerate(model_slots(model))}
     column = "estimate_ig" if settings.rank_by == "ig" else "estimate"

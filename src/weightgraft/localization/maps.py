@@ -21,6 +21,9 @@ from weightgraft.engine.architectures import Units
 from weightgraft.engine.attribution import Metric, graft_attribution
 from weightgraft.engine.cells import OUTPUT_ONLY, REST, WHOLE, Cell, exact_effects, example_cells, has_rest
 from weightgraft.engine.partial import PartialGraft
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.attribution import graft_unit_attribution
+from weightgraft.engine.cells import parse_cell_name
 
 CELL_KEYS = ["example_id", "template", "direction", "position", "slot", "unit"]
 
@@ -155,7 +158,6 @@ def estimate_frame(
     whole-cell rows of split slots are the sums of their units and rest, and per example the
     ``unit_rows`` unit rows of largest |gradient| are kept (a neuron map of every unit of 80
     prompts would be hundreds of millions of rows)."""
-    from weightgraft.engine.attribution import graft_unit_attribution
 
     names = [s.name for s in pair.slots]
     rests = {s.name for s in pair.slots if s.units(units) and has_rest(pair.base, s)}
@@ -208,7 +210,6 @@ def exact_frame(
 ) -> tuple[pd.DataFrame, list[float]]:
     """Exact single-cell effects of every cell (and of ``unit_cells[i]``, example i's unit
     cells), and each example's base metric."""
-    from weightgraft.engine.architectures import model_slots
 
     names = [s.name for s in model_slots(models[0])]
     extra = [list(u) for u in unit_cells] if unit_cells is not None else [[] for _ in examples]
@@ -239,7 +240,6 @@ def unit_picks(estimates: pd.DataFrame, examples: Sequence[LocalizeExample], mod
                n: int):
     """``example -> its n unit cells of largest |estimate|`` (the exact unit map's cells; the
     whole cells are all mapped exactly anyway)."""
-    from weightgraft.engine.architectures import model_slots
 
     index = {s.name: i for i, s in enumerate(model_slots(model))}
     rows = estimates[estimates["unit"] != WHOLE]
@@ -262,7 +262,6 @@ class UnitCellMap(Mapping):
     (the keys that have estimates) this example has."""
 
     def __init__(self, example: LocalizeExample, slot_index: dict[str, int], model, universe: Sequence) -> None:
-        from weightgraft.engine.architectures import model_slots
 
         self.whole = cell_map(example, slot_index, model)
         self.positions = {label: t for t, label in enumerate(example.labels)}
@@ -272,7 +271,6 @@ class UnitCellMap(Mapping):
         self.universe = universe
 
     def __getitem__(self, key) -> Cell:
-        from weightgraft.engine.cells import parse_cell_name
 
         label, name = key
         if "/" not in name:

@@ -60,6 +60,13 @@ from weightgraft.models.donors import LoadSettings, load_role
 from weightgraft.models.loaded import LoadedModel
 from weightgraft.models.spec import PeftSpec, parse_spec
 from weightgraft.schemes.labels import LABEL_VERSION
+from weightgraft.engine.partial import PartialGraft
+from weightgraft.localization.stability import null_summary, stability_table
+from weightgraft.models.peft_donor import PeftError, check_peft_roles
+from weightgraft.models.random_models import refuse_random
+from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
+from weightgraft.planning.localize import plan_localize_work
+from weightgraft.planning.plan import with_planned_batch
 
 
 @dataclass
@@ -136,7 +143,6 @@ def _note(run_dir: Path, **fields: Any) -> None:
 def _check_peft(config: LocalizeConfig) -> list[PeftSpec | None]:
     """``sft: peft(pre, DIR)`` (a LoRA donor on the pair's base), checked before loading; one
     adapter spec (or None) per mapped model (SFT models, then null models)."""
-    from weightgraft.models.peft_donor import PeftError, check_peft_roles
 
     roles = config.role_specs()
     check_peft_roles(roles, "models")
@@ -218,9 +224,6 @@ def plan_before_localize(config: LocalizeConfig, prompts: list[Any]) -> Localize
     """What ``localize`` does before loading: refuse random models (no tokenizer) and a plan
     that does not fit, in one line; return the config with the plan's batch size where the
     config does not fix one."""
-    from weightgraft.models.random_models import refuse_random
-    from weightgraft.planning.localize import plan_localize_work
-    from weightgraft.planning.plan import with_planned_batch
 
     if config.tokenizer is None:  # the config's tokenizer serves models that have none
         refuse_random(config.role_specs(), "weightgraft localize")
@@ -232,7 +235,6 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
                 seconds: dict[str, float]) -> pd.DataFrame:
     """One SFT model's cells (estimates joined with exact effects) in every graft direction,
     each stage read from ``parts`` where a run already wrote it."""
-    from weightgraft.engine.partial import PartialGraft
 
     graft = PartialGraft(pre, sft)
     frames = []
@@ -279,7 +281,6 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     if evidence is not None and evidence.problem:  # claims that cannot reach a verdict: said before any model loads
         raise ConfigError(evidence.problem)
     adapters = _check_peft(config)
-    from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 
     # before any model loads; a vocabulary too small for it is refused from the models' configs
     shared_tokenizer = config_tokenizer(config.tokenizer, config.role_specs() if load is None else None)
@@ -371,7 +372,6 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         seconds["claims_reversal"] = time.time() - t0
     cells = pd.concat(frames, ignore_index=True)
     _write(cells, run_dir / "cells.parquet")
-    from weightgraft.localization.stability import null_summary, stability_table
 
     table = stability_table(whole_cells(cells), nulls=nulls)
     atomic.write_text(run_dir / "stability.csv", table.to_csv(index=False))

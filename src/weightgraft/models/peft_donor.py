@@ -35,6 +35,10 @@ from torch import nn
 from weightgraft.engine import lora
 from weightgraft.models.loaded import LoadedModel
 from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftError, PeftSpec, is_derived, parse_peft, parse_spec
+from weightgraft.engine.architectures import model_slots
+from weightgraft.models.footprint import dtype_bytes
+from weightgraft.models.hashing import weights_sha256
+from weightgraft.models.lean import _structural_copy, memory_report
 
 __all__ = [
     "AdapterInfo",
@@ -191,8 +195,6 @@ def adapter_bytes(directory: str | Path, dtype: Any) -> int:
     the safetensors header without loading a tensor (for memory plans)."""
     from safetensors import safe_open
 
-    from weightgraft.models.footprint import dtype_bytes
-
     with safe_open(str(Path(directory).expanduser() / "adapter_model.safetensors"), framework="pt") as fh:
         numel = 0
         for key in fh.keys():
@@ -216,10 +218,6 @@ def load_peft(base: nn.Module, directory: str | Path, adapter_name: str = "defau
     ``wg.graft``, ``wg.compare``, ``wg.graft_forward`` and ``wg.localize``."""
     from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
     from peft.utils import load_peft_weights
-
-    from weightgraft.engine.architectures import model_slots
-    from weightgraft.models.hashing import weights_sha256
-    from weightgraft.models.lean import _structural_copy, memory_report
 
     raw = check_adapter_dir(directory)
     path = Path(directory).expanduser().resolve()

@@ -9,6 +9,11 @@ import torch
 
 from weightgraft.data.prompts import DatasetError
 from weightgraft.errors import WeightgraftError
+from weightgraft.models.embedded import ensure_converted
+from weightgraft.models.errors import ModelLoadError
+from weightgraft.models.footprint import resolve_footprint
+from weightgraft.models.spec import embedded_name
+from weightgraft.models.spec import is_derived, parse_spec
 
 if TYPE_CHECKING:
     from weightgraft.models.spec import ModelSpec
@@ -74,10 +79,6 @@ def load_tokenizer(spec: str) -> Any:
     embedded model's name (its tokenizer), or a local directory holding a tokenizer."""
     from transformers import AutoTokenizer
 
-    from weightgraft.models.embedded import ensure_converted
-    from weightgraft.models.errors import ModelLoadError
-    from weightgraft.models.spec import embedded_name
-
     text = str(spec).strip()
     if text == BYTES:
         return _byte_tokenizer()
@@ -119,8 +120,6 @@ def config_tokenizer(name: str | None, specs: Mapping[str, str | ModelSpec] | No
     share their bases' vocabulary)."""
     if name is None:
         return None
-    from weightgraft.models.footprint import resolve_footprint
-    from weightgraft.models.spec import is_derived, parse_spec
 
     tokenizer = load_tokenizer(name)
     parsed = {role: parse_spec(spec) for role, spec in (specs or {}).items()}

@@ -22,6 +22,7 @@ from weightgraft.report.charts import (
 )
 from weightgraft.report.run import Run
 from weightgraft.report.tables import format_pct_ci
+from weightgraft.report.run import group_title, layer_ranges
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -261,7 +262,6 @@ def group_figures(run: Run, key: tuple[str, str, str], group: pd.DataFrame, k: i
                   heatmap_metrics: Sequence[str] | None = None) -> Named:
     """Every figure of one (model set, template, direction): (name, figure) pairs, family by
     family in the order the summary lists them."""
-    from weightgraft.report.run import group_title, layer_ranges
 
     model_set, template, _ = key
     labels = {s: run.labels.get((model_set, template, s), {}) for s in group["scheme"]}

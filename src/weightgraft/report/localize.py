@@ -27,6 +27,11 @@ from weightgraft.localization.stability import COLUMNS as STABILITY_COLUMNS
 from weightgraft.localization.stability import null_summary, stability_table
 from weightgraft.report import localize_figures as figs
 from weightgraft.report.html import CSS, _esc, html_table
+from weightgraft.engine.architectures import Units
+from weightgraft.engine.cells import cell_name
+from weightgraft.localization.claims import ALPHA, CLAIMS
+from weightgraft.localization.claims.regions import NULL_KINDS
+from weightgraft.localization.claims.verdicts import FLOOR, p_text
 
 
 def value_column(cells: pd.DataFrame) -> str:
@@ -89,7 +94,6 @@ def _controls_cell(stats: dict[str, Any], n_sets: int) -> str:
         return ""
     if "not_drawn" in stats:
         return f'<span class="warn">not drawn: {_esc(stats["not_drawn"])}</span>'
-    from weightgraft.localization.claims.verdicts import p_text
 
     p = stats.get("p")
     floor = 1 / (1 + n_sets) if n_sets else 0.0  # the empirical p of n controls cannot go below this
@@ -187,9 +191,6 @@ def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
 def _claims_section(run_dir: Path) -> str:
     """``claims.csv``: the paper's claims as exact region grafts, judged across prompts against
     their null (a run made before them, or with ``claims: {enabled: false}``, has none)."""
-    from weightgraft.localization.claims import ALPHA, CLAIMS
-    from weightgraft.localization.claims.regions import NULL_KINDS
-    from weightgraft.localization.claims.verdicts import FLOOR, p_text
 
     path = run_dir / "claims.csv"
     table = pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.is_file() else pd.DataFrame()
@@ -300,8 +301,6 @@ def _sets_section(search: dict[str, Any]) -> str:
 def _units_section(unit_rows: pd.DataFrame, manifest: dict) -> str:
     """The strongest heads or neurons: mean estimate (and exact effect where computed) per
     (direction, template, position label, unit cell), the 20 largest by |mean estimate|."""
-    from weightgraft.engine.architectures import Units
-    from weightgraft.engine.cells import cell_name
 
     config = manifest.get("config") or {}
     kind = Units(config["units"]) if config.get("units") else "head | neuron"  # a manifest before units

@@ -14,6 +14,8 @@ import pandas as pd
 from weightgraft.errors import WeightgraftError
 from weightgraft.engine.metric_table import chart_labels
 from weightgraft.experiments.metrics import SUMMARY_KEYS, summarize
+from weightgraft.experiments.config import ExperimentConfig
+from weightgraft.schemes.selectors import SelectorError, select_layers
 
 RESULTS_FILE = "results.parquet"
 SUMMARY_FILE = "summary.csv"
@@ -165,7 +167,6 @@ def report_title(run: Run) -> str:
     """The name the run's config gives the sweep (``name:``), so a report reads as the user's
     experiment; the folder's name only where the config names none (no ``name:``, so the
     default ``experiment``, or no config recorded)."""
-    from weightgraft.experiments.config import ExperimentConfig
 
     config = run.manifest.get("config") or {}
     name = str(config.get("name") or "").strip() if isinstance(config, dict) else ""
@@ -197,7 +198,6 @@ def layer_ranges(manifest: dict[str, Any], model_set: str) -> dict[str, tuple[in
     """Scheme -> (first, last) layer its rules graft in this model set, from the schemes and the
     model depth the manifest records; empty when the depth is not recorded. Schemes with layer
     dropout or layers that are not one contiguous range are left out."""
-    from weightgraft.schemes.selectors import SelectorError, select_layers
 
     roles = (manifest.get("models") or {}).get(model_set) or {}
     depths = {info.get("n_layers") for info in roles.values() if isinstance(info, dict)}

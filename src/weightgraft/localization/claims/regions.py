@@ -45,6 +45,7 @@ import pandas as pd
 
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey
+from weightgraft.schemes.selectors import floor_quarter
 
 FFN = ("gate", "up", "down")
 QKV = ("q", "k", "v")
@@ -98,7 +99,6 @@ def last_quarter(n_layers: int) -> list[int]:
     the last layer alone in a model of fewer than 4."""
     if n_layers < 4:
         return [n_layers - 1]
-    from weightgraft.schemes.selectors import floor_quarter
 
     return floor_quarter(4, n_layers)
 

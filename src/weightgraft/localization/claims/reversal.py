@@ -19,6 +19,12 @@ from weightgraft.data.prompts import DatasetError, TestPrompt
 from weightgraft.localization.claims.regions import BOTH_A2B, CLAIMS
 from weightgraft.localization.claims.stage import map_claims
 from weightgraft.localization.config import LocalizeConfig
+from weightgraft.data.freeform import load_prompts
+from weightgraft.engine.partial import PartialGraft
+from weightgraft.localization.directions import model_directions
+from weightgraft.localization.examples import build_examples
+from weightgraft.localization.maps import estimate_frame
+from weightgraft.models.tokenization import check_same_tokenizer
 
 LABEL = "reversal"  # the model column of the reversal rows
 
@@ -31,7 +37,6 @@ def reversal_prompts(config: LocalizeConfig) -> list[TestPrompt]:
         return []
     if config.metric == "logit_diff":
         raise DatasetError("reversal: metric 'logit_diff' needs a distractor per prompt; use first_logprob or neg_kl_donor")
-    from weightgraft.data.freeform import load_prompts
 
     roles_checked(config)
     chosen = [p for p in load_prompts(config.data) if p.template == setting.template and p.direction == setting.direction]
@@ -44,7 +49,6 @@ def roles_checked(config: LocalizeConfig) -> str:
     """The roles' training splits where their training manifests name them: the donor must have
     trained on both directions and the recipient not on the prompts' direction (else an error,
     before any model loads); a sentence saying what was checked."""
-    from weightgraft.localization.directions import model_directions
 
     setting = config.reversal
     said = []
@@ -101,10 +105,6 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
     """The both->a2b claims' rows (``model`` = ``reversal``, and ``reversal control[i]`` for each
     control donor), each judged only where its donor meets the setting's precondition, and their
     per-prompt effects."""
-    from weightgraft.engine.partial import PartialGraft
-    from weightgraft.localization.examples import build_examples
-    from weightgraft.localization.maps import estimate_frame
-    from weightgraft.models.tokenization import check_same_tokenizer
 
     setting = config.reversal
     recipient = load(setting.recipient, dtype)

@@ -24,6 +24,7 @@ from weightgraft.localization.claims.verdicts import MIN_PROMPTS, decide
 from weightgraft.localization.examples import LocalizeExample
 from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
+from weightgraft.engine.architectures import model_slots
 
 FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "evidence", "within_effect", "share_exact",
          "ci_low", "ci_high", "null_kind", "null_mean", "null_p", "null_p_holm", "verdict", "reason", "share_estimate",
@@ -33,7 +34,6 @@ FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "evi
 def slot_params(model: nn.Module) -> dict[str, int]:
     """Parameters per slot; a slot that owns some output columns of a fused projection (GPT-2's
     ``c_attn``) counts that fraction of it."""
-    from weightgraft.engine.architectures import model_slots
 
     out: dict[str, int] = {}
     for slot in model_slots(model):
@@ -61,7 +61,6 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
                claims: Sequence[Claim] = CLAIMS, precondition: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
     """claims.csv rows and their per-prompt effects of one pair and direction, read from
     ``parts`` where an earlier run with the same settings wrote them."""
-    from weightgraft.engine.architectures import model_slots
 
     digest = _digest(settings, seed, metric, setting, claims, precondition)
     stem = parts / f"claims_{setting.replace('->', '_').replace(' ', '_')}_{direction}_{digest}"
