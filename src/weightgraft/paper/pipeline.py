@@ -44,6 +44,7 @@ def check_inputs(settings: PaperSettings) -> None:
     sweep."""
     from weightgraft.data.worlds import get_world
     from weightgraft.models.loading import check_model_spec
+    from weightgraft.models.spec import RandomSpec, parse_spec
     from weightgraft.training import get_preset
 
     get_world(settings.world)
@@ -52,7 +53,7 @@ def check_inputs(settings: PaperSettings) -> None:
         raise PaperError(f"unknown sweep(s) {unknown}: choose among {', '.join(SWEEP_NAMES)}")
     if settings.relations < 4:
         raise PaperError(f"--relations {settings.relations}: the pipeline needs at least 4 (task and relation groups)")
-    if settings.model.strip().startswith("random:"):
+    if isinstance(parse_spec(settings.model), RandomSpec):
         raise PaperError(f"--model {settings.model!r} has no tokenizer, so it cannot be finetuned; give a model "
                          "directory, an embedded name (smollm2-135m) or a cached hub id")
     check_model_spec(settings.model, "--model")
