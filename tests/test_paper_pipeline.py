@@ -184,3 +184,30 @@ def test_plan_prints_every_stage_and_runs_nothing(base_model, tmp_path, monkeypa
     assert all(s.seconds is not None for s in stages)  # a CPU: this device's measured rate
     assert all(s.memory_bytes for s in stages if s.stage in ("finetune", "sweep"))
     assert not any(s.done for s in stages) and not (tmp_path / "out").exists()
+
+
+def test_plan_for_a_card_takes_a_random_model_of_the_papers_shapes(tmp_path, monkeypatch):
+    """``--plan --gpu h100-80gb`` on ``random:llama-3.2-1b`` (no tokenizer, no GPU here): planned
+    from the card's stated rates and memory, nothing built; ``--gpu`` without ``--plan`` and a
+    random model for a real run are one line each."""
+    from typer.testing import CliRunner
+
+    from weightgraft.cli.paper import paper
+    from weightgraft.paper.plan import plan_paper
+    from weightgraft.planning import budget
+    from weightgraft.planning.cards import CARDS
+
+    monkeypatch.setattr(budget, "cuda_here", lambda: False)
+    chosen = settings("random:llama-3.2-1b", tmp_path / "out", sweeps=("position",))
+    stages = plan_paper(chosen, gpu=CARDS["h100-80gb"])
+    sweep = next(s for s in stages if s.stage == "sweep")
+    assert sweep.seconds is not None and sweep.memory_bytes < CARDS["h100-80gb"].memory_bytes
+    assert "H100" in sweep.note and not (tmp_path / "out").exists()
+    import typer
+
+    app = typer.Typer()
+    app.command()(paper)
+    alone = CliRunner().invoke(app, ["--model", "random:llama-3.2-1b", "--gpu", "h100-80gb", "--out", str(tmp_path)])
+    assert alone.exit_code == 2 and "--gpu plans for a card: use it with --plan" in alone.output
+    with pytest.raises(Exception, match="no tokenizer"):
+        run_paper(chosen)

@@ -39,6 +39,9 @@ def paper(
     sweeps: Optional[str] = typer.Option(None, help="Comma-separated sweeps to run (default: all): position, component, "
                                          "component_reversal, hybrid, position_spans, lm_head, layer_dropout."),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="With --plan: plan for one GPU of this kind (h100-80gb, "
+                                      "h200-141gb, ...; its memory and stated rates), here or not; the model may then "
+                                      "be a random: config of the paper's shapes (nothing trains)."),
 ) -> None:
     """data -> finetunes (each checked against its precondition) -> every figure's sweep -> one
     report with the paper's numbers beside ours. A stopped run resumes: finished stages are
@@ -51,18 +54,24 @@ def paper(
         preset=preset, max_steps=max_steps, batch_size=batch_size, progress=progress,
         sweeps=tuple(s.strip() for s in sweeps.split(",") if s.strip()) if sweeps else SWEEP_NAMES,
     )
+    if gpu is not None and not plan:
+        console.print("[bold red]error:[/] --gpu plans for a card: use it with --plan", highlight=False)
+        raise typer.Exit(code=2)
     if plan:
-        _print_plan(settings)
+        _print_plan(settings, gpu)
         return
     run_paper(settings, console=console)
 
 
-def _print_plan(settings: PaperSettings) -> None:
+def _print_plan(settings: PaperSettings, gpu: str | None = None) -> None:
     from weightgraft.paper.plan import plan_paper
+    from weightgraft.planning.cards import card
     from weightgraft.planning.sizes import gib
 
-    stages = plan_paper(settings)
-    table = Table(title=f"weightgraft paper plan ({settings.device})")
+    chosen = card(gpu) if gpu is not None else None
+    stages = plan_paper(settings, gpu=chosen)
+    where = f"one {chosen.name} ({chosen.label})" if chosen is not None else settings.device
+    table = Table(title=f"weightgraft paper plan ({where})")
     for col in ("stage", "what", "time", "memory", "status", "counts"):
         table.add_column(col)
     notes: dict[str, None] = {}

@@ -38,10 +38,11 @@ from weightgraft.paper.stages import Stage, file_digest
 
 __all__ = ["PaperError", "PaperRun", "PaperSettings", "check_inputs", "precondition", "run_paper"]
 
-def check_inputs(settings: PaperSettings) -> None:
+def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
     """Refuse, in one line and before anything is built, an unknown world, a model spec that
     names no model (or one without a tokenizer), a device that is absent, an unknown preset or
-    sweep."""
+    sweep. ``planning_for`` (a card): only planned, so a ``random:`` model (shapes only) and a
+    device that is not here are accepted."""
     from weightgraft.data.worlds import get_world
     from weightgraft.models.loading import check_model_spec
     from weightgraft.models.spec import RandomSpec, parse_spec
@@ -53,11 +54,12 @@ def check_inputs(settings: PaperSettings) -> None:
         raise PaperError(f"unknown sweep(s) {unknown}: choose among {', '.join(SWEEP_NAMES)}")
     if settings.relations < 4:
         raise PaperError(f"--relations {settings.relations}: the pipeline needs at least 4 (task and relation groups)")
-    if isinstance(parse_spec(settings.model), RandomSpec):
+    if isinstance(parse_spec(settings.model), RandomSpec) and planning_for is None:
         raise PaperError(f"--model {settings.model!r} has no tokenizer, so it cannot be finetuned; give a model "
                          "directory, an embedded name (smollm2-135m) or a cached hub id")
     check_model_spec(settings.model, "--model")
-    check_device(settings.device)
+    if planning_for is None:
+        check_device(settings.device)
     get_preset(settings.preset)
 
 

@@ -24,6 +24,7 @@ from weightgraft.paper.pipeline import (
     sweep_stage,
 )
 from weightgraft.paper.settings import CHECK_TEMPLATES, PaperSettings
+from weightgraft.planning.cards import Card
 
 TRAIN_FLOPS_PER_FORWARD = 3.0  # a training step: forward + backward
 ADAM_COPIES = 4  # fp32 weights, gradients, AdamW's first and second moments
@@ -43,7 +44,8 @@ def _record(kind: str, name: str, key: str, outputs: dict[str, str]) -> dict[str
     return {"kind": kind, "name": name, "key": key, "outputs": outputs}
 
 
-def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> tuple[float | None, int, str]:
+def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
+                gpu: Card | None = None) -> tuple[float | None, int, str]:
     from weightgraft.models.calibration import module_calls
     from weightgraft.models.footprint import resolve_footprint
     from weightgraft.planning.lengths import tokenizer_for
@@ -59,7 +61,7 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> 
     steps = settings.max_steps or math.ceil(math.ceil(len(texts) / preset.batch_size) * preset.epochs)
     per_epoch = max(1, math.ceil(len(texts) / preset.batch_size))
     memory = ADAM_COPIES * fp.param_bytes("float32")
-    rate, note = rate_for(settings.device, "float32", None)
+    rate, note = rate_for("cuda" if gpu is not None else settings.device, "float32", gpu)
     note = f"{len(texts)} texts, {steps} steps of {preset.batch_size}; lengths by {how}" + (f"; {note}" if note else "")
     if rate is None:
         return None, memory, note
@@ -72,14 +74,16 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> 
     return seconds * steps / per_epoch, memory, note
 
 
-def plan_paper(settings: PaperSettings) -> list[PlannedStage]:
+def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[PlannedStage]:
     """Every stage ``run_paper(settings)`` would run, with planned seconds and memory; a stage
-    already finished in ``settings.out`` is marked done (it will be reused)."""
+    already finished in ``settings.out`` is marked done (it will be reused). ``gpu``: plan as on
+    one card of that kind (its memory and stated rates), whether or not it is here; the model
+    may then be a ``random:`` config (shapes only: nothing trains)."""
     from weightgraft.data import build_dataset
     from weightgraft.experiments.config import parse_config
     from weightgraft.experiments.plan import plan_experiment
 
-    check_inputs(settings)
+    check_inputs(settings, planning_for=gpu)
     stages: list[PlannedStage] = []
     data = data_stage(settings)
     data_rec = _record("data", settings.world, data.key, {"dir": "data"})
@@ -88,14 +92,14 @@ def plan_paper(settings: PaperSettings) -> list[PlannedStage]:
     with tempfile.TemporaryDirectory(prefix="weightgraft-paper-plan-") as tmp:
         data_dir = Path(tmp) / "data"
         build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=data_dir)
-        common: dict[str, Any] = {"device": settings.device, "seed": settings.seed, "batch_size": settings.batch_size}
+        common: dict[str, Any] = {"device": "cuda" if gpu is not None else settings.device, "seed": settings.seed, "batch_size": settings.batch_size}
         finetunes: dict[str, dict[str, Any]] = {}
         for finetune in needed_finetunes(settings):
             stage = finetune_stage(settings, finetune, data_rec)
             finetunes[finetune.name] = _record("finetune", finetune.name, stage.key, {"model": "model"})
-            seconds, memory, note = _train_plan(settings, finetune, data_dir)
+            seconds, memory, note = _train_plan(settings, finetune, data_dir, gpu)
             check = plan_experiment(parse_config({**check_config(finetune, settings.model, str(data_dir),
-                                                                 CHECK_TEMPLATES, **common), "out": tmp}))
+                                                                 CHECK_TEMPLATES, **common), "out": tmp}), gpu=gpu)
             if seconds is not None and check.predicted_seconds is not None:
                 seconds += check.predicted_seconds
             stages.append(PlannedStage("finetune", f"{finetune.name} (split {finetune.split}, preset {settings.preset}) "
@@ -104,7 +108,7 @@ def plan_paper(settings: PaperSettings) -> list[PlannedStage]:
         for sweep in planned_sweeps(settings):
             stage, _ = sweep_stage(settings, sweep, data_rec, finetunes)
             raw = sweep_config(sweep, {role: settings.model for role in sweep.roles}, str(data_dir), **common)
-            plan = plan_experiment(parse_config({**raw, "out": tmp}))
+            plan = plan_experiment(parse_config({**raw, "out": tmp}), gpu=gpu)
             note = "; ".join(plan.notes) + ("" if plan.fits else f"; {plan.refusal()}")
             stages.append(PlannedStage("sweep", f"{sweep.name} ({sweep.label.partition(':')[0]})", plan.predicted_seconds,
                                        plan.peak_bytes, stage.finished() is not None,
