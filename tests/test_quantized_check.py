@@ -69,6 +69,11 @@ def test_a_quantized_finetune_near_its_dense_model_passes_and_is_recorded(pair, 
     assert again["sft"]["dense"].startswith("recorded ")  # read, not measured again
     assert again["sft"]["agreement"] == pytest.approx(first["sft"]["agreement"])
     assert "quantized vs 100% unquantized" in capsys.readouterr().out
+    changed = {"pre": specs["pre"], "sft": parse_spec(f"quantized({pair / 'sft'}, nf4)")}  # other weights, same text root
+    _, other = _load({"sft": changed["sft"].text})
+    # another quantized model is never served the old record (and nf4 moves this tiny model's answers: refused)
+    with pytest.raises(QuantizedDisagreement, match=r"\(unquantized: measured now\)"):
+        check_quantized_roles(changed, {**loaded, "sft": other["sft"]}, examples, LoadSettings())
 
 
 def test_a_quantized_role_that_is_not_its_dense_model_stops_the_run(pair):

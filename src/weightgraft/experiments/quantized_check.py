@@ -4,7 +4,7 @@ a role loaded ``quantized(...)``, its answers on the run's prompts are set besid
 unquantized; below the stated agreement the run stops in one line.
 
 The unquantized figures are recorded the first time (``$WEIGHTGRAFT_CACHE/quantized-agreement``,
-keyed by the unquantized model's hash and the prompts), so that a later run on the same prompts
+keyed by the quantized model's weights hash and the prompts), so that a later run on the same prompts
 reads them instead of loading the dense model again. A QLoRA base (the base of a ``peft(...)``
 role) is exactly what its adapter was trained on and is not checked.
 """
@@ -85,30 +85,27 @@ def answer_scores(model: Any, examples: Sequence[Prepared], batch: int = 16) -> 
     return torch.cat(in_top5), torch.cat(logprob)
 
 
-def _record_path(dense_sha: str, examples: Sequence[Prepared]) -> Path:
-    h = hashlib.sha256(dense_sha.encode())
+def _record_path(quantized_sha: str, examples: Sequence[Prepared]) -> Path:
+    """Keyed by the quantized model's own weights hash (it changes with the weights it was made
+    from and with the scheme) and the prompts: a changed model or prompt set is measured anew."""
+    h = hashlib.sha256(quantized_sha.encode())
     for ex in examples:
         h.update(json.dumps([ex.input_ids, ex.answer_ids[:1]]).encode())
     return cache_root() / "quantized-agreement" / f"{h.hexdigest()[:24]}.json"
 
 
-def _dense_scores(spec: QuantizedSpec, examples: Sequence[Prepared],
+def _dense_scores(spec: QuantizedSpec, quantized: LoadedModel, examples: Sequence[Prepared],
                   settings: LoadSettings) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """The unquantized model's scores: recorded ones when this model and these prompts were checked
-    before, else measured now (the dense model loaded, scored and released) and recorded."""
-    key_source = f"{spec.inner.text}\0{settings.dtype}"
-    index = cache_root() / "quantized-agreement" / f"{hashlib.sha256(key_source.encode()).hexdigest()[:24]}.sha"
-    if index.is_file():
-        path = _record_path(index.read_text().strip(), examples)
-        if path.is_file():
-            data = json.loads(path.read_text())
-            return torch.tensor(data["in_top5"]), torch.tensor(data["logprob"]), f"recorded {data['when']} in {path}"
+    """The unquantized model's scores: recorded ones when this quantized model and these prompts
+    were checked before, else measured now (the dense model loaded, scored and released) and recorded."""
+    path = _record_path(quantized.weights_sha256, examples)
+    if path.is_file():
+        data = json.loads(path.read_text())
+        return torch.tensor(data["in_top5"]), torch.tensor(data["logprob"]), f"recorded {data['when']} in {path}"
     dense = load_role(spec.inner, settings)
     in_top5, logprob = answer_scores(dense.model, examples)
-    path = _record_path(dense.weights_sha256, examples)
-    index.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(index, dense.weights_sha256)
-    atomic.write_json(path, {"spec": spec.inner.text, "weights_sha256": dense.weights_sha256,
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_json(path, {"spec": spec.text, "dense_weights_sha256": dense.weights_sha256,
                              "when": datetime.date.today().isoformat(),
                              "in_top5": in_top5.tolist(), "logprob": logprob.tolist()})
     del dense
@@ -128,7 +125,7 @@ def check_quantized_roles(roles_spec: Mapping[str, ModelSpec], loaded: Mapping[s
         if not isinstance(spec, QuantizedSpec) or role in peft_bases or not usable:
             continue
         q_top5, q_logprob = answer_scores(lm.model, usable)
-        d_top5, d_logprob, where = _dense_scores(spec, usable, settings)
+        d_top5, d_logprob, where = _dense_scores(spec, lm, usable, settings)
         result = QuantizedAgreement(
             role=role, spec=spec.text, n=len(usable), top5_quantized=q_top5.float().mean().item(),
             top5_dense=d_top5.float().mean().item(), agreement=(q_top5 == d_top5).float().mean().item(),
