@@ -24,6 +24,7 @@ Whether a folder or hub model exists is checked before loading
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -286,14 +287,9 @@ def _quantized(text: str) -> QuantizedSpec | None:
     if not comma or not inner_text or not scheme:
         raise QuantizedSpecError(f"model spec {text!r}: {hint}")
     try:
-        check_scheme(scheme)
-    except QuantizationError as exc:
+        return dataclasses.replace(quantized(inner_text, scheme), text=text)
+    except QuantizedSpecError as exc:
         raise QuantizedSpecError(f"model spec {text!r}: {exc}") from None
-    inner = parse_spec(inner_text)
-    if not isinstance(inner, NAMED_TYPES):
-        raise QuantizedSpecError(f"model spec {text!r}: quantize a model by name (a folder, hub id, embedded name or "
-                                 f"random:), not a {inner.kind} role; for QLoRA write peft(ROLE, DIR) over a quantized role")
-    return QuantizedSpec(inner, scheme, text=text)  # type: ignore[arg-type]
 
 
 def quantized(spec: str | ModelSpec, scheme: str | Any) -> QuantizedSpec:
@@ -303,12 +299,13 @@ def quantized(spec: str | ModelSpec, scheme: str | Any) -> QuantizedSpec:
     if isinstance(inner, QuantizedSpec):
         raise QuantizedSpecError(f"{inner.text!r} is quantized already")
     if not isinstance(inner, NAMED_TYPES):
-        raise QuantizedSpecError(f"{inner.text!r}: quantize a model by name, not a {inner.kind} role")
+        raise QuantizedSpecError(f"quantize a model by name (a folder, hub id, embedded name or random:), not a "
+                                 f"{inner.kind} role; for QLoRA write peft(ROLE, DIR) over a quantized role")
     if isinstance(scheme, str):
         try:
             check_scheme(scheme.strip().lower())
         except QuantizationError as exc:
-            raise QuantizedSpecError(f"{inner.text!r}: {exc}") from None
+            raise QuantizedSpecError(str(exc)) from None
         return QuantizedSpec(inner, scheme.strip().lower())  # type: ignore[arg-type]
     to_dict = getattr(scheme, "to_dict", None)
     if to_dict is None:
