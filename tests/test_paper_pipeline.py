@@ -88,7 +88,36 @@ def test_every_stage_runs_and_the_report_has_a_paper_row_for_every_figure_it_ran
     not_run = text.split("## Figures not run")[1].split("## ")[0]
     for fid in ("fig10", "fig11", "fig12", "fig13a", "c7.1"):
         assert fid in not_run
-    assert "## Claims" in text and "## Stage times" in text
+    assert "## Stage times" in text
+
+
+def test_the_claims_stage_judges_the_papers_claims_in_their_own_settings(full_run):
+    """Claims 1-3 on PRE -> a2b (both templates), claims 4-5 also in their own setting (both ->
+    a2b on b2a headline prompts); the report's rows are claims.csv's, verdict for verdict."""
+    import pandas as pd
+
+    from weightgraft.localization.claims import VERDICTS
+
+    run, out = full_run
+    assert run.claims is not None and "claims" not in run.skipped
+    folder = out / "claimss" / f"claims-{run.claims['key'][:12]}"
+    table = pd.read_csv(folder / "run" / "claims.csv")
+    assert set(table["claim"]) >= {"fe_lt", "enrichment", "recall", "recall_o_late_ffn", "qkv_marginal"}
+    assert set(table["setting"]) == {"pre->sft", "both->a2b"}
+    paper_setting = table[table["setting"] == "both->a2b"]
+    assert set(paper_setting["claim"]) >= {"recall_o_late_ffn", "qkv_marginal"}
+    assert paper_setting["in_paper_setting"].all()
+    assert set(table["verdict"]) <= set(VERDICTS) | {"shown"}
+    n_a2b = run.finetunes["a2b"]["outputs"]["checks"][0]["n"]  # claims 1-3 on the a2b prompts only
+    assert (table.loc[table["setting"] == "pre->sft", "n_prompts"] == n_a2b).all()
+    section = (out / "paper.md").read_text().split("## The paper's claims, judged")[1].split("## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| claim ")]
+    assert len(rows) == len(table)
+    for row, (_, want) in zip(rows, table.iterrows()):
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert cells[0] == want["claim"] and cells[3] == want["setting"]
+        assert cells[10].split(" (")[0] == want["verdict"]
+        assert "exploratory" in cells[10]  # 8 prompts a template: below localize's 20
 
 
 def test_a_run_stopped_inside_a_sweep_resumes_and_gives_the_same_report(full_run, base_model, tmp_path, monkeypatch):
@@ -116,6 +145,8 @@ def test_a_run_stopped_inside_a_sweep_resumes_and_gives_the_same_report(full_run
     monkeypatch.setattr(training, "finetune", lambda *a, **k: trained.append(a) or finetune(*a, **k))
     run = run_paper(chosen)
     assert not trained and "finetune a2b" in run.reused and "sweep position" not in run.reused
+    again = run_paper(chosen)
+    assert "claims" in again.reused and "sweep position" in again.reused
     resumed = (tmp_path / "paper.md").read_text()
     full = (full_out / "paper.md").read_text()
     for heading in ("## Fig. 2, Fig. 3(a)", "## Fig. 4 and Fig. 15"):
@@ -149,7 +180,17 @@ def test_a_precondition_not_met_marks_the_figures_that_need_it(full_run, base_mo
     assert rows and all(line.endswith(f"| {NOT_MET} |") for line in rows)
     assert "| both | both | precondition not met |" in text
     strict = run_paper(settings(base_model, out, trained_top5=0.9, both_b2a_top5=0.8))
-    assert set(strict.skipped) == {s.name for s in sweeps_for(MAIN_WORLD)}  # random models know nothing
+    assert set(strict.skipped) == {s.name for s in sweeps_for(MAIN_WORLD)} | {"claims"}  # random models know nothing
+
+
+def test_a2b_not_met_leaves_the_claims_unjudged_and_says_why(full_run, base_model, tmp_path):
+    _, out = full_run
+    run = run_paper(settings(base_model, out, sweeps=("position",), trained_top5=1.01))
+    assert run.claims is None and "a2b: " in run.skipped["claims"]
+    section = (out / "paper.md").read_text().split("## The paper's claims, judged")[1].split("## ")[0]
+    assert "Not judged: precondition not met (a2b:" in section
+    off = run_paper(settings(base_model, out, sweeps=("position",), claims=False))
+    assert off.claims is None and "Not run: --no-claims." in (out / "paper.md").read_text()
 
 
 @pytest.mark.parametrize("args, says", [
@@ -182,7 +223,9 @@ def test_plan_prints_every_stage_and_runs_nothing(base_model, tmp_path, monkeypa
     kinds = [s.stage for s in stages]
     assert kinds == ["data"] + ["finetune"] * 4 + ["sweep"] * 7 + ["claims", "report"]
     assert all(s.seconds is not None for s in stages)  # a CPU: this device's measured rate
-    assert all(s.memory_bytes for s in stages if s.stage in ("finetune", "sweep"))
+    assert all(s.memory_bytes for s in stages if s.stage in ("finetune", "sweep", "claims"))
+    claims = next(s for s in stages if s.stage == "claims")
+    assert "judged tests" in claims.note and "exploratory" in claims.note
     assert not any(s.done for s in stages) and not (tmp_path / "out").exists()
 
 

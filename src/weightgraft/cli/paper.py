@@ -38,20 +38,22 @@ def paper(
     batch_size: Optional[int] = typer.Option(None, min=1, help="Sweep batch size (default: the plan's)."),
     sweeps: Optional[str] = typer.Option(None, help="Comma-separated sweeps to run (default: all): position, component, "
                                          "component_reversal, hybrid, position_spans, lm_head, layer_dropout."),
+    claims: bool = typer.Option(True, help="Judge the paper's claims (exact region grafts against their nulls, "
+                                "weightgraft localize) on the a2b and both-directions finetunes."),
     progress: bool = typer.Option(True, help="Show progress bars."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="With --plan: plan for one GPU of this kind (h100-80gb, "
                                       "h200-141gb, ...; its memory and stated rates), here or not; the model may then "
                                       "be a random: config of the paper's shapes (nothing trains)."),
 ) -> None:
-    """data -> finetunes (each checked against its precondition) -> every figure's sweep -> one
-    report with the paper's numbers beside ours. A stopped run resumes: finished stages are
-    reused, keyed by their inputs."""
+    """data -> finetunes (each checked against its precondition) -> every figure's sweep -> the
+    paper's claims against their nulls -> one report with the paper's numbers beside ours. A
+    stopped run resumes: finished stages are reused, keyed by their inputs."""
     from weightgraft.paper.figures import SWEEP_NAMES
     from weightgraft.paper.pipeline import PaperSettings, run_paper
 
     settings = PaperSettings(
         model=model, world=world, relations=relations, seed=seed, train_seed=train_seed, device=device, out=out,
-        preset=preset, max_steps=max_steps, batch_size=batch_size, progress=progress,
+        preset=preset, max_steps=max_steps, batch_size=batch_size, progress=progress, claims=claims,
         sweeps=tuple(s.strip() for s in sweeps.split(",") if s.strip()) if sweeps else SWEEP_NAMES,
     )
     if gpu is not None and not plan:

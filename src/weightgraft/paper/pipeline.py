@@ -3,7 +3,7 @@
 data (the paper's world, seeded) -> finetunes (a2b SFT, both directions, task, relation; each
 checked against its precondition after training) -> every figure's sweep (the authors'
 protocol; a sweep whose finetune misses its precondition is not run and its figures are marked
-``precondition not met``) -> claims (a hook, not run yet) -> one report (markdown and HTML) with
+``precondition not met``) -> the paper's claims judged against their nulls -> one report (markdown and HTML) with
 the paper's numbers beside ours. Every stage's folder is keyed by its inputs
 (:mod:`weightgraft.paper.stages`): a stopped run resumes, a changed input starts new folders.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -34,7 +33,8 @@ from weightgraft.paper.settings import (
     PaperSettings,
     precondition,
 )
-from weightgraft.paper.stages import Stage, file_digest
+from weightgraft.paper.claims import CLAIM_FINETUNES, run_claims
+from weightgraft.paper.stages import Stage, file_digest, stage_path
 
 __all__ = ["PaperError", "PaperRun", "PaperSettings", "check_inputs", "precondition", "run_paper"]
 
@@ -89,7 +89,8 @@ def planned_sweeps(settings: PaperSettings) -> list[Sweep]:
 
 
 def needed_finetunes(settings: PaperSettings) -> list[Finetune]:
-    names = dict.fromkeys(f for s in planned_sweeps(settings) for f in s.finetunes)
+    names = dict.fromkeys([f for s in planned_sweeps(settings) for f in s.finetunes]
+                          + (list(CLAIM_FINETUNES) if settings.claims else []))
     return [FINETUNES[n] for n in names]
 
 
@@ -113,10 +114,6 @@ def run_data(settings: PaperSettings, console: Console) -> tuple[dict[str, Any],
     build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=stage.folder / "data")
     digest = file_digest(stage.folder / "data" / "manifest.json")
     return stage.finish({"dir": "data", "sha256": digest}, time.time() - started), False
-
-
-def _path(record: dict[str, Any], root: Path, key: str) -> Path:
-    return (root / f"{record['kind']}s" / f"{record['name']}-{record['key'][:12]}" / record["outputs"][key]).resolve()
 
 
 def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, Any]) -> Stage:
@@ -146,7 +143,7 @@ def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, An
     if done is not None:
         return done, True
     started = time.time()
-    data_dir = _path(data, settings.out, "dir")
+    data_dir = stage_path(data, settings.out, "dir")
     model_dir = stage.folder / "model"
     console.rule(f"finetune {finetune.name}: split {finetune.split}, preset {settings.preset} -> {stage.folder}")
     train(settings.model, data_dir, split=finetune.split, preset=settings.preset, out=model_dir,
@@ -170,12 +167,12 @@ def sweep_stage(settings: PaperSettings, sweep: Sweep, data: dict[str, Any],
     spec, or a finetune's stage key) and its raw config to run."""
     keyed = {role: settings.model if src == "base" else f"finetune:{finetunes[src]['key']}"
              for role, src in sweep.roles.items()}
-    paths = {role: settings.model if src == "base" else str(_path(finetunes[src], settings.out, "model"))
+    paths = {role: settings.model if src == "base" else str(stage_path(finetunes[src], settings.out, "model"))
              for role, src in sweep.roles.items()}
     common: dict[str, Any] = {"device": settings.device, "seed": settings.seed, "batch_size": settings.batch_size}
     stage = Stage("sweep", sweep.name, {"config": sweep_config(sweep, keyed, f"data:{data['key']}", **common)},
                   settings.out)
-    return stage, sweep_config(sweep, paths, str(_path(data, settings.out, "dir")), **common)
+    return stage, sweep_config(sweep, paths, str(stage_path(data, settings.out, "dir")), **common)
 
 
 def run_sweep(settings: PaperSettings, sweep: Sweep, data: dict[str, Any], finetunes: dict[str, dict[str, Any]],
@@ -194,12 +191,6 @@ def run_sweep(settings: PaperSettings, sweep: Sweep, data: dict[str, Any], finet
     console.rule(f"sweep {sweep.name}: {sweep.label}")
     result = run_experiment(parse_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
     return stage.finish({"run": "run", "summary": summary_rows(result.summary)}, time.time() - started), False
-
-
-def run_claims(settings: PaperSettings, run: PaperRun, console: Console) -> None:
-    """The claims stage (``weightgraft localize``'s verdicts on the paper's statements): a hook,
-    not run yet; the report says so."""
-    return None
 
 
 def run_paper(settings: PaperSettings, console: Console | None = None,
@@ -231,7 +222,10 @@ def run_paper(settings: PaperSettings, console: Console | None = None,
         run.reused += [f"sweep {sweep.name}"] if reused else []
         if after_stage:
             after_stage("sweep", sweep.name)
-    run_claims(settings, run, console)
+    if settings.claims:
+        run_claims(settings, run, console)
+        if after_stage:
+            after_stage("claims", "claims")
     run.report = write_paper_report(run)
     console.print(f"report: {run.report} (and {run.report.with_suffix('.html')})")
     return run

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weightgraft.paper.claims import CLAIM_FINETUNES, claims_config, claims_stage
 from weightgraft.paper.figures import Finetune, check_config, sweep_config
 from weightgraft.paper.pipeline import (
     check_inputs,
@@ -76,6 +77,26 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
     return seconds * steps / per_epoch, memory, note
 
 
+def _claims_plan(settings: PaperSettings, data: dict[str, Any], finetunes: dict[str, dict[str, Any]], data_dir: Path,
+                 gpu: Card | None) -> PlannedStage:
+    """The claims stage by ``weightgraft plan``'s localize arithmetic, the base spec standing in
+    for every finetune (same shapes)."""
+    from weightgraft.localization.claims.evidence import claims_notes
+    from weightgraft.localization.config import parse_localize_config
+    from weightgraft.localization.work import plan_input
+    from weightgraft.planning.localize import plan_localize_work
+
+    stage, _ = claims_stage(settings, data, finetunes)
+    names = [n for n in CLAIM_FINETUNES if n in finetunes]
+    raw = claims_config(settings, {"pre": settings.model, **dict.fromkeys(names, settings.model)}, str(data_dir))
+    config = parse_localize_config({**raw, "device": "cuda" if gpu is not None else settings.device,
+                                    "out": str(data_dir.parent / "claims")})
+    plan = plan_localize_work(plan_input(config), gpu=gpu)
+    notes = [*plan.notes, *claims_notes(config)]
+    return PlannedStage("claims", "the paper's claims (exact region grafts against their nulls)", plan.predicted_seconds,
+                        plan.peak_bytes, stage.finished() is not None, "; ".join(notes))
+
+
 def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[PlannedStage]:
     """Every stage ``run_paper(settings)`` would run, with planned seconds and memory; a stage
     already finished in ``settings.out`` is marked done (it will be reused). ``gpu``: plan as on
@@ -115,7 +136,8 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
             stages.append(PlannedStage("sweep", f"{sweep.name} ({sweep.label.partition(':')[0]})", plan.predicted_seconds,
                                        plan.peak_bytes, stage.finished() is not None,
                                        f"{plan.rows} rows; {note}"))
-    stages.append(PlannedStage("claims", "the paper's claims (a later stage: not run yet)", 0.0, None, False))
+        if settings.claims:
+            stages.append(_claims_plan(settings, data_rec, finetunes, data_dir, gpu))
     stages.append(PlannedStage("report", "paper.md and paper.html", 1.0, None, False))
     return stages
 

@@ -9,7 +9,7 @@ import dataclasses
 import html
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from weightgraft import atomic
 from weightgraft.paper.figures import FINETUNES, NOT_RUN_REASONS, sweeps_for
@@ -100,16 +100,52 @@ def report_blocks(run: PaperRun) -> list[Block]:
                               _pct(r["top5"]) + (f" [{100 * r['top5_lo']:.1f}, {100 * r['top5_hi']:.1f}]"
                                                  if r["top5_lo"] is not None and r["top5_hi"] is not None else ""))
                              for r in summary]))
-    blocks.append(("h2", "Claims"))
-    blocks.append(("p", "Not run: the claims stage (exact region grafts against their nulls, `weightgraft localize`) "
-                        "is a later stage of this pipeline (`weightgraft.paper.pipeline.run_claims`)."))
+    blocks += claims_blocks(run)
     blocks.append(("h2", TIMES_HEADING))
     times = [("data", s.world, run.data["key"][:12], f"{run.data['seconds']:.1f}", _reused(run, "data"))]
     times += [(f"finetune {n}", FINETUNES[n].split, r["key"][:12], f"{r['seconds']:.1f}", _reused(run, f"finetune {n}"))
               for n, r in run.finetunes.items()]
     times += [(f"sweep {n}", "", r["key"][:12], f"{r['seconds']:.1f}", _reused(run, f"sweep {n}"))
               for n, r in run.sweeps.items()]
+    if run.claims is not None:
+        times.append(("claims", "", run.claims["key"][:12], f"{run.claims['seconds']:.1f}", _reused(run, "claims")))
     blocks.append(Table(("stage", "what", "key", "seconds (when it ran)", "this run"), times))
+    return blocks
+
+
+def _share(row: dict[str, Any]) -> str:
+    share, lo, hi = row.get("share_exact"), row.get("ci_low"), row.get("ci_high")
+    if share is None:
+        return "n/a"
+    return f"{share:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else " (no interval)")
+
+
+def claims_blocks(run: PaperRun) -> list[Block]:
+    """The paper's claims as judged by the claims stage (``claims.csv``'s rows), or why not."""
+    blocks: list[Block] = [("h2", "The paper's claims, judged")]
+    if not run.settings.claims:
+        return blocks + [("p", "Not run: --no-claims.")]
+    if "claims" in run.skipped:
+        return blocks + [("p", f"Not judged: {NOT_MET} ({run.skipped['claims']}).")]
+    if run.claims is None:
+        return blocks + [("p", "Not judged: no a2b finetune in this run.")]
+    blocks.append(("p", "Each claim's region grafted whole, exactly, in every prompt (`weightgraft localize`'s "
+                        "claims; docs/localize.md): its share of the effect on the first answer token's log-probability "
+                        "with a 95% Fieller interval, and a paired test against a null region of its kind, Holm-adjusted "
+                        "over the run. Holds: interval past the threshold on its side and Holm p <= 0.05; fails: "
+                        "interval on the other side; undecided otherwise (the reason says why). Rows of claims 4-5 "
+                        "on PRE -> SFT are outside the paper's setting (the paper made them for both directions -> "
+                        "a2b on reversed prompts, the rows `both->a2b`)."))
+    rows = [(str(r.get("claim")), str(r.get("statement", "")), str(r.get("model")), str(r.get("setting")),
+             "yes" if r.get("in_paper_setting") else "no", str(r.get("template")),
+             f"{r['n_prompts']:.0f}" if r.get("n_prompts") is not None else "",
+             f"{r.get('side', '')} {r['threshold']:g}" if r.get("threshold") is not None else "",
+             _share(r), f"{r['null_p_holm']:.3g}" if r.get("null_p_holm") is not None else "n/a",
+             str(r.get("verdict")) + (" (exploratory)" if r.get("evidence") == "exploratory" else ""),
+             str(r.get("reason") or ""))
+            for r in run.claims["outputs"]["claims"]]
+    blocks.append(Table(("claim", "statement", "donor", "setting", "paper's setting", "template", "prompts",
+                         "threshold", "share [95% CI]", "null p (Holm)", "verdict", "why"), rows))
     return blocks
 
 

@@ -38,6 +38,7 @@ class PaperSettings:
     max_steps: int | None = None
     batch_size: int | None = None
     sweeps: tuple[str, ...] = SWEEP_NAMES
+    claims: bool = True
     trained_top5: float = 0.90
     both_b2a_top5: float = 0.80
     progress: bool = True
@@ -54,7 +55,8 @@ class PaperRun:
     data: dict[str, Any]
     finetunes: dict[str, dict[str, Any]] = field(default_factory=dict)
     sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)  # sweep -> why (precondition not met)
+    skipped: dict[str, str] = field(default_factory=dict)  # sweep or "claims" -> why (precondition not met)
+    claims: dict[str, Any] | None = None  # the claims stage's record
     reused: list[str] = field(default_factory=list)
     report: Path | None = None
 

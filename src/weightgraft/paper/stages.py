@@ -69,6 +69,13 @@ class Stage:
         return record
 
 
+def stage_path(record: dict[str, Any], root: Path, output: str) -> Path:
+    """The absolute path of a finished stage's output ``output`` (a name in its record's
+    ``outputs``), under the run's ``root``."""
+    folder = root / f"{record['kind']}s" / f"{record['name']}-{record['key'][:KEY_CHARS]}"
+    return (folder / record["outputs"][output]).resolve()
+
+
 def file_digest(*paths: Path) -> str:
     """The sha256 of the files' bytes, in order (what a data folder's content is keyed by)."""
     h = hashlib.sha256()

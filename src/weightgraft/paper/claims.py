@@ -1,0 +1,99 @@
+"""The claims stage of ``weightgraft paper``: the paper's statements as exact region grafts judged
+against their nulls (``weightgraft localize``'s claims), on the pipeline's own models.
+
+Claims 1-3 (FE+LT, enrichment, recall) in their setting, PRE -> the a2b finetune on both paper
+templates; claims 4-5 (O + late FFN, q/k/v marginal) in theirs (Fig. 4): the both-directions
+finetune grafted into the a2b finetune on the reversed headline prompts, judged only where the
+donor knows the reversed facts. Every row, verdict and reason is ``claims.csv``'s."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+
+from weightgraft.paper.figures import FINETUNES, HEADLINE, QA
+from weightgraft.paper.settings import PaperRun, PaperSettings, precondition
+from weightgraft.paper.stages import Stage, stage_path
+
+CLAIM_FINETUNES = ("a2b", "both")
+NULL_DRAWS = 20
+MIN_PROMPTS = 20  # localize's floor for a judged (not exploratory) row
+
+# What the report keeps of each claims.csv row.
+CLAIM_COLUMNS = ("model", "setting", "template", "claim", "statement", "n_prompts", "evidence", "share_exact",
+                 "ci_low", "ci_high", "threshold", "side", "null_kind", "null_p_holm", "verdict", "reason",
+                 "in_paper_setting", "donor_top5")
+
+
+def claims_config(settings: PaperSettings, models: Mapping[str, str], data: str) -> dict[str, Any]:
+    """The raw localize config of the claims (``models``: ``pre``, ``a2b``, ``both`` -> spec),
+    without ``out``. Fewer than 20 prompts a template (a small ``--relations``): the rows run and
+    say ``exploratory``."""
+    raw: dict[str, Any] = {
+        "name": "paper-claims", "data": data, "models": {"pre": models["pre"], "sft": models["a2b"]},
+        "templates": [HEADLINE, QA], "directions": ["a2b"], "metric": "first_logprob",
+        "graft_directions": ["sufficiency"], "exact": "none", "search": {"enabled": False},
+        "claims": {"null_draws": NULL_DRAWS, "min_prompts": min(MIN_PROMPTS, settings.relations)},
+        "device": settings.device, "seed": settings.seed, "report": False,
+    }
+    if "both" in models:  # its b2a prompts are chosen by the setting, not by ``directions``
+        raw["reversal"] = {"donor": models["both"], "recipient": models["a2b"], "template": HEADLINE,
+                           "direction": "b2a"}
+    return raw
+
+
+def claims_stage(settings: PaperSettings, data: dict[str, Any],
+                 finetunes: dict[str, dict[str, Any]]) -> tuple[Stage, dict[str, Any]]:
+    """The claims' stage (keyed by its config with each finetune named by its stage key) and its
+    raw localize config to run."""
+    names = [n for n in CLAIM_FINETUNES if n in finetunes]
+    keyed = {"pre": settings.model, **{n: f"finetune:{finetunes[n]['key']}" for n in names}}
+    paths = {"pre": settings.model, **{n: str(stage_path(finetunes[n], settings.out, "model")) for n in names}}
+    stage = Stage("claims", "claims", {"config": claims_config(settings, keyed, f"data:{data['key']}")}, settings.out)
+    return stage, claims_config(settings, paths, str(stage_path(data, settings.out, "dir")))
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def claim_rows(table: Any) -> list[dict[str, Any]]:
+    """``claims.csv``'s rows as the report reads them (NaN -> None)."""
+    keep = [c for c in CLAIM_COLUMNS if c in table.columns]
+    return [{c: _value(row[c]) for c in keep} for _, row in table.iterrows()]
+
+
+def run_claims(settings: PaperSettings, run: PaperRun, console: Console) -> None:
+    """Judge the paper's claims on the run's models (``weightgraft.localization.run_localize``,
+    which resumes from its saved parts). Not run, and said so in ``run.skipped["claims"]``, where
+    the a2b finetune misses its precondition (no fact to localize); a both-directions donor that
+    misses its own is judged by localize itself (its rows say ``precondition not met``)."""
+    import pandas as pd
+
+    from weightgraft.localization.config import parse_localize_config
+    from weightgraft.localization.run import run_localize
+
+    if "a2b" not in run.finetunes:
+        return
+    ok, line = precondition(settings, FINETUNES["a2b"], run.finetunes["a2b"])
+    if not ok:
+        run.skipped["claims"] = line
+        console.print(f"[yellow]claims not judged: precondition not met ({line})[/]")
+        return
+    stage, raw = claims_stage(settings, run.data, run.finetunes)
+    done = stage.finished()
+    if done is not None:
+        run.claims = done
+        run.reused.append("claims")
+        return
+    started = time.time()
+    console.rule("claims: the paper's statements as exact region grafts against their nulls")
+    result = run_localize(parse_localize_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
+    table = pd.read_csv(result.run_dir / "claims.csv")
+    run.claims = stage.finish({"run": "run", "claims": claim_rows(table)}, time.time() - started)
