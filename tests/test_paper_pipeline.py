@@ -254,3 +254,25 @@ def test_plan_for_a_card_takes_a_random_model_of_the_papers_shapes(tmp_path, mon
     assert alone.exit_code == 2 and "--gpu plans for a card: use it with --plan" in alone.output
     with pytest.raises(Exception, match="no tokenizer"):
         run_paper(chosen)
+
+
+def test_the_finetunes_device_is_the_runs_and_a_card_they_cannot_take_is_one_line(monkeypatch, base_model, tmp_path):
+    """``--device`` reaches the finetunes (the Trainer trains on the first visible card, so
+    ``cuda:1`` is refused before anything runs, naming CUDA_VISIBLE_DEVICES)."""
+    import torch
+
+    from weightgraft.paper.pipeline import check_inputs
+    from weightgraft.training.errors import TrainingError
+    from weightgraft.training.trainer import training_device
+
+    assert training_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert training_device(None) == "cpu"
+    with pytest.raises(TrainingError, match="no CUDA card"):
+        training_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert training_device(None) == "cuda" and training_device("cuda:0") == "cuda"
+    with pytest.raises(TrainingError, match="CUDA_VISIBLE_DEVICES=1 and device 'cuda'"):
+        check_inputs(settings(base_model, tmp_path / "out", device="cuda:1"))
+    assert not (tmp_path / "out").exists()

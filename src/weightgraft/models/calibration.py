@@ -19,7 +19,7 @@ from typing import Any
 
 from weightgraft import atomic
 
-__all__ = ["CALIBRATION_CONFIG", "Throughput", "calibration_key", "throughput"]
+__all__ = ["CALIBRATION_CONFIG", "Throughput", "calibration_key", "others_load", "throughput"]
 
 # small enough for a few seconds on one CPU core, large enough that matmuls dominate
 CALIBRATION_CONFIG: dict[str, Any] = {
@@ -38,6 +38,7 @@ class Throughput:
     seconds_per_module_call: float
     attribution_ratio: float
     measured_at: str
+    busy: str = ""  # what else loaded this CPU while it was measured ("": nothing); such rates are never cached
 
     def batch_seconds(self, flops: float, module_calls: int) -> float:
         """Predicted wall time of one grafted forward batch."""
@@ -72,6 +73,41 @@ def _cache_file() -> Path:
     return cache_root() / "plan" / "calibration.json"
 
 
+def _system_cpu_seconds() -> float | None:
+    """CPU seconds every process of this machine has used since boot (Linux ``/proc/stat``),
+    None where that file is absent."""
+    import os
+
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, *rest = (int(x) for x in fields[1:])
+    steal = rest[0] if rest else 0
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    import os
+
+    t = os.times()
+    return t.user + t.system
+
+
+BUSY_CORES = 0.5  # other processes' CPU use, in cores, above which a measured rate is not kept
+
+
+def others_load(measure: Any) -> tuple[Any, float | None]:
+    """Run ``measure()`` and say how many cores other processes used meanwhile (the machine's
+    CPU time less this process's, over the wall time); None where that cannot be read."""
+    wall0, sys0, own0 = time.perf_counter(), _system_cpu_seconds(), _own_cpu_seconds()
+    result = measure()
+    wall, sys1, own1 = time.perf_counter() - wall0, _system_cpu_seconds(), _own_cpu_seconds()
+    if sys0 is None or sys1 is None or wall <= 0:
+        return result, None
+    return result, max(0.0, (sys1 - sys0) - (own1 - own0)) / wall
+
+
 def throughput(device: str = "cpu", dtype: str = "float32", refresh: bool = False) -> Throughput:
     """The cached rates for this device and dtype, measured now if missing (a few seconds)."""
     key = calibration_key(device, dtype)
@@ -84,7 +120,12 @@ def throughput(device: str = "cpu", dtype: str = "float32", refresh: bool = Fals
             cache = {}
     if key in cache and not refresh:
         return Throughput(**cache[key])
-    measured = _measure(device, dtype, key)
+    measured, others = others_load(lambda: _measure(device, dtype, key))
+    if device == "cpu" and others is not None and others > BUSY_CORES:
+        # other work shared the cores: a rate several times too slow, used for this plan only
+        import os
+
+        return Throughput(**{**asdict(measured), "busy": f"other processes used {others:.1f} of {os.cpu_count()} cores"})
     cache[key] = asdict(measured)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_json(path, cache)

@@ -47,6 +47,7 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
     from weightgraft.models.loading import check_model_spec
     from weightgraft.models.spec import RandomSpec, parse_spec
     from weightgraft.training import get_preset
+    from weightgraft.training.trainer import training_device
 
     get_world(settings.world)
     unknown = sorted(set(settings.sweeps) - set(SWEEP_NAMES))
@@ -60,6 +61,7 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
     check_model_spec(settings.model, "--model")
     if planning_for is None:
         check_device(settings.device)
+        training_device(settings.device)  # the finetunes' (cuda:N with N > 0: one line)
     get_preset(settings.preset)
 
 
@@ -149,7 +151,7 @@ def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, An
     train(settings.model, data_dir, split=finetune.split, preset=settings.preset, out=model_dir,
           seed=settings.train_seed, resume=True,
           templates=list(settings.train_templates) if settings.train_templates is not None else None,
-          max_steps=settings.max_steps)
+          max_steps=settings.max_steps, device=settings.device)
     trained = time.time() - started
     console.print(f"precondition of {finetune.name}: top-5 of the finetune on its own facts")
     raw = check_config(finetune, str(model_dir.resolve()), str(data_dir), CHECK_TEMPLATES, device=settings.device,

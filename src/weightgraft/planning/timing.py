@@ -55,7 +55,11 @@ def rate_for(device: str, dtype: str, gpu: Card | None) -> tuple[Throughput | No
         return rate, note
     from weightgraft.models.calibration import throughput
 
-    return throughput(device, dtype), None
+    rate = throughput(device, dtype)
+    if rate.busy:
+        return rate, (f"this CPU's rates were measured while other work loaded it ({rate.busy}): times may be several "
+                      "times too long; they are not kept, so a plan on an idle machine measures again")
+    return rate, None
 
 
 def weight_read_seconds(loaded_bytes: Sequence[int], gpu: Card) -> tuple[dict[str, float], str]:

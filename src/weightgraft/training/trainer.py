@@ -128,6 +128,28 @@ def _trainer_class() -> type:
     return _Trainer
 
 
+def training_device(device: str | None) -> str:
+    """The device a finetune runs on (``cpu``, ``cuda`` or ``mps``), or a one-line error for one
+    the Trainer cannot be given here: it trains on the first visible card, so ``cuda:N`` is
+    refused (``CUDA_VISIBLE_DEVICES=N`` with ``cuda`` picks card N)."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    if device in ("cuda", "cuda:0"):
+        if not torch.cuda.is_available():
+            raise TrainingError(f"device {device!r}: no CUDA card is visible here")
+        return "cuda"
+    if device.startswith("cuda:"):
+        raise TrainingError(f"device {device!r}: a finetune trains on the first visible card; run with "
+                            f"CUDA_VISIBLE_DEVICES={device.partition(':')[2]} and device 'cuda'")
+    if device == "mps":
+        if not torch.backends.mps.is_available():
+            raise TrainingError("device 'mps' is absent on this machine")
+        return device
+    raise TrainingError(f"device {device!r}: use cpu, cuda or mps")
+
+
 def finetune(
     model_spec: str | os.PathLike[str] | LoadedModel,
     data_dir: str | os.PathLike[str],
@@ -147,6 +169,7 @@ def finetune(
     templates: Sequence[str] | None = None,
     lora: LoraSettings | None = None,
     quantization: str | None = None,
+    device: str | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Finetune a causal LM on one split of a relation dataset with the HF Trainer.
@@ -174,6 +197,8 @@ def finetune(
         lora: train a LoRA adapter instead (weightgraft.training.lora); ``out`` is then peft's
             adapter directory, a donor as ``peft(pre, out)``.
         quantization: QLoRA: the base loaded quantized (``nf4`` ...), ``lora`` trained over it.
+        device: ``cpu``, ``cuda`` (the first visible card; ``CUDA_VISIBLE_DEVICES`` picks it) or
+            ``mps``; None: a CUDA card where one is visible, else the CPU.
         **overrides: preset fields to override, e.g. ``learning_rate=5e-5, epochs=2``.
     """
     from transformers import TrainingArguments, set_seed
@@ -193,6 +218,7 @@ def finetune(
         settings = get_preset(preset, **overrides)
     if max_steps is not None and max_steps < 1:
         raise TrainingError("max_steps must be at least 1")
+    device = training_device(device)
     if quantization is not None and (lora is None or isinstance(model_spec, LoadedModel)):
         raise TrainingError(f"--quantization {quantization} trains a LoRA adapter over the base loaded quantized (QLoRA): "
                             "add --lora RANK and give the base by its spec (quantized weights do not train)")
@@ -275,7 +301,7 @@ def finetune(
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = settings.batch_size * settings.gradient_accumulation_steps * world
     steps_per_epoch = max(1, math.ceil(len(train_ds) / per_step))
-    on_gpu = torch.cuda.is_available()
+    on_gpu = device == "cuda"
     if settings.eval_steps is not None:
         strategy, every = "steps", settings.eval_steps
     elif max_steps is not None and max_steps < steps_per_epoch:
@@ -311,7 +337,7 @@ def finetune(
         seed=seed,
         data_seed=seed,
         report_to="none",
-        use_cpu=not on_gpu,
+        use_cpu=device == "cpu",
         dataloader_num_workers=0,
         remove_unused_columns=False,
         prediction_loss_only=True,  # never gather [batch, tokens, vocab] logits
@@ -325,7 +351,6 @@ def finetune(
         processing_class=tokenizer,
         callbacks=callbacks,
     )
-    device = "cuda" if on_gpu else "cpu"
     _say(
         f"finetuning {spec_text} on split {split!r}: {len(train_texts)} train "
         f"(+{len(supplemental)} supplemental) / {len(val_texts)} validation examples, preset "
