@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import weightgraft as wg
-from weightgraft.engine.activations import activation_names, record
+from weightgraft.api.activations import activation_names, record
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import CompositeModel, per_token_forward
 

@@ -12,7 +12,7 @@ from tiny_models import make_donor, make_tiny
 
 import weightgraft as wg
 from weightgraft.cli import main
-from weightgraft.engine.activations import record
+from weightgraft.api.activations import record
 from weightgraft.engine.attribution import metric_values
 from weightgraft.engine.cells import exact_effects, parse_cell_name
 from weightgraft.engine.partial import PartialGraft

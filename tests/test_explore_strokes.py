@@ -43,7 +43,7 @@ def _strokes(explorer: Explorer, n: int) -> list[tuple[list[dict], str]]:
 
 
 def _whole(explorer: Explorer, ids: list[int], maps) -> torch.Tensor:
-    return wg.graft_forward(explorer.models, torch.tensor([ids]), maps.source[None],
+    return wg.graft_forward(explorer.models, torch.tensor([ids]), maps.slots[None],
                             head_source={k: v[None] for k, v in maps.heads.items()} or None,
                             neuron_source={k: v[None] for k, v in maps.neurons.items()} or None)[0, -1]
 
@@ -60,11 +60,10 @@ def test_strokes_resume_from_kept_states_and_equal_the_whole_row(explorer):
             kept = explorer.passes.cache[tuple(ids)].kept
             assert kept is not None
             if i:
-                starts.append(resume_start(explorer.models[0], GraftItem(ids, maps.source, maps.heads or None,
-                                                                          neuron_source=maps.neurons or None), kept))
+                starts.append(resume_start(explorer.models[0], GraftItem.of(ids, maps), kept))
             assert (got["graft"] - _whole(explorer, ids, maps)).abs().max().item() <= 1e-12
             for r, name in enumerate(("pre", "sft")):
-                full = torch.full_like(maps.source, r)
+                full = torch.full_like(maps.slots, r)
                 assert (got[name] - wg.graft_forward(explorer.models, torch.tensor([ids]), full[None])[0, -1]).abs().max().item() <= 1e-12
     # the resumed strokes skipped work: later tokens, higher layers, and SFT as reference for base sft
     assert any(s.position > 0 and s.layer > 0 for s in starts)
@@ -185,5 +184,5 @@ def test_half_precision_strokes_run_whole(tiny_pair, tiny_tok):
         maps = cell_maps(cells, len(ids), explorer.slot_list, explorer.roles, "pre")
         got = explorer.passes.logits(ids, maps)
         assert explorer.passes.cache[tuple(ids)].kept is None
-    want = wg.graft_forward(explorer.models, torch.tensor([ids]), maps.source[None])[0, -1].float()
+    want = wg.graft_forward(explorer.models, torch.tensor([ids]), maps.slots[None])[0, -1].float()
     torch.testing.assert_close(got["graft"], want, atol=1e-6, rtol=0)

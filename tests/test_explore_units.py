@@ -188,7 +188,7 @@ def test_cell_maps_build_unit_rows_from_their_cell(tiny_pair):
     expected[2, 1] = 1
     assert torch.equal(maps.heads["layers.1.o"], expected)
     # the bias cell sets the slot's own part only; a whole cell its every unit
-    assert maps.source[:, index["layers.1.o"]].tolist() == [1, 1, 0]
+    assert maps.slots[:, index["layers.1.o"]].tolist() == [1, 1, 0]
     assert maps.neurons == {}
     with pytest.raises(RequestError, match="outside the prompt"):
         cell_maps([Cell(position=3, slot="layers.1.o/h0", model="sft")], 3, slot_list, ["pre", "sft"], "pre")

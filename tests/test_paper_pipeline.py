@@ -263,7 +263,7 @@ def test_the_finetunes_device_is_the_runs_and_a_card_they_cannot_take_is_one_lin
 
     from weightgraft.paper.pipeline import check_inputs
     from weightgraft.training.errors import TrainingError
-    from weightgraft.training.trainer import training_device
+    from weightgraft.training.device import training_device
 
     assert training_device("cpu") == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

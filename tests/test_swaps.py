@@ -174,7 +174,7 @@ def test_state_hooks_come_off_when_the_pass_fails_before_it_runs(where, monkeypa
 
 
 def test_activation_hooks_come_off_however_the_block_ends(tiny_pair):
-    from weightgraft.engine.activations import activation_names, record
+    from weightgraft.api.activations import activation_names, record
 
     model, _ = tiny_pair("llama", torch.float32)
     before = _hooks(model)

@@ -10,7 +10,7 @@ import torch
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.api.batch import pad
 from weightgraft.api.outputs import GraftOutput
-from weightgraft.engine.activations import activation_names, record, stacked
+from weightgraft.api.activations import activation_names, record, stacked
 from weightgraft.engine.forward import graft_forward
 from weightgraft.schemes.binding import GraftInputError, Rules, Spans, one_or_many, prepare_graft
 
@@ -78,6 +78,6 @@ def check_cache(cache: bool | Sequence[str], model: Any) -> list[str]:
     if unknown:
         raise GraftInputError(
             f"cache names {unknown[0]!r}, which this model does not have; names look like "
-            f"{', '.join(known[:3])}, ..., {known[-2]} (weightgraft.engine.activations.activation_names)"
+            f"{', '.join(known[:3])}, ..., {known[-2]} (weightgraft.api.activations.activation_names)"
         )
     return list(dict.fromkeys(cache))

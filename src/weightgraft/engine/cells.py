@@ -32,6 +32,7 @@ from weightgraft.engine.attribution import Metric, metric_values
 from weightgraft.engine.metric_table import localize_metric
 from weightgraft.engine.sharing.depth import UNIT_BUDGET, DepthStats, Reduce, depth_forward
 from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError
 
 __all__ = ["Cell", "ScoredExample", "exact_effects", "example_cells", "group_cells", "cell_name",
@@ -159,8 +160,7 @@ def _item(example: ScoredExample, cells: Sequence[Cell], slot_list: Sequence[Slo
                 raise GraftArgumentError(f"{slot.name} has {slot.units(kind)} {kind}s; no {kind} {c.unit}")
             maps[c.position, c.unit] = 1
         (heads if kind == Units.HEAD else neurons)[slot.name] = maps
-    return GraftItem(input_ids=example.input_ids[:n], source=source, head_source=heads or None,
-                     logit_start=example.position, n_logits=1, neuron_source=neurons or None)
+    return GraftItem.of(example.input_ids[:n], SourceMap(source, heads, neurons), logit_start=example.position)
 
 
 def _suffix(item: GraftItem) -> int:

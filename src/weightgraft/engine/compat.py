@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from weightgraft.engine import lora
-from weightgraft.engine.architectures import Slot, UnitKind, Units, adapter_for
+from weightgraft.engine.architectures import adapter_for
 from weightgraft.engine.projections import hf_config
-from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError, WeightgraftError
+from weightgraft.errors import WeightgraftError
 
 # Config keys that describe bookkeeping, not the computation of a forward pass.
 _IGNORED_CONFIG_KEYS = frozenset(
@@ -115,56 +114,3 @@ def check_compatible(models: Sequence[nn.Module]) -> None:
                     f"config.{key} is {other_cfg.get(key)!r} in models[{i}] but "
                     f"{base_cfg.get(key)!r} in the base"
                 )
-
-
-def check_units(
-    unit_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
-    n_models: int, device: torch.device, kind: UnitKind,
-) -> dict[int, torch.Tensor]:
-    """``head_source`` (``Units.HEAD``) or ``neuron_source`` (``Units.NEURON``) keyed by
-    slot index, validated: slots with units of that kind only, right shapes."""
-    arg, which = f"{kind}_source", "q, k, v and o" if kind == Units.HEAD else "gate, up and down"
-    index = {slot.name: s for s, slot in enumerate(slot_list)}
-    out: dict[int, torch.Tensor] = {}
-    for name, tensor in unit_source.items():
-        if name not in index:
-            raise GraftArgumentError(f"{arg} names {name!r}, which is not a slot of this model")
-        slot = slot_list[index[name]]
-        n = slot.units(kind)
-        if not n:
-            per_unit = [s.name for s in slot_list if s.units(kind)][:4]
-            raise GraftArgumentError(
-                f"slot {name!r} cannot be grafted per {kind}; only {which} can "
-                f"(e.g. {', '.join(per_unit)})"
-            )
-        if tuple(tensor.shape) != (batch, seq, n):
-            raise GraftArgumentError(
-                f"{arg}[{name!r}] must have shape [batch, seq, {kind}s] = "
-                f"{[batch, seq, n]}, got {list(tensor.shape)}"
-            )
-        if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
-            raise GraftArgumentTypeError(f"{arg}[{name!r}] must be an integer tensor, got {tensor.dtype}")
-        tensor = tensor.to(device=device, dtype=torch.long)
-        if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= n_models):
-            raise GraftArgumentError(f"{arg}[{name!r}] values must index the {n_models} models")
-        out[index[name]] = tensor
-    return out
-
-
-def merge_identical(
-    models: Sequence[nn.Module], source: torch.Tensor, units: dict[int, torch.Tensor],
-) -> tuple[list[nn.Module], torch.Tensor, dict[int, torch.Tensor]]:
-    """One model object under several indices (``{"pre": pre, "sft": pre}``, the identity
-    graft) is one model: its indices are merged, so no module is patched to call itself."""
-    first: dict[int, int] = {}
-    distinct: list[nn.Module] = []
-    remap = []
-    for m in models:
-        if id(m) not in first:
-            first[id(m)] = len(distinct)
-            distinct.append(m)
-        remap.append(first[id(m)])
-    if len(distinct) == len(models):
-        return list(models), source, units
-    table = torch.tensor(remap, device=source.device)
-    return distinct, table[source], {s: table[u] for s, u in units.items()}

@@ -21,7 +21,8 @@ from transformers.cache_utils import Cache
 
 from weightgraft.engine import projections
 from weightgraft.engine.architectures import Slot, Units, model_slots
-from weightgraft.engine.compat import check_compatible, check_units, merge_identical
+from weightgraft.engine.compat import check_compatible
+from weightgraft.engine.source_map import SourceMap, check_units, merge_identical
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
@@ -291,30 +292,31 @@ def _plan(base: nn.Module, slot_list: list[Slot], columns: list[torch.Tensor], u
 def graft_forward(
     models: Sequence[nn.Module],
     input_ids: torch.Tensor,
-    source: torch.Tensor,
+    source: torch.Tensor | SourceMap,
+    *,
     attention_mask: torch.Tensor | None = None,
     logit_positions: torch.Tensor | None = None,
     head_source: Mapping[str, torch.Tensor] | None = None,
     past_key_values: Cache | None = None,
-    *,
     neuron_source: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` of the grafted pass: see :func:`graft_call`."""
-    logits: torch.Tensor = graft_call(models, input_ids, source, attention_mask, logit_positions, head_source,
-                                      past_key_values, neuron_source=neuron_source).logits
+    logits: torch.Tensor = graft_call(models, input_ids, source, attention_mask=attention_mask,
+                                      logit_positions=logit_positions, head_source=head_source,
+                                      past_key_values=past_key_values, neuron_source=neuron_source).logits
     return logits
 
 
 def graft_call(
     models: Sequence[nn.Module],
     input_ids: torch.Tensor,
-    source: torch.Tensor,
+    source: torch.Tensor | SourceMap,
+    *,
     attention_mask: torch.Tensor | None = None,
     logit_positions: torch.Tensor | None = None,
     head_source: Mapping[str, torch.Tensor] | None = None,
     past_key_values: Cache | None = None,
     use_cache: bool | None = None,
-    *,
     neuron_source: Mapping[str, torch.Tensor] | None = None,
 ) -> Any:
     """The base model's output (``.logits`` ``[batch, seq, vocab]``, ``.past_key_values``) of
@@ -339,12 +341,20 @@ def graft_call(
     ``c_fc`` and GPT-NeoX's ``dense_h_to_4h`` are ``up``; Phi-3's fused ``gate_up_proj`` is
     split into its gate and up halves first.
 
+    ``source`` may be a :class:`~weightgraft.engine.source_map.SourceMap` carrying the slot map
+    and its head and neuron maps together (then ``head_source`` and ``neuron_source`` stay None).
+
     ``past_key_values`` (a ``transformers.DynamicCache``) continues rows whose earlier
     positions an earlier call computed (prefix sharing, ``weightgraft.engine.sharing.prefix``): the cache is
     filled or extended in place, ``source`` covers only the new positions, and
     ``attention_mask`` covers cached and new ones (``[batch, cached + seq]``), so that
     positions continue from the cached ones.
     """
+    if isinstance(source, SourceMap):
+        if head_source is not None or neuron_source is not None:
+            raise GraftArgumentError("give unit maps in the SourceMap or as head_source / neuron_source, not both")
+        maps = source
+        source, head_source, neuron_source = maps.slots, maps.heads, maps.neurons
     if len(models) == 0:
         raise GraftArgumentError("graft_forward needs at least one model (the base)")
     base = models[0]

@@ -8,24 +8,15 @@ whole cell of a position and slot replaces what earlier cells set there."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units
 from weightgraft.engine.cells import REST, WHOLE, parse_cell_name
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.explore.requests import Cell, RequestError
-
-
-@dataclass
-class CellMaps:
-    """``source [n_tokens, n_slots]`` and the unit maps (slot name -> ``[n_tokens, units]``)."""
-
-    source: torch.Tensor
-    heads: dict[str, torch.Tensor] = field(default_factory=dict)
-    neurons: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def max_cells(n_tokens: int, slot_list: Sequence[Slot]) -> int:
@@ -47,7 +38,7 @@ def _unit(k: int, cell: Cell, slot: Slot, unit: int) -> None:
 
 
 def cell_maps(cells: Sequence[Cell], n_tokens: int, slot_list: Sequence[Slot], roles: Sequence[str],
-              base: str) -> CellMaps:
+              base: str) -> SourceMap:
     """The maps of ``cells`` over ``base`` (role indices in ``roles``' order), each cell checked."""
     if len(cells) > max_cells(n_tokens, slot_list):
         raise RequestError(f"{len(cells)} cells for a prompt of {max_cells(n_tokens, slot_list)} cells and units")
@@ -82,9 +73,11 @@ def cell_maps(cells: Sequence[Cell], n_tokens: int, slot_list: Sequence[Slot], r
             units.setdefault(s, {})
         else:
             units.setdefault(s, {})[(cell.position, unit)] = r
-    out = CellMaps(whole.clone())
+    slots = whole.clone()
+    heads: dict[str, torch.Tensor] = {}
+    neurons: dict[str, torch.Tensor] = {}
     for (t, s), r in rest.items():
-        out.source[t, s] = r
+        slots[t, s] = r
     for s, chosen in units.items():
         if not chosen and not any(key[1] == s for key in rest):
             continue  # every unit cell of the slot replaced by a whole cell: no map
@@ -94,11 +87,11 @@ def cell_maps(cells: Sequence[Cell], n_tokens: int, slot_list: Sequence[Slot], r
         maps = whole[:, s, None].repeat(1, slot.units(kind))
         for (t, u), r in chosen.items():
             maps[t, u] = r
-        (out.heads if kind == Units.HEAD else out.neurons)[slot.name] = maps
-    return out
+        (heads if kind == Units.HEAD else neurons)[slot.name] = maps
+    return SourceMap(slots, heads, neurons)
 
 
-def unit_rows(source: torch.Tensor, maps: dict[str, torch.Tensor], slot_index: dict[str, int],
+def unit_rows(source: torch.Tensor, maps: Mapping[str, torch.Tensor], slot_index: Mapping[str, int],
               kind: str) -> dict[str, Any]:
     """The rows of unit maps that differ from their cell (``source``), as the page draws and
     resends them: ``{slot: {"kind", "n", "rows": [[position, [role per unit]], ...]}}``."""

@@ -20,8 +20,8 @@ from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.sharing.depth import decoder_blocks
 from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 from weightgraft.engine.sharing.resume import KeptStates, keep_states, resumable, resume
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.engine.swaps import swaps
-from weightgraft.explore.cells import CellMaps
 
 BASELINES = ("pre", "sft")
 Check = Callable[[], None]  # raises when the request is no longer wanted
@@ -49,10 +49,10 @@ class Passes:
         self.cache: OrderedDict[tuple[int, ...], PromptRows] = OrderedDict()
         self.cache_size, self.kept_size = cache_size, kept_size
 
-    def logits(self, ids: list[int], maps: CellMaps, check: Check | None = None) -> dict[str, torch.Tensor]:
+    def logits(self, ids: list[int], maps: SourceMap, check: Check | None = None) -> dict[str, torch.Tensor]:
         """Last-token logits of the grafted row (``graft``) and of PRE and SFT."""
         key = tuple(ids)
-        item = GraftItem(ids, maps.source, head_source=maps.heads or None, neuron_source=maps.neurons or None)
+        item = GraftItem.of(ids, maps)
         rows = self.cache.get(key)
         with _checked(self.blocks, check):
             if rows is not None and (rows.kept is not None or not self.resumable):

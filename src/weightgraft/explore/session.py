@@ -17,8 +17,9 @@ from weightgraft.api.tokens import tokens as token_table
 from weightgraft.data.prompts import answer_token_ids
 from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.explore.anchor import anchoring
-from weightgraft.explore.cells import CellMaps, cell_maps, unit_rows
+from weightgraft.explore.cells import cell_maps, unit_rows
 from weightgraft.explore.layout import layout
 from weightgraft.explore.passes import BASELINES, Check, Passes
 from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
@@ -140,17 +141,17 @@ class Explorer:
             "top": {name: self._top(row, request.k) for name, row in logp.items()},
             "answer": None if answer_id is None else self._answer(request.answer, answer_id, logits, logp),
             "protocol": request.protocol,
-            "map": {"base": base, "roles": self.roles, "source": maps.source.tolist(),
+            "map": {"base": base, "roles": self.roles, "source": maps.slots.tolist(),
                     "heads": sorted(maps.heads), "neurons": sorted(maps.neurons),
-                    "units": {**unit_rows(maps.source, maps.heads, self.slot_index, "head"),
-                              **unit_rows(maps.source, maps.neurons, self.slot_index, "neuron")}},
+                    "units": {**unit_rows(maps.slots, maps.heads, self.slot_index, "head"),
+                              **unit_rows(maps.slots, maps.neurons, self.slot_index, "neuron")}},
         }
         out["ms"] = round(1000 * (time.perf_counter() - t0), 2)
         return out
 
     # ------------------------------------------------------------------ source maps
 
-    def rule_source(self, request: GraftRequest, base: str) -> CellMaps:
+    def rule_source(self, request: GraftRequest, base: str) -> SourceMap:
         """``[n_tokens, n_slots]`` role indices (and per-head maps) that ``rules`` give this
         prompt: the checks and compilation of ``wg.graft``, in this app's role order."""
         try:  # the app's role order (pre first) whatever the base: its source values index self.models
@@ -160,7 +161,7 @@ class Explorer:
             (encoded,) = prepared.encode(self.tokenizer, [request.prompt])
         except (GraftInputError, ValueError) as exc:
             raise RequestError(_one_line(exc)) from None
-        return CellMaps(encoded.source, dict(encoded.heads))
+        return SourceMap(encoded.source, dict(encoded.heads))
 
     def _top(self, logp: torch.Tensor, k: int) -> list[dict[str, Any]]:
         values, idx = logp.topk(min(k, logp.numel()))

@@ -47,7 +47,7 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
     from weightgraft.models.loading import check_model_spec
     from weightgraft.models.spec import RandomSpec, parse_spec
     from weightgraft.training import get_preset
-    from weightgraft.training.trainer import training_device
+    from weightgraft.training.device import training_device
 
     get_world(settings.world)
     unknown = sorted(set(settings.sweeps) - set(SWEEP_NAMES))

@@ -46,6 +46,7 @@ from weightgraft import atomic
 from weightgraft.models import LoadedModel, load_model, weights_sha256
 from weightgraft.training.embeddings import freeze_embeddings
 from weightgraft.errors import validation_line
+from weightgraft.training.device import training_device
 from weightgraft.training.errors import TrainingError
 from weightgraft.models.spec import quantized
 from weightgraft.training.lora import LoraSettings, wrap_lora
@@ -128,28 +129,6 @@ def _trainer_class() -> type:
     return _Trainer
 
 
-def training_device(device: str | None) -> str:
-    """The device a finetune runs on (``cpu``, ``cuda`` or ``mps``), or a one-line error for one
-    the Trainer cannot be given here: it trains on the first visible card, so ``cuda:N`` is
-    refused (``CUDA_VISIBLE_DEVICES=N`` with ``cuda`` picks card N)."""
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return device
-    if device in ("cuda", "cuda:0"):
-        if not torch.cuda.is_available():
-            raise TrainingError(f"device {device!r}: no CUDA card is visible here")
-        return "cuda"
-    if device.startswith("cuda:"):
-        raise TrainingError(f"device {device!r}: a finetune trains on the first visible card; run with "
-                            f"CUDA_VISIBLE_DEVICES={device.partition(':')[2]} and device 'cuda'")
-    if device == "mps":
-        if not torch.backends.mps.is_available():
-            raise TrainingError("device 'mps' is absent on this machine")
-        return device
-    raise TrainingError(f"device {device!r}: use cpu, cuda or mps")
-
-
 def finetune(
     model_spec: str | os.PathLike[str] | LoadedModel,
     data_dir: str | os.PathLike[str],
@@ -175,8 +154,7 @@ def finetune(
     """Finetune a causal LM on one split of a relation dataset with the HF Trainer.
 
     Args:
-        model_spec: anything :func:`weightgraft.models.load_model` takes, or a
-            :class:`LoadedModel` (trained in place).
+        model_spec: anything :func:`weightgraft.models.load_model` takes, or a :class:`LoadedModel` (trained in place).
         data_dir: directory with ``train.jsonl``, ``validation.jsonl`` (``manifest.json``).
         split: ``relation`` | ``task`` | ``both`` | ``a2b`` | ``b2a`` (module docstring).
         preset: a :data:`PRESETS` name, a preset file, or a :class:`TrainPreset`.
@@ -197,8 +175,7 @@ def finetune(
         lora: train a LoRA adapter instead (weightgraft.training.lora); ``out`` is then peft's
             adapter directory, a donor as ``peft(pre, out)``.
         quantization: QLoRA: the base loaded quantized (``nf4`` ...), ``lora`` trained over it.
-        device: ``cpu``, ``cuda`` (the first visible card; ``CUDA_VISIBLE_DEVICES`` picks it) or
-            ``mps``; None: a CUDA card where one is visible, else the CPU.
+        device: ``cpu``, ``cuda`` (the first visible card) or ``mps``; None: CUDA where visible.
         **overrides: preset fields to override, e.g. ``learning_rate=5e-5, epochs=2``.
     """
     from transformers import TrainingArguments, set_seed
@@ -218,7 +195,7 @@ def finetune(
         settings = get_preset(preset, **overrides)
     if max_steps is not None and max_steps < 1:
         raise TrainingError("max_steps must be at least 1")
-    device = training_device(device)
+    device = training_device(device)  # "cpu", "cuda" or "mps"
     if quantization is not None and (lora is None or isinstance(model_spec, LoadedModel)):
         raise TrainingError(f"--quantization {quantization} trains a LoRA adapter over the base loaded quantized (QLoRA): "
                             "add --lora RANK and give the base by its spec (quantized weights do not train)")
@@ -301,7 +278,6 @@ def finetune(
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = settings.batch_size * settings.gradient_accumulation_steps * world
     steps_per_epoch = max(1, math.ceil(len(train_ds) / per_step))
-    on_gpu = device == "cuda"
     if settings.eval_steps is not None:
         strategy, every = "steps", settings.eval_steps
     elif max_steps is not None and max_steps < steps_per_epoch:
@@ -321,8 +297,8 @@ def finetune(
         lr_scheduler_type=settings.lr_scheduler,
         warmup_steps=settings.warmup_ratio,
         max_grad_norm=settings.max_grad_norm,
-        fp16=on_gpu and settings.gpu_precision == "fp16",
-        bf16=on_gpu and settings.gpu_precision == "bf16",
+        fp16=device == "cuda" and settings.gpu_precision == "fp16",
+        bf16=device == "cuda" and settings.gpu_precision == "bf16",
         eval_strategy=strategy,
         save_strategy=strategy,
         eval_steps=every,

@@ -43,7 +43,6 @@ from weightgraft.engine.sharing.prefix import (
     prefix_forward,
     segment,
     shareable_cache,
-    split_units,
     wanted_positions,
 )
 from weightgraft.errors import GraftArgumentError
@@ -253,10 +252,8 @@ def _reference_states(
             made.hook(blocks[j], functools.partial(keep, j), pre=True, with_kwargs=True)
         batch = pad_segments([segment(references[r], 0, len(references[r]), widths, slot_index) for r in used],
                              pad_id, left=False)
-        heads, neurons = split_units(batch.heads)
-        graft_forward(models, batch.input_ids, batch.source, attention_mask=batch.mask,
-                      logit_positions=torch.zeros(len(used), 1, dtype=torch.long), head_source=heads,
-                      past_key_values=cache, neuron_source=neurons)
+        graft_forward(models, batch.input_ids, batch.source_map(models[0]), attention_mask=batch.mask,
+                      logit_positions=torch.zeros(len(used), 1, dtype=torch.long), past_key_values=cache)
     residuals = {r: {j: seen[j][b, : len(references[r])] for j in sorted(wanted[r])} for b, r in enumerate(used)}
     keys, values = cache_states(cache)
     return ReferenceStates(residuals, keys, values, {r: b for b, r in enumerate(used)})
@@ -329,15 +326,14 @@ def run_pass(
             residual = entering.new_zeros(*batch.input_ids.shape, entering.shape[-1])
         residual[b, : entering.shape[0]] = entering
     mask = batch.mask if attention_prefix is None else torch.cat([attention_prefix, batch.mask], dim=1)
-    heads, neurons = split_units(batch.heads)
     before = _cache_bytes(cache)
     with contextlib.ExitStack() as stack:
         if residual is not None:
             stack.enter_context(_from_layers(blocks, first, row_layers, residual))
         logits = graft_forward(
-            models, batch.input_ids, batch.source, attention_mask=mask,
+            models, batch.input_ids, batch.source_map(models[0]), attention_mask=mask,
             logit_positions=wanted_positions(items, [s.position for s in starts], k),
-            head_source=heads, past_key_values=cache, neuron_source=neurons,
+            past_key_values=cache,
         )
     held = max(before, _cache_bytes(cache))  # a layer's update replaces its rows by longer ones
     held += residual.numel() * residual.element_size() if residual is not None else 0

@@ -24,16 +24,17 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units, model_slots
+from weightgraft.engine.architectures import Slot, Units, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = ["GraftItem", "PrefixGroup", "PrefixPlan", "Segment", "PaddedBatch", "shared_prefix_groups",
-           "prefix_forward", "segment", "pad_segments", "run_prefixes", "split_units",
+           "prefix_forward", "segment", "pad_segments", "run_prefixes",
            "wanted_positions", "shareable_cache", "checked_unit_widths"]
 
 # Slots that act on a position's logits only (after the last layer): no key or value depends on
@@ -51,6 +52,15 @@ class GraftItem:
     logit_start: int = -1  # first position whose logits are wanted (negative: from the end)
     n_logits: int = 1  # logits at logit_start .. logit_start + n_logits - 1
     neuron_source: Mapping[str, torch.Tensor] | None = None  # slot name -> [len(input_ids), neurons]
+
+    @classmethod
+    def of(cls, input_ids: Sequence[int], maps: SourceMap, *, logit_start: int = -1, n_logits: int = 1) -> GraftItem:
+        """An item from one row's :class:`SourceMap` (slots, heads and neurons together)."""
+        return cls(input_ids, maps.slots, dict(maps.heads) or None, logit_start, n_logits, dict(maps.neurons) or None)
+
+    def maps(self) -> SourceMap:
+        """The item's slot, head and neuron maps as one object."""
+        return SourceMap(self.source, dict(self.head_source or {}), dict(self.neuron_source or {}))
 
     def unit_maps(self) -> dict[str, torch.Tensor]:
         """Head and neuron maps together, by slot name (a slot has one kind of unit)."""
@@ -96,13 +106,6 @@ class PrefixPlan:
 def _head_slot_names(items: Sequence[GraftItem]) -> list[str]:
     """Every slot that some item grafts head by head (or neuron by neuron), in a fixed order."""
     return sorted({name for item in items for name in item.unit_maps()})
-
-
-def split_units(maps: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
-    """Unit maps as ``graft_forward``'s ``head_source`` and ``neuron_source``."""
-    heads = {n: m for n, m in maps.items() if n.rsplit(".", 1)[-1] not in NEURON_COMPONENTS}
-    neurons = {n: m for n, m in maps.items() if n.rsplit(".", 1)[-1] in NEURON_COMPONENTS}
-    return heads or None, neurons or None
 
 
 def _head_widths(items: Sequence[GraftItem], names: Sequence[str]) -> dict[str, int]:
@@ -232,6 +235,11 @@ class PaddedBatch:
     source: torch.Tensor  # [batch, seq, n_slots]
     heads: dict[str, torch.Tensor]  # name -> [batch, seq, heads]
 
+    def source_map(self, model: nn.Module) -> SourceMap:
+        """The batch's maps for ``graft_forward``: its unit maps sorted into heads and neurons
+        by ``model``'s slot table."""
+        return SourceMap.from_units(self.source, self.heads, model_slots(model))
+
 
 def segment(
     item: GraftItem, start: int, stop: int, widths: Mapping[str, int], slot_index: Mapping[str, int]
@@ -299,11 +307,9 @@ def _run_whole(
 ) -> torch.Tensor:
     """The plain path: items run whole, right-padded, in one ``graft_forward`` call."""
     batch = pad_segments([segment(it, 0, len(it), widths, slot_index) for it in items], pad_id, left=False)
-    heads, neurons = split_units(batch.heads)
     return graft_forward(
-        models, batch.input_ids, batch.source, attention_mask=batch.mask,
-        logit_positions=wanted_positions(items, [0] * len(items), k), head_source=heads,
-        neuron_source=neurons,
+        models, batch.input_ids, batch.source_map(models[0]), attention_mask=batch.mask,
+        logit_positions=wanted_positions(items, [0] * len(items), k),
     )
 
 
@@ -316,10 +322,9 @@ def run_prefixes(
     segments = [segment(items[g.members[0]], 0, g.length, widths, slot_index) for g in groups]
     batch = pad_segments(segments, pad_id, left=True)
     last = torch.full((len(groups), 1), batch.input_ids.shape[1] - 1, dtype=torch.long)
-    heads, neurons = split_units(batch.heads)
     graft_forward(
-        models, batch.input_ids, batch.source, attention_mask=batch.mask, logit_positions=last,
-        head_source=heads, past_key_values=cache, neuron_source=neurons,
+        models, batch.input_ids, batch.source_map(models[0]), attention_mask=batch.mask, logit_positions=last,
+        past_key_values=cache,
     )
     return batch.mask
 
@@ -338,12 +343,11 @@ def _run_suffixes(
     cache.batch_select_indices(rows)  # CPU indices serve cache layers on any device (device_map)
     segments = [segment(items[i], n, len(items[i]), widths, slot_index) for i, n in zip(members, lengths)]
     batch = pad_segments(segments, pad_id, left=False)
-    heads, neurons = split_units(batch.heads)
     logits = graft_forward(
-        models, batch.input_ids, batch.source,
+        models, batch.input_ids, batch.source_map(models[0]),
         attention_mask=torch.cat([prefix_mask[rows], batch.mask], dim=1),
         logit_positions=wanted_positions([items[i] for i in members], lengths, k),
-        head_source=heads, past_key_values=cache, neuron_source=neurons,
+        past_key_values=cache,
     )
     return members, logits
 

@@ -45,7 +45,6 @@ from weightgraft.engine.sharing.prefix import (
     pad_segments,
     segment,
     shareable_cache,
-    split_units,
     wanted_positions,
 )
 from weightgraft.engine.swaps import swaps
@@ -120,10 +119,9 @@ def keep_states(models: Sequence[nn.Module], items: Sequence[GraftItem], kept: S
         for j, block in enumerate(blocks):
             made.hook(block, functools.partial(keep, j), pre=True, with_kwargs=True)
         batch = pad_segments([segment(item, 0, len(item), widths, slot_index) for item in items], pad_id, left=False)
-        heads, neurons = split_units(batch.heads)
-        logits = graft_forward(models, batch.input_ids, batch.source, attention_mask=batch.mask,
+        logits = graft_forward(models, batch.input_ids, batch.source_map(models[0]), attention_mask=batch.mask,
                                logit_positions=wanted_positions(items, [0] * len(items), k),
-                               head_source=heads, past_key_values=cache, neuron_source=neurons)
+                               past_key_values=cache)
     keys, values = cache_states(cache)
     states = ReferenceStates(
         residuals={r: {j: seen[j][r] for j in range(len(blocks))} for r in range(len(kept))},
