@@ -133,7 +133,7 @@ def test_spans_by_substring_and_by_characters(tiny_pair, tiny_tok):
         for t in subject[b]:
             source[b, t, attn] = 1
         source[b, len(p) - 1, ffn] = 1
-    reference = per_token_forward([pre, sft], enc["input_ids"], source, enc["attention_mask"])
+    reference = per_token_forward([pre, sft], enc["input_ids"], source, attention_mask=enc["attention_mask"])
     last = torch.tensor([len(p) - 1 for p in prompts])
     torch.testing.assert_close(out.logits, reference[torch.arange(2), last], rtol=0, atol=1e-9)
 
@@ -151,7 +151,7 @@ def test_per_head_rule_equals_the_per_token_definition(tiny_pair, tiny_tok, arch
         h[:, -1, 1] = 1  # left padding: the last token is the last position
         head_source[f"layers.{layer}.o"] = h
     source = torch.zeros(*out.input_ids.shape, len(names), dtype=torch.long)
-    reference = per_token_forward([pre, sft], out.input_ids, source, out.attention_mask, head_source=head_source)
+    reference = per_token_forward([pre, sft], out.input_ids, source, attention_mask=out.attention_mask, head_source=head_source)
     torch.testing.assert_close(out.logits, reference[:, -1], rtol=0, atol=1e-9)
     plain = wg.graft({"pre": pre, "sft": sft}, tok, PROMPTS, [])
     assert (out.logits - plain.logits).abs().amax(-1).min() > 1e-6  # head 1 did change every row

@@ -26,7 +26,7 @@ def test_cached_activations_equal_the_definition(tiny_pair, tiny_tok, arch):
         assert list(out.cache) == names and "layers.3.resid_post" in names and "layers.0.o" in names
         composite = CompositeModel([pre, sft])
         with record(composite.model, names) as seen:
-            ref_logits = per_token_forward([pre, sft], out.input_ids, out.source, out.attention_mask,
+            ref_logits = per_token_forward([pre, sft], out.input_ids, out.source, attention_mask=out.attention_mask,
                                            composite=composite)
     mask = out.attention_mask.bool()
     real = mask.nonzero().tolist()  # (b, t) in the order the definition ran them

@@ -139,7 +139,7 @@ def test_the_states_put_in_are_what_the_rows_use(monkeypatch, part):
     models = _models("mistral")
     items = _items(models, seed=4)
     real = depth._reference_states
-    monkeypatch.setattr(depth, "_reference_states", lambda *a: scaled(real(*a)))
+    monkeypatch.setattr(depth, "_reference_states", lambda *a, **k: scaled(real(*a, **k)))
     with float64_exact(models):
         off = depth_forward(models, items, pad_id=0, chunk=7)[:, 0]
         whole = _whole(models, items)

@@ -169,7 +169,7 @@ def test_state_hooks_come_off_when_the_pass_fails_before_it_runs(where, monkeypa
         else:
             blocks = depth.decoder_blocks(base)
             index = {s.name: i for i, s in enumerate(model_slots(base))}
-            depth._reference_states(models, [item], [depth.DepthStart(0, 1)], 0, blocks, {}, index)
+            depth._reference_states(models, [item], [depth.DepthStart(0, 1)], pad_id=0, blocks=blocks, widths={}, slot_index=index)
     assert [_hooks(m) for m in models] == before
 
 

@@ -65,7 +65,7 @@ def graft(
 
 
 
-def check_cache(cache: bool | Sequence[str], model: Any) -> list[str]:
+def check_cache(cache: bool | Sequence[str], model: nn.Module) -> list[str]:
     """The activation names ``cache=`` asks for (``True``: all of them), each one the model has."""
     if cache is False or cache is None:
         return []

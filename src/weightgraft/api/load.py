@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weightgraft.models.spec import ModelSpec
 
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+    from transformers.utils.quantization_config import QuantizationConfigMixin
 
-def load(spec: str | os.PathLike[str] | ModelSpec, *, quantization: str | Any = None, **kwargs: Any) -> tuple[Any, Any]:
+
+def load(spec: str | os.PathLike[str] | ModelSpec, *, quantization: str | QuantizationConfigMixin | None = None,
+         **kwargs: Any) -> tuple[nn.Module, PreTrainedTokenizerBase | None]:
     """``(model, tokenizer)`` for any spec ``weightgraft.models.load_model`` accepts (an
     embedded name such as ``"smollm2-135m"``, ``"demo"`` / ``"demo:pre"`` for what ``weightgraft
     demo`` made, a model directory, a ``.gguf`` file, a cached hub id, ``quantized(SPEC, nf4)``);

@@ -99,8 +99,8 @@ def graft_attribution(
     ``start`` (default 0: every cell's first-order effect); with ``steps > 1`` integrated
     gradients along ``start -> end`` (default 0 -> 1, midpoint rule). Positions after a row's
     scored position get 0 (nothing there can change it)."""
-    return _attribution(pair, input_ids, positions, targets, metric, distractors, attention_mask, steps,
-                        start, end, None)[0]
+    return _attribution(pair, input_ids, positions, targets=targets, metric=metric, distractors=distractors, attention_mask=attention_mask, steps=steps,
+                        start=start, end=end, unit_widths=None)[0]
 
 
 def unit_slots(pair: PartialGraft, kind: Units) -> dict[str, int]:
@@ -122,12 +122,12 @@ def graft_unit_attribution(
     if kind not in (Units.HEAD, Units.NEURON):
         raise GraftArgumentError(f"kind must be 'head' or 'neuron', got {kind!r}")
     units = Units(kind)
-    return _attribution(pair, input_ids, positions, targets, metric, distractors, attention_mask, steps,
-                        None, None, unit_slots(pair, units))
+    return _attribution(pair, input_ids, positions, targets=targets, metric=metric, distractors=distractors, attention_mask=attention_mask, steps=steps,
+                        start=None, end=None, unit_widths=unit_slots(pair, units))
 
 
 def _attribution(
-    pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
+    pair: PartialGraft, input_ids: torch.Tensor, positions: torch.Tensor, *, targets: torch.Tensor,
     metric: Metric, distractors: torch.Tensor | None, attention_mask: torch.Tensor | None, steps: int,
     start: torch.Tensor | None, end: torch.Tensor | None, unit_widths: Mapping[str, int] | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

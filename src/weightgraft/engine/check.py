@@ -132,7 +132,7 @@ def _check(
     maps = _source_maps(len(models), attention_mask, n_slots, n_random, gen)
     for name, source in maps:
         fast = graft_forward(models, input_ids, source, attention_mask=attention_mask)
-        ref = per_token_forward(models, input_ids, source, attention_mask, composite=composite)
+        ref = per_token_forward(models, input_ids, source, attention_mask=attention_mask, composite=composite)
         fast, ref = fast[real].double(), ref[real].double()
         engine_vs_plain = reference_vs_plain = None
         only = torch.unique(source)

@@ -390,8 +390,8 @@ def graft_call(
         )
     position_ids = position_ids_from_mask(attention_mask)[:, cached:]
 
-    units = check_units(head_source or {}, slot_list, batch, seq, len(models), device, Units.HEAD)
-    units.update(check_units(neuron_source or {}, slot_list, batch, seq, len(models), device, Units.NEURON))
+    units = check_units(head_source or {}, slot_list, batch, seq=seq, n_models=len(models), device=device, kind=Units.HEAD)
+    units.update(check_units(neuron_source or {}, slot_list, batch, seq=seq, n_models=len(models), device=device, kind=Units.NEURON))
     models, source, units = merge_identical(models, source, units)
     columns = [source[:, :, s] for s in range(len(slot_list))]
     with swaps() as swap:

@@ -8,12 +8,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
 
 HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
 
 
-def is_half(model: Any) -> bool:
+def is_half(model: nn.Module) -> bool:
     """Whether the model's floating-point parameters are bfloat16 or float16."""
     for p in model.parameters():
         if p.is_floating_point():
@@ -21,7 +22,7 @@ def is_half(model: Any) -> bool:
     return False
 
 
-def _half_configs(models: Iterable[Any]) -> list[Any]:
+def _half_configs(models: Iterable[nn.Module]) -> list[Any]:
     """The attention configs of the half-precision models (each config once)."""
     configs: dict[int, Any] = {}
     for model in models:
@@ -38,7 +39,7 @@ def _half_configs(models: Iterable[Any]) -> list[Any]:
     return list(configs.values())
 
 
-def batch_invariant_attention(models: Iterable[Any]) -> None:
+def batch_invariant_attention(models: Iterable[nn.Module]) -> None:
     """Switch half-precision models to HF's eager attention, in place and for good: for
     models weightgraft loads itself. A user's models get :func:`eager_attention` instead.
 
@@ -51,7 +52,7 @@ def batch_invariant_attention(models: Iterable[Any]) -> None:
         cfg._attn_implementation = "eager"
 
 
-def switch_to_eager(models: Iterable[Any]) -> Callable[[], None]:
+def switch_to_eager(models: Iterable[nn.Module]) -> Callable[[], None]:
     """:func:`batch_invariant_attention` until the returned function is called: it gives every
     config back the attention implementation it had (the user's model is theirs again)."""
     saved = [(cfg, cfg._attn_implementation) for cfg in _half_configs(models)]
@@ -70,7 +71,7 @@ def switch_to_eager(models: Iterable[Any]) -> Callable[[], None]:
 
 
 @contextmanager
-def eager_attention(models: Iterable[Any]) -> Iterator[None]:
+def eager_attention(models: Iterable[nn.Module]) -> Iterator[None]:
     """:func:`switch_to_eager` for the block, restored on any exit."""
     restore = switch_to_eager(models)
     try:
@@ -97,7 +98,7 @@ class _Float64Casts(TorchFunctionMode):
 _CASTS = (torch.Tensor.to, torch.Tensor.type)
 
 
-def is_float64(models: Iterable[Any]) -> bool:
+def is_float64(models: Iterable[nn.Module]) -> bool:
     """Whether every model's floating-point parameters are float64."""
     for model in models:
         for p in model.parameters():
@@ -109,7 +110,7 @@ def is_float64(models: Iterable[Any]) -> bool:
 
 
 @contextmanager
-def float64_exact(models: Iterable[Any]) -> Iterator[None]:
+def float64_exact(models: Iterable[nn.Module]) -> Iterator[None]:
     """Within it, float64 models compute in float64 throughout.
 
     HF's modelling code casts to float32 in places even in a float64 model: the Llama-family

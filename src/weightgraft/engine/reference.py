@@ -198,7 +198,7 @@ def per_token_forward(
     models: Sequence[nn.Module],
     input_ids: torch.Tensor,
     source: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
+    *, attention_mask: torch.Tensor | None = None,
     composite: CompositeModel | None = None,
     copy_per_position: bool = False,
     head_source: Mapping[str, torch.Tensor] | None = None,

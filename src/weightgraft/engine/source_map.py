@@ -53,7 +53,7 @@ class SourceMap:
 
 
 def check_units(
-    unit_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
+    unit_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, *, seq: int,
     n_models: int, device: torch.device, kind: UnitKind,
 ) -> dict[int, torch.Tensor]:
     """``head_source`` (``Units.HEAD``) or ``neuron_source`` (``Units.NEURON``) keyed by

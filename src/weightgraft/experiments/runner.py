@@ -45,6 +45,7 @@ from weightgraft.schemes.selectors import (
 )
 from weightgraft.experiments.store import ROWS_FORMAT, ResultsStore, write_atomic
 from weightgraft.engine.forward import slots
+from weightgraft.engine.projections import hf_config
 from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.models.donors import LeanSlots, LoadSettings, default_loader, load_role
 from weightgraft.models.lean import memory_report
@@ -147,7 +148,7 @@ def run_experiment(
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
         model_info[set_name] = {
             r: {"spec": roles_spec[r].text, "source": lm.source, "weights_sha256": lm.weights_sha256,
-                "n_layers": first.model.config.num_hidden_layers, **memory[r],
+                "n_layers": hf_config(first.model).num_hidden_layers, **memory[r],
                 **({"adapter": lm.adapter.as_dict(spec.base)}
                    if lm.adapter is not None and isinstance(spec := roles_spec[r], PeftSpec) else {}),
                 **({"quantized_agreement": checked[r]} if r in checked else {})}
@@ -159,7 +160,7 @@ def run_experiment(
         items = [(ex, s.name) for ex in prepared for s in schemes if s.name in ex.sources]
         order.extend((set_name, ex.prompt.template, s, ex.prompt.id) for ex, s in items)
         todo = [it for it in items if (set_name, it[0].prompt.template, it[1], it[0].prompt.id) not in done]
-        pad_id = first.tokenizer.pad_token_id if first.tokenizer.pad_token_id is not None else 0
+        pad_id = first.pad_id
         with Progress(disable=not progress, transient=False) as bar:
             task = bar.add_task(f"[{set_name}] grafting", total=len(items), completed=len(items) - len(todo))
             try:
@@ -183,7 +184,7 @@ def run_experiment(
     if not ranks.is_main:
         return _follow_main(run_dir, ranks, computed)
     try:
-        return _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks, continuations)
+        return _finish(run_dir, config, schemes, store=store, order=order, exclusions=exclusions, model_info=model_info, computed=computed, started=started, ranks=ranks, continuations=continuations)
     finally:
         ranks.barrier()  # the other ranks read what the main rank merged
         ranks.close()
@@ -296,7 +297,7 @@ def _note_interrupted(run_dir: Path, started: float, computed: int) -> None:
         fh.write(json.dumps(session) + "\n")
 
 
-def _finish(run_dir, config, schemes, store, order, exclusions, model_info, computed, started, ranks, continuations=()) -> RunResult:
+def _finish(run_dir, config, schemes, *, store, order, exclusions, model_info, computed, started, ranks, continuations=()) -> RunResult:
     """Merge the parts into ``results.parquet``, then the summary, exclusions and manifest."""
     exclusion_summary = exclusions.summary()
     run_dir.mkdir(parents=True, exist_ok=True)

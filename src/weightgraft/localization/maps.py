@@ -108,7 +108,7 @@ def _unit_frame(examples: Sequence[LocalizeExample], direction: str, rows: list[
     return frame
 
 
-def _top_units(g: torch.Tensor, per_unit: dict[str, torch.Tensor], ig: tuple | None, names: Sequence[str],
+def _top_units(g: torch.Tensor, per_unit: dict[str, torch.Tensor], ig: tuple | None, *, names: Sequence[str],
                rests: set[str], n: int, keep: int) -> list[tuple]:
     """One example's unit rows: its ``keep`` units (and rests) of largest |gradient| over
     positions ``0..n-1``, as ``(position, slot, unit, estimate[, estimate_ig])``."""
@@ -179,7 +179,7 @@ def estimate_frame(
             for j, i in enumerate(chunk):
                 n = examples[i].scored.position + 1
                 ig_j = (ig_pair[0][j], {k: v[j] for k, v in ig_pair[1].items()}) if ig_pair else None
-                unit_rows_of[i] = _top_units(g[j], {k: v[j] for k, v in per_unit.items()}, ig_j, names, rests, n, unit_rows)
+                unit_rows_of[i] = _top_units(g[j], {k: v[j] for k, v in per_unit.items()}, ig_j, names=names, rests=rests, n=n, keep=unit_rows)
             g = _summed(g, per_unit, names)  # whole cells: units plus rest
             ig = _summed(*ig_pair, names) if ig_pair else None
         for j, i in enumerate(chunk):

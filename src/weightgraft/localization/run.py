@@ -157,7 +157,7 @@ def _parts_name(i: int, n_sft: int) -> str:
     return f"sft{i}" if i < n_sft else f"null{i - n_sft}"
 
 
-def _load_sft(spec: str, label: str, first: bool, pre: LoadedModel, adapter: PeftSpec | None,
+def _load_sft(spec: str, label: str, first: bool, *, pre: LoadedModel, adapter: PeftSpec | None,
               settings: LoadSettings, run_dir: Path) -> LoadedModel:
     """One donor: loaded by spec, or the LoRA adapter on ``pre`` (recorded in the manifest:
     ``adapters`` by label, and ``adapter`` for the first SFT model)."""
@@ -230,7 +230,7 @@ def plan_before_localize(config: LocalizeConfig, prompts: list[Any]) -> Localize
     return with_planned_batch(config, lambda: plan_localize_work(plan_input(config, prompts), with_time=False))
 
 
-def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: Any, sft: Any,
+def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: Any, *, sft: Any,
                 pairs: dict[str, list[Any]], pad_id: int, parts: Path, stamp: str, say: Any,
                 seconds: dict[str, float]) -> pd.DataFrame:
     """One SFT model's cells (estimates joined with exact effects) in every graft direction,
@@ -325,14 +325,14 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
           models={"pre": _model_info(config.models["pre"], pre)})
     if config.metric == "logit_diff":
         examples = _with_distractors(examples)
-    pad_id = pre.tokenizer.pad_token_id if pre.tokenizer.pad_token_id is not None else 0
+    pad_id = pre.pad_id
     frames = []
     claim_tables: list[pd.DataFrame] = []
     claim_prompts: list[pd.DataFrame] = []
     search: dict[str, Any] = {}
     for i, (label, spec) in enumerate(sfts):  # one SFT (or null) model in memory at a time
         t0 = time.time()
-        sft = _load_sft(spec, label, i == 0, pre, adapters[i], settings, run_dir)
+        sft = _load_sft(spec, label, i == 0, pre=pre, adapter=adapters[i], settings=settings, run_dir=run_dir)
         give_tokenizer(sft, shared_tokenizer, label)
         check_same_tokenizer(pre.tokenizer, sft.tokenizer, f"model {label!r}")
         seconds["load"] += time.time() - t0
@@ -344,7 +344,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         parts = run_dir / "parts" if i == 0 else run_dir / "parts" / _parts_name(i, len(sfts) - len(nulls))
         parts.mkdir(parents=True, exist_ok=True)
         stamp = "" if i == 0 else f"{label}/"
-        cells = _model_maps(config, examples, pre.model, sft.model, pairs, pad_id, parts, stamp, say, seconds)
+        cells = _model_maps(config, examples, pre.model, sft=sft.model, pairs=pairs, pad_id=pad_id, parts=parts, stamp=stamp, say=say, seconds=seconds)
         if config.claims.enabled:  # null finetunes too: no fact claim may hold on them
             t0 = time.time()
             setting = NULL_FINETUNE if label in nulls else PRE_SFT

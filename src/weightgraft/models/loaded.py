@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
     from weightgraft.models.spec import ModelSpec
 
 
@@ -30,10 +33,17 @@ class LoadedModel:
         lean: whether the model holds only some tensors, sharing the rest with a base.
     """
 
-    model: Any
-    tokenizer: Any
+    model: nn.Module  # a transformers causal LM, or a donor module wrapping one (LoRA, low-rank)
+    tokenizer: PreTrainedTokenizerBase | None
     source: str
     weights_sha256: str
     spec: ModelSpec | None = None
     adapter: Any = None  # weightgraft.models.peft_donor.AdapterInfo (not imported: peft_donor builds on this)
     lean: bool = False
+
+    @property
+    def pad_id(self) -> int:
+        """The id padding is written with: the tokenizer's pad token, else 0 (padded positions
+        are masked out, so any id serves)."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
+        return int(pad) if isinstance(pad, int) else 0

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from weightgraft.data.prompts import DatasetError
+from weightgraft.engine.projections import hf_config
 from weightgraft.errors import WeightgraftError
 from weightgraft.models.embedded import ensure_converted
 from weightgraft.models.errors import ModelLoadError
@@ -16,6 +17,9 @@ from weightgraft.models.spec import embedded_name
 from weightgraft.models.spec import is_derived, parse_spec
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from weightgraft.models.loaded import LoadedModel
     from weightgraft.models.spec import ModelSpec
 
 
@@ -23,8 +27,15 @@ class TokenizerMismatchError(WeightgraftError, ValueError):
     """Two models of a graft set do not share a tokenizer."""
 
 
-def check_same_tokenizer(base: Any, other: Any, where: str = "donor") -> None:
-    """Grafting compares token ids across models: their vocabularies must be identical."""
+def check_same_tokenizer(base: PreTrainedTokenizerBase | None, other: PreTrainedTokenizerBase | None,
+                         where: str = "donor") -> None:
+    """Grafting compares token ids across models: their vocabularies must be identical (two
+    models without a tokenizer, ``random:`` ones, share none to compare)."""
+    if base is None or other is None:
+        if base is not other:
+            raise TokenizerMismatchError(f"{where} and the base do not both have a tokenizer; give one to both "
+                                         "(a config's tokenizer) or to neither")
+        return
     a, b = base.get_vocab(), other.get_vocab()
     if a != b:
         diff = sorted(set(a.items()) ^ set(b.items()), key=str)[:3]
@@ -35,7 +46,7 @@ def check_same_tokenizer(base: Any, other: Any, where: str = "donor") -> None:
 
 
 def batch_encode(
-    tokenizer: Any, texts: Sequence[str], device: str | torch.device = "cpu"
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], device: str | torch.device = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids`` and ``attention_mask`` for ``texts``.
 
@@ -74,7 +85,7 @@ def _byte_tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
-def load_tokenizer(spec: str) -> Any:
+def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     """The tokenizer a config gives for models without one (``random:NAME``): ``bytes``, an
     embedded model's name (its tokenizer), or a local directory holding a tokenizer."""
     from transformers import AutoTokenizer
@@ -95,7 +106,7 @@ def load_tokenizer(spec: str) -> Any:
     return tok
 
 
-def check_tokenizer_fits(tokenizer: Any, name: str, vocab_sizes: dict[str, int]) -> None:
+def check_tokenizer_fits(tokenizer: PreTrainedTokenizerBase, name: str, vocab_sizes: dict[str, int]) -> None:
     """Every token id must be a row of each model's embedding: one line otherwise, before any
     model loads."""
     for role, size in vocab_sizes.items():
@@ -106,15 +117,15 @@ def check_tokenizer_fits(tokenizer: Any, name: str, vocab_sizes: dict[str, int])
                 f"tokens (e.g. {BYTES!r})")
 
 
-def give_tokenizer(loaded: Any, tokenizer: Any, role: str) -> None:
+def give_tokenizer(loaded: LoadedModel, tokenizer: PreTrainedTokenizerBase | None, role: str) -> None:
     """A loaded model without a tokenizer (``random:NAME``) takes the config's, if it fits."""
     if tokenizer is None or loaded.tokenizer is not None:
         return
-    check_tokenizer_fits(tokenizer, "tokenizer", {role: loaded.model.config.vocab_size})
+    check_tokenizer_fits(tokenizer, "tokenizer", {role: hf_config(loaded.model).vocab_size})
     loaded.tokenizer = tokenizer
 
 
-def config_tokenizer(name: str | None, specs: Mapping[str, str | ModelSpec] | None) -> Any:
+def config_tokenizer(name: str | None, specs: Mapping[str, str | ModelSpec] | None) -> PreTrainedTokenizerBase | None:
     """A config's ``tokenizer:`` (None without one), checked against the vocabulary of every
     model in ``specs`` from their configs alone (derived ``lowrank(...)``/``peft(...)`` roles
     share their bases' vocabulary)."""

@@ -139,8 +139,8 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
     width = unit_width(pre, work.units)
 
     def memory_at(b: int, chunk: int = work.exact_chunk, unit_rows: int = work.unit_rows) -> dict[str, int]:
-        return _memory(replace(work, exact_chunk=chunk, unit_rows=unit_rows), pre, sizes, lengths, exact_lengths,
-                       width, held.held, b)
+        return _memory(replace(work, exact_chunk=chunk, unit_rows=unit_rows), pre, sizes, lengths=lengths, exact_lengths=exact_lengths,
+                       width=width, held_now=held.held, b=b)
 
     batch = choose_batch(work.batch_size, DEFAULT_LOCALIZE_BATCH, len(lengths), memory_at, HEADROOM * held.limit)
     notes: list[str] = quantized_notes(quantized, work.dtype)
@@ -236,7 +236,7 @@ def _graft_map_bytes(work: LocalizeWork, pre: ModelFootprint, seq: int, exact_le
     return max(maps, work.set_rows * seq * slots)
 
 
-def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str], int]], lengths: list[int],
+def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str], int]], *, lengths: list[int],
             exact_lengths: list[int], width: int, held_now: int, b: int) -> dict[str, int]:
     seq = max(lengths)
     rows = min(b, len(lengths))

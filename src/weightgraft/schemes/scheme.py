@@ -255,7 +255,7 @@ def compile_scheme(
         if rule.heads is not None:
             if per_token:
                 raise SelectorError(f"{where}: per-token layer dropout cannot be combined with heads")
-            heads = _compile_heads(scheme.name, k, rule, comps, idx, slot_names, slot_heads)
+            heads = _compile_heads(scheme.name, k, rule, comps=comps, idx=idx, slot_names=slot_names, slot_heads=slot_heads)
         dropout = TokenDropout(rule.layer_dropout, rule.seed, tuple(sorted(set(kept))), tuple(by_layer)) if per_token else None
         rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.model), heads, dropout))
     counts = tuple((slot_heads or {}).get(name, 0) for name in slot_names)
@@ -277,7 +277,7 @@ def _global_slots_kept(rule: Rule) -> set[str]:
 
 
 def _compile_heads(
-    scheme: str, k: int, rule: Rule, comps: set[str], idx: list[int],
+    scheme: str, k: int, rule: Rule, *, comps: set[str], idx: list[int],
     slot_names: Sequence[str], slot_heads: Mapping[str, int] | None,
 ) -> dict[int, torch.Tensor]:
     where = f"scheme {scheme!r}, rule {k}"

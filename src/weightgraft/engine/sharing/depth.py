@@ -230,7 +230,7 @@ class ReferenceStates:
 
 def _reference_states(
     models: Sequence[nn.Module], references: Sequence[GraftItem], starts: Sequence[DepthStart],
-    pad_id: int, blocks: nn.ModuleList, widths: Mapping[str, int], slot_index: Mapping[str, int],
+    *, pad_id: int, blocks: nn.ModuleList, widths: Mapping[str, int], slot_index: Mapping[str, int],
 ) -> ReferenceStates:
     """One pass over every reference some item starts from: its residual stream entering the
     layers items start at, and its keys and values (a cache of full layers: a sliding-window
@@ -304,7 +304,7 @@ def _cache_bytes(cache: DynamicCache | None) -> int:
 
 def run_pass(
     models: Sequence[nn.Module], items: Sequence[GraftItem], starts: Sequence[DepthStart],
-    states: ReferenceStates, blocks: nn.ModuleList, pad_id: int, k: int, widths: Mapping[str, int],
+    *, states: ReferenceStates, blocks: nn.ModuleList, pad_id: int, k: int, widths: Mapping[str, int],
     slot_index: Mapping[str, int], stats: DepthStats,
 ) -> torch.Tensor:
     """One pass: every row's positions from its first one, from its first layer, on a cache of
@@ -390,7 +390,7 @@ def _cost(item: GraftItem, start: DepthStart, n_layers: int) -> int:
 
 @torch.no_grad()
 def depth_forward(
-    models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, chunk: int = 512,
+    models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, *, chunk: int = 512,
     unit_budget: int = UNIT_BUDGET, stats: DepthStats | None = None,
     references: Sequence[GraftItem] = (), reduce: Reduce | None = None,
 ) -> torch.Tensor:
@@ -418,13 +418,13 @@ def depth_forward(
     blocks = decoder_blocks(models[0])
     layers, n_layers = slot_layers(models[0]), len(blocks)
     rows, starts = _starts(items, references, layers, n_layers, widths, slot_index)
-    states = _reference_states(models, rows, starts, pad_id, blocks, widths, slot_index)
+    states = _reference_states(models, rows, starts, pad_id=pad_id, blocks=blocks, widths=widths, slot_index=slot_index)
     stats.reference_bytes = states.nbytes()
     k = max(item.n_logits for item in items)
     out = None
     for chosen in cost_batches(items, starts, n_layers, chunk, unit_budget):
-        part = run_pass(models, [items[i] for i in chosen], [starts[i] for i in chosen], states, blocks,
-                         pad_id, k, widths, slot_index, stats)
+        part = run_pass(models, [items[i] for i in chosen], [starts[i] for i in chosen], states=states, blocks=blocks,
+                         pad_id=pad_id, k=k, widths=widths, slot_index=slot_index, stats=stats)
         part = part if reduce is None else reduce(part, chosen)
         if out is None:
             out = part.new_empty(len(items), *part.shape[1:])

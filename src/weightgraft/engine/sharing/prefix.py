@@ -315,7 +315,7 @@ def _run_whole(
 
 def run_prefixes(
     models: Sequence[nn.Module], items: Sequence[GraftItem], groups: Sequence[PrefixGroup],
-    cache: DynamicCache, pad_id: int, widths: Mapping[str, int], slot_index: Mapping[str, int],
+    *, cache: DynamicCache, pad_id: int, widths: Mapping[str, int], slot_index: Mapping[str, int],
 ) -> torch.Tensor:
     """Fill ``cache`` with every group's prefix (one row per group, left-padded); returns the
     prefix attention mask ``[groups, prefix_len]``."""
@@ -330,7 +330,7 @@ def run_prefixes(
 
 
 def _run_suffixes(
-    models: Sequence[nn.Module], items: Sequence[GraftItem], plan: PrefixPlan, cache: DynamicCache,
+    models: Sequence[nn.Module], items: Sequence[GraftItem], plan: PrefixPlan, *, cache: DynamicCache,
     prefix_mask: torch.Tensor, pad_id: int, k: int, widths: Mapping[str, int],
     slot_index: Mapping[str, int],
 ) -> tuple[list[int], torch.Tensor]:
@@ -403,8 +403,8 @@ def prefix_forward(
     parts: list[tuple[Sequence[int], torch.Tensor]] = []
     if plan.groups:
         assert cache is not None  # groups are planned only with a cache
-        prefix_mask = run_prefixes(models, items, plan.groups, cache, pad_id, widths, slot_index)
-        parts.append(_run_suffixes(models, items, plan, cache, prefix_mask, pad_id, k, widths, slot_index))
+        prefix_mask = run_prefixes(models, items, plan.groups, cache=cache, pad_id=pad_id, widths=widths, slot_index=slot_index)
+        parts.append(_run_suffixes(models, items, plan, cache=cache, prefix_mask=prefix_mask, pad_id=pad_id, k=k, widths=widths, slot_index=slot_index))
     if plan.unshared:
         chosen = [items[i] for i in plan.unshared]
         parts.append((plan.unshared, _run_whole(models, chosen, pad_id, k, widths, slot_index)))

@@ -159,5 +159,5 @@ def resume(models: Sequence[nn.Module], item: GraftItem, kept: KeptStates, pad_i
     base = kept.base
     widths = checked_unit_widths([item, *kept.references], base.slot_list, base.slot_index)
     start = _start(base, item, kept, widths)
-    return run_pass(models, [item], [start], kept.states, base.blocks, pad_id, item.n_logits,
-                    widths, base.slot_index, DepthStats())
+    return run_pass(models, [item], [start], states=kept.states, blocks=base.blocks, pad_id=pad_id, k=item.n_logits,
+                    widths=widths, slot_index=base.slot_index, stats=DepthStats())
