@@ -78,10 +78,9 @@ def _print_plan(settings: PaperSettings, gpu: str | None = None) -> None:
         table.add_column(col)
     notes: dict[str, None] = {}
     for s in stages:
-        first, *rest = s.note.split("; ")
-        notes.update(dict.fromkeys(rest))
+        notes.update(dict.fromkeys(s.notes))
         table.add_row(s.stage, s.what, _seconds(s.seconds), gib(s.memory_bytes) if s.memory_bytes else "",
-                      "done (reused)" if s.done else "to run", first)
+                      "done (reused)" if s.done else "to run", s.counts)
     console.print(table)
     for note in notes:
         console.print(f"note: {note}", highlight=False)

@@ -38,7 +38,8 @@ class PlannedStage:
     seconds: float | None
     memory_bytes: int | None
     done: bool
-    note: str = ""
+    counts: str = ""  # what the stage holds (texts and steps, rows, prompts)
+    notes: tuple[str, ...] = ()  # each one sentence of the planners'
 
 
 def _record(kind: str, name: str, key: str, outputs: dict[str, str]) -> dict[str, Any]:
@@ -46,7 +47,7 @@ def _record(kind: str, name: str, key: str, outputs: dict[str, str]) -> dict[str
 
 
 def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
-                gpu: Card | None = None) -> tuple[float | None, int, str]:
+                gpu: Card | None = None) -> tuple[float | None, int, str, tuple[str, ...]]:
     from weightgraft.models.calibration import module_calls
     from weightgraft.models.footprint import resolve_footprint
     from weightgraft.planning.lengths import tokenizer_for
@@ -62,19 +63,19 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
     steps = settings.max_steps or math.ceil(math.ceil(len(texts) / preset.batch_size) * preset.epochs)
     per_epoch = max(1, math.ceil(len(texts) / preset.batch_size))
     memory = ADAM_COPIES * fp.param_bytes("float32")
-    rate, note = rate_for("cuda" if gpu is not None else settings.device, "float32", gpu)
-    note = (f"{len(texts)} texts, {steps} steps of {preset.batch_size}; lengths by {how}; a finetune's time is 3 "
-            "forwards a step at the measured forward rate (SmolLM2-135M a2b, 1 CPU thread: planned 10.7 min, took "
-            "10.2 min)" + (f"; {note}" if note else ""))
+    rate, rate_note = rate_for("cuda" if gpu is not None else settings.device, "float32", gpu)
+    counts = f"{len(texts)} texts, {steps} steps of {preset.batch_size}"
+    notes = (f"lengths by {how}", "a finetune's time is 3 forwards a step at the measured forward rate (SmolLM2-135M "
+             "a2b, 1 CPU thread: planned 10.7 min, took 10.2 min)", *([rate_note] if rate_note else []))
     if rate is None:
-        return None, memory, note
+        return None, memory, counts, notes
     seconds = 0.0
     for i in range(per_epoch):  # length-grouped batches of one epoch, then scaled to the steps
         chunk = lengths[i * preset.batch_size:(i + 1) * preset.batch_size] or lengths[-1:]
         seq = max(chunk)
         flops = fp.forward_flops(len(chunk) * seq, seq, len(chunk) * seq)
         seconds += rate.batch_seconds(TRAIN_FLOPS_PER_FORWARD * flops, 3 * module_calls(fp))
-    return seconds * steps / per_epoch, memory, note
+    return seconds * steps / per_epoch, memory, counts, notes
 
 
 def _claims_plan(settings: PaperSettings, data: dict[str, Any], finetunes: dict[str, dict[str, Any]], data_dir: Path,
@@ -91,10 +92,11 @@ def _claims_plan(settings: PaperSettings, data: dict[str, Any], finetunes: dict[
     raw = claims_config(settings, {"pre": settings.model, **dict.fromkeys(names, settings.model)}, str(data_dir))
     config = parse_localize_config({**raw, "device": "cuda" if gpu is not None else settings.device,
                                     "out": str(data_dir.parent / "claims")})
-    plan = plan_localize_work(plan_input(config), gpu=gpu)
-    notes = [*plan.notes, *claims_notes(config)]
+    work = plan_input(config)
+    plan = plan_localize_work(work, gpu=gpu)
     return PlannedStage("claims", "the paper's claims (exact region grafts against their nulls)", plan.predicted_seconds,
-                        plan.peak_bytes, stage.finished() is not None, "; ".join(notes))
+                        plan.peak_bytes, stage.finished() is not None, f"{len(work.claim_prompts)} prompts",
+                        (*plan.notes, *claims_notes(config)))
 
 
 def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[PlannedStage]:
@@ -120,22 +122,21 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
         for finetune in needed_finetunes(settings):
             stage = finetune_stage(settings, finetune, data_rec)
             finetunes[finetune.name] = _record("finetune", finetune.name, stage.key, {"model": "model"})
-            seconds, memory, note = _train_plan(settings, finetune, data_dir, gpu)
+            seconds, memory, counts, notes = _train_plan(settings, finetune, data_dir, gpu)
             check = plan_experiment(parse_config({**check_config(finetune, settings.model, str(data_dir),
                                                                  CHECK_TEMPLATES, **common), "out": tmp}), gpu=gpu)
             if seconds is not None and check.predicted_seconds is not None:
                 seconds += check.predicted_seconds
             stages.append(PlannedStage("finetune", f"{finetune.name} (split {finetune.split}, preset {settings.preset}) "
                                        "and its precondition check", seconds, max(memory, check.peak_bytes),
-                                       stage.finished() is not None, note))
+                                       stage.finished() is not None, counts, notes))
         for sweep in planned_sweeps(settings):
             stage, _ = sweep_stage(settings, sweep, data_rec, finetunes)
             raw = sweep_config(sweep, {role: settings.model for role in sweep.roles}, str(data_dir), **common)
             plan = plan_experiment(parse_config({**raw, "out": tmp}), gpu=gpu)
-            note = "; ".join(plan.notes) + ("" if plan.fits else f"; {plan.refusal()}")
+            notes = (*plan.notes, *([] if plan.fits else [plan.refusal()]))
             stages.append(PlannedStage("sweep", f"{sweep.name} ({sweep.label.partition(':')[0]})", plan.predicted_seconds,
-                                       plan.peak_bytes, stage.finished() is not None,
-                                       f"{plan.rows} rows; {note}"))
+                                       plan.peak_bytes, stage.finished() is not None, f"{plan.rows} rows", notes))
         if settings.claims:
             stages.append(_claims_plan(settings, data_rec, finetunes, data_dir, gpu))
     stages.append(PlannedStage("report", "paper.md and paper.html", 1.0, None, False))
