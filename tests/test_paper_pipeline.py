@@ -7,6 +7,7 @@ nothing."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -84,7 +85,8 @@ def test_every_stage_runs_and_the_report_has_a_paper_row_for_every_figure_it_ran
             assert row, n.id
             assert not any(r.endswith(f"| {NOT_RUN} |") for r in row), n.id
     assert "| Sec. 4.1 | gemma-1.1-2b-it | LT | top-5 accuracy | 53% |" in text
-    assert "drop in top-5 accuracy | 29% |" in text
+    drop = [line for line in rows if "drop in top-5 accuracy | 29% |" in line]
+    assert len(drop) == 1 and re.search(r"\| -?\d+\.\d% \[-?\d+\.\d, -?\d+\.\d\] \|$", drop[0]), drop
     not_run = text.split("## Figures not run")[1].split("## ")[0]
     for fid in ("fig10", "fig11", "fig12", "fig13a", "c7.1"):
         assert fid in not_run
@@ -191,6 +193,33 @@ def test_a2b_not_met_leaves_the_claims_unjudged_and_says_why(full_run, base_mode
     assert "Not judged: precondition not met (a2b:" in section
     off = run_paper(settings(base_model, out, sweeps=("position",), claims=False))
     assert off.claims is None and "Not run: --no-claims." in (out / "paper.md").read_text()
+
+
+def test_the_o_drop_is_read_off_the_same_prompts_with_its_paired_interval(full_run, base_model):
+    """Fig. 4's drop (top-5 of o_ffn minus ffn, last quarter, b2a) equals the per-prompt rows'
+    paired difference; a sweep recorded before drops were kept gets them from its saved rows
+    without running again."""
+    import pandas as pd
+
+    from weightgraft.stats import paired_rate_difference_ci
+
+    run, out = full_run
+    record = run.sweeps["component_reversal"]
+    (drop,) = record["outputs"]["drops"]
+    folder = out / "sweeps" / f"component_reversal-{record['key'][:12]}"
+    results = pd.read_parquet(folder / "run" / "results.parquet")
+    rows = results[(results["template"] == "paper_headline") & (results["direction"] == "b2a")]
+    hits = {s: rows[rows["scheme"] == s].set_index("example_id")["top5"].sort_index() for s in
+            ("o_ffn@fourth_quarter", "ffn@fourth_quarter")}
+    want = paired_rate_difference_ci(hits["o_ffn@fourth_quarter"].to_numpy(), hits["ffn@fourth_quarter"].to_numpy())
+    assert drop["n"] == len(hits["ffn@fourth_quarter"])
+    assert [drop["drop"], drop["low"], drop["high"]] == pytest.approx([100 * v for v in want])
+    stored = json.loads((folder / "stage.json").read_text())
+    del stored["outputs"]["drops"]
+    (folder / "stage.json").write_text(json.dumps(stored))
+    again = run_paper(settings(base_model, out, sweeps=("component_reversal",), claims=False))
+    assert "sweep component_reversal" in again.reused
+    assert again.sweeps["component_reversal"]["outputs"]["drops"] == record["outputs"]["drops"]
 
 
 @pytest.mark.parametrize("args, says", [

@@ -50,9 +50,12 @@ def test_an_unknown_gpu_gets_no_time_and_says_why(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_cpu_still_measures_its_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    from weightgraft.models.calibration import Throughput
+
     seen: list[tuple[str, str]] = []
-    monkeypatch.setattr("weightgraft.models.calibration.throughput", lambda d, t: seen.append((d, t)) or "measured")
-    assert timing.rate_for("cpu", "float32", None) == ("measured", None)
+    measured = Throughput("cpu|test", 1e9, 1e-4, 1.5, "now")
+    monkeypatch.setattr("weightgraft.models.calibration.throughput", lambda d, t: seen.append((d, t)) or measured)
+    assert timing.rate_for("cpu", "float32", None) == (measured, None)
     assert seen == [("cpu", "float32")]
 
 

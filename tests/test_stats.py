@@ -93,6 +93,28 @@ def test_a_perfect_rate_is_never_a_point():
         st.rate_ci(7, 6)
 
 
+@pytest.mark.parametrize("n", [20, 40])
+def test_paired_rate_difference_keeps_its_coverage(n):
+    """Exact coverage (a sum over every table of n prompts) of the difference of two top-5
+    rates on the same prompts, independent and nested hits, the rates of the component figures."""
+    from weightgraft.stats.simulation import PAIRED_SETTINGS, paired_difference_coverage
+
+    worst = min(paired_difference_coverage(n, a, b, both) for a, b, both in PAIRED_SETTINGS)
+    assert worst >= 0.945
+
+
+def test_a_paired_rate_difference_counts_only_what_differs():
+    diff, low, high = st.paired_rate_difference_ci([1, 1, 0, 0] * 10, [1, 0, 0, 0] * 10)
+    assert diff == pytest.approx(0.25) and 0 < low < 0.25 < high < 1
+    same = st.paired_rate_difference_ci([1, 0] * 20, [1, 0] * 20)
+    assert same[0] == pytest.approx(0.0) and same[1] < 0 < same[2]
+    one_way = st.paired_rate_difference_ci([1] * 2 + [0] * 38, [0] * 40)  # 2 of 40 prompts differ
+    assert one_way[0] == pytest.approx(0.05) and one_way[1] < 0  # 5 points from 2 prompts: not told from 0
+    assert all(math.isnan(v) for v in st.paired_rate_difference_ci([], []))
+    with pytest.raises(ValueError):
+        st.paired_rate_difference_ci([1, 0], [1])
+
+
 def test_model_label_p_over_models_not_pairs():
     seeds, nulls = ["a", "b", "c"], ["n1", "n2"]
     sim = {(x, y): (0.9 if x in seeds and y in seeds else 0.1) for i, x in enumerate(seeds + nulls)

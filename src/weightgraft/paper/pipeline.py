@@ -183,16 +183,22 @@ def run_sweep(settings: PaperSettings, sweep: Sweep, data: dict[str, Any], finet
     and its summary in ``stage.json``: what the report reads."""
     from weightgraft.experiments.config import parse_config
     from weightgraft.experiments.runner import run_experiment
-    from weightgraft.paper.measured import summary_rows
+    import pandas as pd
+
+    from weightgraft.paper.measured import drop_rows, summary_rows
 
     stage, raw = sweep_stage(settings, sweep, data, finetunes)
     done = stage.finished()
-    if done is not None:
+    if done is not None and (not sweep.drops or "drops" in done["outputs"]):
         return done, True
+    if done is not None:  # finished before its drops were kept: read them off its saved rows
+        results = pd.read_parquet(stage.folder / done["outputs"]["run"] / "results.parquet")
+        return stage.finish({**done["outputs"], "drops": drop_rows(sweep, results)}, done["seconds"]), True
     started = time.time()
     console.rule(f"sweep {sweep.name}: {sweep.label}")
     result = run_experiment(parse_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
-    return stage.finish({"run": "run", "summary": summary_rows(result.summary)}, time.time() - started), False
+    outputs = {"run": "run", "summary": summary_rows(result.summary), "drops": drop_rows(sweep, result.results)}
+    return stage.finish(outputs, time.time() - started), False
 
 
 def run_paper(settings: PaperSettings, console: Console | None = None,

@@ -50,7 +50,7 @@ def report_blocks(run: PaperRun) -> list[Block]:
               "authors' protocol. The paper's models are 1-2.8 B parameters finetuned with its own recipe; ours is one "
               "model, so one measured value stands beside the row of every paper model. Ours: top-5 accuracy in % "
               "with its 95% interval; mean rank as our summary counts it (0 = the answer's first token is the most "
-              "likely); a drop in points, without an interval."),
+              "likely); a drop in points on the same prompts, with its paired 95% interval (Newcombe)."),
         ("h2", "Finetunes and their preconditions"),
     ]
     rows: list[tuple[str, ...]] = []
@@ -80,7 +80,8 @@ def report_blocks(run: PaperRun) -> list[Block]:
             extras.append((sweep, summary))
             continue
         blocks.append(("h2", sweep.label))
-        blocks.append(_side_table(side_by_side(measured_of(sweep, summary), numbers, figure_ids=set(sweep.figure_ids))))
+        measured = measured_of(sweep, summary, record["outputs"].get("drops"))
+        blocks.append(_side_table(side_by_side(measured, numbers, figure_ids=set(sweep.figure_ids))))
     run_ids = {fid for name, r in run.sweeps.items() for sw in sweeps_for(s.world) if sw.name == name
                for fid in sw.figure_ids}
     skipped_ids = {fid for sw in sweeps_for(s.world) if sw.name in run.skipped for fid in sw.figure_ids}

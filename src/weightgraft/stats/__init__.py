@@ -10,6 +10,8 @@ coverage or error rate by a seeded simulation at the sample sizes the defaults u
 - :func:`holm`: Holm's step-down adjustment over one family of tests;
 - :func:`sign_test_p`: on how many prompts a difference is above 0 (exact, any distribution);
 - :func:`rate_ci`: a top-k rate with its Clopper-Pearson interval;
+- :func:`paired_rate_difference_ci`: two top-k rates on the same prompts, their difference with
+  Newcombe's paired interval;
 - :func:`model_label_p`: are the models of one group more alike than a group of others?
 """
 
@@ -18,8 +20,8 @@ from weightgraft.stats.labels import model_label_p, models_needed
 from weightgraft.stats.means import Interval, mean_ci, mean_interval, share_ci, share_interval
 from weightgraft.stats.multiple import holm
 from weightgraft.stats.paired import least_p, paired_p
-from weightgraft.stats.rates import rate_ci, rate_cis
+from weightgraft.stats.rates import paired_rate_difference_ci, rate_ci, rate_cis
 from weightgraft.stats.signs import sign_test_p
 
 __all__ = ["Interval", "empirical_p", "holm", "least_p", "mean_ci", "mean_interval", "model_label_p", "models_needed", "paired_p",
-           "rate_ci", "rate_cis", "share_ci", "share_interval", "sign_test_p"]
+           "paired_rate_difference_ci", "rate_ci", "rate_cis", "share_ci", "share_interval", "sign_test_p"]
