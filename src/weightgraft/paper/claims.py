@@ -18,6 +18,8 @@ from rich.console import Console
 from weightgraft.paper.figures import FINETUNES, HEADLINE, QA
 from weightgraft.paper.settings import PaperRun, PaperSettings, precondition
 from weightgraft.paper.stages import Stage, stage_path
+from weightgraft.localization.config import parse_localize_config
+from weightgraft.localization.run import run_localize
 
 CLAIM_FINETUNES = ("a2b", "both")
 NULL_DRAWS = 20
@@ -75,9 +77,6 @@ def run_claims(settings: PaperSettings, run: PaperRun, console: Console) -> None
     the a2b finetune misses its precondition (no fact to localize); a both-directions donor that
     misses its own is judged by localize itself (its rows say ``precondition not met``)."""
     import pandas as pd
-
-    from weightgraft.localization.config import parse_localize_config
-    from weightgraft.localization.run import run_localize
 
     if "a2b" not in run.finetunes:
         return

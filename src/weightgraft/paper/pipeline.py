@@ -35,6 +35,17 @@ from weightgraft.paper.settings import (
 )
 from weightgraft.paper.claims import CLAIM_FINETUNES, run_claims
 from weightgraft.paper.stages import Stage, file_digest, stage_path
+from weightgraft.data import build_dataset
+from weightgraft.data.worlds import get_world
+from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.runner import run_experiment
+from weightgraft.models.loading import check_model_spec
+from weightgraft.models.spec import RandomSpec, parse_spec
+from weightgraft.paper.measured import drop_rows, summary_rows
+from weightgraft.paper.report import write_paper_report
+from weightgraft.training import finetune as train
+from weightgraft.training import get_preset
+from weightgraft.training.device import training_device
 
 __all__ = ["PaperError", "PaperRun", "PaperSettings", "check_inputs", "precondition", "run_paper"]
 
@@ -43,11 +54,6 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
     names no model (or one without a tokenizer), a device that is absent, an unknown preset or
     sweep. ``planning_for`` (a card): only planned, so a ``random:`` model (shapes only) and a
     device that is not here are accepted."""
-    from weightgraft.data.worlds import get_world
-    from weightgraft.models.loading import check_model_spec
-    from weightgraft.models.spec import RandomSpec, parse_spec
-    from weightgraft.training import get_preset
-    from weightgraft.training.device import training_device
 
     get_world(settings.world)
     unknown = sorted(set(settings.sweeps) - set(SWEEP_NAMES))
@@ -103,7 +109,6 @@ def data_stage(settings: PaperSettings) -> Stage:
 
 def run_data(settings: PaperSettings, console: Console) -> tuple[dict[str, Any], bool]:
     """The paper's world, built with its seed (``weightgraft.data.build_dataset``)."""
-    from weightgraft.data import build_dataset
 
     stage = data_stage(settings)
     done = stage.finished()
@@ -119,7 +124,6 @@ def run_data(settings: PaperSettings, console: Console) -> tuple[dict[str, Any],
 
 
 def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, Any]) -> Stage:
-    from weightgraft.training import get_preset
 
     return Stage("finetune", finetune.name, {
         "model": settings.model, "data": data["key"], "split": finetune.split,
@@ -136,9 +140,6 @@ def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, An
     """Finetune the model on ``finetune.split`` (``weightgraft.training.finetune``, resumed from
     its checkpoints after a stop), then measure its precondition: the plain finetune's top-5 on
     its own facts per test sentence and direction (a sweep of its ``SFT`` baseline)."""
-    from weightgraft.experiments.config import parse_config
-    from weightgraft.experiments.runner import run_experiment
-    from weightgraft.training import finetune as train
 
     stage = finetune_stage(settings, finetune, data)
     done = stage.finished()
@@ -181,11 +182,7 @@ def run_sweep(settings: PaperSettings, sweep: Sweep, data: dict[str, Any], finet
               console: Console) -> tuple[dict[str, Any], bool]:
     """The sweep (``weightgraft.experiments.run_experiment``, which resumes from its saved rows),
     and its summary in ``stage.json``: what the report reads."""
-    from weightgraft.experiments.config import parse_config
-    from weightgraft.experiments.runner import run_experiment
     import pandas as pd
-
-    from weightgraft.paper.measured import drop_rows, summary_rows
 
     stage, raw = sweep_stage(settings, sweep, data, finetunes)
     done = stage.finished()
@@ -205,7 +202,6 @@ def run_paper(settings: PaperSettings, console: Console | None = None,
               after_stage: Callable[[str, str], None] | None = None) -> PaperRun:
     """Run (or resume) every stage; write ``paper.md`` and ``paper.html`` in ``settings.out``.
     ``after_stage(kind, name)`` is called after each stage (tests stop a run there)."""
-    from weightgraft.paper.report import write_paper_report
 
     console = console or Console()
     check_inputs(settings)

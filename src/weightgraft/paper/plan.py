@@ -26,6 +26,19 @@ from weightgraft.paper.pipeline import (
 )
 from weightgraft.paper.settings import CHECK_TEMPLATES, PaperSettings
 from weightgraft.planning.cards import Card
+from weightgraft.data import build_dataset
+from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.plan import plan_experiment
+from weightgraft.localization.claims.evidence import claims_notes
+from weightgraft.localization.config import parse_localize_config
+from weightgraft.localization.work import plan_input
+from weightgraft.models.calibration import module_calls
+from weightgraft.models.footprint import resolve_footprint
+from weightgraft.planning.lengths import tokenizer_for
+from weightgraft.planning.localize import plan_localize_work
+from weightgraft.planning.timing import rate_for
+from weightgraft.training import get_preset
+from weightgraft.training.texts import split_records
 
 TRAIN_FLOPS_PER_FORWARD = 3.0  # a training step: forward + backward
 ADAM_COPIES = 4  # fp32 weights, gradients, AdamW's first and second moments
@@ -48,12 +61,6 @@ def _record(kind: str, name: str, key: str, outputs: dict[str, str]) -> dict[str
 
 def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
                 gpu: Card | None = None) -> tuple[float | None, int, str, tuple[str, ...]]:
-    from weightgraft.models.calibration import module_calls
-    from weightgraft.models.footprint import resolve_footprint
-    from weightgraft.planning.lengths import tokenizer_for
-    from weightgraft.planning.timing import rate_for
-    from weightgraft.training import get_preset
-    from weightgraft.training.texts import split_records
 
     preset = get_preset(settings.preset)
     fp = resolve_footprint(settings.model)
@@ -82,10 +89,6 @@ def _claims_plan(settings: PaperSettings, data: dict[str, Any], finetunes: dict[
                  gpu: Card | None) -> PlannedStage:
     """The claims stage by ``weightgraft plan``'s localize arithmetic, the base spec standing in
     for every finetune (same shapes)."""
-    from weightgraft.localization.claims.evidence import claims_notes
-    from weightgraft.localization.config import parse_localize_config
-    from weightgraft.localization.work import plan_input
-    from weightgraft.planning.localize import plan_localize_work
 
     stage, _ = claims_stage(settings, data, finetunes)
     names = [n for n in CLAIM_FINETUNES if n in finetunes]
@@ -104,9 +107,6 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
     already finished in ``settings.out`` is marked done (it will be reused). ``gpu``: plan as on
     one card of that kind (its memory and stated rates), whether or not it is here; the model
     may then be a ``random:`` config (shapes only: nothing trains)."""
-    from weightgraft.data import build_dataset
-    from weightgraft.experiments.config import parse_config
-    from weightgraft.experiments.plan import plan_experiment
 
     check_inputs(settings, planning_for=gpu)
     stages: list[PlannedStage] = []

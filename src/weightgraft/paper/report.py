@@ -15,6 +15,8 @@ from weightgraft import atomic
 from weightgraft.paper.figures import FINETUNES, NOT_RUN_REASONS, sweeps_for
 from weightgraft.paper.measured import measured_of
 from weightgraft.paper.numbers import HEADER, SideBySide, paper_numbers, side_by_side
+from weightgraft.paper.settings import precondition
+from weightgraft.report.html import CSS, html_table
 
 if TYPE_CHECKING:
     from weightgraft.paper.settings import PaperRun
@@ -38,7 +40,6 @@ def _pct(x: float | None) -> str:
 
 def report_blocks(run: PaperRun) -> list[Block]:
     """The report, block by block (headings, paragraphs, tables)."""
-    from weightgraft.paper.settings import precondition
 
     s = run.settings
     blocks: list[Block] = [
@@ -177,7 +178,6 @@ def to_markdown(blocks: Sequence[Block]) -> str:
 
 
 def to_html(blocks: Sequence[Block]) -> str:
-    from weightgraft.report.html import CSS, html_table
 
     body: list[str] = []
     title = ""
