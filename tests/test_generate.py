@@ -193,3 +193,15 @@ def test_generate_with_base_none_and_a_span_the_prompt_lacks_is_one_error():
         models, tok, PROMPT, RULES, max_new_tokens=3, spans=SPANS, base="pre")
     with pytest.raises(wg.GraftInputError, match="prompt 0 .*span 'city' is not marked"):
         wg.generate(models, tok, PROMPT, Rule(model="sft", positions="city"), max_new_tokens=2, spans=SPANS)
+
+
+def test_one_prompt_takes_its_spans_as_a_mapping_or_a_list_of_one():
+    import weightgraft as wg
+
+    tok = tiny_tokenizer()
+    base, donor = tiny_models("llama", 2, torch.float64, vocab_size=len(tok))
+    models = {"pre": base, "sft": donor}
+    want = wg.generate(models, tok, PROMPT, RULES, max_new_tokens=3, spans=SPANS)
+    assert wg.generate(models, tok, PROMPT, RULES, max_new_tokens=3, spans=[SPANS]) == want
+    with pytest.raises(wg.GraftInputError, match="one prompt takes one mapping of spans; got a list of 2"):
+        wg.generate(models, tok, PROMPT, RULES, max_new_tokens=3, spans=[SPANS, SPANS])

@@ -61,9 +61,12 @@ def generate(
     ordered, (compiled,) = prepared.models, prepared.compiled
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     per_prompt: list[Mapping[str, SpanSpec] | None]
-    if isinstance(prompt, str) or spans is None or isinstance(spans, Mapping):
-        # as before: one prompt string takes ``spans`` whole, even a list (a known gap, kept)
-        per_prompt = [spans] * len(prompts)  # type: ignore[list-item]
+    if spans is None or isinstance(spans, Mapping):
+        per_prompt = [spans] * len(prompts)
+    elif isinstance(prompt, str):  # one prompt, its spans given as a list: a list of one mapping
+        if len(spans) != 1:
+            raise GraftInputError(f"one prompt takes one mapping of spans; got a list of {len(spans)}")
+        per_prompt = [spans[0]]
     else:
         per_prompt = list(spans)
         if len(per_prompt) != len(prompts):
