@@ -74,17 +74,13 @@ def _cache_file() -> Path:
 
 
 def _system_cpu_seconds() -> float | None:
-    """CPU seconds every process of this machine has used since boot (Linux ``/proc/stat``),
-    None where that file is absent."""
-    import os
+    """CPU seconds every process of this machine has used since boot (psutil's system CPU times,
+    less idle and I/O wait; guest time is already in user time)."""
+    import psutil
 
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()
-    except (OSError, IndexError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, *rest = (int(x) for x in fields[1:])
-    steal = rest[0] if rest else 0
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    t = psutil.cpu_times()
+    spare = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
+    return float(sum(t)) - spare
 
 
 def _own_cpu_seconds() -> float:
