@@ -47,10 +47,6 @@ class SourceMap:
         return cls(slots, {n: m for n, m in units.items() if kinds[n] == Units.HEAD},
                    {n: m for n, m in units.items() if kinds[n] != Units.HEAD})
 
-    def units(self) -> dict[str, torch.Tensor]:
-        """Head and neuron maps together, by slot name (a slot has one kind of unit)."""
-        return {**self.heads, **self.neurons}
-
 
 def check_units(
     unit_source: Mapping[str, torch.Tensor], slot_list: list[Slot], batch: int, *, seq: int,

@@ -58,10 +58,6 @@ class GraftItem:
         """An item from one row's :class:`SourceMap` (slots, heads and neurons together)."""
         return cls(input_ids, maps.slots, dict(maps.heads) or None, logit_start, n_logits, dict(maps.neurons) or None)
 
-    def maps(self) -> SourceMap:
-        """The item's slot, head and neuron maps as one object."""
-        return SourceMap(self.source, dict(self.head_source or {}), dict(self.neuron_source or {}))
-
     def unit_maps(self) -> dict[str, torch.Tensor]:
         """Head and neuron maps together, by slot name (a slot has one kind of unit)."""
         return {**(self.head_source or {}), **(self.neuron_source or {})}
