@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -177,6 +178,11 @@ def to_markdown(blocks: Sequence[Block]) -> str:
     return "\n".join(out)
 
 
+def _code(escaped: str) -> str:
+    """Markdown's `code` spans of a paragraph as ``<code>`` in the page."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
+
+
 def to_html(blocks: Sequence[Block]) -> str:
 
     body: list[str] = []
@@ -188,7 +194,7 @@ def to_html(blocks: Sequence[Block]) -> str:
             kind, text = b
             title = title or text
             tag = {"h1": "h1", "h2": "h2", "p": "p"}[kind]
-            body.append(f"<{tag}>{html.escape(text)}</{tag}>")
+            body.append(f"<{tag}>{_code(html.escape(text))}</{tag}>")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
