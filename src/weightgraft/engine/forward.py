@@ -22,6 +22,7 @@ from transformers.cache_utils import Cache
 from weightgraft.engine import projections
 from weightgraft.engine.architectures import Slot, Units, model_slots
 from weightgraft.engine.compat import check_compatible
+from weightgraft.engine.precision import one_cpu_path
 from weightgraft.engine.source_map import SourceMap, check_units, merge_identical
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
@@ -359,6 +360,7 @@ def graft_call(
         raise GraftArgumentError("graft_forward needs at least one model (the base)")
     base = models[0]
     check_compatible(models)
+    one_cpu_path(models)
     slot_list = model_slots(base)
     if input_ids.dim() != 2:
         raise GraftArgumentError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")

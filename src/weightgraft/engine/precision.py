@@ -1,5 +1,5 @@
-"""Precision: half precision without batch dependence (eager attention), and float64 that
-stays float64 through HF's float32 casts."""
+"""Precision: half precision without batch dependence (eager attention), float64 that stays
+float64 through HF's float32 casts, and 4-bit layers that compute the same on every CPU."""
 
 from __future__ import annotations
 
@@ -11,7 +11,39 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from weightgraft.errors import GraftArgumentError
+
 HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
+
+
+def one_cpu_path(models: Iterable[nn.Module]) -> int:
+    """Keep every bitsandbytes 4-bit layer of ``models`` on the one CPU path that every CPU runs,
+    in place and for good; the number of such layers.
+
+    On a CPU with AVX512-BF16, bitsandbytes (0.45 to at least 0.50) rewrites a ``Linear4bit``'s
+    weight in place the first time it runs in eval mode without gradients: the 4-bit codes are
+    regrouped for its fused kernel and the block scales (absmax) are cast to bfloat16. So on
+    such a CPU, and only there, a layer with fewer than 64 inputs raises (``shape '[32, 0]' is
+    invalid``), outputs move off the dequantized weights (0.30 in SmolLM2-135M nf4's logits), the
+    model's weights hash changes after its first forward and its first two forwards differ.
+    Turning the layer's ``support_avx512bf16_for_cpu`` off before its first call keeps the
+    dequantize-then-matmul path of every other CPU. A layer already rewritten cannot be brought
+    back exactly (its scales were rounded to bfloat16): it is refused in one line.
+    """
+    count = 0
+    for model in models:
+        for name, module in model.named_modules():
+            if not hasattr(module, "support_avx512bf16_for_cpu"):
+                continue
+            state = getattr(getattr(module, "weight", None), "quant_state", None)
+            if getattr(state, "packing_format_for_cpu", False):
+                raise GraftArgumentError(
+                    f"{name or type(module).__name__}: this 4-bit layer already ran on bitsandbytes' AVX512-BF16 "
+                    "CPU path, which rewrote its weight with bfloat16 scales; load the model with weightgraft.load "
+                    "(or call weightgraft.engine.precision.one_cpu_path(model) before its first forward)")
+            module.support_avx512bf16_for_cpu = False
+            count += 1
+    return count
 
 
 def is_half(model: nn.Module) -> bool:

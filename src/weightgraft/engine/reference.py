@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from weightgraft.engine import lora, projections
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.compat import check_compatible
-from weightgraft.engine.precision import batch_invariant_attention
+from weightgraft.engine.precision import batch_invariant_attention, one_cpu_path
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ class CompositeModel:
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
         check_compatible(models)
+        one_cpu_path(models)
         quantized = {part.path for slot in model_slots(models[0]) for part in slot.parts
                      if any(projections.is_quantized(m.get_submodule(part.path)) for m in models)}
         for i, m in enumerate(models):

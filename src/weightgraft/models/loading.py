@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from weightgraft.engine.precision import batch_invariant_attention
+from weightgraft.engine.precision import batch_invariant_attention, one_cpu_path
 from weightgraft.models.embedded import (
     EMBEDDED_MODELS,
     _embedded,
@@ -383,6 +383,7 @@ def load_model(
 
     model.eval()
     batch_invariant_attention([model])
+    one_cpu_path([model])
     digest = weights_sha256(model)
     if quantization is not None:
         source += f" quantized {parse_spec(spec).scheme}"  # type: ignore[union-attr]

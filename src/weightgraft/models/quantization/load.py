@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from weightgraft.engine.precision import one_cpu_path
 from weightgraft.engine.projections import is_quantized
 from weightgraft.models.quantization.schemes import check_installed
 
@@ -49,6 +50,7 @@ def load_quantized(
     model = AutoModelForCausalLM.from_pretrained(
         str(path), quantization_config=config, dtype=dtype, device_map=device_map,
     )
+    one_cpu_path([model])
     return model.eval()
 
 
@@ -72,4 +74,5 @@ def quantize_in_memory(model: Any, config: Any, dtype: torch.dtype, device_map: 
         model.save_pretrained(tmp)
         del model
         loaded = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=config, dtype=dtype, device_map=device_map)
+    one_cpu_path([loaded])
     return loaded.eval()
