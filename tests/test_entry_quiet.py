@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_training import base_dir, data_dir  # noqa: F401  (module fixtures: a tiny Llama, its data)
 from tiny_world import write_world
 
 
@@ -26,4 +27,18 @@ def test_a_plan_prints_no_line_from_optional_quantization_packages(tmp_path: Pat
     assert out.returncode == 0, out.stderr[-2000:]
     noise = [line for line in (out.stdout + out.stderr).splitlines()
              if "torchao" in line or "_pytree" in line or "Failed to load" in line]
+    assert not noise, noise
+
+
+def test_a_finetune_prints_no_line_from_bitsandbytes_kernel_search(tmp_path: Path, base_dir: Path,  # noqa: F811
+                                                                   data_dir: Path) -> None:  # noqa: F811
+    """A float model's finetune imports bitsandbytes (through peft): on a CPU with AVX512-BF16 it
+    logs that a fused kernel package is missing and advises installing it (nothing here uses it)."""
+    pytest.importorskip("bitsandbytes")
+    out = subprocess.run([sys.executable, "-m", "weightgraft", "train", "--model", str(base_dir), "--data", str(data_dir),
+                          "--split", "both", "--preset", "cpu-quick", "--out", str(tmp_path / "sft"), "--max-steps", "1",
+                          "--seed", "0"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    noise = [line for line in (out.stdout + out.stderr).splitlines()
+             if "kernels" in line or "Failed to load" in line or "_pytree" in line]
     assert not noise, noise

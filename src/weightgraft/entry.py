@@ -8,8 +8,11 @@ import os
 
 # Loggers of optional packages that transformers imports with its quantizers whenever torchao is
 # installed (the `quant` and `test` extras): torchao's "Failed to load ... .so" for CUDA kernels a
-# CPU build lacks, and torch's note on torchao's enums. Neither is about the user's work.
-QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+# CPU build lacks, torch's note on torchao's enums, and bitsandbytes' search for a fused CPU kernel
+# on CPUs with AVX512-BF16 ("Failed to load CPU gemm_4bit_forward from kernels-community ...
+# pip install kernels": weightgraft keeps 4-bit layers off that kernel's path, so it is never
+# needed). None of them is about the user's work.
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree", "bitsandbytes.backends.cpu.ops")
 
 
 def main() -> None:
