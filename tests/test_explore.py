@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import pytest
 import torch
@@ -163,6 +164,65 @@ def test_bodies_that_are_not_requests(pair, tiny_tok):
     chunks = iter([b'{"prompt": "', b"x" * 1500, b"y" * 1500, b'"}'])
     res = client.post("/api/graft", content=chunks, headers={"content-type": "application/json"})
     assert res.status_code == 413
+
+
+def _over_limit_app(pair, tok, port: int, **limits):
+    pre, sft = pair
+    explorer = Explorer({"pre": pre, "sft": sft}, tok, Limits(max_body_bytes=2000, **limits))
+    return create_app(explorer, address=("127.0.0.1", port))
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_every_over_limit_body_gets_its_413_over_a_socket(pair, tiny_tok, chunked):
+    """A client that sends all of an 8 MiB body and asks for the connection to be closed (as
+    urllib does) gets its 413 every time, not ``Connection reset by peer`` / ``Broken pipe``:
+    bytes left unread when the server closes make the kernel reset the connection."""
+    import http.client
+
+    import browser
+
+    from weightgraft.explore.serve import free_port
+
+    port = free_port()
+    body = b'{"prompt": "' + b"x" * (8 << 20) + b'"}'
+    got = []
+    with browser.served(_over_limit_app(pair, tiny_tok, port), port):
+        for _ in range(20):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            content = iter([body[i:i + (1 << 16)] for i in range(0, len(body), 1 << 16)]) if chunked else body
+            try:
+                conn.request("POST", "/api/graft", body=content, headers={**JSON, "Connection": "close"},
+                             encode_chunked=chunked)
+                res = conn.getresponse()
+                got.append((res.status, "limit" in res.read().decode()))
+            except OSError as exc:
+                got.append((type(exc).__name__, str(exc)))
+            finally:
+                conn.close()
+    assert got == [(413, True)] * 20, Counter(got)
+
+
+def test_an_over_limit_body_not_sent_gets_its_413(pair, tiny_tok):
+    """A client that waits for the server's word before sending (``Expect: 100-continue``) gets
+    the 413 at once, never a 100; one that stops halfway gets it when its body stops arriving."""
+    import socket
+
+    import browser
+
+    from weightgraft.explore.serve import free_port
+
+    port = free_port()
+    head = (f"POST /api/graft HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {1 << 20}\r\nConnection: close\r\n").encode()
+    with browser.served(_over_limit_app(pair, tiny_tok, port, body_timeout_s=0.3), port):
+        for request in (head + b"Expect: 100-continue\r\n\r\n", head + b'\r\n{"prompt": "' + b"x" * 5000):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                sock.sendall(request)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+            assert b'"error"' in answer and b"limit" in answer
 
 
 def test_no_file_path_reaches_the_server(client):

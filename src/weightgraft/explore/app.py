@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -24,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 from weightgraft.explore.artifacts import LocalizeView, RunView
 from weightgraft.explore.guard import Guard, served_hosts
 from weightgraft.explore.opening import DEFAULT, Opening
-from weightgraft.explore.requests import GraftRequest, RequestError, TokensRequest, parse
+from weightgraft.explore.requests import GraftRequest, Limits, RequestError, TokensRequest, parse
 from weightgraft.explore.session import Explorer
 from weightgraft.explore.work import Work
 
@@ -36,15 +37,32 @@ def _error(message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
 
 
-async def _body(request: Request, limit: int, timeout: float) -> Any:
-    """The request's JSON body, refused past ``limit`` bytes (read in chunks, not trusted
-    from Content-Length alone) or when a chunk takes over ``timeout`` seconds to arrive (a
-    body shorter than its Content-Length would otherwise hold the connection forever)."""
+async def _drain(stream: AsyncIterator[bytes], size: int, limit: int, timeout: float) -> None:
+    """Read and drop what is left of a body refused as too large, up to ``limit`` bytes in all
+    (``size`` already read), each chunk within ``timeout`` seconds. The server closes the
+    connection after the 413 when the client asked it to (``Connection: close``, as urllib
+    does): unread bytes then make the kernel reset the connection, and the client gets that
+    reset instead of the 413."""
+    while size <= limit:
+        try:
+            size += len(await asyncio.wait_for(stream.__anext__(), timeout))
+        except (StopAsyncIteration, asyncio.TimeoutError, ClientDisconnect):
+            return
+
+
+async def _body(request: Request, limits: Limits) -> Any:
+    """The request's JSON body, refused past ``limits.max_body_bytes`` (read in chunks, not
+    trusted from Content-Length alone; the rest of a refused body is drained, ``_drain``) or
+    when a chunk takes over ``limits.body_timeout_s`` to arrive (a body shorter than its
+    Content-Length would otherwise hold the connection forever)."""
+    limit, timeout, drain = limits.max_body_bytes, limits.body_timeout_s, limits.max_drain_bytes
+    stream = request.stream().__aiter__()
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        if int(declared) <= drain and request.headers.get("expect", "").lower() != "100-continue":
+            await _drain(stream, 0, drain, timeout)
         raise RequestError(f"request body of {declared} bytes; the limit is {limit}", 413)
     chunks, size = [], 0
-    stream = request.stream().__aiter__()
     while True:
         try:
             chunk = await asyncio.wait_for(stream.__anext__(), timeout)
@@ -54,6 +72,7 @@ async def _body(request: Request, limit: int, timeout: float) -> Any:
             raise RequestError(f"the request body stopped arriving ({size} bytes in, none for {timeout:g} s)", 408) from None
         size += len(chunk)
         if size > limit:
+            await _drain(stream, size, drain, timeout)
             raise RequestError(f"request body over the limit of {limit} bytes", 413)
         chunks.append(chunk)
     try:
@@ -67,7 +86,6 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
     """The ASGI app over one loaded model set (and optionally a run's and a localize run's
     outputs, read once here), answering requests addressed to ``address`` (host, port) only. The
     page opens on ``opening`` (``opening.opening_example``; the built-in, unchecked prompt if None)."""
-    limit, timeout = explorer.limits.max_body_bytes, explorer.limits.body_timeout_s
     work = Work(explorer.limits.max_waiting)
     run_json = run.to_json() if run is not None else None
     localize_json = localize.to_json() if localize is not None else None
@@ -80,12 +98,12 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
                              "opening": (opening or DEFAULT).to_json()})
 
     async def tokens(request: Request) -> Response:
-        req = parse(TokensRequest, await _body(request, limit, timeout))
+        req = parse(TokensRequest, await _body(request, explorer.limits))
         toks = await run_in_threadpool(explorer.tokens, req)
         return JSONResponse({"tokens": toks, "anchor": explorer.anchor(req, toks)})
 
     async def graft(request: Request) -> Response:
-        req = parse(GraftRequest, await _body(request, limit, timeout))
+        req = parse(GraftRequest, await _body(request, explorer.limits))
         check = work.check(req.page, req.seq)
         return JSONResponse(await work.run(req.page, req.seq, lambda: run_in_threadpool(explorer.graft, req, check)))
 

@@ -32,6 +32,7 @@ class Limits:
     max_k: int = 50
     max_answer_chars: int = 200
     body_timeout_s: float = 10.0
+    max_drain_bytes: int = 64 * 1024 * 1024  # of a refused body, read and dropped so the client gets its 413, not a reset
     max_waiting: int = 4  # grafts queued behind the running one; more get a 503
 
 
