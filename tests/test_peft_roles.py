@@ -60,6 +60,7 @@ def test_a_config_run_with_a_peft_role_equals_the_merged_model_and_names_the_ada
     stored = load_peft_weights(str(path))
     assert entry["bytes_held"] == adapter["bytes_held"] == sum(t.numel() * t.element_size() for t in stored.values())
     assert entry["source"].startswith(f"peft:{path.resolve()} over ")
+    assert (adapter["base_source"], adapter["base_weights_sha256"]) == ("tiny-llama:pre", "sha-tiny-llama:pre")
 
 
 def test_bad_peft_specs_are_one_line_errors_before_any_model_loads(tmp_path):
@@ -166,6 +167,45 @@ def test_localize_takes_a_peft_donor(tmp_path):
                                  "claims": {"enabled": False}})
     with pytest.raises(PeftError, match="does not exist"):
         localize(bad, progress=False, load=lambda *a: pytest.fail("loaded a model"))
+
+
+def test_a_localize_manifest_names_a_lora_donors_adapter_and_base_by_source_and_hash(tmp_path):
+    """The LoRA role's entry is not blank: the donor's source and hash, its adapter's (the directory,
+    the hash of the adapter's safetensors tensors) and its base's, all distinct; a changed adapter
+    changes its hash and the donor's, not the base's."""
+    from safetensors.torch import load_file, save_file
+
+    from weightgraft.api.localize import localize
+    from weightgraft.localization.config import parse_localize_config
+
+    path = tmp_path / "lora"
+    base = copy.deepcopy(loader("tiny-llama:pre").model)
+    torch.manual_seed(0)
+    get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "down_proj"], init_lora_weights=False)).save_pretrained(path)
+    data = write_world(tmp_path / "data", n=2)
+
+    def run(name: str) -> dict:
+        raw = {"name": name, "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": f"peft(pre, {path})"},
+               "out": str(tmp_path / "runs" / name), "exact": "none", "claims": {"enabled": False},
+               "search": {"enabled": False}, "report": False}
+        localize(parse_localize_config(raw), progress=False, load=loader)
+        return json.loads((tmp_path / "runs" / name / "manifest.json").read_text())["models"]["sft"]
+
+    file = path / "adapter_model.safetensors"
+    first = run("a")
+    assert first["adapter"] == {"source": str(path.resolve()), "weights_sha256": weights_sha256(load_file(str(file)))}
+    assert first["base"] == {"source": "tiny-llama:pre", "weights_sha256": "sha-tiny-llama:pre"}
+    sources = [first["source"], first["adapter"]["source"], first["base"]["source"]]
+    hashes = [first["weights_sha256"], first["adapter"]["weights_sha256"], first["base"]["weights_sha256"]]
+    assert all(sources) and all(hashes) and len(set(sources)) == len(set(hashes)) == 3
+    tensors = load_file(str(file))
+    key = next(k for k in sorted(tensors) if "lora_B" in k)
+    tensors[key] = tensors[key] * 2
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    second = run("b")
+    assert second["adapter"]["weights_sha256"] == weights_sha256(load_file(str(file)))
+    assert second["adapter"]["weights_sha256"] != first["adapter"]["weights_sha256"]
+    assert second["weights_sha256"] != first["weights_sha256"] and second["base"] == first["base"]
 
 
 def test_generate_command_takes_a_peft_role(tmp_path):

@@ -79,6 +79,24 @@ def test_qlora_donor_is_the_trained_model_and_its_graft_is_exact(base_dir: Path,
     assert (fast - plain)[real].abs().max() > 1e-4  # the graft moved the logits
 
 
+def test_a_qlora_manifest_counts_the_base_as_its_float_model_has_it(base_dir: Path, qlora: Path) -> None:  # noqa: F811
+    """bitsandbytes packs two 4-bit weights a byte: the manifest counts the logical weights, the
+    float base's count plus the adapter's, not the packed storage."""
+    import math
+
+    from safetensors import safe_open
+
+    from weightgraft.models import load_model
+
+    counts = json.loads((qlora / "training_manifest.json").read_text())["parameters"]
+    dense = sum(p.numel() for p in load_model(base_dir).model.parameters())
+    with safe_open(str(qlora / "adapter_model.safetensors"), framework="pt") as fh:
+        adapter = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys())
+    print(f"QLoRA manifest: {counts}; float base {dense}, adapter {adapter}")
+    assert counts["trainable"] == adapter > 0
+    assert counts["total"] == dense + adapter
+
+
 def test_quantization_without_lora_and_bad_schemes_are_one_line(base_dir: Path, data_dir: Path, tmp_path: Path) -> None:  # noqa: F811
     alone = _train(base_dir, data_dir, tmp_path / "a", "--quantization", "nf4")
     assert alone.exit_code == 2 and "add --lora RANK" in alone.output and "Traceback" not in alone.output

@@ -94,11 +94,12 @@ def _worst(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> tuple[float,
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantized_graft_equals_per_token_definition(saved, arch, scheme):
+    if (arch, scheme) == ("gpt2", "torchao-int8"):  # torchao converts nn.Linear only: Conv1D would stay float
+        with pytest.raises(q.QuantizationError, match="no module would be quantized.*Conv1D"):
+            _load(saved(arch), scheme)
+        return
     models = _load(saved(arch), scheme)
-    if (arch, scheme) == ("gpt2", "torchao-int8"):  # torchao converts nn.Linear only: Conv1D stays float
-        assert q.quantized_modules(models[0]) == []
-    else:
-        assert q.quantized_modules(models[0]), f"{arch} loaded in {scheme} has no quantized module"
+    assert q.quantized_modules(models[0]), f"{arch} loaded in {scheme} has no quantized module"
     ids, mask = _batch()
     names = slots(models[0])
     with torch.no_grad():
@@ -155,3 +156,36 @@ def test_schemes_refused_in_one_line(monkeypatch):
     with pytest.raises(q.QuantizationError, match=r"needs bitsandbytes: pip install 'weightgraft\[quant\]'"):
         q.quantization_config("nf4")
     assert type(q.quantization_config("torchao-int8")).__name__ == "TorchAoConfig"
+
+
+def test_a_scheme_that_quantizes_nothing_is_refused_before_and_after_loading(saved, monkeypatch):
+    """GPT-2 in torchao-int8 (its projections are Conv1D, torchao converts nn.Linear only) is
+    refused from its config before any weight loads, by the check, the plan and load_model; a
+    custom config (not planned) is refused once a load leaves no module quantized."""
+    from torchao.quantization import Int8WeightOnlyConfig
+    from transformers import AutoModelForCausalLM, TorchAoConfig
+
+    from weightgraft.models.footprint import resolve_footprint
+    from weightgraft.models.loading import check_model_spec, load_model
+    from weightgraft.models.spec import quantized
+
+    pre = saved("gpt2")[0]
+    loads = []
+    real = AutoModelForCausalLM.from_pretrained.__func__
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: loads.append(a) or real(cls, *a, **k)))
+    for spec in (f"quantized({pre}, torchao-int8)", "quantized(random:gpt2-xl, torchao-int8)"):
+        for attempt in (check_model_spec, resolve_footprint, load_model):
+            with pytest.raises(q.QuantizationError, match="no module would be quantized.*Conv1D.*nf4, fp4 or int8") as err:
+                attempt(spec)
+            assert "\n" not in str(err.value) and spec in str(err.value)
+    assert loads == []  # refused from the config alone
+    check_model_spec(f"quantized({pre}, nf4)")  # bitsandbytes converts Conv1D
+    custom = TorchAoConfig(Int8WeightOnlyConfig())
+    for spec in (quantized(str(pre), custom), quantized(f"random:{pre}/config.json", custom)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(q.QuantizationError, match="no module would be quantized.*Conv1D") as err:
+                load_model(spec)
+        assert "\n" not in str(err.value)
+    assert len(loads) == 2  # each loaded, then refused

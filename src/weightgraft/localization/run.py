@@ -175,11 +175,11 @@ def _load_sft(spec: str, label: str, first: bool, *, pre: LoadedModel, adapter: 
     return sft
 
 
-def _model_info(spec: str, model: LoadedModel) -> dict[str, str]:
-    """A model's manifest entry (a LoRA donor's adapter is recorded apart, under ``adapters``)."""
-    if model.adapter is not None:
-        return {"spec": spec, "source": "", "weights_sha256": ""}
-    return {"spec": spec, "source": model.source, "weights_sha256": model.weights_sha256}
+def _model_info(spec: str, model: LoadedModel) -> dict[str, Any]:
+    """A model's manifest entry; a LoRA donor's also names its adapter and its base, each by source
+    and hash (the adapter's other details are recorded under ``adapters``)."""
+    entry: dict[str, Any] = {"spec": spec, "source": model.source, "weights_sha256": model.weights_sha256}
+    return entry if model.adapter is None else {**entry, **model.adapter.identity()}
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:

@@ -10,6 +10,7 @@ when it finishes; a demo run by an older weightgraft is found through its run's 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -18,10 +19,12 @@ from typing import Any
 
 from weightgraft import atomic
 from weightgraft.models.errors import ModelNotFoundError
-from weightgraft.models.spec import DEMO_SPECS, DemoSpec, ModelSpec, PeftSpec, parse_spec
+from weightgraft.models.spec import (
+    DEMO_SPECS, DemoSpec, EmbeddedSpec, FolderSpec, ModelSpec, PeftSpec, QuantizedSpec, parse_spec,
+)
 
 __all__ = ["DEMO_SPECS", "DemoNotFoundError", "DemoRecord", "is_demo_spec", "read_demo_record", "record_path",
-           "resolve_demo", "resolve_demo_spec", "write_demo_record"]
+           "resolve_demo", "resolve_demo_spec", "resolved_spec", "write_demo_record"]
 DEMO_RUN = Path("runs/demo/run")  # where `weightgraft demo` writes its sweep (weightgraft.demo.demo_out)
 RECORD_FORMAT = "weightgraft.demo/1"
 
@@ -113,3 +116,13 @@ def resolve_demo_spec(spec: str) -> str:
     """:func:`resolve_demo` on a string: the spec's text it stands for; any other spec unchanged."""
     parsed = parse_spec(spec) if isinstance(spec, str) and spec.strip() else None
     return resolve_demo(parsed).text if isinstance(parsed, DemoSpec) else spec
+
+
+def resolved_spec(spec: str | os.PathLike[str] | ModelSpec) -> ModelSpec:
+    """``spec`` parsed, a demo name replaced by the spec it stands for."""
+    parsed = parse_spec(spec)
+    if isinstance(parsed, QuantizedSpec) and isinstance(parsed.inner, DemoSpec):
+        inner = resolve_demo(parsed.inner)
+        assert isinstance(inner, (FolderSpec, EmbeddedSpec))  # a demo is a folder or an embedded name
+        return dataclasses.replace(parsed, inner=inner, text=parsed.text)
+    return resolve_demo(parsed) if isinstance(parsed, DemoSpec) else parsed

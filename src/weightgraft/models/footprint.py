@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
-from weightgraft.models.spec import EmbeddedSpec, ModelSpec, QuantizedSpec, RandomSpec, is_derived
+from weightgraft.models.quantization.schemes import quantizes_nothing
+from weightgraft.models.spec import EmbeddedSpec, ModelSpec, QuantizedSpec, RandomSpec, is_derived, parse_spec
 
-__all__ = ["SCHEME_LAYOUT", "ModelFootprint", "Quantization", "dtype_bytes", "quantization_of", "quantized_weight_bytes",
-           "resolve_footprint"]
+__all__ = ["SCHEME_LAYOUT", "ModelFootprint", "Quantization", "check_converts", "dtype_bytes", "quantization_of",
+           "quantized_weight_bytes", "resolve_footprint"]
 
 _DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 BNB_BLOCK, BNB_NESTED_BLOCK = 64, 256  # bitsandbytes 4-bit blocksize (transformers' default), its nested one
@@ -356,6 +357,27 @@ class ModelFootprint:
         return {"activations": saved, "alpha": alpha, "logits": logits}
 
 
+def _check_converts(footprint: ModelFootprint) -> None:
+    """A torchao role on a model of no ``nn.Linear`` to convert (GPT-2's projections are
+    ``Conv1D``) refused from its config: loaded, it would run unquantized under a quantized name.
+    bitsandbytes converts ``Conv1D`` too; what a custom skip list leaves is checked after loading."""
+    q = footprint.quantization
+    if q is None or q.bnb or footprint.quantized_shapes:
+        return
+    from transformers.pytorch_utils import Conv1D
+
+    raise quantizes_nothing(footprint.spec, any(isinstance(m, Conv1D) for m in footprint.meta.modules()))
+
+
+def check_converts(spec: str | os.PathLike[str] | ModelSpec) -> None:
+    """Refuse, before loading, a ``torchao-int8`` spec that would quantize no module of its
+    architecture (read from its config); any other spec passes without reading a file (a custom
+    config is checked once loaded)."""
+    parsed = parse_spec(spec)
+    if isinstance(parsed, QuantizedSpec) and parsed.custom is None and parsed.scheme == "torchao-int8":
+        resolve_footprint(parsed)
+
+
 def _has_tokenizer(directory: Path) -> bool:
     return any((directory / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
 
@@ -365,15 +387,17 @@ def resolve_footprint(spec: str | os.PathLike[str] | ModelSpec) -> ModelFootprin
     takes: ``random:``, embedded names, directories, ``.gguf`` files, cached hub ids)."""
     from transformers import AutoConfig
 
+    from weightgraft.models.demo_models import resolved_spec
     from weightgraft.models.embedded import embedded_cache_dir
-    from weightgraft.models.loading import resolved_spec
     from weightgraft.models.random_models import parse_random_spec, random_config, shipped_config_path
 
     parsed_spec = resolved_spec(spec)
     if isinstance(parsed_spec, QuantizedSpec):  # the named model's shapes, its linear weights quantized
         inner = resolve_footprint(parsed_spec.inner)
-        return ModelFootprint(parsed_spec.text.strip(), inner.config, inner.where, inner.tokenizer_dir,
-                              quantization=quantization_of(parsed_spec))
+        footprint = ModelFootprint(parsed_spec.text.strip(), inner.config, inner.where, inner.tokenizer_dir,
+                                   quantization=quantization_of(parsed_spec))
+        _check_converts(footprint)
+        return footprint
     if is_derived(parsed_spec):
         raise ModelLoadError(f"{parsed_spec.text!r} is built from other roles: plan for the roles it names")
     text = parsed_spec.text.strip()

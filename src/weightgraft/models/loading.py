@@ -33,14 +33,13 @@ from weightgraft.models.errors import (
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import lean_from_safetensors
 from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.demo_models import resolve_demo
-from weightgraft.models.quantization.load import spec_config
-from weightgraft.models.quantization.schemes import check_installed
+from weightgraft.models.demo_models import resolved_spec
+from weightgraft.models.footprint import check_converts
+from weightgraft.models.quantization.load import require_quantized, spec_config
+from weightgraft.models.quantization.schemes import QuantizationError, check_installed
 from weightgraft.models.spec import (
     PICKLE_SUFFIXES as _PICKLE_SUFFIXES,
-    DemoSpec,
     EmbeddedSpec,
-    FolderSpec,
     ModelSpec,
     QuantizedSpec,
     RandomSpec,
@@ -48,16 +47,6 @@ from weightgraft.models.spec import (
     looks_like_path as _looks_like_path,
     parse_spec,
 )
-
-
-def resolved_spec(spec: str | os.PathLike[str] | ModelSpec) -> ModelSpec:
-    """``spec`` parsed, a demo name replaced by the spec it stands for."""
-    parsed = parse_spec(spec)
-    if isinstance(parsed, QuantizedSpec) and isinstance(parsed.inner, DemoSpec):
-        inner = resolve_demo(parsed.inner)
-        assert isinstance(inner, (FolderSpec, EmbeddedSpec))  # a demo is a folder or an embedded name
-        return dataclasses.replace(parsed, inner=inner, text=parsed.text)
-    return resolve_demo(parsed) if isinstance(parsed, DemoSpec) else parsed
 
 
 def _check_safetensors(path: Path) -> None:
@@ -258,10 +247,15 @@ def check_model_spec(spec: str | os.PathLike[str] | ModelSpec, role: str = "mode
     does not exist, a file that is not ``.gguf``, a directory without ``config.json``, or a hub
     id missing from the local cache. A missing model is said before anything else about a run."""
     parsed = resolved_spec(spec)
-    if isinstance(parsed, QuantizedSpec):
+    if isinstance(parsed, QuantizedSpec):  # the scheme's package, the model, then what it would quantize
         if parsed.custom is None:
             check_installed(parsed.scheme)
-        parsed = parsed.inner
+        check_model_spec(parsed.inner, role)
+        try:
+            check_converts(parsed)
+        except QuantizationError as exc:
+            raise QuantizationError(f"{role} {exc}") from None
+        return
     if isinstance(parsed, (RandomSpec, EmbeddedSpec)) or is_derived(parsed):
         return
     text = parsed.text.strip()
@@ -330,6 +324,7 @@ def load_model(
                              "weightgraft.models.donors.load_role (a config's roles), or wg.load_peft")
     quantization = None
     if isinstance(parsed, QuantizedSpec):  # quantized by transformers as it loads, on its device
+        check_converts(parsed)
         quantization, parsed = spec_config(parsed, dtype), parsed.inner
         device_map = device_map if device_map is not None else {"": str(device)}
     text = parsed.text
@@ -381,6 +376,8 @@ def load_model(
             model, tokenizer = _load_hub_cache(text, dtype, trust_remote_code, device_map, quantization)
             source = f"hub-cache:{text}"
 
+    if quantization is not None:
+        require_quantized(model, parse_spec(spec).text, quantization)
     model.eval()
     batch_invariant_attention([model])
     one_cpu_path([model])

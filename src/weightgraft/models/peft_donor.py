@@ -23,6 +23,7 @@ model loads, and the run's manifest records the adapter and the slots it touches
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -81,7 +82,8 @@ class AdapterInfo:
     """What a LoRA donor adds to its base, for manifests: the adapter's directory and content
     hash (:func:`weightgraft.models.weights_sha256` of its own tensors as stored), rank, alpha,
     target modules, the modules it wraps and the slots they serve (every other slot of the
-    donor computes exactly as the base's)."""
+    donor computes exactly as the base's); and, once built on a loaded base (:func:`build_peft`),
+    that base's source and hash, so that a record names both halves of the donor."""
 
     path: str
     sha256: str
@@ -94,6 +96,13 @@ class AdapterInfo:
     bytes_held: int
     base_model_name_or_path: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    base_source: str = ""
+    base_weights_sha256: str = ""
+
+    def identity(self) -> dict[str, dict[str, str]]:
+        """The adapter's and the base's source and hash, as a manifest records a model's."""
+        return {"adapter": {"source": self.path, "weights_sha256": self.sha256},
+                "base": {"source": self.base_source, "weights_sha256": self.base_weights_sha256}}
 
     def as_dict(self, base_role: str | None = None) -> dict[str, Any]:
         """For a manifest; ``base_role`` names who serves the slots the adapter leaves alone."""
@@ -103,6 +112,8 @@ class AdapterInfo:
             "modules_adapted": len(self.modules), "slots_touched": self.slots_touched,
             "slots_untouched": self.n_slots - len(self.slots_touched), "bytes_held": self.bytes_held,
             **self.extra,
+            **({"base_source": self.base_source, "base_weights_sha256": self.base_weights_sha256}
+               if self.base_source or self.base_weights_sha256 else {}),
         }
         who = f"the base role {base_role!r}" if base_role else "the base model"
         out["untouched_slots_served_by"] = (
@@ -350,8 +361,10 @@ def build_peft(spec: PeftSpec, base: LoadedModel) -> LoadedModel:
     ``weights_sha256`` is the sha256 of the base's weights hash and the adapter's, so a run's
     identity follows both without hashing the base's tensors a second time."""
     model = load_peft(base.model, spec.directory)
-    info = adapter_info(model)
-    assert info is not None  # load_peft always attaches it
+    built = adapter_info(model)
+    assert built is not None  # load_peft always attaches it
+    info = dataclasses.replace(built, base_source=base.source, base_weights_sha256=base.weights_sha256)
+    object.__setattr__(model, _ATTR, info)
     digest = hashlib.sha256(f"peft\0{base.weights_sha256}\0{info.sha256}".encode()).hexdigest()
     return LoadedModel(model=model, tokenizer=base.tokenizer, source=f"peft:{info.path} over {base.source}",
                        weights_sha256=digest, spec=spec, adapter=info)

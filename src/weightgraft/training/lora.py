@@ -4,6 +4,7 @@ names as ``peft(pre, DIR)`` (weightgraft.models.peft_donor) with no merge."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -55,3 +56,16 @@ def wrap_lora(model: Any, settings: LoraSettings) -> Any:
         return get_peft_model(model, config)
     except ValueError as exc:
         raise TrainingError(f"--lora-targets {settings.targets}: {exc}") from None
+
+
+def parameter_counts(model: Any) -> tuple[int, int]:
+    """(all, trainable) parameters, counted as the model has them: a bitsandbytes 4-bit weight
+    (``Params4bit``, QLoRA's base) stores two weights a byte, so it counts as its logical shape
+    (``quant_state.shape``), not as its packed storage."""
+    total = trainable = 0
+    for p in model.parameters():
+        state = getattr(p, "quant_state", None)
+        n = math.prod(state.shape) if state is not None else p.numel()
+        total += n
+        trainable += n if p.requires_grad else 0
+    return total, trainable

@@ -49,7 +49,7 @@ from weightgraft.errors import validation_line
 from weightgraft.training.device import training_device
 from weightgraft.training.errors import TrainingError
 from weightgraft.models.spec import quantized
-from weightgraft.training.lora import LoraSettings, wrap_lora
+from weightgraft.training.lora import LoraSettings, parameter_counts, wrap_lora
 from weightgraft.training.outputs import (
     CHECKPOINTS,
     EVAL_BEFORE_NAME,
@@ -268,8 +268,7 @@ def finetune(
     untied = freeze_embeddings(model, embed=freeze_embed, unembed=freeze_unembed)
     if lora is not None:  # only the adapter trains; OUT becomes peft's adapter directory
         model = wrap_lora(model, lora)
-    n_total = sum(p.numel() for p in model.parameters())
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_total, n_trainable = parameter_counts(model)
 
     train_ds = _TokenizedTexts(train_texts + supplemental, tokenizer, settings.max_length)
     val_ds = _TokenizedTexts(val_texts, tokenizer, settings.max_length)

@@ -13,9 +13,10 @@ from torch import nn
 
 from weightgraft.engine.precision import one_cpu_path
 from weightgraft.engine.projections import is_quantized
-from weightgraft.models.quantization.schemes import check_installed
+from weightgraft.models.quantization.schemes import check_installed, quantizes_nothing
 
-__all__ = ["quantization_config", "load_quantized", "quantize_in_memory", "quantized_modules", "spec_config"]
+__all__ = ["quantization_config", "load_quantized", "quantize_in_memory", "quantized_modules", "require_quantized",
+           "spec_config"]
 
 
 def quantization_config(scheme: str, dtype: torch.dtype = torch.float32, int8_threshold: float = 0.0) -> Any:
@@ -50,6 +51,7 @@ def load_quantized(
     model = AutoModelForCausalLM.from_pretrained(
         str(path), quantization_config=config, dtype=dtype, device_map=device_map,
     )
+    require_quantized(model, f"quantized({path}, {scheme})", config)
     one_cpu_path([model])
     return model.eval()
 
@@ -59,20 +61,34 @@ def quantized_modules(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if is_quantized(module)]
 
 
+def require_quantized(model: nn.Module, what: str, config: Any) -> None:
+    """Refuse a model that a quantized load (``config``) left with no quantized module: it would
+    run in full precision under a quantized name (torchao leaves GPT-2's ``Conv1D`` as it is)."""
+    if quantized_modules(model):
+        return
+    from transformers.pytorch_utils import Conv1D
+
+    torchao = type(config).__name__ == "TorchAoConfig"
+    raise quantizes_nothing(what, torchao and any(isinstance(m, Conv1D) for m in model.modules()))
+
+
 def spec_config(spec: Any, dtype: torch.dtype) -> Any:
     """The quantization config a :class:`~weightgraft.models.spec.QuantizedSpec` loads with:
     its own config object when the user gave one, else its scheme's."""
     return spec.custom if spec.custom is not None else quantization_config(spec.scheme, dtype)
 
 
-def quantize_in_memory(model: Any, config: Any, dtype: torch.dtype, device_map: Any) -> nn.Module:
+def quantize_in_memory(model: Any, config: Any, dtype: torch.dtype, device_map: Any,
+                       what: str = "a quantized load") -> nn.Module:
     """``model`` (a float model built in memory) quantized by transformers with ``config``:
-    saved to a temporary folder and loaded back, as a saved model would load."""
+    saved to a temporary folder and loaded back, as a saved model would load; ``what`` names it
+    in the refusal of a load that quantizes nothing."""
     from transformers import AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory(prefix="weightgraft-quantize-") as tmp:
         model.save_pretrained(tmp)
         del model
         loaded = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=config, dtype=dtype, device_map=device_map)
+    require_quantized(loaded, what, config)
     one_cpu_path([loaded])
     return loaded.eval()

@@ -8,7 +8,7 @@ import importlib.util
 
 from weightgraft.errors import WeightgraftError
 
-__all__ = ["QUANTIZATIONS", "REFUSED", "QuantizationError", "check_scheme", "check_installed"]
+__all__ = ["QUANTIZATIONS", "REFUSED", "QuantizationError", "check_scheme", "check_installed", "quantizes_nothing"]
 
 # Schemes that load and graft on a CPU (bitsandbytes >= 0.45 has CPU kernels) and on a GPU.
 QUANTIZATIONS: tuple[str, ...] = ("nf4", "fp4", "int8", "torchao-int8")
@@ -38,3 +38,16 @@ def check_installed(scheme: str) -> None:
     package = PACKAGE[scheme]
     if importlib.util.find_spec(package) is None:
         raise QuantizationError(f"quantization {scheme!r} needs {package}: pip install 'weightgraft[quant]'")
+
+
+def quantizes_nothing(what: str, conv1d: bool) -> QuantizationError:
+    """The refusal of a quantized role in which no module is (or would be) quantized: it would run
+    in full precision while every record calls it quantized. ``conv1d``: the cause is torchao,
+    which converts ``nn.Linear`` only, on a model whose projections are transformers' ``Conv1D``."""
+    if conv1d:
+        return QuantizationError(
+            f"{what}: no module would be quantized (it would run unquantized): torchao's int8 weight-only converts "
+            "nn.Linear only and this model's projections are transformers' Conv1D, as GPT-2's; use nf4, fp4 or int8, "
+            "which convert Conv1D")
+    return QuantizationError(f"{what}: no module would be quantized (it would run unquantized): every module the "
+                             "scheme converts is kept unquantized (modules_to_not_convert / llm_int8_skip_modules)")
