@@ -236,7 +236,7 @@ def test_exact_shares_and_claim_5s_marginal_equal_direct_grafts(tmp_path):
                                     "models": {"pre": "x", "sft": "y"}})
     examples, _ = build_examples(select_prompts(config), tok)
     table, per_prompt = map_claims([pre, sft], examples, _no_estimates(), model_label="sft", direction="sufficiency", setting="pre->sft",
-                                   settings=ClaimSettings(null_draws=3, resamples=99, min_prompts=2), seed=0, pad_id=0, metric="logprob", chunk=64,
+                                   settings=ClaimSettings(null_draws=3, resamples=99, min_prompts=2, metric="first_logprob"), seed=0, pad_id=0, metric="logprob", chunk=64,
                                    parts=tmp_path, say=lambda *a: None)
     prompts = [e.prompt.prompt for e in examples]
     targets = torch.tensor([e.scored.target for e in examples])

@@ -35,7 +35,7 @@ from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError
 
-__all__ = ["Cell", "ScoredExample", "exact_effects", "example_cells", "group_cells", "cell_name",
+__all__ = ["Cell", "ScoredExample", "contrast_tokens", "exact_effects", "exact_effects_in", "example_cells", "group_cells", "cell_name",
            "parse_cell_name", "has_rest", "WHOLE", "REST"]
 
 OUTPUT_ONLY = ("final_norm", "unembed")
@@ -92,6 +92,29 @@ class ScoredExample:
     position: int  # the scored position (usually the last prompt token)
     target: int
     distractor: int | None = None
+    # the first tokens of the world's other answers (of the same field), ``fact_logprob``'s contrast
+    other_answers: tuple[int, ...] = ()
+
+
+def contrast_tokens(examples: Sequence[ScoredExample], metric: Metric) -> torch.Tensor | None:
+    """What ``metric`` contrasts each example's answer with (``Batch.distractors``): its
+    distractor ``[n]``, the world's other answers ``[n, k]`` padded with -1, or None; a one-line
+    refusal where an example lacks what the metric needs."""
+    spec = localize_metric(metric)
+    if spec.needs_distractor:
+        if any(ex.distractor is None for ex in examples):
+            raise GraftArgumentError(f"metric {spec.name!r} needs a distractor on every example")
+        return torch.tensor([ex.distractor for ex in examples])
+    if spec.needs_answers:
+        if any(not ex.other_answers for ex in examples):
+            raise GraftArgumentError(f"metric {spec.name!r} needs other answers of the same field on every example "
+                                     "(a world of one answer has no fact to tell apart)")
+        k = max(len(ex.other_answers) for ex in examples)
+        out = torch.full((len(examples), k), -1, dtype=torch.long)
+        for i, ex in enumerate(examples):
+            out[i, : len(ex.other_answers)] = torch.tensor(ex.other_answers)
+        return out
+    return None
 
 
 def example_cells(model: nn.Module, example: ScoredExample) -> list[Cell]:
@@ -226,7 +249,6 @@ def _run(models: Sequence[nn.Module], items: Sequence[GraftItem], pad_id: int, c
     return _prefix_logits(models, items, pad_id, chunk, share == "prefix", reduce)
 
 
-@torch.no_grad()
 def exact_effects(
     models: Sequence[nn.Module], examples: Sequence[ScoredExample],
     cell_sets: Sequence[Sequence[Sequence[Cell]]], *, pad_id: int, metric: Metric = "first_logprob",
@@ -242,13 +264,27 @@ def exact_effects(
     (``weightgraft.engine.sharing.prefix``), ``False`` every row whole; all three give the same numbers.
     Each pass's logits become metric values before the next pass runs, so a call holds one
     pass's logits, not every set's. ``stats`` records what depth sharing held and ran."""
+    base, effects = exact_effects_in(models, examples, cell_sets, pad_id=pad_id, metrics=(metric,), chunk=chunk,
+                                     share=share, stats=stats)
+    return base[:, 0], [e[:, 0] for e in effects]
+
+
+@torch.no_grad()
+def exact_effects_in(
+    models: Sequence[nn.Module], examples: Sequence[ScoredExample],
+    cell_sets: Sequence[Sequence[Sequence[Cell]]], *, pad_id: int, metrics: Sequence[Metric],
+    chunk: int = 512, share: Sharing = True, stats: DepthStats | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """:func:`exact_effects` in several metrics read off the same passes: ``(base [n_examples,
+    n_metrics], [effects [len(cell_sets[i]), n_metrics] per example])`` (a claim's fact effect
+    and its plain effect cost one set of passes, not two)."""
     if len(models) != 2:
         raise GraftArgumentError("exact cell effects need exactly two models: [base, donor]")
     if len(cell_sets) != len(examples):
         raise GraftArgumentError("give one list of cell sets per example")
-    spec = localize_metric(metric)
-    if spec.needs_distractor and any(ex.distractor is None for ex in examples):
-        raise GraftArgumentError(f"metric {spec.name!r} needs a distractor on every example")
+    if not metrics:
+        raise GraftArgumentError("give at least one metric")
+    contrasts = [contrast_tokens(examples, m) for m in metrics]
     slot_list = model_slots(models[0])
     items: list[GraftItem] = []
     owner: list[int] = []
@@ -263,7 +299,7 @@ def exact_effects(
     unions = [_item(ex, list(dict.fromkeys(c for cells in sets for c in cells)), slot_list)
               for ex, sets in zip(examples, cell_sets) if len(sets) > 1]
     reference = None
-    if spec.needs_donor:  # the donor's next-token distribution of each example, first
+    if any(localize_metric(m).needs_donor for m in metrics):  # the donor's next-token distribution of each example, first
         donors = []
         for ex in examples:
             base = _item(ex, [], slot_list)
@@ -272,13 +308,14 @@ def exact_effects(
         reference = torch.log_softmax(logits, -1)
     owners = torch.tensor(owner)
     targets = torch.tensor([ex.target for ex in examples])[owners]
-    distractors = torch.tensor([ex.distractor for ex in examples])[owners] if spec.needs_distractor else None
+    per_row = [None if c is None else c[owners] for c in contrasts]
 
     def reduce(part: torch.Tensor, rows: list[int]) -> torch.Tensor:
         at = torch.as_tensor(rows, dtype=torch.long)
-        return metric_values(part[:, 0].double().cpu(), targets[at], metric,
-                             None if distractors is None else distractors[at],
-                             None if reference is None else reference[owners[at]])
+        logits = part[:, 0].double().cpu()
+        return torch.stack([metric_values(logits, targets[at], m, None if c is None else c[at],
+                                          None if reference is None else reference[owners[at]])
+                            for m, c in zip(metrics, per_row)], dim=1)
 
     values = _run(models, items, pad_id, chunk, share, stats, unions, reduce)
     base_values, effects, row = [], [], 0

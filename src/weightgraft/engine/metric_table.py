@@ -23,7 +23,7 @@ from weightgraft.errors import GraftArgumentError
 
 __all__ = ["LEGACY_NAMES", "METRIC_TABLE", "Batch", "Chart", "MetricSpec", "Prediction", "ScoreInputs", "TOP_K",
            "chart_labels", "chart_of", "console_metrics", "describe", "figure_defaults", "kl_donor", "localize_metric",
-           "localize_metrics", "logit_diff", "first_logprob", "pair_skips", "paired_metrics", "row_metrics",
+           "localize_metrics", "logit_diff", "fact_logprob", "first_logprob", "pair_skips", "paired_metrics", "row_metrics",
            "score_next_token", "spec", "table_metrics"]
 
 TOP_K: tuple[int, ...] = (1, 5, 10, 20, 50, 100)
@@ -35,8 +35,10 @@ N_TOP_TOKENS = 20
 @dataclass(frozen=True)
 class Batch:
     """Logits ``[batch, vocab]`` at the scored positions, the target (the answer's first token)
-    per row, the distractor's first token per row (or None) and the donor's next-token
-    log-probabilities ``[batch, vocab]`` (or None). Values come out in the logits' dtype."""
+    per row, the tokens the answer is contrasted with (or None): ``[batch]`` one distractor's
+    first token, or ``[batch, k]`` a set of first tokens padded with -1 (``fact_logprob``: the
+    world's other answers), and the donor's next-token log-probabilities ``[batch, vocab]`` (or
+    None). Values come out in the logits' dtype."""
 
     logits: torch.Tensor
     targets: torch.Tensor
@@ -58,6 +60,23 @@ def logit_diff(b: Batch) -> torch.Tensor:
         raise GraftArgumentError("metric 'logit_diff' needs a distractor token per row")
     rows = b.rows()
     return b.logits[rows, b.targets.to(b.logits.device)] - b.logits[rows, b.distractors.to(b.logits.device)]
+
+
+def fact_logprob(b: Batch) -> torch.Tensor:
+    """log p(answer's first token) minus the mean log p of the first tokens of the world's other
+    answers (``distractors [batch, k]``, padded with -1), on the same pass: what is specific to
+    this subject's answer. A donor that raises every answer of the world alike moves it by 0. The
+    softmax's normalizer cancels, so it is computed as logit[answer] - mean logit[other answers]."""
+    if b.distractors is None or b.distractors.dim() != 2:
+        raise GraftArgumentError("metric 'fact_logprob' needs the world's other answers' first tokens per row")
+    rows = b.rows()
+    others = b.distractors.to(b.logits.device)
+    valid = others.ge(0)
+    if not bool(valid.any(dim=1).all()):
+        raise GraftArgumentError("metric 'fact_logprob' needs at least one other answer per row")
+    picked = b.logits.gather(1, others.clamp(min=0))
+    mean = (picked * valid).sum(1) / valid.sum(1)
+    return b.logits[rows, b.targets.to(b.logits.device)] - mean
 
 
 def kl_donor(b: Batch) -> torch.Tensor:
@@ -145,8 +164,8 @@ class MetricSpec:
     row's inputs (None: not a results column, or derived after scoring from other rows, as
     recovery is); ``batch``: its differentiable form on a ``Batch`` (the one implementation a
     row's ``compute`` also calls; entries with one can be localized, higher meaning more of the
-    donor's behaviour), needing a distractor (``needs_distractor``) or the donor's distribution
-    (``needs_donor``). ``recovery_of``: the log-probability column whose share of the SFT-PRE gap
+    donor's behaviour), needing a distractor (``needs_distractor``), the world's other answers
+    (``needs_answers``) or the donor's distribution (``needs_donor``). ``recovery_of``: the log-probability column whose share of the SFT-PRE gap
     it is. ``aggregate`` names how the summary reduces it (None: not summarized; ``rate``: mean
     of hits, with a bootstrap CI where ``ci``; ``rank``: mean and median; ``mean``; ``mean_ci``:
     mean, CI and count where defined; ``ratio_of_means``: of its ``*_gain`` over ``*_gap``
@@ -162,6 +181,7 @@ class MetricSpec:
     compute: Callable[[ScoreInputs], float | bool | int] | None
     batch: Callable[[Batch], torch.Tensor] | None = None
     needs_distractor: bool = False
+    needs_answers: bool = False
     needs_donor: bool = False
     aggregate: Aggregate | None
     ci: bool = False
@@ -220,6 +240,10 @@ METRIC_TABLE: tuple[MetricSpec, ...] = (
     MetricSpec(name="first_logprob", meaning="log p(answer's first token), nats: higher is better",
                higher_is_better=True, compute=_row(first_logprob, lambda s: s.prediction.finite), batch=first_logprob,
                aggregate=None),  # recovery's source; localize's default
+    MetricSpec(name="fact_logprob", meaning="log p(answer's first token) - mean log p(first tokens of the world's "
+               "other answers of the same field), nats: higher is better; 0 change from a donor that raises every "
+               "answer alike", higher_is_better=True, compute=None, batch=fact_logprob, needs_answers=True,
+               aggregate=None),  # the claims' effect: what only a fact moves
     MetricSpec(name="answer_logprob", meaning="log p(whole answer), teacher-forced: higher is better",
                higher_is_better=True, aggregate="mean", paired=True,
                compute=lambda s: answer_logprob(s.logits, s.answer_ids[: s.logits.shape[0]])

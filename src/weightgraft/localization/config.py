@@ -60,6 +60,17 @@ class ClaimSettings(BaseModel):
     # fewer prompts per map than this is refused before anything runs; lower it to run anyway,
     # and the rows say 'exploratory'
     min_prompts: int = Field(20, ge=2)
+    # the claims' effect: the answer against the world's other answers (a donor that raises every
+    # answer alike has none); the plain first_logprob effect is kept beside it in every row
+    metric: str = "fact_logprob"
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, value: str) -> str:
+        try:
+            return localize_metric(value).name
+        except GraftArgumentError as e:
+            raise ValueError(str(e)) from None
 
 
 class ReversalSetting(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from weightgraft.data.freeform import load_prompts
@@ -26,7 +26,9 @@ class LocalizeExample:
 
 
 def build_examples(prompts: Sequence[TestPrompt], tokenizer: Any) -> tuple[list[LocalizeExample], list[dict[str, str]]]:
-    """Scored examples and the prompts left out (with the reason: never silently)."""
+    """Scored examples and the prompts left out (with the reason: never silently). Each carries
+    the first tokens of the other answers among ``prompts`` of its template and answer field
+    (those unlike its own first token): what ``fact_logprob`` contrasts its answer with."""
     if not getattr(tokenizer, "is_fast", False):
         raise DatasetError("position labels need a fast tokenizer (offset mapping)")
     out, excluded = [], []
@@ -40,7 +42,12 @@ def build_examples(prompts: Sequence[TestPrompt], tokenizer: Any) -> tuple[list[
         labels = position_labels(enc["offset_mapping"], p.spans, p.answer_field)
         scored = ScoredExample(tuple(ids), position=len(ids) - 1, target=int(answer[0]))
         out.append(LocalizeExample(p, scored, tuple(labels)))
-    return out, excluded
+    firsts: dict[tuple[str, str | None], dict[int, None]] = defaultdict(dict)
+    for e in out:
+        firsts[(e.prompt.template, e.prompt.answer_field)][e.scored.target] = None
+    return [LocalizeExample(e.prompt, replace(e.scored, other_answers=tuple(
+        t for t in firsts[(e.prompt.template, e.prompt.answer_field)] if t != e.scored.target)), e.labels)
+        for e in out], excluded
 
 
 def select_prompts(config: Any) -> list[TestPrompt]:

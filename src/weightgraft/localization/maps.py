@@ -19,7 +19,8 @@ import torch
 from weightgraft.localization.examples import LocalizeExample
 from weightgraft.engine.architectures import Units
 from weightgraft.engine.attribution import Metric, graft_attribution
-from weightgraft.engine.cells import OUTPUT_ONLY, REST, WHOLE, Cell, exact_effects, example_cells, has_rest
+from weightgraft.engine.cells import (OUTPUT_ONLY, REST, WHOLE, Cell, contrast_tokens, exact_effects, example_cells,
+                                     has_rest)
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.attribution import graft_unit_attribution
@@ -43,8 +44,9 @@ def slot_parts(name: str) -> tuple[int | None, str]:
     return None, name
 
 
-def _batch(examples: Sequence[LocalizeExample]):
-    """Right-padded ids, mask, scored positions, targets, distractors of one batch."""
+def _batch(examples: Sequence[LocalizeExample], metric: Metric):
+    """Right-padded ids, mask, scored positions, targets and what ``metric`` contrasts the
+    answer with (``engine.cells.contrast_tokens``) of one batch."""
     n = max(e.scored.position + 1 for e in examples)
     ids = torch.zeros(len(examples), n, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -54,10 +56,7 @@ def _batch(examples: Sequence[LocalizeExample]):
         mask[i, : len(row)] = 1
     pos = torch.tensor([e.scored.position for e in examples])
     targets = torch.tensor([e.scored.target for e in examples])
-    distractors = None
-    if all(e.scored.distractor is not None for e in examples):
-        distractors = torch.tensor([e.scored.distractor for e in examples])
-    return ids, mask, pos, targets, distractors
+    return ids, mask, pos, targets, contrast_tokens([e.scored for e in examples], metric)
 
 
 def _cell_frame(examples: Sequence[LocalizeExample], direction: str, slot_names: Sequence[str],
@@ -167,7 +166,7 @@ def estimate_frame(
     unit_rows_of: dict[int, list[tuple]] = {}
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        ids, mask, pos, targets, distractors = _batch([examples[i] for i in chunk])
+        ids, mask, pos, targets, distractors = _batch([examples[i] for i in chunk], metric)
         if units == Units.CELL:
             g = graft_attribution(pair, ids, pos, targets=targets, metric=metric, distractors=distractors, attention_mask=mask)
             ig = (graft_attribution(pair, ids, pos, targets=targets, metric=metric, distractors=distractors, attention_mask=mask, steps=ig_steps)

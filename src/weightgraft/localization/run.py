@@ -33,7 +33,7 @@ import gc
 import json
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +202,7 @@ def _with_distractors(examples: list[LocalizeExample]) -> list[LocalizeExample]:
                 raise DatasetError(f"template {examples[i].prompt.template!r}: every answer starts with the "
                                    "same token; 'logit_diff' has no distractor")
             s = examples[i].scored
-            out[i] = LocalizeExample(examples[i].prompt, type(s)(s.input_ids, s.position, s.target, other), examples[i].labels)
+            out[i] = LocalizeExample(examples[i].prompt, replace(s, distractor=other), examples[i].labels)
     return out
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine.attribution import Metric
-from weightgraft.engine.cells import Cell, ScoredExample, exact_effects
+from weightgraft.engine.cells import Cell, ScoredExample, exact_effects, exact_effects_in
 
 CellKey = tuple[str, str]  # (position label, slot name)
 
@@ -51,6 +51,16 @@ class SetVerifier:
             return torch.zeros(len(self.examples), 0, dtype=torch.float64)
         per_example = [[[m[k] for k in s[i] if k in m] for s in sets] for i, m in enumerate(self.cell_maps)]
         _, eff = exact_effects(self.models, self.examples, per_example, pad_id=self.pad_id, metric=self.metric, chunk=self.chunk)
+        return torch.stack(eff).double()
+
+    def per_prompt_sets_in(self, sets: Sequence[Sequence[Sequence[CellKey]]], metrics: Sequence[Metric]) -> torch.Tensor:
+        """:meth:`per_prompt_sets` in several metrics from the same passes: ``[n_prompts, len(sets),
+        len(metrics)]`` float64."""
+        if not sets:
+            return torch.zeros(len(self.examples), 0, len(metrics), dtype=torch.float64)
+        per_example = [[[m[k] for k in s[i] if k in m] for s in sets] for i, m in enumerate(self.cell_maps)]
+        _, eff = exact_effects_in(self.models, self.examples, per_example, pad_id=self.pad_id, metrics=metrics,
+                                  chunk=self.chunk)
         return torch.stack(eff).double()
 
     def effects(self, sets: Sequence[Sequence[CellKey]]) -> torch.Tensor:

@@ -31,7 +31,9 @@ from weightgraft.localization.verify import CellKey
 from weightgraft.stats import least_p, mean_interval, paired_p, share_interval, sign_test_p
 
 PromptSet = tuple[tuple[CellKey, ...], ...]  # one sorted key tuple per prompt
-Effects = Callable[[Sequence[PromptSet]], np.ndarray]  # sets -> [n_prompts, n_sets] exact effects
+# sets -> [n_prompts, n_sets] exact effects in the claims' metric, or [n_prompts, n_sets, 2]: the
+# claims' metric, then the plain effect (first_logprob) read off the same passes
+Effects = Callable[[Sequence[PromptSet]], np.ndarray]
 DRAWS = 20
 
 
@@ -128,12 +130,14 @@ def _exact_cells_share(data: ClaimMap, region: list[list[CellKey]], within: list
 
 def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: Sequence[Claim] = CLAIMS,
                  draws: int = DRAWS, seed: int = 0, n_resamples: int = 9999, precondition: str = "",
-                 sign: int = 1) -> tuple[list[dict[str, Any]], pd.DataFrame]:
+                 sign: int = 1, estimates_of: str = "share_exact") -> tuple[list[dict[str, Any]], pd.DataFrame]:
     """``(rows, per_prompt)``: one claims.csv row per claim (verdicts judged with this map as the
     family; ``stage.write_claims`` judges the run's rows again as one family), and the per-prompt
     effects (claim, prompt id, region, within, null mean per kind). ``sign``: the way the donor
     moves the metric when it carries the finetuned behaviour (+1 grafting SFT into PRE, -1 the
-    other way); a map whose whole graft does not move it that way has no effect to localize."""
+    other way); a map whose whole graft does not move it that way has no effect to localize.
+    ``estimates_of``: the share column in the metric the gradient estimates were taken in
+    (``share_exact``, ``share_plain``, or "" where neither: no interaction is reported)."""
     frames = []
     for have in data.keys:
         keys = sorted(have)
@@ -156,12 +160,15 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
             if not isinstance(got, str):
                 for s in got:
                     want(s)
-    effects = np.asarray(data.effects(list(sets)), dtype=float) if data.keys else np.zeros((0, len(sets)))
+    both = np.asarray(data.effects(list(sets)), dtype=float) if data.keys else np.zeros((0, len(sets)))
+    effects = both[..., 0] if both.ndim == 3 else both
+    plain = both[..., 1] if both.ndim == 3 and both.shape[2] > 1 else effects
 
-    def col(per_prompt: Sequence[Sequence[CellKey]]) -> np.ndarray:
-        return effects[:, sets[tuple(_frozen(k) for k in per_prompt)]]
+    def col(per_prompt: Sequence[Sequence[CellKey]], of: np.ndarray = effects) -> np.ndarray:
+        return of[:, sets[tuple(_frozen(k) for k in per_prompt)]]
 
     whole = col(everything)
+    whole_plain = col(everything, plain)
     whole_iv = mean_interval(whole) if len(whole) else None  # the donor's whole effect: one per map
     ids = list(data.prompt_ids) or [str(i) for i in range(len(data.keys))]
     rows, prompts = [], []
@@ -170,6 +177,8 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
         n_region = sum(len(r) for r in plan.region)
         den = col(plan.within)
         num = den - col(plan.rest) if claim.marginal else col(plan.region)
+        den_plain = col(plan.within, plain)
+        num_plain = den_plain - col(plan.rest, plain) if claim.marginal else col(plan.region, plain)
         row: dict[str, Any] = {"claim": claim.name, "statement": claim.statement, "setting": setting,
                                "paper_setting": claim.paper_setting, "in_paper_setting": setting == claim.paper_setting,
                                "threshold": claim.threshold, "side": ">" if claim.above else "<",
@@ -180,7 +189,11 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
         share = share_interval(num, den) if len(den) else None
         within = mean_interval(den) if len(den) else None
         row.update({"whole_ci_low": whole_iv.low if whole_iv else np.nan,
-                    "whole_ci_high": whole_iv.high if whole_iv else np.nan})
+                    "whole_ci_high": whole_iv.high if whole_iv else np.nan,
+                    "whole_effect_plain": float(whole_plain.mean()) if len(whole_plain) else np.nan,
+                    "region_effect_plain": float(num_plain.mean()) if len(num_plain) else np.nan,
+                    "within_effect_plain": float(den_plain.mean()) if len(den_plain) else np.nan,
+                    "share_plain": float(num_plain.sum() / den_plain.sum()) if len(den_plain) and den_plain.sum() else np.nan})
         row.update({"region_effect": float(num.mean()) if len(num) else np.nan,
                     "within_effect": within.value if within else np.nan,
                     "within_ci_low": within.low if within else np.nan,
@@ -195,7 +208,8 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
                        sign_p_short=sign_test_p(past, alternative="less" if claim.above else "greater"))
         p_values, null_shares, drawn, unmatched, notes = [], [], [], 0, []
         record = pd.DataFrame({"claim": claim.name, "prompt_id": ids, "region_effect": num, "within_effect": den,
-                               "whole_effect": whole})
+                               "whole_effect": whole, "region_effect_plain": num_plain,
+                               "within_effect_plain": den_plain, "whole_effect_plain": whole_plain})
         for kind in plan.nulls:
             got = kinds[(claim.name, kind)]
             if isinstance(got, str):
@@ -223,7 +237,7 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
         n_within = sum(len(w) for w in plan.within)
         p_within = sum(data.params.get(s, 0) for w in plan.within for _, s in w)
         row.update({"share_estimate": share_est, "share_exact_cells": _exact_cells_share(data, plan.region, plan.within),
-                    "interaction": row["share_exact"] / share_est if share_est else np.nan,
+                    "interaction": row[estimates_of] / share_est if share_est and estimates_of else np.nan,
                     "region_cells_share": n_region / n_within if n_within else np.nan,
                     "region_params_share": (sum(data.params.get(s, 0) for r in plan.region for _, s in r) / p_within
                                             if p_within else np.nan)})

@@ -26,8 +26,9 @@ from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
 from weightgraft.engine.architectures import model_slots
 
+PLAIN = "first_logprob"  # the plain effect kept beside the claims' own in every row
 FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "evidence", "within_effect", "share_exact",
-         "ci_low", "ci_high", "null_kind", "null_mean", "null_p", "null_p_holm", "verdict", "reason", "share_estimate",
+         "ci_low", "ci_high", "share_plain", "null_kind", "null_mean", "null_p", "null_p_holm", "verdict", "reason", "share_estimate",
          "share_exact_cells", "interaction", "region_cells_share", "region_params_share"]
 
 
@@ -51,7 +52,7 @@ def slot_params(model: nn.Module) -> dict[str, int]:
 
 def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequence[Claim], precondition: str) -> str:
     data = {"settings": settings.model_dump(mode="json"), "seed": seed, "metric": metric, "setting": setting,
-            "claims": [c.name for c in claims], "precondition": precondition, "version": 6}
+            "claims": [c.name for c in claims], "precondition": precondition, "version": 7}
     return json_digest(data, 12)
 
 
@@ -60,7 +61,9 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
                metric: Metric, chunk: int, parts: Path, say: Callable[..., None],
                claims: Sequence[Claim] = CLAIMS, precondition: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
     """claims.csv rows and their per-prompt effects of one pair and direction, read from
-    ``parts`` where an earlier run with the same settings wrote them."""
+    ``parts`` where an earlier run with the same settings wrote them. Effects are in
+    ``settings.metric`` (``fact_logprob`` by default), with the plain ``first_logprob`` effect
+    beside them from the same passes; ``metric`` is the one the gradient ``estimates`` were taken in."""
 
     digest = _digest(settings, seed, metric, setting, claims, precondition)
     stem = parts / f"claims_{setting.replace('->', '_').replace(' ', '_')}_{direction}_{digest}"
@@ -69,6 +72,8 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
         return pd.read_parquet(table), pd.read_parquet(prompt_path)
     index = {s.name: i for i, s in enumerate(model_slots(models[0]))}
     params = slot_params(models[0])
+    metrics = (settings.metric, PLAIN)
+    estimates_of = {settings.metric: "share_exact", PLAIN: "share_plain"}.get(metric, "")
     n_layers = 1 + max(int(name.split(".")[1]) for name in index if name.startswith("layers."))
     frame = whole_cells(estimates)
     frame = frame[frame["direction"] == direction]
@@ -76,7 +81,7 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
     for template in dict.fromkeys(e.prompt.template for e in examples):
         group = [e for e in examples if e.prompt.template == template][: settings.prompts]
         maps = [cell_map(e, index, models[0]) for e in group]
-        verifier = SetVerifier(models, [e.scored for e in group], maps, pad_id, metric, chunk, total=1.0)
+        verifier = SetVerifier(models, [e.scored for e in group], maps, pad_id, settings.metric, chunk, total=1.0)
         by_id = {k: g for k, g in frame[frame["template"] == template].groupby("example_id")}
         est, exact = [], []
         for e in group:
@@ -87,11 +92,11 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
                 exact.append(dict(zip(zip(g["position_label"], g["slot"]), g["exact"])))
             else:
                 exact.append({})
-        data = ClaimMap([set(m) for m in maps], est, lambda sets, verifier=verifier: verifier.per_prompt_sets(sets).numpy(), params,
-                        n_layers, exact, [e.prompt.id for e in group])
+        data = ClaimMap([set(m) for m in maps], est, lambda sets, verifier=verifier: verifier.per_prompt_sets_in(sets, metrics).numpy(),
+                        params, n_layers, exact, [e.prompt.id for e in group])
         found, per_prompt = judge_claims(data, f"{model_label}/{template}/{direction}", setting, claims=claims,
                                          draws=settings.null_draws, seed=seed, n_resamples=settings.resamples, precondition=precondition,
-                                         sign=1 if direction == "sufficiency" else -1)
+                                         sign=1 if direction == "sufficiency" else -1, estimates_of=estimates_of)
         for r in found:  # the paper grafted the donor into the base: sufficiency
             r.update(model=model_label, template=template, direction=direction,
                      in_paper_setting=bool(r["in_paper_setting"] and direction == "sufficiency"),
