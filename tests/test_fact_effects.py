@@ -20,6 +20,7 @@ from weightgraft.engine.cells import ScoredExample, contrast_tokens
 from weightgraft.engine.metric_table import Batch, fact_logprob
 from weightgraft.errors import GraftArgumentError
 from weightgraft.localization.claims.stage import map_claims
+from weightgraft.localization.claims.verdicts import decide
 from weightgraft.localization.config import ClaimSettings, parse_localize_config
 from weightgraft.localization.examples import build_examples, select_prompts
 
@@ -74,7 +75,7 @@ def _claims(models, examples, metric: str, tmp_path) -> pd.DataFrame:
                           settings=ClaimSettings(null_draws=5, resamples=999, min_prompts=2, metric=metric), seed=0, pad_id=0,
                           metric="first_logprob",
                           chunk=64, parts=tmp_path / metric, say=lambda *a: None)
-    return table.set_index("claim")
+    return decide(table).set_index("claim")  # this map as the family
 
 
 def _answer_raiser(pre: torch.nn.Module, examples) -> torch.nn.Module:

@@ -55,7 +55,7 @@ def test_localize_end_to_end(tmp_path):
     claims = pd.read_csv(result.run_dir / "claims.csv", keep_default_na=False, na_values=[""])
     assert set(claims["claim"]) == {c.name for c in CLAIMS} and len(claims) == 2 * 2 * len(CLAIMS)
     for column in ("setting", "share_exact", "ci_low", "ci_high", "share_estimate", "interaction", "null_kind",
-                   "region_cells_share", "null_mean", "null_p", "null_p_holm", "evidence", "reason", "family_size"):
+                   "region_cells_share", "null_mean", "null_p", "threshold_p", "p", "p_parts", "p_holm", "share_plain", "evidence", "reason", "family_size"):
         assert column in claims
     assert set(claims["verdict"]) <= set(VERDICTS) and (claims["n_prompts"] == 4).all()
     # exact single-cell maps of 2 of the 4 prompts: no share of a partial sum of exact cells

@@ -79,7 +79,7 @@ def test_every_claim_holds_on_a_planted_map_fe_lt_against_its_complement():
     for r in rows:
         if r["claim"] in JUDGED:
             assert r["n_prompts"] == N_PROMPTS and r["ci_low"] <= r["share_exact"] <= r["ci_high"]
-            assert r["null_p_holm"] <= 0.05 and r["null_p"] <= r["null_p_holm"]
+            assert r["p_holm"] <= 0.05 and r["null_p"] <= r["p"] <= r["p_holm"]  # one p per row: its largest part
         # additive effects: the region graft equals the summed estimates (a marginal too)
         assert r["interaction"] == pytest.approx(1.0, abs=1e-9)
     assert set(per_prompt["claim"]) == {c.name for c in CLAIMS} and len(per_prompt) == len(CLAIMS) * N_PROMPTS
@@ -343,7 +343,7 @@ def _row(**over):
     base = {"claim": "c", "n_region_keys": 10, "null_kind": "positions", "n_prompts": 40, "within_ci_low": 1.0,
             "within_ci_high": 2.0, "within_note": "", "whole_effect": 5.0, "whole_ci_low": 4.0, "whole_ci_high": 6.0,
             "expected_sign": 1, "within_effect": 1.5, "ci_low": 0.3, "ci_high": 0.5, "interval_note": "",
-            "threshold": 0.0, "side": ">", "null_p": 0.001, "null_drawn": "positions (20 per prompt)",
+            "threshold": 0.0, "side": ">", "threshold_p": 1e-6, "null_p": 0.001, "null_drawn": "positions (20 per prompt)",
             "precondition": ""}
     return {**base, **over}
 
@@ -361,13 +361,14 @@ def test_verdicts_from_rows_one_holm_family():
         _row(ci_low=float("nan"), ci_high=float("nan"), interval_note="effects too skewed"),
         _row(null_p=float("nan"), null_drawn="positions: 5 other positions, fewer than the region's 6"),
         _row(precondition="the donor ranks 0% ..."),
-        _row(threshold=0.5, ci_low=0.1, ci_high=0.3),                       # fails
+        _row(threshold=0.5, ci_low=0.1, ci_high=0.3, threshold_p=0.99),     # fails
     ])
     out = decide(rows)
     assert list(out["verdict"]) == ["holds", "undecided", "no effect", "no effect", "undecided", "undecided",
                                     "precondition not met", "fails"]
-    assert out["family_size"].iloc[0] == 6  # judged rows with a p, precondition met
-    assert out["null_p_holm"].iloc[0] == pytest.approx(6 * 0.001)
+    assert out["family_size"].iloc[0] == 5  # judged rows with every part of p, precondition met
+    assert out["p_holm"].iloc[0] == pytest.approx(5 * 0.001)  # the row's p is its largest part, the null's
+    assert out["p_largest"].iloc[0] == "null" and out["p_largest"].iloc[1] == "null"
     assert "below 5% of the whole donor-base gap" in out["reason"].iloc[3]
     assert "no null of its kind" in out["reason"].iloc[5] and "fewer than the region's 6" in out["reason"].iloc[5]
     assert p_text(0.0001, 0.0001) == "<= 0.0001" and p_text(0.002, 0.0001) == "0.002"

@@ -111,6 +111,9 @@ def _spec_list(role: str, spec: object) -> list[str]:
     return spec
 
 
+CONTROL = "control"  # the role and label of the control finetune
+
+
 class LocalizeConfig(BaseModel):
     """Cell maps of a model pair (``pre`` and ``sft``) on a dataset's test prompts; ``sft`` may
     list several models (training seeds), each mapped against the same ``pre``. ``nulls`` lists
@@ -121,7 +124,8 @@ class LocalizeConfig(BaseModel):
 
     name: str = "localize"
     data: Path
-    # must name "pre" and "sft" (one spec or a list of them); "nulls": a list of null models
+    # must name "pre" and "sft" (one spec or a list of them); "nulls": a list of null models;
+    # "control": the control finetune (answers shuffled among the subjects)
     models: dict[str, str | list[str]]
     templates: list[str] | None = None
     directions: list[Literal["a2b", "b2a"]] | None = None
@@ -166,6 +170,8 @@ class LocalizeConfig(BaseModel):
                 raise ValueError(f"models: a role name must be a string, got {role!r} (null models go under 'nulls')")
             if role == "nulls":
                 _spec_list(role, spec)
+            elif role == "control" and not (isinstance(spec, str) and spec.strip()):
+                raise ValueError(f"models.control: one model spec (the control finetune), got {spec!r}")
             elif role == "sft" and isinstance(spec, list):
                 _spec_list(role, spec)
             elif not isinstance(spec, str) or not spec.strip():
@@ -180,6 +186,9 @@ class LocalizeConfig(BaseModel):
         both = [x for x in value.get("nulls", []) if x in sfts]
         if both:
             raise ValueError(f"models.nulls lists {both[0]!r}, which models.sft lists too (a null is another finetune)")
+        if value.get("control") in sfts:
+            raise ValueError(f"models.control is {value['control']!r}, which models.sft lists too (the control is "
+                             "another finetune: the same recipe and texts with the answers shuffled among the subjects)")
         return value
 
     def role_specs(self) -> dict[str, ModelSpec]:
@@ -196,13 +205,20 @@ class LocalizeConfig(BaseModel):
         null = self.models.get("nulls", [])
         return list(zip(null_labels(null), null))  # type: ignore[arg-type]
 
+    def control_models(self) -> list[tuple[str, str]]:
+        """``[("control", spec)]`` where ``models.control`` names the control finetune (the same
+        recipe and texts, answers shuffled among the subjects: the format and the answer words,
+        no fact); each fact claim of an SFT model must beat the same region grafted from it."""
+        control = self.models.get("control")
+        return [(CONTROL, control)] if isinstance(control, str) else []
+
     def mapped_models(self) -> list[tuple[str, str]]:
-        """Every model mapped against ``pre``: the SFT models, then the null models."""
-        return self.sft_models() + self.null_models()
+        """Every model mapped against ``pre``: the SFT models, the null models, the control."""
+        return self.sft_models() + self.null_models() + self.control_models()
 
     def roles(self) -> dict[str, str]:
         """Every role by label (``pre``, ``sft`` or ``sft[i]``, ``null[i]``, other roles): one spec each."""
-        flat = {role: spec for role, spec in self.models.items() if role not in ("sft", "nulls")}
+        flat = {role: spec for role, spec in self.models.items() if role not in ("sft", "nulls", CONTROL)}
         return {**flat, **dict(self.mapped_models())}
 
     @field_validator("metric")
@@ -232,6 +248,7 @@ class LocalizeConfig(BaseModel):
                                                    "claims", "reversal"})
         data["models"]["sft"] = self.sft_models()[0][1]
         data["models"].pop("nulls", None)
+        data["models"].pop(CONTROL, None)
         if data["tokenizer"] is None:  # runs made before the key keep their identity
             del data["tokenizer"]
         return json_digest(data)

@@ -48,7 +48,7 @@ from weightgraft.localization.claims import NULL_FINETUNE, PRE_SFT
 from weightgraft.localization.claims.evidence import claims_evidence
 from weightgraft.localization.claims.stage import map_claims, write_claims
 from weightgraft.errors import ResultsDirConflict
-from weightgraft.localization.config import LocalizeConfig, load_localize_config
+from weightgraft.localization.config import CONTROL, LocalizeConfig, load_localize_config
 from weightgraft.localization.examples import LocalizeExample, build_examples, select_prompts
 from weightgraft.localization.directions import choose_directions, left_out
 from weightgraft.localization.exact_parts import exact_stage
@@ -152,8 +152,11 @@ def _check_peft(config: LocalizeConfig) -> list[PeftSpec | None]:
     return specs
 
 
-def _parts_name(i: int, n_sft: int) -> str:
-    """The parts folder of the i-th mapped model (not the first): ``sft{i}``, or ``null{j}``."""
+def _parts_name(i: int, n_sft: int, label: str = "") -> str:
+    """The parts folder of the i-th mapped model (not the first): ``sft{i}``, ``null{j}``, or
+    ``control``."""
+    if label == CONTROL:
+        return CONTROL
     return f"sft{i}" if i < n_sft else f"null{i - n_sft}"
 
 
@@ -316,7 +319,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     if excluded:
         say(f"{len(excluded)} prompt(s) excluded: {excluded[:3]}")
     sfts = config.mapped_models()
-    nulls = [label for label, _ in config.null_models()]
+    nulls = [label for label, _ in config.null_models() + config.control_models()]
     _note(run_dir, directions=choice.directions, directions_note=choice.note, excluded=excluded,
           n_prompts={t: sum(e.prompt.template == t for e in examples) for t in dict.fromkeys(e.prompt.template for e in examples)},
           prompt_directions=sorted({str(e.prompt.direction) for e in examples}),
@@ -341,7 +344,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         if len(sfts) > 1:
             say(f"[{label}] {spec}")
         pairs = {"sufficiency": [pre.model, sft.model], "necessity": [sft.model, pre.model]}
-        parts = run_dir / "parts" if i == 0 else run_dir / "parts" / _parts_name(i, len(sfts) - len(nulls))
+        parts = run_dir / "parts" if i == 0 else run_dir / "parts" / _parts_name(i, len(sfts) - len(nulls), label)
         parts.mkdir(parents=True, exist_ok=True)
         stamp = "" if i == 0 else f"{label}/"
         cells = _model_maps(config, examples, pre.model, sft=sft.model, pairs=pairs, pad_id=pad_id, parts=parts, stamp=stamp, say=say, seconds=seconds)
@@ -376,5 +379,10 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     table = stability_table(whole_cells(cells), nulls=nulls)
     atomic.write_text(run_dir / "stability.csv", table.to_csv(index=False))
     atomic.write_text(run_dir / "stability_null.csv", null_summary(table).to_csv(index=False))
-    write_claims(run_dir, claim_tables, claim_prompts)
+    judged = write_claims(run_dir, claim_tables, claim_prompts, control=CONTROL if config.control_models() else None,
+                          seed=config.seed, n_resamples=config.claims.resamples)
+    if judged is not None:
+        for (label, template, direction), rows in judged.groupby(["model", "template", "direction"], sort=False):
+            say(f"[{label}/{direction}/{template}] claims: " + ", ".join(
+                f"{r['claim']} {r['verdict']}" for _, r in rows.iterrows() if r["null_kind"] != "none"))
     return LocalizeResult(run_dir, cells, search, excluded, seconds, None, choice.note)

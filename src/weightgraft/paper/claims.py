@@ -27,7 +27,7 @@ MIN_PROMPTS = 20  # localize's floor for a judged (not exploratory) row
 
 # What the report keeps of each claims.csv row.
 CLAIM_COLUMNS = ("model", "setting", "template", "claim", "statement", "n_prompts", "evidence", "share_exact",
-                 "ci_low", "ci_high", "threshold", "side", "null_kind", "null_p_holm", "verdict", "reason",
+                 "ci_low", "ci_high", "share_plain", "threshold", "side", "null_kind", "p_parts", "p_holm", "verdict", "reason",
                  "in_paper_setting", "donor_top5")
 
 

@@ -133,17 +133,20 @@ def claims_blocks(run: PaperRun) -> list[Block]:
     if run.claims is None:
         return blocks + [("p", "Not judged: no a2b finetune in this run.")]
     blocks.append(("p", "Each claim's region grafted whole, exactly, in every prompt (`weightgraft localize`'s "
-                        "claims; docs/localize.md): its share of the effect on the first answer token's log-probability "
-                        "with a 95% Fieller interval, and a paired test against a null region of its kind, Holm-adjusted "
-                        "over the run. Holds: interval past the threshold on its side and Holm p <= 0.05; fails: "
-                        "interval on the other side; undecided otherwise (the reason says why). Rows of claims 4-5 "
+                        "claims; docs/localize.md): its share of the fact-specific effect (`fact_logprob`: the answer's "
+                        "log-probability minus the mean over the world's other answers; the plain first-token effect "
+                        "beside it) with a per-row 95% Fieller interval. A row's p is the largest of its parts: the "
+                        "threshold test, a paired test against a null region of its kind and, for fact claims, against "
+                        "the same region grafted from the control finetune where the run has one; Holm-adjusted once "
+                        "over the run. Holds: Holm p <= 0.05; fails: interval on the other side of the threshold; "
+                        "undecided otherwise (the reason names the largest part). Rows of claims 4-5 "
                         "on PRE -> SFT are outside the paper's setting (the paper made them for both directions -> "
                         "a2b on reversed prompts, the rows `both->a2b`)."))
     rows = [(str(r.get("claim")), str(r.get("statement", "")), str(r.get("model")), str(r.get("setting")),
              "yes" if r.get("in_paper_setting") else "no", str(r.get("template")),
              f"{r['n_prompts']:.0f}" if r.get("n_prompts") is not None else "",
              f"{r.get('side', '')} {r['threshold']:g}" if r.get("threshold") is not None else "",
-             _share(r), f"{r['null_p_holm']:.3g}" if r.get("null_p_holm") is not None else "n/a",
+             _share(r), f"{r['p_holm']:.3g}" if r.get("p_holm") is not None else "n/a",
              str(r.get("verdict")) + (" (exploratory)" if r.get("evidence") == "exploratory" else ""),
              str(r.get("reason") or ""))
             for r in run.claims["outputs"]["claims"]]

@@ -202,12 +202,16 @@ def _claims_section(run_dir: Path) -> str:
     reach = (f" (least reachable adjusted p: {min(1.0, family * least.max()):.2g})" if least.notna().any() else "")
     intro = ("<h2>The paper's claims</h2><p>Each claim grafts its whole region exactly in every prompt. The share is "
              "a ratio of sums over prompts of the region graft's effect and the effect of the cells it is a share of "
-             "(<i>within</i>), with its 95% Fieller interval (declined, with the reason, where the within effect's "
-             "interval includes 0 or the effects are too skewed for their number of prompts). The region must beat its "
-             "null across prompts: a paired test (sign flips of the per-prompt differences, and relabelings of the "
-             f"region among its null draws within each prompt; the larger p), Holm-adjusted over all {family} judged "
-             f"rows of this run as one family{reach}. "
-             f"<i>holds</i>: the interval on the claim's side of the threshold and Holm p &le; {ALPHA:g}; <i>fails</i>: "
+             "(<i>within</i>), in the claims' metric (by default <code>fact_logprob</code>: the answer against the "
+             "world's other answers, so a donor that raises every answer alike has no effect), with its per-row 95% "
+             "Fieller interval (declined, with the reason, where the within effect's interval includes 0 or the effects "
+             "are too skewed for their number of prompts). A row's p is the largest of its parts: the threshold test "
+             "(twice its one-sided p, so a row that holds has its interval on the claim's side), the region against "
+             "its null across prompts (sign flips of the per-prompt differences, and relabelings of the region among "
+             "its null draws within each prompt; the larger p) and, for a fact claim where the run has a control "
+             f"finetune, the region against the control's same region; Holm-adjusted once over all {family} judged "
+             f"rows of this run{reach}. "
+             f"<i>holds</i>: Holm p &le; {ALPHA:g}; <i>fails</i>: "
              "the interval on the other side; else <i>undecided</i> (the reason is given); <i>no effect</i>: within's "
              f"interval includes 0 or its effect is below {FLOOR:.0%} of the whole donor-base gap; <i>precondition not "
              "met</i>: the setting's donor does not know the facts. Rows on null finetunes (<i>null finetune</i>) must "
@@ -230,10 +234,10 @@ def _claims_section(run_dir: Path) -> str:
                     else f"{f(r['share_exact'])} (no interval)")
         rows.append((*[str(r[k]) for k in keys], r["claim"], interval,
                      "-" if pd.isna(r["threshold"]) else f"{r['side']} {r['threshold']:g}", f(r["null_mean"]),
-                     f"{p_text(r['null_p'], least[r.name])} / {p_text(r['null_p_holm'], floor)}",
+                     f"{text(r.get('p_parts'))} / {p_text(r['p_holm'], floor)}",
                      r["verdict"], text(r.get("reason")), f"{int(r['n_prompts'])} ({text(r.get('evidence'))})",
                      f(r["share_estimate"]), text(r.get("note"))))
-    return intro + html_table((*keys, "claim", "exact share [95% CI]", "test", "null mean (share)", "p / Holm p",
+    return intro + html_table((*keys, "claim", "exact share [95% CI]", "test", "null mean (share)", "parts of p / Holm p",
                                "verdict", "why", "prompts", "estimate share", "note"), rows)
 
 

@@ -52,6 +52,18 @@ class ClaimMap:
     prompt_ids: Sequence[str] = ()
 
 
+def threshold_p(past: np.ndarray, *, above: bool) -> float:
+    """One-sided p that the mean of ``region - threshold * within`` over prompts lies on the
+    claim's side of 0 (Fieller's pivot, a t test: its inversion is the share's interval)."""
+    from scipy import stats as sps
+
+    if len(past) < 2 or not np.isfinite(past).all():
+        return float("nan")
+    if np.ptp(past) == 0:
+        return 0.0 if (past[0] > 0 if above else past[0] < 0) else 1.0
+    return float(sps.ttest_1samp(past, 0.0, alternative="greater" if above else "less").pvalue)
+
+
 def null_seed(seed: int, label: str, claim: str, prompt: str, kind: str) -> str:
     """The seed string of one prompt's null draws of one kind (distinct per map and claim)."""
     return f"{seed}:{label}:{claim}:{prompt}:{kind}"
@@ -203,6 +215,7 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
                     "ci_high": share.high if share else np.nan, "interval_note": share.declined if share else ""})
         if claim.judged and len(den):  # where skew declines the interval: on how many prompts is it past the threshold?
             past = num - claim.threshold * den
+            row["threshold_p"] = threshold_p(past, above=claim.above)
             row.update(n_past_threshold=int((past > 0).sum() if claim.above else (past < 0).sum()),
                        sign_p_past=sign_test_p(past, alternative="greater" if claim.above else "less"),
                        sign_p_short=sign_test_p(past, alternative="less" if claim.above else "greater"))
@@ -245,6 +258,6 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
         prompts.append(record)
     judged = decide(pd.DataFrame(rows))
     for row, (_, r) in zip(rows, judged.iterrows()):
-        row.update(null_p_holm=float(r["null_p_holm"]), verdict=r["verdict"], reason=r["reason"])
+        row.update(p=float(r["p"]), p_parts=r["p_parts"], p_holm=float(r["p_holm"]), verdict=r["verdict"], reason=r["reason"])
     per_prompt = pd.concat(prompts, ignore_index=True) if prompts else pd.DataFrame()
     return rows, per_prompt

@@ -18,6 +18,7 @@ from torch import nn
 from weightgraft import atomic
 
 from weightgraft.engine.attribution import Metric
+from weightgraft.localization.claims.control import against_control
 from weightgraft.localization.claims.grafts import ClaimMap, judge_claims
 from weightgraft.localization.claims.regions import CLAIMS, Claim
 from weightgraft.localization.claims.verdicts import MIN_PROMPTS, decide
@@ -26,9 +27,10 @@ from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
 from weightgraft.engine.architectures import model_slots
 
+DECIDED = ["p", "p_parts", "p_holm", "verdict", "reason"]
 PLAIN = "first_logprob"  # the plain effect kept beside the claims' own in every row
 FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "evidence", "within_effect", "share_exact",
-         "ci_low", "ci_high", "share_plain", "null_kind", "null_mean", "null_p", "null_p_holm", "verdict", "reason", "share_estimate",
+         "ci_low", "ci_high", "share_plain", "null_kind", "null_mean", "threshold_p", "null_p", "share_estimate",
          "share_exact_cells", "interaction", "region_cells_share", "region_params_share"]
 
 
@@ -104,8 +106,11 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
             r["note"] = "" if r["in_paper_setting"] else f"outside the paper's setting ({r['paper_setting']}, sufficiency)"
         rows += found
         prompts.append(per_prompt.assign(model=model_label, template=template, direction=direction, setting=setting))
-        say(f"[{direction}/{template}] claims ({setting}): " + ", ".join(f"{r['claim']} {r['verdict']}" for r in found))
-    out = pd.DataFrame(rows)
+        say(f"[{direction}/{template}] claims ({setting}, {settings.metric}): "
+            + ", ".join(f"{r['claim']} share {r['share_exact']:.2f} p {r['p']:.2g}" for r in found if r["null_kind"] != "none")
+            + " (verdicts: one Holm family over the run, in claims.csv)")
+    # a map's rows carry evidence only: the verdict is the run's, decided once over every map (write_claims)
+    out = pd.DataFrame(rows).drop(columns=[c for c in DECIDED if c in rows[0]] if rows else [])
     out = out[FIRST + [c for c in out.columns if c not in FIRST]]
     per = pd.concat(prompts, ignore_index=True)
     with atomic.atomic_path(table) as tmp:
@@ -115,12 +120,18 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
     return out, per
 
 
-def write_claims(run_dir: Path, tables: Sequence[pd.DataFrame], prompts: Sequence[pd.DataFrame]) -> pd.DataFrame | None:
-    """``claims.csv`` (one row per claim and map; every judged row of the run one Holm family) and
+def write_claims(run_dir: Path, tables: Sequence[pd.DataFrame], prompts: Sequence[pd.DataFrame], *,
+                 control: str | None = None, seed: int = 0, n_resamples: int = 9999) -> pd.DataFrame | None:
+    """``claims.csv`` (one row per claim and map; every judged row of the run one Holm family, each
+    fact claim tested against the ``control`` finetune's same region where the run has one) and
     ``claims_prompts.parquet`` (each row's per-prompt effects: any row can be recomputed)."""
     if not tables:
         return None
-    table = decide(pd.concat(tables, ignore_index=True))
+    table = pd.concat(tables, ignore_index=True)
+    if control is not None:
+        table = against_control(table, pd.concat(prompts, ignore_index=True), control=control, seed=seed,
+                                n_resamples=n_resamples)
+    table = decide(table)
     atomic.write_text(run_dir / "claims.csv", table.to_csv(index=False))
     with atomic.atomic_path(run_dir / "claims_prompts.parquet") as tmp:
         pd.concat(prompts, ignore_index=True).to_parquet(tmp, index=False)

@@ -1,19 +1,28 @@
-"""A claim's verdict from its row: the interval against the threshold and the region against its
-null across prompts, Holm-adjusted over one family (every judged row a run prints).
+"""A claim's verdict from its row: one p-value per row, the largest of its parts, Holm-adjusted once
+over one family (every judged row a run prints), and the interval beside it.
 
-- *holds*: the interval lies wholly on the claim's side of the threshold and the region beats its
-  null (Holm-adjusted p <= ``ALPHA``);
-- *fails*: the interval lies wholly on the other side;
-- *undecided*: otherwise, or where the interval was declined (the row's ``interval_note`` says why);
-  where it was declined for skew, the sign test across prompts decides instead (is the region past
-  the threshold's part of within on most prompts: ``n_past_threshold``, ``sign_p_past``; one-sided
-  at ``SIGN_ALPHA``), and the reason says so: a statement about the median prompt, not the mean;
+The parts of a row's p (``p_parts``), each one-sided on the claim's side:
+- the threshold test: ``region - threshold * within`` across prompts (Fieller's pivot: the test
+  whose inversion is the share's interval), or, where skew declines the interval, the sign test
+  across prompts of the same difference (``sign_p_past``: a statement about the median prompt);
+  twice its one-sided p (the interval's two-sided level), so a row that holds has its 95%
+  interval on the claim's side of the threshold;
+- the null test: the region against its null draws (``null_p``);
+- the control test, on a fact claim of an SFT model where the run has a control finetune: the
+  region against the same region grafted from the control donor (``control_p``).
+
+- *holds*: the Holm-adjusted p (``p_holm``) <= ``ALPHA``;
+- *fails*: the interval lies wholly on the other side of the threshold (where skew declines it:
+  the sign test says most prompts are short of it, at ``SIGN_ALPHA``);
+- *undecided*: otherwise; the reason names the largest part;
 - *no effect*: the whole graft's interval does not lie on the side the finetune moves the answer
   (``expected_sign``: the donor does not carry the behaviour, as on a null finetune), or the effect
   the share is a share of (*within*) is not distinguishable from 0 (its t interval includes 0) or
   is below ``FLOOR`` of the whole donor-base gap: a ratio of noise;
 - *no cells*: the prompts have no cell in the region; *shown*: a row shown, not judged;
 - *precondition not met*: the setting's donor does not know the facts (``precondition`` says how).
+
+The intervals printed beside the verdict are per-row 95% intervals, not simultaneous ones.
 """
 
 from __future__ import annotations
@@ -55,7 +64,9 @@ def _one(row: pd.Series) -> tuple[str, str]:
     if not _nan(whole) and sign * row["within_effect"] < FLOOR * abs(whole):
         return "no effect", f"within's effect is below {FLOOR:.0%} of the whole donor-base gap ({whole:.3g})"
     threshold, above = row["threshold"], row["side"] == ">"
-    beats = not _nan(row["null_p_holm"]) and row["null_p_holm"] <= ALPHA
+    p_holm = row.get("p_holm", float("nan"))
+    holds = not _nan(p_holm) and p_holm <= ALPHA
+    largest = str(row.get("p_largest", ""))
     if _nan(row["ci_low"]):
         note = str(row.get("interval_note", ""))
         if not note.startswith("effects too skewed") or _nan(row.get("sign_p_past", float("nan"))):
@@ -66,34 +77,55 @@ def _one(row: pd.Series) -> tuple[str, str]:
                 f"(sign test p {row['sign_p_past']:.2g})")
         if row["sign_p_short"] <= SIGN_ALPHA:
             return "fails", said
-        if row["sign_p_past"] <= SIGN_ALPHA and beats:
+        if holds:
             return "holds", said
-        return "undecided", said + ("" if row["sign_p_past"] <= SIGN_ALPHA else f", not <= {SIGN_ALPHA}")
+        return "undecided", said + f"; Holm p {p_holm:.3g} > {ALPHA} ({largest} the largest part)"
     if _nan(row["null_p"]):
         drawn = str(row.get("null_drawn", ""))
         why = drawn.split(": ", 1)[1] if ": " in drawn else "no null set"
         verdict = "fails" if (row["ci_high"] < threshold if above else row["ci_low"] > threshold) else "undecided"
         return verdict, f"no null of its kind can be drawn on every prompt ({why})"
-    right = row["ci_low"] > threshold if above else row["ci_high"] < threshold
     wrong = row["ci_high"] < threshold if above else row["ci_low"] > threshold
     if wrong:
         return "fails", "the interval lies on the other side of the threshold"
-    if right and beats:
+    if holds:
         return "holds", ""
-    if right:
-        return "undecided", f"does not beat its null (Holm p {row['null_p_holm']:.3g} > {ALPHA})"
-    return "undecided", "the interval includes the threshold"
+    return "undecided", f"Holm p {p_holm:.3g} > {ALPHA}: the {largest} test is the largest part"
+
+
+PARTS = (("threshold", "threshold_p"), ("null", "null_p"), ("control", "control_p"))
+
+
+def _row_p(row: pd.Series) -> tuple[float, str, str]:
+    """The row's p (the largest of its parts), the largest part's name and every part as text."""
+    parts = []
+    for name, column in PARTS:
+        value = row.get(column, float("nan"))
+        if name == "threshold" and _nan(row.get("ci_low", float("nan"))) and str(row.get("interval_note", "")).startswith("effects too skewed"):
+            value = row.get("sign_p_past", float("nan"))  # skew's route: the sign test stands for the threshold test
+        if name == "threshold" and not _nan(value):
+            value = min(1.0, 2 * float(value))
+        if name == "control" and _nan(value):
+            continue  # no control finetune in this run, or not a fact claim of an SFT model
+        parts.append((name, float(value) if not _nan(value) else float("nan")))
+    if not parts or any(math.isnan(v) for _, v in parts):
+        return float("nan"), "", "; ".join(f"{n}: {v:.4g}" for n, v in parts)
+    name, value = max(parts, key=lambda x: x[1])
+    return value, name, "; ".join(f"{n}: {v:.4g}" for n, v in parts)
 
 
 def decide(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows with ``null_p_holm`` (Holm over every judged row given: one family),
-    ``p_floor`` (the least p each row could reach), ``verdict`` and ``reason``."""
+    """The rows with ``p`` (each row's largest part), ``p_parts``, ``p_holm`` (Holm over every
+    judged row given: one family), ``family_size``, ``verdict`` and ``reason``."""
     out = rows.copy()
-    judged = out["null_kind"].ne("none") & out["null_p"].notna()
+    row_ps = [_row_p(r) for _, r in out.iterrows()]
+    out["p"] = [p for p, _, _ in row_ps]
+    out["p_largest"] = [name for _, name, _ in row_ps]
+    out["p_parts"] = [text for _, _, text in row_ps]
+    judged = out["null_kind"].ne("none") & out["p"].notna()
     if "precondition" in out:
         judged &= out["precondition"].fillna("").eq("")
-    adjusted = holm(out["null_p"].where(judged).to_numpy(dtype=float))
-    out["null_p_holm"] = adjusted
+    out["p_holm"] = holm(out["p"].where(judged).to_numpy(dtype=float))
     out["family_size"] = int(judged.sum())
     pairs = [_one(r) for _, r in out.iterrows()]
     out["verdict"] = [v for v, _ in pairs]
