@@ -64,6 +64,23 @@ def threshold_p(past: np.ndarray, *, above: bool) -> float:
     return float(sps.ttest_1samp(past, 0.0, alternative="greater" if above else "less").pvalue)
 
 
+def even_spread_threshold(claim: Claim, params_share: float) -> float:
+    """A component claim's threshold, stated against what an update spread evenly over the
+    parameters gives: its region would carry its parameter share. "O + FFN carry most" must
+    exceed their share of within's parameters (0.84 of the last quarter's attention + O + FFN
+    in SmolLM2-135M), "q/k/v add little" must stay under theirs; other claims keep their own."""
+    if claim.null != "components" or not np.isfinite(params_share):
+        return claim.threshold
+    return max(claim.threshold, params_share) if claim.above else min(claim.threshold, params_share)
+
+
+def _threshold_note(claim: Claim, threshold: float, params_share: float) -> str:
+    if threshold == claim.threshold or not np.isfinite(threshold):
+        return ""
+    return (f"the stated {claim.threshold:g} moved to the region's parameter share {params_share:.3g}: an even "
+            "spread over the parameters would carry that much, so only past it is the claim told from one")
+
+
 def null_seed(seed: int, label: str, claim: str, prompt: str, kind: str) -> str:
     """The seed string of one prompt's null draws of one kind (distinct per map and claim)."""
     return f"{seed}:{label}:{claim}:{prompt}:{kind}"
@@ -104,11 +121,11 @@ def _plan(claim: Claim, data: ClaimMap, frames: list[tuple[list[CellKey], pd.Dat
     elif claim.null == "components" and claim.marginal:
         among = sorted({slot_parts(s)[1] for w in within for _, s in w} - {slot_parts(s)[1] for r in region for _, s in r})
         nulls["other components"] = [component_nulls(r, set(w), draws, null_seed(seed, label, claim.name, i, "components"),
-                                                     among) for r, w, i in zip(region, within, ids)]
+                                                     among, data.params) for r, w, i in zip(region, within, ids)]
     elif claim.null == "components":
         nulls["layer blocks"] = [block_nulls(r, have, data.n_layers) for r, have in zip(region, data.keys)]
-        nulls["other components"] = [component_nulls(r, have, draws, null_seed(seed, label, claim.name, i, "components"))
-                                     for r, have, i in zip(region, data.keys, ids)]
+        nulls["other components"] = [component_nulls(r, have, draws, null_seed(seed, label, claim.name, i, "components"),
+                                                     params=data.params) for r, have, i in zip(region, data.keys, ids)]
     return _Plan(claim, region, within, rest, nulls)
 
 
@@ -191,9 +208,15 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
         num = den - col(plan.rest) if claim.marginal else col(plan.region)
         den_plain = col(plan.within, plain)
         num_plain = den_plain - col(plan.rest, plain) if claim.marginal else col(plan.region, plain)
+        p_within = sum(data.params.get(s, 0) for w in plan.within for _, s in w)
+        params_share = (sum(data.params.get(s, 0) for r in plan.region for _, s in r) / p_within
+                        if p_within else np.nan)
+        threshold = even_spread_threshold(claim, params_share)
         row: dict[str, Any] = {"claim": claim.name, "statement": claim.statement, "setting": setting,
                                "paper_setting": claim.paper_setting, "in_paper_setting": setting == claim.paper_setting,
-                               "threshold": claim.threshold, "side": ">" if claim.above else "<",
+                               "threshold": threshold, "threshold_stated": claim.threshold,
+                               "threshold_note": _threshold_note(claim, threshold, params_share),
+                               "side": ">" if claim.above else "<",
                                "n_prompts": len(data.keys), "n_region_keys": n_region,
                                "null_kind": claim.null, "null": NULL_KINDS[claim.null], "seed": seed,
                                "precondition": precondition, "whole_effect": float(whole.mean()) if len(whole) else np.nan,
@@ -214,7 +237,7 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
                     "share_exact": share.value if share else np.nan, "ci_low": share.low if share else np.nan,
                     "ci_high": share.high if share else np.nan, "interval_note": share.declined if share else ""})
         if claim.judged and len(den):  # where skew declines the interval: on how many prompts is it past the threshold?
-            past = num - claim.threshold * den
+            past = num - threshold * den
             row["threshold_p"] = threshold_p(past, above=claim.above)
             row.update(n_past_threshold=int((past > 0).sum() if claim.above else (past < 0).sum()),
                        sign_p_past=sign_test_p(past, alternative="greater" if claim.above else "less"),
@@ -235,7 +258,9 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
             p_values.append(paired_p(num, null, alternative="greater" if claim.above else "less", seed=seed,
                                      n_resamples=n_resamples) if n_region else np.nan)
             null_shares.append(float(null.mean(1).sum() / den.sum()) if den.sum() else np.nan)
-            drawn.append(f"{kind} ({null.shape[1]} per prompt)")
+            ratio = float(np.mean([n.param_ratio for n in plan.nulls[kind]]))
+            drawn.append(f"{kind} ({null.shape[1]} per prompt" + (f", {ratio:.2f}x the region's parameters)"
+                                                                    if kind == "other components" else ")"))
             unmatched += sum(n.n_unmatched for n in plan.nulls[kind])
             record[f"null_mean_{kind.replace(' ', '_')}"] = null.mean(1)
         # a region must beat every kind of its null: the larger p (an intersection-union test)
@@ -248,12 +273,10 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
         est_den = sum(e.get(k, 0.0) for e, w in zip(data.estimates, plan.within) for k in w)
         share_est = est_num / est_den if est_den else np.nan
         n_within = sum(len(w) for w in plan.within)
-        p_within = sum(data.params.get(s, 0) for w in plan.within for _, s in w)
         row.update({"share_estimate": share_est, "share_exact_cells": _exact_cells_share(data, plan.region, plan.within),
                     "interaction": row[estimates_of] / share_est if share_est and estimates_of else np.nan,
                     "region_cells_share": n_region / n_within if n_within else np.nan,
-                    "region_params_share": (sum(data.params.get(s, 0) for r in plan.region for _, s in r) / p_within
-                                            if p_within else np.nan)})
+                    "region_params_share": params_share})
         rows.append(row)
         prompts.append(record)
     judged = decide(pd.DataFrame(rows))

@@ -8,8 +8,10 @@ import itertools
 import math
 import random
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey
@@ -24,6 +26,7 @@ class NullSets:
     sets: list[list[CellKey]]
     n_unmatched: int = 0
     missing: str = ""
+    param_ratio: float = 1.0  # the sets' parameters over the region's (component nulls matched on parameters)
 
 
 def _choices(pool: Sequence, size: int, draws: int, seed: str) -> list[tuple]:
@@ -94,22 +97,45 @@ def block_nulls(region: Sequence[CellKey], have: set[CellKey], n_layers: int) ->
     return NullSets(out, short)
 
 
+NORM = "norm"  # components named for a norm (attn_norm, ffn_norm, q_norm, ...): vectors, never a null's pool
+MATCH = 0.25  # a null set's parameters within this fraction of the region's count as matched
+
+
 def component_nulls(region: Sequence[CellKey], have: set[CellKey], draws: int, seed: str,
-                    among: Sequence[str] | None = None) -> NullSets:
-    """As many other components as the region has, at the region's positions and layers
-    (``among``: the components to draw from; default every other component the prompt has
-    there)."""
+                    among: Sequence[str] | None = None, params: Mapping[str, int] | None = None) -> NullSets:
+    """Other components at the region's positions and layers, as many as it has, or, with
+    ``params`` (parameters per slot), sets of any size whose parameters match the region's
+    (within ``MATCH``; where none does, the closest: ``param_ratio`` says how close). Norm vectors
+    are never drawn (``among``: the components to draw from; default every other component the
+    prompt has there)."""
     places = sorted({(label, _layer(s)) for label, s in region})
     mine = sorted({slot_parts(s)[1] for _, s in region})
     pool = sorted({slot_parts(s)[1] for label, s in have if (label, _layer(s)) in set(places)} - set(mine))
-    if among is not None:
-        pool = [c for c in pool if c in among]
-    if len(pool) < len(mine):
-        return NullSets([], missing=f"{len(pool)} other components at the region's layers, fewer than its {len(mine)}")
+    pool = [c for c in pool if NORM not in c and (among is None or c in among)]
     by_place = {(label, _layer(s), slot_parts(s)[1]): (label, s) for label, s in have}
+    if params is None:
+        if len(pool) < len(mine):
+            return NullSets([], missing=f"{len(pool)} other components at the region's layers, fewer than its {len(mine)}")
+        picks = _choices(pool, len(mine), draws, seed)
+        ratio = 1.0
+    else:
+        if not pool:
+            return NullSets([], missing="no other component at the region's layers")
+
+        def size(comps: Sequence[str]) -> int:
+            return sum(params.get(k[1], 0) for label, layer in places for c in comps
+                       if (k := by_place.get((label, layer, c))) is not None)
+
+        target = sum(params.get(s, 0) for _, s in region)
+        subsets = [c for n in range(1, len(pool) + 1) for c in itertools.combinations(pool, n)]
+        gaps = {c: abs(size(c) / target - 1) if target else 0.0 for c in subsets}
+        matched = [c for c in subsets if gaps[c] <= MATCH] or [min(subsets, key=lambda c: (gaps[c], c))]
+        picks = matched if len(matched) <= draws else [matched[i] for i in sorted(
+            random.Random(seed).sample(range(len(matched)), draws))]
+        ratio = float(np.mean([size(c) / target for c in picks])) if target else 1.0
     out, short = [], 0
-    for pick in _choices(pool, len(mine), draws, seed):
+    for pick in picks:
         keys = [by_place.get((label, layer, c)) for label, layer in places for c in pick]
         short += sum(k is None for k in keys)
         out.append([k for k in keys if k is not None])
-    return NullSets(out, short)
+    return NullSets(out, short, param_ratio=ratio)
