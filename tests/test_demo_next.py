@@ -179,3 +179,40 @@ def test_a_demo_sweep_of_an_older_rows_format_is_kept_aside_not_mixed(tmp_path) 
     (run / "identity.json").write_text(json.dumps({"rows_format": ROWS_FORMAT}))
     _set_aside_older_rows(run, console)
     assert (run / "identity.json").is_file()
+
+
+@pytest.mark.parametrize("lora, preset", [(None, "cpu-quick"), (8, "cpu-lora")])
+def test_the_demo_trains_an_adapter_with_the_lora_recipe(no_demo, tmp_path, tiny_model_dirs, monkeypatch, lora, preset):
+    """An adapter gets ``cpu-lora`` (cpu-quick's step leaves a rank-8 adapter at top-5 5% on the demo
+    pair; cpu-lora reaches 100%, docs/big-models.md), a full finetune ``cpu-quick``; a given preset wins."""
+    import shutil
+    from types import SimpleNamespace
+
+    import pandas as pd
+    from rich.console import Console
+
+    import weightgraft.experiments.runner
+    import weightgraft.models
+    import weightgraft.report
+    import weightgraft.report.console
+    import weightgraft.training
+    from weightgraft.demo import run_demo
+    from weightgraft.training import PRESETS
+
+    used = []
+
+    def finetune(*a, out, preset, **k):
+        used.append(preset)
+        shutil.copytree(tiny_model_dirs["sft"], out)
+
+    monkeypatch.setattr(weightgraft.models, "ensure_converted", lambda name: None)
+    monkeypatch.setattr(weightgraft.training, "finetune", finetune)
+    summary = pd.DataFrame(columns=["template", "scheme", "top5"])
+    monkeypatch.setattr(weightgraft.experiments.runner, "run_experiment", lambda config, **k: SimpleNamespace(
+        run_dir=Path(config.out), summary=summary, exclusions={"total": 0}))
+    monkeypatch.setattr(weightgraft.report, "write_report", lambda run_dir: SimpleNamespace(html=run_dir / "report" / "report.html"))
+    monkeypatch.setattr(weightgraft.report.console, "print_summary", lambda *a, **k: None)
+    run_demo(out=Path("runs/d1"), n_relations=4, console=Console(record=True), lora=lora)
+    run_demo(out=Path("runs/d2"), n_relations=4, console=Console(record=True), lora=lora, preset="paper-aggressive")
+    assert used == [preset, "paper-aggressive"]
+    assert PRESETS["cpu-lora"].learning_rate > PRESETS["cpu-quick"].learning_rate

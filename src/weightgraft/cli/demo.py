@@ -16,7 +16,7 @@ def demo(
     out: Path = typer.Option(None, help="Output directory (default runs/demo, or runs/demo-MODEL)."),
     relations: int = typer.Option(40, help="Relations in the demo world."),
     seed: int = typer.Option(0),
-    preset: str = typer.Option("cpu-quick", help="Finetuning preset."),
+    preset: str | None = typer.Option(None, help="Finetuning preset (default: cpu-quick; cpu-lora with --lora)."),
     retrain: bool = typer.Option(False, help="Finetune again even if a cached model exists."),
     lora: int = typer.Option(None, "--lora", min=1, help="Finetune a LoRA adapter of this rank (the SFT "
                              "model is peft(pre, ADAPTER)); default output runs/demo-lora."),
