@@ -96,3 +96,17 @@ def test_component_nulls_match_parameters_and_never_draw_norms() -> None:
     by_count = component_nulls(region, have, draws=20, seed="s")
     assert all(not any("norm" in s for _, s in keys) for keys in by_count.sets)
     assert LABELS[-1] == "last"
+
+
+def test_a_prompt_with_more_null_sets_than_the_fewest_gives_a_random_few_not_its_first() -> None:
+    from test_localize_claims import BY_NAME
+
+    from weightgraft.localization.claims.grafts import _kind_sets, _Plan
+    from weightgraft.localization.claims.nulls import NullSets
+
+    many = [[("tok0", f"layers.{i}.q")] for i in range(10)]
+    plan = _Plan(BY_NAME["recall"], region=[[("last", "embed")]] * 2, within=[[], []], rest=[[], []],
+                 nulls={"positions": [NullSets([[("tok1", "embed")]]), NullSets(many)]})
+    picked = {tuple(_kind_sets(plan, "positions", seed=str(s))[0][1]) for s in range(20)}
+    assert len(picked) > 3  # drawn among all ten, by seed
+    assert _kind_sets(plan, "positions", seed="7") == _kind_sets(plan, "positions", seed="7")  # reproducible

@@ -16,6 +16,7 @@ effects come back beside the rows (``claims_prompts.parquet``) so any row can be
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,18 +130,21 @@ def _plan(claim: Claim, data: ClaimMap, frames: list[tuple[list[CellKey], pd.Dat
     return _Plan(claim, region, within, rest, nulls)
 
 
-def _kind_sets(plan: _Plan, kind: str) -> list[list[list[CellKey]]] | str:
-    """The kind's null sets as [draw][prompt] key lists (the fewest draws any prompt has), or
-    why the kind has none."""
+def _kind_sets(plan: _Plan, kind: str, seed: str) -> list[list[list[CellKey]]] | str:
+    """The kind's null sets as [draw][prompt] key lists (the fewest draws any prompt has; a prompt
+    with more gives that many drawn at random among its own, seeded, not its first ones), or why
+    the kind has none."""
     per = plan.nulls[kind]
     missing = next((n.missing for n in per if n.missing), "")
     k = min((len(n.sets) for n in per), default=0)
     if missing or k == 0:
         return missing or "no null set"
+    chosen = [n.sets if len(n.sets) == k else [n.sets[j] for j in sorted(
+        random.Random(f"{seed}:{kind}:{i}").sample(range(len(n.sets)), k))] for i, n in enumerate(per)]
     if plan.claim.marginal:  # the marginal of the other set: within minus it
-        return [[[key for key in w if key not in drop] for n, w in zip(per, plan.within) for drop in [set(n.sets[j])]]
+        return [[[key for key in w if key not in drop] for sets, w in zip(chosen, plan.within) for drop in [set(sets[j])]]
                 for j in range(k)]
-    return [[n.sets[j] for n in per] for j in range(k)]
+    return [[sets[j] for sets in chosen] for j in range(k)]
 
 
 def _exact_cells_share(data: ClaimMap, region: list[list[CellKey]], within: list[list[CellKey]]) -> float:
@@ -184,7 +188,7 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
         for part in (plan.region, plan.within, plan.rest):
             want(part)
         for kind in plan.nulls:
-            got = _kind_sets(plan, kind)
+            got = _kind_sets(plan, kind, f"{seed}:{label}:{plan.claim.name}")
             kinds[(plan.claim.name, kind)] = got
             if not isinstance(got, str):
                 for s in got:

@@ -21,7 +21,7 @@ from weightgraft.engine.attribution import Metric
 from weightgraft.localization.claims.control import against_control
 from weightgraft.localization.claims.grafts import ClaimMap, judge_claims
 from weightgraft.localization.claims.regions import CLAIMS, Claim
-from weightgraft.localization.claims.verdicts import MIN_PROMPTS, decide
+from weightgraft.localization.claims.verdicts import MIN_PROMPTS, decide, p_text
 from weightgraft.localization.examples import LocalizeExample
 from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
@@ -107,7 +107,8 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
         rows += found
         prompts.append(per_prompt.assign(model=model_label, template=template, direction=direction, setting=setting))
         say(f"[{direction}/{template}] claims ({setting}, {settings.metric}): "
-            + ", ".join(f"{r['claim']} share {r['share_exact']:.2f} p {r['p']:.2g}" for r in found if r["null_kind"] != "none")
+            + ", ".join(f"{r['claim']} share {r['share_exact']:.2f} p {p_text(r['p'], r['least_p'])}"
+                        for r in found if r["null_kind"] != "none")
             + " (verdicts: one Holm family over the run, in claims.csv)")
     # a map's rows carry evidence only: the verdict is the run's, decided once over every map (write_claims)
     out = pd.DataFrame(rows).drop(columns=[c for c in DECIDED if c in rows[0]] if rows else [])
