@@ -15,10 +15,14 @@ import pytest
 from weightgraft.paper.numbers import (
     COLUMNS,
     NOT_RUN,
+    OTHER_MODEL,
+    SAME_EQUIVALENT,
+    SAME_NOT_EQUIVALENT,
     PAPER_TEXT_SHA256,
     SHOWN,
     STATED,
     Measured,
+    equivalent,
     paper_numbers,
     paper_text_sha256,
     normalize_text,
@@ -132,42 +136,105 @@ def test_the_reader_refuses_a_stated_row_without_its_number_and_a_shown_row_with
         read_numbers("id,figure\na,b\n")
 
 
-def test_side_by_side_sets_ours_beside_the_paper_and_says_what_was_not_run():
+def test_side_by_side_has_one_row_per_key_the_stated_first_and_says_what_was_not_run():
     measured = {
-        ("fig2", "LT", "top-5 accuracy"): Measured(45.0, 30.0, 60.0),
+        ("fig2", "LT", "top-5 accuracy"): Measured(45.0, 30.0, 60.0, n=40),
         ("fig2", "FE", "top-5 accuracy"): Measured(12.5),  # no interval
         ("fig4", "ffn@fourth_quarter vs o_ffn@fourth_quarter", "drop in top-5 accuracy"):
-            Measured(7.5, -2.5, 17.5, unit="points"),
+            Measured(7.5, -2.5, 17.5, unit="points", n=40, relative=Measured(15.0, -5.0, 30.0, unit="% relative")),
         ("fig2", "LT", "top-1 accuracy"): Measured(1.0),  # the paper has no such row
     }
-    rows = side_by_side(measured, figure_ids={"fig2", "fig4"})
-    by_id = {r.id: r for r in rows}
-    assert {r.id.split(":")[0] for r in rows} == {"fig2", "fig4"}
-    assert len(rows) == 32 + 2 * 8 + 2  # Fig. 2: 4 models x 8 schemes; Fig. 4: 2 x 8 and the two drops
-    lt = by_id["fig2:gemma:LT"]
-    assert (lt.figure, lt.model, lt.paper, lt.ours) == ("Sec. 4.1", "gemma-1.1-2b-it", "53%", "45.0% [30.0, 60.0]")
-    pythia = by_id["fig2:pythia:LT"]  # shown, not stated: ours still beside it
-    assert (pythia.model, pythia.paper, pythia.ours) == ("pythia-2.8b", SHOWN, "45.0% [30.0, 60.0]")
-    assert by_id["fig2:gpt2xl:FE"].paper == "28%" and by_id["fig2:gpt2xl:FE"].ours == "12.5%"
-    assert by_id["fig2:gemma:FE+LT"].ours == NOT_RUN
-    assert by_id["fig4:llama:drop-o"].paper == "41%" and by_id["fig4:llama:drop-o"].ours == "7.5 points [-2.5, 17.5]"
+    rows = side_by_side(measured, figure_ids={"fig2", "fig4"}, not_run={"fig2": "sweep position not selected"})
+    assert {r.figure_id for r in rows} == {"fig2", "fig4"}
+    assert len(rows) == 8 + 8 + 1  # one row per scheme of each figure, the two models' drops in one
+    assert [r.stated for r in rows] == sorted((r.stated for r in rows), reverse=True)  # the stated first
+    by_key = {(r.figure_id, r.scheme): r for r in rows}
+    lt = by_key[("fig2", "LT")]
+    assert lt.paper == "53% (gemma-1.1-2b-it); shown, not stated (gpt2-xl, Llama-3.2-1B, pythia-2.8b)"
+    assert (lt.ours, lt.prompts, lt.verdict) == ("45.0% [30.0, 60.0]", "40", OTHER_MODEL)
+    assert lt.ids[0] == "fig2:gemma:LT" and "headline" in lt.assumes
+    assert by_key[("fig2", "PRE")].ours == NOT_RUN and by_key[("fig2", "PRE")].verdict == \
+        "not run: sweep position not selected"
+    assert by_key[("fig2", "FE")].paper.startswith("28% (gpt2-xl)") and by_key[("fig2", "FE")].ours == "12.5%"
+    drop = by_key[("fig4", "ffn@fourth_quarter vs o_ffn@fourth_quarter")]
+    assert drop.paper == "29% (gemma-1.1-2b-it); 41% (Llama-3.2-1B)"
+    assert drop.ours == "7.5 points [-2.5, 17.5]; 15.0% relative [-5.0, 30.0]"
+    assert "points, and % relative" in drop.cells()[3] and "does not say whether" in drop.assumes
+    assert by_key[("fig4", "o_ffn@fourth_quarter")].verdict == f"{NOT_RUN}: no such row in the run's results"
     assert unmatched(measured) == [("fig2", "LT", "top-1 accuracy")]
-    # every row, all figures: the ones we did not measure say so
     everything = side_by_side({})
-    assert len(everything) == len(paper_numbers()) and {r.ours for r in everything} == {NOT_RUN}
+    assert len(everything) == len({n.key for n in paper_numbers()}) and {r.ours for r in everything} == {NOT_RUN}
     assert Measured(float("nan")).text() == "n/a"
     assert Measured(0.25, 0.1, float("nan"), unit="", digits=3).text() == "0.250"
 
 
-def test_markdown_has_the_header_and_one_line_per_row():
-    rows = side_by_side({("fig5", "FE:ATTN", "top-5 accuracy"): Measured(20.0, 8.0, 35.0)}, figure_ids={"fig5"})
+def test_markdown_has_the_header_with_units_and_one_line_per_key():
+    rows = side_by_side({("fig5", "FE:ATTN", "top-5 accuracy"): Measured(20.0, 8.0, 35.0, n=20)}, figure_ids={"fig5"})
     text = to_markdown(rows)
     lines = text.splitlines()
-    assert lines[0] == "| figure or section | model | scheme | metric | the paper | ours |"
-    assert lines[1] == "|---|---|---|---|---|---|"
-    assert len(lines) == 2 + len(rows) == 2 + 10
-    assert "| Fig. 5 | gemma-1.1-2b-it | FE:ATTN | top-5 accuracy | 63% | 20.0% [8.0, 35.0] |" in lines
-    assert "| Fig. 5 | Llama-3.2-1B | FE:FFN | top-5 accuracy | shown, not stated | not run |" in lines
+    assert lines[0] == ("| figure or section | sentence | scheme | metric (unit) | the paper (its models) | ours [95% "
+                        "interval], in the metric's unit | prompts | verdict | the row assumes |")
+    assert len(lines) == 2 + len(rows) == 2 + 5
+    assert lines[2].startswith("| Fig. 5 | headline | FE:ATTN | top-5 accuracy (% of prompts) | 63% (gemma-1.1-2b-it); "
+                               "34% (Llama-3.2-1B) | 20.0% [8.0, 35.0] | 20 | other model: shape only | task ATTN")
+    assert "| Fig. 5 | headline | FE:FFN | top-5 accuracy (% of prompts) | shown, not stated (gemma-1.1-2b-it, " \
+           "Llama-3.2-1B) | not run |  | not run: no such row in the run's results |" in text
     assert text.endswith("\n")
     piped = dataclasses.replace(rows[0], scheme="a|b")
     assert "a\\|b" in to_markdown([piped])
+
+
+@pytest.mark.parametrize("hits, n, verdict", [(212, 400, SAME_EQUIVALENT), (4, 8, SAME_NOT_EQUIVALENT)])
+def test_on_the_papers_model_a_level_is_equivalent_iff_its_90_interval_lies_within_the_margin(hits, n, verdict):
+    """53% on gemma-1.1-2b-it, margin 10 points: 212 of 400 (90% CP [48.8, 57.2]) is equivalent,
+    4 of 8 (90% CP [19.3, 80.7]) is not; a gpt2-xl number beside it stays shape only."""
+    from weightgraft.stats import rate_ci
+
+    _, low, high = rate_ci(hits, n, level=0.90)
+    ours = Measured(100 * hits / n, n=n, low90=100 * low, high90=100 * high)
+    assert equivalent(53, 100 * low, 100 * high, 10.0) is (verdict == SAME_EQUIVALENT)
+    rows = {r.scheme: r for r in side_by_side({("fig2", "LT", "top-5 accuracy"): ours,
+                                               ("fig2", "FE", "top-5 accuracy"): ours},
+                                              figure_ids={"fig2"}, model="gemma-1.1-2b-it", margin=10.0)}
+    assert rows["LT"].verdict == verdict
+    assert rows["FE"].verdict == OTHER_MODEL  # 28% is gpt2-xl's
+    assert side_by_side({("fig2", "LT", "top-5 accuracy"): ours}, figure_ids={"fig2"}, model="gpt2-xl")[0].verdict \
+        == OTHER_MODEL
+
+
+def test_the_margin_is_the_rule_at_its_edges():
+    assert equivalent(53, 43.0, 63.0, 10.0) and not equivalent(53, 42.9, 60.0, 10.0)
+    assert not equivalent(53, 45.0, 63.1, 10.0) and equivalent(53, 45.0, 63.1, 10.5)
+
+
+def test_a_drop_on_the_papers_model_is_tested_in_points_and_relative():
+    """Fig. 4's 29%: a drop of 29 points from 60% to 31% (1,000 prompts) is equivalent in points
+    and not relative (48%); on Llama the same drop is beside 41% and on another model shape only."""
+    from weightgraft.paper.measured import drop_measured
+
+    table = [300, 300, 10, 390]  # both, with O only, without O only, neither
+    ours = drop_measured({"drop": 29.0, "low": 26.0, "high": 32.0, "n": 1000, "table": table})
+    assert ours.relative is not None and ours.relative.value == pytest.approx(100 * (1 - 310 / 600))
+    key = ("fig4", "ffn@fourth_quarter vs o_ffn@fourth_quarter", "drop in top-5 accuracy")
+    (gemma,) = [r for r in side_by_side({key: ours}, figure_ids={"fig4"}, model="gemma-1.1-2b-it") if r.stated]
+    assert gemma.verdict == ("gemma-1.1-2b-it: same model: equivalent in points, not equivalent relative; "
+                             "Llama-3.2-1B: other model: shape only")
+    (llama,) = [r for r in side_by_side({key: ours}, figure_ids={"fig4"}, model="Llama-3.2-1B") if r.stated]
+    assert llama.verdict.endswith("Llama-3.2-1B: same model: not equivalent in points, not equivalent relative")
+    (other,) = [r for r in side_by_side({key: ours}, figure_ids={"fig4"}) if r.stated]
+    assert other.verdict == OTHER_MODEL and "equivalent" not in other.verdict
+
+
+def test_the_relative_drop_interval_covers_at_its_level():
+    """The delta-method interval of 1 - rate_without / rate_with on the same prompts: 95% coverage
+    within 0.93-0.97 on 40 prompts (2,000 simulated tables)."""
+    import numpy as np
+
+    from weightgraft.paper.measured import relative_drop_ci
+
+    rng = np.random.default_rng(0)
+    probs = [0.5, 0.3, 0.05, 0.15]  # both, with only, without only, neither
+    truth = 1 - (probs[0] + probs[2]) / (probs[0] + probs[1])
+    covered = [lo <= truth <= hi for lo, hi in (relative_drop_ci(*rng.multinomial(40, probs))[1:] for _ in range(2000))]
+    assert 0.93 <= float(np.mean(covered)) <= 0.97
+    assert np.isnan(relative_drop_ci(0, 0, 3, 5)[0])  # nothing hit with the component: no ratio

@@ -1,11 +1,14 @@
 """``weightgraft paper`` end to end on a tiny random Llama with a byte-level tokenizer: every stage
-runs and the report holds the paper's rows for every figure it ran; a run stopped inside a sweep
-resumes and gives the same report; a changed world seed gets folders of its own; a precondition
-not met marks the figures that need it; bad input is one line before any training; --plan runs
+runs (the control finetune on the shuffled answers included) and the report holds the paper's
+rows for every figure it ran, its verdicts and its charts; a run stopped inside a sweep resumes
+and gives the same report; a changed world seed gets folders of its own; a precondition not met
+marks the figures that need it; bad input is one line before any training; --plan runs
 nothing."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import re
 import sys
@@ -13,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from weightgraft.paper.figures import MAIN_WORLD, sweeps_for
-from weightgraft.paper.numbers import NOT_RUN, paper_numbers
-from weightgraft.paper.pipeline import PaperSettings, run_paper
-from weightgraft.paper.report import NOT_MET, side_by_side_part
+from weightgraft.paper.figures import FINETUNES, MAIN_WORLD, sweeps_for
+from weightgraft.paper.numbers import NOT_RUN, OTHER_MODEL, metric_text, paper_numbers
+from weightgraft.paper.pipeline import PaperSettings, data_stage, finetune_stage, needed_finetunes, run_paper
+from weightgraft.paper.report import NOT_MET, STATED_HEADING, side_by_side_part
 
 ALL_MET = dict(trained_top5=0.0, both_b2a_top5=0.0)
 
@@ -68,7 +71,7 @@ def _stage_dirs(out: Path, kind: str) -> list[Path]:
 
 def test_every_stage_runs_and_the_report_has_a_paper_row_for_every_figure_it_ran(full_run):
     run, out = full_run
-    assert set(run.finetunes) == {"a2b", "both", "task", "relation"}
+    assert set(run.finetunes) == {"a2b", "both", "task", "relation", "control"}
     assert set(run.sweeps) == {s.name for s in sweeps_for(MAIN_WORLD)} and not run.skipped
     for kind in ("data", "finetune", "sweep"):
         for folder in _stage_dirs(out, kind):
@@ -81,16 +84,124 @@ def test_every_stage_runs_and_the_report_has_a_paper_row_for_every_figure_it_ran
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     for n in paper_numbers():
         if n.figure_id in ran:
-            row = [r for r in rows if f"| {n.figure} | {n.model} | {n.scheme} | {n.metric} | {n.paper_text()} |" in r]
+            model = f"{n.paper_text()} ({n.model})" if n.stated else ("all panels" if n.model == "all" else n.model)
+            row = [r for r in rows if f"| {n.scheme} | {metric_text(n.metric)} | " in r and model in r
+                   and n.figure in r.split(" | ")[0]]
             assert row, n.id
-            assert not any(r.endswith(f"| {NOT_RUN} |") for r in row), n.id
-    assert "| Sec. 4.1 | gemma-1.1-2b-it | LT | top-5 accuracy | 53% |" in text
-    drop = [line for line in rows if "drop in top-5 accuracy | 29% |" in line]
-    assert len(drop) == 1 and re.search(r"\| -?\d+\.\d% \[-?\d+\.\d, -?\d+\.\d\] \|$", drop[0]), drop
+            assert not any(f"| {NOT_RUN} |" in r for r in row), n.id
+    assert ("| Sec. 4.1; Fig. 2 | not stated; headline | LT | top-5 accuracy (% of prompts) | 53% (gemma-1.1-2b-it); "
+            "shown, not stated (gpt2-xl, Llama-3.2-1B, pythia-2.8b) |") in text
     not_run = text.split("## Figures not run")[1].split("## ")[0]
     for fid in ("fig10", "fig11", "fig12", "fig13a", "c7.1"):
         assert fid in not_run
     assert "## Stage times" in text
+
+
+def test_the_stated_numbers_come_first_and_on_another_model_say_shape_only(full_run):
+    """The tiny model is none of the paper's: every stated number that ran says `other model:
+    shape only`, none says equivalent, one row per key (the paper's models in one cell)."""
+    run, out = full_run
+    text = (out / "paper.md").read_text()
+    assert run.settings.same_model() is None
+    first = text.split(f"## {STATED_HEADING}")[1].split("## ")[0]
+    assert text.index(f"## {STATED_HEADING}") < text.index("## Finetunes and their preconditions")
+    rows = [line for line in first.splitlines() if line.startswith("| ") and not line.startswith("| figure")]
+    stated_keys = {n.key for n in paper_numbers() if n.stated}
+    assert len(rows) == len(stated_keys)
+    ran = [r for r in rows if "| not run: " not in r]
+    assert len(ran) == 5 and all(r.split(" | ")[7] == OTHER_MODEL for r in ran)
+    assert all(r.split(" | ")[6].isdigit() for r in ran)  # the prompts
+    assert "equivalent" not in text and "reproduc" not in text
+    assert "| not run: probabilities of the paper's own five sampled examples" in first
+
+
+def test_the_o_drop_is_shown_in_points_and_relative(full_run):
+    _, out = full_run
+    text = (out / "paper.md").read_text()
+    rows = [line for line in text.splitlines() if "| ffn@fourth_quarter vs o_ffn@fourth_quarter |" in line]
+    assert len(rows) == 2  # the stated numbers' table and Fig. 4's
+    ours = rows[0].split(" | ")[5]
+    assert re.fullmatch(r"-?\d+\.\d points \[-?\d+\.\d, -?\d+\.\d\]; (-?\d+\.\d% relative \[.*\]|n/a \(relative\))", ours), ours
+    assert "29% (gemma-1.1-2b-it); 41% (Llama-3.2-1B)" in rows[0]
+    assert "does not say whether in points or relative" in text
+
+
+def test_each_figure_is_drawn_as_a_png_beside_the_page_and_embedded_in_it(full_run):
+    """One chart per figure of the run, labelled as the paper labels it (Figs. 6-9 by their
+    sentence), written beside paper.html and embedded in it."""
+    import base64
+
+    _, out = full_run
+    text, page = (out / "paper.md").read_text(), (out / "paper.html").read_text()
+    figures = [f for s in sweeps_for(MAIN_WORLD) for f in s.figures]
+    assert len(figures) == 10
+    for fig in figures:
+        png = out / f"paper-{fig.figure_id}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", fig.figure_id
+        assert f"]({png.name})" in text and f"({png.name})</figcaption>" in page
+        assert base64.b64encode(png.read_bytes()).decode("ascii") in page
+    assert page.count("data:image/png;base64,") == len(figures)
+    assert "### Fig. 6: Top-5 accuracy — Sentence 1" in text and "### Fig. 9: Mean target token rank — Sentence 2" in text
+    assert "Sentence 1 | PRE |" in text.split("### Fig. 6")[1]
+
+
+def test_the_control_finetune_is_the_a2b_recipe_on_the_shuffled_answers_and_judges_the_fact_claims(full_run):
+    """The shuffled data is a keyed stage of its own (same world and seed); the control finetune's
+    stage has the a2b finetune's inputs but that data; it is the claims' ``models.control`` and
+    every fact claim of the a2b model carries its control test; the report says so."""
+    import pandas as pd
+
+    from weightgraft.localization.claims.control import FACT_CLAIMS
+
+    run, out = full_run
+    assert run.shuffled_data is not None and run.shuffled_data["key"] != run.data["key"]
+    manifest = json.loads((out / "datas" / f"{run.shuffled_data['name']}-{run.shuffled_data['key'][:12]}" / "data"
+                           / "manifest.json").read_text())
+    assert manifest["shuffled_answers"]["seed"] == run.settings.seed and manifest["world"] == run.settings.world
+    a2b, control = run.finetunes["a2b"]["inputs"], run.finetunes["control"]["inputs"]
+    assert control["data"] == run.shuffled_data["key"] and {k: v for k, v in control.items() if k != "data"} == \
+        {k: v for k, v in a2b.items() if k != "data"}
+    config = json.loads((out / "claimss" / f"claims-{run.claims['key'][:12]}" / "stage.json").read_text())
+    assert config["inputs"]["config"]["models"]["control"] == f"finetune:{run.finetunes['control']['key']}"
+    table = pd.read_csv(out / "claimss" / f"claims-{run.claims['key'][:12]}" / "run" / "claims.csv")
+    facts = table[(table["model"] == "sft") & (table["setting"] == "pre->sft") & table["claim"].isin(FACT_CLAIMS)]
+    assert len(facts) == 2 * len(FACT_CLAIMS) and facts["control_p"].notna().all()
+    assert (facts["n_control_prompts"] == facts["n_prompts"]).all()
+    text = (out / "paper.md").read_text()
+    assert "| control | a2b, answers shuffled among the subjects | met | paper_headline a2b top-5 " in text
+    claims = text.split("## The paper's claims, judged")[1]
+    assert "The control finetune was used (`models.control`)" in claims and "(<= 25%)" in claims
+
+
+def test_a_control_that_knows_the_facts_is_flagged(full_run):
+    from weightgraft.paper.report import to_markdown, report_blocks
+
+    run, _ = full_run
+    knows = dataclasses.replace(run, settings=dataclasses.replace(run.settings, control_top5=-0.01))
+    text = to_markdown(report_blocks(knows))
+    assert "| control | a2b, answers shuffled among the subjects | precondition not met |" in text
+    assert "Flag: the control finetune knows the facts" in text
+
+
+@pytest.mark.parametrize("hits, n, verdict", [(212, 400, "same model: equivalent"), (4, 8, "same model: not equivalent")])
+def test_on_the_papers_own_model_a_planted_level_is_judged_by_its_interval_and_the_margin(full_run, hits, n, verdict):
+    """The run's records with Gemma's LT planted (212 of 400: 90% interval within 53 +- 10; 4 of
+    8: not), the run's model taken as gemma-1.1-2b-it by its settings."""
+    from weightgraft.paper.report import to_markdown, report_blocks
+
+    run, _ = full_run
+    planted = copy.deepcopy(run)
+    for row in planted.sweeps["position"]["outputs"]["summary"]:
+        if (row["template"], row["scheme"]) == ("paper_headline", "LT"):
+            row.update(n=n, top5=hits / n)
+    planted.settings = dataclasses.replace(run.settings, paper_model="gemma-1.1-2b-it")
+    text = to_markdown(report_blocks(planted))
+    first = text.split(f"## {STATED_HEADING}")[1].split("## ")[0]
+    lt = [r for r in first.splitlines() if "| LT | top-5 accuracy" in r and "53% (gemma" in r]
+    assert len(lt) == 1 and lt[0].split(" | ")[7] == verdict, lt
+    fe = [r for r in first.splitlines() if "| FE | top-5 accuracy" in r]
+    assert fe[0].split(" | ")[7] == OTHER_MODEL  # 28% is gpt2-xl's
+    assert "The run's model is the paper's gemma-1.1-2b-it" in text and "+- 10 points" in text
 
 
 def test_the_claims_stage_judges_the_papers_claims_in_their_own_settings(full_run):
@@ -105,7 +216,7 @@ def test_the_claims_stage_judges_the_papers_claims_in_their_own_settings(full_ru
     folder = out / "claimss" / f"claims-{run.claims['key'][:12]}"
     table = pd.read_csv(folder / "run" / "claims.csv")
     assert set(table["claim"]) >= {"fe_lt", "enrichment", "recall", "recall_o_late_ffn", "qkv_marginal"}
-    assert set(table["setting"]) == {"pre->sft", "both->a2b"}
+    assert set(table["setting"]) == {"pre->sft", "both->a2b", "null finetune"}  # the last: the control's own rows
     paper_setting = table[table["setting"] == "both->a2b"]
     assert set(paper_setting["claim"]) >= {"recall_o_late_ffn", "qkv_marginal"}
     assert paper_setting["in_paper_setting"].all()
@@ -118,8 +229,9 @@ def test_the_claims_stage_judges_the_papers_claims_in_their_own_settings(full_ru
     for row, (_, want) in zip(rows, table.iterrows()):
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert cells[0] == want["claim"] and cells[3] == want["setting"]
-        assert cells[10].split(" (")[0] == want["verdict"]
-        assert "exploratory" in cells[10]  # 8 prompts a template: below localize's 20
+        assert cells[11].split(" (")[0] == want["verdict"]
+        assert "exploratory" in cells[11]  # 8 prompts a template: below localize's 20
+        assert bool(cells[10]) == (not pd.isna(want["control_p"]))
 
 
 def test_a_run_stopped_inside_a_sweep_resumes_and_gives_the_same_report(full_run, base_model, tmp_path, monkeypatch):
@@ -147,6 +259,7 @@ def test_a_run_stopped_inside_a_sweep_resumes_and_gives_the_same_report(full_run
     monkeypatch.setattr(training, "finetune", lambda *a, **k: trained.append(a) or finetune(*a, **k))
     run = run_paper(chosen)
     assert not trained and "finetune a2b" in run.reused and "sweep position" not in run.reused
+    assert {"data shuffled", "finetune control"} <= set(run.reused)
     again = run_paper(chosen)
     assert "claims" in again.reused and "sweep position" in again.reused
     resumed = (tmp_path / "paper.md").read_text()
@@ -159,11 +272,15 @@ def test_a_run_stopped_inside_a_sweep_resumes_and_gives_the_same_report(full_run
 def test_a_changed_world_seed_is_never_mixed_with_the_old_results(full_run, base_model):
     run0, out = full_run
     before = {p.name for p in _stage_dirs(out, "sweep")}
-    run1 = run_paper(settings(base_model, out, seed=1, sweeps=("position",)))
+    chosen = settings(base_model, out, seed=1, sweeps=("position",), claims=False)
+    run1 = run_paper(chosen)
     assert run1.data["key"] != run0.data["key"] and not run1.reused
     assert run1.finetunes["a2b"]["key"] != run0.finetunes["a2b"]["key"]
     assert run1.sweeps["position"]["key"] != run0.sweeps["position"]["key"]
-    assert len(_stage_dirs(out, "data")) == 2
+    assert len(_stage_dirs(out, "data")) == 3  # seed 0's world and its shuffled answers, seed 1's world
+    shuffled = data_stage(chosen, shuffled=True)  # the control's, were the claims judged: keyed by the seed too
+    assert shuffled.key != run0.shuffled_data["key"]
+    assert finetune_stage(chosen, FINETUNES["control"], {"key": shuffled.key}).key != run0.finetunes["control"]["key"]
     assert before < {p.name for p in _stage_dirs(out, "sweep")}
     record = json.loads((out / "sweeps" / f"position-{run1.sweeps['position']['key'][:12]}" / "stage.json").read_text())
     assert record["inputs"]["config"]["data"] == f"data:{run1.data['key']}"
@@ -179,7 +296,7 @@ def test_a_precondition_not_met_marks_the_figures_that_need_it(full_run, base_mo
     section = text.split("## Fig. 4 and Fig. 15")[1].split("## ")[0]
     assert "precondition not met" in section and "< 101%" in section
     rows = [line for line in section.splitlines() if line.startswith("| Fig.")]
-    assert rows and all(line.endswith(f"| {NOT_MET} |") for line in rows)
+    assert rows and all(f"| {NOT_RUN} |  | {NOT_RUN}: {NOT_MET} (both: " in line for line in rows)
     assert "| both | both | precondition not met |" in text
     strict = run_paper(settings(base_model, out, trained_top5=0.9, both_b2a_top5=0.8))
     assert set(strict.skipped) == {s.name for s in sweeps_for(MAIN_WORLD)} | {"claims"}  # random models know nothing
@@ -193,6 +310,9 @@ def test_a2b_not_met_leaves_the_claims_unjudged_and_says_why(full_run, base_mode
     assert "Not judged: precondition not met (a2b:" in section
     off = run_paper(settings(base_model, out, sweeps=("position",), claims=False))
     assert off.claims is None and "Not run: --no-claims." in (out / "paper.md").read_text()
+    assert off.shuffled_data is None and "control" not in off.finetunes  # nothing needs the control then
+    assert [f.name for f in needed_finetunes(settings(base_model, out, claims=False))] == ["a2b", "both", "task",
+                                                                                         "relation"]
 
 
 def test_the_o_drop_is_read_off_the_same_prompts_with_its_paired_interval(full_run, base_model):
@@ -214,6 +334,8 @@ def test_the_o_drop_is_read_off_the_same_prompts_with_its_paired_interval(full_r
     want = paired_rate_difference_ci(hits["o_ffn@fourth_quarter"].to_numpy(), hits["ffn@fourth_quarter"].to_numpy())
     assert drop["n"] == len(hits["ffn@fourth_quarter"])
     assert [drop["drop"], drop["low"], drop["high"]] == pytest.approx([100 * v for v in want])
+    a, b = hits["o_ffn@fourth_quarter"].to_numpy(bool), hits["ffn@fourth_quarter"].to_numpy(bool)
+    assert drop["table"] == [int((a & b).sum()), int((a & ~b).sum()), int((~a & b).sum()), int((~a & ~b).sum())]
     stored = json.loads((folder / "stage.json").read_text())
     del stored["outputs"]["drops"]
     (folder / "stage.json").write_text(json.dumps(stored))
@@ -250,7 +372,10 @@ def test_plan_prints_every_stage_and_runs_nothing(base_model, tmp_path, monkeypa
 
     stages = plan_paper(settings(base_model, tmp_path / "out"))
     kinds = [s.stage for s in stages]
-    assert kinds == ["data"] + ["finetune"] * 4 + ["sweep"] * 7 + ["claims", "report"]
+    assert kinds == ["data"] * 2 + ["finetune"] * 5 + ["sweep"] * 7 + ["claims", "report"]
+    control = stages[6]
+    assert control.what.startswith("control (split a2b, answers shuffled") and control.seconds is not None
+    assert control.counts == stages[2].counts  # the a2b finetune's texts and steps
     assert all(s.seconds is not None for s in stages)  # a CPU: this device's measured rate
     assert all(s.memory_bytes for s in stages if s.stage in ("finetune", "sweep", "claims"))
     claims = next(s for s in stages if s.stage == "claims")

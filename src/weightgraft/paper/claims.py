@@ -4,7 +4,10 @@ against their nulls (``weightgraft localize``'s claims), on the pipeline's own m
 Claims 1-3 (FE+LT, enrichment, recall) in their setting, PRE -> the a2b finetune on both paper
 templates; claims 4-5 (O + late FFN, q/k/v marginal) in theirs (Fig. 4): the both-directions
 finetune grafted into the a2b finetune on the reversed headline prompts, judged only where the
-donor knows the reversed facts. Every row, verdict and reason is ``claims.csv``'s."""
+donor knows the reversed facts. Each fact claim of the a2b finetune must also beat the same
+region grafted from the control finetune (``models.control``: the a2b recipe on the same texts
+with the answers shuffled among the subjects). Every row, verdict and reason is
+``claims.csv``'s."""
 
 from __future__ import annotations
 
@@ -21,22 +24,24 @@ from weightgraft.paper.stages import Stage, stage_path
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.run import run_localize
 
-CLAIM_FINETUNES = ("a2b", "both")
+CLAIM_FINETUNES = ("a2b", "both", "control")
 NULL_DRAWS = 20
 MIN_PROMPTS = 20  # localize's floor for a judged (not exploratory) row
 
 # What the report keeps of each claims.csv row.
 CLAIM_COLUMNS = ("model", "setting", "template", "claim", "statement", "n_prompts", "evidence", "share_exact",
-                 "ci_low", "ci_high", "share_plain", "threshold", "side", "null_kind", "p_parts", "p_holm", "verdict", "reason",
-                 "in_paper_setting", "donor_top5")
+                 "ci_low", "ci_high", "share_plain", "threshold", "side", "null_kind", "p", "p_parts", "p_holm",
+                 "family_size", "least_p", "control_p", "control_region_effect", "n_control_prompts", "control_note",
+                 "verdict", "reason", "in_paper_setting", "donor_top5")
 
 
 def claims_config(settings: PaperSettings, models: Mapping[str, str], data: str) -> dict[str, Any]:
-    """The raw localize config of the claims (``models``: ``pre``, ``a2b``, ``both`` -> spec),
-    without ``out``. Fewer than 20 prompts a template (a small ``--relations``): the rows run and
-    say ``exploratory``."""
+    """The raw localize config of the claims (``models``: ``pre``, ``a2b`` and, where run,
+    ``both`` and ``control`` -> spec), without ``out``. Fewer than 20 prompts a template (a small
+    ``--relations``): the rows run and say ``exploratory``."""
+    roles = {"pre": models["pre"], "sft": models["a2b"], **({"control": models["control"]} if "control" in models else {})}
     raw: dict[str, Any] = {
-        "name": "paper-claims", "data": data, "models": {"pre": models["pre"], "sft": models["a2b"]},
+        "name": "paper-claims", "data": data, "models": roles,
         "templates": [HEADLINE, QA], "directions": ["a2b"], "metric": "first_logprob",
         "graft_directions": ["sufficiency"], "exact": "none", "search": {"enabled": False},
         "claims": {"null_draws": NULL_DRAWS, "min_prompts": min(MIN_PROMPTS, settings.relations)},

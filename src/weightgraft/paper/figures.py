@@ -31,16 +31,45 @@ class FigureRows:
     direction: str
     metric: str = TOP5
 
+    @property
+    def label(self) -> str:
+        """The figure as the paper labels it, and the test sentence of ours it is drawn from."""
+        return f"{FIGURE_LABELS.get(self.figure_id, self.figure_id)} (ours: {self.template}, {self.direction})"
+
+
+# Each figure as the paper captions it. Figs. 6-12 are the appendix's "Top-5 Accuracy (Token Rank)
+# Results for QA Examples", each captioned by its test sentence (Sentence 1 / Sentence 2).
+FIGURE_LABELS: dict[str, str] = {
+    "fig2": "Fig. 2: top-5 accuracy, position grafting, the headline test sentence",
+    "fig3a": "Fig. 3(a): the test QA example (Llama3 in the paper)",
+    "fig4": "Fig. 4: Top-5 Accuracy on Test Headline for Component-Level Grafting (both directions into one "
+            "direction, reversed prompts)",
+    "fig5": "Fig. 5: the hybrid model (task ATTN and relation O & FFN on the final half of the layers at the last "
+            "token; task components at the first entity)",
+    "fig6": "Fig. 6: Top-5 accuracy — Sentence 1 (App. C.1.1, Top-5 Accuracy Results for QA Examples)",
+    "fig7": "Fig. 7: Top-5 accuracy — Sentence 2 (App. C.1.1, Top-5 Accuracy Results for QA Examples)",
+    "fig8": "Fig. 8: Mean target token rank — Sentence 1 (App. C.1.2, Token Rank Results for QA Examples)",
+    "fig9": "Fig. 9: Mean target token rank — Sentence 2 (App. C.1.2, Token Rank Results for QA Examples)",
+    "fig10": "Fig. 10: Top-5 accuracy — Sentence 1 (App. C.2.1, Fake Movies, Fake Actors, QA Examples)",
+    "fig11": "Fig. 11: Top-5 accuracy — Sentence 2 (App. C.2.1, Fake Movies, Fake Actors, QA Examples)",
+    "fig12": "Fig. 12: Top-5 accuracy — Sentence 1 (App. C.3.1, Real Movies, Real Actors (Shuffled), QA Examples)",
+    "fig14": "Fig. 14: Top-5 Accuracy Component-Grafting Baselines — Sentence 1",
+    "fig15": "Fig. 15: Top-5 Accuracy Reversal Curse Component-Grafting Results — Sentence 1",
+}
+
 
 @dataclass(frozen=True)
 class Finetune:
-    """One finetuned model the figures need: its role name, the training split, and the
-    precondition: top-5 of the plain finetune on its own facts (``groups``), per direction."""
+    """One finetuned model the pipeline needs: its role name, the training split, and the
+    precondition: top-5 of the plain finetune on its own facts (``groups``), per direction.
+    ``shuffled``: trained on the world's texts with the answers shuffled among the subjects (the
+    control finetune), so its precondition is the other way round: it must not know the facts."""
 
     name: str
     split: str
     directions: tuple[str, ...] = ("a2b",)
     groups: tuple[str, ...] | None = None
+    shuffled: bool = False
 
 
 FINETUNES: dict[str, Finetune] = {
@@ -48,6 +77,7 @@ FINETUNES: dict[str, Finetune] = {
     "both": Finetune("both", "both", directions=("a2b", "b2a")),
     "task": Finetune("task", "task", groups=("task",)),
     "relation": Finetune("relation", "relation", groups=("relation",)),
+    "control": Finetune("control", "a2b", shuffled=True),
 }
 
 

@@ -1,10 +1,12 @@
 """``weightgraft paper``: the paper's experiments on one model, as resumable stages.
 
-data (the paper's world, seeded) -> finetunes (a2b SFT, both directions, task, relation; each
-checked against its precondition after training) -> every figure's sweep (the authors'
-protocol; a sweep whose finetune misses its precondition is not run and its figures are marked
-``precondition not met``) -> the paper's claims judged against their nulls -> one report (markdown and HTML) with
-the paper's numbers beside ours. Every stage's folder is keyed by its inputs
+data (the paper's world, seeded; for the claims also the same world with the answers shuffled
+among the subjects) -> finetunes (a2b SFT, both directions, task, relation, and the control: the
+a2b recipe on the shuffled texts; each checked against its precondition after training) -> every
+figure's sweep (the authors' protocol; a sweep whose finetune misses its precondition is not run
+and its figures are marked ``precondition not met``) -> the paper's claims judged against their
+nulls and the control -> one report (markdown and HTML, with the figures drawn as PNG) with the
+paper's numbers beside ours. Every stage's folder is keyed by its inputs
 (:mod:`weightgraft.paper.stages`): a stopped run resumes, a changed input starts new folders.
 """
 
@@ -42,6 +44,7 @@ from weightgraft.experiments.runner import run_experiment
 from weightgraft.models.loading import check_model_spec
 from weightgraft.models.spec import RandomSpec, parse_spec
 from weightgraft.paper.measured import drop_rows, summary_rows
+from weightgraft.paper.numbers import PAPER_MODELS
 from weightgraft.paper.report import write_paper_report
 from weightgraft.training import finetune as train
 from weightgraft.training import get_preset
@@ -56,6 +59,8 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
     device that is not here are accepted."""
 
     get_world(settings.world)
+    if settings.paper_model is not None and settings.paper_model not in PAPER_MODELS:
+        raise PaperError(f"paper_model {settings.paper_model!r}: the paper's models are {', '.join(PAPER_MODELS)}")
     unknown = sorted(set(settings.sweeps) - set(SWEEP_NAMES))
     if unknown or not settings.sweeps:
         raise PaperError(f"unknown sweep(s) {unknown}: choose among {', '.join(SWEEP_NAMES)}")
@@ -102,23 +107,30 @@ def needed_finetunes(settings: PaperSettings) -> list[Finetune]:
     return [FINETUNES[n] for n in names]
 
 
-def data_stage(settings: PaperSettings) -> Stage:
-    return Stage("data", settings.world, {"world": settings.world, "relations": settings.relations,
-                                          "seed": settings.seed}, settings.out)
+def data_stage(settings: PaperSettings, shuffled: bool = False) -> Stage:
+    """The world's data stage; ``shuffled``: the same world and seed with each relation's answer
+    taken from another relation in the training texts (the control finetune's data)."""
+    inputs: dict[str, Any] = {"world": settings.world, "relations": settings.relations, "seed": settings.seed}
+    if shuffled:
+        return Stage("data", f"{settings.world}-shuffled-answers", {**inputs, "shuffled_answers": True}, settings.out)
+    return Stage("data", settings.world, inputs, settings.out)
 
 
-def run_data(settings: PaperSettings, console: Console) -> tuple[dict[str, Any], bool]:
-    """The paper's world, built with its seed (``weightgraft.data.build_dataset``)."""
+def run_data(settings: PaperSettings, console: Console, shuffled: bool = False) -> tuple[dict[str, Any], bool]:
+    """The paper's world, built with its seed (``weightgraft.data.build_dataset``); ``shuffled``:
+    its training texts with the answers shuffled among the subjects, test prompts unchanged."""
 
-    stage = data_stage(settings)
+    stage = data_stage(settings, shuffled)
     done = stage.finished()
     if done is not None:
         return done, True
     started = time.time()
-    console.rule(f"data: {settings.world}, {settings.relations} relations, seed {settings.seed}")
+    console.rule(f"data: {settings.world}, {settings.relations} relations, seed {settings.seed}"
+                 + (", answers shuffled among the subjects" if shuffled else ""))
     if stage.folder.exists():  # a stopped build: building again is cheap
         shutil.rmtree(stage.folder)
-    build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=stage.folder / "data")
+    build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=stage.folder / "data",
+                  shuffled_answers=shuffled)
     digest = file_digest(stage.folder / "data" / "manifest.json")
     return stage.finish({"dir": "data", "sha256": digest}, time.time() - started), False
 
@@ -137,9 +149,10 @@ def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, 
 
 def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, Any],
                  console: Console) -> tuple[dict[str, Any], bool]:
-    """Finetune the model on ``finetune.split`` (``weightgraft.training.finetune``, resumed from
-    its checkpoints after a stop), then measure its precondition: the plain finetune's top-5 on
-    its own facts per test sentence and direction (a sweep of its ``SFT`` baseline)."""
+    """Finetune the model on ``finetune.split`` of ``data`` (``weightgraft.training.finetune``,
+    resumed from its checkpoints after a stop), then measure its precondition: the plain
+    finetune's top-5 on the world's facts (the test prompts' true answers) per test sentence and
+    direction (a sweep of its ``SFT`` baseline). The control is this with the shuffled data."""
 
     stage = finetune_stage(settings, finetune, data)
     done = stage.finished()
@@ -186,9 +199,10 @@ def run_sweep(settings: PaperSettings, sweep: Sweep, data: dict[str, Any], finet
 
     stage, raw = sweep_stage(settings, sweep, data, finetunes)
     done = stage.finished()
-    if done is not None and (not sweep.drops or "drops" in done["outputs"]):
+    kept = done is not None and all("table" in d for d in done["outputs"].get("drops", [{}] if sweep.drops else []))
+    if done is not None and kept:
         return done, True
-    if done is not None:  # finished before its drops were kept: read them off its saved rows
+    if done is not None:  # finished before its drops (with their prompts' table) were kept: read them off its rows
         results = pd.read_parquet(stage.folder / done["outputs"]["run"] / "results.parquet")
         return stage.finish({**done["outputs"], "drops": drop_rows(sweep, results)}, done["seconds"]), True
     started = time.time()
@@ -210,8 +224,15 @@ def run_paper(settings: PaperSettings, console: Console | None = None,
     run = PaperRun(settings, data, reused=["data"] if reused else [])
     if after_stage:
         after_stage("data", settings.world)
-    for finetune in needed_finetunes(settings):
-        run.finetunes[finetune.name], reused = run_finetune(settings, finetune, data, console)
+    finetunes = needed_finetunes(settings)
+    if any(f.shuffled for f in finetunes):
+        run.shuffled_data, reused = run_data(settings, console, shuffled=True)
+        run.reused += ["data shuffled"] if reused else []
+        if after_stage:
+            after_stage("data", run.shuffled_data["name"])
+    for finetune in finetunes:
+        source = run.shuffled_data if finetune.shuffled and run.shuffled_data is not None else data
+        run.finetunes[finetune.name], reused = run_finetune(settings, finetune, source, console)
         run.reused += [f"finetune {finetune.name}"] if reused else []
         if after_stage:
             after_stage("finetune", finetune.name)

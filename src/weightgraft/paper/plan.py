@@ -91,10 +91,12 @@ def _claims_plan(settings: PaperSettings, data: dict[str, Any], finetunes: dict[
     for every finetune (same shapes)."""
 
     stage, _ = claims_stage(settings, data, finetunes)
-    names = [n for n in CLAIM_FINETUNES if n in finetunes]
+    names = [n for n in CLAIM_FINETUNES if n in finetunes and n != "control"]
     raw = claims_config(settings, {"pre": settings.model, **dict.fromkeys(names, settings.model)}, str(data_dir))
     config = parse_localize_config({**raw, "device": "cuda" if gpu is not None else settings.device,
                                     "out": str(data_dir.parent / "claims")})
+    if "control" in finetunes:  # the base spec stands in for the control too (a config refuses it as the sft's twin)
+        config = config.model_copy(update={"models": {**config.models, "control": settings.model}})
     work = plan_input(config)
     plan = plan_localize_work(work, gpu=gpu)
     return PlannedStage("claims", "the paper's claims (exact region grafts against their nulls)", plan.predicted_seconds,
@@ -110,25 +112,41 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
 
     check_inputs(settings, planning_for=gpu)
     stages: list[PlannedStage] = []
+    needed = needed_finetunes(settings)
     data = data_stage(settings)
-    data_rec = _record("data", settings.world, data.key, {"dir": "data"})
+    records = {False: _record("data", settings.world, data.key, {"dir": "data"})}
     stages.append(PlannedStage("data", f"{settings.world}, {settings.relations} relations, seed {settings.seed}",
                                1.0, None, data.finished() is not None, "a few seconds"))
+    if any(f.shuffled for f in needed):
+        shuffled = data_stage(settings, shuffled=True)
+        records[True] = _record("data", shuffled.name, shuffled.key, {"dir": "data"})
+        stages.append(PlannedStage("data", f"{settings.world}, {settings.relations} relations, seed {settings.seed}, "
+                                   "answers shuffled among the subjects (the control's)", 1.0, None,
+                                   shuffled.finished() is not None, "a few seconds"))
+    data_rec = records[False]
     with tempfile.TemporaryDirectory(prefix="weightgraft-paper-plan-") as tmp:
         data_dir = Path(tmp) / "data"
         build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=data_dir)
         common: dict[str, Any] = {"device": "cuda" if gpu is not None else settings.device, "seed": settings.seed, "batch_size": settings.batch_size}
         finetunes: dict[str, dict[str, Any]] = {}
-        for finetune in needed_finetunes(settings):
-            stage = finetune_stage(settings, finetune, data_rec)
+        # a finetune of the same split, directions and groups is planned once: the control is the a2b
+        # recipe on as many texts (the same texts with the answers moved), so its time is the a2b's
+        planned: dict[tuple[Any, ...], tuple[float | None, int, str, tuple[str, ...]]] = {}
+        for finetune in needed:
+            stage = finetune_stage(settings, finetune, records[finetune.shuffled])
             finetunes[finetune.name] = _record("finetune", finetune.name, stage.key, {"model": "model"})
-            seconds, memory, counts, notes = _train_plan(settings, finetune, data_dir, gpu)
-            check = plan_experiment(parse_config({**check_config(finetune, settings.model, str(data_dir),
-                                                                 CHECK_TEMPLATES, **common), "out": tmp}), gpu=gpu)
-            if seconds is not None and check.predicted_seconds is not None:
-                seconds += check.predicted_seconds
-            stages.append(PlannedStage("finetune", f"{finetune.name} (split {finetune.split}, preset {settings.preset}) "
-                                       "and its precondition check", seconds, max(memory, check.peak_bytes),
+            same = (finetune.split, finetune.directions, finetune.groups)
+            if same not in planned:
+                seconds, memory, counts, notes = _train_plan(settings, finetune, data_dir, gpu)
+                check = plan_experiment(parse_config({**check_config(finetune, settings.model, str(data_dir),
+                                                                     CHECK_TEMPLATES, **common), "out": tmp}), gpu=gpu)
+                if seconds is not None and check.predicted_seconds is not None:
+                    seconds += check.predicted_seconds
+                planned[same] = (seconds, max(memory, check.peak_bytes), counts, notes)
+            seconds, memory, counts, notes = planned[same]
+            shuffled_note = ", answers shuffled among the subjects" if finetune.shuffled else ""
+            stages.append(PlannedStage("finetune", f"{finetune.name} (split {finetune.split}{shuffled_note}, preset "
+                                       f"{settings.preset}) and its precondition check", seconds, memory,
                                        stage.finished() is not None, counts, notes))
         for sweep in planned_sweeps(settings):
             stage, _ = sweep_stage(settings, sweep, data_rec, finetunes)

@@ -9,6 +9,7 @@ from typing import Any
 
 from weightgraft.errors import WeightgraftError
 from weightgraft.paper.figures import HEADLINE, MAIN_WORLD, QA, SWEEP_NAMES, Finetune
+from weightgraft.paper.numbers import PAPER_MODELS
 
 # The demo's six renderings of each fact (weightgraft.demo.DEMO_TRAIN_TEMPLATES): the recipe
 # measured to teach SmolLM2-135M its facts on 2 CPU cores.
@@ -24,7 +25,15 @@ class PaperError(WeightgraftError, ValueError):
 class PaperSettings:
     """Everything a ``weightgraft paper`` run depends on. ``trained_top5`` and ``both_b2a_top5``
     are the preconditions (fractions): the plain finetune's top-5 on its own facts in the trained
-    direction, and the both-directions model's on the reversed (b2a) ones."""
+    direction, and the both-directions model's on the reversed (b2a) ones; ``control_top5`` the
+    control finetune's, the other way round: its trained-direction top-5 on the world's true
+    facts at most this (it was taught the answers shuffled among the subjects).
+
+    ``margin`` (points) is the equivalence margin of a stated number, fixed before the run: on the
+    paper's own model a level is equivalent where its 90% interval lies within the number +-
+    ``margin``. ``paper_model`` names the paper's model the run's model is (a ``model`` of
+    ``numbers.csv``); None reads it off the spec's last path part (``google/gemma-1.1-2b-it``),
+    and a model that is none of them is compared in shape only."""
 
     model: str
     world: str = MAIN_WORLD
@@ -41,10 +50,22 @@ class PaperSettings:
     claims: bool = True
     trained_top5: float = 0.90
     both_b2a_top5: float = 0.80
+    control_top5: float = 0.25
+    margin: float = 10.0
+    paper_model: str | None = None
     progress: bool = True
 
     def threshold(self, finetune: Finetune, direction: str) -> float:
+        if finetune.shuffled:
+            return self.control_top5
         return self.both_b2a_top5 if finetune.name == "both" and direction == "b2a" else self.trained_top5
+
+    def same_model(self) -> str | None:
+        """The paper's model this run's model is (``numbers.csv``'s spelling), or None."""
+        if self.paper_model is not None:
+            return self.paper_model
+        tail = self.model.rstrip("/").rsplit("/", 1)[-1].lower()
+        return next((m for m in PAPER_MODELS if m.lower() == tail), None)
 
 
 @dataclass
@@ -53,6 +74,7 @@ class PaperRun:
 
     settings: PaperSettings
     data: dict[str, Any]
+    shuffled_data: dict[str, Any] | None = None  # the control's data stage (answers shuffled among the subjects)
     finetunes: dict[str, dict[str, Any]] = field(default_factory=dict)
     sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # sweep or "claims" -> why (precondition not met)
@@ -62,14 +84,20 @@ class PaperRun:
 
 
 def precondition(settings: PaperSettings, finetune: Finetune, record: dict[str, Any]) -> tuple[bool, str]:
-    """Whether a finished finetune meets its precondition, and the line that says so."""
+    """Whether a finished finetune meets its precondition, and the line that says so: at least
+    its threshold on its facts; for the control (``shuffled``), at most its threshold."""
     checks = record["outputs"]["checks"]
     if not checks:
         return False, f"{finetune.name}: no test prompt to check it on"
-    missed = [c for c in checks if not c["top5"] >= settings.threshold(finetune, c["direction"])]
+
+    def met(c: dict[str, Any]) -> bool:
+        limit = settings.threshold(finetune, c["direction"])
+        return bool(c["top5"] <= limit) if finetune.shuffled else bool(c["top5"] >= limit)
+
+    signs = ("<=", ">") if finetune.shuffled else (">=", "<")
     parts = [f"{c['template']} {c['direction']} top-5 {100 * c['top5']:.1f}% "
-             f"({'>=' if c not in missed else '<'} {100 * settings.threshold(finetune, c['direction']):.0f}%)"
+             f"({signs[0] if met(c) else signs[1]} {100 * settings.threshold(finetune, c['direction']):.0f}%)"
              for c in checks]
-    return not missed, f"{finetune.name}: " + ", ".join(parts)
+    return all(met(c) for c in checks), f"{finetune.name}: " + ", ".join(parts)
 
 
