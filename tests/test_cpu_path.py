@@ -137,3 +137,36 @@ def test_a_model_already_repacked_is_refused_in_one_line(saved: tuple[Path, Path
     source = torch.zeros(*IDS.shape, len(wg.slots(model)), dtype=torch.long)
     with pytest.raises(GraftArgumentError):
         wg.graft_forward([model], IDS, source)
+
+
+_INT8_CHECK = r"""
+import sys, warnings, torch
+warnings.simplefilter("ignore")
+from weightgraft.models.quantization.load import load_quantized
+load_quantized(sys.argv[1], "int8")  # the product's path: its int8 layers get the exact kernel
+A = torch.full((3, 1536), 127, dtype=torch.int8); A[1] = -127
+B = torch.randint(-127, 128, (64, 1536), dtype=torch.int8, generator=torch.Generator().manual_seed(0)); B[0] = 127
+exact = A.long() @ B.long().t()
+got = torch.ops.bitsandbytes.int8_linear_matmul.default(A, B)
+out = torch.empty(3, 64, dtype=torch.int32)
+torch.ops.bitsandbytes.int8_linear_matmul.out(A, B, out)
+print(int((got.long() - exact).abs().max()), int((out.long() - exact).abs().max()))
+"""
+
+
+@pytest.mark.parametrize("isa", ["", "AVX512_CORE"])
+def test_int8_matmuls_are_exact_integers_on_every_cpu(saved: tuple[Path, Path], isa: str) -> None:
+    """bitsandbytes' CPU int8 kernel depends on the CPU: oneDNN's ``_int_mm`` where torch reports
+    AVX-512, which without AVX512-VNNI (``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` makes any AVX-512 CPU run
+    that path: Skylake-SP Xeons have it) saturates its sums; else a float32 matmul. After a load,
+    the products of int8 values come out exact (int32 == the integer product), 1536 wide at the
+    extremes, whatever the CPU."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({"ONEDNN_MAX_CPU_ISA": isa} if isa else {})}
+    done = subprocess.run([sys.executable, "-c", _INT8_CHECK, str(saved[0])], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "0"]

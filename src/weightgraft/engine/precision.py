@@ -16,6 +16,33 @@ from weightgraft.errors import GraftArgumentError
 HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
 
 
+_int8_exact: list[bool] = []
+
+
+def _int8_matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(A.double(), B.double().t()).to(torch.int32)  # exact: |sums| < 2**53
+
+
+def _int8_matmul_out(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(_int8_matmul(A, B))
+
+
+def exact_int8_matmul() -> None:
+    """bitsandbytes' int8 matmul on the CPU as one exact kernel on every CPU (once per process).
+
+    bitsandbytes 0.50 picks its CPU kernel by the CPU: with AVX-512, ``torch._int_mm`` (oneDNN),
+    which on a CPU without AVX512-VNNI (Skylake-SP Xeons; reproduced here with
+    ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``) saturates its 16-bit intermediate sums: int32 results off by
+    up to 135,405 on a 1536-wide product, SmolLM2-135M int8's logits off by 5.4; without AVX-512, a
+    float32 matmul, inexact once a sum passes 2**24. The products of int8 values summed in float64
+    are exact integers on every CPU."""
+    if _int8_exact:
+        return
+    torch.library.register_kernel("bitsandbytes::int8_linear_matmul", "cpu", _int8_matmul)
+    torch.library.register_kernel("bitsandbytes::int8_linear_matmul.out", "cpu", _int8_matmul_out)
+    _int8_exact.append(True)
+
+
 def one_cpu_path(models: Iterable[nn.Module]) -> int:
     """Keep every bitsandbytes 4-bit layer of ``models`` on the one CPU path that every CPU runs,
     in place and for good; the number of such layers.
@@ -28,11 +55,14 @@ def one_cpu_path(models: Iterable[nn.Module]) -> int:
     model's weights hash changes after its first forward and its first two forwards differ.
     Turning the layer's ``support_avx512bf16_for_cpu`` off before its first call keeps the
     dequantize-then-matmul path of every other CPU. A layer already rewritten cannot be brought
-    back exactly (its scales were rounded to bfloat16): it is refused in one line.
+    back exactly (its scales were rounded to bfloat16): it is refused in one line. A model with
+    bitsandbytes int8 layers gets :func:`exact_int8_matmul`.
     """
     count = 0
     for model in models:
         for name, module in model.named_modules():
+            if type(module).__name__ == "Linear8bitLt":
+                exact_int8_matmul()
             if not hasattr(module, "support_avx512bf16_for_cpu"):
                 continue
             state = getattr(getattr(module, "weight", None), "quant_state", None)
