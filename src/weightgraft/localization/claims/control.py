@@ -41,10 +41,10 @@ def against_control(table: pd.DataFrame, prompts: pd.DataFrame, *, control: str,
         if joined.empty:
             out.at[idx, "control_note"] = f"the control {control!r} has no map of these prompts"
             continue
-        sign = "greater" if row.get("expected_sign", 1) > 0 else "less"
         out.at[idx, "control_p"] = paired_p(joined["region_effect"].to_numpy(float),
                                             joined["region_effect_control"].to_numpy(float),
-                                            alternative=sign, seed=seed, n_resamples=n_resamples)
+                                            alternative="greater" if row.get("expected_sign", 1) > 0 else "less",
+                                            seed=seed, n_resamples=n_resamples)
         out.at[idx, "control_region_effect"] = float(joined["region_effect_control"].mean())
         out.at[idx, "n_control_prompts"] = len(joined)
         if len(joined) < len(mine):
