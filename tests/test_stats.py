@@ -1,5 +1,5 @@
-"""weightgraft.stats: each interval keeps its coverage (or declines as documented) and each test
-its error rate, by seeded simulation at the sample sizes the defaults use (n = 8, 20, 40)."""
+"""weightgraft.stats: each interval's coverage and each test's error rate, by seeded simulation at
+the sample sizes the defaults use (n = 8, 20, 40), held where docs/statistics.md says they hold."""
 
 from __future__ import annotations
 
@@ -7,22 +7,51 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats as sps
 
 import weightgraft.stats as st
-from weightgraft.stats.simulation import FAMILIES, null_rejection, rate_coverage, share_coverage
+from weightgraft.stats import means
+from weightgraft.stats.simulation import (FAMILIES, miss_bound, null_rejection, rate_coverage, seeded_share_designs,
+                                          share_misses, skewed_region_rejection)
 
-SIMS = 1000
-MC = 3 * math.sqrt(0.05 * 0.95 / SIMS)  # three Monte Carlo standard errors at 95%
+SHARE_SIMS = 2000  # as docs/statistics.md's tables, on the suite's own seeds (from 3000)
+
+# Where docs/statistics.md's tables of the shipped rule have a one-sided miss rate above its bound
+# (lognormal skew the rule does not cover at these n): on all three seeded runs (a rule that fixes
+# one is noticed: strict) or on one or two of them (BORDERLINE); every other design is held to it.
+_LOGNORMAL = ("D1 lognormal, mu 1", "D1 mirrored lognormal, mu 1")
+KNOWN_MISSES = ({(label, n, 0.3) for label in _LOGNORMAL for n in (8, 20, 40)}
+                | {("D1 mirrored lognormal, mu 0.2", n, 0.3) for n in (8, 20)}
+                | {("D4 logistic, sigma 1", n, t) for n in (20, 40) for t in (0.25, 0.5)}
+                | {("D3 linear, sigma 1.5", n, t) for n in (20, 40) for t in (0.0, 0.25, 0.5, 0.8)}
+                | {("D4 logistic, sigma 1.5", n, t) for n in (20, 40) for t in (0.25, 0.5, 0.8)})
+BORDERLINE = {("D1 lognormal, mu 0.2", 8, 0.3), ("D1 lognormal, mu 0.2", 40, 0.3),
+              ("D1 mirrored lognormal, mu 0.2", 40, 0.3)}
 
 
-@pytest.mark.parametrize("n", [8, 20, 40])
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("mu", [1.0, 0.2])
-def test_share_interval_covers_or_declines(family, n, mu):
-    c = share_coverage(family, n, mu, SIMS, seed=n)
-    assert c["covered_or_declined"] >= 0.95 - MC, c
-    if family in ("normal", "t3") and c["given"] >= 200:  # where it gives one, it keeps its coverage
-        assert c["coverage_given"] >= 0.95 - 3 * math.sqrt(0.05 * 0.95 / c["given"]), c
+def _share_params() -> list:
+    out = []
+    for d, seed in seeded_share_designs(3000):
+        key = (d.label, d.n, d.truth)
+        marks = ([pytest.mark.xfail(strict=True, reason="a known miss: docs/statistics.md")] if key in KNOWN_MISSES else
+                 [pytest.mark.xfail(strict=False, reason="misses on some seeded runs: docs/statistics.md")]
+                 if key in BORDERLINE else [])
+        out.append(pytest.param(d, seed, id=f"{d.label}, n {d.n}, ratio {d.truth:g}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize(("design", "seed"), _share_params())
+def test_share_interval_misses_each_side_at_most_its_bound(design, seed):
+    """Of the intervals given, the truth lies below the lower bound, and above the upper, at most
+    2.5% of the time plus three Monte Carlo standard errors of that count (``miss_bound``): the
+    bound docs/statistics.md states; a declined interval is not counted as a success."""
+    m = share_misses(design, SHARE_SIMS, seed=seed)
+    assert m["miss_low"] <= m["bound"] and m["miss_high"] <= m["bound"], m
+
+
+def test_miss_bound_is_three_monte_carlo_errors():
+    assert miss_bound(2000) == pytest.approx(0.025 + 3 * math.sqrt(0.025 * 0.975 / 2000))
+    assert miss_bound(0) == math.inf
 
 
 def test_share_interval_declines_a_denominator_that_may_be_zero():
@@ -33,10 +62,25 @@ def test_share_interval_declines_a_denominator_that_may_be_zero():
     assert st.share_interval([1.0, 2.0], [1.0, 2.0]).declined == "fewer than 3 prompts"
 
 
-def test_share_interval_declines_heavy_skew_and_says_how_many_prompts():
-    x = np.array([10.0] * 19 + [60.0])
-    iv = st.share_interval(0.5 * x, x + 0.01 * np.arange(20))
-    assert iv.declined.startswith("effects too skewed for 20 prompts") and "n >= " in iv.declined
+def _fieller(r: np.ndarray, w: np.ndarray, level: float) -> tuple[float, float]:
+    t = means._t(len(r), level)
+    return means._fieller_bounds(r, w, -t, t)
+
+
+def test_share_interval_widens_for_skew_and_declines_where_the_wider_one_is_unbounded():
+    x = np.array([10.0] * 19 + [60.0])  # skewness 4.1: 20 < 100 * 4.1**2, so the 99% interval
+    r, w = 0.5 * x + 0.01 * np.sin(np.arange(20)), x + 0.01 * np.arange(20)
+    iv = st.share_interval(r, w)
+    assert not iv.declined and (iv.low, iv.high) == pytest.approx(_fieller(r, w, 0.99))
+    low95, high95 = _fieller(r, w, 0.95)
+    assert iv.low < low95 < high95 < iv.high
+    gain, gap = np.array([3.0, 2.5, 3.5, -9.8]), np.array([4.0, 3.0, 4.0, 0.52])  # bounded at 95%, not at 99%
+    declined = st.share_interval(gain, gap)
+    assert declined.declined.startswith("effects too skewed for 4 prompts") and math.isnan(declined.low)
+    q = sps.norm.ppf((np.arange(40) + 0.5) / 40)  # symmetric effects (skewness 0): Fieller at 95%
+    w, r = 5 + q, 0.4 * (5 + q) + 0.2 * q[::-1] * np.cos(np.arange(40))
+    plain = st.share_interval(r, w)
+    assert (plain.low, plain.high) == pytest.approx(_fieller(r, w, 0.95))
 
 
 def test_share_ci_is_the_ratio_of_sums_inside_its_interval():
@@ -54,6 +98,18 @@ def test_share_ci_is_the_ratio_of_sums_inside_its_interval():
 def test_paired_p_keeps_its_error_rate_under_a_true_null(family, n):
     rate = null_rejection(family, n, 600, seed=n)
     assert rate <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 600), rate
+
+
+def test_paired_p_is_not_exact_for_a_region_that_only_shares_its_nulls_mean():
+    """Not a true null of the test: a region with its draws' mean, but skewed and twice as spread,
+    is not exchangeable with them, and both the relabeling alone and paired_p reject it at 0.05
+    far more often than 5% (docs/statistics.md has the table)."""
+    sims = 400
+    margin = 3 * math.sqrt(0.05 * 0.95 / sims)
+    alone = skewed_region_rejection(20, sims, alternative="greater", region_sd=2.0, seed=20, relabeling_only=True)
+    both = skewed_region_rejection(20, sims, alternative="greater", region_family="mirrored lognormal", region_sd=2.0,
+                                   seed=20)
+    assert alone > 0.05 + margin and both > 0.05 + margin, (alone, both)
 
 
 def test_paired_p_finds_a_region_above_its_null_and_not_below_it():

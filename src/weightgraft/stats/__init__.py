@@ -1,14 +1,18 @@
-"""Every interval and p-value weightgraft prints comes from here, and the suite holds each one's
-coverage or error rate by a seeded simulation at the sample sizes the defaults use
-(``tests/test_stats.py``; the figures are in docs/statistics.md).
+"""Every interval and p-value weightgraft prints comes from here; each one's coverage or error rate
+is measured by a seeded simulation at the sample sizes the defaults use, and the suite holds it
+where docs/statistics.md says it holds (``tests/test_stats.py``; the figures are in the docs).
 
-- :func:`share_ci`: a share ``sum(region) / sum(whole)`` over prompts with its Fieller interval,
-  or NaN bounds and the reason (:func:`share_interval`) where no interval keeps its coverage;
-- :func:`mean_ci`: a mean over prompts with its t interval, declined the same way;
-- :func:`paired_p`: a region's per-prompt effect against its per-prompt null, across prompts;
+- :func:`share_ci`: a share ``sum(region) / sum(whole)`` over prompts with its Fieller interval
+  (99% where the effects are skewed for their number), or NaN bounds and the reason
+  (:func:`share_interval`) where none can be given;
+- :func:`mean_ci`: a mean over prompts with its t interval, declined with fewer than 3 prompts or
+  effects too skewed for their number;
+- :func:`paired_p`: a region's per-prompt effect against its per-prompt null, across prompts
+  (exact where the region is exchangeable with its null draws under the null);
 - :func:`empirical_p`: one value against draws from its null (the found sets' controls);
 - :func:`holm`: Holm's step-down adjustment over one family of tests;
-- :func:`sign_test_p`: on how many prompts a difference is above 0 (exact, any distribution);
+- :func:`sign_test_p`: on how many prompts a difference is above 0 (exact for any distribution of
+  median 0);
 - :func:`rate_ci`: a top-k rate with its Clopper-Pearson interval;
 - :func:`paired_rate_difference_ci`: two top-k rates on the same prompts, their difference with
   Newcombe's paired interval;
