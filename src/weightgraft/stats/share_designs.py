@@ -1,0 +1,266 @@
+"""The share designs D1-D4 of docs/statistics.md and the candidate rules for a share's interval,
+compared by the criterion written there first (:func:`compare_share_rules`, :func:`choose_rule`):
+what :mod:`weightgraft.stats.simulation` runs and prints."""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import stats
+
+from weightgraft.stats import means
+from weightgraft.stats.means import share_interval
+from weightgraft.stats.signs import sign_test_p
+
+FAMILIES = ("normal", "lognormal", "mirrored lognormal", "t3")
+SHARE = 0.3
+
+
+def noise(family: str, rng: np.random.Generator, size: int | tuple[int, ...]) -> np.ndarray:
+    """Draws of mean 0 and sd 1."""
+    if family == "normal":
+        return rng.standard_normal(size)
+    if family in ("lognormal", "mirrored lognormal"):
+        x = (rng.lognormal(0.0, 1.0, size) - np.exp(0.5)) / np.sqrt((np.e - 1) * np.e)
+        return x if family == "lognormal" else -x
+    if family == "t3":
+        return rng.standard_t(3, size) / np.sqrt(3.0)
+    raise ValueError(f"unknown family {family!r}")
+
+
+SHARE_NS = (20, 40)
+SKEW_FACTORS = (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0)
+METHODS = ("fieller", "bca", "bootstrap-t", "fieller 99% where skewed")
+SLOPE = 0.15
+NOISE = 0.2
+SIGN_ALPHA = 0.025
+BOOT_RESAMPLES = 1999
+BOOT_SEED = 0
+DesignKind = Literal["family", "constant", "linear", "logistic"]
+DESIGN_NUMBERS = {"family": 1, "constant": 2, "linear": 3, "logistic": 4}
+
+
+def _logistic_ratio(a: float, sigma: float) -> float:
+    """The ratio of sums of ``expit(a + z) * exp(sigma * z)`` over ``z ~ N(0, 1)``: weighing by
+    ``exp(sigma * z)`` shifts z to ``N(sigma, 1)``."""
+    from scipy import integrate, special
+
+    return float(integrate.quad(lambda u: special.expit(a + sigma + u) * np.exp(-u * u / 2) / np.sqrt(2 * np.pi),
+                                -12, 12)[0])
+
+
+@dataclass(frozen=True)
+class ShareDesign:
+    """Per-prompt region and whole effects of known true ratio of sums (docs/statistics.md, D1-D4).
+
+    ``family``: ``w = mu + e1``, ``r = 0.3 * w + 0.3 * e2`` (true ratio 0.3); else ``z ~ N(0, 1)``,
+    ``w = exp(sigma * z - sigma**2 / 2)`` and ``r = s * w + 0.2 * eps`` with per-prompt share ``s``:
+    ``constant`` ``truth``, ``linear`` ``b + 0.15 * z``, ``logistic`` ``expit(a + z)``."""
+
+    kind: DesignKind
+    n: int
+    truth: float
+    family: str = "normal"
+    mu: float = 1.0
+    sigma: float = 1.0
+
+    @property
+    def label(self) -> str:
+        if self.kind == "family":
+            return f"D1 {self.family}, mu {self.mu:g}"
+        return f"D{DESIGN_NUMBERS[self.kind]} {self.kind}, sigma {self.sigma:g}"
+
+    @functools.cached_property
+    def base(self) -> float:
+        """``b`` (linear) or ``a`` (logistic) that puts the true ratio at ``truth``."""
+        if self.kind == "linear":
+            return self.truth - SLOPE * self.sigma
+        if self.kind == "logistic":
+            from scipy import optimize
+
+            return float(optimize.brentq(lambda a: _logistic_ratio(a, self.sigma) - self.truth, -30, 30, xtol=1e-12))
+        return self.truth
+
+    def draw(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """One sample: ``(region, whole)`` per prompt."""
+        if self.kind == "family":
+            w = self.mu + noise(self.family, rng, self.n)
+            return SHARE * w + 0.3 * noise(self.family, rng, self.n), w
+        z = rng.standard_normal(self.n)
+        w = np.exp(self.sigma * z - self.sigma ** 2 / 2)
+        if self.kind == "linear":
+            share = self.base + SLOPE * z
+        elif self.kind == "logistic":
+            share = 1 / (1 + np.exp(-(self.base + z)))
+        else:
+            share = np.full(self.n, self.base)
+        return share * w + NOISE * rng.standard_normal(self.n), w
+
+
+def share_designs(ns: tuple[int, ...] = SHARE_NS) -> list[ShareDesign]:
+    """D1-D4 of docs/statistics.md at each n."""
+    out: list[ShareDesign] = []
+    for n in ns:
+        out += [ShareDesign("family", n, SHARE, family=f, mu=mu) for mu in (1.0, 0.2) for f in FAMILIES]
+        for sigma in (0.5, 1.0, 1.5):
+            out.append(ShareDesign("constant", n, 0.5, sigma=sigma))
+            out += [ShareDesign("linear", n, t, sigma=sigma) for t in (0.0, 0.25, 0.5, 0.8)]
+            out += [ShareDesign("logistic", n, t, sigma=sigma) for t in (0.25, 0.5, 0.8)]
+    return out
+
+
+def share_misses(design: ShareDesign, sims: int, seed: int = 0) -> dict[str, float]:
+    """:func:`share_interval` on ``sims`` seeded samples of ``design``: of the intervals given, the
+    share that cover the true ratio and that miss it on each side, the share declined, and how
+    often a ``<`` and a ``>`` claim at the true ratio would hold (on the interval; and with the
+    sign test where the note says skew, as the claims' verdicts do)."""
+    rng = np.random.default_rng(seed)
+    below = above = declined = less = greater = less_sign = greater_sign = 0
+    for _ in range(sims):
+        r, w = design.draw(rng)
+        iv = share_interval(r, w)
+        if iv.declined:
+            declined += 1
+            if iv.declined.startswith("effects too skewed"):
+                past = r - design.truth * w
+                p_less, p_greater = sign_test_p(past, alternative="less"), sign_test_p(past, alternative="greater")
+                less_sign += p_less <= SIGN_ALPHA < p_greater
+                greater_sign += p_greater <= SIGN_ALPHA < p_less
+            continue
+        below += design.truth < iv.low
+        above += design.truth > iv.high
+        less += iv.high < design.truth
+        greater += iv.low > design.truth
+    given = sims - declined
+    nan = float("nan")
+    return {"given": given, "coverage_given": (given - below - above) / given if given else nan,
+            "miss_low": below / given if given else nan, "miss_high": above / given if given else nan,
+            "declined": declined / sims, "bound": miss_bound(given), "false_less": less / sims,
+            "false_greater": greater / sims, "false_less_sign": (less + less_sign) / sims,
+            "false_greater_sign": (greater + greater_sign) / sims}
+
+
+def _resamples(n: int, n_resamples: int, seed: int) -> np.ndarray:
+    """Seeded indices of ``n_resamples`` resamples of ``n`` prompts ([n_resamples, n])."""
+    return np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
+
+
+def _bootstrap_t_bounds(r: np.ndarray, w: np.ndarray, level: float, n_resamples: int = BOOT_RESAMPLES,
+                        seed: int = BOOT_SEED) -> tuple[float, float]:
+    """Fieller's interval with the t quantiles replaced by the bootstrap quantiles of its own pivot
+    at the estimate: the pivot's skew, which the t quantiles ignore, sets each side."""
+    if w.mean() < 0:
+        r, w = -r, -w
+    theta = float(r.sum() / w.sum())
+    d = (r - theta * w)[_resamples(len(r), n_resamples, seed)]
+    sd = d.std(axis=1, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pivot = np.where(sd > 0, d.mean(1) * math.sqrt(len(r)) / sd, 0.0)
+    q_low, q_high = np.quantile(pivot, [0.5 - level / 2, 0.5 + level / 2])
+    return means._fieller_bounds(r, w, float(q_low), float(q_high))
+
+
+def _bca_bounds(r: np.ndarray, w: np.ndarray, level: float, n_resamples: int = BOOT_RESAMPLES,
+                seed: int = BOOT_SEED) -> tuple[float, float]:
+    """SciPy's BCa interval of the ratio of sums, prompts resampled in pairs (seeded)."""
+    def ratio(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+        return x.sum(axis) / y.sum(axis)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ci = stats.bootstrap((r, w), ratio, paired=True, vectorized=True, n_resamples=n_resamples, method="BCa",
+                           confidence_level=level, random_state=np.random.default_rng(seed)).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
+FIELDS = ("g", "den_declined", "f95_low", "f95_high", "f99_low", "f99_high", "bca_low", "bca_high", "bt_low",
+          "bt_high", "sign_p_less", "sign_p_greater")
+
+
+def share_candidates(region: np.ndarray, whole: np.ndarray, threshold: float) -> np.ndarray:
+    """Every candidate rule's pieces on one sample (``FIELDS``): the skewness the decline reads,
+    whether the whole effect's interval includes 0, each method's bounds, and the sign test's p
+    on each side at ``threshold``."""
+    r, w = np.asarray(region, float), np.asarray(whole, float)
+    n = len(r)
+    share = float(r.sum() / w.sum())
+    g = max(abs(means._skew(w)), abs(means._skew(r - share * w)))
+    t95, t99 = means._t(n, 0.95), means._t(n, 0.99)
+    den_declined = w.mean() ** 2 - t95 * t95 * w.var(ddof=1) / n <= 0
+    out = [g, float(den_declined), *means._fieller_bounds(r, w, -t95, t95), *means._fieller_bounds(r, w, -t99, t99)]
+    out += [*_bca_bounds(r, w, 0.95), *_bootstrap_t_bounds(r, w, 0.95)] if not den_declined else [np.nan] * 4
+    past = r - threshold * w
+    out += [sign_test_p(past, alternative="less"), sign_test_p(past, alternative="greater")]
+    return np.array(out, dtype=float)
+
+
+def share_records(design: ShareDesign, sims: int, seed: int) -> np.ndarray:
+    """``share_candidates`` of ``sims`` seeded samples of ``design`` at its true ratio ([sims, FIELDS])."""
+    rng = np.random.default_rng(seed)
+    return np.stack([share_candidates(*design.draw(rng), design.truth) for _ in range(sims)])
+
+
+def miss_bound(given: int) -> float:
+    """The most a one-sided miss rate of a 95% interval may be over ``given`` intervals:
+    2.5% plus three Monte Carlo standard errors."""
+    return 0.025 + 3 * math.sqrt(0.025 * 0.975 / given) if given else float("inf")
+
+
+def rule_rates(records: np.ndarray, n: int, truth: float, method: str, factor: float) -> dict[str, float]:
+    """One rule on one design's records: coverage, lower and upper miss rates given an interval,
+    the decline rate, and how often a ``<`` and a ``>`` claim at ``truth`` hold on the interval
+    alone and with the sign test where the rule declines for skew."""
+    f = {name: records[:, i] for i, name in enumerate(FIELDS)}
+    skewed = n < factor * f["g"] ** 2
+    den = f["den_declined"] > 0
+    key = {"fieller": "f95", "bca": "bca", "bootstrap-t": "bt", "fieller 99% where skewed": "f95"}[method]
+    low, high = f[f"{key}_low"].copy(), f[f"{key}_high"].copy()
+    if method == "fieller 99% where skewed":
+        low[skewed], high[skewed] = f["f99_low"][skewed], f["f99_high"][skewed]
+        skewed = skewed & ~(np.isfinite(low) & np.isfinite(high))
+    declined = den | skewed | ~np.isfinite(low) | ~np.isfinite(high)
+    given = ~declined
+    k = int(given.sum())
+    below, above = given & (truth < low), given & (truth > high)
+    by_sign = skewed & ~den
+    width = (high - low)[given] / (f["f95_high"] - f["f95_low"])[given]
+    less = (given & (high < truth)) | (by_sign & (f["sign_p_less"] <= SIGN_ALPHA) & (f["sign_p_greater"] > SIGN_ALPHA))
+    greater = (given & (low > truth)) | (by_sign & (f["sign_p_greater"] <= SIGN_ALPHA) & (f["sign_p_less"] > SIGN_ALPHA))
+    nan = float("nan")
+    return {"given": k, "coverage_given": (k - below.sum() - above.sum()) / k if k else nan,
+            "miss_low": below.sum() / k if k else nan, "miss_high": above.sum() / k if k else nan,
+            "declined": float(declined.mean()), "bound": miss_bound(k), "width": float(np.median(width)) if k else nan,
+            "false_less": float((given & (high < truth)).mean()), "false_greater": float((given & (low > truth)).mean()),
+            "false_less_sign": float(less.mean()), "false_greater_sign": float(greater.mean())}
+
+
+def passes(rates: dict[str, float]) -> bool:
+    """Both one-sided miss rates given an interval within :func:`miss_bound` (none given passes)."""
+    return not rates["given"] or max(rates["miss_low"], rates["miss_high"]) <= rates["bound"]
+
+
+def compare_share_rules(sims: int, seed: int, ns: tuple[int, ...] = SHARE_NS
+                        ) -> tuple[list[ShareDesign], dict[tuple[str, float], list[dict[str, float]]]]:
+    """Every candidate rule (``METHODS`` x ``SKEW_FACTORS``) on every design, ``sims`` samples each,
+    design j seeded ``seed + j``: the rates of :func:`rule_rates` per rule, one per design."""
+    designs = share_designs(ns)
+    records = [share_records(d, sims, seed + j) for j, d in enumerate(designs)]
+    return designs, {(m, fac): [rule_rates(rec, d.n, d.truth, m, fac) for d, rec in zip(designs, records)]
+                     for m in METHODS for fac in SKEW_FACTORS}
+
+
+def choose_rule(results: dict[tuple[str, float], list[dict[str, float]]], method: str | None = None) -> tuple[str, float]:
+    """The criterion of docs/statistics.md: pass every design, then fewest declines; if none does,
+    most designs passed, then the smaller largest excess over the bound, then fewest declines
+    (among ``method``'s rules only, where given)."""
+    def key(rule: tuple[str, float]) -> tuple[int, float, float]:
+        rows = results[rule]
+        excess = max((max(r["miss_low"], r["miss_high"]) - r["bound"]) for r in rows if r["given"])
+        return -sum(passes(r) for r in rows), max(excess, 0.0), float(np.mean([r["declined"] for r in rows]))
+
+    return min((rule for rule in results if method in (None, rule[0])), key=key)
