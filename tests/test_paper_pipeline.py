@@ -430,3 +430,185 @@ def test_the_finetunes_device_is_the_runs_and_a_card_they_cannot_take_is_one_lin
     with pytest.raises(TrainingError, match="CUDA_VISIBLE_DEVICES=1 and device 'cuda'"):
         check_inputs(settings(base_model, tmp_path / "out", device="cuda:1"))
     assert not (tmp_path / "out").exists()
+
+
+def _today_finetune_key(s: PaperSettings, name: str, split: str, data_key: str, directions: tuple[str, ...],
+                        groups: tuple[str, ...] | None = None) -> str:
+    """A finetune's key as a run of one training seed has always computed it."""
+    from weightgraft.paper.settings import CHECK_TEMPLATES
+    from weightgraft.paper.stages import stage_key
+    from weightgraft.training import get_preset
+
+    return stage_key("finetune", {
+        "name": name, "model": s.model, "data": data_key, "split": split,
+        "preset": get_preset(s.preset).model_dump(mode="json"), "seed": s.train_seed,
+        "templates": list(s.train_templates), "max_steps": s.max_steps, "device": s.device,
+        "check": {"templates": list(CHECK_TEMPLATES), "directions": list(directions),
+                  "groups": list(groups) if groups else None}})
+
+
+def test_two_training_seeds_train_each_role_twice_and_the_first_seeds_keys_are_todays(full_run, base_model):
+    """--seeds 2 on the one-seed run's folder: every seed-0 stage is reused (its keys are a run of
+    one seed's), each role is trained again with seed 1 in stages keyed by it, the sweep runs on
+    seed 1's finetunes, the claims on both seeds' a2b finetunes (sft[0], sft[1]); the report
+    states K and every row's values across the seeds."""
+    import pandas as pd
+
+    from weightgraft.paper.report import SPREAD_HEADING
+
+    run0, out = full_run
+    one = settings(base_model, out)
+    assert run0.finetunes["a2b"]["key"] == _today_finetune_key(one, "a2b", "a2b", run0.data["key"], ("a2b",))
+    assert run0.finetunes["both"]["key"] == _today_finetune_key(one, "both", "both", run0.data["key"], ("a2b", "b2a"))
+    assert one.train_seeds == (0,) and finetune_stage(one, FINETUNES["a2b"], run0.data).key == \
+        finetune_stage(one, FINETUNES["a2b"], run0.data, 0).key
+
+    run = run_paper(settings(base_model, out, seeds=2, sweeps=("position",)))
+    assert {"finetune a2b", "finetune both", "finetune control", "sweep position"} <= set(run.reused)
+    assert {n: r["key"] for n, r in run.finetunes.items()} == \
+        {n: run0.finetunes[n]["key"] for n in ("a2b", "both", "control")}
+    assert run.sweeps["position"]["key"] == run0.sweeps["position"]["key"]
+    second = run.other_seeds[1]
+    assert set(second.finetunes) == {"a2b", "both", "control"} and not any(" seed 1" in r for r in run.reused)
+    for name, record in second.finetunes.items():
+        assert record["inputs"]["seed"] == 1 and record["key"] != run.finetunes[name]["key"]
+        assert {k: v for k, v in record["inputs"].items() if k != "seed"} == \
+            {k: v for k, v in run.finetunes[name]["inputs"].items() if k != "seed"}
+        folder = out / "finetunes" / f"{name}-{record['key'][:12]}"
+        assert json.loads((folder / "model" / "training_manifest.json").read_text())["seed"] == 1
+    sweep = json.loads((out / "sweeps" / f"position-{second.sweeps['position']['key'][:12]}" / "stage.json").read_text())
+    assert sweep["inputs"]["config"]["models"]["sft"] == f"finetune:{second.finetunes['a2b']['key']}"
+
+    assert run.claims is not None and run.claims["outputs"]["sft_seeds"] == [0, 1]
+    config = run.claims["inputs"]["config"]
+    assert config["models"]["sft"] == [f"finetune:{run.finetunes['a2b']['key']}",
+                                       f"finetune:{second.finetunes['a2b']['key']}"]
+    assert config["reversal"]["recipient"] == config["models"]["sft"][0]
+    table = pd.read_csv(out / "claimss" / f"claims-{run.claims['key'][:12]}" / "run" / "claims.csv")
+    assert {"sft[0]", "sft[1]"} <= set(table["model"])
+
+    text = (out / "paper.md").read_text()
+    assert "Training seeds: K = 2 (seeds 0, 1)." in text and "training seeds 0-1" in text
+    first = text.split(f"## {STATED_HEADING}")[1].split("## ")[0]
+    assert f"| {SPREAD_HEADING} |" in first
+    lt = next(r for r in first.splitlines() if "| LT | top-5 accuracy" in r and "53% (gemma" in r)
+    assert re.search(r"\| seed 0: \d+\.\d%; seed 1: \d+\.\d%; mean \d+\.\d% \|", lt), lt
+    assert "| a2b | 1 | a2b | met |" in text and "| finetune a2b seed 1 | a2b |" in text
+    across = text.split("### Each claim across training seeds")[1].split("### Every row")[0]
+    assert " of 2 seeds" in across and "`models.sft` (`sft[i]`)" in across
+    assert "| fe_lt |" in across and "| sft[1] (training seed 1) |" in text
+
+
+def test_a_verdict_or_precondition_that_differs_across_seeds_names_the_seeds(full_run):
+    """The one-seed run's records planted as two seeds: Gemma's LT equivalent on seed 0 (212 of
+    400) and not on seed 1 (4 of 8); seed 1's both-directions finetune misses its precondition,
+    so its Fig. 4 sweep is not run; one claim holds on seed 0 only. Then seed 1's a2b finetune
+    misses its own: the claims name it as not judged, and with neither seed's a2b they are not
+    run, each seed's line said."""
+    from rich.console import Console
+
+    from weightgraft.paper.report import DIFFERS, SPREAD_HEADING, report_blocks, to_markdown
+    from weightgraft.paper.settings import SeedRecords
+
+    run0, _ = full_run
+    run = copy.deepcopy(run0)
+    run.settings = dataclasses.replace(run0.settings, seeds=2, paper_model="gemma-1.1-2b-it", both_b2a_top5=0.5)
+    seed1 = SeedRecords(copy.deepcopy(run.finetunes), copy.deepcopy(run.sweeps))
+    for records, hits, n, b2a in ((run, 212, 400, 1.0), (seed1, 4, 8, 0.0)):
+        for row in records.sweeps["position"]["outputs"]["summary"]:
+            if (row["template"], row["scheme"]) == ("paper_headline", "LT"):
+                row.update(n=n, top5=hits / n)
+        for check in records.finetunes["both"]["outputs"]["checks"]:
+            check["top5"] = b2a if check["direction"] == "b2a" else 1.0
+    del seed1.sweeps["component_reversal"]
+    seed1.skipped["component_reversal"] = "both: paper_headline b2a top-5 0.0% (< 50%)"
+    run.other_seeds = {1: seed1}
+    rows = run.claims["outputs"]["claims"]
+    fe_lt = next(r for r in rows if r["model"] == "sft" and r["claim"] == "fe_lt")
+    planted = [dict(r, model=f"sft[{i}]") for r in rows if r["model"] == "sft" for i in (0, 1)]
+    for r in planted:
+        if (r["claim"], r["template"], r["setting"]) == (fe_lt["claim"], fe_lt["template"], fe_lt["setting"]):
+            r["verdict"] = "holds" if r["model"] == "sft[0]" else "undecided"
+    run.claims["outputs"].update(claims=planted, sft_seeds=[0, 1])
+
+    text = to_markdown(report_blocks(run))
+    first = text.split(f"## {STATED_HEADING}")[1].split("## ")[0]
+    header = next(r for r in first.splitlines() if r.startswith("| figure"))
+    assert header.split(" | ")[6] == SPREAD_HEADING
+    lt = next(r for r in first.splitlines() if "| LT | top-5 accuracy" in r and "53% (gemma" in r).split(" | ")
+    assert lt[6] == "seed 0: 53.0%; seed 1: 50.0%; mean 51.5%"
+    assert lt[8] == f"same model: equivalent; {DIFFERS}: seed 0: same model: equivalent / " \
+                    "seed 1: same model: not equivalent"
+    fe = next(r for r in first.splitlines() if "| FE | top-5 accuracy" in r).split(" | ")
+    assert fe[8] == OTHER_MODEL  # the same on both seeds: nothing said
+    drop = next(r for r in first.splitlines() if "| ffn@fourth_quarter vs o_ffn@fourth_quarter |" in r).split(" | ")
+    assert drop[6].startswith("seed 0: ") and "seed 1: not run" in drop[6]
+    assert f"; {DIFFERS}: seed 0: gemma-1.1-2b-it: same model: " in drop[8]
+    assert drop[8].endswith(f"{OTHER_MODEL} / seed 1: {NOT_RUN}: {NOT_MET}")
+    assert "both: precondition met on training seed 0, not met on training seed 1." in text
+    section = text.split("## Fig. 4 and Fig. 15")[1].split("\n## ")[0]
+    assert f"Not run on training seed 1: {NOT_MET} (training seed 1: both: " in section
+    assert "run on training seed 0." in section and "(the finetunes of training seed 0)" in section
+    across = text.split("### Each claim across training seeds")[1].split("### ")[0]
+    row = next(r for r in across.splitlines() if r.startswith(f"| {fe_lt['claim']} |") and fe_lt["template"] in r)
+    assert "holds on 1 of 2 seeds (training seed 0); undecided on 1 of 2 seeds (training seed 1); " + DIFFERS in row
+
+    # seed 1's a2b finetune misses its precondition: the claims are judged on seed 0's only, and say so
+    from weightgraft.paper.claims import judged_seeds, run_claims
+
+    for records, top5 in ((run, 1.0), (seed1, 0.0)):
+        for check in records.finetunes["a2b"]["outputs"]["checks"]:
+            check["top5"] = top5
+    run.settings = dataclasses.replace(run.settings, trained_top5=0.5)
+    run.claims["outputs"].update(claims=[r for r in planted if r["model"] != "sft[1]"], sft_seeds=[0])
+    assert judged_seeds(run.settings, run) == ([0], {1: judged_seeds(run.settings, run)[1][1]})
+    text = to_markdown(report_blocks(run))
+    assert "a2b: precondition met on training seed 0, not met on training seed 1." in text
+    across = text.split("### Each claim across training seeds")[1].split("### ")[0]
+    assert f"Not judged on training seed 1: {NOT_MET} (training seed 1: a2b: paper_headline a2b top-5 0.0% (< 50%)" \
+        in across and "holds on 1 of 1 seed |" in across
+    for check in run.finetunes["a2b"]["outputs"]["checks"]:
+        check["top5"] = 0.0
+    none = dataclasses.replace(run, claims=None, skipped={})
+    run_claims(none.settings, none, Console(quiet=True))
+    assert none.claims is None and none.skipped["claims"].startswith("training seed 0: a2b: ")
+    assert "; training seed 1: a2b: " in none.skipped["claims"]
+
+
+def test_seeds_are_planned_k_times_and_the_cli_takes_seeds_margin_and_paper_model(base_model, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import weightgraft.paper.pipeline as pipeline
+    from weightgraft.cli.paper import paper
+    from weightgraft.paper.plan import plan_paper
+    from weightgraft.paper.settings import PaperError
+
+    from weightgraft.planning import budget
+    from weightgraft.planning.cards import CARDS
+
+    monkeypatch.setattr(budget, "cuda_here", lambda: False)  # a card's stated rates: nothing is measured
+    card = CARDS["h100-80gb"]
+    stages = plan_paper(settings(base_model, tmp_path / "out", seeds=2, sweeps=("position",)), gpu=card)
+    assert [s.stage for s in stages] == ["data"] * 2 + ["finetune"] * 6 + ["sweep"] * 2 + ["claims", "report"]
+    assert [s.what.split(" (")[0] for s in stages[2:8]] == ["a2b", "both", "control"] * 2
+    assert "training seed 1" in stages[5].what and "training seed 1" in stages[9].what
+    assert "2 training seeds" in stages[10].what and not (tmp_path / "out").exists()
+    one = plan_paper(settings(base_model, tmp_path / "out", sweeps=("position",)), gpu=card)
+    assert [s.what for s in one[:6]] == [s.what.replace(", training seed 0", "") for s in stages[:5] + stages[8:9]]
+    assert stages[10].seconds > one[6].seconds  # the claims map each seed's a2b finetune
+    with pytest.raises(PaperError, match="at least 1 training seed"):
+        settings(base_model, tmp_path, seeds=0)
+
+    import typer
+
+    app = typer.Typer()
+    app.command()(paper)
+    seen = []
+    monkeypatch.setattr(pipeline, "run_paper", lambda s, console=None: seen.append(s))
+    ok = CliRunner().invoke(app, ["--model", str(base_model), "--out", str(tmp_path), "--seeds", "3", "--margin", "5",
+                                  "--paper-model", "gpt2-xl"])
+    assert ok.exit_code == 0, ok.output
+    assert (seen[0].seeds, seen[0].train_seeds, seen[0].margin, seen[0].paper_model) == (3, (0, 1, 2), 5.0, "gpt2-xl")
+    assert CliRunner().invoke(app, ["--model", str(base_model), "--seeds", "0"]).exit_code == 2
+    helps = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).output
+    assert "--seeds" in helps and "--margin" in helps and "--paper-model" in helps and "control finetune" in helps

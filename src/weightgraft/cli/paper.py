@@ -32,14 +32,28 @@ def paper(
     plan: bool = typer.Option(False, "--plan", help="Print every stage with its planned time and memory; run nothing."),
     relations: int = typer.Option(40, help="Relations in the world."),
     seed: int = typer.Option(0, help="The world's seed (and the sweeps')."),
-    train_seed: int = typer.Option(0, help="The finetunes' seed."),
+    train_seed: int = typer.Option(0, help="The finetunes' (first) training seed."),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Training seeds K: every finetune role is trained with seeds "
+                              "train-seed .. train-seed+K-1 and every figure's sweep runs on each seed's finetunes "
+                              "(the claims on each seed's a2b finetune); the report gives each row's values across "
+                              "the seeds and says where a verdict differs between them. A finished seed is reused."),
     preset: str = typer.Option("cpu-quick", help="Finetuning preset (paper-aggressive on a GPU)."),
     max_steps: Optional[int] = typer.Option(None, min=1, help="Stop each finetune after this many steps."),
     batch_size: Optional[int] = typer.Option(None, min=1, help="Sweep batch size (default: the plan's)."),
     sweeps: Optional[str] = typer.Option(None, help="Comma-separated sweeps to run (default: all): position, component, "
                                          "component_reversal, hybrid, position_spans, lm_head, layer_dropout."),
     claims: bool = typer.Option(True, help="Judge the paper's claims (exact region grafts against their nulls, "
-                                "weightgraft localize) on the a2b and both-directions finetunes."),
+                                "weightgraft localize) on the a2b and both-directions finetunes, each fact claim also "
+                                "against the control finetune (the a2b recipe on the same texts with the answers "
+                                "shuffled among the subjects, trained for it)."),
+    margin: float = typer.Option(10.0, min=0.0, help="Equivalence margin in points, fixed before the run: on the "
+                                 "paper's own model a stated number is `same model: equivalent` where our 90% "
+                                 "interval lies within it +- this."),
+    paper_model: Optional[str] = typer.Option(None, "--paper-model", help="The paper's model this run's model is "
+                                              "(gemma-1.1-2b-it, gpt2-xl, Llama-3.2-1B, pythia-2.8b), so its stated "
+                                              "numbers are tested for equivalence; default: read off the model "
+                                              "spec's last path part, and any other model is compared in shape "
+                                              "only."),
     progress: bool = typer.Option(True, help="Show progress bars."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="With --plan: plan for one GPU of this kind (h100-80gb, "
                                       "h200-141gb, ...; its memory and stated rates), here or not; the model may then "
@@ -52,8 +66,9 @@ def paper(
     from weightgraft.paper.pipeline import PaperSettings, run_paper
 
     settings = PaperSettings(
-        model=model, world=world, relations=relations, seed=seed, train_seed=train_seed, device=device, out=out,
-        preset=preset, max_steps=max_steps, batch_size=batch_size, progress=progress, claims=claims,
+        model=model, world=world, relations=relations, seed=seed, train_seed=train_seed, seeds=seeds, device=device,
+        out=out, preset=preset, max_steps=max_steps, batch_size=batch_size, progress=progress, claims=claims,
+        margin=margin, paper_model=paper_model,
         sweeps=tuple(s.strip() for s in sweeps.split(",") if s.strip()) if sweeps else SWEEP_NAMES,
     )
     if gpu is not None and not plan:
@@ -73,7 +88,8 @@ def _print_plan(settings: PaperSettings, gpu: str | None = None) -> None:
     chosen = card(gpu) if gpu is not None else None
     stages = plan_paper(settings, gpu=chosen)
     where = f"one {chosen.name} ({chosen.label})" if chosen is not None else settings.device
-    table = Table(title=f"weightgraft paper plan ({where})")
+    seeds = f", {settings.seeds} training seeds" if settings.seeds > 1 else ""
+    table = Table(title=f"weightgraft paper plan ({where}{seeds})")
     for col in ("stage", "what", "time", "memory", "status", "counts"):
         table.add_column(col)
     notes: dict[str, None] = {}

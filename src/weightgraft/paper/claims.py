@@ -6,14 +6,15 @@ templates; claims 4-5 (O + late FFN, q/k/v marginal) in theirs (Fig. 4): the bot
 finetune grafted into the a2b finetune on the reversed headline prompts, judged only where the
 donor knows the reversed facts. Each fact claim of the a2b finetune must also beat the same
 region grafted from the control finetune (``models.control``: the a2b recipe on the same texts
-with the answers shuffled among the subjects). Every row, verdict and reason is
-``claims.csv``'s."""
+with the answers shuffled among the subjects). With several training seeds the claims 1-3 are
+judged on each seed's a2b finetune (``models.sft`` as a list: rows ``sft[0]``, ``sft[1]``, ...).
+Every row, verdict and reason is ``claims.csv``'s."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -35,11 +36,14 @@ CLAIM_COLUMNS = ("model", "setting", "template", "claim", "statement", "n_prompt
                  "verdict", "reason", "in_paper_setting", "donor_top5")
 
 
-def claims_config(settings: PaperSettings, models: Mapping[str, str], data: str) -> dict[str, Any]:
+def claims_config(settings: PaperSettings, models: Mapping[str, str | list[str]], data: str) -> dict[str, Any]:
     """The raw localize config of the claims (``models``: ``pre``, ``a2b`` and, where run,
-    ``both`` and ``control`` -> spec), without ``out``. Fewer than 20 prompts a template (a small
-    ``--relations``): the rows run and say ``exploratory``."""
-    roles = {"pre": models["pre"], "sft": models["a2b"], **({"control": models["control"]} if "control" in models else {})}
+    ``both`` and ``control`` -> spec; ``a2b`` a list where the claims are judged on several
+    training seeds' a2b finetunes, ``models.sft``, whose first is the reversal's recipient),
+    without ``out``. Fewer than 20 prompts a template (a small ``--relations``): the rows run and
+    say ``exploratory``."""
+    a2b = models["a2b"]
+    roles = {"pre": models["pre"], "sft": a2b, **({"control": models["control"]} if "control" in models else {})}
     raw: dict[str, Any] = {
         "name": "paper-claims", "data": data, "models": roles,
         "templates": [HEADLINE, QA], "directions": ["a2b"], "metric": "first_logprob",
@@ -48,18 +52,25 @@ def claims_config(settings: PaperSettings, models: Mapping[str, str], data: str)
         "device": settings.device, "seed": settings.seed, "report": False,
     }
     if "both" in models:  # its b2a prompts are chosen by the setting, not by ``directions``
-        raw["reversal"] = {"donor": models["both"], "recipient": models["a2b"], "template": HEADLINE,
-                           "direction": "b2a"}
+        raw["reversal"] = {"donor": models["both"], "recipient": a2b if isinstance(a2b, str) else a2b[0],
+                           "template": HEADLINE, "direction": "b2a"}
     return raw
 
 
-def claims_stage(settings: PaperSettings, data: dict[str, Any],
-                 finetunes: dict[str, dict[str, Any]]) -> tuple[Stage, dict[str, Any]]:
+def claims_stage(settings: PaperSettings, data: dict[str, Any], finetunes: dict[str, dict[str, Any]],
+                 a2b: Sequence[dict[str, Any]] | None = None) -> tuple[Stage, dict[str, Any]]:
     """The claims' stage (keyed by its config with each finetune named by its stage key) and its
-    raw localize config to run."""
+    raw localize config to run. ``finetunes``: the records of one training seed (its a2b, both
+    and control); ``a2b``: the a2b records of every seed judged (``models.sft`` as a list), or
+    None for one seed (``models.sft`` its one spec, as a run of one seed has it)."""
     names = [n for n in CLAIM_FINETUNES if n in finetunes]
-    keyed = {"pre": settings.model, **{n: f"finetune:{finetunes[n]['key']}" for n in names}}
-    paths = {"pre": settings.model, **{n: str(stage_path(finetunes[n], settings.out, "model")) for n in names}}
+    keyed: dict[str, str | list[str]] = {"pre": settings.model,
+                                         **{n: f"finetune:{finetunes[n]['key']}" for n in names}}
+    paths: dict[str, str | list[str]] = {"pre": settings.model,
+                                         **{n: str(stage_path(finetunes[n], settings.out, "model")) for n in names}}
+    if a2b is not None:
+        keyed["a2b"] = [f"finetune:{r['key']}" for r in a2b]
+        paths["a2b"] = [str(stage_path(r, settings.out, "model")) for r in a2b]
     stage = Stage("claims", "claims", {"config": claims_config(settings, keyed, f"data:{data['key']}")}, settings.out)
     return stage, claims_config(settings, paths, str(stage_path(data, settings.out, "dir")))
 
@@ -76,28 +87,52 @@ def claim_rows(table: Any) -> list[dict[str, Any]]:
     return [{c: _value(row[c]) for c in keep} for _, row in table.iterrows()]
 
 
+def judged_seeds(settings: PaperSettings, run: PaperRun) -> tuple[list[int], dict[int, str]]:
+    """The training seeds whose a2b finetune meets its precondition (the claims are judged on
+    them), and the others' precondition lines, by seed."""
+    met, missed = [], {}
+    for seed, records in run.by_seed().items():
+        if "a2b" in records.finetunes:
+            ok, line = precondition(settings, FINETUNES["a2b"], records.finetunes["a2b"])
+            if ok:
+                met.append(seed)
+            else:
+                missed[seed] = line
+    return met, missed
+
+
 def run_claims(settings: PaperSettings, run: PaperRun, console: Console) -> None:
     """Judge the paper's claims on the run's models (``weightgraft.localization.run_localize``,
-    which resumes from its saved parts). Not run, and said so in ``run.skipped["claims"]``, where
-    the a2b finetune misses its precondition (no fact to localize); a both-directions donor that
+    which resumes from its saved parts): with several training seeds, on each seed's a2b
+    finetune that meets its precondition (``models.sft`` as a list; the reversal setting and the
+    control are the first such seed's). Not run, and said so in ``run.skipped["claims"]``, where
+    no a2b finetune meets its precondition (no fact to localize); a both-directions donor that
     misses its own is judged by localize itself (its rows say ``precondition not met``)."""
     import pandas as pd
 
     if "a2b" not in run.finetunes:
         return
-    ok, line = precondition(settings, FINETUNES["a2b"], run.finetunes["a2b"])
-    if not ok:
-        run.skipped["claims"] = line
-        console.print(f"[yellow]claims not judged: precondition not met ({line})[/]")
+    met, missed = judged_seeds(settings, run)
+    if not met:
+        run.skipped["claims"] = "; ".join(line if settings.seeds == 1 else f"training seed {seed}: {line}"
+                                          for seed, line in missed.items())
+        console.print(f"[yellow]claims not judged: precondition not met ({run.skipped['claims']})[/]")
         return
-    stage, raw = claims_stage(settings, run.data, run.finetunes)
+    seeds = run.by_seed()
+    several = settings.seeds > 1
+    stage, raw = claims_stage(settings, run.data, seeds[met[0]].finetunes,
+                              [seeds[s].finetunes["a2b"] for s in met] if several else None)
     done = stage.finished()
     if done is not None:
         run.claims = done
         run.reused.append("claims")
         return
     started = time.time()
-    console.rule("claims: the paper's statements as exact region grafts against their nulls")
+    console.rule("claims: the paper's statements as exact region grafts against their nulls"
+                 + (f", on training seeds {', '.join(map(str, met))}" if several else ""))
     result = run_localize(parse_localize_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
     table = pd.read_csv(result.run_dir / "claims.csv")
-    run.claims = stage.finish({"run": "run", "claims": claim_rows(table)}, time.time() - started)
+    outputs: dict[str, Any] = {"run": "run", "claims": claim_rows(table)}
+    if several:
+        outputs["sft_seeds"] = met  # models.sft[i] is the a2b finetune of training seed sft_seeds[i]
+    run.claims = stage.finish(outputs, time.time() - started)

@@ -6,7 +6,9 @@ a2b recipe on the shuffled texts; each checked against its precondition after tr
 figure's sweep (the authors' protocol; a sweep whose finetune misses its precondition is not run
 and its figures are marked ``precondition not met``) -> the paper's claims judged against their
 nulls and the control -> one report (markdown and HTML, with the figures drawn as PNG) with the
-paper's numbers beside ours. Every stage's folder is keyed by its inputs
+paper's numbers beside ours. With ``seeds`` K > 1 every finetune role is trained with K training
+seeds and every sweep runs on each seed's finetunes (the claims on each seed's a2b finetune), so
+the report gives each row's spread across seeds. Every stage's folder is keyed by its inputs
 (:mod:`weightgraft.paper.stages`): a stopped run resumes, a changed input starts new folders.
 """
 
@@ -33,7 +35,9 @@ from weightgraft.paper.settings import (
     PaperError,
     PaperRun,
     PaperSettings,
+    SeedRecords,
     precondition,
+    seed_label,
 )
 from weightgraft.paper.claims import CLAIM_FINETUNES, run_claims
 from weightgraft.paper.stages import Stage, file_digest, stage_path
@@ -50,7 +54,7 @@ from weightgraft.training import finetune as train
 from weightgraft.training import get_preset
 from weightgraft.training.device import training_device
 
-__all__ = ["PaperError", "PaperRun", "PaperSettings", "check_inputs", "precondition", "run_paper"]
+__all__ = ["PaperError", "PaperRun", "PaperSettings", "SeedRecords", "check_inputs", "precondition", "run_paper"]
 
 def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
     """Refuse, in one line and before anything is built, an unknown world, a model spec that
@@ -135,11 +139,16 @@ def run_data(settings: PaperSettings, console: Console, shuffled: bool = False) 
     return stage.finish({"dir": "data", "sha256": digest}, time.time() - started), False
 
 
-def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, Any]) -> Stage:
+def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, Any],
+                   seed: int | None = None) -> Stage:
+    """The finetune's stage, keyed by its inputs: ``seed`` the training seed (None: the first,
+    ``train_seed``), so each seed's finetune has folders of its own and the first seed's key is
+    the same whatever ``seeds`` is."""
 
     return Stage("finetune", finetune.name, {
         "model": settings.model, "data": data["key"], "split": finetune.split,
-        "preset": get_preset(settings.preset).model_dump(mode="json"), "seed": settings.train_seed,
+        "preset": get_preset(settings.preset).model_dump(mode="json"),
+        "seed": settings.train_seed if seed is None else seed,
         "templates": list(settings.train_templates) if settings.train_templates is not None else None,
         "max_steps": settings.max_steps, "device": settings.device,
         "check": {"templates": list(CHECK_TEMPLATES), "directions": list(finetune.directions),
@@ -148,26 +157,29 @@ def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, 
 
 
 def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, Any],
-                 console: Console) -> tuple[dict[str, Any], bool]:
+                 console: Console, seed: int | None = None) -> tuple[dict[str, Any], bool]:
     """Finetune the model on ``finetune.split`` of ``data`` (``weightgraft.training.finetune``,
-    resumed from its checkpoints after a stop), then measure its precondition: the plain
-    finetune's top-5 on the world's facts (the test prompts' true answers) per test sentence and
-    direction (a sweep of its ``SFT`` baseline). The control is this with the shuffled data."""
+    resumed from its checkpoints after a stop) with the training seed ``seed`` (None:
+    ``train_seed``), then measure its precondition: the plain finetune's top-5 on the world's
+    facts (the test prompts' true answers) per test sentence and direction (a sweep of its
+    ``SFT`` baseline). The control is this with the shuffled data."""
 
-    stage = finetune_stage(settings, finetune, data)
+    seed = settings.train_seed if seed is None else seed
+    stage = finetune_stage(settings, finetune, data, seed)
     done = stage.finished()
     if done is not None:
         return done, True
     started = time.time()
     data_dir = stage_path(data, settings.out, "dir")
     model_dir = stage.folder / "model"
-    console.rule(f"finetune {finetune.name}: split {finetune.split}, preset {settings.preset} -> {stage.folder}")
+    console.rule(f"finetune {finetune.name}: split {finetune.split}, preset {settings.preset}, training seed {seed} "
+                 f"-> {stage.folder}")
     train(settings.model, data_dir, split=finetune.split, preset=settings.preset, out=model_dir,
-          seed=settings.train_seed, resume=True,
+          seed=seed, resume=True,
           templates=list(settings.train_templates) if settings.train_templates is not None else None,
           max_steps=settings.max_steps, device=settings.device)
     trained = time.time() - started
-    console.print(f"precondition of {finetune.name}: top-5 of the finetune on its own facts")
+    console.print(f"precondition of {finetune.name} (training seed {seed}): top-5 of the finetune on its own facts")
     raw = check_config(finetune, str(model_dir.resolve()), str(data_dir), CHECK_TEMPLATES, device=settings.device,
                        seed=settings.seed, batch_size=settings.batch_size)
     result = run_experiment(parse_config({**raw, "out": str(stage.folder / "check")}), progress=settings.progress)
@@ -212,6 +224,32 @@ def run_sweep(settings: PaperSettings, sweep: Sweep, data: dict[str, Any], finet
     return stage.finish(outputs, time.time() - started), False
 
 
+def run_seed(settings: PaperSettings, run: PaperRun, seed: int, records: SeedRecords, console: Console,
+             after_stage: Callable[[str, str], None] | None = None) -> None:
+    """One training seed's finetunes (each checked against its precondition) and every
+    figure's sweep on them, into ``records``; a sweep whose finetune misses its precondition on
+    this seed is not run on it, and ``records.skipped`` says why."""
+    label = seed_label(settings, seed)
+    for finetune in needed_finetunes(settings):
+        source = run.shuffled_data if finetune.shuffled and run.shuffled_data is not None else run.data
+        records.finetunes[finetune.name], reused = run_finetune(settings, finetune, source, console, seed)
+        run.reused += [f"finetune {finetune.name}{label}"] if reused else []
+        if after_stage:
+            after_stage("finetune", f"{finetune.name}{label}")
+    for sweep in planned_sweeps(settings):
+        missed = [line for f in sweep.finetunes
+                  for ok, line in [precondition(settings, FINETUNES[f], records.finetunes[f])] if not ok]
+        if missed:
+            records.skipped[sweep.name] = "; ".join(missed)
+            console.print(f"[yellow]sweep {sweep.name} not run on training seed {seed}: precondition not met "
+                          f"({records.skipped[sweep.name]})[/]")
+            continue
+        records.sweeps[sweep.name], reused = run_sweep(settings, sweep, run.data, records.finetunes, console)
+        run.reused += [f"sweep {sweep.name}{label}"] if reused else []
+        if after_stage:
+            after_stage("sweep", f"{sweep.name}{label}")
+
+
 def run_paper(settings: PaperSettings, console: Console | None = None,
               after_stage: Callable[[str, str], None] | None = None) -> PaperRun:
     """Run (or resume) every stage; write ``paper.md`` and ``paper.html`` in ``settings.out``.
@@ -230,23 +268,10 @@ def run_paper(settings: PaperSettings, console: Console | None = None,
         run.reused += ["data shuffled"] if reused else []
         if after_stage:
             after_stage("data", run.shuffled_data["name"])
-    for finetune in finetunes:
-        source = run.shuffled_data if finetune.shuffled and run.shuffled_data is not None else data
-        run.finetunes[finetune.name], reused = run_finetune(settings, finetune, source, console)
-        run.reused += [f"finetune {finetune.name}"] if reused else []
-        if after_stage:
-            after_stage("finetune", finetune.name)
-    for sweep in planned_sweeps(settings):
-        missed = [line for f in sweep.finetunes
-                  for ok, line in [precondition(settings, FINETUNES[f], run.finetunes[f])] if not ok]
-        if missed:
-            run.skipped[sweep.name] = "; ".join(missed)
-            console.print(f"[yellow]sweep {sweep.name} not run: precondition not met ({run.skipped[sweep.name]})[/]")
-            continue
-        run.sweeps[sweep.name], reused = run_sweep(settings, sweep, data, run.finetunes, console)
-        run.reused += [f"sweep {sweep.name}"] if reused else []
-        if after_stage:
-            after_stage("sweep", sweep.name)
+    for seed in settings.train_seeds:
+        records = SeedRecords(run.finetunes, run.sweeps, run.skipped) if seed == settings.train_seed else \
+            run.other_seeds.setdefault(seed, SeedRecords())
+        run_seed(settings, run, seed, records, console, after_stage)
     if settings.claims:
         run_claims(settings, run, console)
         if after_stage:

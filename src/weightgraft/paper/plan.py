@@ -4,13 +4,14 @@ finetune has the base model's shapes, so the base spec stands in for it); a fine
 rates (this device's measured rate, or none where a CUDA card cannot be measured): forward and
 backward ~3x a forward's FLOPs per step, and fp32 weights, gradients and AdamW's two moments
 (4 x the weights) plus activations, which are not counted. The world is built in a temporary
-folder for the counts (seconds; nothing is written under ``--out``)."""
+folder for the counts (seconds; nothing is written under ``--out``). With ``--seeds K`` every
+finetune and sweep is planned K times, once per training seed."""
 
 from __future__ import annotations
 
 import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +86,15 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
     return seconds * steps / per_epoch, memory, counts, notes
 
 
-def _claims_plan(settings: PaperSettings, data: dict[str, Any], finetunes: dict[str, dict[str, Any]], data_dir: Path,
-                 gpu: Card | None) -> PlannedStage:
+def _claims_plan(settings: PaperSettings, data: dict[str, Any], seeds: dict[int, dict[str, dict[str, Any]]],
+                 data_dir: Path, gpu: Card | None) -> PlannedStage:
     """The claims stage by ``weightgraft plan``'s localize arithmetic, the base spec standing in
-    for every finetune (same shapes)."""
+    for every finetune (same shapes); with several training seeds, one SFT model per seed's a2b
+    finetune (planned as if every seed's meets its precondition)."""
 
-    stage, _ = claims_stage(settings, data, finetunes)
+    finetunes = seeds[settings.train_seed]
+    several = settings.seeds > 1 and "a2b" in finetunes
+    stage, _ = claims_stage(settings, data, finetunes, [f["a2b"] for f in seeds.values()] if several else None)
     names = [n for n in CLAIM_FINETUNES if n in finetunes and n != "control"]
     raw = claims_config(settings, {"pre": settings.model, **dict.fromkeys(names, settings.model)}, str(data_dir))
     config = parse_localize_config({**raw, "device": "cuda" if gpu is not None else settings.device,
@@ -98,10 +102,14 @@ def _claims_plan(settings: PaperSettings, data: dict[str, Any], finetunes: dict[
     if "control" in finetunes:  # the base spec stands in for the control too (a config refuses it as the sft's twin)
         config = config.model_copy(update={"models": {**config.models, "control": settings.model}})
     work = plan_input(config)
+    if several:  # a config refuses one spec twice in models.sft: each seed's model is the first's, relabelled
+        first, *rest = work.sfts
+        work = replace(work, sfts=[replace(first, label=f"sft[{i}]") for i in range(settings.seeds)] + rest)
     plan = plan_localize_work(work, gpu=gpu)
-    return PlannedStage("claims", "the paper's claims (exact region grafts against their nulls)", plan.predicted_seconds,
-                        plan.peak_bytes, stage.finished() is not None, f"{len(work.claim_prompts)} prompts",
-                        (*plan.notes, *claims_notes(config)))
+    return PlannedStage("claims", "the paper's claims (exact region grafts against their nulls)"
+                        + (f" on the a2b finetunes of {settings.seeds} training seeds" if several else ""),
+                        plan.predicted_seconds, plan.peak_bytes, stage.finished() is not None,
+                        f"{len(work.claim_prompts)} prompts", (*plan.notes, *claims_notes(config)))
 
 
 def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[PlannedStage]:
@@ -128,35 +136,46 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
         data_dir = Path(tmp) / "data"
         build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=data_dir)
         common: dict[str, Any] = {"device": "cuda" if gpu is not None else settings.device, "seed": settings.seed, "batch_size": settings.batch_size}
-        finetunes: dict[str, dict[str, Any]] = {}
+        seeds: dict[int, dict[str, dict[str, Any]]] = {}
         # a finetune of the same split, directions and groups is planned once: the control is the a2b
-        # recipe on as many texts (the same texts with the answers moved), so its time is the a2b's
+        # recipe on as many texts (the same texts with the answers moved), so its time is the a2b's,
+        # and another training seed trains on the same texts for as many steps
         planned: dict[tuple[Any, ...], tuple[float | None, int, str, tuple[str, ...]]] = {}
-        for finetune in needed:
-            stage = finetune_stage(settings, finetune, records[finetune.shuffled])
-            finetunes[finetune.name] = _record("finetune", finetune.name, stage.key, {"model": "model"})
-            same = (finetune.split, finetune.directions, finetune.groups)
-            if same not in planned:
-                seconds, memory, counts, notes = _train_plan(settings, finetune, data_dir, gpu)
-                check = plan_experiment(parse_config({**check_config(finetune, settings.model, str(data_dir),
-                                                                     CHECK_TEMPLATES, **common), "out": tmp}), gpu=gpu)
-                if seconds is not None and check.predicted_seconds is not None:
-                    seconds += check.predicted_seconds
-                planned[same] = (seconds, max(memory, check.peak_bytes), counts, notes)
-            seconds, memory, counts, notes = planned[same]
-            shuffled_note = ", answers shuffled among the subjects" if finetune.shuffled else ""
-            stages.append(PlannedStage("finetune", f"{finetune.name} (split {finetune.split}{shuffled_note}, preset "
-                                       f"{settings.preset}) and its precondition check", seconds, memory,
-                                       stage.finished() is not None, counts, notes))
-        for sweep in planned_sweeps(settings):
-            stage, _ = sweep_stage(settings, sweep, data_rec, finetunes)
-            raw = sweep_config(sweep, {role: settings.model for role in sweep.roles}, str(data_dir), **common)
-            plan = plan_experiment(parse_config({**raw, "out": tmp}), gpu=gpu)
-            notes = (*plan.notes, *([] if plan.fits else [plan.refusal()]))
-            stages.append(PlannedStage("sweep", f"{sweep.name} ({sweep.label.partition(':')[0]})", plan.predicted_seconds,
-                                       plan.peak_bytes, stage.finished() is not None, f"{plan.rows} rows", notes))
+        for seed in settings.train_seeds:
+            finetunes = seeds.setdefault(seed, {})
+            for finetune in needed:
+                stage = finetune_stage(settings, finetune, records[finetune.shuffled], seed)
+                finetunes[finetune.name] = _record("finetune", finetune.name, stage.key, {"model": "model"})
+                same = (finetune.split, finetune.directions, finetune.groups)
+                if same not in planned:
+                    seconds, memory, counts, notes = _train_plan(settings, finetune, data_dir, gpu)
+                    check = plan_experiment(parse_config({**check_config(finetune, settings.model, str(data_dir),
+                                                                         CHECK_TEMPLATES, **common), "out": tmp}),
+                                            gpu=gpu)
+                    if seconds is not None and check.predicted_seconds is not None:
+                        seconds += check.predicted_seconds
+                    planned[same] = (seconds, max(memory, check.peak_bytes), counts, notes)
+                seconds, memory, counts, notes = planned[same]
+                shuffled_note = ", answers shuffled among the subjects" if finetune.shuffled else ""
+                seed_note = f", training seed {seed}" if settings.seeds > 1 else ""
+                stages.append(PlannedStage("finetune", f"{finetune.name} (split {finetune.split}{shuffled_note}, "
+                                           f"preset {settings.preset}{seed_note}) and its precondition check", seconds,
+                                           memory, stage.finished() is not None, counts, notes))
+        swept: dict[str, Any] = {}  # each sweep is planned once: every seed's finetunes have the same shapes
+        for seed in settings.train_seeds:
+            for sweep in planned_sweeps(settings):
+                stage, _ = sweep_stage(settings, sweep, data_rec, seeds[seed])
+                if sweep.name not in swept:
+                    raw = sweep_config(sweep, {role: settings.model for role in sweep.roles}, str(data_dir), **common)
+                    swept[sweep.name] = plan_experiment(parse_config({**raw, "out": tmp}), gpu=gpu)
+                plan = swept[sweep.name]
+                notes = (*plan.notes, *([] if plan.fits else [plan.refusal()]))
+                seed_note = f", training seed {seed}" if settings.seeds > 1 else ""
+                stages.append(PlannedStage("sweep", f"{sweep.name} ({sweep.label.partition(':')[0]}{seed_note})",
+                                           plan.predicted_seconds, plan.peak_bytes, stage.finished() is not None,
+                                           f"{plan.rows} rows", notes))
         if settings.claims:
-            stages.append(_claims_plan(settings, data_rec, finetunes, data_dir, gpu))
+            stages.append(_claims_plan(settings, data_rec, seeds, data_dir, gpu))
     stages.append(PlannedStage("report", "paper.md and paper.html", 1.0, None, False))
     return stages
 

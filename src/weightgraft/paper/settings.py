@@ -33,7 +33,11 @@ class PaperSettings:
     paper's own model a level is equivalent where its 90% interval lies within the number +-
     ``margin``. ``paper_model`` names the paper's model the run's model is (a ``model`` of
     ``numbers.csv``); None reads it off the spec's last path part (``google/gemma-1.1-2b-it``),
-    and a model that is none of them is compared in shape only."""
+    and a model that is none of them is compared in shape only.
+
+    ``seeds`` (K): each finetune role is trained with the training seeds ``train_seed``, ...,
+    ``train_seed + K - 1`` and every figure's sweep runs on each seed's finetunes, so a row
+    shows how far it moves with the training seed beside its interval across prompts."""
 
     model: str
     world: str = MAIN_WORLD
@@ -53,7 +57,17 @@ class PaperSettings:
     control_top5: float = 0.25
     margin: float = 10.0
     paper_model: str | None = None
+    seeds: int = 1
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seeds, int) or self.seeds < 1:
+            raise PaperError(f"--seeds {self.seeds!r}: at least 1 training seed")
+
+    @property
+    def train_seeds(self) -> tuple[int, ...]:
+        """The training seeds, the first (``train_seed``) the one whose value each row gives."""
+        return tuple(range(self.train_seed, self.train_seed + self.seeds))
 
     def threshold(self, finetune: Finetune, direction: str) -> float:
         if finetune.shuffled:
@@ -69,8 +83,20 @@ class PaperSettings:
 
 
 @dataclass
+class SeedRecords:
+    """One training seed's finetunes and sweeps (records by role and by sweep name), and the
+    sweeps its finetunes' preconditions kept from running, with why."""
+
+    finetunes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class PaperRun:
-    """What a run did: each stage's record (``stage.json``), which stages it reused, the report."""
+    """What a run did: each stage's record (``stage.json``), which stages it reused, the report.
+    ``finetunes``, ``sweeps`` and ``skipped`` are the first training seed's (the value each row
+    gives); ``other_seeds`` the rest of ``settings.train_seeds``, by seed."""
 
     settings: PaperSettings
     data: dict[str, Any]
@@ -81,6 +107,25 @@ class PaperRun:
     claims: dict[str, Any] | None = None  # the claims stage's record
     reused: list[str] = field(default_factory=list)
     report: Path | None = None
+    other_seeds: dict[int, SeedRecords] = field(default_factory=dict)
+
+    def by_seed(self) -> dict[int, SeedRecords]:
+        """Every training seed's records, the first seed's first (it shares ``finetunes``,
+        ``sweeps`` and, less the claims, ``skipped`` with the run)."""
+        first = SeedRecords(self.finetunes, self.sweeps, {k: v for k, v in self.skipped.items() if k != "claims"})
+        return {self.settings.train_seed: first, **self.other_seeds}
+
+
+def seed_label(settings: PaperSettings, seed: int) -> str:
+    """How a stage of training seed ``seed`` is named in ``PaperRun.reused`` and to the
+    pipeline's ``after_stage``: nothing for the first seed (as a run of one seed names it),
+    `` seed N`` for the others."""
+    return "" if seed == settings.train_seed else f" seed {seed}"
+
+
+def seeds_text(seeds: list[int] | tuple[int, ...]) -> str:
+    """``training seed 1`` / ``training seeds 0, 2``."""
+    return f"training seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}"
 
 
 def precondition(settings: PaperSettings, finetune: Finetune, record: dict[str, Any]) -> tuple[bool, str]:
