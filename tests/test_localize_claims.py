@@ -358,7 +358,7 @@ def test_verdicts_from_rows_one_holm_family():
         _row(null_p=0.06),                                                  # above 0.05 after Holm: undecided
         _row(whole_ci_low=-6.0, whole_ci_high=-4.0, whole_effect=-5.0),     # the donor lowers the answer
         _row(within_effect=0.1),                                            # 2% of the whole gap: below the floor
-        _row(ci_low=float("nan"), ci_high=float("nan"), interval_note="effects too skewed"),
+        _row(ci_low=float("nan"), ci_high=float("nan"), interval_note="effects too skewed", threshold_p=float("nan")),
         _row(null_p=float("nan"), null_drawn="positions: 5 other positions, fewer than the region's 6"),
         _row(precondition="the donor ranks 0% ..."),
         _row(threshold=0.5, ci_low=0.1, ci_high=0.3, threshold_p=0.99),     # fails
@@ -374,7 +374,7 @@ def test_verdicts_from_rows_one_holm_family():
     assert p_text(0.0001, 0.0001) == "<= 0.0001" and p_text(0.002, 0.0001) == "0.002"
 
 
-def test_a_skew_declined_interval_is_decided_by_the_sign_test_across_prompts():
+def test_a_skew_declined_interval_leaves_the_row_undecided_and_shows_the_sign_test():
     import pandas as pd
 
     from weightgraft.localization.claims.verdicts import decide
@@ -388,5 +388,7 @@ def test_a_skew_declined_interval_is_decided_by_the_sign_test_across_prompts():
         _row(**{**skewed, "interval_note": "fewer than 3 prompts"}, n_past_threshold=2, sign_p_past=0.25,
              sign_p_short=1.0),
     ]))
-    assert list(out["verdict"]) == ["holds", "fails", "undecided", "undecided"]
+    # the sign test speaks of the median prompt: shown in the reason, never the verdict
+    assert list(out["verdict"]) == ["undecided", "undecided", "undecided", "undecided"]
     assert "on 40 of 40 prompts the region is past 0.5 of within" in out["reason"].iloc[0]
+    assert "shown, not judged" in out["reason"].iloc[0]

@@ -200,3 +200,27 @@ def test_sign_test_counts_prompts_not_magnitudes():
     assert st.sign_test_p(np.ones(10), alternative="less") == pytest.approx(1.0)
     assert st.sign_test_p(np.array([5.0, -0.1, -0.1, -0.1])) > 0.5  # one large value is one prompt
     assert math.isnan(st.sign_test_p(np.zeros(3)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_threshold_p_agrees_with_the_share_interval(family: str) -> None:
+    """``share_threshold_p <= 0.05`` exactly where ``share_interval``'s 95% interval (99% where it
+    widens for skew) lies wholly past the threshold: a claims row's p and its printed interval
+    cannot disagree. 400 seeded samples of 20-40 prompts per family, thresholds on both sides."""
+    from weightgraft.stats import share_interval, share_threshold_p
+    from weightgraft.stats.simulation import noise
+
+    rng = np.random.default_rng(7)
+    checked = 0
+    for i in range(400):
+        n = 20 + 20 * (i % 2)
+        w = 1.0 + noise(family, rng, n)
+        r = 0.3 * w + 0.3 * noise(family, rng, n)
+        iv = share_interval(r, w)
+        if np.isnan(iv.low):
+            continue
+        for t in (iv.low - 0.02, iv.low + 0.02, iv.high - 0.02, iv.high + 0.02, 0.3):
+            assert (share_threshold_p(r, w, t, above=True) <= 0.05) == (iv.low > t), (i, t)
+            assert (share_threshold_p(r, w, t, above=False) <= 0.05) == (iv.high < t), (i, t)
+            checked += 1
+    assert checked > 1000

@@ -21,11 +21,11 @@ where docs/statistics.md says it holds (``tests/test_stats.py``; the figures are
 
 from weightgraft.stats.empirical import empirical_p
 from weightgraft.stats.labels import model_label_p, models_needed
-from weightgraft.stats.means import Interval, mean_ci, mean_interval, share_ci, share_interval
+from weightgraft.stats.means import Interval, mean_ci, mean_interval, share_ci, share_interval, share_threshold_p
 from weightgraft.stats.multiple import holm
 from weightgraft.stats.paired import least_p, paired_p
 from weightgraft.stats.rates import paired_rate_difference_ci, rate_ci, rate_cis
 from weightgraft.stats.signs import sign_test_p
 
 __all__ = ["Interval", "empirical_p", "holm", "least_p", "mean_ci", "mean_interval", "model_label_p", "models_needed", "paired_p",
-           "paired_rate_difference_ci", "rate_ci", "rate_cis", "share_ci", "share_interval", "sign_test_p"]
+           "paired_rate_difference_ci", "rate_ci", "rate_cis", "share_ci", "share_interval", "share_threshold_p", "sign_test_p"]

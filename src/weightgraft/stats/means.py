@@ -160,6 +160,32 @@ def share_interval(region: np.ndarray, whole: np.ndarray, *, level: float = 0.95
     return Interval(share, low, high)
 
 
+def share_threshold_p(region: np.ndarray, whole: np.ndarray, threshold: float, *, above: bool) -> float:
+    """The p of "the share lies past ``threshold`` on the claim's side" that agrees with
+    :func:`share_interval`: p <= 1 - level exactly where its interval at that level lies wholly
+    past the threshold. Fieller's interval is the set of thresholds t its pivot ``mean(region -
+    t * whole) / se`` does not reject, so the p is the pivot's one-sided t p at the threshold,
+    doubled (the interval's two sides) and, where the interval widens for skew, multiplied by
+    ``SKEW_WIDENING`` (its level 1 - (1 - level) / SKEW_WIDENING). NaN with fewer than 3 prompts."""
+    r, w = _arrays(region, whole)
+    n = len(r)
+    if n < MIN_N or float(w.sum()) == 0:
+        return float("nan")
+    if w.mean() < 0:  # the share of a negative whole: both negated, the same ratio
+        r, w = -r, -w
+    d = r - threshold * w
+    sd = float(d.std(ddof=1))
+    side = 1.0 if above else -1.0
+    if sd == 0:
+        one = 0.0 if side * d.mean() > 0 else 1.0
+    else:
+        one = float(sps.t.sf(side * d.mean() * math.sqrt(n) / sd, n - 1))
+    share = float(r.sum() / w.sum())
+    g = max(abs(_skew(w)), abs(_skew(r - share * w)))
+    widen = SKEW_WIDENING if n < SHARE_SKEW_FACTOR * g * g else 1.0
+    return min(1.0, 2.0 * one * widen)
+
+
 def share_ci(region: np.ndarray, whole: np.ndarray, *, level: float = 0.95) -> tuple[float, float, float]:
     """``(share, low, high)`` of :func:`share_interval`: NaN bounds where no interval keeps its
     coverage (:func:`share_interval` says which reason). Analytic: nothing is drawn, no seed."""

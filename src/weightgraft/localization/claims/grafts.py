@@ -29,7 +29,7 @@ from weightgraft.localization.claims.regions import CLAIMS, NULL_KINDS, PRE_SFT,
 from weightgraft.localization.claims.verdicts import decide
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey
-from weightgraft.stats import least_p, mean_interval, paired_p, share_interval, sign_test_p
+from weightgraft.stats import least_p, mean_interval, paired_p, share_interval, share_threshold_p, sign_test_p
 
 PromptSet = tuple[tuple[CellKey, ...], ...]  # one sorted key tuple per prompt
 # sets -> [n_prompts, n_sets] exact effects in the claims' metric, or [n_prompts, n_sets, 2]: the
@@ -51,18 +51,6 @@ class ClaimMap:
     # per prompt, the exact single-cell effects where the run mapped them (``exact``)
     exact_cells: Sequence[Mapping[CellKey, float]] = ()
     prompt_ids: Sequence[str] = ()
-
-
-def threshold_p(past: np.ndarray, *, above: bool) -> float:
-    """One-sided p that the mean of ``region - threshold * within`` over prompts lies on the
-    claim's side of 0 (Fieller's pivot, a t test: its inversion is the share's interval)."""
-    from scipy import stats as sps
-
-    if len(past) < 2 or not np.isfinite(past).all():
-        return float("nan")
-    if np.ptp(past) == 0:
-        return 0.0 if (past[0] > 0 if above else past[0] < 0) else 1.0
-    return float(sps.ttest_1samp(past, 0.0, alternative="greater" if above else "less").pvalue)
 
 
 def even_spread_threshold(claim: Claim, params_share: float) -> float:
@@ -242,7 +230,9 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
                     "ci_high": share.high if share else np.nan, "interval_note": share.declined if share else ""})
         if claim.judged and len(den):  # where skew declines the interval: on how many prompts is it past the threshold?
             past = num - threshold * den
-            row["threshold_p"] = threshold_p(past, above=claim.above)
+            # declined (unbounded at the level skew calls for): no threshold test, the row is undecided
+            row["threshold_p"] = (share_threshold_p(num, den, threshold, above=claim.above)
+                                  if share is not None and not np.isnan(share.low) else np.nan)
             row.update(n_past_threshold=int((past > 0).sum() if claim.above else (past < 0).sum()),
                        sign_p_past=sign_test_p(past, alternative="greater" if claim.above else "less"),
                        sign_p_short=sign_test_p(past, alternative="less" if claim.above else "greater"))

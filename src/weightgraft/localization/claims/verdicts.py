@@ -2,19 +2,21 @@
 over one family (every judged row a run prints), and the interval beside it.
 
 The parts of a row's p (``p_parts``), each one-sided on the claim's side:
-- the threshold test: ``region - threshold * within`` across prompts (Fieller's pivot: the test
-  whose inversion is the share's interval), or, where skew declines the interval, the sign test
-  across prompts of the same difference (``sign_p_past``: a statement about the median prompt);
-  twice its one-sided p (the interval's two-sided level), so a row that holds has its 95%
-  interval on the claim's side of the threshold;
+- the threshold test (``threshold_p``, ``stats.share_threshold_p``): Fieller's pivot, the test whose
+  inversion is the share's interval, at the interval's own level (twice its one-sided p, five
+  times more where skew widens the interval to 99%), so a row that holds has its printed interval
+  on the claim's side of the threshold;
 - the null test: the region against its null draws (``null_p``);
 - the control test, on a fact claim of an SFT model where the run has a control finetune: the
   region against the same region grafted from the control donor (``control_p``).
 
 - *holds*: the Holm-adjusted p (``p_holm``) <= ``ALPHA``;
-- *fails*: the interval lies wholly on the other side of the threshold (where skew declines it:
-  the sign test says most prompts are short of it, at ``SIGN_ALPHA``);
-- *undecided*: otherwise; the reason names the largest part;
+- *fails*: the interval lies wholly on the other side of the threshold;
+- *undecided*: otherwise; the reason names the largest part. Where skew declines the interval
+  (its 99% interval is unbounded) the row is undecided: the sign test across prompts
+  (``n_past_threshold``, ``sign_p_past``) is shown in the reason, not used, since it speaks of the
+  median prompt, which at a true share past the threshold need not be past it (a `<` claim held
+  falsely in up to 0.55 of samples that way, docs/statistics.md);
 - *no effect*: the whole graft's interval does not lie on the side the finetune moves the answer
   (``expected_sign``: the donor does not carry the behaviour, as on a null finetune), or the effect
   the share is a share of (*within*) is not distinguishable from 0 (its t interval includes 0) or
@@ -35,7 +37,6 @@ from weightgraft.localization.claims.regions import ALPHA
 from weightgraft.stats import holm, least_p
 
 FLOOR = 0.05  # within's mean effect below this share of the whole donor-base gap: no effect
-SIGN_ALPHA = 0.025  # one side of a 95% interval: the sign test's level where skew declines the interval
 MIN_PROMPTS = 20  # fewer per map: refused, unless claims.min_prompts lowers it (rows then exploratory)
 
 
@@ -71,15 +72,10 @@ def _one(row: pd.Series) -> tuple[str, str]:
         note = str(row.get("interval_note", ""))
         if not note.startswith("effects too skewed") or _nan(row.get("sign_p_past", float("nan"))):
             return "undecided", f"no interval: {note}"
-        # skew leaves the mean no interval: the sign test says on how many prompts it is past the threshold
         n, k = int(row["n_prompts"]), int(row["n_past_threshold"])
-        said = (f"no interval ({note}); on {k} of {n} prompts the region is past {threshold:g} of within "
-                f"(sign test p {row['sign_p_past']:.2g})")
-        if row["sign_p_short"] <= SIGN_ALPHA:
-            return "fails", said
-        if holds:
-            return "holds", said
-        return "undecided", said + f"; Holm p {p_holm:.3g} > {ALPHA} ({largest} the largest part)"
+        return "undecided", (f"no interval ({note}); on {k} of {n} prompts the region is past {threshold:g} of "
+                             f"within (sign test p {row['sign_p_past']:.2g}, shown, not judged: it speaks of the "
+                             "median prompt)")
     if _nan(row["null_p"]):
         drawn = str(row.get("null_drawn", ""))
         why = drawn.split(": ", 1)[1] if ": " in drawn else "no null set"
@@ -101,10 +97,6 @@ def _row_p(row: pd.Series) -> tuple[float, str, str]:
     parts = []
     for name, column in PARTS:
         value = row.get(column, float("nan"))
-        if name == "threshold" and _nan(row.get("ci_low", float("nan"))) and str(row.get("interval_note", "")).startswith("effects too skewed"):
-            value = row.get("sign_p_past", float("nan"))  # skew's route: the sign test stands for the threshold test
-        if name == "threshold" and not _nan(value):
-            value = min(1.0, 2 * float(value))
         if name == "control" and _nan(value):
             continue  # no control finetune in this run, or not a fact claim of an SFT model
         parts.append((name, float(value) if not _nan(value) else float("nan")))
