@@ -51,7 +51,7 @@ def paired_table_ci(both: int, a_only: int, b_only: int, neither: int, *,
     lo_b, hi_b = _wilson(both + b_only, n, level)
     margins = (both + a_only) * (b_only + neither) * (both + b_only) * (a_only + neither)
     cross = float(both * neither - a_only * b_only)
-    if cross > 0:  # Newcombe's continuity correction of the correlation (his method 11)
+    if cross > 0:  # Newcombe's continuity correction of the correlation (his method 10)
         cross = max(cross - n / 2, 0.0)
     phi = cross / math.sqrt(margins) if margins else 0.0
     diff = p_a - p_b
