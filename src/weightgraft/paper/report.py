@@ -6,194 +6,46 @@ ours; the figures it did not run and why; the claims; the stage times. Written a
 ``paper.html`` and one PNG per figure beside them, from the stages' records only (the same
 records give the same report). With several training seeds each row also gives every seed's value
 and says where its verdict is not the same on every seed, and each claim its verdicts across
-the seeds."""
+the seeds.
+
+This module lays the sections out in order and writes the files; the rows across seeds are
+``paper.seed_tables``'s, the claims section ``paper.report_claims``'s, and the blocks and their
+markdown and HTML ``paper.page``'s."""
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import html
 import json
-import math
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from weightgraft import atomic
 from weightgraft.paper.charts import chart_digest, figure_chart, figure_rows, write_chart
-from weightgraft.paper.figures import DROP, FINETUNES, NOT_RUN_REASONS, FigureRows, sweeps_for
-from weightgraft.paper.measured import measured_of
-from weightgraft.paper.numbers import (
-    EQUIVALENCE_LEVEL,
-    HEADER,
-    PAPER_MODELS,
-    Measured,
-    MeasuredKey,
-    NOT_RUN,
-    PaperNumber,
-    SideBySide,
-    paper_numbers,
-    side_by_side,
-    with_unit,
+from weightgraft.paper.figures import DROP, FINETUNES, FigureRows, sweeps_for
+from weightgraft.paper.numbers import EQUIVALENCE_LEVEL, PAPER_MODELS, Measured, PaperNumber, paper_numbers
+from weightgraft.paper.page import Block, Image, Table, to_html, to_markdown
+from weightgraft.paper.report_claims import claims_blocks
+from weightgraft.paper.seed_tables import (
+    DIFFERS,
+    LIST_SEEDS,
+    NOT_MET,
+    SPREAD_HEADING,
+    seed_figures,
+    seed_spread,
+    seed_table,
 )
-from weightgraft.paper.settings import PaperSettings, SeedRecords, precondition, seed_label, seeds_text
-from weightgraft.report.html import CSS, html_table
+from weightgraft.paper.settings import precondition, seed_label, seeds_text
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from weightgraft.paper.settings import PaperRun
 
 TIMES_HEADING = "Stage times"
 CHART_DIGESTS = "paper-charts.json"  # each PNG's digest (charts.chart_digest): one already drawn is kept
 STATED_HEADING = "The numbers the paper states"
-NOT_MET = "precondition not met"
-SPREAD_HEADING = "across training seeds (each seed's value)"
-DIFFERS = "verdict differs across seeds"
-LIST_SEEDS = 5  # up to this many seeds a row lists each seed's value; beyond, their min–max and mean
-
-
-@dataclasses.dataclass(frozen=True)
-class Table:
-    header: tuple[str, ...]
-    rows: Sequence[tuple[str, ...]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Image:
-    """A chart written as ``name`` (PNG) beside ``paper.html`` and embedded in it."""
-
-    name: str
-    caption: str
-    digest: str
-    draw: Callable[[], Figure] = dataclasses.field(compare=False, repr=False)
-
-
-Block = Union[tuple[str, str], Table, Image]  # ("h1" | "h2" | "h3" | "p", text), a table or a chart
 
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-@dataclasses.dataclass
-class _Figures:
-    """What the run measured for each figure, and why each figure it has no value for was not run."""
-
-    measured: dict[MeasuredKey, Measured] = dataclasses.field(default_factory=dict)
-    not_run: dict[str, str] = dataclasses.field(default_factory=dict)
-
-
-def _figures(settings: PaperSettings, records: SeedRecords, numbers: Sequence[PaperNumber]) -> _Figures:
-    """One training seed's measured values and why each figure it has none for was not run."""
-    s = settings
-    out = _Figures()
-    for sweep in sweeps_for(s.world):
-        if sweep.name not in s.sweeps:
-            out.not_run.update(dict.fromkeys(sweep.figure_ids, f"sweep {sweep.name} not selected"))
-        elif sweep.name in records.skipped:
-            out.not_run.update(dict.fromkeys(sweep.figure_ids, f"{NOT_MET} ({records.skipped[sweep.name]})"))
-        elif sweep.name in records.sweeps:
-            record = records.sweeps[sweep.name]
-            out.measured.update(measured_of(sweep, record["outputs"]["summary"], record["outputs"].get("drops")))
-    ran = {fid for sw in sweeps_for(s.world) if sw.name in records.sweeps for fid in sw.figure_ids}
-    for n in numbers:
-        if n.figure_id not in ran and n.figure_id not in out.not_run:
-            out.not_run[n.figure_id] = NOT_RUN_REASONS.get(n.figure_id, f"not a figure of world {s.world}")
-    return out
-
-
-def _value_text(m: Measured | None) -> str:
-    """A value without its interval (a drop also relative): one seed's entry in the spread."""
-    if m is None:
-        return NOT_RUN
-    if not math.isfinite(m.value):
-        return "n/a"
-    own = with_unit(f"{m.value:.{m.digits}f}", m.unit)
-    rel = m.relative
-    if rel is not None and math.isfinite(rel.value):
-        own += f", {with_unit(f'{rel.value:.{rel.digits}f}', rel.unit)}"
-    return own
-
-
-def _stats(values: Sequence[Measured], part: Callable[[Measured], Measured | None]) -> tuple[str, str] | None:
-    """The min–max and the mean of one part of ``values`` (the value, or a drop's relative
-    reading), each with its unit; None where no value has that part."""
-    parts = [m for m in map(part, values) if m is not None and math.isfinite(m.value)]
-    if not parts:
-        return None
-    unit, digits, xs = parts[0].unit, parts[0].digits, [m.value for m in parts]
-
-    def f(x: float) -> str:
-        return with_unit(f"{x:.{digits}f}", unit)
-
-    return f"{min(xs):.{digits}f}–{f(max(xs))}", f(sum(xs) / len(xs))
-
-
-def seed_spread(values: Mapping[int, Measured | None]) -> str:
-    """A row's values across training seeds: each seed's value where there are at most
-    ``LIST_SEEDS`` seeds (``seed 0: 45.0%; seed 1: 50.0%; mean 47.5%``), else their min–max and
-    mean (``40.0–55.0%, mean 47.5% over 7 of 7 seeds``); a seed without a value (not run, n/a)
-    is named; nothing where no seed ran it."""
-    if all(m is None for m in values.values()):
-        return ""  # not run on any seed: the row's verdict says why
-    ran = [m for m in values.values() if m is not None and math.isfinite(m.value)]
-    stats = [x for x in (_stats(ran, lambda m: m), _stats(ran, lambda m: m.relative)) if x is not None]
-    if len(values) <= LIST_SEEDS:
-        of = f" ({len(ran)} seeds)" if len(ran) < len(values) else ""
-        mean = [f"mean {', '.join(m for _, m in stats)}{of}"] if len(ran) > 1 else []
-        return "; ".join([f"seed {seed}: {_value_text(m)}" for seed, m in values.items()] + mean)
-    missing = [seed for seed, m in values.items() if m is None or not math.isfinite(m.value)]
-    text = "; ".join(f"{span}, mean {mean}" for span, mean in stats) or "no value on any seed"
-    return f"{text} over {len(ran)} of {len(values)} seeds" + \
-        (f" (no value on seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))})" if missing else "")
-
-
-def _verdict_kind(verdict: str) -> str:
-    """A verdict without the numbers of its reason (each seed's ``not run`` names its own)."""
-    return verdict.split(" (")[0] if verdict.startswith(NOT_RUN) else verdict
-
-
-def seed_verdicts(verdicts: Mapping[int, str]) -> str:
-    """``verdict differs across seeds: seed 0: X / seeds 1, 2: Y`` where the seeds' verdicts
-    are not all the same (seeds of the same verdict together; `` / `` between them, as a verdict
-    may hold ``;``), else ``""``."""
-    groups: dict[str, list[int]] = {}
-    for seed, v in verdicts.items():
-        groups.setdefault(_verdict_kind(v), []).append(seed)
-    if len(groups) <= 1:
-        return ""
-    return f"{DIFFERS}: " + " / ".join(f"seed{'s' if len(on) > 1 else ''} {', '.join(map(str, on))}: {v}"
-                                       for v, on in groups.items())
-
-
-def seed_table(per_seed: Mapping[int, _Figures], numbers: Sequence[PaperNumber], *, first: int, model: str | None,
-               margin: float, figure_ids: set[str] | None = None, stated_only: bool = False) -> Table:
-    """The side-by-side rows of ``figure_ids``: the first seed's value with its interval and
-    verdict and, with several seeds, every seed's value beside it (:func:`seed_spread`) and
-    where the verdict is not the same on every seed, which seed has which."""
-
-    def rows(figs: _Figures) -> list[SideBySide]:
-        out = side_by_side(figs.measured, numbers, figure_ids=figure_ids, model=model, margin=margin,
-                           not_run=figs.not_run)
-        return [r for r in out if r.stated] if stated_only else out
-
-    own = rows(per_seed[first])
-    if len(per_seed) == 1:
-        return Table(HEADER, [r.cells() for r in own])
-    verdicts = {seed: {(r.figure_id, r.scheme, r.metric): r.verdict for r in rows(figs)}
-                for seed, figs in per_seed.items()}
-    header = (*HEADER[:6], SPREAD_HEADING, *HEADER[6:])
-    table = []
-    for r in own:
-        key = (r.figure_id, r.scheme, r.metric)
-        cells = list(r.cells())
-        differs = seed_verdicts({seed: v[key] for seed, v in verdicts.items()})
-        cells[7] += f"; {differs}" if differs else ""
-        spread = seed_spread({seed: figs.measured.get(key) for seed, figs in per_seed.items()})
-        table.append((*cells[:6], spread, *cells[6:]))
-    return Table(header, table)
 
 
 def _intro(run: PaperRun) -> list[Block]:
@@ -246,7 +98,7 @@ def report_blocks(run: PaperRun) -> list[Block]:
     s = run.settings
     numbers = paper_numbers()
     seeds = run.by_seed()
-    per_seed = {seed: _figures(s, records, numbers) for seed, records in seeds.items()}
+    per_seed = {seed: seed_figures(s, records, numbers) for seed, records in seeds.items()}
     figs = per_seed[s.train_seed]
     model = s.same_model()
 
@@ -386,206 +238,8 @@ def finetune_blocks(run: PaperRun) -> list[Block]:
     return [("h2", "Finetunes and their preconditions"), Table(header, rows), *mixed, *flags]
 
 
-def _share(row: dict[str, Any]) -> str:
-    share, lo, hi = row.get("share_exact"), row.get("ci_low"), row.get("ci_high")
-    if share is None:
-        return "n/a"
-    return f"{share:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else " (no interval)")
-
-
-def _p(row: dict[str, Any], column: str, floor: float | None) -> str:
-    """A p as localize prints it: at its floor (the least p its test can reach), ``<= floor``."""
-    from weightgraft.localization.claims.verdicts import p_text
-
-    value = row.get(column)
-    if value is None:
-        return "n/a"
-    return p_text(value, floor) if floor is not None else f"{value:.3g}"
-
-
-def _floors(row: dict[str, Any]) -> tuple[float | None, float | None]:
-    """The row's least reachable p: Holm-adjusted at its family's size, and unadjusted."""
-    least, family = row.get("least_p"), row.get("family_size")
-    if least is None:
-        return None, None
-    return (min(1.0, family * least) if family else None), least
-
-
-def _claims_seed(run: PaperRun) -> int:
-    """The training seed whose both-directions and control finetunes the claims used (the first
-    seed judged)."""
-    judged = (run.claims or {}).get("outputs", {}).get("sft_seeds")
-    return judged[0] if judged else run.settings.train_seed
-
-
-def _control_note(run: PaperRun) -> list[Block]:
-    seed = _claims_seed(run)
-    record = run.by_seed().get(seed, run.by_seed()[run.settings.train_seed]).finetunes.get("control")
-    if record is None:
-        return [("p", "No control finetune in this run: the fact claims are judged against their nulls only.")]
-    s = run.settings
-    ok, line = precondition(s, FINETUNES["control"], record)
-    said = (f"at most {100 * s.control_top5:.0f}%, its precondition" if ok else
-            f"above {100 * s.control_top5:.0f}%: flagged above, the control knows facts it was not taught")
-    which = "" if s.seeds == 1 else (f" The claims use one control finetune (localize takes one), training seed "
-                                     f"{seed}'s, for the a2b finetune of every seed.")
-    return [("p", f"The control finetune was used (`models.control`): the a2b finetune's recipe (split a2b, preset "
-                  f"{s.preset}, training seed {seed}, the same training templates) on the same world and seed "
-                  "with each answer moved to another subject. Each fact claim of the a2b finetune "
-                  f"({'`sft`' if s.seeds == 1 else 'each `sft[i]`'}) is tested "
-                  "against the same region grafted from it, prompt by prompt (`control p`; its rows are the "
-                  "`control` donor's, `null finetune`). Its own trained-direction top-5 on the world's true facts: "
-                  f"{line.partition(': ')[2]} ({said}).{which}")]
-
-
-def _donor(model: str, sft_seeds: Sequence[int] | None) -> str:
-    """``sft[1] (training seed 1)`` where the claims ran on several seeds' a2b finetunes."""
-    found = re.fullmatch(r"sft\[(\d+)\]", model)
-    if sft_seeds is None or found is None or int(found.group(1)) >= len(sft_seeds):
-        return model
-    return f"{model} (training seed {sft_seeds[int(found.group(1))]})"
-
-
-def claims_across_seeds(run: PaperRun) -> list[Block]:
-    """With several training seeds, each claim of the a2b finetune (``sft[i]``, one per seed
-    judged) with its verdicts across the seeds (``holds on 3 of 3 seeds``), and the seeds not
-    judged (their a2b finetune misses its precondition); nothing for one seed."""
-    if run.claims is None or run.settings.seeds == 1:
-        return []
-    from weightgraft.paper.claims import judged_seeds
-
-    judged: list[int] = run.claims["outputs"].get("sft_seeds") or []
-    if not judged:
-        return []
-    _, missed = judged_seeds(run.settings, run)
-    groups: dict[tuple[str, str, str, str], dict[int, dict[str, Any]]] = {}
-    for r in run.claims["outputs"]["claims"]:
-        found = re.fullmatch(r"sft\[(\d+)\]", str(r.get("model")))
-        if found is None or int(found.group(1)) >= len(judged):
-            continue
-        key = (str(r.get("claim")), str(r.get("statement", "")), str(r.get("setting")), str(r.get("template")))
-        groups.setdefault(key, {})[judged[int(found.group(1))]] = r
-    rows = []
-    for key, by_seed in groups.items():
-        verdicts: dict[str, list[int]] = {}
-        for seed, r in by_seed.items():
-            verdicts.setdefault(str(r.get("verdict")), []).append(seed)
-        parts = [f"{v} on {len(on)} of {len(judged)} seed{'s' if len(judged) > 1 else ''}"
-                 + (f" ({seeds_text(on)})" if len(on) < len(judged) else "")
-                 for v, on in verdicts.items()]
-        differs = f"; {DIFFERS}" if len(verdicts) > 1 else ""
-        exploratory = [seed for seed, r in by_seed.items() if r.get("evidence") == "exploratory"]
-        evidence = ("exploratory on every seed" if len(exploratory) == len(by_seed) else
-                    f"exploratory on {seeds_text(exploratory)}" if exploratory else "judged")
-        rows.append((*key, "; ".join(parts) + differs, evidence))
-    blocks: list[Block] = [("h3", "Each claim across training seeds"),
-                           ("p", f"The a2b finetune of each of {seeds_text(judged)} is one donor of the claims' "
-                                 "`models.sft` (`sft[i]`), each judged on its own; the both-directions setting "
-                                 f"(`both->a2b`) and the control are training seed {_claims_seed(run)}'s only. "
-                                 "Holm's adjustment runs over every row of the run, every seed's included."
-                                 + ("" if not missed else
-                                    f" Not judged on {seeds_text(list(missed))}: {NOT_MET} ("
-                                    + "; ".join(f"training seed {seed}: {line}" for seed, line in missed.items())
-                                    + ")."))]
-    blocks.append(Table(("claim", "statement", "setting", "template", "verdicts across seeds", "evidence"), rows))
-    return blocks
-
-
-def claims_blocks(run: PaperRun) -> list[Block]:
-    """The paper's claims as judged by the claims stage (``claims.csv``'s rows), or why not."""
-    blocks: list[Block] = [("h2", "The paper's claims, judged")]
-    if not run.settings.claims:
-        return blocks + [("p", "Not run: --no-claims.")]
-    if "claims" in run.skipped:
-        return blocks + [("p", f"Not judged: {NOT_MET} ({run.skipped['claims']}).")]
-    if run.claims is None:
-        return blocks + [("p", "Not judged: no a2b finetune in this run.")]
-    blocks.append(("p", "Each claim's region grafted whole, exactly, in every prompt (`weightgraft localize`'s "
-                        "claims; docs/localize.md): its share of the fact-specific effect (`fact_logprob`: the answer's "
-                        "log-probability minus the mean over the world's other answers; the plain first-token effect "
-                        "beside it) with a per-row 95% Fieller interval. A row's p is the largest of its parts: the "
-                        "threshold test, a paired test against a null region of its kind and, for fact claims, against "
-                        "the same region grafted from the control finetune; Holm-adjusted once over the run. A p at the "
-                        "least its test can reach prints as `<= floor`. Holds: Holm p <= 0.05; fails: interval on the "
-                        "other side of the threshold; undecided otherwise (the reason names the largest part). Rows of "
-                        "claims 4-5 on PRE -> SFT are outside the paper's setting (the paper made them for both "
-                        "directions -> a2b on reversed prompts, the rows `both->a2b`)."))
-    blocks += _control_note(run)
-    blocks += claims_across_seeds(run)
-    sft_seeds = run.claims["outputs"].get("sft_seeds")
-    rows = []
-    for r in run.claims["outputs"]["claims"]:
-        holm_floor, floor = _floors(r)
-        rows.append((str(r.get("claim")), str(r.get("statement", "")), _donor(str(r.get("model")), sft_seeds),
-                     str(r.get("setting")),
-                     "yes" if r.get("in_paper_setting") else "no", str(r.get("template")),
-                     f"{r['n_prompts']:.0f}" if r.get("n_prompts") is not None else "",
-                     f"{r.get('side', '')} {r['threshold']:g}" if r.get("threshold") is not None else "",
-                     _share(r), _p(r, "p_holm", holm_floor),
-                     _p(r, "control_p", floor) if r.get("control_p") is not None else "",
-                     str(r.get("verdict")) + (" (exploratory)" if r.get("evidence") == "exploratory" else ""),
-                     str(r.get("reason") or "")))
-    if sft_seeds:
-        blocks.append(("h3", "Every row"))
-    blocks.append(Table(("claim", "statement", "donor", "setting", "paper's setting", "template", "prompts",
-                         "threshold", "share [95% CI]", "p (Holm)", "control p", "verdict", "why"), rows))
-    return blocks
-
-
 def _reused(run: PaperRun, name: str) -> str:
     return "reused" if name in run.reused else "ran"
-
-
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-HEADINGS = {"h1": "# ", "h2": "## ", "h3": "### ", "p": ""}
-
-
-def to_markdown(blocks: Sequence[Block]) -> str:
-    out: list[str] = []
-    for b in blocks:
-        if isinstance(b, Table):
-            out.append("| " + " | ".join(b.header) + " |")
-            out.append("|" + "---|" * len(b.header))
-            out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows]
-            out.append("")
-        elif isinstance(b, Image):
-            out += [f"![{b.caption}]({b.name})", ""]
-        else:
-            kind, text = b
-            out += [HEADINGS[kind] + text, ""]
-    return "\n".join(out)
-
-
-def _code(escaped: str) -> str:
-    """Markdown's `code` spans of a paragraph as ``<code>`` in the page."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
-
-
-def _img(folder: Path, image: Image) -> str:
-    data = base64.b64encode((folder / image.name).read_bytes()).decode("ascii")
-    caption = html.escape(image.caption)
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{caption}">'
-            f"<figcaption>{caption} ({html.escape(image.name)})</figcaption></figure>")
-
-
-def to_html(blocks: Sequence[Block], folder: Path) -> str:
-    """The page, each chart embedded from its PNG in ``folder``."""
-    body: list[str] = []
-    title = ""
-    for b in blocks:
-        if isinstance(b, Table):
-            body.append(html_table(b.header, b.rows))
-        elif isinstance(b, Image):
-            body.append(_img(folder, b))
-        else:
-            kind, text = b
-            title = title or text
-            body.append(f"<{kind}>{_code(html.escape(text))}</{kind}>")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
 def write_paper_report(run: PaperRun) -> Path:
