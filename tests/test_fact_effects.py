@@ -129,3 +129,22 @@ def test_fact_claims_equal_direct_grafts_of_the_fact_metric(tmp_path) -> None:
     whole = (fact(wg.Rule(model="sft", components="all")) - base).sum()
     last = (fact(wg.Rule(model="sft", positions="last", components="all")) - base).sum()
     assert rows.loc["recall", "share_exact"] == pytest.approx(float(last / whole), abs=1e-10)
+
+
+def test_a_template_whose_answers_share_a_first_token_is_not_judged_and_says_so(tmp_path) -> None:
+    from dataclasses import replace
+
+    from test_localize_claims import _no_estimates
+
+    from weightgraft.localization.examples import LocalizeExample
+
+    tok, examples = _world(tmp_path, n=4)
+    alone = [LocalizeExample(e.prompt, replace(e.scored, other_answers=()), e.labels) for e in examples]
+    pre = make_tiny("llama", seed=0, vocab_size=len(tok), n_layers=5).double()
+    said: list[str] = []
+    table, per = map_claims([pre, make_donor(pre, 1).double()], alone, _no_estimates(), model_label="sft",
+                            direction="sufficiency", setting="pre->sft", settings=ClaimSettings(min_prompts=2, null_draws=3,
+                                                                                                resamples=99),
+                            seed=0, pad_id=0, metric="first_logprob", chunk=64, parts=tmp_path, say=said.append)
+    assert table.empty and per.empty
+    assert any("claims not judged in fact_logprob: 4 of 4 prompt(s)" in line for line in said)

@@ -67,8 +67,9 @@ def test_localize_end_to_end(tmp_path):
     assert (claims["evidence"] == "exploratory").all()  # 4 prompts per map, with claims.min_prompts lowered
     per_prompt = pd.read_parquet(result.run_dir / "claims_prompts.parquet")
     assert len(per_prompt) == len(claims) * 4
-    # one Holm family: every judged row of the run
-    assert (claims["family_size"] == claims["null_p"].notna().sum()).all()
+    # one Holm family: every row of the run with every part of its one p
+    assert (claims["family_size"] == claims["p"].notna().sum()).all()
+    assert (claims["p"].isna() | (claims["p"] >= claims[["threshold_p", "null_p"]].max(axis=1) - 1e-12)).all()
     html = (result.run_dir / "report" / "index.html").read_text()
     assert "The paper's claims" in html and "recall_o_late_ffn" in html
 

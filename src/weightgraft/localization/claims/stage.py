@@ -26,6 +26,7 @@ from weightgraft.localization.examples import LocalizeExample
 from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
 from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.metric_table import localize_metric
 
 DECIDED = ["p", "p_parts", "p_holm", "verdict", "reason"]
 PLAIN = "first_logprob"  # the plain effect kept beside the claims' own in every row
@@ -80,8 +81,15 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
     frame = whole_cells(estimates)
     frame = frame[frame["direction"] == direction]
     rows, prompts = [], []
+    needs_answers = localize_metric(settings.metric).needs_answers
     for template in dict.fromkeys(e.prompt.template for e in examples):
         group = [e for e in examples if e.prompt.template == template][: settings.prompts]
+        alone = [e.prompt.id for e in group if needs_answers and not e.scored.other_answers]
+        if alone:  # every answer of the template starts with one token: no other answer to contrast
+            say(f"[{direction}/{template}] claims not judged in {settings.metric}: {len(alone)} of {len(group)} "
+                "prompt(s) have no other answer with another first token (set claims.metric: first_logprob "
+                "for the plain effect)")
+            continue
         maps = [cell_map(e, index, models[0]) for e in group]
         verifier = SetVerifier(models, [e.scored for e in group], maps, pad_id, settings.metric, chunk, total=1.0)
         by_id = {k: g for k, g in frame[frame["template"] == template].groupby("example_id")}
@@ -112,8 +120,8 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
             + " (verdicts: one Holm family over the run, in claims.csv)")
     # a map's rows carry evidence only: the verdict is the run's, decided once over every map (write_claims)
     out = pd.DataFrame(rows).drop(columns=[c for c in DECIDED if c in rows[0]] if rows else [])
-    out = out[FIRST + [c for c in out.columns if c not in FIRST]]
-    per = pd.concat(prompts, ignore_index=True)
+    out = out[FIRST + [c for c in out.columns if c not in FIRST]] if rows else pd.DataFrame(columns=FIRST)
+    per = pd.concat(prompts, ignore_index=True) if prompts else pd.DataFrame()
     with atomic.atomic_path(table) as tmp:
         out.to_parquet(tmp, index=False)
     with atomic.atomic_path(prompt_path) as tmp:
@@ -126,6 +134,8 @@ def write_claims(run_dir: Path, tables: Sequence[pd.DataFrame], prompts: Sequenc
     """``claims.csv`` (one row per claim and map; every judged row of the run one Holm family, each
     fact claim tested against the ``control`` finetune's same region where the run has one) and
     ``claims_prompts.parquet`` (each row's per-prompt effects: any row can be recomputed)."""
+    tables = [t for t in tables if len(t)]
+    prompts = [p for p in prompts if len(p)]
     if not tables:
         return None
     table = pd.concat(tables, ignore_index=True)
