@@ -71,7 +71,7 @@ def test_a_control_with_the_sfts_own_weights_leaves_no_fact_claim_holding(tmp_pa
     claims = pd.read_csv(result.run_dir / "claims.csv")
     mine = claims[(claims["model"] == "sft") & claims["claim"].isin(FACT_CLAIMS)]
     assert len(mine) == len(FACT_CLAIMS) and (mine["n_control_prompts"] == 6).all()
-    assert (mine["control_p"] == 1.0).all()  # identical effects on every prompt: nothing beats them
+    assert (mine["control_p"] > 1 - 1e-12).all()  # identical effects on every prompt: nothing beats them
     assert not (mine["verdict"] == "holds").any()
     own = claims[claims["model"] == "control"]
     assert len(own) and (own["setting"] == "null finetune").all()
