@@ -4,15 +4,14 @@ the JSON fields, refusals before any model loads, and the batch size chosen from
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from peaks import peak_extra
 from tiny_world import write_world
 from typer.testing import CliRunner
 
@@ -91,32 +90,6 @@ def test_plan_matches_what_the_runner_holds(run_raw: dict) -> None:
     assert plan.rows == len(result.results)
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _peak_extra(fn) -> int:
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
-    base = _rss()
-    peak, stop = [base], threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], _rss())
-            time.sleep(0.001)
-
-    thread = threading.Thread(target=sample)
-    thread.start()
-    fn()
-    stop.set()
-    thread.join()
-    return max(peak[0], _rss()) - base
-
-
 def test_activation_estimate_is_within_a_factor_of_two(small_spec: str) -> None:
     """One grafted batch (64 rows x 32 tokens, two models, random source map): measured peak
     resident memory above the level before the call vs the plan's activations + KV + logits
@@ -132,7 +105,7 @@ def test_activation_estimate_is_within_a_factor_of_two(small_spec: str) -> None:
     last = torch.full((rows, 1), seq - 1)
     with torch.no_grad():
         graft_forward(models, ids[:2], source[:2], logit_positions=last[:2])  # warm-up
-        measured = _peak_extra(lambda: graft_forward(models, ids, source, logit_positions=last))
+        measured = peak_extra(lambda: graft_forward(models, ids, source, logit_positions=last))
     predicted = sum(footprint.inference_bytes(rows, seq, 1, "float32").values())
     assert 0.5 <= predicted / measured <= 2.0, (predicted, measured)
 
@@ -358,31 +331,14 @@ def test_a_cuda_config_plans_on_a_cpu_only_torch(run_raw: dict, tmp_path: Path, 
 
 
 _UNIT_PEAKS = r"""
-import ctypes, json, os, sys, threading, time
+import json, sys
 import torch
+sys.path.insert(0, sys.argv[3])
+from peaks import peak_extra
 from weightgraft.engine.architectures import Units
 from weightgraft.engine.attribution import graft_attribution, graft_unit_attribution
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.models.random_models import build_random_model
-
-def rss():
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-def peak_extra(fn):
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    base = rss()
-    peak, stop = [base], threading.Event()
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss())
-            time.sleep(0.001)
-    thread = threading.Thread(target=sample)
-    thread.start()
-    fn()
-    stop.set()
-    thread.join()
-    return max(peak[0], rss()) - base
 
 spec, vocab, rows, seq = f"random:{sys.argv[1]}", int(sys.argv[2]), 8, 32
 pair = PartialGraft(build_random_model(spec + "@0")[0], build_random_model(spec + "@1")[0])
@@ -412,7 +368,8 @@ def test_unit_shares_are_what_neuron_attribution_adds(tmp_path: Path) -> None:
     path = tmp_path / "wide.json"
     path.write_text(json.dumps({**SMALL, "intermediate_size": 2048}))
     footprint = resolve_footprint(f"random:{path}")
-    done = subprocess.run([sys.executable, "-c", _UNIT_PEAKS, str(path), str(SMALL["vocab_size"])],
+    done = subprocess.run([sys.executable, "-c", _UNIT_PEAKS, str(path), str(SMALL["vocab_size"]),
+                           str(Path(__file__).parent)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     peaks = json.loads(done.stdout.strip().splitlines()[-1])
@@ -472,7 +429,6 @@ def test_a_rate_measured_while_other_work_loads_the_cpu_is_flagged_and_never_kep
     """A CPU's rate measured while other processes use its cores is several times too slow (a
     cached 2-thread rate measured beside a test suite planned a 10-minute finetune at 106 min):
     the plan says so and the rate is not cached; measured on an idle CPU it is kept."""
-    import time
 
     from weightgraft.models import calibration
     from weightgraft.planning.timing import rate_for
