@@ -111,7 +111,7 @@ def test_generate_command(tmp_path):
 
     from weightgraft.cli import app
     from weightgraft.models import load_model
-    from weightgraft.models.lowrank import lowrank_model
+    from weightgraft.models.derived import lowrank_model
 
     tok = tiny_tokenizer()
     base = make_tiny("llama", seed=0, vocab_size=len(tok))

@@ -12,7 +12,7 @@ import weightgraft as wg
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.engine.reference import per_token_forward
-from weightgraft.models.lowrank import (
+from weightgraft.models.derived import (
     LowRankDelta,
     LowRankError,
     LowRankSpec,

@@ -22,7 +22,7 @@ def explain(rules: Rules, model: nn.Module, *, protocol: str = DEFAULT_PROTOCOL,
     A layer selector other than ``all`` keeps only the global slots a rule's components name
     one by one, so ``Rule(layers="29", components="body")`` grafts layer 29 alone."""
     scheme = as_scheme(rules, base, None)
-    roles = [scheme.base, *sorted({r.model for r in scheme.rules} - {scheme.base})]
+    roles = [scheme.base, *sorted(scheme.named_roles() - {scheme.base}), *scheme.scaled_roles()]
     with input_errors():
         (compiled,) = compile_for([scheme], model, roles, protocol)
     rows = []
@@ -31,7 +31,7 @@ def explain(rules: Rules, model: nn.Module, *, protocol: str = DEFAULT_PROTOCOL,
         in_layers = [n.split(".", 2) for n in names if n.startswith("layers.")]
         heads = {compiled.slot_names[s]: h.tolist() for s, h in (done.heads or {}).items()}
         rows.append({
-            "rule": k, "model": rule.model, "positions": rule.positions,
+            "rule": k, "model": rule.model, "scale": rule.scale, "positions": rule.positions,
             "layers": sorted({int(p[1]) for p in in_layers}),
             "components": sorted({p[2] for p in in_layers}),
             "global_slots": [n for n in names if not n.startswith("layers.")],

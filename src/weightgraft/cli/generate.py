@@ -60,7 +60,7 @@ def generate(
 ) -> None:
     """Continue prompts with a grafted model (rules apply to each new token as the last token)."""
     from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
-    from weightgraft.schemes.scheme import Scheme
+    from weightgraft.schemes.scheme import Scheme, with_scaled_roles
 
     if sample and temperature <= 0:
         raise typer.BadParameter(f"--temperature must be positive when sampling, got {temperature}")
@@ -81,11 +81,11 @@ def generate(
         schemes = [Scheme(name="graft" if rule else base, base=base, rules=[_rule(r) for r in rule])]
     if not roles:
         raise typer.BadParameter("give the models with --model ROLE=SPEC (or --config)")
-    used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles).index) if all(
-        r in roles for s in schemes for r in s.roles()) else None
-    if used is None:
-        need = sorted(set().union(*(s.roles() for s in schemes)) - set(roles))
+    need = sorted(set().union(*(s.named_roles() for s in schemes)) - set(roles))
+    if need:
         raise typer.BadParameter(f"the schemes use model role(s) {need} that --model does not give")
+    roles = with_scaled_roles(roles, schemes)
+    used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles).index)
     from weightgraft.data.spans import SpanError, resolve_spans
     from weightgraft.schemes.selectors import unmarked_spans
 
@@ -106,7 +106,7 @@ def generate(
 
     from weightgraft.api.generate import generate as run_generate
     from weightgraft.models.donors import LoadSettings, load_role
-    from weightgraft.models.lowrank import check_lowrank_roles
+    from weightgraft.models.derived import check_lowrank_roles
     from weightgraft.models.peft_donor import check_peft_roles
     from weightgraft.models.random_models import refuse_random
     from weightgraft.models.spec import is_derived, parse_roles

@@ -14,7 +14,7 @@ from weightgraft.experiments.pairs import SchemePair, check_pairs
 from weightgraft.models.spec import ModelSpec, SpecText, parse_spec, spec_error_of
 from weightgraft.schemes.presets import preset
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, ProtocolName
-from weightgraft.schemes.scheme import Scheme
+from weightgraft.schemes.scheme import Scheme, with_scaled_roles
 
 
 class PresetRef(BaseModel):
@@ -118,11 +118,13 @@ class ExperimentConfig(BaseModel):
         return self.model_sets if self.model_sets is not None else {"default": dict(self.models or {})}
 
     def spec_sets(self) -> dict[str, dict[str, ModelSpec]]:
-        """Model set -> role -> typed spec, parsed once when the config was validated."""
+        """Model set -> role -> typed spec, parsed once when the config was validated, with the
+        scaled roles (``scaled(ROLE, S)``) that the schemes' scaled rules need added."""
         texts = self.sets()
         if {n: {r: s.text for r, s in roles.items()} for n, roles in self._specs.items()} != texts:
             self._specs = {n: {r: parse_spec(t) for r, t in roles.items()} for n, roles in texts.items()}  # edited since
-        return self._specs
+        schemes = self.resolved_schemes()
+        return {n: with_scaled_roles(roles, schemes) for n, roles in self._specs.items()}
 
     def resolved_schemes(self) -> list[Scheme]:
         out: list[Scheme] = []
@@ -146,7 +148,7 @@ class ExperimentConfig(BaseModel):
             raise ConfigError(f"generate.schemes: {unknown} are not in the sweep (it has {sorted(names)})")
         for set_name, roles in self.sets().items():
             for s in out:
-                missing = s.roles() - set(roles)
+                missing = s.named_roles() - set(roles)
                 if missing:
                     raise ConfigError(
                         f"scheme {s.name!r} needs model role(s) {sorted(missing)} that model set "

@@ -15,7 +15,7 @@ from dataclasses import replace
 from weightgraft.data.prompts import TestPrompt
 from weightgraft.experiments.config import ConfigError, ExperimentConfig
 from weightgraft.models.footprint import ModelFootprint, resolve_footprint
-from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftSpec
+from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftSpec, ScaledSpec
 from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.budget import budget, cuda_here
 from weightgraft.planning.cards import Card
@@ -31,7 +31,7 @@ DEFAULT_RUN_BATCH = 64  # ExperimentConfig.batch_size's default: the most a plan
 
 def _role_footprint(spec: ModelSpec, roles_spec: dict[str, ModelSpec], cache: dict[str, ModelFootprint]) -> ModelFootprint:
     """The footprint of a role's shapes: a low-rank role has its donor's, a LoRA role its base's."""
-    if isinstance(spec, LowRankSpec):
+    if isinstance(spec, (LowRankSpec, ScaledSpec)):
         spec = roles_spec[spec.donor]
     if isinstance(spec, PeftSpec):
         spec = roles_spec[spec.base]

@@ -49,9 +49,9 @@ from weightgraft.engine.projections import hf_config
 from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.models.donors import LeanSlots, LoadSettings, default_loader, load_role
 from weightgraft.models.lean import memory_report
-from weightgraft.models.lowrank import check_lowrank_roles
+from weightgraft.models.derived import check_lowrank_roles
 from weightgraft.models.peft_donor import check_peft_roles
-from weightgraft.models.spec import LowRankSpec, PeftSpec
+from weightgraft.models.spec import PeftSpec, is_derived
 from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 
 
@@ -215,7 +215,7 @@ def _check_names(config: ExperimentConfig, schemes: list[Any], prompts: list[Any
                 )
     used = set().union(*(s.roles() for s in schemes))
     for set_name, roles in config.spec_sets().items():
-        referenced = {ref for r, spec in roles.items() if r in used and isinstance(spec, (LowRankSpec, PeftSpec))
+        referenced = {ref for r, spec in roles.items() if r in used and is_derived(spec)
                       for ref in spec.refs()}
         extra = sorted(set(roles) - used - referenced)
         if extra:

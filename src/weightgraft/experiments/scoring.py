@@ -41,7 +41,7 @@ class Baselines:
 def baselines(schemes: Sequence[Scheme], first_role: str) -> Baselines:
     """Which model is "the donor" of each scheme, and the baseline schemes of the sweep."""
     whole = {s.base: s.name for s in reversed(schemes) if not s.rules}
-    own = {s.name: s.roles() - {first_role} for s in schemes}
+    own = {s.name: s.named_roles() - {first_role} for s in schemes}  # a scaled rule's donor is its model
     named = set().union(*own.values()) if own else set()
     sweep_donor = next(iter(named)) if len(named) == 1 else None
     donor: dict[str, str | None] = {}

@@ -3,8 +3,8 @@
 Why one function: a run, ``weightgraft generate``, ``localize`` and ``wg.load`` all load roles;
 each used to match the spec string and pick a loader itself. Here the typed spec
 (:mod:`weightgraft.models.spec`) picks: a model by name (in full, or lean: only the tensors it
-serves, sharing the rest with the base), a LoRA donor on its base role, a low-rank donor from
-its base and donor roles.
+serves, sharing the rest with the base), a LoRA donor on its base role, a low-rank or scaled
+donor from its base and donor roles.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from weightgraft.models import loading
 from weightgraft.models.lean import donor_view, needed_parameters
 from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.lowrank import build_lowrank, lowrank_delta
+from weightgraft.models.derived import build_lowrank, build_scaled, lowrank_delta
 from weightgraft.models.peft_donor import build_peft
 from weightgraft.models.spec import (
     LowRankSpec,
@@ -28,6 +28,7 @@ from weightgraft.models.spec import (
     ModelSpecError,
     PeftSpec,
     QuantizedSpec,
+    ScaledSpec,
     is_derived,
     parse_spec,
 )
@@ -135,9 +136,23 @@ def load_role(spec: str | ModelSpec, settings: LoadSettings, *, roles: Mapping[s
             settings.cache[key] = (lowrank_delta(base, donor), base, donor)
         delta, base, donor = settings.cache[key]
         return build_lowrank(spec, base, donor, delta)
+    if isinstance(spec, ScaledSpec):
+        return build_scaled(spec, _whole(spec.base, specs, done, settings), _whole(spec.donor, specs, done, settings))
     if lean is not None and settings.lean_donors and settings.device_map is None and not isinstance(spec, QuantizedSpec):
         return _lean(spec, settings, lean)  # a quantized donor loads whole: its packed tensors cannot be thinned
     return _load_named(spec, settings)
+
+
+def _whole(role: str, specs: Mapping[str, ModelSpec], done: Mapping[str, LoadedModel], settings: LoadSettings) -> LoadedModel:
+    """Role ``role`` with all its tensors: as loaded if it was loaded whole, else loaded once per run."""
+    here = done.get(role)
+    if here is not None and not here.lean:
+        return here
+    key = ("whole", specs[role].text)
+    if key not in settings.cache:
+        settings.cache[key] = load_role(specs[role], settings, roles=specs, loaded={r: m for r, m in done.items() if not m.lean})
+    loaded: LoadedModel = settings.cache[key]
+    return loaded
 
 
 def load_donor(load: Callable[[str, Any], Any], spec: str, config: Any, base: Any, slots_served: set[str]) -> LoadedModel:

@@ -11,11 +11,11 @@ The variants, in the order a string is resolved:
 - :class:`RandomSpec` ``random:NAME[@SEED]`` / ``random:PATH/config.json[@SEED]``;
 - :class:`PeftSpec` ``peft(BASE_ROLE, ADAPTER_DIR)``: a LoRA donor on another role;
 - :class:`LowRankSpec` ``lowrank(ROLE, k=K[, base=ROLE][, vectors=donor|pre])``;
+- :class:`ScaledSpec` ``scaled(ROLE, S[, base=ROLE])``: weights ``base + S * (donor - base)``;
 - :class:`QuantizedSpec` ``quantized(SPEC, SCHEME)``: a model by name loaded quantized
   (SCHEME: nf4, fp4, int8, torchao-int8; :mod:`weightgraft.models.quantization`);
 - :class:`EmbeddedSpec` an embedded model's name (``smollm2-135m``);
-- :class:`FolderSpec` a path (a model directory or a ``.gguf`` file; existing, or not
-  shaped like a hub id);
+- :class:`FolderSpec` a path (a model directory or ``.gguf`` file; existing, or not a hub id);
 - :class:`HubSpec` ``org/name`` shaped: a hub id, read only from the local cache.
 
 Whether a folder or hub model exists is checked before loading
@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from weightgraft.models.quantization.schemes import QuantizationError, check_sch
 
 __all__ = [
     "DEMO_SPECS", "DemoSpec", "QuantizedSpec", "QuantizedSpecError", "EmbeddedSpec", "FolderSpec", "HubSpec", "LowRankError", "LowRankSpec",
-    "ModelSpec", "ModelSpecError", "PeftError", "PeftSpec", "RandomSpec", "is_derived", "looks_like_path",
+    "ModelSpec", "ModelSpecError", "PeftError", "PeftSpec", "RandomSpec", "ScaledSpec", "is_derived", "looks_like_path",
     "SpecText", "embedded_name", "spec_error_of", "parse_lowrank", "parse_peft", "parse_roles", "parse_spec",
 ]
 
@@ -56,6 +57,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _PEFT = re.compile(r"^\s*peft\s*\((?P<args>.*)\)\s*$", re.S)
 _PEFT_START = re.compile(r"\s*peft\s*\(")  # "peft_models/x" is a directory, "peft(..." a spec
 _LOWRANK = re.compile(r"^\s*lowrank\s*\((?P<args>.*)\)\s*$")
+_SCALED = re.compile(r"^\s*scaled\s*\((?P<args>.*)\)\s*$")
 _QUANTIZED = re.compile(r"^\s*quantized\s*\((?P<args>.*)\)\s*$", re.S)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _PEFT_HINT = "write peft(BASE_ROLE, ADAPTER_DIR), e.g. peft(pre, models/lora)"
@@ -79,6 +81,7 @@ class PeftSpecError(ModelSpecError, PeftError):
 
 class LowRankSpecError(ModelSpecError, LowRankError):
     """A malformed ``lowrank(...)`` spec."""
+
 
 
 class QuantizedSpecError(ModelSpecError, QuantizationError):
@@ -201,6 +204,32 @@ class LowRankSpec:
         return (self.base, self.donor)
 
 
+def scale_text(scale: float) -> str:
+    """``scale`` as written in a spec: the shortest text that reads back as the same float."""
+    return short if float(short := f"{scale:g}") == scale else repr(float(scale))
+
+
+@dataclass(frozen=True)
+class ScaledSpec:
+    """``scaled(ROLE, S[, base=ROLE])``: the base role with every weight at ``base + S * (donor -
+    base)`` (0: the base, 1: the donor, 2: the change doubled, -1: reversed); a rule's ``scale``."""
+
+    donor: str
+    scale: float
+    base: str = "pre"
+    text: str = field(default="", compare=False)
+    kind: ClassVar[str] = "scaled"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.scale):
+            raise ModelSpecError(f"model spec {self.text or self.donor!r}: the scale must be a finite number, got {self.scale}")
+        _text(self, f"scaled({self.donor}, {scale_text(self.scale)}{f', base={self.base}' if self.base != 'pre' else ''})")
+
+    def refs(self) -> tuple[str, ...]:
+        """The roles this role is built from (the base first, as it loads)."""
+        return (self.base, self.donor)
+
+
 NamedSpec = Union[FolderSpec, HubSpec, EmbeddedSpec, RandomSpec, DemoSpec]
 NAMED_TYPES: tuple[type, ...] = (FolderSpec, HubSpec, EmbeddedSpec, RandomSpec, DemoSpec)
 
@@ -222,13 +251,13 @@ class QuantizedSpec:
         _text(self, f"quantized({self.inner.text}, {self.scheme})")
 
 
-ModelSpec = Union[FolderSpec, HubSpec, EmbeddedSpec, RandomSpec, DemoSpec, PeftSpec, LowRankSpec, QuantizedSpec]
-SPEC_TYPES: tuple[type, ...] = (*NAMED_TYPES, PeftSpec, LowRankSpec, QuantizedSpec)
+ModelSpec = Union[FolderSpec, HubSpec, EmbeddedSpec, RandomSpec, DemoSpec, PeftSpec, LowRankSpec, ScaledSpec, QuantizedSpec]
+SPEC_TYPES: tuple[type, ...] = (*NAMED_TYPES, PeftSpec, LowRankSpec, ScaledSpec, QuantizedSpec)
 
 
 def is_derived(spec: ModelSpec) -> bool:
-    """Whether the role is built from other roles of its set (peft, lowrank), not loaded by name."""
-    return isinstance(spec, (PeftSpec, LowRankSpec))
+    """Whether the role is built from other roles of its set (peft, lowrank, scaled), not loaded by name."""
+    return isinstance(spec, (PeftSpec, LowRankSpec, ScaledSpec))
 
 
 def looks_like_path(text: str) -> bool:
@@ -273,6 +302,25 @@ def _lowrank(text: str) -> LowRankSpec | None:
     if "k" not in fields:
         raise LowRankSpecError(f"model spec {text!r}: give the rank, e.g. lowrank({parts[0]}, k=8)")
     return LowRankSpec(**fields, text=text)
+
+
+def _scaled(text: str) -> ScaledSpec | None:
+    m, hint = _SCALED.match(text), "write scaled(ROLE, S[, base=ROLE]), e.g. scaled(sft, 2)"
+    if m is None:
+        if re.match(r"\s*scaled\s*\(", text):
+            raise ModelSpecError(f"model spec {text!r}: {hint}")
+        return None
+    parts = [p.strip() for p in m.group("args").split(",")]
+    key, _, base = (x.strip() for x in (parts[2] if len(parts) == 3 else "base=pre").partition("="))
+    if len(parts) not in (2, 3) or not parts[0] or "=" in parts[0] or key != "base" or not base:
+        raise ModelSpecError(f"model spec {text!r}: {hint}")
+    try:
+        scale = float(parts[1])
+    except ValueError:
+        raise ModelSpecError(f"model spec {text!r}: the scale {parts[1]!r} is not a number ({hint})") from None
+    if base == parts[0]:
+        raise ModelSpecError(f"model spec {text!r}: the donor and the base are the same role")
+    return ScaledSpec(parts[0], scale, base, text=text)
 
 
 def _quantized(text: str) -> QuantizedSpec | None:
@@ -344,7 +392,7 @@ def parse_spec(text: str | os.PathLike[str] | ModelSpec) -> ModelSpec:
         return DemoSpec(DEMO_SPECS[key], text=raw)
     if key.startswith(RANDOM_PREFIX):
         return _random(raw)
-    derived = _peft(raw) or _lowrank(raw) or _quantized(raw)
+    derived = _peft(raw) or _lowrank(raw) or _scaled(raw) or _quantized(raw)
     if derived is not None:
         return derived
     if key in EMBEDDED_MODELS:
@@ -367,14 +415,12 @@ def parse_roles(roles: dict[str, Any], where: str) -> dict[str, ModelSpec]:
 
 def parse_peft(text: str | ModelSpec) -> PeftSpec | None:
     """The peft spec, None for any other model spec; a malformed one is an error."""
-    spec = parse_spec(text)
-    return spec if isinstance(spec, PeftSpec) else None
+    return spec if isinstance(spec := parse_spec(text), PeftSpec) else None
 
 
 def parse_lowrank(text: str | ModelSpec) -> LowRankSpec | None:
     """The low-rank spec, None for an ordinary model spec; a malformed one is an error."""
-    spec = parse_spec(text)
-    return spec if isinstance(spec, LowRankSpec) else None
+    return spec if isinstance(spec := parse_spec(text), LowRankSpec) else None
 
 
 def _valid_text(text: str) -> str:

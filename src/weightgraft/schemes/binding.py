@@ -19,7 +19,7 @@ from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.forward import slots
 from weightgraft.errors import WeightgraftError
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, PROTOCOLS, embeddings_tied
-from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme
+from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme, with_scaled_roles
 from weightgraft.schemes.selectors import SpanNotFound
 
 Rules = Rule | Sequence[Rule] | Scheme
@@ -85,7 +85,7 @@ def as_scheme(rules: Rules | Sequence[Scheme], base_role: str, base: str | None)
 def check_roles(schemes: Sequence[Scheme], roles: Sequence[str]) -> None:
     """Every role a scheme uses is one of the models' roles."""
     for scheme in schemes:
-        missing = sorted(scheme.roles() - set(roles))
+        missing = sorted(scheme.named_roles() - set(roles))
         if missing:
             raise GraftInputError(
                 f"scheme {scheme.name!r} uses model role {missing[0]!r}; the models are "
@@ -206,6 +206,19 @@ class PreparedGraft:
         return encode(tokenizer, list(prompts), self.spans, compiled)
 
 
+def _with_scaled_models(schemes: Sequence[Scheme], roles: list[str], models: list[Any]) -> tuple[list[str], list[Any]]:
+    """The roles and models with the scaled roles the schemes' scaled rules need, built from
+    the given models (``base + scale * (donor - base)``)."""
+    from weightgraft.models.derived import scaled_model
+
+    needed = with_scaled_roles({}, schemes)
+    by_role = dict(zip(roles, models, strict=True))
+    with input_errors():
+        for text, spec in needed.items():
+            by_role[text] = scaled_model(by_role[spec.base], by_role[spec.donor], spec.scale)
+    return [*roles, *needed], [by_role[r] for r in [*roles, *needed]]
+
+
 def prepare_graft(
     models: Mapping[str, Any], rules: Rules | Sequence[Scheme], *, base: str | None = None,
     many: bool = False, prompts: Sequence[str] | None = None, spans: Spans = None,
@@ -222,6 +235,7 @@ def prepare_graft(
         dup = next(n for n in names if names.count(n) > 1)
         raise GraftInputError(f"two schemes are named {dup!r}; rows are keyed by scheme name")
     check_roles(schemes, roles)
+    roles, ordered = _with_scaled_models(schemes, roles, ordered)
     prompt_spans = check_prompts(prompts, spans) if prompts is not None else []
     if tokenizer is not None:
         check_tokenizer(tokenizer)

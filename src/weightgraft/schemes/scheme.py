@@ -3,6 +3,7 @@ model, compiled per tokenized prompt into the engine's ``source`` tensor."""
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from weightgraft.schemes.selectors import (
 )
 from weightgraft.engine.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
 from weightgraft.errors import WeightgraftError, validation_line
+from weightgraft.models.spec import ScaledSpec
 
 # The two families a scheme has without a preset (the presets' are in weightgraft.schemes.families):
 BASELINE = "baseline"  # a model alone, as ``baselines()`` makes them
@@ -52,7 +54,10 @@ class _Checked(BaseModel):
 
 
 class Rule(_Checked):
-    """Slots ``components`` of layers ``layers`` at ``positions`` come from role ``model``."""
+    """Slots ``components`` of layers ``layers`` at ``positions`` come from role ``model``;
+    with ``scale`` S they hold ``base + S * (model - base)`` (the scheme's base: 0 is the base, 1
+    the graft, 2 doubles the finetune's change, -1 reverses it), served by the role
+    ``scaled(model, S, base=BASE)`` that a run builds from the two."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -66,6 +71,24 @@ class Rule(_Checked):
     seed: int = 0
     # Per-head selection (``"0,3"``, ``"0..3"``, ``"all"``) of the q/k/v/o components chosen.
     heads: str | None = None
+    # left out of a dump at 1, so schemes written before it existed keep their identity
+    scale: float = Field(default=1.0, exclude_if=lambda v: v == 1.0)
+
+    @field_validator("scale")
+    @classmethod
+    def _scale_is_finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"scale must be a finite number, got {value}")
+        return value
+
+    def role_under(self, base: str) -> str:
+        """The role serving this rule's cells in a scheme over ``base``: the rule's model at
+        scale 1, the base at 0, else the scaled role's spec text."""
+        if self.scale == 1:
+            return self.model
+        if self.scale == 0:
+            return base
+        return ScaledSpec(self.model, self.scale, base).text
 
     @field_validator("layers")
     @classmethod
@@ -93,7 +116,26 @@ class Scheme(_Checked):
     labels: dict[str, str] = Field(default_factory=dict)
 
     def roles(self) -> set[str]:
+        """The roles serving this scheme's cells (a scaled rule's is its ``scaled(...)`` role)."""
+        return {self.base, *(r.role_under(self.base) for r in self.rules)}
+
+    def named_roles(self) -> set[str]:
+        """The roles the scheme names, which the models must provide."""
         return {self.base, *(r.model for r in self.rules)}
+
+    def scaled_roles(self) -> dict[str, ScaledSpec]:
+        """Role text -> spec of every scaled role this scheme's rules need."""
+        return {spec.text: spec for r in self.rules if r.scale not in (0, 1)
+                for spec in [ScaledSpec(r.model, r.scale, self.base)]}
+
+
+def with_scaled_roles(roles: Mapping[str, Any], schemes: Sequence[Scheme]) -> dict[str, Any]:
+    """A model set's roles with the scaled roles the schemes need added (named by their text)."""
+    out = dict(roles)
+    for scheme in schemes:
+        for text, spec in scheme.scaled_roles().items():
+            out.setdefault(text, spec)
+    return out
 
 
 def baselines(base: str = "pre", donor: str = "sft") -> list[Scheme]:
@@ -257,7 +299,8 @@ def compile_scheme(
                 raise SelectorError(f"{where}: per-token layer dropout cannot be combined with heads")
             heads = _compile_heads(scheme.name, k, rule, comps=comps, idx=idx, slot_names=slot_names, slot_heads=slot_heads)
         dropout = TokenDropout(rule.layer_dropout, rule.seed, tuple(sorted(set(kept))), tuple(by_layer)) if per_token else None
-        rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.model), heads, dropout))
+        rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.role_under(scheme.base)),
+                                  heads, dropout))
     counts = tuple((slot_heads or {}).get(name, 0) for name in slot_names)
     return CompiledScheme(scheme.name, role(scheme.base), tuple(rules), len(slot_names), tuple(slot_names), counts)
 

@@ -1,4 +1,14 @@
-"""Low-rank donors: the base plus a rank-k approximation of the finetuning change.
+"""Donors derived from a base and a donor: the base plus a rank-k approximation of the
+finetuning change (low-rank), or plus the change times a scale (scaled).
+
+Scaled: ``scaled(sft, S)`` is a copy of the base with every parameter at
+``W_pre + S * (W_sft - W_pre)``, computed in float64 and rounded once to the model's dtype (scale
+1 is the donor's tensor itself, 0 the base's). Every grafted piece is affine in its weights, so
+grafting a cell from it is grafting ``f(x; W_pre) + S * (f(x; W_sft) - f(x; W_pre))``. A LoRA donor
+enters with its adapters merged (``W + scale * B A``); a quantized model is refused (its packed
+weights cannot hold the scaled ones exactly).
+
+Low-rank:
 
 A low-rank donor is a third model whose every weight matrix is ``W_pre + U_k S_k V_k^T``, the
 truncated SVD of ``W_sft - W_pre`` (computed in float64, so the same weights give the same
@@ -24,10 +34,20 @@ from torch import nn
 
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.spec import LowRankError, LowRankSpec, ModelSpec, Vectors, parse_lowrank, parse_spec
+from weightgraft.models.peft_donor import adapter_info, merged_copy
+from weightgraft.models.spec import (
+    LowRankError,
+    LowRankSpec,
+    ModelSpec,
+    ModelSpecError,
+    ScaledSpec,
+    Vectors,
+    parse_lowrank,
+    parse_spec,
+)
 
-__all__ = ["LowRankDelta", "LowRankError", "LowRankSpec", "build_lowrank", "check_lowrank_roles", "lowrank_delta", "lowrank_model",
-           "parse_lowrank"]
+__all__ = ["LowRankDelta", "LowRankError", "LowRankSpec", "build_lowrank", "build_scaled", "check_lowrank_roles", "lowrank_delta",
+           "lowrank_model", "parse_lowrank", "scaled_model"]
 
 
 def check_lowrank_roles(roles_spec: Mapping[str, str | ModelSpec], where: str) -> None:
@@ -101,3 +121,43 @@ def build_lowrank(low: LowRankSpec, base: LoadedModel, donor: LoadedModel, delta
         source=f"lowrank(k={low.k}, vectors={low.vectors}) of {donor.source} over {base.source}",
         weights_sha256=weights_sha256(model), spec=low,
     )
+
+
+def _plain(model: nn.Module, role: str) -> nn.Module:
+    """A model whose parameters are the weights it applies: LoRA adapters merged; a quantized
+    model refused."""
+    if adapter_info(model) is not None:
+        model = merged_copy(model)
+    packed = next((n for n, p in model.named_parameters() if not p.dtype.is_floating_point), None)
+    if packed is not None:
+        raise ModelSpecError(f"a scaled graft needs float weights; the {role}'s {packed} is "
+                             f"{dict(model.named_parameters())[packed].dtype} (quantized): load it unquantized")
+    return model
+
+
+def scaled_model(base: nn.Module, donor: nn.Module, scale: float) -> nn.Module:
+    """A copy of ``base`` with every parameter at ``base + scale * (donor - base)`` (see the module doc)."""
+    plain_base, plain_donor = _plain(base, "base"), _plain(donor, "donor")
+    out = copy.deepcopy(plain_base)
+    donor_params = dict(plain_donor.named_parameters())
+    with torch.no_grad():
+        for name, p in out.named_parameters():
+            d = donor_params.get(name)
+            if d is None or d.shape != p.shape:
+                raise ModelSpecError(f"scaled graft: the donor has no parameter {name} of shape {tuple(p.shape)}")
+            if scale == 1:
+                p.copy_(d)
+            elif scale != 0:
+                b64 = p.detach().double()
+                p.copy_((b64 + scale * (d.detach().to(b64) - b64)).to(p.dtype))
+    return out.eval()
+
+
+def build_scaled(spec: ScaledSpec, base: LoadedModel, donor: LoadedModel) -> LoadedModel:
+    """The scaled role ``spec`` from its loaded base and donor."""
+    if getattr(base.model, "hf_device_map", None) or getattr(donor.model, "hf_device_map", None):
+        raise ModelSpecError("scaled donors are built on one device; drop device_map")
+    model = scaled_model(base.model, donor.model, spec.scale)
+    return LoadedModel(model=model, tokenizer=donor.tokenizer or base.tokenizer,
+                       source=f"{spec.text}: {base.source} + {spec.scale:g} x ({donor.source} - {base.source})",
+                       weights_sha256=weights_sha256(model), spec=spec)
