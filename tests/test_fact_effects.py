@@ -148,3 +148,35 @@ def test_a_template_whose_answers_share_a_first_token_is_not_judged_and_says_so(
                             seed=0, pad_id=0, metric="first_logprob", chunk=64, parts=tmp_path, say=said.append)
     assert table.empty and per.empty
     assert any("claims not judged in fact_logprob: 4 of 4 prompt(s)" in line for line in said)
+
+
+def test_a_runs_rows_carry_the_fact_metric_and_an_answer_raiser_moves_it_by_nothing(tmp_path) -> None:
+    """``weightgraft run``'s rows: ``fact_logprob`` is logit[answer] - mean logit[other answers of the
+    template] on the row's pass; the answer raiser as the whole model moves every answer's first
+    log-probability, and its fact log-probability by nothing."""
+    from types import SimpleNamespace
+
+    from tiny_world import tiny_config
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.runner import run_experiment
+
+    tok, examples = _world(tmp_path, n=12)
+    pre = make_tiny("llama", seed=0, vocab_size=len(tok), n_layers=5, tied=False).double()
+    models = {"tiny:pre": pre, "tiny:sft": _answer_raiser(pre, examples)}
+
+    def load(spec: str, config=None) -> SimpleNamespace:
+        return SimpleNamespace(model=models[spec], tokenizer=tok, source=spec, weights_sha256=f"sha-{spec}")
+
+    raw = tiny_config(tmp_path, "fact", world={"n": 12}, templates=["headline"],
+                      models={"pre": "tiny:pre", "sft": "tiny:sft"}, schemes=[{"name": "PRE"}, {"name": "LT", "rules": [
+                          {"model": "sft", "positions": "last", "components": "body+unembed"}]}])
+    rows = run_experiment(parse_config(raw), load=load, progress=False).results
+    firsts = {e.prompt.id: e.scored.target for e in examples}
+    for _, row in rows[rows.scheme == "LT"].iterrows():
+        logits = models["tiny:sft"](torch.tensor([tok(row.prompt)["input_ids"]])).logits[0, -1]
+        others = sorted(set(firsts.values()) - {firsts[row.example_id]})
+        want = (logits[firsts[row.example_id]] - logits[others].mean()).item()
+        assert abs(row.fact_logprob - want) < 1e-4  # rows hold float32 logits
+    by = rows.pivot(index="example_id", columns="scheme", values=["fact_logprob", "first_logprob"])
+    assert (by["first_logprob"]["LT"] - by["first_logprob"]["PRE"]).abs().min() > 0.05
+    assert (by["fact_logprob"]["LT"] - by["fact_logprob"]["PRE"]).abs().max() < 1e-4

@@ -72,7 +72,7 @@ def test_the_table_lists_the_summary_columns_in_their_order() -> None:
                             "family": "f", "finite": True, "example_id": np.repeat(np.arange(rows // 2), 2),
                             "rank": rng.integers(0, 50, rows), "prob": rng.random(rows),
                             "answer_logprob": -rng.random(rows), "logit_diff": rng.normal(size=rows),
-                            "kl_donor": rng.random(rows),
+                            "kl_donor": rng.random(rows), "fact_logprob": rng.normal(size=rows),
                             **{f"top{k}": rng.random(rows) < 0.5 for k in (1, 5, 10, 20, 50, 100)}})
     summary = summarize(results)
     expected = [c for m in METRIC_TABLE if m.aggregate != "ratio_of_means" for c in m.summary_columns()]

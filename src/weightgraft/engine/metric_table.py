@@ -134,6 +134,7 @@ class ScoreInputs:
     prediction: Prediction
     distractor: int | None
     donor_logits: torch.Tensor | None
+    other_answers: Sequence[int] = ()  # first tokens of the world's other answers (fact_logprob)
 
     def batch(self) -> Batch:
         """The first scored token as a one-row ``Batch`` in float64 (a row's numbers are exact)."""
@@ -224,6 +225,14 @@ def _top(k: int) -> MetricSpec:
                       chart=(Chart(f"top{k}", f"top-{k} accuracy (%)", "pct"),))
 
 
+def _fact_row(s: ScoreInputs) -> float:
+    """A row's ``fact_logprob`` (NaN without other answers or with non-finite logits)."""
+    if not s.other_answers or not s.prediction.finite:
+        return float("nan")
+    return float(fact_logprob(Batch(s.logits[:1].double(), torch.tensor([s.answer_ids[0]]),
+                                    torch.tensor([list(s.other_answers)])))[0])
+
+
 def _neg_kl_donor(b: Batch) -> torch.Tensor:
     return -kl_donor(b)
 
@@ -242,8 +251,9 @@ METRIC_TABLE: tuple[MetricSpec, ...] = (
                aggregate=None),  # recovery's source; localize's default
     MetricSpec(name="fact_logprob", meaning="log p(answer's first token) - mean log p(first tokens of the world's "
                "other answers of the same field), nats: higher is better; 0 change from a donor that raises every "
-               "answer alike", higher_is_better=True, compute=None, batch=fact_logprob, needs_answers=True,
-               aggregate=None),  # the claims' effect: what only a fact moves
+               "answer alike", higher_is_better=True, compute=_fact_row, batch=fact_logprob, needs_answers=True,
+               aggregate="mean_ci", paired=True, header="fact log-prob (nats)", shown="mean_ci",
+               chart=(Chart("mean_fact_logprob", "fact-specific log-prob (nats)"),)),  # the claims' effect: what only a fact moves
     MetricSpec(name="answer_logprob", meaning="log p(whole answer), teacher-forced: higher is better",
                higher_is_better=True, aggregate="mean", paired=True,
                compute=lambda s: answer_logprob(s.logits, s.answer_ids[: s.logits.shape[0]])

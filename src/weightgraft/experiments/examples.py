@@ -57,6 +57,8 @@ class Prepared:
     answer_ids: list[int]
     sources: dict[str, torch.Tensor]
     heads: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # per-head schemes
+    # first tokens of the other answers of its template and answer field, unlike its own (fact_logprob)
+    other_answers: tuple[int, ...] = ()
 
 
 @dataclass
@@ -113,6 +115,11 @@ def prepare(
         sources = {name: src for name, (src, _) in both.items()}
         heads = {name: h for name, (_, h) in both.items() if h}
         out.append(Prepared(p, list(enc["input_ids"]), list(answer_ids), sources, heads))
+    firsts: dict[tuple[str, str | None], dict[int, None]] = {}
+    for ex in out:
+        firsts.setdefault((ex.prompt.template, ex.prompt.answer_field), {})[ex.answer_ids[0]] = None
+    for ex in out:
+        ex.other_answers = tuple(t for t in firsts[(ex.prompt.template, ex.prompt.answer_field)] if t != ex.answer_ids[0])
     return out
 
 

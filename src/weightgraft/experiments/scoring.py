@@ -124,7 +124,7 @@ def score_rows(
         distractor, distractor_cols = _distractor(tokenizer, p.answer, target_token, p.distractor)
         donor = donor_logits[b] if donor_logits is not None else None
         metrics = row_metrics(ScoreInputs(logits=logits[b, : n_logits[b]], answer_ids=ex.answer_ids, prediction=pred,
-                                         distractor=distractor, donor_logits=donor))
+                                         distractor=distractor, donor_logits=donor, other_answers=ex.other_answers))
         row = {
             "model_set": model_set, "template": p.template, "scheme": scheme,
             "family": scheme_meta[scheme]["family"], "labels": scheme_meta[scheme]["labels"],

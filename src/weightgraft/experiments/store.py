@@ -25,8 +25,9 @@ from weightgraft.errors import ResultsDirConflict, WeightgraftError
 KEY = ("model_set", "template", "scheme", "example_id")
 # What a row holds and how it was computed; a folder whose rows were written in an older format
 # is refused rather than resumed (2: ``scored_on``, ``distractor_token``, ``logit_diff_flag``;
-# a distractor logit difference between first tokens that begin each other's names is NaN).
-ROWS_FORMAT = 2
+# a distractor logit difference between first tokens that begin each other's names is NaN;
+# 3: ``fact_logprob``, the answer against the world's other answers).
+ROWS_FORMAT = 3
 
 
 class ResultsWriteError(WeightgraftError, OSError):

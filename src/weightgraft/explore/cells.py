@@ -4,10 +4,12 @@ neuron (``layers.3.up/n17``) or a split slot's part in no unit (``layers.3.down/
 become the grafted pass's ``source`` and per-head / per-neuron maps the way ``engine.cells``
 grafts a found set: a slot's unit row starts from its whole cell, a unit cell sets one unit,
 a ``/bias`` cell the slot's own part (``source``) and no unit. Cells apply in order: a later
-whole cell of a position and slot replaces what earlier cells set there."""
+whole cell of a position and slot replaces what earlier cells set there. A cell's model may be a
+scaled role of the models (``scaled(sft, 2)``, as a scaled rule's map names it: ``scaled_cells``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,7 +18,44 @@ import torch
 from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units
 from weightgraft.engine.cells import REST, WHOLE, parse_cell_name
 from weightgraft.engine.source_map import SourceMap
+from weightgraft.errors import WeightgraftError
 from weightgraft.explore.requests import Cell, RequestError
+from weightgraft.models.spec import ScaledSpec, parse_spec
+
+_SCALED = re.compile(r"\s*scaled\s*\(")
+
+
+def scaled_role(text: str, roles: Sequence[str], where: str) -> ScaledSpec | str:
+    """The scaled role ``text`` names over ``roles`` (``scaled(sft, 2)``, ``scaled(pre, -1,
+    base=sft)``) as its spec, whose ``text`` is its one spelling; at scale 1 the donor's role
+    and at 0 the base's, as a rule's ``role_under``. Only a text that starts ``scaled(`` is read
+    as a spec (so no text a client sends is looked up as a path)."""
+    try:
+        spec = parse_spec(text) if _SCALED.match(text) else None
+    except (WeightgraftError, ValueError) as exc:
+        raise RequestError(f"{where}: {exc}") from None
+    if not isinstance(spec, ScaledSpec):
+        raise RequestError(f"{where}: model {text!r} is not one of {', '.join(roles)} or scaled(ROLE, S[, base=ROLE])")
+    unknown = next((r for r in (spec.donor, spec.base) if r not in roles), None)
+    if unknown is not None:
+        raise RequestError(f"{where}: {text!r} scales role {unknown!r}; the models are {', '.join(roles)}")
+    return spec.donor if spec.scale == 1 else spec.base if spec.scale == 0 else ScaledSpec(spec.donor, spec.scale, spec.base)
+
+
+def scaled_cells(cells: Sequence[Cell], roles: Sequence[str]) -> tuple[list[Cell], dict[str, ScaledSpec]]:
+    """``cells`` with every model that names a scaled role (``scaled_role``) written as that
+    role's text, and those roles by text, in order of first use (after ``roles`` in the map's
+    role order). A model that is neither is left to ``cell_maps``, which names it."""
+    out, scaled = [], {}
+    for k, cell in enumerate(cells):
+        if cell.model in roles or not _SCALED.match(cell.model):
+            out.append(cell)
+            continue
+        role = scaled_role(cell.model, roles, f"cells.{k}")
+        if isinstance(role, ScaledSpec):
+            scaled.setdefault(role.text, role)
+        out.append(cell.model_copy(update={"model": role if isinstance(role, str) else role.text}))
+    return out, scaled
 
 
 def max_cells(n_tokens: int, slot_list: Sequence[Slot]) -> int:

@@ -62,9 +62,11 @@ class TokensRequest(PromptRequest):
 
 
 class Cell(BaseModel):
-    """One explicit assignment: slot ``slot`` at token ``position`` is served by role
-    ``model``. ``slot`` is a name of ``wg.slots``, or one head or neuron of it as localize
-    names them (``layers.3.o/h2``, ``layers.3.up/n17``, ``layers.3.down/bias``: ``explore.cells``)."""
+    """One explicit assignment: slot ``slot`` at token ``position`` is served by role ``model``
+    (or by a scaled role of the models as a map's ``roles`` name it, ``scaled(sft, 2)``:
+    ``explore.cells.scaled_cells``). ``slot`` is a name of ``wg.slots``, or one head or neuron
+    of it as localize names them (``layers.3.o/h2``, ``layers.3.up/n17``,
+    ``layers.3.down/bias``: ``explore.cells``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -73,11 +75,18 @@ class Cell(BaseModel):
     model: str = Field(max_length=100)
 
 
-class GraftRequest(PromptRequest):
-    """``POST /api/graft``: ``rules`` (as ``wg.Rule`` fields) or explicit ``cells``; cells no
-    rule or assignment claims come from ``base`` (default ``pre``)."""
+class RequestRule(Rule):
+    """A request's rule: ``wg.Rule``'s fields, its ``scale`` a JSON number (``true`` or ``"2"``
+    is not one) and finite (``NaN``, which Python's JSON reader takes, is refused by ``Rule``)."""
 
-    rules: list[Rule] | None = None
+    scale: float = Field(default=1.0, strict=True, exclude_if=lambda v: v == 1.0)
+
+
+class GraftRequest(PromptRequest):
+    """``POST /api/graft``: ``rules`` (as ``wg.Rule`` fields, ``scale`` included) or explicit
+    ``cells``; cells no rule or assignment claims come from ``base`` (default ``pre``)."""
+
+    rules: list[RequestRule] | None = None
     cells: list[Cell] | None = None
     base: str | None = None
     answer: str | None = None

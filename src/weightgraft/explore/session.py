@@ -1,6 +1,8 @@
 """The explore app's models and requests. A request's rules go through the same checks and
 compilation as ``wg.graft``; explicit cells become the engine's source map directly, each one
-validated; the passes (the grafted row, and PRE and SFT once per prompt) are ``passes``'."""
+validated; the passes (the grafted row, and PRE and SFT once per prompt) are ``passes``'. A
+rule's ``scale`` (or a cell's scaled role) is served by a scaled role's model, built once and
+kept for the next strokes (``passes.ScaledModels``)."""
 
 from __future__ import annotations
 
@@ -19,11 +21,13 @@ from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.source_map import SourceMap
 from weightgraft.explore.anchor import anchoring
-from weightgraft.explore.cells import cell_maps, unit_rows
+from weightgraft.explore.cells import cell_maps, scaled_cells, unit_rows
 from weightgraft.explore.layout import layout
-from weightgraft.explore.passes import BASELINES, Check, Passes
+from weightgraft.explore.passes import BASELINES, Check, Passes, ScaledModels
 from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
-from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft
+from weightgraft.models.spec import ScaledSpec
+from weightgraft.schemes.binding import (GraftInputError, check_prompts, check_roles, check_tokenizer, compile_for,
+                                         encode, input_errors)
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import first_entity, token_span
 from weightgraft.explore.schemes import page_schemes
@@ -49,6 +53,7 @@ class Explorer:
         self.layout = layout(self.slot_names)
         self._lock = threading.Lock()
         self.passes = Passes(self.models, pad_id=tokenizer.pad_token_id or 0, cache_size=cache_size)
+        self.scaled = ScaledModels(dict(zip(self.roles, self.models)))  # the last 3 scaled roles' models (used under _lock)
         self._tokens: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()  # by prompt and spans
         self._tokens_size = cache_size
         self._tokens_lock = threading.Lock()  # /api/tokens and /api/graft read it from their threads
@@ -128,12 +133,15 @@ class Explorer:
         if base not in self.roles:
             raise RequestError(f"base {base!r} is not one of the models ({', '.join(self.roles)})")
         if request.cells is not None:
-            maps = cell_maps(request.cells, len(ids), self.slot_list, self.roles, base)
+            cells, scaled = scaled_cells(request.cells, self.roles)
+            maps = cell_maps(cells, len(ids), self.slot_list, [*self.roles, *scaled], base)
         else:
-            maps = self.rule_source(request, base)
+            maps, scaled = self.rule_source(request, base)
         answer_id = self._answer_id(request.answer)
         with self._lock:
-            logits = self.passes.logits(ids, maps, check)
+            if scaled and check is not None:
+                check()  # (before building a scaled model for a stroke already superseded)
+            logits = self.passes.logits(ids, maps, check, self.scaled(scaled.values()))
         logp = {name: torch.log_softmax(row, dim=-1)
                 for name, row in logits.items()}
         out = {
@@ -141,7 +149,7 @@ class Explorer:
             "top": {name: self._top(row, request.k) for name, row in logp.items()},
             "answer": None if answer_id is None else self._answer(request.answer, answer_id, logits, logp),
             "protocol": request.protocol,
-            "map": {"base": base, "roles": self.roles, "source": maps.slots.tolist(),
+            "map": {"base": base, "roles": [*self.roles, *scaled], "source": maps.slots.tolist(),
                     "heads": sorted(maps.heads), "neurons": sorted(maps.neurons),
                     "units": {**unit_rows(maps.slots, maps.heads, self.slot_index, "head"),
                               **unit_rows(maps.slots, maps.neurons, self.slot_index, "neuron")}},
@@ -151,17 +159,22 @@ class Explorer:
 
     # ------------------------------------------------------------------ source maps
 
-    def rule_source(self, request: GraftRequest, base: str) -> SourceMap:
+    def rule_source(self, request: GraftRequest, base: str) -> tuple[SourceMap, dict[str, ScaledSpec]]:
         """``[n_tokens, n_slots]`` role indices (and per-head maps) that ``rules`` give this
-        prompt: the checks and compilation of ``wg.graft``, in this app's role order."""
+        prompt, and the scaled roles they use (by text, indices after the models' roles): the
+        checks and compilation of ``wg.graft`` (``binding.prepare_graft``'s, in its order), in
+        this app's role order, less building the scaled models (``self.scaled`` keeps them)."""
         try:  # the app's role order (pre first) whatever the base: its source values index self.models
             scheme = Scheme(name="graft", base=base, rules=list(request.rules or []))
-            prepared = prepare_graft(dict(zip(self.roles, self.models)), scheme, prompts=[request.prompt],
-                                     spans=[request.spans], protocol=request.protocol)
-            (encoded,) = prepared.encode(self.tokenizer, [request.prompt])
+            check_roles([scheme], self.roles)
+            scaled = scheme.scaled_roles()
+            spans = check_prompts([request.prompt], [request.spans])
+            with input_errors():
+                (compiled,) = compile_for([scheme], self.models[0], [*self.roles, *scaled], request.protocol)
+            (encoded,) = encode(self.tokenizer, [request.prompt], spans, compiled)
         except (GraftInputError, ValueError) as exc:
             raise RequestError(_one_line(exc)) from None
-        return SourceMap(encoded.source, dict(encoded.heads))
+        return SourceMap(encoded.source, dict(encoded.heads)), scaled
 
     def _top(self, logp: torch.Tensor, k: int) -> list[dict[str, Any]]:
         values, idx = logp.topk(min(k, logp.numel()))
