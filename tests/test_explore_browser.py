@@ -196,3 +196,38 @@ def test_a_run_row_switches_the_protocol_and_says_so(page):
     _settle(page, seq)
     assert page.input_value("#protocol") == "paper"
     assert "protocol paper" in page.inner_text("#protocol-line") and "switched" not in page.inner_text("#protocol-line")
+
+
+def test_a_rule_s_scale_input_travels_with_the_rule(served, page, tiny_tok):
+    """A scheme's rules each get a scale input (1 until changed): 2 on the first grafts what
+    ``wg.graft`` grafts with ``Rule(scale=2)``, and the scale stays when the prompt is edited."""
+    import torch
+
+    _, _, pre, sft = served
+    page.fill("#prompt", PROMPT)
+    page.fill("#spans", "first_actor=Keanu Reeves")
+    seq = _settle(page)
+    assert page.locator("#rules").is_hidden()
+    button = page.locator("#position-schemes button:text-is('FE+LT')")
+    rules = json.loads(button.get_attribute("data-rules"))
+    button.click()
+    seq = _settle(page, seq)
+    scales = page.locator("#rules input.scale")
+    assert scales.count() == len(rules) and scales.first.input_value() == "1"
+    scales.first.fill("2")
+    seq = _settle(page, seq)
+    assert "scaled(sft, 2)" in page.inner_text("#legend")
+
+    def shown_is_wg_graft(prompt: str) -> None:
+        rows = [wg.Rule(**{**rules[0], "scale": 2}), *(wg.Rule(**r) for r in rules[1:])]
+        out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, [prompt], rows, spans=[{"first_actor": "Keanu Reeves"}])
+        first = page.locator("#top [data-model=graft] .entry").first
+        assert first.locator(".p").inner_text() == f"{100 * float(torch.softmax(out.logits[0], -1).max()):.1f}%"
+        assert first.locator(".t").inner_text() == out.top(1)[0][0][0].replace(" ", "␣")
+
+    shown_is_wg_graft(PROMPT)
+    page.locator("#prompt").press("Home")
+    page.locator("#prompt").type("So ")
+    _settle(page, seq)
+    assert page.locator("#rules input.scale").first.input_value() == "2"
+    shown_is_wg_graft("So " + PROMPT)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -204,3 +206,26 @@ def test_a_run_with_scaled_rules_equals_the_per_token_definition(tmp_path, lean)
     held = next(iter(manifest["models"].values()))
     assert {"scaled(sft, -1)", "scaled(sft, 0.5)", "scaled(sft, 2)"} <= set(held)
     assert len({held[r]["weights_sha256"] for r in held}) == len(held)
+
+
+def test_the_scale_preset_runs_and_draws_its_lines(tmp_path):
+    """``{preset: scale}``: scale 0 is PRE's row and scale 1 the position preset's, example by
+    example; the report draws the lines against the scale."""
+    from tiny_world import loader64, tiny_config
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.runner import run_experiment
+    from weightgraft.report import write_report
+
+    schemes = [{"preset": "scale", "scales": [0, 1, 2], "positions": ["FE+LT", "LT"]},
+               {"preset": "position", "only": ["FE+LT", "LT"]}]
+    result = run_experiment(parse_config(tiny_config(tmp_path, "scale", schemes=schemes)), load=loader64, progress=False)
+    rows = result.results.set_index(["scheme", "example_id"])
+    names = set(result.results.scheme)
+    assert {"FE+LT x0", "FE+LT x1", "FE+LT x2", "LT x0", "LT x1", "LT x2"} <= names
+    for scaled, plain in (("FE+LT x0", "PRE"), ("LT x0", "PRE"), ("FE+LT x1", "FE+LT"), ("LT x1", "LT")):
+        a, b = rows.loc[scaled], rows.loc[plain]
+        np.testing.assert_allclose(a["prob"].to_numpy(), b.loc[a.index, "prob"].to_numpy(), rtol=0, atol=1e-12)
+    assert (rows.loc["LT x2", "prob"] - rows.loc["LT x1", "prob"]).abs().max() > 1e-3
+    paths = write_report(result.run_dir)
+    lines = [f for f in paths.figures if "scale_lines" in f.png.name]
+    assert len(lines) == 2 and all(f.png.stat().st_size > 10_000 for f in lines)  # one per template

@@ -42,20 +42,30 @@ def scaled_role(text: str, roles: Sequence[str], where: str) -> ScaledSpec | str
     return spec.donor if spec.scale == 1 else spec.base if spec.scale == 0 else ScaledSpec(spec.donor, spec.scale, spec.base)
 
 
-def scaled_cells(cells: Sequence[Cell], roles: Sequence[str]) -> tuple[list[Cell], dict[str, ScaledSpec]]:
-    """``cells`` with every model that names a scaled role (``scaled_role``) written as that
-    role's text, and those roles by text, in order of first use (after ``roles`` in the map's
-    role order). A model that is neither is left to ``cell_maps``, which names it."""
-    out, scaled = [], {}
-    for k, cell in enumerate(cells):
-        if cell.model in roles or not _SCALED.match(cell.model):
-            out.append(cell)
-            continue
-        role = scaled_role(cell.model, roles, f"cells.{k}")
-        if isinstance(role, ScaledSpec):
-            scaled.setdefault(role.text, role)
-        out.append(cell.model_copy(update={"model": role if isinstance(role, str) else role.text}))
-    return out, scaled
+def is_scaled(text: str) -> bool:
+    """Whether ``text`` is written as a scaled role (``scaled(...)``, well formed or not)."""
+    return _SCALED.match(text) is not None
+
+
+def scaled_cells(cells: Sequence[Cell], roles: Sequence[str], base: str) -> tuple[list[Cell], str, dict[str, ScaledSpec]]:
+    """``cells`` and ``base`` with every model that names a scaled role (``scaled_role``)
+    written as that role's text, and those roles by text, in order of first use (after ``roles``
+    in the map's role order). A model that is neither is left to ``cell_maps``, which names it."""
+    scaled: dict[str, ScaledSpec] = {}
+
+    def named(text: str, where: str) -> str:
+        if text in roles or not is_scaled(text):
+            return text
+        role = scaled_role(text, roles, where)
+        if isinstance(role, str):
+            return role
+        scaled.setdefault(role.text, role)
+        return role.text
+
+    base = named(base, "base")
+    out = [c if c.model in roles else c.model_copy(update={"model": named(c.model, f"cells.{k}")})
+           for k, c in enumerate(cells)]
+    return out, base, scaled
 
 
 def max_cells(n_tokens: int, slot_list: Sequence[Slot]) -> int:

@@ -21,7 +21,7 @@ from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.source_map import SourceMap
 from weightgraft.explore.anchor import anchoring
-from weightgraft.explore.cells import cell_maps, scaled_cells, unit_rows
+from weightgraft.explore.cells import cell_maps, is_scaled, scaled_cells, unit_rows
 from weightgraft.explore.layout import layout
 from weightgraft.explore.passes import BASELINES, Check, Passes, ScaledModels
 from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
@@ -130,10 +130,10 @@ class Explorer:
         toks = self.tokens(request)
         ids = [t["token_id"] for t in toks]
         base = request.base if request.base is not None else "pre"
-        if base not in self.roles:
+        if base not in self.roles and (request.cells is None or not is_scaled(base)):
             raise RequestError(f"base {base!r} is not one of the models ({', '.join(self.roles)})")
-        if request.cells is not None:
-            cells, scaled = scaled_cells(request.cells, self.roles)
+        if request.cells is not None:  # (cells over a scaled role: a map most of whose cells a scaled rule set)
+            cells, base, scaled = scaled_cells(request.cells, self.roles, base)
             maps = cell_maps(cells, len(ids), self.slot_list, [*self.roles, *scaled], base)
         else:
             maps, scaled = self.rule_source(request, base)

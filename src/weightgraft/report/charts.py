@@ -202,3 +202,31 @@ def _labelled(rows: pd.DataFrame, labels: dict[str, dict[str, str]], keys: Seque
     for k in keys:
         out[f"label_{k}"] = [labels[s][k] for s in out["scheme"]]
     return out
+
+
+def scale_line_figure(rows: pd.DataFrame, baselines: pd.DataFrame, title: str) -> Figure:
+    """Scaled grafts: per position set (``label_positions``), the mean answer probability and
+    the mean fact-specific log-probability (with its 95% interval) against ``label_scale``; the
+    baselines (PRE, SFT) dashed."""
+    fig = _figure(11.0, 4.2)
+    axes = fig.subplots(1, 2)
+    panels = (("mean_prob", "p(answer's first token), mean", None),
+              ("mean_fact_logprob", chart_labels()["mean_fact_logprob"] + ", mean ± 95% CI", "fact_logprob"))
+    for ax, (column, label, ci) in zip(axes, panels, strict=True):
+        for j, (pos, sub) in enumerate(rows.groupby("label_positions", sort=False)):
+            sub = sub.assign(x=sub["label_scale"].astype(float)).sort_values("x")
+            ax.plot(sub["x"], sub[column], marker="o", color=f"C{j}", label=display_name(str(pos)))
+            if ci is not None and f"{ci}_lo" in sub:
+                ax.fill_between(sub["x"], sub[f"{ci}_lo"], sub[f"{ci}_hi"], color=f"C{j}", alpha=0.15, lw=0)
+        for k, (name, value) in enumerate(zip(baselines["scheme"], baselines.get(column, []), strict=False)):
+            if math.isfinite(float(value)):
+                ax.axhline(float(value), ls="--", lw=1, color=f"0.{3 + 3 * k}", label=f"{name} (whole model)")
+        ax.axvline(1.0, ls=":", lw=1, color="0.5")
+        ax.set_xlabel("scale (0: the base, 1: the graft)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False,
+                   title=f"n = {_n_range(rows)} examples per point\nno band: interval declined (skewed for its n)",
+                   title_fontsize="x-small")
+    fig.suptitle(title)
+    return fig

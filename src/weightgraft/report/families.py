@@ -19,6 +19,7 @@ from weightgraft.report.charts import (
     accuracy_bar_figure,
     heatmap_figure,
     rank_bar_figure,
+    scale_line_figure,
 )
 from weightgraft.report.run import Run
 from weightgraft.report.tables import format_pct_ci
@@ -228,6 +229,15 @@ def hybrid_bars(ctx: FigureContext, family: str) -> Named:
     return hybrid_figure(ctx.group, ctx.labels, ctx.head, ctx.bar_metrics[0], family)
 
 
+def scale_lines(ctx: FigureContext, family: str) -> Named:
+    """Scaled grafts: each position set's answer probability and fact log-probability against
+    the scale; schemes without position and scale labels get bars."""
+    rows = _labelled(ctx.rows(family), ctx.labels, ("positions", "scale"))
+    if rows.empty:
+        return family_bars(ctx, family)
+    return [(f"{family}_lines", scale_line_figure(rows, ctx.rows(BASELINE), f"{ctx.head}: scaled position grafts, weights base + scale × (donor − base)"))]
+
+
 FigureMaker = Callable[[FigureContext, str], Named]
 # how each kind of family is drawn (its entry in weightgraft.schemes.families names the kind)
 FIGURE_MAKERS: dict[Figures, tuple[FigureMaker, ...]] = {
@@ -238,6 +248,7 @@ FIGURE_MAKERS: dict[Figures, tuple[FigureMaker, ...]] = {
     Figures.LAYER_POSITION_GRID: (layer_window_grids,),
     Figures.HEAD_GRID: (head_grids,),
     Figures.HYBRID_BARS: (hybrid_bars,),
+    Figures.SCALE_LINES: (scale_lines,),
 }
 
 

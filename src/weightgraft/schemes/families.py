@@ -24,6 +24,7 @@ from weightgraft.schemes.paper_presets import (
     layer_dropout_schemes,
     layer_window_schemes,
     position_schemes,
+    scale_schemes,
     unembed_schemes,
 )
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, ProtocolName, get_protocol
@@ -42,6 +43,7 @@ class Figures(Enum):
     LAYER_POSITION_GRID = "layer_position_grid"  # position sets x grafted layers
     HEAD_GRID = "head_grid"  # layer sets x heads, where a sweep covers several layer sets
     HYBRID_BARS = "hybrid_bars"  # a bar per first-entity component set, baselines dashed (Fig. 5)
+    SCALE_LINES = "scale_lines"  # per position set, answer probability and fact log-prob against the scale
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +100,7 @@ FAMILIES: dict[str, Family] = _table(
     Family(name="layer_window", preset="layer_window", build=layer_window_schemes,
            figures=Figures.LAYER_POSITION_GRID),
     Family(name="head", preset="heads", build=head_schemes, figures=Figures.HEAD_GRID),
+    Family(name="scale", preset="scale", build=scale_schemes, figures=Figures.SCALE_LINES),
     Family(name=CUSTOM),
 )
 

@@ -1,5 +1,5 @@
 """The builders of the paper's scheme families (position, component, hybrid, unembedding, layer
-dropout, layer windows, heads): parameters give a list of schemes. A builder leaves its schemes'
+dropout, layer windows, heads) and of ours built on them (scaled position grafts): parameters give a list of schemes. A builder leaves its schemes'
 ``family`` to the registry (``weightgraft.schemes.families``), which names them; only the
 baselines it includes say ``baseline``."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from weightgraft.models.spec import scale_text
 from weightgraft.schemes.scheme import BASELINE, Rule, Scheme, baselines
 from weightgraft.schemes.selectors import SelectorError
 
@@ -50,6 +51,25 @@ def position_schemes(base: str = "pre", donor: str = "sft", spans: bool = False)
             rules=[Rule(model=donor, positions=expr, components="body")],
         )
         for name, expr in sets.items()
+    ]
+
+
+SCALES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+
+
+def scale_schemes(base: str = "pre", donor: str = "sft", positions: Sequence[str] = ("FE+LT", "LT", "FE"),
+                  scales: Sequence[float] = SCALES) -> list[Scheme]:
+    """Scaled position grafts (ours, not the paper's): each position set of Fig. 2 (every slot
+    but the unembedding) served by ``base + scale * (donor - base)`` at each scale, so a
+    figure draws the answer's probability and its fact-specific log-probability against the
+    scale (0 is the base, 1 the paper's graft)."""
+    unknown = [p for p in positions if p not in POSITION_SETS]
+    if unknown:
+        raise ValueError(f"positions {unknown} are not position sets ({', '.join(POSITION_SETS)})")
+    return baselines(base, donor) + [
+        Scheme(name=f"{name} x{scale_text(s)}", base=base, labels={"positions": name, "scale": scale_text(s)},
+               rules=[Rule(model=donor, positions=POSITION_SETS[name], components="body", scale=s)])
+        for name in positions for s in scales
     ]
 
 

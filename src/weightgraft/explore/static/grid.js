@@ -1,6 +1,7 @@
 // The graft map: a position x layer grid per component group plus rows for embedding, final
 // norm and unembedding. Click and drag paint the chosen role into every slot of a cell.
-const COLORS = ["var(--pre)", "var(--sft)", "var(--r2)", "var(--r3)"];
+// (a map's roles: the models, then the scaled roles its rules use)
+const COLORS = ["var(--pre)", "var(--sft)", "var(--r2)", "var(--r3)", "#b07aa1", "#e15759", "#76b7b2", "#9c755f"];
 export const roleColor = (i) => COLORS[i % COLORS.length];
 // a token as the page shows it: leading spaces visible (" T" is not "T"), newlines as ⏎
 export const shownToken = (t) => t.replace(/^ +/, (m) => "␣".repeat(m.length)).replace(/\n/g, "⏎");

@@ -1,5 +1,6 @@
-// The page: holds the graft map (source[position][slot] = role index), sends it to the server on
-// every change, and draws what comes back.
+// The page: holds the graft map (source[position][slot] = role index into state.roles: the models,
+// then the scaled roles the last map used), sends it to the server on every change, and draws
+// what comes back. Applied rules (a scheme's) are sent as rules, each with its scale.
 import { getJSON, postJSON } from "./api.js";
 import { drawGrids, roleColor } from "./grid.js";
 import { drawLocalize, drawRun } from "./panels.js";
@@ -11,7 +12,7 @@ const $ = (id) => document.getElementById(id);
 // this page's name to the server: its strokes still waiting when a newer one comes are dropped
 const PAGE = Math.random().toString(36).slice(2, 12);
 const state = {
-  info: null, tokens: [], source: [], base: 0, paint: 1, rules: null, seq: 0, grids: null,
+  info: null, roles: [], tokens: [], source: [], base: 0, paint: 1, rules: null, seq: 0, grids: null,
   heat: null, heatColumn: null, activeScheme: null, prompt: "", protocolBefore: null,
   units: {}, applied: null,  // heads / neurons grafted apart from their cell (units.js); the set applied
 };
@@ -32,7 +33,7 @@ function request() {
 }
 
 function cells() {
-  return mapCells(state.source, state.units, state.info.slots, state.info.roles, state.base);
+  return mapCells(state.source, state.units, state.info.slots, state.roles, state.base);
 }
 
 async function graft() {
@@ -48,8 +49,9 @@ async function graft() {
     if (seq !== state.seq) return;  // a newer change is on its way
     showError("");
     state.source = res.map.source;
+    if (res.map.roles.join("\n") !== state.roles.join("\n")) { state.roles = res.map.roles; drawLegend(); }
     state.units = readUnits(res.map.units, state.info.slots);
-    state.base = state.info.roles.indexOf(res.map.base);
+    state.base = state.roles.indexOf(res.map.base);
     state.grids.update(state.source);
     drawTop($("top"), res.top, res.answer);
     drawAnswer($("answer-box"), res.answer);
@@ -106,7 +108,7 @@ function reportAnchor(anchor, old, oldUnits) {
 const handlers = {
   paintRole: () => state.paint,
   baseRole: () => (state.paint !== state.base ? state.base : state.paint === 0 ? 1 : 0),
-  roleName: (i) => state.info.roles[i],
+  roleName: (i) => state.roles[i],
   slotName: (s) => state.info.slots[s],
   mapBase: () => state.base,
   unitsAt: (s, t) => unitsAt(state.units, s, t),
@@ -116,7 +118,7 @@ const handlers = {
     slots.forEach((s) => { state.source[t][s] = role; });
     clearUnits(state.units, slots, t);
     state.applied = null;
-    state.rules = null;
+    setRules(null);
     markScheme(null);
     state.grids.update(state.source);
   },
@@ -134,8 +136,46 @@ function markScheme(button) {
   document.querySelectorAll("button.scheme").forEach((b) => b.classList.toggle("on", b === button));
 }
 
+// the rules sent (copies: a rule's scale is set on the page's own) and their scale inputs
+function setRules(rules) {
+  state.rules = rules && rules.map((r) => ({ ...r }));
+  drawRules();
+}
+
+const graftSoon = debounce(graft, 250);
+const ruleText = (r) => `${r.model}: ${r.positions || "all"} · ${r.components || "body"} · layers ${r.layers || "all"}` +
+  (r.heads ? ` · heads ${r.heads}` : "");
+
+// one numeric input per applied rule: its cells hold base + scale × (model − base)
+function drawRules() {
+  const root = $("rules");
+  const rules = state.rules || [];
+  root.hidden = !rules.length;
+  root.replaceChildren();
+  if (!rules.length) return;
+  const caption = document.createElement("span");
+  caption.className = "caption"; caption.textContent = "rules, scale ×";
+  caption.title = "a rule's cells hold base + scale × (model − base): 0 the base, 1 the graft, 2 doubles the finetune's change, -1 reverses it";
+  root.appendChild(caption);
+  rules.forEach((rule, i) => {
+    const label = document.createElement("label");
+    label.className = "rule";
+    const input = document.createElement("input");
+    input.type = "number"; input.step = "0.5"; input.className = "scale"; input.value = String(rule.scale ?? 1);
+    input.title = `scale of rule ${i + 1} (1: the plain graft)`;
+    input.addEventListener("input", () => {
+      const v = input.value.trim() === "" ? NaN : Number(input.value);
+      if (!Number.isFinite(v)) { showError(`rule ${i + 1}: the scale must be a number`); return; }
+      if (v === 1) delete rule.scale; else rule.scale = v;
+      graftSoon();
+    });
+    label.append(ruleText(rule), input);
+    root.appendChild(label);
+  });
+}
+
 function applyScheme(scheme, button) {
-  state.rules = scheme.rules;
+  setRules(scheme.rules);
   state.applied = null;
   state.base = state.info.roles.indexOf(scheme.base);
   if (state.base < 0) { showError(`scheme ${scheme.name} uses base ${scheme.base}, which is not loaded`); return; }
@@ -171,7 +211,7 @@ function drawSchemes() {
 function drawLegend() {
   const root = $("legend");
   root.replaceChildren("cells:");
-  state.info.roles.forEach((role, i) => {
+  state.roles.forEach((role, i) => {
     const item = document.createElement("span");
     const sw = document.createElement("span"); sw.className = "swatch"; sw.style.background = roleColor(i);
     item.append(sw, `from ${role}`);
@@ -241,7 +281,7 @@ const page = {
     const wanted = protocol || "paper";
     if (wanted !== $("protocol").value && state.protocolBefore === null) state.protocolBefore = $("protocol").value;
     $("protocol").value = wanted;
-    state.rules = scheme.rules;
+    setRules(scheme.rules);
     state.applied = null;
     state.base = Math.max(0, state.info.roles.indexOf(scheme.base));
     markScheme(null);
@@ -262,7 +302,7 @@ const page = {
       if (ts.map((t) => applyKey(state, slot, t, role)).some(Boolean)) found++;
     }
     state.applied = name;
-    state.rules = null;
+    setRules(null);
     markScheme(null);
     state.grids.update(state.source);
     graft().then(() => { if (found < keyed.length) showError(`${keyed.length - found} of ${keyed.length} cells have no position labelled so on this prompt (mark its spans as the localize run did)`); });
@@ -273,7 +313,7 @@ const page = {
 // cells), and how many heads and neurons are grafted apart from their cells
 function drawGraftLine() {
   const units = unitSummary(state.units, state.base);
-  const byUnit = units ? `by unit: ${units} from another model than ${state.info.roles[state.base]}` : "";
+  const byUnit = units ? `by unit: ${units} from another model than ${state.roles[state.base]}` : "";
   $("graft-line").textContent = state.applied
     ? `set ${state.applied}, applied ${byUnit || "as whole cells"}`
     : byUnit && `grafted ${byUnit}`;
@@ -293,6 +333,7 @@ function debounce(fn, ms) { let t; return () => { clearTimeout(t); t = setTimeou
 
 async function init() {
   try { state.info = await getJSON("/api/info"); } catch (e) { showError(e.message); return; }
+  state.roles = state.info.roles;
   $("models").textContent = `models: ${state.info.roles.join(", ")}; ${state.info.layout.n_layers} layers, ${state.info.slots.length} slots per position`;
   $("prompt").maxLength = state.info.limits.max_prompt_chars;
   $("k").max = state.info.limits.max_k;
@@ -307,7 +348,7 @@ async function init() {
     const scheme = state.info.schemes.component[$("direction").value].find((s) => s.name === name);
     if (scheme) applyScheme(scheme);
   };
-  $("reset").onclick = () => { state.rules = []; state.applied = null; markScheme(null); graft(); };
+  $("reset").onclick = () => { setRules([]); state.applied = null; markScheme(null); graft(); };
   const later = debounce(refresh, 250);
   openOn(state.info.opening);
   state.prompt = $("prompt").value;
