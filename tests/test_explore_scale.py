@@ -171,7 +171,7 @@ def test_the_page_resends_a_scaled_map_by_its_role_names(explorer, tiny_tok, pos
     from weightgraft.explore.requests import GraftRequest
 
     first = explorer.graft(GraftRequest(prompt=PROMPT, k=3, rules=[
-        {"model": "sft", "positions": positions, "components": "body+unembed", "scale": 2}]))
+        {"model": "sft", "positions": positions, "components": "body", "scale": 2}]))
     script = (f"import {{ mapCells }} from {json.dumps((STATIC / 'units.js').as_uri())};"
               "let s = ''; process.stdin.on('data', (d) => { s += d; }); process.stdin.on('end', () => {"
               "const x = JSON.parse(s);"
