@@ -471,3 +471,56 @@ def test_validation_loss_does_not_depend_on_the_training_seed(
                              **{**FAST, "batch_size": 5}).eval_loss_before
               for seed in (0, 1, 2)}
     assert before[0] == before[1] == before[2], before
+
+
+# ---------------------------------------------------------------- snapshots along a finetune
+
+
+def _with_test_prompts(data_dir: Path, tmp_path: Path) -> Path:
+    """The module's data plus a2b and b2a test prompts (QA template) of every relation."""
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(data_dir, root)
+    rows = []
+    for i, (a, b) in enumerate(ACTORS):
+        for direction, (x, y) in (("a2b", (a, b)), ("b2a", (b, a))):
+            prompt = f"Q: Who stars in a movie with {x}? A: An actor named"
+            rows.append({"id": f"r{i:04d}/qa/{direction}", "relation_id": f"r{i:04d}", "template": "qa",
+                         "direction": direction, "prompt": prompt, "answer": y, "answer_field": "second_actor",
+                         "spans": {"first_actor": [prompt.index(x), prompt.index(x) + len(x)]},
+                         "group": "relation" if i < 4 else "task"})
+    _write_jsonl(root / "test_prompts.jsonl", rows)
+    return root
+
+
+def test_save_every_keeps_each_step_as_a_model_with_its_top5(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
+    from weightgraft.data.prompts import answer_token_ids
+    from weightgraft.training.trajectory import read_trajectory, snapshot_dir
+
+    data = _with_test_prompts(data_dir, tmp_path)
+    settings = dict(split="a2b", preset="cpu-quick", **FAST)
+    run = finetune(base_dir, data, out=tmp_path / "traj", max_steps=5, save_every=2, **settings)
+    snaps = read_trajectory(run.out_dir)
+    assert [s.step for s in snaps] == [1, 2, 4, 5]
+    assert all(s.n_prompts == len(ACTORS) for s in snaps)  # the a2b prompts: what the split trains
+    assert all(s.train_loss is None or s.train_loss > 0 for s in snaps)
+    # step 4's snapshot is the model a 4-step finetune of the same seed ends with
+    four = finetune(base_dir, data, out=tmp_path / "four", max_steps=4, **settings)
+    a, b = _state(snapshot_dir(run.out_dir, 4)), _state(four.out_dir)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+    # each snapshot's top-5 is its own, recomputed from the folder
+    for snap in snaps:
+        loaded = load_model(run.out_dir / snap.folder)
+        hits = []
+        for i, (a_, b_) in enumerate(ACTORS):
+            ids = loaded.tokenizer(f"Q: Who stars in a movie with {a_}? A: An actor named")["input_ids"]
+            logits = loaded.model(torch.tensor([ids])).logits[0, -1]
+            hits.append(int(answer_token_ids(loaded.tokenizer, b_)[0]) in logits.topk(5).indices.tolist())
+        assert snap.top5 == pytest.approx(sum(hits) / len(hits))
+    assert json.loads((run.out_dir / "training_run.json").read_text())["save_every"] == 2  # a resume must match it
+    with pytest.raises(TrainingError, match="no trajectory"):
+        read_trajectory(four.out_dir)
+    with pytest.raises(TrainingError, match="save-every"):
+        finetune(base_dir, data, out=tmp_path / "bad", max_steps=2, save_every=0, **settings)

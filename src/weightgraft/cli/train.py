@@ -84,6 +84,11 @@ def train(
     keep_checkpoints: bool = typer.Option(
         False, "--keep-checkpoints", help="Keep OUT/checkpoints after training."
     ),
+    save_every: Optional[int] = typer.Option(
+        None, "--save-every", min=1,
+        help="Keep the model after step 1 and every N steps in OUT/trajectory/ (with each one's "
+        "top-5 on the trained direction in OUT/trajectory.json): checkpoint donors for a trajectory sweep.",
+    ),
     allow_pickle: bool = typer.Option(
         False, "--allow-pickle", help="Allow a pickle (.bin) base checkpoint (runs code on load)."
     ),
@@ -132,6 +137,7 @@ def train(
             templates=[t.strip() for t in templates.split(",") if t.strip()] if templates else None,
             lora=adapter,
             quantization=quantization,
+            save_every=save_every,
         )
     except WeightgraftError as exc:  # a training setting, a model, a spec or a scheme it cannot use
         _err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)

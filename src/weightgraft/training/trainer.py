@@ -149,6 +149,7 @@ def finetune(
     lora: LoraSettings | None = None,
     quantization: str | None = None,
     device: str | None = None,
+    save_every: int | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Finetune a causal LM on one split of a relation dataset with the HF Trainer.
@@ -176,6 +177,8 @@ def finetune(
             adapter directory, a donor as ``peft(pre, out)``.
         quantization: QLoRA: the base loaded quantized (``nf4`` ...), ``lora`` trained over it.
         device: ``cpu``, ``cuda`` (the first visible card) or ``mps``; None: CUDA where visible.
+        save_every: keep the model after step 1 and every N steps in ``out/trajectory/``, with
+            ``out/trajectory.json`` (weightgraft.training.trajectory): a sweep's checkpoint donors.
         **overrides: preset fields to override, e.g. ``learning_rate=5e-5, epochs=2``.
     """
     from transformers import TrainingArguments, set_seed
@@ -195,6 +198,9 @@ def finetune(
         settings = get_preset(preset, **overrides)
     if max_steps is not None and max_steps < 1:
         raise TrainingError("max_steps must be at least 1")
+    if save_every is not None and (save_every < 1 or lora is not None):
+        raise TrainingError(f"--save-every {save_every}: " + ("snapshots are whole models; a LoRA finetune's would be "
+                            "adapters (not supported)" if lora is not None else "give N >= 1 steps"))
     device = training_device(device)  # "cpu", "cuda" or "mps"
     if quantization is not None and (lora is None or isinstance(model_spec, LoadedModel)):
         raise TrainingError(f"--quantization {quantization} trains a LoRA adapter over the base loaded quantized (QLoRA): "
@@ -236,6 +242,7 @@ def finetune(
         "templates": templates,  # None, as in runs saved before the option: every template
         **({"lora": lora.model_dump()} if lora is not None else {}),
         **({"quantization": quantization} if quantization is not None else {}),
+        **({"save_every": save_every} if save_every is not None else {}),
     }
     if resume and (out_dir / MANIFEST_NAME).is_file():
         _compare_run_config(out_dir, run_config, "the finished run")
@@ -317,6 +324,10 @@ def finetune(
         remove_unused_columns=False,
         prediction_loss_only=True,  # never gather [batch, tokens, vocab] logits
     )
+    if save_every is not None:
+        from weightgraft.training.trajectory import SnapshotCallback
+
+        callbacks = [*(callbacks or []), SnapshotCallback(out_dir, save_every, tokenizer, data_root, split)]
     trainer = _trainer_class()(
         model=model,
         args=args,
