@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -60,13 +61,25 @@ def settings(base: Path, out: Path, **extra) -> PaperSettings:
 
 @pytest.fixture(scope="module")
 def full_run(base_model, tmp_path_factory):
+    from rich.console import Console
+
     out = tmp_path_factory.mktemp("paper_full")
-    run = run_paper(settings(base_model, out))
+    console = Console(record=True, width=240, file=open(os.devnull, "w"))  # noqa: SIM115 - the fixture's lifetime
+    run = run_paper(settings(base_model, out), console)
+    (out / "console.txt").write_text(console.export_text())
     return run, out
 
 
 def _stage_dirs(out: Path, kind: str) -> list[Path]:
     return sorted(p for p in (out / f"{kind}s").iterdir() if p.is_dir())
+
+
+def test_each_precondition_is_printed_as_it_is_checked(full_run):
+    _, out = full_run
+    text = (out / "console.txt").read_text()
+    for name in ("a2b", "both", "task", "relation", "control"):
+        line = next(x for x in text.splitlines() if x.startswith(f"{name}: ") and "precondition" in x)
+        assert "top-5" in line and line.endswith(("precondition met", "precondition NOT met")), line
 
 
 def test_every_stage_runs_and_the_report_has_a_paper_row_for_every_figure_it_ran(full_run):

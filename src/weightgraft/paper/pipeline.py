@@ -185,8 +185,10 @@ def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, An
     result = run_experiment(parse_config({**raw, "out": str(stage.folder / "check")}), progress=settings.progress)
     checks = [{"template": str(r.template), "direction": str(r.direction), "top5": float(r.top5), "n": int(r.n)}
               for r in result.summary.itertuples()]
-    return stage.finish({"model": "model", "checks": checks, "train_seconds": round(trained, 1)},
-                        time.time() - started), False
+    record = stage.finish({"model": "model", "checks": checks, "train_seconds": round(trained, 1)}, time.time() - started)
+    ok, line = precondition(settings, finetune, record)
+    console.print(f"{line}: precondition {'met' if ok else 'NOT met'}", highlight=False)
+    return record, False
 
 
 def sweep_stage(settings: PaperSettings, sweep: Sweep, data: dict[str, Any],
