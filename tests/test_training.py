@@ -514,7 +514,7 @@ def test_save_every_keeps_each_step_as_a_model_with_its_top5(data_dir: Path, bas
     for snap in snaps:
         loaded = load_model(run.out_dir / snap.folder)
         hits = []
-        for i, (a_, b_) in enumerate(ACTORS):
+        for a_, b_ in ACTORS:
             ids = loaded.tokenizer(f"Q: Who stars in a movie with {a_}? A: An actor named")["input_ids"]
             logits = loaded.model(torch.tensor([ids])).logits[0, -1]
             hits.append(int(answer_token_ids(loaded.tokenizer, b_)[0]) in logits.topk(5).indices.tolist())
