@@ -524,3 +524,46 @@ def test_save_every_keeps_each_step_as_a_model_with_its_top5(data_dir: Path, bas
         read_trajectory(four.out_dir)
     with pytest.raises(TrainingError, match="save-every"):
         finetune(base_dir, data, out=tmp_path / "bad", max_steps=2, save_every=0, **settings)
+
+
+def test_a_trajectory_sweep_grafts_each_snapshot_as_its_own_model_set(data_dir: Path, base_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    """``trajectory: {role: sft}``: one model set per snapshot, each equal to a run with that
+    snapshot's folder as ``sft``; a stopped trajectory resumes; another base is refused before
+    loading; the report draws the steps."""
+    import pandas as pd
+
+    from weightgraft.experiments.config import ConfigError, parse_config
+    from weightgraft.experiments.runner import run_experiment
+    from weightgraft.report import write_report
+
+    data = _with_test_prompts(data_dir, tmp_path)
+    run = finetune(base_dir, data, out=tmp_path / "traj", split="a2b", preset="cpu-quick", max_steps=4, save_every=2,
+                   **FAST)
+    raw = {"name": "traj", "data": str(data), "models": {"pre": str(base_dir), "sft": str(run.out_dir)},
+           "schemes": [{"preset": "position", "only": ["PRE", "SFT", "FE+LT", "LT"]}], "templates": ["qa"],
+           "directions": ["a2b"], "trajectory": {"role": "sft", "steps": [1, 2]}, "out": str(tmp_path / "sweep")}
+    first = run_experiment(parse_config(raw), progress=False)
+    assert sorted(set(first.results.model_set)) == ["step-000001", "step-000002"]
+    whole = run_experiment(parse_config({**raw, "trajectory": {"role": "sft"}}), progress=False)  # resumes
+    assert whole.computed == len(ACTORS) * 4  # step 4, the one set not run yet: only its rows are computed
+    assert sorted(set(whole.results.model_set)) == ["step-000001", "step-000002", "step-000004"]
+    cols = ["scheme", "example_id", "rank", "top5"]
+    for step in (2, 4):
+        alone = run_experiment(parse_config({**raw, "trajectory": None, "out": str(tmp_path / f"alone{step}"),
+                                             "models": {"pre": str(base_dir),
+                                                        "sft": str(run.out_dir / f"trajectory/step-{step:06d}")}}),
+                               progress=False).results
+        mine = whole.results[whole.results.model_set == f"step-{step:06d}"]
+        pd.testing.assert_frame_equal(mine[cols].reset_index(drop=True), alone[cols].reset_index(drop=True))
+        assert abs(mine["prob"].to_numpy() - alone["prob"].to_numpy()).max() < 1e-6
+    paths = write_report(whole.run_dir)
+    assert [f for f in paths.figures if f.png.name.startswith("trajectory__qa")]
+    other = tmp_path / "other-base"
+    other.mkdir()
+    for f in base_dir.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(ConfigError, match="finetuned from"):
+        parse_config({**raw, "models": {"pre": str(other), "sft": str(run.out_dir)}})
+    with pytest.raises(ConfigError, match="were not saved"):
+        parse_config({**raw, "trajectory": {"role": "sft", "steps": [3]}})

@@ -64,6 +64,17 @@ class GenerateSpec(BaseModel):
     schemes: list[str] | None = None
 
 
+class TrajectorySpec(BaseModel):
+    """``trajectory: {role: sft}``: the sweep runs once per snapshot that ``models.ROLE``'s
+    finetune kept (``weightgraft train --save-every N``), each as the model set ``step-NNNNNN``
+    with ``ROLE`` served by that snapshot; ``steps`` keeps only those steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: str = "sft"
+    steps: list[int] | None = None
+
+
 class ExperimentConfig(BaseModel):
     """One sweep: a dataset's test prompts x schemes x model sets."""
 
@@ -102,20 +113,31 @@ class ExperimentConfig(BaseModel):
     # paired differences between two schemes on the same examples (summary_pairs.csv)
     pairs: list[SchemePair] = Field(default_factory=list)
     generate: GenerateSpec | None = None  # grafted continuations (continuations.csv)
+    trajectory: TrajectorySpec | None = None  # one model set per snapshot of a finetune
 
     _specs: dict[str, dict[str, ModelSpec]] = PrivateAttr(default_factory=dict)
+    _steps: dict[str, tuple[int, str]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _one_kind_of_models(self) -> ExperimentConfig:
         if (self.models is None) == (self.model_sets is None):
             raise ValueError("give exactly one of 'models' (role -> spec) or 'model_sets'")
+        if self.trajectory is not None:
+            self._steps = _snapshot_sets(self.models, self.trajectory)
         self._specs = {name: {role: parse_spec(text) for role, text in roles.items()}
                        for name, roles in self.sets().items()}  # each text checked by SpecText
         return self
 
     def sets(self) -> dict[str, dict[str, str]]:
-        """Model set -> role -> the spec as written (what manifests and identities record)."""
+        """Model set -> role -> the spec as written (what manifests and identities record); with
+        ``trajectory``, one set per snapshot."""
+        if self.trajectory is not None:
+            return {name: {**(self.models or {}), self.trajectory.role: folder} for name, (_, folder) in self._steps.items()}
         return self.model_sets if self.model_sets is not None else {"default": dict(self.models or {})}
+
+    def set_steps(self) -> dict[str, int]:
+        """Model set -> the training step of its snapshot (empty without ``trajectory``)."""
+        return {name: step for name, (step, _) in self._steps.items()}
 
     def spec_sets(self) -> dict[str, dict[str, ModelSpec]]:
         """Model set -> role -> typed spec, parsed once when the config was validated, with the
@@ -164,6 +186,10 @@ class ExperimentConfig(BaseModel):
             "schemes", "templates", "directions", "groups", "limit", "name"})
         if data["tokenizer"] is None:  # runs made before the key keep their identity
             del data["tokenizer"]
+        if data["trajectory"] is None:
+            del data["trajectory"]
+        else:  # which snapshots run selects rows, as templates do
+            data["trajectory"] = {"role": data["trajectory"]["role"]}
         return json_digest(data)
 
     def identity(self) -> str:
@@ -174,7 +200,52 @@ class ExperimentConfig(BaseModel):
             del data["protocol"]
         if data["tokenizer"] is None:
             del data["tokenizer"]
+        if data["trajectory"] is None:
+            del data["trajectory"]
         return json_digest(data)
+
+
+def _snapshot_sets(models: dict[str, str] | None, trajectory: TrajectorySpec) -> dict[str, tuple[int, str]]:
+    """``step-NNNNNN`` -> (step, snapshot folder) of the finetune ``models[role]`` names."""
+    from weightgraft.models.spec import FolderSpec
+    from weightgraft.training.trajectory import read_trajectory
+
+    if models is None or trajectory.role not in models:
+        raise ValueError(f"trajectory.role {trajectory.role!r} must be a role of 'models' (not model_sets)")
+    spec = parse_spec(models[trajectory.role])
+    if not isinstance(spec, FolderSpec):
+        raise ValueError(f"trajectory: models.{trajectory.role} must be a finetune's folder, got {spec.text!r}")
+    try:
+        snaps = read_trajectory(spec.path)
+    except ValueError as exc:
+        raise ValueError(f"trajectory: {exc}") from None
+    missing = sorted(set(trajectory.steps or []) - {s.step for s in snaps})
+    if missing:
+        raise ValueError(f"trajectory.steps {missing} were not saved (saved: {[s.step for s in snaps]})")
+    root = Path(spec.path).expanduser()
+    _same_base(models, root)
+    return {f"step-{s.step:06d}": (s.step, str(root / s.folder)) for s in snaps
+            if trajectory.steps is None or s.step in trajectory.steps}
+
+
+def _same_base(models: dict[str, str], root: Path) -> None:
+    """The snapshots were trained from ``models.pre`` (the finetune's recorded base spec, read
+    as a path where it is one), or the run is refused before anything loads."""
+    import json
+
+    recorded = json.loads((root / "training_run.json").read_text(encoding="utf-8")).get("base_model") if (
+        root / "training_run.json").is_file() else None
+    pre = models.get("pre")
+    if recorded is None or pre is None:
+        return
+
+    def same(a: str, b: str) -> bool:
+        pa, pb = Path(a).expanduser(), Path(b).expanduser()
+        return pa.resolve() == pb.resolve() if pa.exists() and pb.exists() else a.strip().lower() == b.strip().lower()
+
+    if not same(str(recorded), pre):
+        raise ValueError(f"trajectory: {root} was finetuned from {recorded!r}, not from models.pre {pre!r}: "
+                         "its snapshots would be grafted into another base")
 
 
 def _config_path(path: tuple[Any, ...]) -> str:

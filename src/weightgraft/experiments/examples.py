@@ -85,11 +85,13 @@ class Exclusions:
 
 def prepare(
     prompts: Sequence[TestPrompt], tokenizer: Any, compiled: Sequence[CompiledScheme],
-    model_set: str, exclusions: Exclusions,
+    model_set: str, exclusions: Exclusions, world: Sequence[TestPrompt] | None = None,
 ) -> list[Prepared]:
     """Tokenize each prompt, locate spans, build every scheme's source. A scheme whose span
     the prompt's template never has is skipped for that template; an example any other scheme
-    cannot place is excluded from all of them."""
+    cannot place is excluded from all of them. ``world``: every prompt of the dataset, whose
+    answers (same template and answer field) are each prompt's ``other_answers``, so a row does
+    not depend on which prompts a run selects (default: ``prompts``)."""
     if not getattr(tokenizer, "is_fast", False):
         raise DatasetError("span location needs a fast tokenizer (offset mapping); this one is slow")
     template_spans = spans_by_template(prompts)
@@ -116,8 +118,10 @@ def prepare(
         heads = {name: h for name, (_, h) in both.items() if h}
         out.append(Prepared(p, list(enc["input_ids"]), list(answer_ids), sources, heads))
     firsts: dict[tuple[str, str | None], dict[int, None]] = {}
-    for ex in out:
-        firsts.setdefault((ex.prompt.template, ex.prompt.answer_field), {})[ex.answer_ids[0]] = None
+    for p in world if world is not None else prompts:
+        ids = answer_token_ids(tokenizer, p.answer)
+        if ids:
+            firsts.setdefault((p.template, p.answer_field), {})[ids[0]] = None
     for ex in out:
         ex.other_answers = tuple(t for t in firsts[(ex.prompt.template, ex.prompt.answer_field)] if t != ex.answer_ids[0])
     return out

@@ -94,7 +94,8 @@ def run_experiment(
     scheme_meta = {s.name: {"family": s.family, "labels": json.dumps(s.labels, sort_keys=True)} for s in schemes}
     run_dir = Path(config.out or Path("runs") / config.name)
     _check_device(config.device)
-    prompts = select_prompts(load_prompts(config.data), config)  # fail before claiming run_dir
+    every_prompt = load_prompts(config.data)
+    prompts = select_prompts(every_prompt, config)  # fail before claiming run_dir
     _check_names(config, schemes, prompts)
     for set_name, roles_spec in config.spec_sets().items():
         check_lowrank_roles(roles_spec, f"model set {set_name!r}")
@@ -133,7 +134,7 @@ def run_experiment(
         base = baselines(schemes, used[0])
         names = slots(first.model)
         compiled = compile_for(schemes, first.model, used, config.protocol)
-        prepared = prepare(prompts, first.tokenizer, compiled, set_name, exclusions)
+        prepared = prepare(prompts, first.tokenizer, compiled, set_name, exclusions, world=every_prompt)
         served = served_slots(prepared, names)
         loaded = {used[0]: first}
         for role in used[1:]:
@@ -323,7 +324,7 @@ def _finish(run_dir, config, schemes, *, store, order, exclusions, model_info, c
         "name": config.name, "identity": config.identity(), "protocol": config.protocol,
         "config": config.model_dump(mode="json"),
         "schemes": [s.model_dump(mode="json") for s in schemes], "versions": _versions(),
-        "models": model_info, "device": config.device, "dtype": config.dtype, "seed": config.seed,
+        "models": model_info, "model_set_steps": config.set_steps(), "device": config.device, "dtype": config.dtype, "seed": config.seed,
         "exclusions": exclusion_summary, "n_rows": len(results),
         "n_partial_target": int(results["target_partial"].sum()) if "target_partial" in results else 0, "computed_this_run": computed,
         "n_weak_first_token": int(results["weak_first_token"].sum()) if "weak_first_token" in results else 0,

@@ -230,3 +230,28 @@ def scale_line_figure(rows: pd.DataFrame, baselines: pd.DataFrame, title: str) -
                    title_fontsize="x-small")
     fig.suptitle(title)
     return fig
+
+
+def trajectory_figure(rows: pd.DataFrame, title: str) -> Figure:
+    """Grafts of a finetune's snapshots: per scheme, top-5 accuracy (%) and the mean
+    fact-specific log-probability, each with its 95% interval, against the training step
+    (``rows["step"]``)."""
+    fig = _figure(11.0, 4.2)
+    axes = fig.subplots(1, 2)
+    panels = (("top5", 100.0, "top-5 accuracy (%) ± 95% CI"),
+              ("mean_fact_logprob", 1.0, chart_labels()["mean_fact_logprob"] + ", mean ± 95% CI"))
+    for ax, (column, unit, label) in zip(axes, panels, strict=True):
+        ci = "fact_logprob" if column == "mean_fact_logprob" else column
+        for j, (scheme, sub) in enumerate(rows.groupby("scheme", sort=False)):
+            sub = sub.sort_values("step")
+            ax.plot(sub["step"], unit * sub[column], marker="o", ms=3, color=f"C{j % 10}", label=display_name(str(scheme)))
+            if f"{ci}_lo" in sub:
+                ax.fill_between(sub["step"], unit * sub[f"{ci}_lo"], unit * sub[f"{ci}_hi"], color=f"C{j % 10}",
+                                alpha=0.12, lw=0)
+        ax.set_xlabel("training step of the snapshot")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False,
+                   title=f"n = {_n_range(rows)} examples per point", title_fontsize="x-small")
+    fig.suptitle(title)
+    return fig

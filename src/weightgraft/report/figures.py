@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from weightgraft import atomic
 from weightgraft.engine.metric_table import chart_labels, figure_defaults
+from weightgraft.report.charts import trajectory_figure
 from weightgraft.report.families import group_figures
 from weightgraft.report.run import ReportError, ReportFigure, Run, _groups
 
@@ -62,4 +63,18 @@ def write_figures(run: Run, fig_dir: Path, heatmap_metrics: Sequence[str] | None
             used.add(stem)
             png, svg = save_figure(fig, fig_dir / stem)
             written.append(ReportFigure(_caption(fig), ms, tpl, png, svg))
-    return written
+    return written + _trajectory_figures(run, fig_dir)
+
+
+def _trajectory_figures(run: Run, fig_dir: Path) -> list[ReportFigure]:
+    """A finetune's snapshots as model sets (``trajectory:``): per template and direction, each
+    scheme's top-5 and fact log-probability against the step."""
+    steps: dict[str, int] = run.manifest.get("model_set_steps") or {}
+    rows = run.summary[run.summary["model_set"].isin(list(steps))]
+    out = []
+    for (tpl, direction), sub in rows.groupby(["template", "direction"], sort=False):
+        sub = sub.assign(step=sub["model_set"].map(steps))
+        title = f"{tpl} · {direction}: grafts of each snapshot of the finetune, by training step"
+        png, svg = save_figure(trajectory_figure(sub, title), fig_dir / _slug(f"trajectory__{tpl}__{direction}"))
+        out.append(ReportFigure(title, "trajectory", str(tpl), png, svg))
+    return out

@@ -50,20 +50,8 @@ from weightgraft.training.device import training_device
 from weightgraft.training.errors import TrainingError
 from weightgraft.models.spec import quantized
 from weightgraft.training.lora import LoraSettings, parameter_counts, wrap_lora
-from weightgraft.training.outputs import (
-    CHECKPOINTS,
-    EVAL_BEFORE_NAME,
-    LOG_NAME,
-    MANIFEST_NAME,
-    RUN_CONFIG_NAME,
-    TrainResult,
-    _check_out_dir,
-    _compare_run_config,
-    _is_main_process,
-    _say,
-    _sha256_file,
-    _version,
-)
+from weightgraft.training.outputs import (CHECKPOINTS, EVAL_BEFORE_NAME, LOG_NAME, MANIFEST_NAME, RUN_CONFIG_NAME, TrainResult,
+                                          _check_out_dir, _compare_run_config, _is_main_process, _say, _sha256_file, _version)
 from weightgraft.training.presets import TrainPreset, get_preset
 from weightgraft.training.text_loss import loss_by_template, token_mean_loss, unlearned_templates
 from weightgraft.training.texts import (
