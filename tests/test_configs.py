@@ -38,7 +38,7 @@ def test_config_validates_and_compiles(path, model_type):
     model = T.AutoModelForCausalLM.from_config(deep)
     names = wg.slots(model)
     slot_heads = {s.name: s.heads for s in model_slots(model) if s.heads}
-    (roles,) = config.sets().values()
+    (roles,) = config.spec_sets().values()  # with the scaled roles scaled rules name
     index = {r: i for i, r in enumerate(roles)}
     for scheme in schemes:
         compile_scheme(scheme, names, index, slot_heads, protocol=config.protocol,
