@@ -625,3 +625,33 @@ def test_seeds_are_planned_k_times_and_the_cli_takes_seeds_margin_and_paper_mode
     assert CliRunner().invoke(app, ["--model", str(base_model), "--seeds", "0"]).exit_code == 2
     helps = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).output
     assert "--seeds" in helps and "--margin" in helps and "--paper-model" in helps and "control finetune" in helps
+
+
+def test_the_trajectory_option_grafts_each_snapshot_of_the_a2b_finetune(full_run, base_model, tmp_path):
+    """``--trajectory 1``: the a2b finetune keeps steps 1 and 2 (max_steps 2); the trajectory
+    sweep runs one model set per snapshot, its step-2 rows equal a sweep of the snapshot's folder
+    as ``sft``; the report has the section (marked ours) and its chart; the other stages' keys
+    are those of a run without it, except the a2b finetune's."""
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.experiments.runner import run_experiment
+    from weightgraft.paper.trajectory import trajectory_stage
+
+    run = run_paper(settings(base_model, tmp_path / "traj", sweeps=("position",), claims=False, trajectory=1))
+    rows = run.trajectory["outputs"]["rows"]
+    assert sorted({r["step"] for r in rows}) == [1, 2]
+    text = (tmp_path / "traj" / "paper.md").read_text()
+    assert "When the pathway forms (ours, not the paper's" in text and (tmp_path / "traj" / "paper-trajectory.png").is_file()
+    plain, _ = full_run
+    assert run.finetunes["a2b"]["key"] != plain.finetunes["a2b"]["key"]  # trained with snapshots
+    assert run.data["key"] == plain.data["key"]
+    _, raw = trajectory_stage(run.settings, run.data, run.finetunes["a2b"])
+    snapshot = str(Path(raw["models"]["sft"]) / "trajectory" / "step-000002")
+    alone = run_experiment(parse_config({**raw, "trajectory": None, "models": {**raw["models"], "sft": snapshot},
+                                         "out": str(tmp_path / "alone")}), progress=False).summary
+    mine = {(r["template"], r["scheme"]): r["top5"] for r in rows if r["step"] == 2}
+    for r in alone.itertuples():
+        assert abs(mine[(r.template, r.scheme)] - r.top5) < 1e-12
+    from weightgraft.paper.plan import plan_paper
+
+    planned = [s for s in plan_paper(run.settings) if s.what.startswith("trajectory")]
+    assert len(planned) == 1 and "from 2 snapshots" in planned[0].what and planned[0].done

@@ -54,6 +54,10 @@ def paper(
                                               "numbers are tested for equivalence; default: read off the model "
                                               "spec's last path part, and any other model is compared in shape "
                                               "only."),
+    trajectory: Optional[int] = typer.Option(None, "--trajectory", min=1, help="Ours, not the paper's: the a2b "
+                                             "finetune keeps its model every N steps, and FE, LT, FE+LT and its "
+                                             "complement are grafted from each snapshot (top-5 and fact log-prob "
+                                             "by step in the report)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="With --plan: plan for one GPU of this kind (h100-80gb, "
                                       "h200-141gb, ...; its memory and stated rates), here or not; the model may then "
@@ -68,7 +72,7 @@ def paper(
     settings = PaperSettings(
         model=model, world=world, relations=relations, seed=seed, train_seed=train_seed, seeds=seeds, device=device,
         out=out, preset=preset, max_steps=max_steps, batch_size=batch_size, progress=progress, claims=claims,
-        margin=margin, paper_model=paper_model,
+        margin=margin, paper_model=paper_model, trajectory=trajectory,
         sweeps=tuple(s.strip() for s in sweeps.split(",") if s.strip()) if sweeps else SWEEP_NAMES,
     )
     if gpu is not None and not plan:

@@ -50,6 +50,7 @@ from weightgraft.models.spec import RandomSpec, parse_spec
 from weightgraft.paper.measured import drop_rows, summary_rows
 from weightgraft.paper.numbers import PAPER_MODELS
 from weightgraft.paper.report import write_paper_report
+from weightgraft.paper.trajectory import run_trajectory
 from weightgraft.training import finetune as train
 from weightgraft.training import get_preset
 from weightgraft.training.device import training_device
@@ -151,9 +152,15 @@ def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, 
         "seed": settings.train_seed if seed is None else seed,
         "templates": list(settings.train_templates) if settings.train_templates is not None else None,
         "max_steps": settings.max_steps, "device": settings.device,
+        **({"save_every": settings.trajectory} if _snapshots(settings, finetune) else {}),
         "check": {"templates": list(CHECK_TEMPLATES), "directions": list(finetune.directions),
                   "groups": list(finetune.groups) if finetune.groups else None},
     }, settings.out)
+
+
+def _snapshots(settings: PaperSettings, finetune: Finetune) -> bool:
+    """Whether this finetune keeps snapshots (``--trajectory``: the a2b finetune only)."""
+    return settings.trajectory is not None and finetune.name == "a2b"
 
 
 def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, Any],
@@ -177,7 +184,8 @@ def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, An
     train(settings.model, data_dir, split=finetune.split, preset=settings.preset, out=model_dir,
           seed=seed, resume=True,
           templates=list(settings.train_templates) if settings.train_templates is not None else None,
-          max_steps=settings.max_steps, device=settings.device)
+          max_steps=settings.max_steps, device=settings.device,
+          save_every=settings.trajectory if _snapshots(settings, finetune) else None)
     trained = time.time() - started
     console.print(f"precondition of {finetune.name} (training seed {seed}): top-5 of the finetune on its own facts")
     raw = check_config(finetune, str(model_dir.resolve()), str(data_dir), CHECK_TEMPLATES, device=settings.device,
@@ -274,6 +282,10 @@ def run_paper(settings: PaperSettings, console: Console | None = None,
         records = SeedRecords(run.finetunes, run.sweeps, run.skipped) if seed == settings.train_seed else \
             run.other_seeds.setdefault(seed, SeedRecords())
         run_seed(settings, run, seed, records, console, after_stage)
+    if settings.trajectory is not None:
+        run_trajectory(settings, run, console)
+        if after_stage:
+            after_stage("sweep", "trajectory")
     if settings.claims:
         run_claims(settings, run, console)
         if after_stage:

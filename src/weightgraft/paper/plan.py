@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from weightgraft.paper.claims import CLAIM_FINETUNES, claims_config, claims_stage
-from weightgraft.paper.figures import Finetune, check_config, sweep_config
+from weightgraft.paper.figures import FINETUNES, Finetune, check_config, sweep_config
 from weightgraft.paper.pipeline import (
     check_inputs,
     data_stage,
@@ -60,6 +60,13 @@ def _record(kind: str, name: str, key: str, outputs: dict[str, str]) -> dict[str
     return {"kind": kind, "name": name, "key": key, "outputs": outputs}
 
 
+def _steps(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> int:
+    """The optimizer steps of ``finetune`` (the trainer's count: batches per epoch x epochs)."""
+    preset = get_preset(settings.preset)
+    n = len(split_records(data_dir, finetune.split, settings.train_templates)[0])
+    return settings.max_steps or math.ceil(math.ceil(n / preset.batch_size) * preset.epochs)
+
+
 def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
                 gpu: Card | None = None) -> tuple[float | None, int, str, tuple[str, ...]]:
 
@@ -68,7 +75,7 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
     texts = [r["text"] for r in split_records(data_dir, finetune.split, settings.train_templates)[0]]
     tok, how = tokenizer_for(fp)
     lengths = sorted(min(len(tok(t)["input_ids"]), preset.max_length) for t in texts)
-    steps = settings.max_steps or math.ceil(math.ceil(len(texts) / preset.batch_size) * preset.epochs)
+    steps = _steps(settings, finetune, data_dir)
     per_epoch = max(1, math.ceil(len(texts) / preset.batch_size))
     memory = ADAM_COPIES * fp.param_bytes("float32")
     rate, rate_note = rate_for("cuda" if gpu is not None else settings.device, "float32", gpu)
@@ -110,6 +117,21 @@ def _claims_plan(settings: PaperSettings, data: dict[str, Any], seeds: dict[int,
                         + (f" on the a2b finetunes of {settings.seeds} training seeds" if several else ""),
                         plan.predicted_seconds, plan.peak_bytes, stage.finished() is not None,
                         f"{len(work.claim_prompts)} prompts", (*plan.notes, *claims_notes(config)))
+
+
+def _trajectory_plan(settings: PaperSettings, data_rec: dict[str, Any], a2b: dict[str, Any],
+                     data_dir: Path, gpu: Card | None, tmp: str) -> PlannedStage:
+    """The trajectory sweep: one position sweep per snapshot (step 1, every N steps, the last)."""
+    from weightgraft.paper.trajectory import trajectory_stage
+
+    stage, raw = trajectory_stage(settings, data_rec, a2b)
+    steps = _steps(settings, FINETUNES["a2b"], data_dir)
+    n = len({1, steps, *range(settings.trajectory, steps + 1, settings.trajectory)})
+    one = plan_experiment(parse_config({**raw, "trajectory": None, "models": {"pre": settings.model, "sft": settings.model},
+                                        "data": str(data_dir), "out": tmp}), gpu=gpu)
+    seconds = None if one.predicted_seconds is None else n * one.predicted_seconds
+    return PlannedStage("sweep", f"trajectory (ours: FE, LT, FE+LT from {n} snapshots of the a2b finetune)", seconds,
+                        one.peak_bytes, stage.finished() is not None, f"{n * one.rows} rows", tuple(one.notes))
 
 
 def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[PlannedStage]:
@@ -174,6 +196,8 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
                 stages.append(PlannedStage("sweep", f"{sweep.name} ({sweep.label.partition(':')[0]}{seed_note})",
                                            plan.predicted_seconds, plan.peak_bytes, stage.finished() is not None,
                                            f"{plan.rows} rows", notes))
+        if settings.trajectory is not None and "a2b" in seeds[settings.train_seed]:
+            stages.append(_trajectory_plan(settings, data_rec, seeds[settings.train_seed]["a2b"], data_dir, gpu, tmp))
         if settings.claims:
             stages.append(_claims_plan(settings, data_rec, seeds, data_dir, gpu))
     stages.append(PlannedStage("report", "paper.md and paper.html", 1.0, None, False))

@@ -58,11 +58,14 @@ class PaperSettings:
     margin: float = 10.0
     paper_model: str | None = None
     seeds: int = 1
+    trajectory: int | None = None  # the a2b finetune keeps a snapshot every N steps (ours)
     progress: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.seeds, int) or self.seeds < 1:
             raise PaperError(f"--seeds {self.seeds!r}: at least 1 training seed")
+        if self.trajectory is not None and self.trajectory < 1:
+            raise PaperError(f"--trajectory {self.trajectory!r}: a snapshot every N >= 1 steps")
 
     @property
     def train_seeds(self) -> tuple[int, ...]:
@@ -105,6 +108,7 @@ class PaperRun:
     sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # sweep or "claims" -> why (precondition not met)
     claims: dict[str, Any] | None = None  # the claims stage's record
+    trajectory: dict[str, Any] | None = None  # the trajectory sweep's record (--trajectory)
     reused: list[str] = field(default_factory=list)
     report: Path | None = None
     other_seeds: dict[int, SeedRecords] = field(default_factory=dict)

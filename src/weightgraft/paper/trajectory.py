@@ -1,0 +1,98 @@
+"""``weightgraft paper --trajectory N`` (ours, not the paper's): the a2b finetune keeps its model
+after step 1 and every N steps (``weightgraft.training.trajectory``); each snapshot is grafted into
+PRE at the paper's position sets (FE, LT, FE+LT and its complement, headline and QA sentences),
+and the report gives their top-5 and fact-specific log-probability against the step: when the
+pathway the paper localizes forms during finetuning."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from weightgraft.configfile import json_digest
+from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.runner import run_experiment
+from weightgraft.paper.figures import HEADLINE, QA
+from weightgraft.paper.page import Block, Image, Table
+from weightgraft.paper.settings import PaperRun, PaperSettings
+from weightgraft.paper.stages import Stage, stage_path
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["TRAJECTORY_SCHEMES", "run_trajectory", "trajectory_blocks", "trajectory_stage"]
+
+TRAJECTORY_SCHEMES = ("PRE", "SFT", "FE", "LT", "FE+LT", "(FE+LT)^C")
+HEADING = "When the pathway forms (ours, not the paper's: snapshots of the a2b finetune)"
+
+
+def trajectory_stage(settings: PaperSettings, data: dict[str, Any], a2b: dict[str, Any]) -> tuple[Stage, dict[str, Any]]:
+    """The trajectory sweep's stage (keyed by the a2b finetune's stage key) and its raw config."""
+    common: dict[str, Any] = {"name": "paper-trajectory", "protocol": "authors",
+                              "schemes": [{"preset": "position", "only": list(TRAJECTORY_SCHEMES)}],
+                              "templates": [HEADLINE, QA], "directions": ["a2b"], "trajectory": {"role": "sft"},
+                              "device": settings.device, "seed": settings.seed,
+                              **({"batch_size": settings.batch_size} if settings.batch_size else {})}
+    keyed = {**common, "data": f"data:{data['key']}", "models": {"pre": settings.model, "sft": f"finetune:{a2b['key']}"}}
+    raw = {**common, "data": str(stage_path(data, settings.out, "dir")),
+           "models": {"pre": settings.model, "sft": str(stage_path(a2b, settings.out, "model"))}}
+    return Stage("sweep", "trajectory", {"config": keyed}, settings.out), raw
+
+
+def run_trajectory(settings: PaperSettings, run: PaperRun, console: Console) -> None:
+    """The trajectory sweep of the first training seed's a2b finetune, into ``run.trajectory``."""
+    a2b = run.finetunes.get("a2b")
+    if a2b is None:
+        run.skipped["trajectory"] = "no a2b finetune"
+        return
+    stage, raw = trajectory_stage(settings, run.data, a2b)
+    done = stage.finished()
+    if done is not None:
+        run.trajectory, run.reused = done, [*run.reused, "sweep trajectory"]
+        return
+    started = time.time()
+    console.rule("sweep trajectory: FE, LT, FE+LT and its complement from each snapshot of the a2b finetune")
+    result = run_experiment(parse_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
+    steps = result.summary["model_set"].map(parse_config(raw).set_steps())
+    rows = result.summary.assign(step=steps)[["step", "template", "scheme", "n", "top5", "top5_lo", "top5_hi",
+                                              "mean_fact_logprob", "fact_logprob_lo", "fact_logprob_hi"]]
+    run.trajectory = stage.finish({"run": "run", "rows": rows.astype(object).where(rows.notna(), None).to_dict("records")},
+                                  time.time() - started)
+
+
+def _pct(row: dict[str, Any]) -> str:
+    return "n/a" if row["top5"] is None else f"{100 * row['top5']:.1f}"
+
+
+def trajectory_blocks(run: PaperRun) -> list[Block]:
+    """The report's section: each template's top-5 of every scheme by step, and a chart."""
+    if run.trajectory is None:
+        return []
+    rows: list[dict[str, Any]] = run.trajectory["outputs"]["rows"]
+    steps = sorted({r["step"] for r in rows})
+    blocks: list[Block] = [("h2", HEADING), ("p", (
+        f"The a2b finetune (training seed {run.settings.train_seed}) kept its model after step 1 and every "
+        f"{run.settings.trajectory} steps; each snapshot grafted into PRE (authors' protocol, 40 a2b prompts a "
+        "sentence). Top-5 accuracy in %, each with its 95% interval in the chart; SFT is the snapshot itself.")), ]
+    for template in (HEADLINE, QA):
+        here = {(r["step"], r["scheme"]): r for r in rows if r["template"] == template}
+        blocks.append(("h3", f"{'Sentence 1 (headline)' if template == HEADLINE else 'Sentence 2 (QA)'}: top-5 by step"))
+        blocks.append(Table(("step", *TRAJECTORY_SCHEMES),
+                            [(str(step), *(_pct(here[(step, s)]) if (step, s) in here else "-" for s in TRAJECTORY_SCHEMES))
+                             for step in steps]))
+    digest = json_digest(rows)
+    blocks.append(Image("paper-trajectory.png", "top-5 and fact-specific log-probability by training step", digest,
+                        lambda: _chart(rows)))
+    return blocks
+
+
+def _chart(rows: list[dict[str, Any]]) -> Figure:
+    import pandas as pd
+
+    from weightgraft.report.charts import trajectory_figure
+
+    frame = pd.DataFrame(rows)
+    frame = frame[frame["template"] == HEADLINE].assign(model_set=frame["step"].astype(str))
+    return trajectory_figure(frame, "Sentence 1 (headline): grafts of each snapshot of the a2b finetune, by step")
