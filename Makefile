@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.weightgraft-installed
 DOCS_STAMP := $(VENV)/.weightgraft-docs-installed
 
-.PHONY: demo test install bench clean docs
+.PHONY: demo test check install bench clean docs
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The fast tier, for every change: the suite without the tests marked slow (the rule: pyproject.toml's
+# marker, docs/development.md). Same install step as `make test`: a no-op once .venv is installed.
+check: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # The docs site (mkdocs.yml, pages under docs/) into site/: first docs/tutorial.ipynb is run on the
 # demo pair and its text outputs written into it (docs/run_tutorial.py), when `make demo` has run.

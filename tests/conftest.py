@@ -1,5 +1,7 @@
 """Shared fixtures: tiny random models (``tiny_models``) and their tokenizer, in memory and
-saved as model directories; the ``slow`` marker is registered in pyproject.toml."""
+saved as model directories; the ``slow`` marker (registered in pyproject.toml, the rule in
+docs/development.md) also goes on every test that needs a fixture its module names in
+``SLOW_FIXTURES``."""
 
 from __future__ import annotations
 
@@ -21,6 +23,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The same line at the end, where ``pytest -q`` (the README's command) shows no header."""
     if browser.CHROMIUM is None:
         terminalreporter.write_line(browser.header())
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``slow`` on each test that needs one of its module's ``SLOW_FIXTURES``: an expensive module
+    fixture (a localize run, the paper pipeline) is paid by whichever of its tests runs first, so
+    ``make check`` leaves out all of them or its cost only moves to the next."""
+    for item in items:
+        names = getattr(getattr(item, "module", None), "SLOW_FIXTURES", ())
+        if set(names) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -107,7 +107,11 @@ def test_a_folder_of_an_older_row_format_is_refused(tmp_path):
     _run(tmp_path)
     identity = tmp_path / "run" / "identity.json"
     body = json.loads(identity.read_text())
-    assert body["rows_format"] == 2
+    assert body["rows_format"] == 3
+    body["rows_format"] = 2  # as the version before fact_logprob wrote it
+    identity.write_text(json.dumps(body))
+    with pytest.raises(ResultsDirConflict, match="rows in format 2"):
+        _run(tmp_path)
     del body["rows_format"]  # as an earlier weightgraft wrote it
     identity.write_text(json.dumps(body))
     with pytest.raises(ResultsDirConflict, match="rows in format 1"):

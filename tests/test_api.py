@@ -255,6 +255,7 @@ def test_load_returns_model_and_tokenizer(tiny_model_dirs, tiny_pair):
         torch.testing.assert_close(model(ids).logits, pre(ids).logits, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_top_level_stays_light_and_graft_is_a_plain_function():
     code = (
         "import sys, types, weightgraft as wg\n"

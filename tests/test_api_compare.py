@@ -18,6 +18,7 @@ SAME = ["model_set", "template", "scheme", "family", "labels", "prompt", "answer
         "finite"]
 
 
+@pytest.mark.slow
 def test_compare_rows_equal_the_runners_rows(tmp_path):
     data = write_world(tmp_path / "data")
     config = parse_config({

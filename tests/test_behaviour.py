@@ -127,6 +127,7 @@ def test_behaviour_metrics_against_the_models(tmp_path):
     assert len(cont) == 2 * 5 and cont.error.isna().all() and cont.continuation.notna().all()
 
 
+@pytest.mark.slow
 def test_kl_is_the_same_whether_the_donor_row_shares_the_batch(tmp_path):
     """batch_size 1 adds the donor baseline as an extra row; a large batch reuses its row."""
     one = _run(tmp_path, "one", batch_size=1).results

@@ -29,6 +29,7 @@ def model_dirs(tmp_path_factory):
     return dirs
 
 
+@pytest.mark.slow
 def test_check_passes_on_a_local_pair(model_dirs, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Keanu Reeves starred in a movie with\nQ: Who? A:\n\nshort\n")
@@ -46,6 +47,7 @@ def test_check_in_float32_uses_its_tolerance(model_dirs):
     assert "atol 0.0001, rtol 0.001" in result.output
 
 
+@pytest.mark.slow
 def test_check_takes_several_donors(model_dirs):
     result = runner.invoke(
         app, ["check", model_dirs["base"], model_dirs["donor"], model_dirs["donor2"], "--maps", "1"]
@@ -53,6 +55,7 @@ def test_check_takes_several_donors(model_dirs):
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.slow
 def test_check_fails_when_the_engine_is_wrong(model_dirs, monkeypatch):
     real = check_mod.graft_forward
 
@@ -83,6 +86,7 @@ def test_report_tolerance_is_relative_to_logit_scale():
     assert not report.passed_case(flipped)
 
 
+@pytest.mark.slow
 def test_check_covers_the_runners_prefix_sharing(model_dirs, monkeypatch):
     ok = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])
     assert ok.exit_code == 0 and "prefix sharing (runner)" in ok.output
@@ -109,6 +113,7 @@ def test_uniform_maps_are_also_held_to_the_plain_forward(model_dirs):
     assert all(c.engine_vs_plain is None for c in report.cases if c not in uniform)
 
 
+@pytest.mark.slow
 def test_check_says_when_the_gap_is_the_references(model_dirs, monkeypatch):
     real = check_mod.per_token_forward
     monkeypatch.setattr(check_mod, "per_token_forward", lambda *a, **k: real(*a, **k) + 1e-3)
@@ -118,6 +123,7 @@ def test_check_says_when_the_gap_is_the_references(model_dirs, monkeypatch):
     assert "all from model 0, against its plain forward pass: engine max" in " ".join(result.output.split())
 
 
+@pytest.mark.slow
 def test_check_does_not_blame_the_reference_when_the_engine_is_off(model_dirs, monkeypatch):
     real = check_mod.graft_forward
     monkeypatch.setattr(check_mod, "graft_forward", lambda *a, **k: real(*a, **k) + 1e-3)
@@ -126,6 +132,7 @@ def test_check_does_not_blame_the_reference_when_the_engine_is_off(model_dirs, m
     assert "reference's own rounding" not in " ".join(result.output.split())
 
 
+@pytest.mark.slow
 def test_check_covers_depth_sharing(model_dirs, monkeypatch):
     """The exact-cells path (depth sharing) is a case of its own, and a wrong one fails."""
     ok = runner.invoke(app, ["check", model_dirs["base"], model_dirs["donor"], "--maps", "1"])

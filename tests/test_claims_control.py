@@ -66,6 +66,7 @@ def _raw(tmp_path, control: str) -> dict:
             "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99, "metric": "fact_logprob"}}
 
 
+@pytest.mark.slow
 def test_a_control_with_the_sfts_own_weights_leaves_no_fact_claim_holding(tmp_path) -> None:
     result = localize(parse_localize_config(_raw(tmp_path, "tiny-llama:sft-copy")), progress=False, load=copy_loader)
     claims = pd.read_csv(result.run_dir / "claims.csv")

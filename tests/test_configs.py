@@ -54,6 +54,7 @@ def paper_world(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", PAPER, ids=lambda p: p.stem)
 def test_paper_configs_run_on_tiny_models(path, paper_world, tmp_path):
     """Every shipped paper config runs end to end (authors protocol, paper prompts) on tiny

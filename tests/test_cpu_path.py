@@ -154,6 +154,7 @@ print(int((got.long() - exact).abs().max()), int((out.long() - exact).abs().max(
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isa", ["", "AVX512_CORE"])
 def test_int8_matmuls_are_exact_integers_on_every_cpu(saved: tuple[Path, Path], isa: str) -> None:
     """bitsandbytes' CPU int8 kernel depends on the CPU: oneDNN's ``_int_mm`` where torch reports

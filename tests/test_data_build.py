@@ -31,6 +31,9 @@ FILES = ["metadata.jsonl", "train.jsonl", "validation.jsonl", "test_prompts.json
 N = 1000
 
 
+SLOW_FIXTURES = ("built",)  # its tests are `slow` (tests/conftest.py): every built-in world built
+
+
 @pytest.fixture(scope="module")
 def built():
     return {w: build_dataset(w, N, 0, None) for w in WORLDS}
@@ -201,6 +204,7 @@ def _read_all(path):
     return {f: (path / f).read_bytes() for f in FILES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 def test_same_seed_same_bytes_other_seed_other_data(tmp_path, world):
     for name, seed in (("a", 7), ("b", 7), ("c", 8)):

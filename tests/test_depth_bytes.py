@@ -42,6 +42,7 @@ def _ratio(models, examples, sets, n_references: int) -> float:
     return predicted / stats.peak_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type,units", [("llama", None), ("gemma3_text", None), ("gpt_neox", None),
                                               ("qwen3", Units.HEAD), ("llama", Units.NEURON)])
 @torch.no_grad()
@@ -85,6 +86,7 @@ def test_sliding_window_layers_keep_their_window():
     assert cached_positions(full, 12) == [12] * 4
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_exact_effects_keeps_metric_values_not_logits(monkeypatch):
     """Each pass's logits become metric values before the next pass runs: no call of the metric

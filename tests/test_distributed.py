@@ -8,11 +8,14 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 import yaml
 
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from tiny_world import loader, write_world
+
+pytestmark = pytest.mark.slow  # `make check` leaves these out: a torchrun sweep
 
 
 def test_torchrun_two_processes_equal_one(tmp_path):

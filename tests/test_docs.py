@@ -20,6 +20,8 @@ from tiny_models import make_donor, make_tiny
 
 import weightgraft as wg
 
+pytestmark = pytest.mark.slow  # `make check` leaves these out: the docs' blocks, tutorial, examples, site build
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 # The README, then every page of the docs site; docs/index.md is a stub the site fills with the README.

@@ -13,6 +13,8 @@ import pytest
 from test_training import base_dir, data_dir  # noqa: F401  (module fixtures: a tiny Llama, its data)
 from tiny_world import write_world
 
+pytestmark = pytest.mark.slow  # `make check` leaves these out: CLI commands in a fresh interpreter, each over 1 s
+
 
 def test_a_plan_prints_no_line_from_optional_quantization_packages(tmp_path: Path,
                                                                      tiny_model_dirs: dict[str, Path]) -> None:

@@ -305,6 +305,9 @@ def test_cli_refuses_missing_models_before_loading():
 
 # ---------------------------------------------------------------- run and localize outputs
 
+SLOW_FIXTURES = ("outputs",)  # its tests are `slow` (tests/conftest.py): a sweep and a localize run
+
+
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory):
     """A tiny position sweep and a tiny localize run (with report and search) on the tiny world."""

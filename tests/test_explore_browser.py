@@ -18,6 +18,8 @@ from weightgraft.explore.artifacts import LocalizeView, RunView
 from weightgraft.explore.serve import free_port
 from weightgraft.explore.session import Explorer
 
+pytestmark = pytest.mark.slow  # `make check` leaves these out: headless Chromium
+
 PROMPT = "Keanu Reeves starred in a movie with"
 
 

@@ -124,6 +124,7 @@ def test_the_cli_says_where_the_opening_example_came_from(run_dir, no_demo, monk
     assert "app" in served  # then served, on that example
 
 
+@pytest.mark.slow
 def test_the_browser_page_fills_its_inputs_with_the_opening(run_dir, no_demo, tiny_pair, tiny_tok):
     import browser as browser_env
 

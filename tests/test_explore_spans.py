@@ -87,6 +87,7 @@ def _own_tokens(tok, prompt: str, spans: dict) -> dict[str, list[int]]:
     return {name: token_span(offsets, s, e) for name, (s, e) in spans.items()}
 
 
+@pytest.mark.slow
 def test_every_demo_span_lands_on_its_own_tokens(explorer, smollm_tok, demo_prompts):
     """The dataset's offsets, and what the page makes of them (``formatSpans`` then
     ``parseSpans``), select each span's own tokens; the text of an ambiguous one is refused."""

@@ -25,6 +25,9 @@ SERVED = "http://127.0.0.1:8765"
 TOL = 1e-12  # float64 models
 
 
+SLOW_FIXTURES = ("unit_run",)  # its tests are `slow` (tests/conftest.py): localize by heads, then by neurons
+
+
 @pytest.fixture(scope="module", params=["head", "neuron"])
 def unit_run(request, tmp_path_factory):
     """A tiny localize run that searches heads (or neurons), served with its models."""

@@ -93,6 +93,7 @@ def _answer_raiser(pre: torch.nn.Module, examples) -> torch.nn.Module:
     return donor
 
 
+@pytest.mark.slow
 def test_a_donor_that_raises_every_answer_alike_makes_no_fact_claim_hold(tmp_path) -> None:
     tok, examples = _world(tmp_path, n=12)
     pre = make_tiny("llama", seed=0, vocab_size=len(tok), n_layers=5, tied=False).double()

@@ -35,6 +35,7 @@ def _run(tmp_path, batch_size: int, dtype: str, arch: str, sharing: bool):
     return run_experiment(parse_config(raw), load=load, progress=False).results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("sharing", [False, True])
 def test_bfloat16_rows_do_not_depend_on_batch_size(tmp_path, arch, sharing):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # `make check` leaves these out: ruff and mypy over the tree
+
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = Path(__file__).with_name("mypy_baseline.json")
 STRICT = ("src/weightgraft/api/", "src/weightgraft/schemes/", "src/weightgraft/engine/")

@@ -26,6 +26,7 @@ def _config(tmp_path, **extra):
     return parse_localize_config(raw)
 
 
+@pytest.mark.slow
 def test_localize_end_to_end(tmp_path):
     config = _config(tmp_path, ig_steps=3, exact=2, search={"target_share": 0.8})
     result = localize(config, progress=False, load=loader)
@@ -74,6 +75,7 @@ def test_localize_end_to_end(tmp_path):
     assert "The paper's claims" in html and "recall_o_late_ffn" in html
 
 
+@pytest.mark.slow
 def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     config = _config(tmp_path, exact="none", graft_directions=["sufficiency"], templates=["headline"])
     result = localize(config, progress=False, load=loader)
@@ -103,6 +105,7 @@ def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     assert held == pytest.approx(entry["heldout_share"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_rerun_reuses_finished_stages_and_resumes_a_lost_part(tmp_path):
     config = _config(tmp_path, exact="all", search={"enabled": False}, report=False)
     first = localize(config, progress=False, load=loader)

@@ -263,6 +263,7 @@ def test_exact_shares_and_claim_5s_marginal_equal_direct_grafts(tmp_path):
     assert table["least_p"].to_numpy() == pytest.approx(1 / 16)  # exact sign flips of 4 prompts, above 1/100
 
 
+@pytest.mark.slow
 def test_reversal_rows_are_precondition_not_met_where_the_donor_does_not_know_the_facts(tmp_path):
     """``reversal:`` grafts the donor into the recipient on the named template's prompts: claims
     4-5 only, in their paper setting; a random donor ranks few answers in its top 5, so every row

@@ -29,6 +29,7 @@ def _freeform(path, n=4):
     return path
 
 
+@pytest.mark.slow
 def test_a_freeform_jsonl_that_run_accepts(tmp_path):
     data = _freeform(tmp_path / "own.jsonl")
     config = parse_localize_config({"data": str(data), "models": MODELS, "out": str(tmp_path / "run"),
@@ -43,6 +44,7 @@ def test_a_freeform_jsonl_that_run_accepts(tmp_path):
     assert result.search["searches"][0]["refined"]["size"] <= result.search["searches"][0]["size"]
 
 
+@pytest.mark.slow
 def test_raising_exact_extends_a_finished_run(tmp_path):
     data = write_world(tmp_path / "data", n=4)
     base = {"data": str(data), "models": MODELS, "batch_size": 3, "exact_chunk": 64, "report": False,
@@ -127,6 +129,7 @@ def test_the_trained_direction_by_default(tmp_path):
     assert "every prompt" in choose_directions(config).note
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("report", [False, True])
 def test_cli_names_a_report_only_when_there_is_one(tmp_path, monkeypatch, report):
     import weightgraft.api.localize as loc

@@ -77,6 +77,9 @@ def test_a_bare_yaml_null_key_is_a_one_line_error(tmp_path):
 
 # ------------------------------------------------------------------ a run with a null model
 
+SLOW_FIXTURES = ("run",)  # its tests are `slow` (tests/conftest.py): localize with null models
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("null_run")

@@ -12,6 +12,8 @@ from weightgraft.api.localize import localize
 from weightgraft.localization.config import parse_localize_config
 from tiny_world import loader, write_world
 
+pytestmark = pytest.mark.slow  # `make check` leaves these out: localize end to end, and headless Chromium
+
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):

@@ -27,6 +27,9 @@ from tiny_world import loader, loader64, write_world
 TOL = 1e-12  # float64 models: a share regrafted outside localize agrees to float precision
 
 
+SLOW_FIXTURES = ("finished",)  # its tests are `slow` (tests/conftest.py): localize with the set search
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """One tiny localize run (both directions, one template) and what an outside check needs."""

@@ -151,6 +151,9 @@ def test_sft_list_forms_and_refusals_before_loading(tmp_path):
 
 # ------------------------------------------------------------------ three SFT models, two templates
 
+SLOW_FIXTURES = ("multi",)  # its tests are `slow` (tests/conftest.py): localize over several SFT models
+
+
 @pytest.fixture(scope="module")
 def multi(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("multi")
@@ -220,6 +223,7 @@ def test_explore_shows_the_first_sft_models_map(multi):
 
 # ------------------------------------------------------------------ extending a run, exact values
 
+@pytest.mark.slow
 def test_appending_sft_models_extends_a_run_and_other_changes_are_refused(tmp_path):
     extra = {"exact": "all", "graft_directions": ["sufficiency"], "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}, "search": {"enabled": False}, "report": False}
     first = localize(parse_localize_config(_raw(tmp_path, SFTS[0], **extra)), progress=False, load=loader)
@@ -263,6 +267,7 @@ def test_sft_models_trained_on_different_directions_are_refused(tmp_path):
     assert "\n" not in str(err.value) and not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_cli_prints_the_stability_summary(tmp_path, monkeypatch):
     import yaml
     from typer.testing import CliRunner

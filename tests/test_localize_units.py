@@ -31,6 +31,9 @@ def _run(tmp, units: str, **extra):
     return config, localize(config, progress=False, load=loader64)
 
 
+SLOW_FIXTURES = ("finished",)  # its tests are `slow` (tests/conftest.py): localize by heads, then by neurons
+
+
 @pytest.fixture(scope="module", params=["head", "neuron"])
 def finished(request, tmp_path_factory):
     config, result = _run(tmp_path_factory.mktemp(request.param), request.param)

@@ -227,6 +227,7 @@ def test_remote_code_never_runs_by_default(tiny_dir: Path, tmp_path: Path) -> No
 # ---------------------------------------------------------------- hub ids (local cache only)
 
 
+@pytest.mark.slow
 def test_uncached_hub_id_is_not_fetched(monkeypatch, tmp_path: Path) -> None:
     import huggingface_hub.constants as hc
 
@@ -237,6 +238,7 @@ def test_uncached_hub_id_is_not_fetched(monkeypatch, tmp_path: Path) -> None:
     assert "models.ROLE=DIR" in str(info.value)  # `run` has no --model flag: name what it takes
 
 
+@pytest.mark.slow
 def test_cached_hub_id_loads(tiny_dir: Path, monkeypatch, tmp_path: Path) -> None:
     """A hub id resolves through the local HF cache layout (refs/main -> snapshots/<sha>)."""
     import huggingface_hub.constants as hc

@@ -59,6 +59,9 @@ def settings(base: Path, out: Path, **extra) -> PaperSettings:
                          **{**ALL_MET, **extra})
 
 
+SLOW_FIXTURES = ("full_run",)  # its tests are `slow` (tests/conftest.py): the paper pipeline, finetunes and all
+
+
 @pytest.fixture(scope="module")
 def full_run(base_model, tmp_path_factory):
     from rich.console import Console

@@ -227,6 +227,7 @@ def test_graft_and_compare_with_a_lora_donor_equal_the_merged_model(tmp_path):
     assert (df["lora"][sft]["answer_logprob"].values != df["lora"][df["lora"]["scheme"] == "PRE"]["answer_logprob"].values).all()
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_attribution_and_exact_cell_maps_on_a_lora_donor_equal_the_merged_models(tmp_path):
     base = make_tiny("gpt2", seed=0).double()  # fused c_attn: q, k and v are column groups

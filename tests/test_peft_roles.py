@@ -139,6 +139,7 @@ def test_bad_peft_specs_are_one_line_errors_before_any_model_loads(tmp_path):
     assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())
 
 
+@pytest.mark.slow
 def test_localize_takes_a_peft_donor(tmp_path):
     from weightgraft.api.localize import localize
     from weightgraft.localization.config import parse_localize_config
@@ -169,6 +170,7 @@ def test_localize_takes_a_peft_donor(tmp_path):
         localize(bad, progress=False, load=lambda *a: pytest.fail("loaded a model"))
 
 
+@pytest.mark.slow
 def test_a_localize_manifest_names_a_lora_donors_adapter_and_base_by_source_and_hash(tmp_path):
     """The LoRA role's entry is not blank: the donor's source and hash, its adapter's (the directory,
     the hash of the adapter's safetensors tensors) and its base's, all distinct; a changed adapter

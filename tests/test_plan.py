@@ -110,6 +110,7 @@ def test_activation_estimate_is_within_a_factor_of_two(small_spec: str) -> None:
     assert 0.5 <= predicted / measured <= 2.0, (predicted, measured)
 
 
+@pytest.mark.slow
 def test_json_has_the_fixed_fields(tmp_path: Path, run_raw: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     from weightgraft.models import calibration
 
@@ -352,6 +353,7 @@ print(json.dumps({"cell": cell, "neuron": neuron}))
 """
 
 
+@pytest.mark.slow
 def test_unit_shares_are_what_neuron_attribution_adds(tmp_path: Path) -> None:
     """``units: neuron`` attribution holds every neuron's share, gradient and totals beside what
     cell attribution holds: its measured extra peak over cell attribution of the same batch is

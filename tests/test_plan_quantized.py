@@ -184,6 +184,7 @@ print("RESULT " + json.dumps(results))
 """
 
 
+@pytest.mark.slow
 def test_the_plan_is_within_15_percent_of_a_quantized_runs_peak(tmp_path: Path, tiny_model_dirs: dict[str, Path]) -> None:
     """A tiny pair both in nf4, and the demo-size ``smollm2-135m`` in nf4 with a LoRA donor
     (rank 8 on q/v/down), bfloat16 (every tensor a copy: none left mapped from the checkpoint)."""
@@ -230,6 +231,7 @@ def _llama_70b_by_hand() -> dict[str, int]:
             "dense": 2 * (linear + other) + buffers, "adapter": 2 * layers * rank * sum(o + i for o, i in matrices)}
 
 
+@pytest.mark.slow
 def test_a_70b_qlora_pair_fits_one_h200_and_one_h100_and_a_dense_pair_needs_several(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``random:llama-3.1-70b`` (the shipped copy of its config.json: shapes only, nothing allocated)."""

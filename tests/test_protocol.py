@@ -192,6 +192,7 @@ def _deep_model(model_type: str, tied: bool, seed: int) -> torch.nn.Module:
     return model.double().eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type, tied", CASES)
 @torch.no_grad()
 def test_authors_maps_through_the_engine_equal_the_per_token_definition(model_type, tied, offsets):

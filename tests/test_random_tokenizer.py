@@ -66,6 +66,7 @@ def test_the_byte_fallback_round_trips_text_with_offsets():
     assert text[enc["offset_mapping"][0][0]:enc["offset_mapping"][5][1]] == "Keanu "
 
 
+@pytest.mark.slow
 def test_localize_runs_on_a_random_pair_with_a_tokenizer(tmp_path, random_specs):
     from weightgraft.api.localize import localize as run_localize
     from weightgraft.localization.config import parse_localize_config

@@ -85,6 +85,7 @@ def test_empty_test_prompts_file_is_named(tmp_path):
                        load=_never_loads, progress=False)
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
     """Disk full, a missing CUDA build and friends: one line on stderr, no traceback."""
     import subprocess
@@ -138,6 +139,7 @@ def test_disk_full_is_one_line(tmp_path, monkeypatch, capsys):
     assert "the disk is full" in err and "re-running the same command resumes" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_how_many_rows_are_saved_and_that_the_command_resumes(tmp_path):
     import os
     import signal

@@ -41,6 +41,7 @@ def _write(tmp_path, raw) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_missing_model_over_a_finished_run_is_a_missing_model(tmp_path, saved):
     raw = tiny_config(tmp_path, "ff", world={"n": 2}, models=saved,
                       schemes=[{"preset": "position", "only": ["PRE", "SFT", "LT"]}])
@@ -56,6 +57,7 @@ def test_a_missing_model_over_a_finished_run_is_a_missing_model(tmp_path, saved)
     assert "Loading weights" not in proc.stderr  # not even 'pre' was loaded
 
 
+@pytest.mark.slow
 def test_a_component_typo_is_refused_with_the_config_once(tmp_path, saved):
     bad = [{"name": "typo", "rules": [{"model": "sft", "positions": "last", "components": "o+fnn"}]}]
     raw = tiny_config(tmp_path, "typo", world={"n": 2}, models=saved, schemes=bad)
@@ -74,6 +76,7 @@ def test_a_component_typo_is_refused_with_the_config_once(tmp_path, saved):
     assert "Loading weights" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_paths_that_are_not_models_are_refused_before_loading(tmp_path, saved):
     data_dir = tmp_path / "data"
     data_dir.mkdir()

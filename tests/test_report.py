@@ -100,6 +100,9 @@ def make_run(run_dir: Path, templates: tuple[str, ...] = ("headline", "qa")) -> 
     return summary
 
 
+SLOW_FIXTURES = ("written",)  # its tests are `slow` (tests/conftest.py): a report drawn, figures included
+
+
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
@@ -286,6 +289,7 @@ def test_unknown_heatmap_metric_is_refused(tmp_path):
         write_report(tmp_path, tmp_path / "out", heatmap_metrics=("top3",))
 
 
+@pytest.mark.slow
 def test_report_command(tmp_path):
     app = typer.Typer()
     app.command()(report_command)

@@ -42,6 +42,9 @@ def _long_loader(spec: str, config: object = None) -> Any:
     return out
 
 
+SLOW_FIXTURES = ("report",)  # its tests are `slow` (tests/conftest.py): a tiny run and its report
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     from tiny_world import tiny_config

@@ -31,7 +31,7 @@ from weightgraft.report.run import load_run
 def _every_preset() -> list[wg.Scheme]:
     p = wg.presets
     return (p.position(spans=True) + p.component() + p.hybrid() + p.unembed() + p.layer_dropout()
-            + p.layer_window() + p.heads(n_heads=4, layers=["-2", "-1"]))
+            + p.layer_window() + p.heads(n_heads=4, layers=["-2", "-1"]) + p.scale())
 
 
 def test_every_family_a_preset_makes_has_its_figures():
@@ -46,6 +46,9 @@ def _loader(spec: str, config=None) -> SimpleNamespace:
     base = make_tiny("llama", seed=0, vocab_size=len(tok), n_layers=4)
     model = base if spec == "pre" else make_donor(base, seed=1)
     return SimpleNamespace(model=model, tokenizer=tok, source=f"tiny:{spec}", weights_sha256=f"sha-{spec}")
+
+
+SLOW_FIXTURES = ("reported",)  # its tests are `slow` (tests/conftest.py): a tiny run and its report
 
 
 @pytest.fixture(scope="module")

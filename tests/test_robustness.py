@@ -143,6 +143,7 @@ def test_an_empty_position_set_excludes_with_the_reason(tmp_path):
     assert excluded.reason.str.contains("select no token").all()
 
 
+@pytest.mark.slow
 def test_disk_full_keeps_what_was_written_and_resumes(tmp_path, monkeypatch):
     real_fsync = atomic.os.fsync
     calls = {"n": 0}
@@ -173,6 +174,7 @@ def test_unwritable_output_directory_is_named(tmp_path):
         _run(_raw(tmp_path, out=str(blocker / "run")))
 
 
+@pytest.mark.slow
 def test_same_seed_twice_gives_identical_results(tmp_path):
     a = _run(_raw(tmp_path, out=str(tmp_path / "a")))
     b = _run(_raw(tmp_path, out=str(tmp_path / "b")))

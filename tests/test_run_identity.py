@@ -23,6 +23,8 @@ from weightgraft.experiments.store import ResultsDirConflict
 from weightgraft.models import ModelNotFoundError
 from tiny_world import loader, tiny_config
 
+pytestmark = pytest.mark.slow  # `make check` leaves these out: runs killed, changed, resumed; each over 1 s
+
 TESTS = Path(__file__).parent
 
 

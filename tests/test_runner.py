@@ -57,6 +57,7 @@ def test_position_sweep_end_to_end(tmp_path):
     assert "sha-tiny-llama:sft" in manifest and "transformers" in manifest
 
 
+@pytest.mark.slow
 def test_rerun_skips_done_work(tmp_path):
     config = parse_config(_config(tmp_path))
     first = run_experiment(config, load=loader, progress=False)
@@ -72,6 +73,7 @@ def test_other_config_in_same_dir_is_refused(tmp_path):
         run_experiment(other, load=loader, progress=False)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     raw = _config(tmp_path, batch_size=1)
     killed_cfg = tmp_path / "killed.yaml"
@@ -124,6 +126,7 @@ def test_config_errors_name_the_bad_key(tmp_path):
         load_config(path, ["limit"])
 
 
+@pytest.mark.slow
 def test_cli_run_with_saved_models_writes_summary_and_report(tmp_path):
     from typer.testing import CliRunner
 
@@ -144,6 +147,7 @@ def test_cli_run_with_saved_models_writes_summary_and_report(tmp_path):
     assert (tmp_path / "run" / "report" / "report.html").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_per_head_sweep_matches_the_per_token_definition(tmp_path):
     """The heads preset end to end: each row equals the oracle run with that one head of o
     (last layer, last token) from the donor."""
@@ -170,6 +174,7 @@ def test_per_head_sweep_matches_the_per_token_definition(tmp_path):
         assert abs(row.prob - torch.softmax(logits, -1)[target].item()) < 1e-5
 
 
+@pytest.mark.slow
 def test_prefix_sharing_changes_no_result(tmp_path):
     """Sharing prefixes within a batch (the default) gives the rows of running each whole."""
     schemes = [{"preset": "position"}, {"name": "o[1]@-1", "rules": [
@@ -183,6 +188,7 @@ def test_prefix_sharing_changes_no_result(tmp_path):
         assert (shared.results[col] - whole.results[col]).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_per_layer_head_sweep_draws_a_layer_by_head_grid(tmp_path):
     from weightgraft.report import head_figures, load_run, write_report
 

@@ -158,6 +158,7 @@ def test_explain_shows_the_scale(tiny_pair):
     assert table["scale"].tolist() == [1.0, 2.0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lean", [False, True])
 def test_a_run_with_scaled_rules_equals_the_per_token_definition(tmp_path, lean):
     """``weightgraft run``'s path: a config's rules with ``scale``; every row's answer probability
@@ -208,6 +209,7 @@ def test_a_run_with_scaled_rules_equals_the_per_token_definition(tmp_path, lean)
     assert len({held[r]["weights_sha256"] for r in held}) == len(held)
 
 
+@pytest.mark.slow
 def test_the_scale_preset_runs_and_draws_its_lines(tmp_path):
     """``{preset: scale}``: scale 0 is PRE's row and scale 1 the position preset's, example by
     example; the report draws the lines against the scale."""

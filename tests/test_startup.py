@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # `make check` leaves these out: a fresh interpreter, over 1 s
+
 
 def test_cli_import_and_help_do_not_import_torch():
     code = (

@@ -14,6 +14,8 @@ from weightgraft.stats import means
 from weightgraft.stats.simulation import (FAMILIES, miss_bound, null_rejection, rate_coverage, seeded_share_designs,
                                           share_misses, skewed_region_rejection)
 
+pytestmark = pytest.mark.slow  # `make check` leaves these out: seeded simulations of coverage and error rates
+
 SHARE_SIMS = 2000  # as docs/statistics.md's tables, on the suite's own seeds (from 3000)
 
 # Where docs/statistics.md's tables of the shipped rule have a one-sided miss rate above its bound

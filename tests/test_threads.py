@@ -7,6 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # `make check` leaves these out: a fresh interpreter per check, each over 1 s
+
 PROBE = "import os, torch; from weightgraft.runtime import apply_thread_default; " \
         "apply_thread_default(); print(os.environ.get('OMP_WAIT_POLICY'), torch.get_num_threads())"
 

@@ -285,6 +285,7 @@ def test_finetune_warns_about_an_unlearned_template(
     assert "'qa_2'" not in err.split("warning")[-1]
 
 
+@pytest.mark.slow
 def test_finetune_lowers_loss_and_writes_manifest(
     data_dir: Path, base_dir: Path, tmp_path: Path
 ) -> None:
@@ -399,6 +400,7 @@ class _DieAtStep(TrainerCallback):
             raise _Interrupt(f"killed at step {self.step}")
 
 
+@pytest.mark.slow
 def test_resume_continues_where_it_stopped(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
     settings = dict(split="a2b", preset="cpu-quick", max_steps=4, eval_steps=2, **FAST)
     straight = finetune(base_dir, data_dir, out=tmp_path / "straight", **settings)
@@ -462,6 +464,7 @@ def test_train_command(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "does not exist" in missing.output
 
 
+@pytest.mark.slow
 def test_validation_loss_does_not_depend_on_the_training_seed(
     data_dir: Path, base_dir: Path, tmp_path: Path
 ) -> None:
@@ -494,6 +497,7 @@ def _with_test_prompts(data_dir: Path, tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_save_every_keeps_each_step_as_a_model_with_its_top5(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
     from weightgraft.data.prompts import answer_token_ids
     from weightgraft.training.trajectory import read_trajectory, snapshot_dir
@@ -526,6 +530,7 @@ def test_save_every_keeps_each_step_as_a_model_with_its_top5(data_dir: Path, bas
         finetune(base_dir, data, out=tmp_path / "bad", max_steps=2, save_every=0, **settings)
 
 
+@pytest.mark.slow
 def test_a_trajectory_sweep_grafts_each_snapshot_as_its_own_model_set(data_dir: Path, base_dir: Path,
                                                                       tmp_path: Path) -> None:
     """``trajectory: {role: sft}``: one model set per snapshot, each equal to a run with that

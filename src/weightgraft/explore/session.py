@@ -26,8 +26,7 @@ from weightgraft.explore.layout import layout
 from weightgraft.explore.passes import BASELINES, Check, Passes, ScaledModels
 from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
 from weightgraft.models.spec import ScaledSpec
-from weightgraft.schemes.binding import (GraftInputError, check_prompts, check_roles, check_tokenizer, compile_for,
-                                         encode, input_errors)
+from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import first_entity, token_span
 from weightgraft.explore.schemes import page_schemes
@@ -162,16 +161,14 @@ class Explorer:
     def rule_source(self, request: GraftRequest, base: str) -> tuple[SourceMap, dict[str, ScaledSpec]]:
         """``[n_tokens, n_slots]`` role indices (and per-head maps) that ``rules`` give this
         prompt, and the scaled roles they use (by text, indices after the models' roles): the
-        checks and compilation of ``wg.graft`` (``binding.prepare_graft``'s, in its order), in
-        this app's role order, less building the scaled models (``self.scaled`` keeps them)."""
+        checks and compilation of ``wg.graft`` (``binding.prepare_graft``), in this app's role
+        order, without building the scaled models (``self.scaled`` keeps them)."""
         try:  # the app's role order (pre first) whatever the base: its source values index self.models
             scheme = Scheme(name="graft", base=base, rules=list(request.rules or []))
-            check_roles([scheme], self.roles)
+            prepared = prepare_graft(dict(zip(self.roles, self.models, strict=True)), scheme, prompts=[request.prompt],
+                                     spans=[request.spans], protocol=request.protocol, build_scaled=False)
             scaled = scheme.scaled_roles()
-            spans = check_prompts([request.prompt], [request.spans])
-            with input_errors():
-                (compiled,) = compile_for([scheme], self.models[0], [*self.roles, *scaled], request.protocol)
-            (encoded,) = encode(self.tokenizer, [request.prompt], spans, compiled)
+            (encoded,) = prepared.encode(self.tokenizer, [request.prompt])
         except (GraftInputError, ValueError) as exc:
             raise RequestError(_one_line(exc)) from None
         return SourceMap(encoded.source, dict(encoded.heads)), scaled

@@ -32,7 +32,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, TypeGuard, Union
 
 from pydantic import AfterValidator
 
@@ -255,7 +255,7 @@ ModelSpec = Union[FolderSpec, HubSpec, EmbeddedSpec, RandomSpec, DemoSpec, PeftS
 SPEC_TYPES: tuple[type, ...] = (*NAMED_TYPES, PeftSpec, LowRankSpec, ScaledSpec, QuantizedSpec)
 
 
-def is_derived(spec: ModelSpec) -> bool:
+def is_derived(spec: ModelSpec) -> TypeGuard[Union[PeftSpec, LowRankSpec, ScaledSpec]]:
     """Whether the role is built from other roles of its set (peft, lowrank, scaled), not loaded by name."""
     return isinstance(spec, (PeftSpec, LowRankSpec, ScaledSpec))
 

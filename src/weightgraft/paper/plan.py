@@ -125,8 +125,8 @@ def _trajectory_plan(settings: PaperSettings, data_rec: dict[str, Any], a2b: dic
     from weightgraft.paper.trajectory import trajectory_stage
 
     stage, raw = trajectory_stage(settings, data_rec, a2b)
-    steps = _steps(settings, FINETUNES["a2b"], data_dir)
-    n = len({1, steps, *range(settings.trajectory, steps + 1, settings.trajectory)})
+    steps, every = _steps(settings, FINETUNES["a2b"], data_dir), settings.trajectory or 1
+    n = len({1, steps, *range(every, steps + 1, every)})
     one = plan_experiment(parse_config({**raw, "trajectory": None, "models": {"pre": settings.model, "sft": settings.model},
                                         "data": str(data_dir), "out": tmp}), gpu=gpu)
     seconds = None if one.predicted_seconds is None else n * one.predicted_seconds

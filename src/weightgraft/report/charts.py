@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -194,7 +194,7 @@ def _annotate(ax: Axes, values: np.ndarray, shown: np.ndarray, norm: Any, revers
                 color="black" if bright else "white")
 
 
-def _labelled(rows: pd.DataFrame, labels: dict[str, dict[str, str]], keys: Sequence[str]) -> pd.DataFrame:
+def _labelled(rows: pd.DataFrame, labels: Mapping[str, Mapping[str, str]], keys: Sequence[str]) -> pd.DataFrame:
     """Rows whose scheme carries every label in ``keys``, with those labels as columns."""
     keep = pd.Series([all(k in labels.get(s, {}) for k in keys) for s in rows["scheme"]],
                      index=rows.index, dtype=bool)

@@ -206,28 +206,31 @@ class PreparedGraft:
         return encode(tokenizer, list(prompts), self.spans, compiled)
 
 
-def _with_scaled_models(schemes: Sequence[Scheme], roles: list[str], models: list[Any]) -> tuple[list[str], list[Any]]:
+def _with_scaled_models(schemes: Sequence[Scheme], roles: list[str], models: list[Any],
+                        build: bool = True) -> tuple[list[str], list[Any]]:
     """The roles and models with the scaled roles the schemes' scaled rules need, built from
-    the given models (``base + scale * (donor - base)``)."""
+    the given models (``base + scale * (donor - base)``); ``build=False``: None in their place."""
     from weightgraft.models.derived import scaled_model
 
     needed = with_scaled_roles({}, schemes)
     by_role = dict(zip(roles, models, strict=True))
     with input_errors():
         for text, spec in needed.items():
-            by_role[text] = scaled_model(by_role[spec.base], by_role[spec.donor], spec.scale)
+            by_role[text] = scaled_model(by_role[spec.base], by_role[spec.donor], spec.scale) if build else None
     return [*roles, *needed], [by_role[r] for r in [*roles, *needed]]
 
 
 def prepare_graft(
     models: Mapping[str, Any], rules: Rules | Sequence[Scheme], *, base: str | None = None,
     many: bool = False, prompts: Sequence[str] | None = None, spans: Spans = None,
-    tokenizer: Any = None, protocol: str = DEFAULT_PROTOCOL,
+    tokenizer: Any = None, protocol: str = DEFAULT_PROTOCOL, build_scaled: bool = True,
 ) -> PreparedGraft:
     """Check and bind a graft, in this order: the models (``base`` first, else the first role);
     the rules as one scheme over the base (``many``: a list of Schemes as given, with distinct
     names, or the rules as one); the roles they use; the prompts and their spans and the
-    tokenizer, when given; each scheme compiled against the base model."""
+    tokenizer, when given; each scheme compiled against the base model. The scaled roles that
+    scaled rules name are built (``build_scaled=False``: named, compiled, left None for a caller
+    that keeps its own)."""
     roles, ordered = ordered_models(models, base)
     schemes = as_schemes(rules, roles[0], base) if many else [as_scheme(rules, roles[0], base)]
     names = [s.name for s in schemes]
@@ -235,7 +238,7 @@ def prepare_graft(
         dup = next(n for n in names if names.count(n) > 1)
         raise GraftInputError(f"two schemes are named {dup!r}; rows are keyed by scheme name")
     check_roles(schemes, roles)
-    roles, ordered = _with_scaled_models(schemes, roles, ordered)
+    roles, ordered = _with_scaled_models(schemes, roles, ordered, build_scaled)
     prompt_spans = check_prompts(prompts, spans) if prompts is not None else []
     if tokenizer is not None:
         check_tokenizer(tokenizer)
