@@ -231,3 +231,17 @@ def test_the_scale_preset_runs_and_draws_its_lines(tmp_path):
     paths = write_report(result.run_dir)
     lines = [f for f in paths.figures if "scale_lines" in f.png.name]
     assert len(lines) == 2 and all(f.png.stat().st_size > 10_000 for f in lines)  # one per template
+
+
+def test_non_finite_logits_are_flagged_not_returned_silently(tiny_pair, tiny_tok):
+    """Gemma 2 (sliding window 3) with a padded tail longer than the window: HF's eager attention
+    gives the padded row NaN; ``wg.graft`` says so (and stays quiet when every row is finite)."""
+    pre, sft = tiny_pair("gemma2")
+    with pytest.warns(RuntimeWarning, match="1 of 2 prompts have non-finite logits"):
+        out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, ["The capital of France is", "Paris is in"], [])
+    assert bool(out.logits[1].isnan().any()) and bool(torch.isfinite(out.logits[0]).all())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        wg.graft({"pre": pre, "sft": sft}, tiny_tok, PROMPTS, [])

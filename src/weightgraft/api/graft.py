@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, TYPE_CHECKING
 
@@ -56,6 +57,7 @@ def graft(
         )
     rows = torch.arange(len(encoded), device=logits.device)
     last = logits[rows, batch.last.to(logits.device)] if full_logits else logits[:, 0]
+    _flag_non_finite(last, list(prompts))
     return GraftOutput(
         prompts=list(prompts), logits=last, input_ids=batch.input_ids,
         attention_mask=batch.attention_mask, tokenizer=tokenizer, source=batch.source, roles=roles,
@@ -63,6 +65,16 @@ def graft(
         cache=stacked(seen) if names else None, protocol=protocol,
     )
 
+
+
+def _flag_non_finite(logits: torch.Tensor, prompts: list[str]) -> None:
+    """A warning naming the prompts whose logits are not all finite (never a silent NaN)."""
+    bad = [i for i, ok in enumerate(torch.isfinite(logits).all(dim=-1).tolist()) if not ok]
+    if bad:
+        warnings.warn(f"{len(bad)} of {len(prompts)} prompts have non-finite logits (prompt {bad[0]}: "
+                      f"{prompts[bad[0]]!r}); under padding, a sliding-window model's fully masked padded "
+                      "positions can make them NaN in eager attention: run those prompts alone or with less padding",
+                      RuntimeWarning, stacklevel=3)
 
 
 def check_cache(cache: bool | Sequence[str], model: nn.Module) -> list[str]:
