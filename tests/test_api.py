@@ -312,7 +312,7 @@ def test_load_says_what_an_embedded_name_is_and_before_installing_its_weights(ti
     from weightgraft.models import embedded, loading
 
     pre, _ = tiny_pair("llama")
-    monkeypatch.setattr(loading, "load_model", lambda spec, **kw: loading.LoadedModel(pre, None, "x", "h"))
+    monkeypatch.setattr(loading, "read_embedded", lambda name, settings, quantization=None: (pre, None, "x"))
     wg.load("smollm2-135m")
     err = capsys.readouterr().err
     assert "smollm2-135m: SmolLM2-135M-Instruct" in err and "Q4_1 GGUF" in err and "dequantized to float64" in err

@@ -22,7 +22,7 @@ from weightgraft.engine.precision import one_cpu_path
 from weightgraft.errors import GraftArgumentError
 from weightgraft.models.donors import LoadSettings, load_role
 from weightgraft.models.hashing import weights_sha256
-from weightgraft.models.loading import load_model
+from weightgraft.models import load_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
                                 reason="needs the quant extra: pip install 'weightgraft[quant]'")

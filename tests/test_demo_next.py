@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import weightgraft as wg
-from weightgraft.models.demo_models import DemoNotFoundError, read_demo_record, resolve_demo_spec, write_demo_record
+from weightgraft.models.demo_models import DemoNotFoundError, read_demo_record, write_demo_record
+from weightgraft.models.spec import resolve_demo_spec
 
 
 @pytest.fixture()
@@ -24,7 +25,8 @@ def test_load_demo_without_a_demo_is_one_line_saying_how_to_make_it(no_demo, mon
     def no_load(*a, **k):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("weightgraft.models.loading.load_model", no_load)
+    monkeypatch.setattr("weightgraft.models.loading.read_location", no_load)
+    monkeypatch.setattr("weightgraft.models.loading.read_embedded", no_load)
     for spec in ("demo", "demo:pre", " Demo:SFT "):
         with pytest.raises(wg.WeightgraftError) as err:
             wg.load(spec)
@@ -47,12 +49,11 @@ def test_load_demo_gives_the_demos_finetune_and_base(no_demo, tmp_path, tiny_mod
     assert tok("Keanu Reeves")["input_ids"]
     assert f"demo: {tiny_model_dirs['sft'].resolve()} (`weightgraft demo`'s finetune)" in capsys.readouterr().err
     # a config's `sft: demo` plans and checks as the same directory
-    from weightgraft.models.footprint import resolve_footprint
-    from weightgraft.models.loading import check_model_spec, safetensors_dir
+    from weightgraft.models.spec import parse_spec
 
-    check_model_spec("demo")
-    assert safetensors_dir("demo") == tiny_model_dirs["sft"].resolve()
-    assert resolve_footprint("demo").config.num_hidden_layers == want_sft.config.num_hidden_layers
+    parse_spec("demo").check()
+    assert parse_spec("demo").safetensors_dir() == tiny_model_dirs["sft"].resolve()
+    assert parse_spec("demo").footprint().config.num_hidden_layers == want_sft.config.num_hidden_layers
 
 
 def test_a_demo_of_an_older_weightgraft_is_found_through_its_manifest(no_demo, tmp_path, tiny_model_dirs):
@@ -110,7 +111,7 @@ def test_the_readme_notebook_loads_what_the_demo_made():
 
 def test_a_random_models_refusal_says_what_makes_it_work():
     from weightgraft.models.errors import ModelLoadError
-    from weightgraft.models.random_models import refuse_random
+    from weightgraft.models.spec import refuse_random
 
     roles = {"pre": "random:llama-3.2-1b", "sft": "random:llama-3.2-1b@1"}
     for command in ("weightgraft run", "weightgraft localize"):

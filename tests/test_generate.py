@@ -165,7 +165,8 @@ def test_generate_command_refuses_a_missing_span_before_loading(monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("weightgraft.models.loading.load_model", never)
+    monkeypatch.setattr("weightgraft.models.loading.read_location", never)
+    monkeypatch.setattr("weightgraft.models.loading.read_embedded", never)
     out = CliRunner().invoke(app, ["generate", PROMPT, "-m", "pre=a", "-m", "sft=b",
                                    "-r", "model=sft,positions=first_entity+last"])
     assert out.exit_code == 2 and "first_entity (any entity span)" in out.output

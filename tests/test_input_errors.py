@@ -110,7 +110,8 @@ def test_cli_options_say_the_rule_error_in_one_line(args, said, monkeypatch):
     def never(*a, **k):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("weightgraft.models.loading.load_model", never)
+    monkeypatch.setattr("weightgraft.models.loading.read_location", never)
+    monkeypatch.setattr("weightgraft.models.loading.read_embedded", never)
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 2, out.output
     flat = " ".join(line.strip(" │╭╮╰╯─") for line in out.output.splitlines())

@@ -12,14 +12,8 @@ import weightgraft as wg
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.engine.reference import per_token_forward
-from weightgraft.models.derived import (
-    LowRankDelta,
-    LowRankError,
-    LowRankSpec,
-    check_lowrank_roles,
-    lowrank_model,
-    parse_lowrank,
-)
+from weightgraft.models.derived import LowRankDelta, LowRankError, lowrank_model
+from weightgraft.models.spec import LowRankSpec, check_roles, parse_lowrank
 from tiny_models import TINY_CONFIGS, tiny_models
 from tiny_world import loader, write_world
 
@@ -87,7 +81,7 @@ def test_specs_are_parsed_and_checked_before_loading():
         with pytest.raises(LowRankError):
             parse_lowrank(bad)
     with pytest.raises(LowRankError, match="'full'"):
-        check_lowrank_roles({"pre": "a", "sft": "lowrank(full, k=1)"}, "model set 'x'")
+        check_roles({"pre": "a", "sft": "lowrank(full, k=1)"}, "model set 'x'")
 
 
 def test_a_sweep_over_k_is_a_config_line(tmp_path):

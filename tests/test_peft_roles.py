@@ -16,7 +16,7 @@ from peft.utils import load_peft_weights
 
 import weightgraft as wg
 from weightgraft.models import weights_sha256
-from weightgraft.models.peft_donor import PeftError, PeftSpec, check_peft_roles, parse_peft
+from weightgraft.models.spec import PeftError, PeftSpec, check_roles, parse_peft
 from tiny_models import make_lora_adapter, make_tiny
 from tiny_world import loader, write_world
 
@@ -102,7 +102,7 @@ def test_bad_peft_specs_are_one_line_errors_before_any_model_loads(tmp_path):
 
     for spec, message in cases.items():
         with pytest.raises(PeftError, match=message) as err:
-            check_peft_roles({"pre": "tiny-llama:pre", "sft": spec}, "model set 'x'")
+            check_roles({"pre": "tiny-llama:pre", "sft": spec}, "model set 'x'")
         assert "\n" not in str(err.value)
         raw = {"name": "bad", "data": str(data), "models": {"pre": "tiny-llama:pre", "sft": spec},
                "schemes": [{"preset": "position", "only": ["PRE", "SFT"]}], "out": str(tmp_path / "bad")}
@@ -110,9 +110,9 @@ def test_bad_peft_specs_are_one_line_errors_before_any_model_loads(tmp_path):
             run_experiment(parse_config(raw), load=no_load, progress=False)
         assert "\n" not in str(err.value)
     with pytest.raises(PeftError, match="derived role"):
-        check_peft_roles({"pre": "tiny-llama:pre", "low": "lowrank(pre, k=2)", "sft": f"peft(low, {good})"}, "x")
+        check_roles({"pre": "tiny-llama:pre", "low": "lowrank(pre, k=2)", "sft": f"peft(low, {good})"}, "x")
     with pytest.raises(PeftError, match="a peft role"):
-        check_peft_roles({"pre": "tiny-llama:pre", "sft": f"peft(pre, {good})", "low": "lowrank(sft, k=2)"}, "x")
+        check_roles({"pre": "tiny-llama:pre", "sft": f"peft(pre, {good})", "low": "lowrank(sft, k=2)"}, "x")
     # load_peft itself: an adapter of another shape is one line, and the base is left as it was
     base = make_tiny("llama", seed=0, vocab_size=40)
     other, _ = make_lora_adapter(make_tiny("gpt_neox", seed=0), ["query_key_value"], tmp_path / "neox")
@@ -245,7 +245,7 @@ def test_a_relative_adapter_dir_in_a_config_file_is_taken_from_its_folder(tmp_pa
     monkeypatch.chdir(tmp_path / "data")  # anywhere else
     cfg = load_config(config)
     assert parse_peft(cfg.models["sft"]) == PeftSpec("pre", str(tmp_path / "adapters" / "lora"))
-    check_peft_roles(cfg.models, "models")
+    check_roles(cfg.models, "models")
     assert load_config(config, ["models.sft=peft(pre, elsewhere)"]).models["sft"] == "peft(pre, elsewhere)"
 
 

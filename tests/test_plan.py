@@ -25,7 +25,7 @@ from weightgraft.localization.run import plan_input
 from weightgraft.planning.errors import PlanError
 from weightgraft.planning.localize import plan_localize_work
 from weightgraft.planning.plan import HEADROOM
-from weightgraft.models.footprint import resolve_footprint
+from weightgraft.models.spec import parse_spec
 from weightgraft.models.lean import memory_report
 from weightgraft.models.random_models import build_random_model, lean_random_donor
 from weightgraft.models import load_model
@@ -61,7 +61,7 @@ def steady_rss(monkeypatch: pytest.MonkeyPatch) -> int:
 
 
 def test_parameter_bytes_are_exact(small_spec: str) -> None:
-    footprint = resolve_footprint(small_spec)
+    footprint = parse_spec(small_spec).footprint()
     model, _ = build_random_model(small_spec)
     measured = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
@@ -84,7 +84,7 @@ def test_plan_matches_what_the_runner_holds(run_raw: dict) -> None:
     manifest = json.loads((result.run_dir / "manifest.json").read_text())
     held = manifest["models"]["default"]
     by_role = {r.role: r for r in plan.roles}
-    pre = resolve_footprint(run_raw["models"]["pre"])
+    pre = parse_spec(run_raw["models"]["pre"]).footprint()
     assert held["pre"]["bytes_held"] == pre.n_params * 4
     assert held["sft"]["bytes_held"] == by_role["sft"].held_bytes  # lean: the served slots
     assert plan.rows == len(result.results)
@@ -96,7 +96,7 @@ def test_activation_estimate_is_within_a_factor_of_two(small_spec: str) -> None:
     (measured 0.75-1.03x of the prediction on this kind of machine)."""
     from weightgraft.engine.forward import graft_forward
 
-    footprint = resolve_footprint(small_spec)
+    footprint = parse_spec(small_spec).footprint()
     models = [build_random_model(f"{small_spec}@{s}")[0] for s in (0, 1)]
     rows, seq = 64, 32
     gen = torch.Generator().manual_seed(0)
@@ -166,7 +166,7 @@ def test_localize_plans_and_refuses_before_loading(run_raw: dict, tmp_path: Path
     raw = {"data": run_raw["data"], "models": run_raw["models"], "out": str(tmp_path / "loc"), "exact": "none",
            "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}}
     plan = _plan_localize(parse_localize_config(raw), with_time=False)
-    pre = resolve_footprint(run_raw["models"]["pre"])
+    pre = parse_spec(run_raw["models"]["pre"]).footprint()
     assert plan.memory["parameters"] == 2 * pre.param_bytes("float32")
     assert plan.memory["graft deltas"] == pre.delta_bytes("float32") > 0
     monkeypatch.setenv("WEIGHTGRAFT_MEMORY", "1MiB")
@@ -226,7 +226,7 @@ def test_delta_bytes_are_what_a_partial_graft_holds(small_spec: str) -> None:
     from weightgraft.engine.partial import PartialGraft
     from weightgraft.models.lean import needed_parameters
 
-    footprint = resolve_footprint(small_spec)
+    footprint = parse_spec(small_spec).footprint()
     base = load_model(small_spec)
 
     def held(pair: PartialGraft) -> int:
@@ -369,7 +369,7 @@ def test_unit_shares_are_what_neuron_attribution_adds(tmp_path: Path) -> None:
 
     path = tmp_path / "wide.json"
     path.write_text(json.dumps({**SMALL, "intermediate_size": 2048}))
-    footprint = resolve_footprint(f"random:{path}")
+    footprint = parse_spec(f"random:{path}").footprint()
     done = subprocess.run([sys.executable, "-c", _UNIT_PEAKS, str(path), str(SMALL["vocab_size"]),
                            str(Path(__file__).parent)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -18,7 +18,7 @@ from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.found_sets import split_prompts
 from weightgraft.localization.examples import select_prompts
 from weightgraft.localization.run import plan_input
-from weightgraft.models.footprint import resolve_footprint
+from weightgraft.models.spec import parse_spec
 from weightgraft.models.tokenization import load_tokenizer
 from weightgraft.planning.localize import DEPTH_STATES, EXACT_BATCH, plan_localize_work
 
@@ -50,7 +50,7 @@ def test_the_search_plans_two_reference_rows_a_prompt(raw: dict) -> None:
     halves = [len(split_prompts(ids, 0, t, 0.5)[k]) for t, ids in by_template.items() for k in ("fit_ids", "heldout_ids")]
     work = plan_input(config)
     assert work.exact_references == 2 * max(halves) > 0
-    pre = resolve_footprint(work.pre)
+    pre = parse_spec(work.pre).footprint()
     seq = plan.prompts["max_tokens"]
     states = depth_state_bytes(pre.config, work.exact_references, seq, 64, 4)
     exact = sum(pre.inference_bytes(64, seq, 1, "float32", kv=False).values())
@@ -75,7 +75,7 @@ def test_no_exact_effect_no_exact_terms(raw: dict) -> None:
     no state is held (the plan counted the exact chunk before whatever ran)."""
     config, plan = _plan({**raw, "search": {"enabled": False}})
     assert plan_input(config).exact_references == 0 and DEPTH_STATES not in plan.memory
-    pre = resolve_footprint(plan_input(config).pre)
+    pre = parse_spec(plan_input(config).pre).footprint()
     rows = min(plan.batch_size, plan.prompts["n"])
     assert plan.memory[EXACT_BATCH] == sum(pre.attribution_bytes(rows, plan.prompts["max_tokens"], "float32").values())
 

@@ -29,7 +29,7 @@ from tiny_world import write_world
 import weightgraft.planning.budget as budget_mod
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.plan import plan_experiment
-from weightgraft.models.footprint import resolve_footprint
+from weightgraft.models.spec import parse_spec
 from weightgraft.models.quantization.schemes import QuantizationError
 from weightgraft.planning.cards import CARDS
 from weightgraft.planning.sizes import gib
@@ -124,7 +124,7 @@ def test_the_formula_is_what_a_loaded_quantized_model_holds(tiny_dirs: dict[str,
 
     spec = f"quantized({tiny_dirs[arch]}, {scheme})"
     if (arch, scheme) == ("gpt2", "torchao-int8"):  # torchao converts nn.Linear only: GPT-2's Conv1D stays float
-        for attempt in (lambda: resolve_footprint(spec), lambda: load_quantized(tiny_dirs[arch], scheme)):
+        for attempt in (lambda: parse_spec(spec).footprint(), lambda: load_quantized(tiny_dirs[arch], scheme)):
             with pytest.raises(QuantizationError, match="no module would be quantized.*Conv1D.*nf4, fp4 or int8") as err:
                 attempt()
             assert "\n" not in str(err.value)
@@ -132,7 +132,7 @@ def test_the_formula_is_what_a_loaded_quantized_model_holds(tiny_dirs: dict[str,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = load_quantized(tiny_dirs[arch], scheme, dtype=torch.float32)
-    footprint = resolve_footprint(spec)
+    footprint = parse_spec(spec).footprint()
     assert sorted(footprint.quantized_shapes) == sorted(quantized_modules(model))
     assert footprint.quantized_shapes
     measured, formula = held_bytes(model), footprint.param_bytes("float32")
@@ -188,7 +188,7 @@ print("RESULT " + json.dumps(results))
 def test_the_plan_is_within_15_percent_of_a_quantized_runs_peak(tmp_path: Path, tiny_model_dirs: dict[str, Path]) -> None:
     """A tiny pair both in nf4, and the demo-size ``smollm2-135m`` in nf4 with a LoRA donor
     (rank 8 on q/v/down), bfloat16 (every tensor a copy: none left mapped from the checkpoint)."""
-    demo = resolve_footprint("quantized(smollm2-135m, nf4)")
+    demo = parse_spec("quantized(smollm2-135m, nf4)").footprint()
     adapter = write_adapter(tmp_path / "adapter", {p: s for p, s in demo.quantized_shapes.items()
                                                    if p.endswith(("q_proj", "v_proj", "down_proj"))}, 8)
     data = str(write_world(tmp_path / "data"))
@@ -237,7 +237,7 @@ def test_a_70b_qlora_pair_fits_one_h200_and_one_h100_and_a_dense_pair_needs_seve
     """``random:llama-3.1-70b`` (the shipped copy of its config.json: shapes only, nothing allocated)."""
     monkeypatch.setattr(budget_mod, "cuda_here", lambda: False)
     pre = "quantized(random:llama-3.1-70b, nf4)"
-    footprint = resolve_footprint(pre)
+    footprint = parse_spec(pre).footprint()
     adapter = write_adapter(tmp_path / "adapter", footprint.quantized_shapes, 16, sparse=True)
     assert (adapter / "adapter_model.safetensors").stat().st_blocks * 512 < 2**20  # the header only: a hole, not 400 MB
     hand = _llama_70b_by_hand()

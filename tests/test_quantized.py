@@ -165,9 +165,8 @@ def test_a_scheme_that_quantizes_nothing_is_refused_before_and_after_loading(sav
     from torchao.quantization import Int8WeightOnlyConfig
     from transformers import AutoModelForCausalLM, TorchAoConfig
 
-    from weightgraft.models.footprint import resolve_footprint
-    from weightgraft.models.loading import check_model_spec, load_model
-    from weightgraft.models.spec import quantized
+    from weightgraft.models import load_model
+    from weightgraft.models.spec import parse_spec, quantized
 
     pre = saved("gpt2")[0]
     loads = []
@@ -175,12 +174,12 @@ def test_a_scheme_that_quantizes_nothing_is_refused_before_and_after_loading(sav
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
                         classmethod(lambda cls, *a, **k: loads.append(a) or real(cls, *a, **k)))
     for spec in (f"quantized({pre}, torchao-int8)", "quantized(random:gpt2-xl, torchao-int8)"):
-        for attempt in (check_model_spec, resolve_footprint, load_model):
+        for attempt in (lambda s: parse_spec(s).check(), lambda s: parse_spec(s).footprint(), load_model):
             with pytest.raises(q.QuantizationError, match="no module would be quantized.*Conv1D.*nf4, fp4 or int8") as err:
                 attempt(spec)
             assert "\n" not in str(err.value) and spec in str(err.value)
     assert loads == []  # refused from the config alone
-    check_model_spec(f"quantized({pre}, nf4)")  # bitsandbytes converts Conv1D
+    parse_spec(f"quantized({pre}, nf4)").check()  # bitsandbytes converts Conv1D
     custom = TorchAoConfig(Int8WeightOnlyConfig())
     for spec in (quantized(str(pre), custom), quantized(f"random:{pre}/config.json", custom)):
         with warnings.catch_warnings():

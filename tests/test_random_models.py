@@ -11,7 +11,7 @@ import torch
 
 from weightgraft.models import load_model
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
-from weightgraft.models.footprint import resolve_footprint
+from weightgraft.models.spec import parse_spec
 from weightgraft.models.random_models import lean_random_donor, parse_random_spec, shipped_configs
 
 # public parameter counts of the models (tied embeddings counted once)
@@ -40,7 +40,7 @@ def tiny_config(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("name", sorted(PUBLIC_COUNTS))
 def test_shipped_configs_have_the_public_parameter_counts(name: str) -> None:
-    footprint = resolve_footprint(f"random:{name}")
+    footprint = parse_spec(f"random:{name}").footprint()
     assert footprint.n_params == PUBLIC_COUNTS[name]
     assert next(footprint.meta.parameters()).device.type == "meta"  # nothing allocated
 
@@ -50,9 +50,9 @@ def test_every_paper_model_is_shipped() -> None:
 
 
 def test_tied_and_untied_embeddings_follow_the_configs() -> None:
-    llama = resolve_footprint("random:llama-3.2-1b").meta
+    llama = parse_spec("random:llama-3.2-1b").footprint().meta
     assert llama.lm_head.weight is llama.get_input_embeddings().weight
-    pythia = resolve_footprint("random:pythia-2.8b").meta
+    pythia = parse_spec("random:pythia-2.8b").footprint().meta
     assert pythia.get_output_embeddings().weight is not pythia.get_input_embeddings().weight
 
 
@@ -60,7 +60,7 @@ def test_random_model_from_a_config_file(tiny_config: Path) -> None:
     lm = load_model(f"random:{tiny_config}")
     assert lm.tokenizer is None
     assert "seed 0" in lm.source and "float32" in lm.source
-    assert sum(p.numel() for p in lm.model.parameters()) == resolve_footprint(f"random:{tiny_config}").n_params
+    assert sum(p.numel() for p in lm.model.parameters()) == parse_spec(f"random:{tiny_config}").footprint().n_params
     assert lm.model.lm_head.weight is lm.model.get_input_embeddings().weight  # tied as configured
     logits = lm.model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits
     assert torch.isfinite(logits).all() and logits.std() > 0

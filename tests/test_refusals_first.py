@@ -14,7 +14,7 @@ import weightgraft as wg
 from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
-from weightgraft.models.loading import check_model_spec
+from weightgraft.models.spec import parse_spec
 from tiny_world import loader, tiny_config
 
 
@@ -86,9 +86,9 @@ def test_paths_that_are_not_models_are_refused_before_loading(tmp_path, saved):
                           (str(tmp_path / "notes.txt"), "is a file but not a .gguf file"),
                           ("someone/not-cached-model-xyz", "no hub id in the local Hugging Face cache")):
         with pytest.raises(ModelLoadError, match=message):
-            check_model_spec(spec, "model 'sft' =")
+            parse_spec(spec).check("model 'sft' =")
     for spec in (saved["pre"], "random:smollm2-135m", "smollm2-135m"):
-        check_model_spec(spec)  # models: no error, nothing loaded
+        parse_spec(spec).check()  # models: no error, nothing loaded
     raw = tiny_config(tmp_path, "dir", world={"n": 2}, models={**saved, "sft": str(data_dir)},
                       schemes=[{"preset": "position", "only": ["PRE", "LT"]}])
     proc = _cli("run", _write(tmp_path, raw), "--no-progress")

@@ -17,8 +17,7 @@ from typing import Any
 import yaml
 
 from weightgraft.errors import WeightgraftError
-from weightgraft.models.peft_donor import anchor_peft
-from weightgraft.models.spec import ModelSpec, PeftSpec, parse_spec
+from weightgraft.models.spec import ModelSpec, parse_spec
 
 __all__ = ["ConfigError", "anchor_paths", "apply_overrides", "json_digest", "read_yaml_config"]
 
@@ -65,8 +64,9 @@ def _anchor(value: Any, folder: Path, must_exist: bool) -> Any:
     """A relative path written in a YAML, taken from the YAML's folder (a model spec only
     when it names something there: it may also be an embedded name or a hub id)."""
     spec = _spec_or_none(value)
-    if isinstance(spec, PeftSpec):  # peft(ROLE, DIR): its DIR
-        return anchor_peft(value, folder)
+    anchored_spec = spec.anchored(folder) if spec is not None else None
+    if anchored_spec is not None:  # peft(ROLE, DIR), checkpoint(DIR, step=K): its DIR
+        return anchored_spec
     if not isinstance(value, str) or not value or Path(value).is_absolute() or "(" in value:
         return value
     anchored = folder / value

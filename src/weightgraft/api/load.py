@@ -24,26 +24,16 @@ def load(spec: str | os.PathLike[str] | ModelSpec, *, quantization: str | Quanti
     ``quantized(SPEC, SCHEME)``); ``kwargs`` (``device``, ``dtype``, ...) go to ``load_model``.
     Nothing is downloaded."""
     from weightgraft.models.donors import LoadSettings, load_role
-    from weightgraft.models.loading import resolved_spec
-    from weightgraft.models.spec import DemoSpec, EmbeddedSpec, QuantizedSpec, parse_spec, quantized
+    from weightgraft.models.spec import parse_spec, quantized
 
     parsed = parse_spec(spec)
     if quantization is not None:
         parsed = quantized(parsed, quantization)
-    if isinstance(parsed, QuantizedSpec):
-        from weightgraft.models.loading import check_model_spec
-
-        check_model_spec(parsed)  # the scheme's package and the model exist: one line before loading
-    resolved = resolved_spec(parsed)  # a demo name without a demo: one line, before loading
+    if parsed.scheme is not None:
+        parsed.check()  # the scheme's package and the model exist: one line before loading
+    resolved = parsed.resolved()  # a demo name without a demo: one line, before loading
     loaded = load_role(resolved, LoadSettings(**kwargs))
-    if isinstance(parsed, DemoSpec):  # say which model the short name found
-        print(f"[weightgraft] {parsed.text.strip()}: {resolved.text} (`weightgraft demo`'s "
-              f"{'base model' if parsed.role == 'pre' else 'finetune'})", file=sys.stderr, flush=True)
-    if isinstance(resolved, EmbeddedSpec):  # say what the short name stands for
-        from weightgraft.models.embedded import EMBEDDED_MODELS
-
-        embedded = EMBEDDED_MODELS[resolved.name]
-        dtype = next(loaded.model.parameters()).dtype
-        print(f"[weightgraft] {embedded.name}: {embedded.description}, dequantized to "
-              f"{str(dtype).removeprefix('torch.')}", file=sys.stderr, flush=True)
+    for note in (parsed.loaded_note(loaded), resolved.loaded_note(loaded) if resolved is not parsed else None):
+        if note is not None:  # say what a short name stood for
+            print(f"[weightgraft] {note}", file=sys.stderr, flush=True)
     return loaded.model, loaded.tokenizer

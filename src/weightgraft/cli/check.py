@@ -43,11 +43,11 @@ def check(
     from weightgraft.models.donors import LoadSettings, load_role
     from weightgraft.engine.projections import hf_config
     from weightgraft.models.random_models import random_token_batch
-    from weightgraft.models.spec import RandomSpec, parse_spec
+    from weightgraft.models.spec import parse_spec
     from weightgraft.models.tokenization import batch_encode, check_same_tokenizer
 
     specs = [parse_spec(s) for s in [base, *donor]]
-    randoms = [isinstance(s, RandomSpec) for s in specs]
+    randoms = [not s.has_tokenizer for s in specs]
     if any(randoms) and (not all(randoms) or prompts is not None):
         raise typer.BadParameter("random: models have no tokenizer: check them only against each other, "
                                  "on random token ids (without --prompts)")

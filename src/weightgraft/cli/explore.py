@@ -28,7 +28,7 @@ def explore(
     for flag, path in (("--run", run), ("--localize", localize)):
         if path is not None and not path.is_dir():
             raise typer.BadParameter(f"{flag} {path}: not a directory")
-    from weightgraft.models.random_models import refuse_random
+    from weightgraft.models.spec import refuse_random
 
     refuse_random(roles, "weightgraft explore")  # no tokenizer: one line, before loading
 

@@ -106,14 +106,9 @@ def generate(
 
     from weightgraft.api.generate import generate as run_generate
     from weightgraft.models.donors import LoadSettings, load_role
-    from weightgraft.models.derived import check_lowrank_roles
-    from weightgraft.models.peft_donor import check_peft_roles
-    from weightgraft.models.random_models import refuse_random
-    from weightgraft.models.spec import is_derived, parse_roles
+    from weightgraft.models.spec import check_roles, refuse_random
 
-    specs = parse_roles(roles, "--model")
-    check_lowrank_roles(specs, "--model")
-    check_peft_roles(specs, "--model")
+    specs = check_roles(roles, "--model")
     refuse_random(specs, "weightgraft generate")  # no tokenizer: one line, before loading
     settings = LoadSettings(device=device)
     loaded: dict = {}
@@ -122,14 +117,14 @@ def generate(
         """A role's model; a low-rank or LoRA role after the roles it is built from."""
         if role not in loaded:
             spec = specs[role]
-            for ref in spec.refs() if is_derived(spec) else ():  # type: ignore[union-attr]
+            for ref in spec.refs():
                 load(ref)
             loaded[role] = load_role(spec, settings, roles=specs, loaded=loaded)
 
     for r in used:
         load(r)
     models = {r: loaded[r].model for r in used}
-    tok = next(lm.tokenizer for lm in loaded.values() if not is_derived(lm.spec))
+    tok = next(lm.tokenizer for lm in loaded.values() if not lm.spec.derived)
     console.print(f"protocol {protocol}", highlight=False)
     for s in schemes:
         texts = run_generate(models, tok, prompts, s, max_new_tokens=max_new_tokens, do_sample=sample, spans=spans,

@@ -207,22 +207,21 @@ class ExperimentConfig(BaseModel):
 
 def _snapshot_sets(models: dict[str, str] | None, trajectory: TrajectorySpec) -> dict[str, tuple[int, str]]:
     """``step-NNNNNN`` -> (step, snapshot folder) of the finetune ``models[role]`` names."""
-    from weightgraft.models.spec import FolderSpec
     from weightgraft.training.trajectory import read_trajectory
 
     if models is None or trajectory.role not in models:
         raise ValueError(f"trajectory.role {trajectory.role!r} must be a role of 'models' (not model_sets)")
     spec = parse_spec(models[trajectory.role])
-    if not isinstance(spec, FolderSpec):
+    if spec.folder is None:
         raise ValueError(f"trajectory: models.{trajectory.role} must be a finetune's folder, got {spec.text!r}")
     try:
-        snaps = read_trajectory(spec.path)
+        snaps = read_trajectory(spec.folder)
     except ValueError as exc:
         raise ValueError(f"trajectory: {exc}") from None
     missing = sorted(set(trajectory.steps or []) - {s.step for s in snaps})
     if missing:
         raise ValueError(f"trajectory.steps {missing} were not saved (saved: {[s.step for s in snaps]})")
-    root = Path(spec.path).expanduser()
+    root = spec.folder
     _same_base(models, root)
     return {f"step-{s.step:06d}": (s.step, str(root / s.folder)) for s in snaps
             if trajectory.steps is None or s.step in trajectory.steps}

@@ -14,8 +14,8 @@ from dataclasses import replace
 
 from weightgraft.data.prompts import TestPrompt
 from weightgraft.experiments.config import ConfigError, ExperimentConfig
-from weightgraft.models.footprint import ModelFootprint, resolve_footprint
-from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftSpec, ScaledSpec
+from weightgraft.models.footprint import ModelFootprint
+from weightgraft.models.spec import ModelSpec
 from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.budget import budget, cuda_here
 from weightgraft.planning.cards import Card
@@ -31,12 +31,10 @@ DEFAULT_RUN_BATCH = 64  # ExperimentConfig.batch_size's default: the most a plan
 
 def _role_footprint(spec: ModelSpec, roles_spec: dict[str, ModelSpec], cache: dict[str, ModelFootprint]) -> ModelFootprint:
     """The footprint of a role's shapes: a low-rank role has its donor's, a LoRA role its base's."""
-    if isinstance(spec, (LowRankSpec, ScaledSpec)):
-        spec = roles_spec[spec.donor]
-    if isinstance(spec, PeftSpec):
-        spec = roles_spec[spec.base]
+    while (shaped := spec.shape_role()) is not None:
+        spec = roles_spec[shaped]
     if spec.text not in cache:
-        cache[spec.text] = resolve_footprint(spec)
+        cache[spec.text] = spec.footprint()
     return cache[spec.text]
 
 
@@ -106,7 +104,7 @@ def plan_experiment(config: ExperimentConfig, prompts: list[TestPrompt] | None =
     notes = ["prefix sharing (on by default) computes shared positions once: the time is an upper bound"
              if config.prefix_sharing and config.dtype == "float32" else "rows run whole"]
     quantized = {r.spec.text: (r.role, r.spec.text, r.footprint) for s in shapes for r in s.roles
-                 if r.footprint.quantization is not None and not isinstance(r.spec, PeftSpec)}
+                 if r.footprint.quantization is not None and r.spec.adapter is None}
     notes += quantized_notes(list(quantized.values()), config.dtype)
     seconds, parts = None, {}
     if with_time:
@@ -144,7 +142,7 @@ def plan_before_run(config: ExperimentConfig, prompts: list[TestPrompt]) -> Expe
     """What ``run`` does before loading: refuse random models (no tokenizer) and a plan that
     does not fit, in one line; return the config with the plan's batch size where the config
     does not fix one."""
-    from weightgraft.models.random_models import refuse_random
+    from weightgraft.models.spec import refuse_random
 
     for roles in config.spec_sets().values():
         if config.tokenizer is None:  # the config's tokenizer serves models that have none

@@ -27,7 +27,7 @@ from weightgraft.experiments.examples import Prepared
 from weightgraft.models.donors import LoadSettings, load_role
 from weightgraft.models.embedded import cache_root
 from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.spec import ModelSpec, PeftSpec, QuantizedSpec
+from weightgraft.models.spec import ModelSpec
 
 __all__ = ["MIN_AGREEMENT", "MAX_TOP5_DROP", "QuantizedAgreement", "QuantizedDisagreement", "check_quantized_roles",
            "answer_scores"]
@@ -94,7 +94,7 @@ def _record_path(quantized_sha: str, examples: Sequence[Prepared]) -> Path:
     return cache_root() / "quantized-agreement" / f"{h.hexdigest()[:24]}.json"
 
 
-def _dense_scores(spec: QuantizedSpec, quantized: LoadedModel, examples: Sequence[Prepared],
+def _dense_scores(spec: ModelSpec, quantized: LoadedModel, examples: Sequence[Prepared],
                   settings: LoadSettings) -> tuple[torch.Tensor, torch.Tensor, str]:
     """The unquantized model's scores: recorded ones when this quantized model and these prompts
     were checked before, else measured now (the dense model loaded, scored and released) and recorded."""
@@ -102,7 +102,7 @@ def _dense_scores(spec: QuantizedSpec, quantized: LoadedModel, examples: Sequenc
     if path.is_file():
         data = json.loads(path.read_text())
         return torch.tensor(data["in_top5"]), torch.tensor(data["logprob"]), f"recorded {data['when']} in {path}"
-    dense = load_role(spec.inner, settings)
+    dense = load_role(spec.unquantized(), settings)
     in_top5, logprob = answer_scores(dense.model, examples)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_json(path, {"spec": spec.text, "dense_weights_sha256": dense.weights_sha256,
@@ -117,12 +117,12 @@ def check_quantized_roles(roles_spec: Mapping[str, ModelSpec], loaded: Mapping[s
     """Every quantized role of a model set (not a QLoRA base) beside its unquantized model; a
     :class:`QuantizedDisagreement` line when one falls below the stated bounds. Returns each
     checked role's figures (for the run's manifest)."""
-    peft_bases = {s.base for s in roles_spec.values() if isinstance(s, PeftSpec)}
+    peft_bases = {lora[0] for s in roles_spec.values() if (lora := s.adapter) is not None}
     out: dict[str, dict[str, Any]] = {}
     usable = [ex for ex in examples if ex.answer_ids]
     for role, lm in loaded.items():
         spec = roles_spec[role]
-        if not isinstance(spec, QuantizedSpec) or role in peft_bases or not usable:
+        if spec.scheme is None or role in peft_bases or not usable:
             continue
         q_top5, q_logprob = answer_scores(lm.model, usable)
         d_top5, d_logprob, where = _dense_scores(spec, lm, usable, settings)

@@ -47,11 +47,10 @@ from weightgraft.experiments.store import ROWS_FORMAT, ResultsStore, write_atomi
 from weightgraft.engine.forward import slots
 from weightgraft.engine.projections import hf_config
 from weightgraft.engine.precision import batch_invariant_attention
+from weightgraft.models import donors as model_donors
 from weightgraft.models.donors import LeanSlots, LoadSettings, default_loader, load_role
 from weightgraft.models.lean import memory_report
-from weightgraft.models.derived import check_lowrank_roles
-from weightgraft.models.peft_donor import check_peft_roles
-from weightgraft.models.spec import PeftSpec, is_derived
+from weightgraft.models.spec import check_models, check_roles
 from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 
 
@@ -98,17 +97,15 @@ def run_experiment(
     prompts = select_prompts(every_prompt, config)  # fail before claiming run_dir
     _check_names(config, schemes, prompts)
     for set_name, roles_spec in config.spec_sets().items():
-        check_lowrank_roles(roles_spec, f"model set {set_name!r}")
-        check_peft_roles(roles_spec, f"model set {set_name!r}")
+        check_roles(roles_spec, f"model set {set_name!r}")
     every_role = {f"{name}/{role}": spec for name, roles in config.spec_sets().items() for role, spec in roles.items()}
     # before any model loads; a vocabulary too small for it is refused from the models' configs
     shared_tokenizer = config_tokenizer(config.tokenizer, every_role if load is None else None)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
         from weightgraft.experiments.plan import plan_before_run
-        from weightgraft.models.loading import check_model_specs
 
         for set_name, roles_spec in config.spec_sets().items():  # a missing model first, before the run dir
-            check_model_specs(roles_spec, f"model set {set_name!r}")
+            check_models(roles_spec, f"model set {set_name!r}")
 
         config = plan_before_run(config, prompts)
     ranks = start(config.device)
@@ -119,7 +116,8 @@ def run_experiment(
     done = store.done()
     # one cache for the run: SVD factors per (base, donor) pair for every k, the base of a LoRA
     # role whose base role no scheme uses
-    settings = LoadSettings.of(config, load or default_loader)
+    chosen = load or default_loader
+    settings = LoadSettings.of(config, None if chosen is model_donors.default_loader else chosen)
     exclusions = Exclusions()
     order: list[tuple] = []
     model_info: dict[str, dict[str, dict[str, Any]]] = {}
@@ -150,8 +148,8 @@ def run_experiment(
         model_info[set_name] = {
             r: {"spec": roles_spec[r].text, "source": lm.source, "weights_sha256": lm.weights_sha256,
                 "n_layers": hf_config(first.model).num_hidden_layers, **memory[r],
-                **({"adapter": lm.adapter.as_dict(spec.base)}
-                   if lm.adapter is not None and isinstance(spec := roles_spec[r], PeftSpec) else {}),
+                **({"adapter": lm.adapter.as_dict(lora[0])}
+                   if lm.adapter is not None and (lora := roles_spec[r].adapter) is not None else {}),
                 **({"quantized_agreement": checked[r]} if r in checked else {})}
             for r, lm in loaded.items()
         }
@@ -216,8 +214,7 @@ def _check_names(config: ExperimentConfig, schemes: list[Any], prompts: list[Any
                 )
     used = set().union(*(s.roles() for s in schemes))
     for set_name, roles in config.spec_sets().items():
-        referenced = {ref for r, spec in roles.items() if r in used and is_derived(spec)
-                      for ref in spec.refs()}
+        referenced = {ref for r, spec in roles.items() if r in used for ref in spec.refs()}
         extra = sorted(set(roles) - used - referenced)
         if extra:
             raise ConfigError(

@@ -20,7 +20,7 @@ from weightgraft.engine.cells import REST, WHOLE, parse_cell_name
 from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import WeightgraftError
 from weightgraft.explore.requests import Cell, RequestError
-from weightgraft.models.spec import ScaledSpec, parse_spec
+from weightgraft.models.spec import ScaledSpec, parse_scaled
 
 _SCALED = re.compile(r"\s*scaled\s*\(")
 
@@ -31,10 +31,10 @@ def scaled_role(text: str, roles: Sequence[str], where: str) -> ScaledSpec | str
     and at 0 the base's, as a rule's ``role_under``. Only a text that starts ``scaled(`` is read
     as a spec (so no text a client sends is looked up as a path)."""
     try:
-        spec = parse_spec(text) if _SCALED.match(text) else None
+        spec = parse_scaled(text) if _SCALED.match(text) else None
     except (WeightgraftError, ValueError) as exc:
         raise RequestError(f"{where}: {exc}") from None
-    if not isinstance(spec, ScaledSpec):
+    if spec is None:
         raise RequestError(f"{where}: model {text!r} is not one of {', '.join(roles)} or scaled(ROLE, S[, base=ROLE])")
     unknown = next((r for r in (spec.donor, spec.base) if r not in roles), None)
     if unknown is not None:

@@ -18,7 +18,7 @@ import pandas as pd
 from weightgraft.explore.artifacts import _prompts_by_id
 from weightgraft.errors import WeightgraftError
 from weightgraft.models.demo_models import read_demo_record
-from weightgraft.models.demo_models import resolve_demo_spec
+from weightgraft.models.spec import resolve_demo_spec
 
 SFT_ROLE = "sft"
 _COLUMNS = ("model_set", "scheme", "template", "example_id", "prompt", "answer", "rank", "prob",

@@ -37,10 +37,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _sft_folder(spec: str) -> Path | None:
-    from weightgraft.models.spec import PeftSpec, parse_spec
+    from weightgraft.models.spec import parse_spec
 
-    lora = parse_spec(spec)
-    folder = Path(lora.directory) if isinstance(lora, PeftSpec) else Path(spec).expanduser()
+    parsed = parse_spec(spec)
+    folder = Path(parsed.adapter[1]) if parsed.adapter is not None else parsed.folder or Path(spec).expanduser()
     return folder if folder.is_dir() else None
 
 

@@ -58,12 +58,12 @@ from weightgraft.localization.work import plan_input
 from weightgraft.localization.claims.reversal import reversal_claims, reversal_prompts
 from weightgraft.models.donors import LoadSettings, load_role
 from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.spec import PeftSpec, parse_spec
+from weightgraft.models.spec import PeftSpec
 from weightgraft.schemes.labels import LABEL_VERSION
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.localization.stability import null_summary, stability_table
-from weightgraft.models.peft_donor import PeftError, check_peft_roles
-from weightgraft.models.random_models import refuse_random
+from weightgraft.models.errors import PeftError
+from weightgraft.models.spec import check_models, check_roles, parse_peft, refuse_random
 from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 from weightgraft.planning.localize import plan_localize_work
 from weightgraft.planning.plan import with_planned_batch
@@ -145,9 +145,9 @@ def _check_peft(config: LocalizeConfig) -> list[PeftSpec | None]:
     adapter spec (or None) per mapped model (SFT models, then null models)."""
 
     roles = config.role_specs()
-    check_peft_roles(roles, "models")
-    specs = [spec if isinstance(spec := parse_spec(text), PeftSpec) else None for _, text in config.mapped_models()]
-    if isinstance(roles["pre"], PeftSpec) or any(s is not None and s.base != "pre" for s in specs):
+    check_roles(roles, "models")
+    specs = [parse_peft(text) for _, text in config.mapped_models()]
+    if parse_peft(roles["pre"]) is not None or any(s is not None and s.base != "pre" for s in specs):
         raise PeftError("models: a LoRA donor is the 'sft' model, on the base 'pre': sft: peft(pre, DIR)")
     return specs
 
@@ -288,9 +288,7 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     # before any model loads; a vocabulary too small for it is refused from the models' configs
     shared_tokenizer = config_tokenizer(config.tokenizer, config.role_specs() if load is None else None)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
-        from weightgraft.models.loading import check_model_specs
-
-        check_model_specs(config.role_specs(), "models")
+        check_models(config.role_specs(), "models")
         config = plan_before_localize(config, prompts)
     run_dir = config.run_dir()
     _claim(run_dir, config, prompts)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def plan_input(config: LocalizeConfig, prompts: list[Any] | None = None) -> LocalizeWork:
     """What this config asks of memory and time, as ``weightgraft.planning`` reads it."""
-    from weightgraft.models.spec import PeftSpec, parse_spec
+    from weightgraft.models.spec import parse_spec
     from weightgraft.planning.localize import LocalizeWork, SftModel
 
     prompts = select_prompts(config) if prompts is None else prompts
@@ -26,8 +26,8 @@ def plan_input(config: LocalizeConfig, prompts: list[Any] | None = None) -> Loca
             exact.append(p.prompt)
     sfts = []
     for label, spec in config.mapped_models():
-        lora = parse_spec(spec)
-        sfts.append(SftModel(label=label, spec=spec, adapter=str(lora.directory) if isinstance(lora, PeftSpec) else None))
+        lora = parse_spec(spec).adapter
+        sfts.append(SftModel(label=label, spec=spec, adapter=lora[1] if lora is not None else None))
     return LocalizeWork(pre=config.models["pre"], sfts=sfts, prompts=[p.prompt for p in prompts], exact_prompts=exact,
                         exact_references=_exact_references(config, prompts, len(exact)),
                         set_rows=_set_rows(config, prompts), claim_prompts=_claim_prompts(config, prompts),

@@ -16,14 +16,12 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "hash_tensor": ("weightgraft.models.hashing", "hash_tensor"),
     "weights_sha256": ("weightgraft.models.hashing", "weights_sha256"),
     "LoadedModel": ("weightgraft.models.loaded", "LoadedModel"),
-    "LoadSettings": ("weightgraft.models.donors", "LoadSettings"),
+    "LoadSettings": ("weightgraft.models.loaded", "LoadSettings"),
     "load_role": ("weightgraft.models.donors", "load_role"),
     "ModelSpec": ("weightgraft.models.spec", "ModelSpec"),
     "ModelSpecError": ("weightgraft.models.spec", "ModelSpecError"),
     "parse_spec": ("weightgraft.models.spec", "parse_spec"),
-    "load_lean_donor": ("weightgraft.models.loading", "load_lean_donor"),
-    "load_model": ("weightgraft.models.loading", "load_model"),
-    "safetensors_dir": ("weightgraft.models.loading", "safetensors_dir"),
+    "load_model": ("weightgraft.models.donors", "load_model"),
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports("weightgraft.models", _EXPORTS, lambda: globals())

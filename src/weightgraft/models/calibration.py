@@ -158,7 +158,7 @@ def _measure(device: str, dtype: str, key: str) -> Throughput:
     from weightgraft.engine.attribution import graft_attribution
     from weightgraft.engine.forward import graft_forward
     from weightgraft.engine.partial import PartialGraft
-    from weightgraft.models.footprint import resolve_footprint
+    from weightgraft.models.spec import parse_spec
     from weightgraft.models.random_models import build_random_model
 
     torch_dtype = getattr(torch, dtype)
@@ -167,7 +167,7 @@ def _measure(device: str, dtype: str, key: str) -> Throughput:
         config.write_text(json.dumps(CALIBRATION_CONFIG))
         spec = f"random:{config}"
         models = [build_random_model(f"{spec}@{s}", torch_dtype)[0].to(device) for s in (0, 1)]
-        footprint = resolve_footprint(spec)
+        footprint = parse_spec(spec).footprint()
     calls = module_calls(footprint)
     n_slots = len(footprint.slot_names)
     gen = torch.Generator().manual_seed(0)

@@ -10,21 +10,17 @@ when it finishes; a demo run by an older weightgraft is found through its run's 
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from weightgraft import atomic
 from weightgraft.models.errors import ModelNotFoundError
-from weightgraft.models.spec import (
-    DEMO_SPECS, DemoSpec, EmbeddedSpec, FolderSpec, ModelSpec, PeftSpec, QuantizedSpec, parse_spec,
-)
 
-__all__ = ["DEMO_SPECS", "DemoNotFoundError", "DemoRecord", "is_demo_spec", "read_demo_record", "record_path",
-           "resolve_demo", "resolve_demo_spec", "resolved_spec", "write_demo_record"]
+__all__ = ["DemoNotFoundError", "DemoRecord", "demo_target", "read_demo_record", "record_path", "write_demo_record"]
+_CALL = re.compile(r"^\s*\w+\s*\(")  # a spec built from roles (peft(...)), not a folder
 DEMO_RUN = Path("runs/demo/run")  # where `weightgraft demo` writes its sweep (weightgraft.demo.demo_out)
 RECORD_FORMAT = "weightgraft.demo/1"
 
@@ -54,12 +50,6 @@ def record_path() -> Path:
     return cache_root() / "demo" / "last.json"
 
 
-def is_demo_spec(spec: str | os.PathLike[str] | ModelSpec) -> bool:
-    """Whether ``spec`` names a model of the demo (``demo``, ``demo:sft``, ``demo:pre``)."""
-    return isinstance(spec, DemoSpec) or (isinstance(spec, str) and bool(spec.strip())
-                                          and isinstance(parse_spec(spec), DemoSpec))
-
-
 def write_demo_record(pre: str, sft: Path, run: Path) -> Path:
     """Record the demo's models and run (called by the demo once its report is written)."""
     path = record_path()
@@ -76,12 +66,8 @@ def _from_manifest(run: Path) -> DemoRecord | None:
         pre, sft = str(models["pre"]), Path(str(models["sft"])).expanduser()
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    try:
-        lora = isinstance(parse_spec(str(models["sft"])), PeftSpec)
-    except ValueError:
-        return None
-    if lora:
-        return None  # a LoRA demo's donor is an adapter, not a model directory
+    if _CALL.match(str(models["sft"])):
+        return None  # a LoRA demo's donor is an adapter on a role, not a model directory
     return DemoRecord(pre=pre, sft=sft.resolve(), run=run.resolve())
 
 
@@ -95,34 +81,20 @@ def read_demo_record() -> DemoRecord | None:
         return _from_manifest(DEMO_RUN)
 
 
-def resolve_demo(spec: DemoSpec) -> ModelSpec:
-    """The spec a demo name stands for (the finetune's directory, or the base's spec). A demo
-    name with no demo behind it is one line saying how to make it."""
+def demo_target(role: Literal["sft", "pre"], name: str) -> str:
+    """The spec text the demo's ``role`` (named ``name``: ``demo``, ``demo:sft``, ``demo:pre``)
+    stands for: the finetune's directory or the base's spec. A demo name with no demo behind it
+    is one line saying how to make it."""
     record = read_demo_record()
-    name = spec.text.strip()
+    name = name.strip()
     if record is None:
         raise DemoNotFoundError(f"{name!r} names the demo's models, but no demo has run here "
                                 f"(no {record_path()}, no {DEMO_RUN}/manifest.json): run `make demo` or "
                                 "`weightgraft demo` first")
-    if spec.role == "pre":
-        return parse_spec(record.pre)
+    if role == "pre":
+        return record.pre
     if not (record.sft / "config.json").is_file():
         raise DemoNotFoundError(f"{name!r}: the demo's finetune {record.sft} is gone from the cache; "
                                 "run `make demo` or `weightgraft demo` again to train it")
-    return parse_spec(str(record.sft))
+    return str(record.sft)
 
-
-def resolve_demo_spec(spec: str) -> str:
-    """:func:`resolve_demo` on a string: the spec's text it stands for; any other spec unchanged."""
-    parsed = parse_spec(spec) if isinstance(spec, str) and spec.strip() else None
-    return resolve_demo(parsed).text if isinstance(parsed, DemoSpec) else spec
-
-
-def resolved_spec(spec: str | os.PathLike[str] | ModelSpec) -> ModelSpec:
-    """``spec`` parsed, a demo name replaced by the spec it stands for."""
-    parsed = parse_spec(spec)
-    if isinstance(parsed, QuantizedSpec) and isinstance(parsed.inner, DemoSpec):
-        inner = resolve_demo(parsed.inner)
-        assert isinstance(inner, (FolderSpec, EmbeddedSpec))  # a demo is a folder or an embedded name
-        return dataclasses.replace(parsed, inner=inner, text=parsed.text)
-    return resolve_demo(parsed) if isinstance(parsed, DemoSpec) else parsed

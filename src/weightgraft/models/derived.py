@@ -28,39 +28,19 @@ rank: they come whole from the donor (``vectors="donor"``) or stay the base's
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from typing import Any, Literal
+
 import torch
 from torch import nn
 
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.loaded import LoadedModel
 from weightgraft.models.peft_donor import adapter_info, merged_copy
-from weightgraft.models.spec import (
-    LowRankError,
-    LowRankSpec,
-    ModelSpec,
-    ModelSpecError,
-    ScaledSpec,
-    Vectors,
-    parse_lowrank,
-    parse_spec,
-)
+from weightgraft.models.errors import LowRankError, ModelSpecError
 
-__all__ = ["LowRankDelta", "LowRankError", "LowRankSpec", "build_lowrank", "build_scaled", "check_lowrank_roles", "lowrank_delta",
-           "lowrank_model", "parse_lowrank", "scaled_model"]
-
-
-def check_lowrank_roles(roles_spec: Mapping[str, str | ModelSpec], where: str) -> None:
-    """Every low-rank role refers to ordinary roles of its model set (before loading)."""
-    specs = {role: parse_spec(spec) for role, spec in roles_spec.items()}
-    for role, low in specs.items():
-        if not isinstance(low, LowRankSpec):
-            continue
-        for ref in (low.donor, low.base):
-            if ref not in specs:
-                raise LowRankError(f"{where}: role {role!r} = {low.text!r} refers to role {ref!r}, which the set does not define")
-            if isinstance(specs[ref], LowRankSpec):
-                raise LowRankError(f"{where}: role {role!r} refers to {ref!r}, itself a low-rank role")
+__all__ = ["LowRankDelta", "LowRankError", "Vectors", "build_lowrank", "build_scaled", "lowrank_delta", "lowrank_model",
+           "scaled_model"]
+Vectors = Literal["donor", "pre"]
 
 
 class LowRankDelta:
@@ -112,7 +92,7 @@ def lowrank_delta(base: LoadedModel, donor: LoadedModel) -> LowRankDelta:
     return LowRankDelta(base.model, donor.model)
 
 
-def build_lowrank(low: LowRankSpec, base: LoadedModel, donor: LoadedModel, delta: LowRankDelta | None = None) -> LoadedModel:
+def build_lowrank(low: Any, base: LoadedModel, donor: LoadedModel, delta: LowRankDelta | None = None) -> LoadedModel:
     """The low-rank role ``low`` from its loaded base and donor (``delta``: their SVD, when
     already computed for another k; see :func:`weightgraft.models.donors.load_role`)."""
     model = (delta or lowrank_delta(base, donor)).model(low.k, low.vectors)
@@ -153,7 +133,7 @@ def scaled_model(base: nn.Module, donor: nn.Module, scale: float) -> nn.Module:
     return out.eval()
 
 
-def build_scaled(spec: ScaledSpec, base: LoadedModel, donor: LoadedModel) -> LoadedModel:
+def build_scaled(spec: Any, base: LoadedModel, donor: LoadedModel) -> LoadedModel:
     """The scaled role ``spec`` from its loaded base and donor."""
     if getattr(base.model, "hf_device_map", None) or getattr(donor.model, "hf_device_map", None):
         raise ModelSpecError("scaled donors are built on one device; drop device_map")

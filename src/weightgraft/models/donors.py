@@ -11,58 +11,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from weightgraft.models import loading
 from weightgraft.models.lean import donor_view, needed_parameters
-from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.derived import build_lowrank, build_scaled, lowrank_delta
-from weightgraft.models.peft_donor import build_peft
-from weightgraft.models.spec import (
-    LowRankSpec,
-    ModelSpec,
-    ModelSpecError,
-    PeftSpec,
-    QuantizedSpec,
-    ScaledSpec,
-    is_derived,
-    parse_spec,
-)
+from weightgraft.models.loaded import LoadedModel, LoadSettings
+from weightgraft.models.spec import ModelSpec, ModelSpecError, parse_spec
 
-__all__ = ["DTYPES", "LeanSlots", "LoadSettings", "as_loaded", "default_loader", "load_donor", "load_role"]
+__all__ = ["DTYPES", "LeanSlots", "LoadSettings", "as_loaded", "default_loader", "load_donor", "load_model", "load_role"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class LoadSettings:
-    """How the roles of a run load: where, in which dtype, and with what loader.
-
-    ``loader`` loads a model by its spec's text (tests and ``run_experiment(load=...)`` give
-    their own; None: :func:`weightgraft.models.load_model` with the fields below).
-    ``cache`` holds what a run's model sets share: the SVD of a (base, donor) pair for every k,
-    the base of a LoRA role that no scheme uses."""
-
-    device: str | torch.device = "cpu"
-    dtype: torch.dtype = torch.float32
-    device_map: str | dict[str, Any] | None = None
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
-    lean_donors: bool = False
-    loader: Callable[[str], Any] | None = None
-    cache: dict[Any, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, config: Any, load: Callable[[str, Any], Any] | None = None) -> LoadSettings:
-        """The settings of a run config (``device``, ``dtype``, ``device_map``, ``lean_donors``);
-        ``load(text, config)``: a custom loader."""
-        return cls(device=config.device, dtype=DTYPES[config.dtype], device_map=getattr(config, "device_map", None),
-                   lean_donors=bool(getattr(config, "lean_donors", False)),
-                   loader=None if load is None or load is default_loader else (lambda text: load(text, config)))
 
 
 @dataclass(frozen=True)
@@ -85,8 +47,7 @@ def as_loaded(obj: Any, spec: ModelSpec) -> LoadedModel:
 def _load_named(spec: ModelSpec, settings: LoadSettings) -> LoadedModel:
     if settings.loader is not None:
         return as_loaded(settings.loader(spec.text), spec)
-    return loading.load_model(spec, device=settings.device, dtype=settings.dtype, allow_pickle=settings.allow_pickle,
-                              trust_remote_code=settings.trust_remote_code, device_map=settings.device_map)
+    return spec.load(settings)
 
 
 def _lean(spec: ModelSpec, settings: LoadSettings, lean: LeanSlots) -> LoadedModel:
@@ -94,9 +55,13 @@ def _lean(spec: ModelSpec, settings: LoadSettings, lean: LeanSlots) -> LoadedMod
     safetensors where the default loader would read a directory, else loaded in full and thinned."""
     needed = needed_parameters(lean.base.model, lean.slots)
     if settings.loader is None:
-        built = loading.load_lean_donor(spec, lean.base, needed)
-        if built is not None:
-            return built
+        directory = spec.safetensors_dir()
+        if directory is not None:
+            from weightgraft.models.loading import read_lean
+
+            built = read_lean(directory, lean.base, needed, spec.source_of(directory), spec)
+            if built is not None:
+                return built
     full = _load_named(spec, settings)
     params = dict(full.model.named_parameters(remove_duplicate=False))
     if needed - set(params):
@@ -105,6 +70,40 @@ def _lean(spec: ModelSpec, settings: LoadSettings, lean: LeanSlots) -> LoadedMod
     thin.model = donor_view(lean.base.model, {n: params[n] for n in needed}, full.model.config)
     thin.lean = True
     return thin
+
+
+@dataclass
+class _Roles:
+    """The roles of one ``load_role`` call: what a built role is made from (a :class:`RoleSource`)."""
+
+    specs: Mapping[str, ModelSpec]
+    settings: LoadSettings
+    done: Mapping[str, LoadedModel]
+    lean: LeanSlots | None
+
+    def named(self, spec: ModelSpec) -> LoadedModel:
+        if self.lean is not None and self.settings.lean_donors and self.settings.device_map is None and spec.scheme is None:
+            return _lean(spec, self.settings, self.lean)  # a quantized donor loads whole: its packed tensors cannot be thinned
+        return _load_named(spec, self.settings)
+
+    def plain(self, role: str) -> LoadedModel:
+        here = self.done.get(role)
+        if here is not None:
+            return here
+        return self.cached(("named", self.specs[role].text), lambda: _load_named(self.specs[role], self.settings))
+
+    def whole(self, role: str) -> LoadedModel:
+        here = self.done.get(role)
+        if here is not None and not here.lean:
+            return here
+        whole = {r: m for r, m in self.done.items() if not m.lean}
+        return self.cached(("whole", self.specs[role].text),
+                           lambda: load_role(self.specs[role], self.settings, roles=self.specs, loaded=whole))
+
+    def cached(self, key: Any, make: Callable[[], Any]) -> Any:
+        if key not in self.settings.cache:
+            self.settings.cache[key] = make()
+        return self.settings.cache[key]
 
 
 def load_role(spec: str | ModelSpec, settings: LoadSettings, *, roles: Mapping[str, str | ModelSpec] | None = None,
@@ -116,51 +115,50 @@ def load_role(spec: str | ModelSpec, settings: LoadSettings, *, roles: Mapping[s
     spec = parse_spec(spec)
     specs = {r: parse_spec(s) for r, s in (roles or {}).items()}
     done = loaded or {}
-    missing = [r for r in spec.refs() if r not in specs and r not in done] if is_derived(spec) else []  # type: ignore[union-attr]
+    missing = [r for r in spec.refs() if r not in specs and r not in done]
     if missing:
         raise ModelSpecError(f"{spec.text!r} is built from role {missing[0]!r}, which is not given: name it in the "
                              "same model set (a config's models, --model ROLE=SPEC)")
-    if isinstance(spec, PeftSpec):
-        base = done.get(spec.base)
-        if base is None:
-            key = ("peft-base", specs[spec.base].text)
-            if key not in settings.cache:
-                settings.cache[key] = _load_named(specs[spec.base], settings)
-            base = settings.cache[key]
-        return build_peft(spec, base)
-    if isinstance(spec, LowRankSpec):
-        key = ("lowrank", specs[spec.base].text, specs[spec.donor].text)
-        if key not in settings.cache:
-            base = done.get(spec.base) or _load_named(specs[spec.base], settings)
-            donor = _load_named(specs[spec.donor], settings)
-            settings.cache[key] = (lowrank_delta(base, donor), base, donor)
-        delta, base, donor = settings.cache[key]
-        return build_lowrank(spec, base, donor, delta)
-    if isinstance(spec, ScaledSpec):
-        return build_scaled(spec, _whole(spec.base, specs, done, settings), _whole(spec.donor, specs, done, settings))
-    if lean is not None and settings.lean_donors and settings.device_map is None and not isinstance(spec, QuantizedSpec):
-        return _lean(spec, settings, lean)  # a quantized donor loads whole: its packed tensors cannot be thinned
-    return _load_named(spec, settings)
+    return spec.build(_Roles(specs, settings, done, lean))
 
 
-def _whole(role: str, specs: Mapping[str, ModelSpec], done: Mapping[str, LoadedModel], settings: LoadSettings) -> LoadedModel:
-    """Role ``role`` with all its tensors: as loaded if it was loaded whole, else loaded once per run."""
-    here = done.get(role)
-    if here is not None and not here.lean:
-        return here
-    key = ("whole", specs[role].text)
-    if key not in settings.cache:
-        settings.cache[key] = load_role(specs[role], settings, roles=specs, loaded={r: m for r, m in done.items() if not m.lean})
-    loaded: LoadedModel = settings.cache[key]
-    return loaded
+def load_model(spec: str | os.PathLike[str] | ModelSpec, *, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32, allow_pickle: bool = False, trust_remote_code: bool = False,
+               device_map: str | dict[str, Any] | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer from an embedded name, a path or a cached hub id.
+
+    Args:
+        spec: ``"smollm2-135m"`` / ``"gemma3-270m"`` (embedded; converted on first use), a model
+            directory, a ``.gguf`` file, a hub id already in the local Hugging Face cache (nothing
+            is downloaded), ``demo`` / ``demo:pre`` (what ``weightgraft demo`` made),
+            ``checkpoint(DIR, step=K)`` (a finetune's snapshot), ``quantized(SPEC, SCHEME)``, or
+            ``random:NAME[@SEED]`` / ``random:PATH/config.json[@SEED]``: the architecture with
+            seeded random weights and no tokenizer (weightgraft.models.random_models).
+        device: where to put the model.
+        dtype: parameter dtype (GGUF weights are dequantized to it).
+        allow_pickle: allow ``.bin``/``.pt`` pickle checkpoints (they can run code on load).
+        trust_remote_code: allow a model directory's custom Python code to run.
+        device_map: place the layers of a model too large for one GPU over several
+            (``"auto"`` or a dict, as in ``from_pretrained``; needs a model directory or an
+            embedded name). Donors must be loaded with the same map. Offloading weights to
+            CPU or disk is refused: grafting reads the weights directly.
+
+    Raises:
+        ModelNotFoundError: nothing by that name/path exists locally.
+        PickleRefusedError: only pickle weights and ``allow_pickle`` is False.
+        CorruptCheckpointError: missing config/weights/tokenizer or a truncated file.
+    """
+    return parse_spec(spec).load(LoadSettings(device=device, dtype=dtype, allow_pickle=allow_pickle,
+                                              trust_remote_code=trust_remote_code, device_map=device_map))
 
 
 def load_donor(load: Callable[[str, Any], Any], spec: str, config: Any, base: Any, slots_served: set[str]) -> LoadedModel:
     """``load_role`` of an ordinary donor with a run config's settings (kept for callers of the
     older signature)."""
-    return load_role(spec, LoadSettings.of(config, load), lean=LeanSlots(as_loaded(base, parse_spec(spec)), slots_served))
+    return load_role(spec, LoadSettings.of(config, None if load is default_loader else load),
+                     lean=LeanSlots(as_loaded(base, parse_spec(spec)), slots_served))
 
 
 def default_loader(spec: str, config: Any) -> LoadedModel:
-    """:func:`weightgraft.models.load_model` with a run config's device, dtype and device_map."""
+    """:func:`load_model` with a run config's device, dtype and device_map."""
     return load_role(spec, LoadSettings.of(config))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from weightgraft.errors import WeightgraftError
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")  # checkpoints that unpickle (refused unless allowed)
+
 
 class ModelLoadError(WeightgraftError, RuntimeError):
     """A model could not be loaded. The message names the path and what to do about it."""
@@ -19,3 +21,27 @@ class PickleRefusedError(ModelLoadError):
 
 class CorruptCheckpointError(ModelLoadError):
     """A weight file is truncated or unreadable, or the directory lacks a needed file."""
+
+
+class ModelSpecError(WeightgraftError, ValueError):
+    """A model spec that cannot be read (one line, naming the spec and how to write it)."""
+
+
+class PeftError(WeightgraftError, ValueError):
+    """A peft role spec or adapter directory that cannot make a LoRA donor."""
+
+
+class LowRankError(WeightgraftError, ValueError):
+    """A low-rank spec or model pair that cannot make a low-rank donor."""
+
+
+class PeftSpecError(ModelSpecError, PeftError):
+    """A malformed ``peft(...)`` spec."""
+
+
+class LowRankSpecError(ModelSpecError, LowRankError):
+    """A malformed ``lowrank(...)`` spec."""
+
+
+class RandomSpecError(ModelSpecError, ModelNotFoundError):
+    """A ``random:`` spec that names no config."""

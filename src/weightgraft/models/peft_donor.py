@@ -26,7 +26,6 @@ import copy
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from torch import nn
 
 from weightgraft.engine import lora
 from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftError, PeftSpec, is_derived, parse_peft, parse_spec
+from weightgraft.models.errors import PeftError
 from weightgraft.engine.architectures import model_slots
 from weightgraft.models.footprint import dtype_bytes
 from weightgraft.models.hashing import weights_sha256
@@ -44,16 +43,12 @@ from weightgraft.models.lean import _structural_copy, memory_report
 __all__ = [
     "AdapterInfo",
     "PeftError",
-    "PeftSpec",
     "adapter_bytes",
     "adapter_info",
-    "anchor_peft",
     "build_peft",
     "check_adapter_dir",
-    "check_peft_roles",
     "load_peft",
     "merged_copy",
-    "parse_peft",
 ]
 
 # adapter_config.json options that change the computation beyond W x + B A x * scale (or that
@@ -124,18 +119,6 @@ class AdapterInfo:
         return out
 
 
-def anchor_peft(spec: str, folder: Path) -> str:
-    """``peft(ROLE, DIR)`` with a relative DIR taken from ``folder`` (a config file's) when it
-    exists there; anything else is returned as written (and checked later)."""
-    try:
-        p = parse_peft(spec)
-    except PeftError:
-        return spec
-    if p is None or Path(p.directory).expanduser().is_absolute() or not (Path(folder) / p.directory).exists():
-        return spec
-    return f"peft({p.base}, {Path(folder) / p.directory})"
-
-
 def check_adapter_dir(directory: str | Path) -> dict[str, Any]:
     """The adapter's ``adapter_config.json``, checked before any model loads: a LoRA adapter
     saved with safetensors, with no option the engine does not reproduce."""
@@ -169,36 +152,6 @@ def check_adapter_dir(directory: str | Path) -> dict[str, Any]:
             " (adapter_model.bin is a pickle, refused as for models: save the adapter again with "
             "safe_serialization=True)" if pickle else ""))
     return cfg
-
-
-def check_peft_roles(roles_spec: Mapping[str, str | ModelSpec], where: str) -> None:
-    """Every peft role names an ordinary role of its model set and a usable adapter
-    directory; no low-rank role is built on a peft role (before loading)."""
-    specs: dict[str, ModelSpec] = {}
-    for role, text in roles_spec.items():
-        try:
-            specs[role] = parse_spec(text)
-        except PeftError as exc:
-            raise PeftError(f"{where}: role {role!r}: {exc}") from None
-    for role, p in specs.items():
-        if isinstance(p, LowRankSpec):
-            for ref in (p.donor, p.base):
-                if ref in specs and isinstance(specs[ref], PeftSpec):
-                    raise PeftError(f"{where}: role {role!r} = {p.text!r} builds on {ref!r}, a peft role; "
-                                    "low-rank donors take ordinary models")
-        if not isinstance(p, PeftSpec):
-            continue
-        if p.base not in specs:
-            raise PeftError(f"{where}: role {role!r} = {p.text!r} refers to role {p.base!r}, which the set "
-                            f"does not define (it has {sorted(specs)})")
-        ref = specs[p.base]
-        if is_derived(ref):
-            raise PeftError(f"{where}: role {role!r} refers to {p.base!r}, itself a derived role ({ref.text!r}); "
-                            "the base of an adapter is an ordinary model")
-        try:
-            check_adapter_dir(p.directory)
-        except PeftError as exc:
-            raise PeftError(f"{where}: role {role!r}: {exc}") from None
 
 
 def adapter_bytes(directory: str | Path, dtype: Any) -> int:
@@ -356,8 +309,8 @@ def merged_copy(donor: nn.Module) -> nn.Module:
     return out.eval()
 
 
-def build_peft(spec: PeftSpec, base: LoadedModel) -> LoadedModel:
-    """The LoRA role ``spec`` on its loaded base (the donor shares the base's tensors).
+def build_peft(spec: Any, base: LoadedModel) -> LoadedModel:
+    """The LoRA role ``spec`` (a ``PeftSpec``: its ``directory``) on its loaded base (the donor shares the base's tensors).
     ``weights_sha256`` is the sha256 of the base's weights hash and the adapter's, so a run's
     identity follows both without hashing the base's tensors a second time."""
     model = load_peft(base.model, spec.directory)

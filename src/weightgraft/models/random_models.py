@@ -17,7 +17,7 @@ uniform noise of 0.05. The model is built without transformers' initialisation (
 
 There is no tokenizer: ``LoadedModel.tokenizer`` is None, and commands that tokenize text
 (``run``, ``localize``, ``generate``) refuse a random model in one line before loading any model
-(:func:`refuse_random`). ``weightgraft plan`` and ``weightgraft check`` (on random token ids) take
+(:func:`weightgraft.models.spec.refuse_random`). ``weightgraft plan`` and ``weightgraft check`` (on random token ids) take
 them. ``weights_sha256`` hashes what determines the weights (config, seed, dtype, fill version),
 not the bytes: hashing 8B parameters would take longer than drawing them.
 """
@@ -26,18 +26,36 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.spec import CONFIG_DIR, ModelSpec, RandomSpec, parse_spec, shipped_configs
 
 PREFIX = "random:"
+CONFIG_DIR = Path(__file__).with_name("configs")  # the shipped configs of random:NAME
 FILL_VERSION = 1  # bump when the way weights are drawn changes (it is part of the hash)
 NORM_NOISE = 0.05
+
+
+def shipped_configs() -> list[str]:
+    """Names ``random:NAME`` accepts: the configs shipped with weightgraft (``models/configs``)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def split_random(text: str) -> tuple[str, int]:
+    """``(target, seed)`` of ``random:TARGET[@SEED]`` (the text read once, here); an empty target
+    is one error line naming the shipped configs."""
+    body, seed = text.strip()[len(PREFIX):], 0
+    head, sep, tail = body.rpartition("@")
+    if sep and tail.strip().isdigit():
+        body, seed = head, int(tail)
+    if not body.strip():
+        raise ValueError(f"{text.strip()!r}: say which config, e.g. random:llama-3.2-1b "
+                         f"(shipped: {', '.join(shipped_configs())}) or random:PATH/config.json")
+    return body.strip(), seed
 
 
 def shipped_config_path(name: str) -> Path | None:
@@ -68,30 +86,39 @@ class RandomModel:
         return data
 
 
-def parse_random_spec(spec: str | RandomSpec | RandomModel) -> RandomModel:
+RandomText = Any  # a ``random:`` spec's text, its typed spec (``.target``, ``.seed``, ``.text``) or a RandomModel
+
+
+def parse_random_spec(spec: RandomText) -> RandomModel:
     """``random:NAME[@SEED]`` or ``random:PATH/config.json[@SEED]`` resolved to its config file; an
     unknown name or a missing file is one error line naming what exists."""
     if isinstance(spec, RandomModel):
         return spec
-    parsed = parse_spec(spec)
-    if not isinstance(parsed, RandomSpec):
-        raise ModelNotFoundError(f"{parsed.text!r} is no random model spec (random:NAME[@SEED])")
-    text, body = parsed.text.strip(), parsed.target
+    if isinstance(spec, str):
+        if not spec.strip().lower().startswith(PREFIX):
+            raise ModelNotFoundError(f"{spec.strip()!r} is no random model spec (random:NAME[@SEED])")
+        try:
+            body, seed = split_random(spec)
+        except ValueError as exc:
+            raise ModelNotFoundError(str(exc)) from None
+        text = spec.strip()
+    else:
+        body, seed, text = spec.target, spec.seed, spec.text.strip()
     shipped = shipped_config_path(body)
     if shipped is not None:
-        return RandomModel(text, shipped, parsed.seed)
+        return RandomModel(text, shipped, seed)
     path = Path(body).expanduser()
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        return RandomModel(text, path.resolve(), parsed.seed)
+        return RandomModel(text, path.resolve(), seed)
     raise ModelNotFoundError(
         f"{text!r}: {body!r} is neither a shipped config ({', '.join(shipped_configs())}) nor an "
         "existing config.json file (random:PATH/config.json)"
     )
 
 
-def random_config(spec: str | RandomSpec | RandomModel) -> Any:
+def random_config(spec: RandomText) -> Any:
     """The transformers config of a random spec (no weights)."""
     from transformers import CONFIG_MAPPING
 
@@ -177,7 +204,7 @@ def _skeleton(config: Any, dtype: Any) -> Any:
     return model
 
 
-def build_random_model(spec: str | RandomSpec, dtype: Any = None, only: Iterable[str] | None = None) -> tuple[Any, str]:
+def build_random_model(spec: RandomText, dtype: Any = None, only: Iterable[str] | None = None) -> tuple[Any, str]:
     """``(model, weights_digest)`` of a random spec, on the CPU, in eval mode; with ``only``
     (parameter names) just those tensors are drawn (the others stay uninitialised: for lean
     donors, which share them from the base)."""
@@ -204,8 +231,8 @@ def build_random_model(spec: str | RandomSpec, dtype: Any = None, only: Iterable
     return model.eval(), weights_digest(parsed, dtype)
 
 
-def load_random(spec: str | RandomSpec, *, device: Any = "cpu", dtype: Any = None, device_map: Any = None,
-                quantization: Any = None) -> Any:
+def load_random(spec: RandomText, *, device: Any = "cpu", dtype: Any = None, device_map: Any = None,
+                quantization: Any = None, typed: Any = None) -> Any:
     """:func:`weightgraft.models.load_model` for ``random:`` specs (tokenizer None); with a
     transformers ``quantization`` config, the random model quantized on ``device_map``."""
     import torch
@@ -215,21 +242,21 @@ def load_random(spec: str | RandomSpec, *, device: Any = "cpu", dtype: Any = Non
     from weightgraft.models.quantization.load import quantize_in_memory
 
     if device_map is not None and quantization is None:
-        raise ModelLoadError(f"{parse_spec(spec).text}: device_map is not available for random models; build it on one device")
+        raise ModelLoadError(f"{parse_random_spec(spec).text}: device_map is not available for random models; build it on one device")
     dtype = dtype or torch.float32
     model, digest = build_random_model(spec, dtype)
     parsed = parse_random_spec(spec)
     source = f"random:{parsed.name} (seed {parsed.seed}, {str(dtype).removeprefix('torch.')}, {parsed.config_path})"
     if quantization is not None:
         model = quantize_in_memory(model, quantization, dtype, device_map)
-        digest, source = weights_sha256(model), f"{source} quantized"
+        digest = weights_sha256(model)
     batch_invariant_attention([model])
     if quantization is None:
         model.to(device)
-    return LoadedModel(model=model, tokenizer=None, source=source, weights_sha256=digest, spec=parse_spec(spec))
+    return LoadedModel(model=model, tokenizer=None, source=source, weights_sha256=digest, spec=typed)
 
 
-def lean_random_donor(spec: str | RandomSpec, base: Any, needed: Iterable[str]) -> Any:
+def lean_random_donor(spec: RandomText, base: Any, needed: Iterable[str], typed: Any = None) -> Any:
     """A random donor holding only the ``needed`` parameters (drawn exactly as in the full
     donor), sharing every other tensor with ``base`` (a LoadedModel)."""
     from weightgraft.models.lean import donor_view
@@ -259,32 +286,7 @@ def lean_random_donor(spec: str | RandomSpec, base: Any, needed: Iterable[str]) 
     view = donor_view(base.model, tensors, config)
     return LoadedModel(model=view, tokenizer=None,
                        source=f"random:{parsed.name} (seed {parsed.seed}, lean)",
-                       weights_sha256=weights_digest(parsed, ref.dtype), spec=parse_spec(spec), lean=True)
-
-
-def random_roles(specs: Mapping[str, str | ModelSpec]) -> list[str]:
-    """The roles whose spec is a random model."""
-    return [role for role, spec in specs.items() if isinstance(parse_spec(spec), RandomSpec)]
-
-
-CONFIG_COMMANDS = ("weightgraft run", "weightgraft localize")  # their configs may give `tokenizer:`
-
-
-def refuse_random(specs: Mapping[str, str | ModelSpec], command: str) -> None:
-    """One error line, before any model loads, when ``command`` needs a tokenizer and some role
-    is a random model (which has none); for a run or localize, what makes it work (a config's
-    ``tokenizer:`` key), since there it does."""
-    roles = random_roles(specs)
-    if roles:
-        role = roles[0]
-        head = f"model {role!r} is {parse_spec(specs[role]).text!r}, a random model without a tokenizer; `{command}` tokenizes text"
-        if command in CONFIG_COMMANDS:
-            raise ModelLoadError(
-                f"{head}: give the config a `tokenizer:` for it (bytes, an embedded model's name such as "
-                "smollm2-135m, or a tokenizer directory) and it runs; `weightgraft plan` sizes it as it is")
-        raise ModelLoadError(
-            f"{head}, so it needs a real model (a run or localize config can pair random models with a "
-            "`tokenizer:`; `weightgraft plan` and `weightgraft check` take them as they are)")
+                       weights_sha256=weights_digest(parsed, ref.dtype), spec=typed, lean=True)
 
 
 def random_token_batch(vocab_size: int, rows: int, seed: int = 0, device: Any = "cpu",

@@ -12,9 +12,7 @@ from weightgraft.engine.projections import hf_config
 from weightgraft.errors import WeightgraftError
 from weightgraft.models.embedded import ensure_converted
 from weightgraft.models.errors import ModelLoadError
-from weightgraft.models.footprint import resolve_footprint
-from weightgraft.models.spec import embedded_name
-from weightgraft.models.spec import is_derived, parse_spec
+from weightgraft.models.spec import embedded_name, parse_spec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -134,6 +132,6 @@ def config_tokenizer(name: str | None, specs: Mapping[str, str | ModelSpec] | No
 
     tokenizer = load_tokenizer(name)
     parsed = {role: parse_spec(spec) for role, spec in (specs or {}).items()}
-    sizes = {role: resolve_footprint(spec).vocab for role, spec in parsed.items() if not is_derived(spec)}
+    sizes = {role: spec.footprint().vocab for role, spec in parsed.items() if not spec.derived}
     check_tokenizer_fits(tokenizer, name, sizes)
     return tokenizer

@@ -45,8 +45,7 @@ from weightgraft.data import build_dataset
 from weightgraft.data.worlds import get_world
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
-from weightgraft.models.loading import check_model_spec
-from weightgraft.models.spec import RandomSpec, parse_spec
+from weightgraft.models.spec import parse_spec
 from weightgraft.paper.measured import drop_rows, summary_rows
 from weightgraft.paper.numbers import PAPER_MODELS
 from weightgraft.paper.report import write_paper_report
@@ -71,10 +70,11 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
         raise PaperError(f"unknown sweep(s) {unknown}: choose among {', '.join(SWEEP_NAMES)}")
     if settings.relations < 4:
         raise PaperError(f"--relations {settings.relations}: the pipeline needs at least 4 (task and relation groups)")
-    if isinstance(parse_spec(settings.model), RandomSpec) and planning_for is None:
+    model = parse_spec(settings.model)
+    if not model.has_tokenizer and planning_for is None:
         raise PaperError(f"--model {settings.model!r} has no tokenizer, so it cannot be finetuned; give a model "
                          "directory, an embedded name (smollm2-135m) or a cached hub id")
-    check_model_spec(settings.model, "--model")
+    model.check("--model")
     if planning_for is None:
         check_device(settings.device)
         training_device(settings.device)  # the finetunes' (cuda:N with N > 0: one line)

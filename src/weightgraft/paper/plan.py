@@ -34,7 +34,7 @@ from weightgraft.localization.claims.evidence import claims_notes
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.work import plan_input
 from weightgraft.models.calibration import module_calls
-from weightgraft.models.footprint import resolve_footprint
+from weightgraft.models.spec import parse_spec
 from weightgraft.planning.lengths import tokenizer_for
 from weightgraft.planning.localize import plan_localize_work
 from weightgraft.planning.timing import rate_for
@@ -71,7 +71,7 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
                 gpu: Card | None = None) -> tuple[float | None, int, str, tuple[str, ...]]:
 
     preset = get_preset(settings.preset)
-    fp = resolve_footprint(settings.model)
+    fp = parse_spec(settings.model).footprint()
     texts = [r["text"] for r in split_records(data_dir, finetune.split, settings.train_templates)[0]]
     tok, how = tokenizer_for(fp)
     lengths = sorted(min(len(tok(t)["input_ids"]), preset.max_length) for t in texts)

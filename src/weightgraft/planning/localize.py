@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 
 from weightgraft.engine.architectures import Units, model_slots
 from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
-from weightgraft.models.footprint import ModelFootprint, dtype_bytes, resolve_footprint
+from weightgraft.models.footprint import ModelFootprint, dtype_bytes
+from weightgraft.models.spec import parse_spec
 from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.budget import budget
 from weightgraft.planning.cards import Card
@@ -112,7 +113,7 @@ def unit_width(pre: ModelFootprint, units: Units) -> int:
 def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Card | None = None,
                        with_time: bool = True) -> Plan:
     """The plan of a localize run: memory by part, the attribution batch size, time."""
-    pre = resolve_footprint(work.pre)
+    pre = parse_spec(work.pre).footprint()
     several = len(work.sfts) > 1
     sizes: list[Callable[[str], int]] = []
     roles = [RolePlan(model_set="default", role="pre", spec=work.pre, config=pre.where, n_params=pre.n_params,
@@ -120,7 +121,7 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                       read_bytes=pre.param_bytes(work.dtype, quantized=False))]
     quantized = [("pre", work.pre, pre)]
     for sft in work.sfts:
-        fp = pre if sft.adapter is not None else resolve_footprint(sft.spec)
+        fp = pre if sft.adapter is not None else parse_spec(sft.spec).footprint()
         check_graftable("pre", pre, sft.label, fp)
         size = _adapter_size(sft.adapter) if sft.adapter is not None else fp.param_bytes
         holds = "LoRA adapter" if sft.adapter is not None else _whole(fp)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from weightgraft.models.footprint import resolve_footprint
+from weightgraft.models.spec import parse_spec
 from weightgraft.planning.budget import budget
 from weightgraft.planning.plan import Plan, RolePlan
 from weightgraft.planning.run import RoleShape, SetShape, held, quantized_notes, run_memory
@@ -20,9 +20,9 @@ def plan_rows(base: str, donors: dict[str, set[str] | None], rows: list[tuple[in
     """The plan of grafted forward passes over ``rows`` ((tokens, logits) per row), as ``run``
     batches them: ``base`` whole, each donor spec holding its served slots (None: whole);
     ``extra_bytes`` (e.g. the source maps a caller keeps) is added to the peak."""
-    fp = resolve_footprint(base)
+    fp = parse_spec(base).footprint()
     roles = [RoleShape(role="base", spec=base, footprint=fp, served=None)]
-    roles += [RoleShape(role=f"donor {i}", spec=spec, footprint=resolve_footprint(spec), served=served)
+    roles += [RoleShape(role=f"donor {i}", spec=spec, footprint=parse_spec(spec).footprint(), served=served)
               for i, (spec, served) in enumerate(donors.items(), 1)]
     shape = SetShape(name="rows", base=fp, roles=roles, rows=list(rows), source_bytes=extra_bytes)
     where = budget(device, memory)
@@ -45,7 +45,7 @@ def plan_attribution(pre: str, donor_bytes: int | None, lengths: list[int], dtyp
     tokens, as ``localize`` runs it (no exact cells): ``pre`` whole, the donor holding
     ``donor_bytes`` (None: a whole model; ``donor_slots``: the slots a lean donor holds), the
     partial graft's deltas, one batch's forward + backward."""
-    fp = resolve_footprint(pre)
+    fp = parse_spec(pre).footprint()
     where = budget(device, memory)
     attr = fp.attribution_bytes(min(batch_size, len(lengths)), max(lengths), dtype)
     mem = {"process before loading": where.held,

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from weightgraft.models.footprint import SCHEME_LAYOUT, ModelFootprint, dtype_bytes
-from weightgraft.models.spec import LowRankSpec, ModelSpec, PeftSpec, QuantizedSpec, parse_spec
+from weightgraft.models.spec import ModelSpec, parse_spec
 from weightgraft.planning.plan import RolePlan, choose_batch
 from weightgraft.planning.sizes import gib
 
@@ -32,10 +32,6 @@ class RoleShape:
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", parse_spec(self.spec))
 
-    @property
-    def lowrank(self) -> bool:
-        """Whether the role is a low-rank approximation (held whole, SVD factors aside)."""
-        return isinstance(self.spec, LowRankSpec)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,23 +67,12 @@ class RunSettings:
 
 def held(shape: SetShape, dtype: str, lean: bool) -> list[RolePlan]:
     """What each role of the set holds: whole, a lean donor's served slots, a LoRA adapter."""
-    from weightgraft.models.peft_donor import adapter_bytes
-
     out = []
-    n_slots = len(shape.base.slot_names)
     for i, r in enumerate(shape.roles):
-        lora = r.spec
         fp = r.footprint
         read = None
-        if isinstance(lora, PeftSpec):
-            size, holds = adapter_bytes(lora.directory, dtype), "LoRA adapter (the base's tensors shared)"
-        elif r.lowrank:
-            size, holds = fp.param_bytes(dtype), "low-rank (whole model; SVD factors not counted)"
-        elif i == 0 or not lean or r.served is None or isinstance(lora, QuantizedSpec):  # quantized donors load whole
-            size, holds = fp.param_bytes(dtype), "whole"
-        else:
-            size, holds = fp.held_bytes(r.served or set(), dtype), f"lean ({len(r.served or ())} of {n_slots} slots)"
-        if isinstance(lora, QuantizedSpec) and fp.quantization is not None:
+        size, holds = r.spec.holds(fp, dtype, None if i == 0 else r.served, lean)
+        if r.spec.scheme is not None and fp.quantization is not None:
             holds += f", {fp.quantization.scheme}"
             read = fp.param_bytes(dtype, quantized=False)  # read dense, quantized as it loads
         out.append(RolePlan(model_set=shape.name, role=r.role, spec=r.spec.text, config=fp.where, n_params=fp.n_params,

@@ -21,11 +21,11 @@ from weightgraft import atomic
 from weightgraft.data.freeform import load_prompts
 from weightgraft.data.prompts import answer_token_ids
 from weightgraft.engine.metric_table import score_next_token
+from weightgraft.models.spec.checkpoint import SNAPSHOTS, snapshot_dir
 from weightgraft.training.errors import TrainingError
 
 __all__ = ["SNAPSHOTS", "TRAJECTORY_NAME", "Snapshot", "SnapshotCallback", "read_trajectory", "snapshot_dir"]
 
-SNAPSHOTS = "trajectory"
 TRAJECTORY_NAME = "trajectory.json"
 FORMAT = "weightgraft.trajectory/1"
 
@@ -39,11 +39,6 @@ class Snapshot:
     train_loss: float | None
     top5: float | None
     n_prompts: int
-
-
-def snapshot_dir(out: str | Path, step: int) -> Path:
-    """The folder of the snapshot after optimizer step ``step``."""
-    return Path(out) / SNAPSHOTS / f"step-{step:06d}"
 
 
 def read_trajectory(out: str | Path) -> list[Snapshot]:
