@@ -33,6 +33,7 @@ import gc
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from weightgraft.configfile import ConfigError
 from weightgraft.localization.claims import NULL_FINETUNE, PRE_SFT
 from weightgraft.localization.claims.evidence import claims_evidence
 from weightgraft.localization.claims.stage import map_claims, write_claims
+from weightgraft.localization.claims.steps import claims_along_steps
 from weightgraft.errors import ResultsDirConflict
 from weightgraft.localization.config import CONTROL, LocalizeConfig, load_localize_config
 from weightgraft.localization.examples import LocalizeExample, build_examples, select_prompts
@@ -58,7 +60,7 @@ from weightgraft.localization.work import plan_input
 from weightgraft.localization.claims.reversal import reversal_claims, reversal_prompts
 from weightgraft.models.donors import LoadSettings, load_role
 from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.spec import PeftSpec
+from weightgraft.models.spec import PeftSpec, parse_spec
 from weightgraft.schemes.labels import LABEL_VERSION
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.localization.stability import null_summary, stability_table
@@ -150,6 +152,18 @@ def _check_peft(config: LocalizeConfig) -> list[PeftSpec | None]:
     if parse_peft(roles["pre"]) is not None or any(s is not None and s.base != "pre" for s in specs):
         raise PeftError("models: a LoRA donor is the 'sft' model, on the base 'pre': sft: peft(pre, DIR)")
     return specs
+
+
+def _claims_by_step(config: LocalizeConfig, judged: pd.DataFrame, run_dir: Path, say: Callable[[str], None]) -> None:
+    """``claims_steps.csv`` where the SFT models are snapshots of a finetune: each claim's first held step."""
+    steps = {label: step for label, spec in config.sft_models() if (step := parse_spec(spec).training_step) is not None}
+    if len(steps) < 2:
+        return
+    table = claims_along_steps(judged, steps)
+    atomic.write_text(run_dir / "claims_steps.csv", table.to_csv(index=False))
+    for _, r in table.iterrows():
+        say(f"[{r['direction']}/{r['template']}] {r['claim']}: " + (
+            f"holds from step {int(r['first_held'])} on" if pd.notna(r["first_held"]) else f"{r['last_verdict']} at the last step"))
 
 
 def _parts_name(i: int, n_sft: int, label: str = "") -> str:
@@ -383,4 +397,5 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         for (label, template, direction), rows in judged.groupby(["model", "template", "direction"], sort=False):
             say(f"[{label}/{direction}/{template}] claims: " + ", ".join(
                 f"{r['claim']} {r['verdict']}" for _, r in rows.iterrows() if r["null_kind"] != "none"))
+        _claims_by_step(config, judged, run_dir, say)
     return LocalizeResult(run_dir, cells, search, excluded, seconds, None, choice.note)

@@ -122,16 +122,38 @@ def _claims_plan(settings: PaperSettings, data: dict[str, Any], seeds: dict[int,
 def _trajectory_plan(settings: PaperSettings, data_rec: dict[str, Any], a2b: dict[str, Any],
                      data_dir: Path, gpu: Card | None, tmp: str) -> PlannedStage:
     """The trajectory sweep: one position sweep per snapshot (step 1, every N steps, the last)."""
-    from weightgraft.paper.trajectory import trajectory_stage
+    from weightgraft.paper.trajectory import snapshot_steps, trajectory_stage
 
     stage, raw = trajectory_stage(settings, data_rec, a2b)
     steps, every = _steps(settings, FINETUNES["a2b"], data_dir), settings.trajectory or 1
-    n = len({1, steps, *range(every, steps + 1, every)})
+    n = len(snapshot_steps(steps, every))
     one = plan_experiment(parse_config({**raw, "trajectory": None, "models": {"pre": settings.model, "sft": settings.model},
                                         "data": str(data_dir), "out": tmp}), gpu=gpu)
     seconds = None if one.predicted_seconds is None else n * one.predicted_seconds
     return PlannedStage("sweep", f"trajectory (ours: FE, LT, FE+LT from {n} snapshots of the a2b finetune)", seconds,
                         one.peak_bytes, stage.finished() is not None, f"{n * one.rows} rows", tuple(one.notes))
+
+
+def _trajectory_claims_plan(settings: PaperSettings, data_rec: dict[str, Any], finetunes: dict[str, dict[str, Any]],
+                            data_dir: Path, gpu: Card | None) -> PlannedStage:
+    """Claims 1-3 on every snapshot of the a2b finetune: the claims' localize arithmetic with one
+    SFT model per snapshot (the base spec standing in for each)."""
+    from weightgraft.paper.trajectory import snapshot_steps, trajectory_claims_stage
+
+    steps = snapshot_steps(_steps(settings, FINETUNES["a2b"], data_dir), settings.trajectory or 1)
+    stage, _ = trajectory_claims_stage(settings, data_rec, finetunes, steps)
+    raw = claims_config(settings, {"pre": settings.model, "a2b": settings.model}, str(data_dir))
+    config = parse_localize_config({**raw, "device": "cuda" if gpu is not None else settings.device,
+                                    "out": str(data_dir.parent / "claims-trajectory")})
+    if "control" in finetunes:
+        config = config.model_copy(update={"models": {**config.models, "control": settings.model}})
+    work = plan_input(config)
+    first, *rest = work.sfts
+    work = replace(work, sfts=[replace(first, label=f"sft[{i}]") for i in range(len(steps))] + rest)
+    plan = plan_localize_work(work, gpu=gpu)
+    return PlannedStage("claims", f"trajectory (ours: claims 1-3 on {len(steps)} snapshots of the a2b finetune)",
+                        plan.predicted_seconds, plan.peak_bytes, stage.finished() is not None,
+                        f"{len(work.claim_prompts)} prompts", tuple(plan.notes))
 
 
 def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[PlannedStage]:
@@ -200,6 +222,8 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
             stages.append(_trajectory_plan(settings, data_rec, seeds[settings.train_seed]["a2b"], data_dir, gpu, tmp))
         if settings.claims:
             stages.append(_claims_plan(settings, data_rec, seeds, data_dir, gpu))
+            if settings.trajectory is not None and "a2b" in seeds[settings.train_seed]:
+                stages.append(_trajectory_claims_plan(settings, data_rec, seeds[settings.train_seed], data_dir, gpu))
     stages.append(PlannedStage("report", "paper.md and paper.html", 1.0, None, False))
     return stages
 

@@ -109,6 +109,7 @@ class PaperRun:
     skipped: dict[str, str] = field(default_factory=dict)  # sweep or "claims" -> why (precondition not met)
     claims: dict[str, Any] | None = None  # the claims stage's record
     trajectory: dict[str, Any] | None = None  # the trajectory sweep's record (--trajectory)
+    trajectory_claims: dict[str, Any] | None = None  # the claims over its snapshots (--trajectory with claims)
     reused: list[str] = field(default_factory=list)
     report: Path | None = None
     other_seeds: dict[int, SeedRecords] = field(default_factory=dict)

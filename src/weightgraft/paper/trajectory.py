@@ -2,7 +2,10 @@
 after step 1 and every N steps (``weightgraft.training.trajectory``); each snapshot is grafted into
 PRE at the paper's position sets (FE, LT, FE+LT and its complement, headline and QA sentences),
 and the report gives their top-5 and fact-specific log-probability against the step: when the
-pathway the paper localizes forms during finetuning."""
+pathway the paper localizes forms during finetuning. With the claims on, claims 1-3 are judged on
+every snapshot (``checkpoint(A2B, step=K)`` as ``models.sft``, against the control finetune, one
+Holm family) and the report gives each claim's first held step
+(:mod:`weightgraft.localization.claims.steps`)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,10 @@ from rich.console import Console
 from weightgraft.configfile import json_digest
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
+from weightgraft.localization.config import parse_localize_config
+from weightgraft.localization.run import run_localize
+from weightgraft.models.spec import saved_steps
+from weightgraft.paper.claims import claims_config
 from weightgraft.paper.figures import HEADLINE, QA
 from weightgraft.paper.page import Block, Image, Table
 from weightgraft.paper.settings import PaperRun, PaperSettings
@@ -22,7 +29,8 @@ from weightgraft.paper.stages import Stage, stage_path
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["TRAJECTORY_SCHEMES", "run_trajectory", "trajectory_blocks", "trajectory_stage"]
+__all__ = ["TRAJECTORY_SCHEMES", "run_trajectory", "snapshot_steps", "trajectory_blocks", "trajectory_claims_stage",
+           "trajectory_stage"]
 
 TRAJECTORY_SCHEMES = ("PRE", "SFT", "FE", "LT", "FE+LT", "(FE+LT)^C")
 HEADING = "When the pathway forms (ours, not the paper's: snapshots of the a2b finetune)"
@@ -39,6 +47,50 @@ def trajectory_stage(settings: PaperSettings, data: dict[str, Any], a2b: dict[st
     raw = {**common, "data": str(stage_path(data, settings.out, "dir")),
            "models": {"pre": settings.model, "sft": str(stage_path(a2b, settings.out, "model"))}}
     return Stage("sweep", "trajectory", {"config": keyed}, settings.out), raw
+
+
+def snapshot_steps(last: int, every: int) -> list[int]:
+    """The steps a finetune of ``last`` steps keeps with ``--save-every every``: 1, every N, the last."""
+    return sorted({1, last, *range(every, last + 1, every)})
+
+
+def trajectory_claims_stage(settings: PaperSettings, data: dict[str, Any], finetunes: dict[str, dict[str, Any]],
+                            steps: list[int]) -> tuple[Stage, dict[str, Any]]:
+    """The claims over the a2b finetune's snapshots at ``steps`` (keyed by the finetunes' stage
+    keys) and its raw localize config: claims 1-3 on every snapshot, against the control."""
+    a2b, control = finetunes["a2b"], finetunes.get("control")
+    folder = stage_path(a2b, settings.out, "model")
+    keyed = {"pre": settings.model, "a2b": [f"checkpoint(finetune:{a2b['key']}, step={s})" for s in steps],
+             **({"control": f"finetune:{control['key']}"} if control else {})}
+    paths = {"pre": settings.model, "a2b": [f"checkpoint({folder}, step={s})" for s in steps],
+             **({"control": str(stage_path(control, settings.out, "model"))} if control else {})}
+    raw = claims_config(settings, paths, str(stage_path(data, settings.out, "dir")))
+    return Stage("claims", "trajectory", {"config": claims_config(settings, keyed, f"data:{data['key']}")},
+                 settings.out), {**raw, "name": "paper-trajectory-claims"}
+
+
+def run_trajectory_claims(settings: PaperSettings, run: PaperRun, console: Console) -> None:
+    """Claims 1-3 on every snapshot of the a2b finetune, into ``run.trajectory_claims``."""
+    import pandas as pd
+
+    from weightgraft.paper.claims import judged_seeds
+
+    if settings.train_seed not in judged_seeds(settings, run)[0]:
+        run.skipped["claims trajectory"] = "the a2b finetune does not meet its precondition (no fact to localize)"
+        return
+    stage, raw = trajectory_claims_stage(settings, run.data, run.finetunes,
+                                         saved_steps(stage_path(run.finetunes["a2b"], settings.out, "model")))
+    done = stage.finished()
+    if done is not None:
+        run.trajectory_claims, run.reused = done, [*run.reused, "claims trajectory"]
+        return
+    started = time.time()
+    console.rule("claims trajectory: claims 1-3 on each snapshot of the a2b finetune (one Holm family)")
+    result = run_localize(parse_localize_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
+    path = result.run_dir / "claims_steps.csv"
+    table = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+    rows = table.astype(object).where(table.notna(), None).to_dict("records")
+    run.trajectory_claims = stage.finish({"run": "run", "steps": rows}, time.time() - started)
 
 
 def run_trajectory(settings: PaperSettings, run: PaperRun, console: Console) -> None:
@@ -60,6 +112,8 @@ def run_trajectory(settings: PaperSettings, run: PaperRun, console: Console) -> 
                                               "mean_fact_logprob", "fact_logprob_lo", "fact_logprob_hi"]]
     run.trajectory = stage.finish({"run": "run", "rows": rows.astype(object).where(rows.notna(), None).to_dict("records")},
                                   time.time() - started)
+    if settings.claims:
+        run_trajectory_claims(settings, run, console)
 
 
 def _pct(row: dict[str, Any]) -> str:
@@ -85,7 +139,29 @@ def trajectory_blocks(run: PaperRun) -> list[Block]:
     digest = json_digest(rows)
     blocks.append(Image("paper-trajectory.png", "top-5 and fact-specific log-probability by training step", digest,
                         lambda: _chart(rows)))
-    return blocks
+    return blocks + _claims_blocks(run)
+
+
+def _first(r: dict[str, Any]) -> str:
+    if r["first_held"] is None:
+        return f"never (the last step: {r['last_verdict']})"
+    after = "from the first snapshot" if r["held_after"] is None else f"after step {int(r['held_after'])}"
+    return f"step {int(r['first_held'])} ({after}); share {r['share_exact']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+
+
+def _claims_blocks(run: PaperRun) -> list[Block]:
+    """Each claim's first held step over the snapshots, and its verdict at every step."""
+    if run.trajectory_claims is None:
+        return []
+    rows: list[dict[str, Any]] = run.trajectory_claims["outputs"]["steps"]
+    return [("h3", "The claims along the steps"), ("p", (
+        "Claims 1-3 judged on every snapshot against the control finetune, all rows one Holm family. A claim's first "
+        "held step is the earliest snapshot from which it holds at every later one (it began to hold after the "
+        "snapshot before it); a claim is said to hold where it does not in at most 5% of runs.")),
+        Table(("template", "claim", "first held [share, 95% CI]", "verdict by step"),
+              [(r["template"], r["claim"], _first(r), ", ".join(
+                  f"{s}: {v}" for s, v in zip(str(r["steps"]).split(";"), str(r["verdicts"]).split(";"))))
+               for r in rows])]
 
 
 def _chart(rows: list[dict[str, Any]]) -> Figure:

@@ -238,7 +238,32 @@ def _claims_section(run_dir: Path) -> str:
                      r["verdict"], text(r.get("reason")), f"{int(r['n_prompts'])} ({text(r.get('evidence'))})",
                      f(r["share_estimate"]), text(r.get("note"))))
     return intro + html_table((*keys, "claim", "exact share [95% CI]", "test", "null mean (share)", "parts of p / Holm p",
-                               "verdict", "why", "prompts", "estimate share", "note"), rows)
+                               "verdict", "why", "prompts", "estimate share", "note"), rows) + _steps_section(run_dir)
+
+
+def _steps_section(run_dir: Path) -> str:
+    """``claims_steps.csv``: where the SFT models are snapshots of one finetune, each claim's
+    verdicts by step and the step from which it holds at every later step."""
+    path = run_dir / "claims_steps.csv"
+    if not path.is_file():
+        return ""
+    table = pd.read_csv(path, keep_default_na=False, na_values=[""])
+
+    def first(r: pd.Series) -> str:
+        if pd.isna(r["first_held"]):
+            return f"never (the last step: {r['last_verdict']})"
+        after = "the first saved step" if pd.isna(r["held_after"]) else f"after step {int(r['held_after'])}"
+        return (f"step {int(r['first_held'])} ({after}); share {r['share_exact']:.2f} "
+                f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+
+    rows = [(r["setting"], r["direction"], r["template"], r["claim"], first(r),
+             ", ".join(f"{s}: {v}" for s, v in zip(str(r["steps"]).split(";"), str(r["verdicts"]).split(";"))))
+            for _, r in table.iterrows()]
+    return ("<h3>The claims along the training steps</h3><p>The SFT models are snapshots of one finetune. A claim's "
+            "first held step is the earliest saved step from which it holds at every later saved step; it began to "
+            "hold after the saved step before it. Every verdict is one Holm family's, so a claim is said to hold at a "
+            "step where it does not in at most 5% of runs.</p>"
+            + html_table(("setting", "direction", "template", "claim", "first held [share, 95% CI]", "verdict by step"), rows))
 
 
 def _sets_section(search: dict[str, Any]) -> str:

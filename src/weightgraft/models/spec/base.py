@@ -78,6 +78,11 @@ class ModelSpec:
         return None
 
     @property
+    def training_step(self) -> int | None:
+        """The optimizer step of the finetune it is a snapshot of, else None."""
+        return None
+
+    @property
     def folder(self) -> Path | None:
         """The model folder it names on disk (for manifests written beside the weights), else None."""
         return None

@@ -49,6 +49,10 @@ class CheckpointSpec(FolderSpec):
         object.__setattr__(self, "path", str(snapshot_dir(self.run, self.step)))
         fill_text(self, f"checkpoint({self.run}, step={self.step})")
 
+    @property
+    def training_step(self) -> int | None:
+        return self.step
+
     def check(self, role: str = "model") -> None:
         if not Path(self.path).expanduser().is_dir():
             steps = saved_steps(self.run)
