@@ -161,9 +161,10 @@ def _budget(args) -> int:
 
 def _plans(spec: str, dtype: str, items_rows, served, lengths_attr, args, with_time: bool):
     from weightgraft.planning.rows import plan_attribution, plan_rows
-    from weightgraft.models.footprint import dtype_bytes, resolve_footprint
+    from weightgraft.models.footprint import dtype_bytes
+    from weightgraft.models.spec import parse_spec
 
-    fp = resolve_footprint(spec)
+    fp = parse_spec(spec).footprint()
     donor_bytes = fp.held_bytes(served, dtype)
     sources = sum(t * len(fp.slot_names) * 8 for t, _ in items_rows)
     engine = plan_rows(spec, {f"{spec}@1": served}, items_rows, dtype, args.batch_size, device=args.device,
@@ -190,12 +191,12 @@ def run_one(args) -> dict:
     from weightgraft.engine.sharing.prefix import prefix_forward
     from weightgraft.engine.reference import CompositeModel, per_token_forward
     from weightgraft.models import load_model
-    from weightgraft.models.footprint import resolve_footprint
+    from weightgraft.models.spec import parse_spec
     from weightgraft.models.lean import memory_report, needed_parameters
     from weightgraft.models.random_models import lean_random_donor
 
     spec = _spec(args.one)
-    fp = resolve_footprint(spec)
+    fp = parse_spec(spec).footprint()
     prompts = _prompts(args.prompts, fp.vocab, 0)
     attr_prompts = prompts[: args.attr_prompts]
     out: dict = {"model": spec, "n_params": fp.n_params, "prompts": len(prompts), "device": args.device,

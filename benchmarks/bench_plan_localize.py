@@ -112,10 +112,10 @@ def main() -> None:
 
         cells.depth_forward = own
     from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
-    from weightgraft.models.footprint import resolve_footprint
+    from weightgraft.models.spec import parse_spec
 
     seq = plan.prompts["max_tokens"]
-    states = depth_state_bytes(resolve_footprint(work.pre).config, work.exact_references, seq, work.exact_chunk,
+    states = depth_state_bytes(parse_spec(work.pre).footprint().config, work.exact_references, seq, work.exact_chunk,
                                8 if work.dtype == "float64" else 4)
     held = max((c["peak_bytes"] for c in calls), default=0)
     stages = {part: round(sum(v for k, v in run.seconds.items() if _stage(k) == part), 1) for part in plan.time_parts}

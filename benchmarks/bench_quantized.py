@@ -42,7 +42,7 @@ from bench_paper_scale import _left_padded, _position_items, _prompts  # noqa: E
 
 import weightgraft as wg  # noqa: E402
 from weightgraft.models.donors import LoadSettings, load_role  # noqa: E402
-from weightgraft.models.footprint import resolve_footprint  # noqa: E402
+from weightgraft.models.spec import parse_spec  # noqa: E402
 
 GiB = 2**30
 
@@ -69,7 +69,7 @@ def write_adapter(spec: str, out: Path, rank: int = 16, seed: int = 0) -> Path:
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    meta = resolve_footprint(spec).meta
+    meta = parse_spec(spec).footprint().meta
     gen = torch.Generator().manual_seed(seed)
     tensors, targets = {}, set()
     for name, module in meta.named_modules():
@@ -214,7 +214,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    fp = resolve_footprint(args.model)
+    fp = parse_spec(args.model).footprint()
     prompts = _prompts(args.prompts, fp.vocab, 0)
     print(f"{args.model}: {fp.n_params / 1e9:.2f}B parameters, {args.prompts} prompts x 8 schemes, {args.dtype}, "
           f"{args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""), flush=True)
