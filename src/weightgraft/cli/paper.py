@@ -26,6 +26,12 @@ def paper(
                               "(smollm2-135m) or a cached hub id."),
     world: str = typer.Option("fake_movies_real_actors", help="The paper's world (the appendix: fake_movies_fake_actors, "
                               "real_movies_real_actors_shuffled)."),
+    worlds: Optional[str] = typer.Option(None, "--worlds", help="The paper's appendix in the same command: 'all' runs "
+                                         "the appendix worlds (Figs. 10-12), each a run of its own in OUT/worlds/WORLD, "
+                                         "and Fig. 13's less aggressive finetune (the position_gentle sweep); or a "
+                                         "comma-separated list of worlds."),
+    gentle_preset: str = typer.Option("paper-gentle", help="Fig. 13's recipe (App. C.4: lr 2e-6, no weight decay), "
+                                      "with 10,000 paragraphs of general text mixed in."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or mps."),
     out: Path = typer.Option(Path("runs/paper"), help="Output folder: every stage in a folder keyed by its inputs, "
                              "and paper.md / paper.html."),
@@ -40,8 +46,9 @@ def paper(
     preset: str = typer.Option("cpu-quick", help="Finetuning preset (paper-aggressive on a GPU)."),
     max_steps: Optional[int] = typer.Option(None, min=1, help="Stop each finetune after this many steps."),
     batch_size: Optional[int] = typer.Option(None, min=1, help="Sweep batch size (default: the plan's)."),
-    sweeps: Optional[str] = typer.Option(None, help="Comma-separated sweeps to run (default: all): position, component, "
-                                         "component_reversal, hybrid, position_spans, lm_head, layer_dropout."),
+    sweeps: Optional[str] = typer.Option(None, help="Comma-separated sweeps to run (default: all but "
+                                         "position_gentle): position, component, component_reversal, hybrid, "
+                                         "position_spans, lm_head, layer_dropout, position_gentle (Fig. 13)."),
     claims: bool = typer.Option(True, help="Judge the paper's claims (exact region grafts against their nulls, "
                                 "weightgraft localize) on the a2b and both-directions finetunes, each fact claim also "
                                 "against the control finetune (the a2b recipe on the same texts with the answers "
@@ -66,14 +73,17 @@ def paper(
     """data -> finetunes (each checked against its precondition) -> every figure's sweep -> the
     paper's claims against their nulls -> one report with the paper's numbers beside ours. A
     stopped run resumes: finished stages are reused, keyed by their inputs."""
-    from weightgraft.paper.figures import SWEEP_NAMES
+    from weightgraft.paper.appendix import world_names
+    from weightgraft.paper.figures import DEFAULT_SWEEPS, SWEEP_NAMES
     from weightgraft.paper.pipeline import PaperSettings, run_paper
 
     settings = PaperSettings(
         model=model, world=world, relations=relations, seed=seed, train_seed=train_seed, seeds=seeds, device=device,
         out=out, preset=preset, max_steps=max_steps, batch_size=batch_size, progress=progress, claims=claims,
-        margin=margin, paper_model=paper_model, trajectory=trajectory,
-        sweeps=tuple(s.strip() for s in sweeps.split(",") if s.strip()) if sweeps else SWEEP_NAMES,
+        margin=margin, paper_model=paper_model, trajectory=trajectory, gentle_preset=gentle_preset,
+        worlds=world_names(worlds) if worlds else (),
+        sweeps=tuple(s.strip() for s in sweeps.split(",") if s.strip()) if sweeps else
+        (SWEEP_NAMES if worlds else DEFAULT_SWEEPS),
     )
     if gpu is not None and not plan:
         console.print("[bold red]error:[/] --gpu plans for a card: use it with --plan", highlight=False)

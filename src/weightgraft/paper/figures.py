@@ -53,6 +53,8 @@ FIGURE_LABELS: dict[str, str] = {
     "fig10": "Fig. 10: Top-5 accuracy — Sentence 1 (App. C.2.1, Fake Movies, Fake Actors, QA Examples)",
     "fig11": "Fig. 11: Top-5 accuracy — Sentence 2 (App. C.2.1, Fake Movies, Fake Actors, QA Examples)",
     "fig12": "Fig. 12: Top-5 accuracy — Sentence 1 (App. C.3.1, Real Movies, Real Actors (Shuffled), QA Examples)",
+    "fig13a": "Fig. 13(a): Top-5 Accuracy with the less aggressive finetune — Test Sentence 1 (App. C.4)",
+    "fig13b": "Fig. 13(b): Top-5 Accuracy with the less aggressive finetune — Test Sentence 2 (App. C.4)",
     "fig14": "Fig. 14: Top-5 Accuracy Component-Grafting Baselines — Sentence 1",
     "fig15": "Fig. 15: Top-5 Accuracy Reversal Curse Component-Grafting Results — Sentence 1",
 }
@@ -63,13 +65,16 @@ class Finetune:
     """One finetuned model the pipeline needs: its role name, the training split, and the
     precondition: top-5 of the plain finetune on its own facts (``groups``), per direction.
     ``shuffled``: trained on the world's texts with the answers shuffled among the subjects (the
-    control finetune), so its precondition is the other way round: it must not know the facts."""
+    control finetune), so its precondition is the other way round: it must not know the facts.
+    ``gentle``: trained with the less aggressive recipe (App. C.4: the settings' ``gentle_preset``,
+    with general text mixed in, :mod:`weightgraft.data.general_text`)."""
 
     name: str
     split: str
     directions: tuple[str, ...] = ("a2b",)
     groups: tuple[str, ...] | None = None
     shuffled: bool = False
+    gentle: bool = False
 
 
 FINETUNES: dict[str, Finetune] = {
@@ -78,7 +83,10 @@ FINETUNES: dict[str, Finetune] = {
     "task": Finetune("task", "task", groups=("task",)),
     "relation": Finetune("relation", "relation", groups=("relation",)),
     "control": Finetune("control", "a2b", shuffled=True),
+    "gentle": Finetune("gentle", "a2b", gentle=True),
 }
+# The appendix's other worlds (Figs. 10-12), run beside the main one by ``--worlds all``.
+APPENDIX_WORLDS = ("fake_movies_fake_actors", "real_movies_real_actors_shuffled")
 
 
 @dataclass(frozen=True)
@@ -143,19 +151,26 @@ def sweeps_for(world: str) -> list[Sweep]:
         Sweep("layer_dropout", "layer dropout under FE+LT (ours; not in the paper)", sft,
               ({"preset": "layer_dropout", "rates": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0], "seeds": [0, 1, 2]},),
               (HEADLINE,)),
+        Sweep("position_gentle", "Fig. 13: position grafting, the less aggressive finetune (App. C.4)",
+              {"pre": "base", "sft": "gentle"}, ({"preset": "position"},), (HEADLINE, QA),
+              figures=(FigureRows("fig13a", HEADLINE, "a2b"), FigureRows("fig13b", QA, "a2b")) if main else ()),
     ]
 
 
-SWEEP_NAMES = ("position", "component", "component_reversal", "hybrid", "position_spans", "lm_head", "layer_dropout")
+SWEEP_NAMES = ("position", "component", "component_reversal", "hybrid", "position_spans", "lm_head", "layer_dropout",
+               "position_gentle")
+# What a run sweeps unless told: all but Fig. 13's, whose finetune mixes 10,000 general texts in
+# (``--sweeps ...,position_gentle`` or ``--worlds all`` adds it).
+DEFAULT_SWEEPS = tuple(n for n in SWEEP_NAMES if n != "position_gentle")
 
 # Figures of numbers.csv the pipeline does not run, and why.
 NOT_RUN_REASONS: dict[str, str] = {
-    "fig10": "fake actors: run with --world fake_movies_fake_actors",
-    "fig11": "fake actors: run with --world fake_movies_fake_actors",
-    "fig12": "the authors' shuffle: run with --world real_movies_real_actors_shuffled",
-    "fig13a": "the less aggressive finetune (paper-gentle with supplemental text): not in this pipeline yet",
-    "fig13b": "the less aggressive finetune (paper-gentle with supplemental text): not in this pipeline yet",
-    "fig13c": "the less aggressive finetune (paper-gentle with supplemental text): not in this pipeline yet",
+    "fig10": "fake actors: run with --worlds all (or --world fake_movies_fake_actors)",
+    "fig11": "fake actors: run with --worlds all (or --world fake_movies_fake_actors)",
+    "fig12": "the authors' shuffle: run with --worlds all (or --world real_movies_real_actors_shuffled)",
+    "fig13a": "the less aggressive finetune: run with --worlds all (or --sweeps ...,position_gentle)",
+    "fig13b": "the less aggressive finetune: run with --worlds all (or --sweeps ...,position_gentle)",
+    "fig13c": "Test Sentence 3: the pipeline's worlds have two test sentences (headline, QA)",
     "c7.1": "probabilities of the paper's own five sampled examples: no example of ours is the same",
     "c7.2": "probabilities of the paper's own five sampled examples: no example of ours is the same",
     "c7.3": "probabilities of the paper's own five sampled examples: no example of ours is the same",

@@ -49,6 +49,7 @@ from weightgraft.models.spec import parse_spec
 from weightgraft.paper.measured import drop_rows, summary_rows
 from weightgraft.paper.numbers import PAPER_MODELS
 from weightgraft.paper.report import write_paper_report
+from weightgraft.paper.appendix import appendix_settings, run_general_text
 from weightgraft.paper.trajectory import run_trajectory
 from weightgraft.training import finetune as train
 from weightgraft.training import get_preset
@@ -63,6 +64,10 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
     device that is not here are accepted."""
 
     get_world(settings.world)
+    for world in settings.worlds:
+        get_world(world)
+        if world == settings.world:
+            raise PaperError(f"--worlds {world}: it is the run's own world (--world); name the others")
     if settings.paper_model is not None and settings.paper_model not in PAPER_MODELS:
         raise PaperError(f"paper_model {settings.paper_model!r}: the paper's models are {', '.join(PAPER_MODELS)}")
     unknown = sorted(set(settings.sweeps) - set(SWEEP_NAMES))
@@ -79,6 +84,7 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
         check_device(settings.device)
         training_device(settings.device)  # the finetunes' (cuda:N with N > 0: one line)
     get_preset(settings.preset)
+    get_preset(settings.gentle_preset)
 
 
 def check_device(device: str) -> None:
@@ -141,14 +147,15 @@ def run_data(settings: PaperSettings, console: Console, shuffled: bool = False) 
 
 
 def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, Any],
-                   seed: int | None = None) -> Stage:
+                   seed: int | None = None, general: dict[str, Any] | None = None) -> Stage:
     """The finetune's stage, keyed by its inputs: ``seed`` the training seed (None: the first,
     ``train_seed``), so each seed's finetune has folders of its own and the first seed's key is
-    the same whatever ``seeds`` is."""
+    the same whatever ``seeds`` is; ``general``: the general text a gentle finetune mixes in."""
 
     return Stage("finetune", finetune.name, {
         "model": settings.model, "data": data["key"], "split": finetune.split,
-        "preset": get_preset(settings.preset).model_dump(mode="json"),
+        "preset": get_preset(finetune_preset(settings, finetune)).model_dump(mode="json"),
+        **({"supplemental": general["key"]} if finetune.gentle and general is not None else {}),
         "seed": settings.train_seed if seed is None else seed,
         "templates": list(settings.train_templates) if settings.train_templates is not None else None,
         "max_steps": settings.max_steps, "device": settings.device,
@@ -158,13 +165,18 @@ def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, 
     }, settings.out)
 
 
+def finetune_preset(settings: PaperSettings, finetune: Finetune) -> str:
+    """The recipe ``finetune`` trains with: the gentle preset for Fig. 13's, else the run's."""
+    return settings.gentle_preset if finetune.gentle else settings.preset
+
+
 def _snapshots(settings: PaperSettings, finetune: Finetune) -> bool:
     """Whether this finetune keeps snapshots (``--trajectory``: the a2b finetune only)."""
     return settings.trajectory is not None and finetune.name == "a2b"
 
 
 def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, Any],
-                 console: Console, seed: int | None = None) -> tuple[dict[str, Any], bool]:
+                 console: Console, seed: int | None = None, general: dict[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
     """Finetune the model on ``finetune.split`` of ``data`` (``weightgraft.training.finetune``,
     resumed from its checkpoints after a stop) with the training seed ``seed`` (None:
     ``train_seed``), then measure its precondition: the plain finetune's top-5 on the world's
@@ -172,16 +184,18 @@ def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, An
     ``SFT`` baseline). The control is this with the shuffled data."""
 
     seed = settings.train_seed if seed is None else seed
-    stage = finetune_stage(settings, finetune, data, seed)
+    stage = finetune_stage(settings, finetune, data, seed, general)
     done = stage.finished()
     if done is not None:
         return done, True
     started = time.time()
     data_dir = stage_path(data, settings.out, "dir")
     model_dir = stage.folder / "model"
-    console.rule(f"finetune {finetune.name}: split {finetune.split}, preset {settings.preset}, training seed {seed} "
-                 f"-> {stage.folder}")
-    train(settings.model, data_dir, split=finetune.split, preset=settings.preset, out=model_dir,
+    console.rule(f"finetune {finetune.name}: split {finetune.split}, preset {finetune_preset(settings, finetune)}, training seed "
+                 f"{seed} -> {stage.folder}")
+    supplemental = stage_path(general, settings.out, "file") if finetune.gentle and general is not None else None
+    train(settings.model, data_dir, split=finetune.split, preset=finetune_preset(settings, finetune), out=model_dir,
+          supplemental_text=supplemental,
           seed=seed, resume=True,
           templates=list(settings.train_templates) if settings.train_templates is not None else None,
           max_steps=settings.max_steps, device=settings.device,
@@ -242,7 +256,7 @@ def run_seed(settings: PaperSettings, run: PaperRun, seed: int, records: SeedRec
     label = seed_label(settings, seed)
     for finetune in needed_finetunes(settings):
         source = run.shuffled_data if finetune.shuffled and run.shuffled_data is not None else run.data
-        records.finetunes[finetune.name], reused = run_finetune(settings, finetune, source, console, seed)
+        records.finetunes[finetune.name], reused = run_finetune(settings, finetune, source, console, seed, run.general_text)
         run.reused += [f"finetune {finetune.name}{label}"] if reused else []
         if after_stage:
             after_stage("finetune", f"{finetune.name}{label}")
@@ -278,6 +292,8 @@ def run_paper(settings: PaperSettings, console: Console | None = None,
         run.reused += ["data shuffled"] if reused else []
         if after_stage:
             after_stage("data", run.shuffled_data["name"])
+    if any(f.gentle for f in finetunes):
+        run.general_text = run_general_text(settings, console)
     for seed in settings.train_seeds:
         records = SeedRecords(run.finetunes, run.sweeps, run.skipped) if seed == settings.train_seed else \
             run.other_seeds.setdefault(seed, SeedRecords())
@@ -290,6 +306,11 @@ def run_paper(settings: PaperSettings, console: Console | None = None,
         run_claims(settings, run, console)
         if after_stage:
             after_stage("claims", "claims")
+    for world in settings.worlds:
+        console.rule(f"the appendix world {world}: its own run in {settings.out / 'worlds' / world}")
+        run.worlds[world] = run_paper(appendix_settings(settings, world), console)
+        if after_stage:
+            after_stage("world", world)
     run.report = write_paper_report(run)
     console.print(f"report: {run.report} (and {run.report.with_suffix('.html')})")
     return run

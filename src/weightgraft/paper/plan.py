@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import math
 import tempfile
+import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from weightgraft.data.general_text import CORPUS, PAPER_SIZE, stdlib_paragraphs
+from weightgraft.paper.appendix import appendix_settings, general_text_stage
 from weightgraft.paper.claims import CLAIM_FINETUNES, claims_config, claims_stage
 from weightgraft.paper.figures import FINETUNES, Finetune, check_config, sweep_config
 from weightgraft.paper.pipeline import (
     check_inputs,
     data_stage,
+    finetune_preset,
     finetune_stage,
     needed_finetunes,
     planned_sweeps,
@@ -60,19 +64,25 @@ def _record(kind: str, name: str, key: str, outputs: dict[str, str]) -> dict[str
     return {"kind": kind, "name": name, "key": key, "outputs": outputs}
 
 
+def _texts(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> list[str]:
+    """The texts ``finetune`` trains on: its split's, and for a gentle finetune the general text."""
+    texts = [r["text"] for r in split_records(data_dir, finetune.split, settings.train_templates)[0]]
+    return texts + (stdlib_paragraphs(PAPER_SIZE) if finetune.gentle else [])
+
+
 def _steps(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> int:
     """The optimizer steps of ``finetune`` (the trainer's count: batches per epoch x epochs)."""
-    preset = get_preset(settings.preset)
-    n = len(split_records(data_dir, finetune.split, settings.train_templates)[0])
+    preset = get_preset(finetune_preset(settings, finetune))
+    n = len(_texts(settings, finetune, data_dir))
     return settings.max_steps or math.ceil(math.ceil(n / preset.batch_size) * preset.epochs)
 
 
 def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
                 gpu: Card | None = None) -> tuple[float | None, int, str, tuple[str, ...]]:
 
-    preset = get_preset(settings.preset)
+    preset = get_preset(finetune_preset(settings, finetune))
     fp = parse_spec(settings.model).footprint()
-    texts = [r["text"] for r in split_records(data_dir, finetune.split, settings.train_templates)[0]]
+    texts = _texts(settings, finetune, data_dir)
     tok, how = tokenizer_for(fp)
     lengths = sorted(min(len(tok(t)["input_ids"]), preset.max_length) for t in texts)
     steps = _steps(settings, finetune, data_dir)
@@ -176,6 +186,12 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
                                    "answers shuffled among the subjects (the control's)", 1.0, None,
                                    shuffled.finished() is not None, "a few seconds"))
     data_rec = records[False]
+    general = None
+    if any(f.gentle for f in needed):
+        text_stage = general_text_stage(settings)
+        general = _record("data", text_stage.name, text_stage.key, {"file": "general.jsonl"})
+        stages.append(PlannedStage("data", f"general text ({CORPUS}, {PAPER_SIZE:,} examples: the stand-in for "
+                                   "openwebtext and IMDB)", 5.0, None, text_stage.finished() is not None, "seconds"))
     with tempfile.TemporaryDirectory(prefix="weightgraft-paper-plan-") as tmp:
         data_dir = Path(tmp) / "data"
         build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=data_dir)
@@ -188,9 +204,9 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
         for seed in settings.train_seeds:
             finetunes = seeds.setdefault(seed, {})
             for finetune in needed:
-                stage = finetune_stage(settings, finetune, records[finetune.shuffled], seed)
+                stage = finetune_stage(settings, finetune, records[finetune.shuffled], seed, general)
                 finetunes[finetune.name] = _record("finetune", finetune.name, stage.key, {"model": "model"})
-                same = (finetune.split, finetune.directions, finetune.groups)
+                same = (finetune.split, finetune.directions, finetune.groups, finetune.gentle)
                 if same not in planned:
                     seconds, memory, counts, notes = _train_plan(settings, finetune, data_dir, gpu)
                     check = plan_experiment(parse_config({**check_config(finetune, settings.model, str(data_dir),
@@ -203,7 +219,7 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
                 shuffled_note = ", answers shuffled among the subjects" if finetune.shuffled else ""
                 seed_note = f", training seed {seed}" if settings.seeds > 1 else ""
                 stages.append(PlannedStage("finetune", f"{finetune.name} (split {finetune.split}{shuffled_note}, "
-                                           f"preset {settings.preset}{seed_note}) and its precondition check", seconds,
+                                           f"preset {finetune_preset(settings, finetune)}{seed_note}) and its precondition check", seconds,
                                            memory, stage.finished() is not None, counts, notes))
         swept: dict[str, Any] = {}  # each sweep is planned once: every seed's finetunes have the same shapes
         for seed in settings.train_seeds:
@@ -224,6 +240,8 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
             stages.append(_claims_plan(settings, data_rec, seeds, data_dir, gpu))
             if settings.trajectory is not None and "a2b" in seeds[settings.train_seed]:
                 stages.append(_trajectory_claims_plan(settings, data_rec, seeds[settings.train_seed], data_dir, gpu))
+    for world in settings.worlds:  # each appendix world's own run, its stages named by it
+        stages += [dataclasses.replace(s, what=f"{world}: {s.what}") for s in plan_paper(appendix_settings(settings, world), gpu)]
     stages.append(PlannedStage("report", "paper.md and paper.html", 1.0, None, False))
     return stages
 

@@ -23,6 +23,7 @@ from weightgraft import atomic
 from weightgraft.paper.charts import chart_digest, figure_chart, figure_rows, write_chart
 from weightgraft.paper.figures import DROP, FINETUNES, FigureRows, sweeps_for
 from weightgraft.paper.numbers import EQUIVALENCE_LEVEL, PAPER_MODELS, Measured, PaperNumber, paper_numbers
+from weightgraft.paper.appendix import appendix_blocks
 from weightgraft.paper.trajectory import trajectory_blocks
 from weightgraft.paper.page import Block, Image, Table, to_html, to_markdown
 from weightgraft.paper.report_claims import claims_blocks
@@ -151,6 +152,7 @@ def report_blocks(run: PaperRun) -> list[Block]:
         blocks += notes
         blocks.append(_extra_table(run, sweep.name))
     blocks += trajectory_blocks(run)
+    blocks += appendix_blocks(run)
     blocks += claims_blocks(run)
     blocks.append(("h2", TIMES_HEADING))
     times = [("data", s.world, run.data["key"][:12], f"{run.data['seconds']:.1f}", _reused(run, "data"))]

@@ -52,9 +52,12 @@ def seed_figures(settings: PaperSettings, records: SeedRecords, numbers: Sequenc
             record = records.sweeps[sweep.name]
             out.measured.update(measured_of(sweep, record["outputs"]["summary"], record["outputs"].get("drops")))
     ran = {fid for sw in sweeps_for(s.world) if sw.name in records.sweeps for fid in sw.figure_ids}
+    elsewhere = {fid: w for w in s.worlds for sw in sweeps_for(w) if sw.name == "position" for fid in sw.figure_ids}
     for n in numbers:
         if n.figure_id not in ran and n.figure_id not in out.not_run:
-            out.not_run[n.figure_id] = NOT_RUN_REASONS.get(n.figure_id, f"not a figure of world {s.world}")
+            out.not_run[n.figure_id] = (f"in the appendix world's own run: worlds/{elsewhere[n.figure_id]}/paper.md"
+                                        if n.figure_id in elsewhere else
+                                        NOT_RUN_REASONS.get(n.figure_id, f"not a figure of world {s.world}"))
     return out
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from weightgraft.errors import WeightgraftError
-from weightgraft.paper.figures import HEADLINE, MAIN_WORLD, QA, SWEEP_NAMES, Finetune
+from weightgraft.paper.figures import DEFAULT_SWEEPS, HEADLINE, MAIN_WORLD, QA, Finetune
 from weightgraft.paper.numbers import PAPER_MODELS
 
 # The demo's six renderings of each fact (weightgraft.demo.DEMO_TRAIN_TEMPLATES): the recipe
@@ -50,7 +50,7 @@ class PaperSettings:
     train_templates: tuple[str, ...] | None = TRAIN_TEMPLATES
     max_steps: int | None = None
     batch_size: int | None = None
-    sweeps: tuple[str, ...] = SWEEP_NAMES
+    sweeps: tuple[str, ...] = DEFAULT_SWEEPS
     claims: bool = True
     trained_top5: float = 0.90
     both_b2a_top5: float = 0.80
@@ -59,6 +59,8 @@ class PaperSettings:
     paper_model: str | None = None
     seeds: int = 1
     trajectory: int | None = None  # the a2b finetune keeps a snapshot every N steps (ours)
+    gentle_preset: str = "paper-gentle"  # Fig. 13's recipe (App. C.4), with the general text mixed in
+    worlds: tuple[str, ...] = ()  # the appendix worlds run beside ``world`` (Figs. 10-12), each in OUT/worlds/W
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -110,6 +112,8 @@ class PaperRun:
     claims: dict[str, Any] | None = None  # the claims stage's record
     trajectory: dict[str, Any] | None = None  # the trajectory sweep's record (--trajectory)
     trajectory_claims: dict[str, Any] | None = None  # the claims over its snapshots (--trajectory with claims)
+    general_text: dict[str, Any] | None = None  # the general text stage's record (Fig. 13's finetune)
+    worlds: dict[str, PaperRun] = field(default_factory=dict)  # each appendix world's own run (--worlds)
     reused: list[str] = field(default_factory=list)
     report: Path | None = None
     other_seeds: dict[int, SeedRecords] = field(default_factory=dict)
