@@ -23,14 +23,14 @@ FLOORS: dict[str, int] = {
     "stats": 0, "data": 0, "paper": 5, "engine": 1, "schemes": 2, "models": 2, "training": 3, "planning": 3,
     "experiments": 4, "localization": 4, "api": 5, "report": 5, "explore": 6, "cli": 7,
 }
-# The top-level modules: lazy.py, runtime.py, errors.py (the errors' root) and atomic.py (atomic
-# file writes) import nothing of ours (the lowest floor); configfile.py reads config files for
+# The top-level modules: lazy.py, runtime.py, errors.py (the errors' root), atomic.py (atomic
+# file writes) and devices.py (whether a named device is here) import nothing of ours (the lowest floor); configfile.py reads config files for
 # experiments and localization alike (the models floor: it reads model specs);
 # __init__.py is the notebook's front door (the api floor: it exports api, schemes, engine,
 # models and localize names); demo.py runs data -> train -> run -> report (the report floor);
 # entry.py and __main__.py start the CLI (its floor).
 TOP_LEVEL: dict[str, int] = {
-    f"{PACKAGE}.lazy": 0, f"{PACKAGE}.runtime": 0, f"{PACKAGE}.errors": 0, f"{PACKAGE}.atomic": 0, f"{PACKAGE}.configfile": 2, PACKAGE: 5, f"{PACKAGE}.demo": 5,
+    f"{PACKAGE}.lazy": 0, f"{PACKAGE}.runtime": 0, f"{PACKAGE}.errors": 0, f"{PACKAGE}.atomic": 0, f"{PACKAGE}.devices": 0, f"{PACKAGE}.configfile": 2, PACKAGE: 5, f"{PACKAGE}.demo": 5,
     f"{PACKAGE}.entry": 7, f"{PACKAGE}.__main__": 7,
 }
 MAX_LINES, MAX_MODULES = 450, 15

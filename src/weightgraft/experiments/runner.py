@@ -47,6 +47,7 @@ from weightgraft.experiments.store import ROWS_FORMAT, ResultsStore, write_atomi
 from weightgraft.engine.forward import slots
 from weightgraft.engine.projections import hf_config
 from weightgraft.engine.precision import batch_invariant_attention
+from weightgraft.devices import device_problem
 from weightgraft.models import donors as model_donors
 from weightgraft.models.donors import LeanSlots, LoadSettings, default_loader, load_role
 from weightgraft.models.lean import memory_report
@@ -190,12 +191,10 @@ def run_experiment(
 
 
 def _check_device(device: str) -> None:
-    """``device=cuda`` on a machine (or a torch build) without CUDA: one line, before loading."""
-    import torch
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        build = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
-        raise ConfigError(f"device={device!r} but {build}; use device=cpu")
+    """A device that is not here (``device=cuda`` without CUDA): one line, before loading."""
+    problem = device_problem(device)
+    if problem is not None:
+        raise ConfigError(f"device={problem}")
 
 
 def _check_names(config: ExperimentConfig, schemes: list[Any], prompts: list[Any]) -> None:

@@ -45,6 +45,7 @@ from weightgraft import atomic
 from weightgraft.data.prompts import DatasetError
 from weightgraft.engine.architectures import Units
 from weightgraft.configfile import ConfigError
+from weightgraft.devices import device_problem
 from weightgraft.localization.claims import NULL_FINETUNE, PRE_SFT
 from weightgraft.localization.claims.evidence import claims_evidence
 from weightgraft.localization.claims.stage import map_claims, write_claims
@@ -302,6 +303,8 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     # before any model loads; a vocabulary too small for it is refused from the models' configs
     shared_tokenizer = config_tokenizer(config.tokenizer, config.role_specs() if load is None else None)
     if load is None:  # memory plan from the configs: batch size, or a one-line refusal
+        if (problem := device_problem(config.device)) is not None:
+            raise ConfigError(f"device={problem}")
         check_models(config.role_specs(), "models")
         config = plan_before_localize(config, prompts)
     run_dir = config.run_dir()

@@ -42,6 +42,7 @@ from weightgraft.paper.settings import (
 from weightgraft.paper.claims import CLAIM_FINETUNES, run_claims
 from weightgraft.paper.stages import Stage, file_digest, stage_path
 from weightgraft.data import build_dataset
+from weightgraft.devices import device_problem
 from weightgraft.data.worlds import get_world
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
@@ -89,23 +90,9 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
 
 def check_device(device: str) -> None:
     """``cpu``, ``cuda``/``cuda:N`` (present here) or ``mps`` (present here); else one line."""
-    import torch
-
-    if device == "cpu":
-        return
-    if device == "cuda" or device.startswith("cuda:"):
-        index = device.partition(":")[2]
-        if not index.isdigit() and index:
-            raise PaperError(f"--device {device!r}: write cuda or cuda:N")
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0 or (index and int(index) >= n):
-            raise PaperError(f"--device {device!r} is absent: {n} CUDA device(s) visible here")
-        return
-    if device == "mps":
-        if not torch.backends.mps.is_available():
-            raise PaperError("--device 'mps' is absent on this machine")
-        return
-    raise PaperError(f"--device {device!r}: use cpu, cuda, cuda:N or mps")
+    problem = device_problem(device)
+    if problem is not None:
+        raise PaperError(f"--device {problem}")
 
 
 def planned_sweeps(settings: PaperSettings) -> list[Sweep]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from weightgraft.devices import device_problem
 from weightgraft.training.errors import TrainingError
 
 __all__ = ["training_device"]
@@ -16,17 +17,10 @@ def training_device(device: str | None) -> str:
     refused (``CUDA_VISIBLE_DEVICES=N`` with ``cuda`` picks card N)."""
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return device
-    if device in ("cuda", "cuda:0"):
-        if not torch.cuda.is_available():
-            raise TrainingError(f"device {device!r}: no CUDA card is visible here")
-        return "cuda"
-    if device.startswith("cuda:"):
+    if device.startswith("cuda:") and device != "cuda:0" and device.partition(":")[2].isdigit():
         raise TrainingError(f"device {device!r}: a finetune trains on the first visible card; run with "
                             f"CUDA_VISIBLE_DEVICES={device.partition(':')[2]} and device 'cuda'")
-    if device == "mps":
-        if not torch.backends.mps.is_available():
-            raise TrainingError("device 'mps' is absent on this machine")
-        return device
-    raise TrainingError(f"device {device!r}: use cpu, cuda or mps")
+    problem = device_problem(device)
+    if problem is not None:
+        raise TrainingError(f"device {problem}")
+    return "cuda" if device.startswith("cuda") else device

@@ -1,0 +1,29 @@
+"""Whether a device a run names is here: one check for ``run``, ``localize``, ``paper`` and
+``train``, said in one line before any model loads (each command raises it as its own error)."""
+
+from __future__ import annotations
+
+__all__ = ["device_problem"]
+
+
+def device_problem(device: str) -> str | None:
+    """What is wrong with ``device`` on this machine, or None: ``cpu``; ``cuda`` / ``cuda:N``
+    with that card visible to this torch; ``mps`` where it is available."""
+    import torch
+
+    if device == "cpu":
+        return None
+    if device == "cuda" or device.startswith("cuda:"):
+        index = device.partition(":")[2]
+        if index and not index.isdigit():
+            return f"{device!r}: write cuda or cuda:N"
+        if torch.version.cuda is None:
+            return f"{device!r} is absent: this torch build has no CUDA support (use cpu)"
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0 or (index and int(index) >= n):
+            return f"{device!r} is absent: {n} CUDA device(s) visible here (no CUDA GPU is visible: use cpu)" if n == 0 \
+                else f"{device!r} is absent: {n} CUDA device(s) visible here"
+        return None
+    if device == "mps":
+        return None if torch.backends.mps.is_available() else "'mps' is absent on this machine"
+    return f"{device!r}: use cpu, cuda, cuda:N or mps"
