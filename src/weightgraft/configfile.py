@@ -12,14 +12,15 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from weightgraft.errors import WeightgraftError
 from weightgraft.models.spec import ModelSpec, parse_spec
 
-__all__ = ["ConfigError", "anchor_paths", "apply_overrides", "json_digest", "read_yaml_config"]
+__all__ = ["ConfigError", "RunInputs", "anchor_paths", "apply_overrides", "json_digest", "read_yaml_config"]
 
 
 class ConfigError(WeightgraftError, ValueError):
@@ -120,3 +121,23 @@ def read_yaml_config(path: Path, overrides: list[str] | None = None, what: str =
     if isinstance(raw, dict):
         anchor_paths(raw, path.parent)
     return apply_overrides(raw, overrides or [])
+
+
+class RunInputs(BaseModel):
+    """What every pipeline's config reads the same way (``weightgraft run`` and ``localize``
+    extend it): the dataset, which of its prompts (templates, directions, at most ``limit`` per
+    template), the device, the seed, the tokenizer of models that have none, where results go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: Path
+    templates: list[str] | None = None
+    directions: list[Literal["a2b", "b2a"]] | None = None
+    limit: int | None = Field(None, ge=1, description="max examples per template")
+    device: str = "cpu"
+    # The tokenizer of models that have none (random:NAME): "bytes", an embedded model's name,
+    # or a tokenizer directory; its vocabulary must fit every model's.
+    tokenizer: str | None = None
+    seed: int = 0
+    out: Path | None = None
+    report: bool = True

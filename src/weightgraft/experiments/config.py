@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, model_validator
 
-from weightgraft.configfile import ConfigError, json_digest, read_yaml_config
+from weightgraft.configfile import ConfigError, RunInputs, json_digest, read_yaml_config
 from weightgraft.errors import validation_line
 from weightgraft.experiments.pairs import SchemePair, check_pairs
 from weightgraft.models.spec import ModelSpec, SpecText, parse_spec, spec_error_of
@@ -75,13 +75,11 @@ class TrajectorySpec(BaseModel):
     steps: list[int] | None = None
 
 
-class ExperimentConfig(BaseModel):
-    """One sweep: a dataset's test prompts x schemes x model sets."""
-
-    model_config = ConfigDict(extra="forbid")
+class ExperimentConfig(RunInputs):
+    """One sweep: a dataset's test prompts x schemes x model sets (the dataset, prompts, device,
+    seed, tokenizer and output as every pipeline reads them: :class:`RunInputs`)."""
 
     name: str = "experiment"
-    data: Path
     # role -> model spec (directory, .gguf, embedded name); or several named model sets.
     models: dict[str, SpecText] | None = None
     model_sets: dict[str, dict[str, SpecText]] | None = None
@@ -89,27 +87,17 @@ class ExperimentConfig(BaseModel):
     # "paper": the paper's text; "authors": what the authors' code computes
     # (weightgraft.schemes.protocol lists every difference)
     protocol: ProtocolName = DEFAULT_PROTOCOL
-    # The tokenizer of models that have none (random:NAME): "bytes", an embedded model's name,
-    # or a tokenizer directory; its vocabulary must fit every model's.
-    tokenizer: str | None = None
-    templates: list[str] | None = None
-    directions: list[Literal["a2b", "b2a"]] | None = None
     groups: list[str] | None = None
-    limit: int | None = Field(None, ge=1, description="max examples per template")
     score_answer: bool = True  # also the log-probability of every answer token
     batch_size: int = Field(64, ge=1)
     # donors hold only the tensors some scheme grafts (read lazily from safetensors)
     lean_donors: bool = True
     # positions that several rows of a batch share are computed once (a KV cache per prefix)
     prefix_sharing: bool = True
-    device: str = "cpu"
     # spread each model's layers over several GPUs ("auto", as in from_pretrained); donors
     # then load in full with the same placement
     device_map: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    seed: int = 0
-    out: Path | None = None
-    report: bool = True
     # paired differences between two schemes on the same examples (summary_pairs.csv)
     pairs: list[SchemePair] = Field(default_factory=list)
     generate: GenerateSpec | None = None  # grafted continuations (continuations.csv)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from weightgraft.engine.architectures import Units
 from weightgraft.engine.metric_table import localize_metric
 from weightgraft.errors import GraftArgumentError, validation_line
-from weightgraft.configfile import ConfigError, json_digest, read_yaml_config
+from weightgraft.configfile import ConfigError, RunInputs, json_digest, read_yaml_config
 from weightgraft.models.spec import ModelSpec, ModelSpecError, parse_spec, spec_error_of
 
 Direction = Literal["sufficiency", "necessity"]
@@ -114,22 +114,16 @@ def _spec_list(role: str, spec: object) -> list[str]:
 CONTROL = "control"  # the role and label of the control finetune
 
 
-class LocalizeConfig(BaseModel):
+class LocalizeConfig(RunInputs):
     """Cell maps of a model pair (``pre`` and ``sft``) on a dataset's test prompts; ``sft`` may
     list several models (training seeds), each mapped against the same ``pre``. ``nulls`` lists
     finetunes that do not hold the prompts' facts (another world seed, shuffled answers), mapped
     like the SFT models: what an unrelated finetune scores in ``stability.csv``."""
 
-    model_config = ConfigDict(extra="forbid")
-
     name: str = "localize"
-    data: Path
     # must name "pre" and "sft" (one spec or a list of them); "nulls": a list of null models;
     # "control": the control finetune (answers shuffled among the subjects)
     models: dict[str, str | list[str]]
-    templates: list[str] | None = None
-    directions: list[Literal["a2b", "b2a"]] | None = None
-    limit: int | None = Field(None, ge=1, description="max examples per template")
     # a name of engine.metric_table.localize_metrics(): first_logprob (the first answer token),
     # logit_diff (minus the next example's first answer token: another relation of the
     # template), neg_kl_donor (-KL(donor || grafted)); higher is always the donor's side
@@ -150,12 +144,6 @@ class LocalizeConfig(BaseModel):
     batch_size: int = Field(16, ge=1)
     exact_chunk: int = Field(512, ge=1)
     dtype: Literal["float32", "float64"] = "float32"
-    device: str = "cpu"
-    # as in a run config: the tokenizer of models that have none (random:NAME)
-    tokenizer: str | None = None
-    seed: int = 0
-    out: Path | None = None
-    report: bool = True
 
     @field_validator("models", mode="before")
     @classmethod

@@ -60,9 +60,10 @@ def trajectory_claims_stage(settings: PaperSettings, data: dict[str, Any], finet
     keys) and its raw localize config: claims 1-3 on every snapshot, against the control."""
     a2b, control = finetunes["a2b"], finetunes.get("control")
     folder = stage_path(a2b, settings.out, "model")
-    keyed = {"pre": settings.model, "a2b": [f"checkpoint(finetune:{a2b['key']}, step={s})" for s in steps],
+    keyed: dict[str, str | list[str]] = {"pre": settings.model,
+                                         "a2b": [f"checkpoint(finetune:{a2b['key']}, step={s})" for s in steps],
              **({"control": f"finetune:{control['key']}"} if control else {})}
-    paths = {"pre": settings.model, "a2b": [f"checkpoint({folder}, step={s})" for s in steps],
+    paths: dict[str, str | list[str]] = {"pre": settings.model, "a2b": [f"checkpoint({folder}, step={s})" for s in steps],
              **({"control": str(stage_path(control, settings.out, "model"))} if control else {})}
     raw = claims_config(settings, paths, str(stage_path(data, settings.out, "dir")))
     return Stage("claims", "trajectory", {"config": claims_config(settings, keyed, f"data:{data['key']}")},
