@@ -11,11 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
+
+from weightgraft.data.prompts import DatasetError, TestPrompt
 
 from weightgraft.errors import WeightgraftError
 from weightgraft.models.spec import ModelSpec, parse_spec
@@ -141,3 +145,34 @@ class RunInputs(BaseModel):
     seed: int = 0
     out: Path | None = None
     report: bool = True
+
+    def select(self, prompts: Sequence[TestPrompt], directions: Sequence[str] | None = None,
+               groups: Sequence[str] | None = None) -> list[TestPrompt]:
+        """The one prompt selection of every pipeline: ``prompts`` of the config's templates (a
+        template the data lacks is an error), of ``directions`` (the config's, or a trained
+        direction a pipeline chose for it: then prompts that carry no direction are kept), of
+        ``groups``, at most ``limit`` per template; an error when nothing is left."""
+        if not prompts:
+            raise DatasetError(f"{self.data / 'test_prompts.jsonl'} holds no test prompt (is the dataset built?)")
+        if self.templates is not None:
+            present = {p.template for p in prompts}
+            missing = [t for t in self.templates if t not in present]
+            if missing:
+                raise DatasetError(f"templates {missing} are not in the dataset (it has {sorted(present)})")
+        strict = self.directions is not None
+        chosen: list[TestPrompt] = []
+        per_template: Counter[str] = Counter()
+        for p in prompts:
+            if self.templates is not None and p.template not in self.templates:
+                continue
+            if directions is not None and p.direction not in directions and (strict or p.direction is not None):
+                continue
+            if groups is not None and p.group not in groups:
+                continue
+            if self.limit is not None and per_template[p.template] >= self.limit:
+                continue
+            per_template[p.template] += 1
+            chosen.append(p)
+        if not chosen:
+            raise DatasetError("no test prompt is left after the template/direction/group filters")
+        return chosen

@@ -22,30 +22,8 @@ from weightgraft.schemes.selectors import SpanNotFound
 
 
 def select_prompts(prompts: list[TestPrompt], config: ExperimentConfig) -> list[TestPrompt]:
-    if not prompts:
-        raise DatasetError(f"{config.data / 'test_prompts.jsonl'} holds no test prompt (is the dataset built?)")
-    chosen = [
-        p for p in prompts
-        if (config.templates is None or p.template in config.templates)
-        and (config.directions is None or p.direction in config.directions)
-        and (config.groups is None or p.group in config.groups)
-    ]
-    if config.templates is not None:
-        present = {p.template for p in prompts}
-        missing = [t for t in config.templates if t not in present]
-        if missing:
-            raise DatasetError(f"templates {missing} are not in the dataset (it has {sorted(present)})")
-    if config.limit is not None:
-        per_template: Counter[str] = Counter()
-        limited = []
-        for p in chosen:
-            if per_template[p.template] < config.limit:
-                limited.append(p)
-                per_template[p.template] += 1
-        chosen = limited
-    if not chosen:
-        raise DatasetError("no test prompt is left after the template/direction/group filters")
-    return chosen
+    """The run's prompts: every pipeline's selection (``RunInputs.select``) with the config's groups."""
+    return config.select(prompts, config.directions, config.groups)
 
 
 @dataclass

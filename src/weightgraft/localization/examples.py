@@ -57,24 +57,4 @@ def select_prompts(config: Any) -> list[TestPrompt]:
     (``localize.directions``); prompts that carry no direction are kept then."""
     from weightgraft.localization.directions import choose_directions
 
-    prompts = load_prompts(config.data)
-    directions = choose_directions(config).directions
-    strict = config.directions is not None
-    present = {p.template for p in prompts}
-    if config.templates is not None:
-        missing = [t for t in config.templates if t not in present]
-        if missing:
-            raise DatasetError(f"templates {missing} are not in the dataset (it has {sorted(present)})")
-    chosen, per_template = [], defaultdict(int)
-    for p in prompts:
-        if config.templates is not None and p.template not in config.templates:
-            continue
-        if directions is not None and p.direction not in directions and (strict or p.direction is not None):
-            continue
-        if config.limit is not None and per_template[p.template] >= config.limit:
-            continue
-        per_template[p.template] += 1
-        chosen.append(p)
-    if not chosen:
-        raise DatasetError("no test prompt is left after the template/direction filters")
-    return chosen
+    return config.select(load_prompts(config.data), choose_directions(config).directions)
