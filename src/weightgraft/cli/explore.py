@@ -32,6 +32,11 @@ def explore(
 
     refuse_random(roles, "weightgraft explore")  # no tokenizer: one line, before loading
 
+    import importlib.util
+
+    if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
+        raise typer.BadParameter("explore serves its page with starlette and uvicorn: pip install "
+                                 "'weightgraft[explore]' (the README's `make` commands install it)")
     from weightgraft.explore.app import create_app
     from weightgraft.explore.artifacts import LocalizeView, RunView
     from weightgraft.explore.opening import opening_example

@@ -11,8 +11,6 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from faker import Faker
-
 from .errors import DataError
 from .resources import name_problem
 
@@ -44,6 +42,11 @@ class FakeSource:
     """Seeded Faker draws that never repeat a value (case-insensitively) within one source."""
 
     def __init__(self, seed: int, exclude: Iterable[str] = (), locale: str = "en_US") -> None:
+        try:
+            from faker import Faker
+        except ImportError:
+            raise DataError("building a world draws fake names and titles with Faker: pip install "
+                            "'weightgraft[worlds]' (the README's `make` commands install it)") from None
         self.fake = Faker(locale)
         self.fake.seed_instance(seed)
         self._used = {s.casefold() for s in exclude}
