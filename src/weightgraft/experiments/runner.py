@@ -7,11 +7,12 @@ Data flows one way: config -> compiled schemes -> per-example source tensors -> 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from weightgraft.engine.forward import slots
 from weightgraft.engine.projections import hf_config
 from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.devices import device_problem
+from weightgraft.experiments.batches import in_halves
 from weightgraft.models import donors as model_donors
 from weightgraft.models.donors import LeanSlots, LoadSettings, default_loader, load_role
 from weightgraft.models.lean import memory_report
@@ -122,7 +124,7 @@ def run_experiment(
     exclusions = Exclusions()
     order: list[tuple] = []
     model_info: dict[str, dict[str, dict[str, Any]]] = {}
-    computed = 0
+    computed = oom_splits = 0
     continuations: list[dict[str, Any]] = []
     for set_name, roles_spec in config.spec_sets().items():
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
@@ -164,9 +166,13 @@ def run_experiment(
         with Progress(disable=not progress, transient=False) as bar:
             task = bar.add_task(f"[{set_name}] grafting", total=len(items), completed=len(items) - len(todo))
             try:
+                scored = functools.partial(_scored, models=models, pad_id=pad_id, config=config, base=base,
+                                           tokenizer=first.tokenizer, set_name=set_name, scheme_meta=scheme_meta)
                 for chunk in _my_batches(items, todo, config.batch_size, ranks):
-                    logits, n_logits, donors = compute_logits(models, chunk, pad_id, config.score_answer, config.prefix_sharing, base)
-                    store.append(score_rows(chunk, logits, n_logits, first.tokenizer, set_name, scheme_meta, donors, base))
+                    parts, splits = in_halves(chunk, scored, functools.partial(_say_split, set_name))
+                    for part in parts:
+                        store.append(part)
+                    oom_splits += splits
                     computed += len(chunk)
                     bar.advance(task, len(chunk) * ranks.world)
             except KeyboardInterrupt:
@@ -184,10 +190,22 @@ def run_experiment(
     if not ranks.is_main:
         return _follow_main(run_dir, ranks, computed)
     try:
-        return _finish(run_dir, config, schemes, store=store, order=order, exclusions=exclusions, model_info=model_info, computed=computed, started=started, ranks=ranks, continuations=continuations)
+        return _finish(run_dir, config, schemes, store=store, order=order, exclusions=exclusions, model_info=model_info,
+                       computed=computed, started=started, ranks=ranks, continuations=continuations, oom_splits=oom_splits)
     finally:
         ranks.barrier()  # the other ranks read what the main rank merged
         ranks.close()
+
+
+def _scored(rows: Sequence[Any], *, models: list[Any], pad_id: int, config: ExperimentConfig, base: Any,
+            tokenizer: Any, set_name: str, scheme_meta: Any) -> Any:
+    """The scored rows of one batch of (example, scheme) items."""
+    logits, n_logits, donors = compute_logits(models, rows, pad_id, config.score_answer, config.prefix_sharing, base)
+    return score_rows(rows, logits, n_logits, tokenizer, set_name, scheme_meta, donors, base)
+
+
+def _say_split(set_name: str, line: str) -> None:
+    print(f"[{set_name}] {line}", file=sys.stderr)
 
 
 def _check_device(device: str) -> None:
@@ -294,7 +312,8 @@ def _note_interrupted(run_dir: Path, started: float, computed: int) -> None:
         fh.write(json.dumps(session) + "\n")
 
 
-def _finish(run_dir, config, schemes, *, store, order, exclusions, model_info, computed, started, ranks, continuations=()) -> RunResult:
+def _finish(run_dir, config, schemes, *, store, order, exclusions, model_info, computed, started, ranks, continuations=(),
+            oom_splits=0) -> RunResult:
     """Merge the parts into ``results.parquet``, then the summary, exclusions and manifest."""
     exclusion_summary = exclusions.summary()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -324,7 +343,7 @@ def _finish(run_dir, config, schemes, *, store, order, exclusions, model_info, c
         "exclusions": exclusion_summary, "n_rows": len(results),
         "n_partial_target": int(results["target_partial"].sum()) if "target_partial" in results else 0, "computed_this_run": computed,
         "n_weak_first_token": int(results["weak_first_token"].sum()) if "weak_first_token" in results else 0,
-        "processes": ranks.world,
+        "processes": ranks.world, "batches_split_on_oom": oom_splits,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": round(time.time() - started, 2),
     }
