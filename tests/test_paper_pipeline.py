@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from weightgraft.paper.figures import FINETUNES, MAIN_WORLD, sweeps_for
+from weightgraft.paper.figures import DEFAULT_SWEEPS, FINETUNES, MAIN_WORLD, sweeps_for
 from weightgraft.paper.numbers import NOT_RUN, OTHER_MODEL, metric_text, paper_numbers
 from weightgraft.paper.pipeline import PaperSettings, data_stage, finetune_stage, needed_finetunes, run_paper
 from weightgraft.paper.report import NOT_MET, STATED_HEADING, side_by_side_part
@@ -88,14 +88,14 @@ def test_each_precondition_is_printed_as_it_is_checked(full_run):
 def test_every_stage_runs_and_the_report_has_a_paper_row_for_every_figure_it_ran(full_run):
     run, out = full_run
     assert set(run.finetunes) == {"a2b", "both", "task", "relation", "control"}
-    assert set(run.sweeps) == {s.name for s in sweeps_for(MAIN_WORLD)} and not run.skipped
+    assert set(run.sweeps) == set(DEFAULT_SWEEPS) and not run.skipped  # Fig. 13's only where asked (test_paper_appendix)
     for kind in ("data", "finetune", "sweep"):
         for folder in _stage_dirs(out, kind):
             record = json.loads((folder / "stage.json").read_text())
             assert folder.name.endswith(record["key"][:12])
     text = (out / "paper.md").read_text()
     assert (out / "paper.html").read_text().startswith("<!doctype html>")
-    ran = {fid for s in sweeps_for(MAIN_WORLD) for fid in s.figure_ids}
+    ran = {fid for s in sweeps_for(MAIN_WORLD) if s.name in DEFAULT_SWEEPS for fid in s.figure_ids}
     assert ran == {"fig2", "fig3a", "fig6", "fig7", "fig8", "fig9", "fig14", "fig4", "fig15", "fig5"}
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     for n in paper_numbers():
@@ -149,7 +149,7 @@ def test_each_figure_is_drawn_as_a_png_beside_the_page_and_embedded_in_it(full_r
 
     _, out = full_run
     text, page = (out / "paper.md").read_text(), (out / "paper.html").read_text()
-    figures = [f for s in sweeps_for(MAIN_WORLD) for f in s.figures]
+    figures = [f for s in sweeps_for(MAIN_WORLD) if s.name in DEFAULT_SWEEPS for f in s.figures]
     assert len(figures) == 10
     for fig in figures:
         png = out / f"paper-{fig.figure_id}.png"
@@ -315,7 +315,7 @@ def test_a_precondition_not_met_marks_the_figures_that_need_it(full_run, base_mo
     assert rows and all(f"| {NOT_RUN} |  | {NOT_RUN}: {NOT_MET} (both: " in line for line in rows)
     assert "| both | both | precondition not met |" in text
     strict = run_paper(settings(base_model, out, trained_top5=0.9, both_b2a_top5=0.8))
-    assert set(strict.skipped) == {s.name for s in sweeps_for(MAIN_WORLD)} | {"claims"}  # random models know nothing
+    assert set(strict.skipped) == set(DEFAULT_SWEEPS) | {"claims"}  # random models know nothing
 
 
 def test_a2b_not_met_leaves_the_claims_unjudged_and_says_why(full_run, base_model, tmp_path):
