@@ -438,7 +438,7 @@ def test_the_finetunes_device_is_the_runs_and_a_card_they_cannot_take_is_one_lin
     assert training_device("cpu") == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert training_device(None) == "cpu"
-    with pytest.raises(TrainingError, match="no CUDA card"):
+    with pytest.raises(TrainingError, match="'cuda' is absent"):
         training_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -17,12 +17,12 @@ def device_problem(device: str) -> str | None:
         index = device.partition(":")[2]
         if index and not index.isdigit():
             return f"{device!r}: write cuda or cuda:N"
-        if torch.version.cuda is None:
-            return f"{device!r} is absent: this torch build has no CUDA support (use cpu)"
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0 or (index and int(index) >= n):
-            return f"{device!r} is absent: {n} CUDA device(s) visible here (no CUDA GPU is visible: use cpu)" if n == 0 \
-                else f"{device!r} is absent: {n} CUDA device(s) visible here"
+        if n == 0:
+            why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+            return f"{device!r} is absent: {why} (use cpu)"
+        if index and int(index) >= n:
+            return f"{device!r} is absent: {n} CUDA device(s) visible here"
         return None
     if device == "mps":
         return None if torch.backends.mps.is_available() else "'mps' is absent on this machine"
