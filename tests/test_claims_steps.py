@@ -11,7 +11,7 @@ import pytest
 
 from weightgraft.localization.claims.grafts import ClaimMap, judge_claims
 from weightgraft.localization.claims.regions import last_quarter
-from weightgraft.localization.claims.steps import claims_along_steps, first_held
+from weightgraft.localization.claims.steps import claims_along_steps, first_held, snapshot_steps
 from weightgraft.localization.claims.verdicts import decide
 
 N_LAYERS = 4
@@ -76,6 +76,17 @@ def test_first_held_is_the_step_after_which_every_verdict_holds():
     assert first_held([1, 10, 20, 30], ["no effect", "holds", "holds", "holds"]) == (10, 1)
     assert first_held([1, 10, 20, 30], ["holds"] * 4) == (1, None)
     assert first_held([1, 10, 20, 30], ["holds", "holds", "holds", "undecided"]) == (None, None)
+
+
+def test_only_snapshots_of_one_finetune_at_distinct_steps_are_read_by_step(tmp_path):
+    from pathlib import Path
+
+    a, b = Path("/runs/a"), Path("/runs/b")
+    assert snapshot_steps([("sft[0]", 1, a), ("sft[1]", 10, a)]) == {"sft[0]": 1, "sft[1]": 10}
+    assert "more than one finetune" in snapshot_steps([("sft[0]", 1, a), ("sft[1]", 10, b)])
+    assert "same step" in snapshot_steps([("sft[0]", 10, a), ("sft[1]", 10, a)])
+    assert "not snapshots" in snapshot_steps([("sft[0]", 10, a), ("sft[1]", None, None)])
+    assert "fewer than two" in snapshot_steps([("sft[0]", 10, a)])
 
 
 @pytest.mark.slow

@@ -49,7 +49,7 @@ from weightgraft.devices import device_problem
 from weightgraft.localization.claims import NULL_FINETUNE, PRE_SFT
 from weightgraft.localization.claims.evidence import claims_evidence
 from weightgraft.localization.claims.stage import map_claims, write_claims
-from weightgraft.localization.claims.steps import claims_along_steps
+from weightgraft.localization.claims.steps import claims_along_steps, snapshot_steps
 from weightgraft.errors import ResultsDirConflict
 from weightgraft.localization.config import CONTROL, LocalizeConfig, load_localize_config
 from weightgraft.localization.examples import LocalizeExample, build_examples, select_prompts
@@ -156,9 +156,13 @@ def _check_peft(config: LocalizeConfig) -> list[PeftSpec | None]:
 
 
 def _claims_by_step(config: LocalizeConfig, judged: pd.DataFrame, run_dir: Path, say: Callable[[str], None]) -> None:
-    """``claims_steps.csv`` where the SFT models are snapshots of a finetune: each claim's first held step."""
-    steps = {label: step for label, spec in config.sft_models() if (step := parse_spec(spec).training_step) is not None}
-    if len(steps) < 2:
+    """``claims_steps.csv`` where the SFT models are snapshots of one finetune: each claim's first
+    held step; where only some are, or of several finetunes, none is written and the run says why."""
+    specs = [(label, parse_spec(spec)) for label, spec in config.sft_models()]
+    steps = snapshot_steps([(label, s.training_step, s.training_run) for label, s in specs])
+    if isinstance(steps, str):
+        if any(s.training_step is not None for _, s in specs):
+            say(f"claims by step: not written ({steps})")
         return
     table = claims_along_steps(judged, steps)
     atomic.write_text(run_dir / "claims_steps.csv", table.to_csv(index=False))

@@ -70,10 +70,11 @@ def _texts(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> list[
     return texts + (stdlib_paragraphs(PAPER_SIZE) if finetune.gentle else [])
 
 
-def _steps(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> int:
-    """The optimizer steps of ``finetune`` (the trainer's count: batches per epoch x epochs)."""
+def _steps(settings: PaperSettings, finetune: Finetune, data_dir: Path, n_texts: int | None = None) -> int:
+    """The optimizer steps of ``finetune`` (the trainer's count: batches per epoch x epochs) over
+    ``n_texts`` texts (None: its texts, counted here)."""
     preset = get_preset(finetune_preset(settings, finetune))
-    n = len(_texts(settings, finetune, data_dir))
+    n = len(_texts(settings, finetune, data_dir)) if n_texts is None else n_texts
     return settings.max_steps or math.ceil(math.ceil(n / preset.batch_size) * preset.epochs)
 
 
@@ -85,7 +86,7 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
     texts = _texts(settings, finetune, data_dir)
     tok, how = tokenizer_for(fp)
     lengths = sorted(min(len(tok(t)["input_ids"]), preset.max_length) for t in texts)
-    steps = _steps(settings, finetune, data_dir)
+    steps = _steps(settings, finetune, data_dir, len(texts))
     per_epoch = max(1, math.ceil(len(texts) / preset.batch_size))
     memory = ADAM_COPIES * fp.param_bytes("float32")
     rate, rate_note = rate_for("cuda" if gpu is not None else settings.device, "float32", gpu)

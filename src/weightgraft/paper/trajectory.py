@@ -17,6 +17,7 @@ from rich.console import Console
 from weightgraft.configfile import json_digest
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
+from weightgraft.localization.claims.steps import first_held_text, verdicts_text
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.run import run_localize
 from weightgraft.models.spec import saved_steps
@@ -89,7 +90,10 @@ def run_trajectory_claims(settings: PaperSettings, run: PaperRun, console: Conso
     console.rule("claims trajectory: claims 1-3 on each snapshot of the a2b finetune (one Holm family)")
     result = run_localize(parse_localize_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
     path = result.run_dir / "claims_steps.csv"
-    table = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+    if not path.is_file():  # no claim judged on the snapshots: said, not shown as an empty table
+        run.skipped["claims trajectory"] = "no claims were judged on the snapshots (claims_steps.csv not written)"
+        return
+    table = pd.read_csv(path)
     rows = table.astype(object).where(table.notna(), None).to_dict("records")
     run.trajectory_claims = stage.finish({"run": "run", "steps": rows}, time.time() - started)
 
@@ -143,13 +147,6 @@ def trajectory_blocks(run: PaperRun) -> list[Block]:
     return blocks + _claims_blocks(run)
 
 
-def _first(r: dict[str, Any]) -> str:
-    if r["first_held"] is None:
-        return f"never (the last step: {r['last_verdict']})"
-    after = "from the first snapshot" if r["held_after"] is None else f"after step {int(r['held_after'])}"
-    return f"step {int(r['first_held'])} ({after}); share {r['share_exact']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
-
-
 def _claims_blocks(run: PaperRun) -> list[Block]:
     """Each claim's first held step over the snapshots, and its verdict at every step."""
     if run.trajectory_claims is None:
@@ -160,9 +157,7 @@ def _claims_blocks(run: PaperRun) -> list[Block]:
         "held step is the earliest snapshot from which it holds at every later one (it began to hold after the "
         "snapshot before it); a claim is said to hold where it does not in at most 5% of runs.")),
         Table(("template", "claim", "first held [share, 95% CI]", "verdict by step"),
-              [(r["template"], r["claim"], _first(r), ", ".join(
-                  f"{s}: {v}" for s, v in zip(str(r["steps"]).split(";"), str(r["verdicts"]).split(";"))))
-               for r in rows])]
+              [(r["template"], r["claim"], first_held_text(r), verdicts_text(r)) for r in rows])]
 
 
 def _chart(rows: list[dict[str, Any]]) -> Figure:

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from weightgraft import atomic
+from weightgraft.localization.claims.steps import first_held_text, verdicts_text
 from weightgraft.engine.metric_table import describe
 from weightgraft.localization.agreement import agreement
 from weightgraft.localization.config import null_labels, sft_labels
@@ -248,16 +249,7 @@ def _steps_section(run_dir: Path) -> str:
     if not path.is_file():
         return ""
     table = pd.read_csv(path, keep_default_na=False, na_values=[""])
-
-    def first(r: pd.Series) -> str:
-        if pd.isna(r["first_held"]):
-            return f"never (the last step: {r['last_verdict']})"
-        after = "the first saved step" if pd.isna(r["held_after"]) else f"after step {int(r['held_after'])}"
-        return (f"step {int(r['first_held'])} ({after}); share {r['share_exact']:.2f} "
-                f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
-
-    rows = [(r["setting"], r["direction"], r["template"], r["claim"], first(r),
-             ", ".join(f"{s}: {v}" for s, v in zip(str(r["steps"]).split(";"), str(r["verdicts"]).split(";"))))
+    rows = [(r["setting"], r["direction"], r["template"], r["claim"], first_held_text(r), verdicts_text(r))
             for _, r in table.iterrows()]
     return ("<h3>The claims along the training steps</h3><p>The SFT models are snapshots of one finetune. A claim's "
             "first held step is the earliest saved step from which it holds at every later saved step; it began to "

@@ -14,12 +14,47 @@ hold at the last step has no first held step."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 KEYS = ("setting", "direction", "template", "claim")
 COLUMNS = (*KEYS, "steps", "verdicts", "first_held", "held_after", "share_exact", "ci_low", "ci_high", "last_verdict")
+
+
+def snapshot_steps(snapshots: Sequence[tuple[str, int | None, Path | None]]) -> dict[str, int] | str:
+    """Model label -> training step where every SFT model is a snapshot of one finetune at a step
+    of its own (``(label, step, run folder)`` each); else why the claims cannot be read by step."""
+    if len(snapshots) < 2 or all(step is None for _, step, _ in snapshots):
+        return "fewer than two SFT models are snapshots of a finetune"
+    if any(step is None for _, step, _ in snapshots):
+        return "some SFT models are not snapshots of a finetune (checkpoint(DIR, step=K))"
+    if len({run for _, _, run in snapshots}) > 1:
+        return "the snapshots come from more than one finetune"
+    steps = [step for _, step, _ in snapshots]
+    if len(set(steps)) < len(steps):
+        return "two SFT models are the same step"
+    return {label: int(step) for label, step, _ in snapshots if step is not None}
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def first_held_text(row: Mapping[str, Any]) -> str:
+    """A ``claims_steps.csv`` row's first held step in words, with its share and interval there."""
+    if _missing(row["first_held"]):
+        return f"never (the last step: {row['last_verdict']})"
+    after = "the first saved step" if _missing(row["held_after"]) else f"after step {int(row['held_after'])}"
+    return f"step {int(row['first_held'])} ({after}); share {row['share_exact']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+
+
+def verdicts_text(row: Mapping[str, Any]) -> str:
+    """A ``claims_steps.csv`` row's verdict at each step: ``step: verdict, ...``."""
+    return ", ".join(f"{s}: {v}" for s, v in zip(str(row["steps"]).split(";"), str(row["verdicts"]).split(";")))
 
 
 def first_held(steps: list[int], verdicts: list[str]) -> tuple[int | None, int | None]:

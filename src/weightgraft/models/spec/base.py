@@ -83,6 +83,11 @@ class ModelSpec:
         return None
 
     @property
+    def training_run(self) -> Path | None:
+        """The finetune's folder it is a snapshot of, else None."""
+        return None
+
+    @property
     def folder(self) -> Path | None:
         """The model folder it names on disk (for manifests written beside the weights), else None."""
         return None

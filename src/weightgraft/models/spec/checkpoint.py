@@ -53,6 +53,10 @@ class CheckpointSpec(FolderSpec):
     def training_step(self) -> int | None:
         return self.step
 
+    @property
+    def training_run(self) -> Path | None:
+        return Path(self.run).expanduser().resolve()
+
     def check(self, role: str = "model") -> None:
         if not Path(self.path).expanduser().is_dir():
             steps = saved_steps(self.run)
