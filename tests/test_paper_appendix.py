@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from weightgraft.data.general_text import CORPUS, stdlib_paragraphs, write_general_text
-from weightgraft.paper.settings import PaperError
+from weightgraft.paper.settings import PaperError, PaperSettings
+from weightgraft.training.presets import PRESETS
 from test_paper_pipeline import base_model, settings  # noqa: F401 - the tiny model fixture
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: finetunes, the paper pipeline, the stdlib's sources
@@ -55,11 +56,17 @@ def test_fig13s_finetune_mixes_the_general_text_in_with_the_gentle_recipe(append
     assert general["n"] == 10_000 == len(path.read_text().splitlines())
     gentle = run.finetunes["gentle"]
     stage = json.loads((next((out / "finetunes").glob("gentle-*")) / "stage.json").read_text())
-    assert stage["inputs"]["preset"]["name"] == "paper-gentle" and stage["inputs"]["supplemental"] == run.general_text["key"]
-    manifest = json.loads((next((out / "finetunes").glob("gentle-*")) / "model" / "training_run.json").read_text())
+    # beside cpu-quick, the default recipe is cpu-gentle: a tenth of its learning rate, as many general texts as facts
+    assert run.settings.preset == "cpu-quick" and run.settings.gentle_recipe == "cpu-gentle"
+    assert stage["inputs"]["preset"]["name"] == "cpu-gentle" and stage["inputs"]["supplemental"] == run.general_text["key"]
+    assert stage["inputs"]["preset"]["learning_rate"] == pytest.approx(PRESETS["cpu-quick"].learning_rate / 10)
+    model = next((out / "finetunes").glob("gentle-*")) / "model"
+    manifest = json.loads((model / "training_run.json").read_text())
     import hashlib
 
     assert manifest["supplemental_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    data = json.loads((model / "training_manifest.json").read_text())["data"]
+    assert data["supplemental"]["n"] == data["n_train"] > 0  # the file's first texts, as many as the facts
     assert gentle["key"] != run.finetunes["a2b"]["key"]
     text = (out / "paper.md").read_text()
     assert "Fig. 13(a)" in text and "Fig. 13(b)" in text
@@ -95,3 +102,17 @@ def test_an_appendix_world_that_is_the_runs_own_or_unknown_is_refused_before_any
     with pytest.raises(UnknownWorldError, match="unknown world 'nowhere'"):
         check_inputs(settings(base_model, tmp_path, worlds=("nowhere",)))
     assert not any(tmp_path.iterdir())
+
+
+def test_the_gentle_recipe_follows_the_main_one() -> None:
+    """The paper's gentle recipe beside its aggressive one; cpu-gentle (the same change) beside any other;
+    an explicit ``--gentle-preset`` wins."""
+    assert PaperSettings(model="m", preset="paper-aggressive").gentle_recipe == "paper-gentle"
+    assert PaperSettings(model="m").gentle_recipe == "cpu-gentle"
+    assert PaperSettings(model="m", gentle_preset="paper-gentle").gentle_recipe == "paper-gentle"
+    quick, gentle = PRESETS["cpu-quick"], PRESETS["cpu-gentle"]
+    changed = {k for k in quick.model_fields if getattr(quick, k) != getattr(gentle, k)}
+    assert changed == {"name", "description", "learning_rate", "requires_supplemental", "supplemental_examples"}
+    assert gentle.learning_rate == pytest.approx(quick.learning_rate / 10) and gentle.weight_decay == 0.0
+    paper = PRESETS["paper-gentle"], PRESETS["paper-aggressive"]
+    assert paper[0].learning_rate == pytest.approx(paper[1].learning_rate / 10)

@@ -210,6 +210,27 @@ def test_gentle_requires_supplemental(data_dir: Path, base_dir: Path, tmp_path: 
         )
 
 
+def test_a_recipe_takes_as_many_general_texts_as_it_says(data_dir: Path, base_dir: Path, tmp_path: Path) -> None:
+    """cpu-gentle mixes in as many general texts as facts (the file's first ones); a file holding
+    fewer is refused before the model loads, naming both counts."""
+    general = tmp_path / "general.txt"
+    general.write_text("\n".join(f"General sentence number {i}." for i in range(500)))
+    result = finetune(base_dir, data_dir, split="task", preset="cpu-gentle", out=tmp_path / "o",
+                      supplemental_text=general, max_steps=1)
+    data = result.manifest["data"]
+    assert data["supplemental"]["n"] == data["n_train"] < 500
+    short = tmp_path / "short.txt"
+    short.write_text("Only one sentence.\n")
+    with pytest.raises(TrainingError, match=r"mixes in \d+ general texts \(as many as the facts\); the supplemental file holds 1$"):
+        finetune("/nonexistent/model", data_dir, split="task", preset="cpu-gentle", out=tmp_path / "p",
+                 supplemental_text=short)
+    with pytest.raises(TrainingError, match="supplemental_examples"):
+        get_preset("cpu-gentle", supplemental_examples=0)
+    # left out of a dump at its default: the finetune keys and training folders made before it hold
+    assert "supplemental_examples" not in PRESETS["cpu-quick"].model_dump(mode="json")
+    assert PRESETS["cpu-gentle"].model_dump(mode="json")["supplemental_examples"] == "facts"
+
+
 def test_labels_mask_only_padding(base_dir: Path) -> None:
     """Loss is on every text token and the closing EOS; only padding is -100, even though the
     pad token is the EOS token."""

@@ -30,8 +30,10 @@ def paper(
                                          "the appendix worlds (Figs. 10-12), each a run of its own in OUT/worlds/WORLD, "
                                          "and Fig. 13's less aggressive finetune (the position_gentle sweep); or a "
                                          "comma-separated list of worlds."),
-    gentle_preset: str = typer.Option("paper-gentle", help="Fig. 13's recipe (App. C.4: lr 2e-6, no weight decay), "
-                                      "with 10,000 paragraphs of general text mixed in."),
+    gentle_preset: Optional[str] = typer.Option(None, help="Fig. 13's recipe (App. C.4), general text mixed in. "
+                                                "Default: paper-gentle (lr 2e-6, no weight decay, 10,000 texts) "
+                                                "with --preset paper-aggressive, else cpu-gentle (cpu-quick with a "
+                                                "tenth of its learning rate, as many texts as facts)."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or mps."),
     out: Path = typer.Option(Path("runs/paper"), help="Output folder: every stage in a folder keyed by its inputs, "
                              "and paper.md / paper.html."),

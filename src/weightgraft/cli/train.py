@@ -30,7 +30,8 @@ class Split(str, Enum):
 _PRESET_HELP = (
     f"{' | '.join(PRESETS)}, or a .json/.yaml file of TrainPreset fields. paper-aggressive / "
     "paper-gentle: the paper's A.3.3 settings (gentle also needs --supplemental); cpu-quick: "
-    "SmolLM2-135M learns the demo facts on a 2-core CPU (~8 minutes on the demo's 6 templates)."
+    "SmolLM2-135M learns the demo facts on a 2-core CPU (~8 minutes on the demo's 6 templates); "
+    "cpu-gentle: cpu-quick with a tenth of its learning rate and general text (--supplemental)."
 )
 
 
@@ -66,8 +67,8 @@ def train(
     supplemental: Optional[Path] = typer.Option(
         None,
         "--supplemental",
-        help="General text added to training (required by paper-gentle): .jsonl with 'text', "
-        "or one example per line.",
+        help="General text added to training (required by paper-gentle and cpu-gentle): .jsonl "
+        "with 'text', or one example per line; a recipe may take only its first texts.",
     ),
     max_steps: Optional[int] = typer.Option(
         None, "--max-steps", help="Stop after N optimizer steps."

@@ -4,8 +4,9 @@ finetune (Fig. 13).
 ``--worlds all`` runs the appendix worlds beside the main one, each a ``weightgraft paper`` run of
 its own in ``OUT/worlds/WORLD/`` (its data, its a2b finetune, its position sweep: the figures the
 appendix shows for it, beside the paper's, in that folder's report), and adds Fig. 13's sweep to
-the main world: the a2b facts trained with ``gentle_preset`` (the paper's ``paper-gentle``: lr 2e-6,
-no weight decay) with general text mixed in. The paper mixed in 10,000 examples of openwebtext and
+the main world: the a2b facts trained with the settings' ``gentle_recipe`` (the paper's
+``paper-gentle`` beside ``paper-aggressive``, else ``cpu-gentle``: a tenth of the learning rate, no
+weight decay) with general text mixed in. The paper mixed in 10,000 examples of openwebtext and
 IMDB; the stand-in, had offline, is 10,000 paragraphs of Python's standard-library documentation
 (:mod:`weightgraft.data.general_text`), a data stage of its own whose sha256 keys the finetune."""
 

@@ -66,7 +66,7 @@ class Finetune:
     precondition: top-5 of the plain finetune on its own facts (``groups``), per direction.
     ``shuffled``: trained on the world's texts with the answers shuffled among the subjects (the
     control finetune), so its precondition is the other way round: it must not know the facts.
-    ``gentle``: trained with the less aggressive recipe (App. C.4: the settings' ``gentle_preset``,
+    ``gentle``: trained with the less aggressive recipe (App. C.4: the settings' ``gentle_recipe``,
     with general text mixed in, :mod:`weightgraft.data.general_text`)."""
 
     name: str

@@ -85,7 +85,7 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
         check_device(settings.device)
         training_device(settings.device)  # the finetunes' (cuda:N with N > 0: one line)
     get_preset(settings.preset)
-    get_preset(settings.gentle_preset)
+    get_preset(settings.gentle_recipe)
 
 
 def check_device(device: str) -> None:
@@ -154,7 +154,7 @@ def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, 
 
 def finetune_preset(settings: PaperSettings, finetune: Finetune) -> str:
     """The recipe ``finetune`` trains with: the gentle preset for Fig. 13's, else the run's."""
-    return settings.gentle_preset if finetune.gentle else settings.preset
+    return settings.gentle_recipe if finetune.gentle else settings.preset
 
 
 def _snapshots(settings: PaperSettings, finetune: Finetune) -> bool:

@@ -67,7 +67,10 @@ def _record(kind: str, name: str, key: str, outputs: dict[str, str]) -> dict[str
 def _texts(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> list[str]:
     """The texts ``finetune`` trains on: its split's, and for a gentle finetune the general text."""
     texts = [r["text"] for r in split_records(data_dir, finetune.split, settings.train_templates)[0]]
-    return texts + (stdlib_paragraphs(PAPER_SIZE) if finetune.gentle else [])
+    if not finetune.gentle:
+        return texts
+    preset = get_preset(finetune_preset(settings, finetune))
+    return texts + stdlib_paragraphs(preset.supplemental_count(len(texts), PAPER_SIZE))
 
 
 def _steps(settings: PaperSettings, finetune: Finetune, data_dir: Path, n_texts: int | None = None) -> int:

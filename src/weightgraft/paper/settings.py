@@ -59,7 +59,7 @@ class PaperSettings:
     paper_model: str | None = None
     seeds: int = 1
     trajectory: int | None = None  # the a2b finetune keeps a snapshot every N steps (ours)
-    gentle_preset: str = "paper-gentle"  # Fig. 13's recipe (App. C.4), with the general text mixed in
+    gentle_preset: str | None = None  # Fig. 13's recipe (App. C.4); None: see ``gentle_recipe``
     worlds: tuple[str, ...] = ()  # the appendix worlds run beside ``world`` (Figs. 10-12), each in OUT/worlds/W
     progress: bool = True
 
@@ -68,6 +68,14 @@ class PaperSettings:
             raise PaperError(f"--seeds {self.seeds!r}: at least 1 training seed")
         if self.trajectory is not None and self.trajectory < 1:
             raise PaperError(f"--trajectory {self.trajectory!r}: a snapshot every N >= 1 steps")
+
+    @property
+    def gentle_recipe(self) -> str:
+        """Fig. 13's recipe: ``gentle_preset``, else the paper's ``paper-gentle`` beside its
+        ``paper-aggressive`` and ``cpu-gentle`` (the same change made to cpu-quick) beside any other."""
+        if self.gentle_preset is not None:
+            return self.gentle_preset
+        return "paper-gentle" if self.preset == "paper-aggressive" else "cpu-gentle"
 
     @property
     def train_seeds(self) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, field_validator, model_serializer
 
 from weightgraft.errors import validation_line
 from weightgraft.training.errors import TrainingError
@@ -43,6 +43,40 @@ class TrainPreset(BaseModel):
     requires_supplemental: bool = Field(
         default=False, description="needs general text besides the facts (supplemental_text)"
     )
+    supplemental_examples: int | Literal["facts"] | None = Field(
+        default=None,
+        description="general texts mixed in: the file's first N (refused if it holds fewer); "
+        "'facts': as many as the fact texts trained on (the paper's ratio: 10,000 beside just "
+        "under 10,000); None: the whole file",
+    )
+
+    @field_validator("supplemental_examples")
+    @classmethod
+    def _positive(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("a number of general texts is at least 1")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # left out at its default, so a recipe's dump (finetune keys, training folders) is what it
+        # was before the field existed
+        data: dict[str, Any] = handler(self)
+        if self.supplemental_examples is None:
+            data.pop("supplemental_examples", None)
+        return data
+
+    def supplemental_count(self, n_facts: int, n_file: int) -> int:
+        """How many of a file's ``n_file`` general texts this recipe mixes in beside ``n_facts``
+        fact texts (refused where the file holds fewer than it takes)."""
+        want = n_facts if self.supplemental_examples == "facts" else self.supplemental_examples
+        if want is None:
+            return n_file
+        if n_file < want:
+            raise TrainingError(f"preset {self.name!r} mixes in {want:,} general texts "
+                                f"({'as many as the facts' if self.supplemental_examples == 'facts' else 'supplemental_examples'}); "
+                                f"the supplemental file holds {n_file:,}")
+        return want
     keep_best: bool = Field(
         default=True,
         description="end on the checkpoint with the lowest validation loss (else the last one)",
@@ -93,6 +127,25 @@ _PRESET_DATA: list[dict[str, Any]] = [
         # learned, so "best" picked epoch 2 or 3 depending on rounding: the last is kept.
         "keep_best": False,
         "group_by_length": True,
+    },
+    {
+        "name": "cpu-gentle",
+        # paper-gentle is paper-aggressive with a tenth of the learning rate, no weight decay and
+        # general text as large as the facts; this is that change made to cpu-quick, so Fig. 13
+        # runs on a CPU beside the main finetune it is compared with (docs/paper.md).
+        "description": "paper-gentle scaled as cpu-quick scales paper-aggressive: cpu-quick with a "
+        "tenth of its learning rate (3e-5), no weight decay, and general text you supply "
+        "(--supplemental FILE), as many texts as the facts trained on (the paper's ratio).",
+        "learning_rate": 3e-5,
+        "weight_decay": 0.0,
+        "batch_size": 8,
+        "epochs": 4,
+        "lr_scheduler": "linear",
+        "warmup_ratio": 0.05,
+        "keep_best": False,
+        "group_by_length": True,
+        "requires_supplemental": True,
+        "supplemental_examples": "facts",
     },
     {
         "name": "cpu-lora",

@@ -205,6 +205,7 @@ def finetune(
     if supplemental_text is not None:
         supplemental_path = Path(supplemental_text).expanduser().resolve()
         supplemental = _read_supplemental(supplemental_path)
+        supplemental = supplemental[:settings.supplemental_count(len(train_texts), len(supplemental))]
     elif settings.requires_supplemental:
         raise TrainingError(
             f"preset {settings.name!r} also trains on general text (paper A.3.3: 10,000 "
