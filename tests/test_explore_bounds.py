@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from weightgraft.explore.app import create_app
 from weightgraft.explore.requests import Limits, RequestError
 from weightgraft.explore.session import Explorer
-from weightgraft.explore.work import Work
+from weightgraft.explore.stroke_line import StrokeLine
 
 PROMPT = "Keanu Reeves starred in a movie with"
 HOST = "127.0.0.1:8765"
@@ -34,7 +34,7 @@ def client(models):
 def _line(max_waiting: int, strokes: list[tuple[str | None, int | None]]) -> tuple[list[str], list[str]]:
     """Run a blocking first job, queue ``strokes`` behind it, then let it finish: what ran, in
     order, and how each queued stroke was answered."""
-    work, ran, answers = Work(max_waiting), [], []
+    work, ran, answers = StrokeLine(max_waiting), [], []
 
     async def main() -> None:
         release = anyio.Event()

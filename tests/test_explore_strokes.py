@@ -20,7 +20,7 @@ from weightgraft.engine.sharing.prefix import GraftItem
 from weightgraft.explore.cells import cell_maps
 from weightgraft.explore.requests import Cell, GraftRequest, RequestError
 from weightgraft.explore.session import Explorer
-from weightgraft.explore.work import Work
+from weightgraft.explore.stroke_line import StrokeLine
 
 PROMPT = "Keanu Reeves starred in a movie with"
 
@@ -134,7 +134,7 @@ def test_a_stroke_superseded_while_it_runs_stops_at_the_next_layer(explorer):
 def test_work_stops_a_running_stroke_and_drops_waiting_ones_at_once():
     """Page a's stroke 1 runs; stroke 2 waits; stroke 3 arrives: stroke 2 is answered 409 before
     stroke 1 is let go, and stroke 1's check raises 409 (the pass would stop at its next layer)."""
-    work, answers, events = Work(4), {}, []
+    work, answers, events = StrokeLine(4), {}, []
 
     async def main() -> None:
         go = anyio.Event()

@@ -23,11 +23,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from weightgraft.explore.artifacts import LocalizeView, RunView
-from weightgraft.explore.guard import Guard, served_hosts
+from weightgraft.explore.same_origin import Guard, served_hosts
 from weightgraft.explore.opening import DEFAULT, Opening
 from weightgraft.explore.requests import GraftRequest, Limits, RequestError, TokensRequest, parse
 from weightgraft.explore.session import Explorer
-from weightgraft.explore.work import Work
+from weightgraft.explore.stroke_line import StrokeLine
 
 DEFAULT_PORT = 8765
 STATIC = Path(str(files("weightgraft.explore") / "static"))
@@ -86,7 +86,7 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
     """The ASGI app over one loaded model set (and optionally a run's and a localize run's
     outputs, read once here), answering requests addressed to ``address`` (host, port) only. The
     page opens on ``opening`` (``opening.opening_example``; the built-in, unchecked prompt if None)."""
-    work = Work(explorer.limits.max_waiting)
+    work = StrokeLine(explorer.limits.max_waiting)
     run_json = run.to_json() if run is not None else None
     localize_json = localize.to_json() if localize is not None else None
 

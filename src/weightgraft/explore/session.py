@@ -23,7 +23,7 @@ from weightgraft.engine.source_map import SourceMap
 from weightgraft.explore.anchor import anchoring
 from weightgraft.explore.cells import cell_maps, is_scaled, scaled_cells, unit_rows
 from weightgraft.explore.layout import layout
-from weightgraft.explore.passes import BASELINES, Check, Passes, ScaledModels
+from weightgraft.explore.prompt_passes import BASELINES, Check, Passes, ScaledModels
 from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
 from weightgraft.models.spec import ScaledSpec
 from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft

@@ -57,7 +57,7 @@ from weightgraft.localization.directions import choose_directions, left_out
 from weightgraft.localization.exact_parts import exact_stage
 from weightgraft.localization.found_sets import find_sets
 from weightgraft.localization.maps import estimate_frame, unit_picks, whole_cells
-from weightgraft.localization.work import plan_input
+from weightgraft.localization.plan_input import plan_input
 from weightgraft.localization.claims.reversal import reversal_claims, reversal_prompts
 from weightgraft.models.donors import LoadSettings, load_role
 from weightgraft.models.loaded import LoadedModel

@@ -8,7 +8,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from weightgraft.explore.app import create_app
-from weightgraft.explore.guard import served_hosts
+from weightgraft.explore.same_origin import served_hosts
 from weightgraft.explore.session import Explorer
 
 PORT = 8765

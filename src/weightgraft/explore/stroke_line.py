@@ -28,7 +28,7 @@ class _Stroke:
     seq: int | None
 
 
-class Work:
+class StrokeLine:
     """The line grafts wait in (one at a time), with each page's latest stroke number."""
 
     def __init__(self, max_waiting: int) -> None:
