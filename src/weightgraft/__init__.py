@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     "load": ("weightgraft.api.load", "load"),
     "compare": ("weightgraft.api.compare", "compare"),
-    "GraftOutput": ("weightgraft.api.outputs", "GraftOutput"),
+    "GraftOutput": ("weightgraft.api.graft", "GraftOutput"),
     "GraftInputError": ("weightgraft.schemes.binding", "GraftInputError"),
     "WeightgraftError": ("weightgraft.errors", "WeightgraftError"),
     "GraftArgumentError": ("weightgraft.errors", "GraftArgumentError"),
@@ -34,8 +34,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "graft": ("weightgraft.api.graft", "graft"),
     "explain": ("weightgraft.api.explain", "explain"),
     "grafted": ("weightgraft.api.grafted", "grafted"),
-    "trained_facts": ("weightgraft.api.facts", "trained_facts"),
-    "tokens": ("weightgraft.api.tokens", "tokens"),
+    "trained_facts": ("weightgraft.api.explain", "trained_facts"),
+    "tokens": ("weightgraft.api.explain", "tokens"),
     "load_peft": ("weightgraft.models.peft_donor", "load_peft"),
 }
 __all__ = [

@@ -1,18 +1,30 @@
-"""``weightgraft.explain``: which slots each rule grafts on a model, before anything runs."""
+"""What to read before a graft runs: which slots each rule grafts on a model
+(``weightgraft.explain``), a prompt's tokens with the labels positions go by, so that a selector
+such as ``first_entity_last-2`` or ``relation_last+1`` can be read off (``weightgraft.tokens``),
+and the test prompts of the facts a finetuned model was trained on, read through its training
+manifest, so examples and notebooks probe facts it knows (``weightgraft.trained_facts``)."""
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from weightgraft.data.prompts import DatasetError, TestPrompt, load_test_prompts
+from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
+from weightgraft.schemes.binding import GraftInputError, Rules, as_scheme, check_tokenizer, compile_for, input_errors
+from weightgraft.schemes.labels import FIRST_ENTITY, first_entity, position_labels, token_span
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
-from weightgraft.schemes.binding import Rules, as_scheme, compile_for, input_errors
-
-
+from weightgraft.training.outputs import MANIFEST_NAME
 
 if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
     from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
 
 def explain(rules: Rules, model: nn.Module, *, protocol: str = DEFAULT_PROTOCOL, base: str = "pre") -> pd.DataFrame:
     """One row per rule: the role it takes weights from, its position selector, and the layers,
@@ -38,3 +50,54 @@ def explain(rules: Rules, model: nn.Module, *, protocol: str = DEFAULT_PROTOCOL,
             "n_slots": len(names), "heads": heads or None, "slots": names,
         })
     return pd.DataFrame(rows)
+
+
+def tokens(tokenizer: PreTrainedTokenizerBase, prompt: str, spans: Mapping[str, SpanSpec] | None = None) -> pd.DataFrame:
+    """One row per token of ``prompt`` (as ``wg.graft`` tokenizes it): ``position``, ``id``,
+    ``token`` (its text), ``start`` / ``end`` (characters), ``label`` and ``spans``. Both are
+    position selectors that pick what the row shows, so a rule can be written from this table:
+    ``label`` picks this one token (``first_entity_last`` for the first entity's last token,
+    ``first_entity_last-k`` inside it, ``relation_last+k`` after a span, ``tok{i}`` before any
+    span, ``last``; the names of ``localize``'s cells); each name in ``spans`` (``actor``,
+    ``first_entity``) picks every token listed under it."""
+    check_tokenizer(tokenizer)
+    try:
+        char_spans = resolve_spans(prompt, spans)
+    except SpanError as exc:
+        raise GraftInputError(f"prompt {prompt!r}: {exc}") from exc
+    enc = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=True)
+    ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+    if not ids:
+        raise GraftInputError(f"prompt {prompt!r} tokenizes to nothing")
+    owners: dict[int, list[str]] = {}
+    fe = first_entity(char_spans, None)
+    for name, (start, end) in char_spans.items():
+        for i in token_span(offsets, start, end):
+            owners.setdefault(i, []).extend([name, FIRST_ENTITY] if name == fe else [name])
+    labels = position_labels(offsets, char_spans)
+    return pd.DataFrame({
+        "position": range(len(ids)), "id": ids,
+        "token": [tokenizer.decode([i]) for i in ids],
+        "start": [s for s, _ in offsets], "end": [e for _, e in offsets],
+        "label": labels, "spans": [", ".join(owners.get(i, [])) for i in range(len(ids))],
+    })
+
+
+SPLIT_DIRECTIONS = {"a2b": {"a2b"}, "b2a": {"b2a"}, "both": {"a2b", "b2a"}}
+
+
+def trained_facts(model_dir: str | os.PathLike[str], template: str = "headline", n: int = 3) -> list[TestPrompt]:
+    """Up to ``n`` test prompts (with answers and spans) of template ``template`` for facts
+    ``model_dir`` was finetuned on, in the trained direction(s); ``[]`` when the directory
+    holds no training manifest (a model not trained by weightgraft) or its dataset is gone."""
+    manifest = Path(model_dir) / MANIFEST_NAME
+    if not manifest.is_file():
+        return []
+    data = json.loads(manifest.read_text(encoding="utf-8")).get("data") or {}
+    try:
+        prompts = load_test_prompts(Path(data.get("dir", "")))
+    except DatasetError:
+        return []
+    directions = SPLIT_DIRECTIONS.get(data.get("split", ""), {"a2b", "b2a"})
+    chosen = [p for p in prompts if p.template == template and (p.direction or "a2b") in directions]
+    return chosen[:n]

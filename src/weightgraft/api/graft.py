@@ -1,25 +1,124 @@
-"""``weightgraft.graft``: grafted next-token logits for a list of prompts in one call."""
+"""``weightgraft.graft``: grafted next-token logits for a list of prompts in one call, and what
+it returns (:class:`GraftOutput`). The prompts become one engine batch: each prompt tokenized and
+mapped on its own (``PreparedGraft.encode``, so positions are located on each prompt's own
+tokens), then padded on the tokenizer's side with padding served by the base (it is masked out, so
+it never matters)."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TYPE_CHECKING
 
+import pandas as pd
 import torch
 
-from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
-from weightgraft.api.batch import pad
-from weightgraft.api.outputs import GraftOutput
 from weightgraft.api.activations import activation_names, record, stacked
 from weightgraft.engine.forward import graft_forward
-from weightgraft.schemes.binding import GraftInputError, Rules, Spans, one_or_many, prepare_graft
-
-
+from weightgraft.schemes.binding import Encoded, GraftInputError, Rules, Spans, one_or_many, prepare_graft
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 
 if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
     from torch import nn
     from transformers import PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class GraftOutput:
+    """The grafted forward pass of a list of prompts.
+
+    ``logits`` is ``[len(prompts), vocab]``: the next-token logits at each prompt's last token.
+    ``full_logits`` is ``[batch, seq, vocab]`` over the padded batch (``input_ids``,
+    ``attention_mask``; padded on the tokenizer's side) when asked for, else ``None``.
+    ``source`` (``[batch, seq, n_slots]``, indices into the roles, base first) and
+    ``head_source`` are the maps the pass ran: what was grafted where (``weightgraft.slots``
+    names the slots), and the inputs of an equivalent ``weightgraft.graft_forward`` call.
+    ``cache`` (when asked for) maps activation names to ``[batch, seq, ...]`` tensors over
+    the padded batch: each slot's module output as the grafted pass computed it (``embed``,
+    ``layers.{i}.q``, ``layers.{i}.o``, ``layers.{i}.down``, ``final_norm``, ...) and the
+    residual stream after each layer, ``layers.{i}.resid_post``.
+    """
+
+    prompts: list[str]
+    logits: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    tokenizer: Any
+    source: torch.Tensor
+    roles: list[str]
+    head_source: dict[str, torch.Tensor] = field(default_factory=dict)
+    full_logits: torch.Tensor | None = None
+    cache: dict[str, torch.Tensor] | None = None
+    protocol: str = DEFAULT_PROTOCOL  # what the rules were compiled under (README: protocols)
+
+    def top(self, k: int = 5) -> list[list[tuple[str, float]]]:
+        """Per prompt, the ``k`` most probable next tokens as (decoded token, probability)."""
+        if k < 1:
+            raise ValueError("k must be at least 1")
+        probs = torch.softmax(self.logits.detach().float(), dim=-1)
+        values, ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
+        return [
+            [(self.tokenizer.decode([int(i)]), float(p)) for i, p in zip(row_ids, row_p, strict=True)]
+            for row_ids, row_p in zip(ids.tolist(), values.tolist(), strict=True)
+        ]
+
+    def top_frame(self, k: int = 5) -> pd.DataFrame:
+        """``top(k)`` as a tidy table, one row per (prompt, rank): columns ``prompt_index``,
+        ``prompt`` (its text, as in ``wg.compare``'s rows), ``rank`` (0 = likeliest, the
+        convention of a run's ``rank`` column), ``token``, ``token_id`` and ``probability``."""
+        if k < 1:
+            raise ValueError("k must be at least 1")
+        probs = torch.softmax(self.logits.detach().float(), dim=-1)
+        values, ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
+        rows = [
+            {"prompt_index": b, "prompt": self.prompts[b], "rank": r, "token": self.tokenizer.decode([int(i)]),
+             "token_id": int(i), "probability": float(p)}
+            for b, (row_ids, row_p) in enumerate(zip(ids.tolist(), values.tolist(), strict=True))
+            for r, (i, p) in enumerate(zip(row_ids, row_p, strict=True))
+        ]
+        return pd.DataFrame(rows, columns=["prompt_index", "prompt", "rank", "token", "token_id", "probability"])
+
+    def __repr__(self) -> str:
+        full = "" if self.full_logits is None else f", full_logits={list(self.full_logits.shape)}"
+        cache = "" if self.cache is None else f", cache={len(self.cache)} activations"
+        n = len(self.prompts)
+        return (f"GraftOutput({n} prompt{'' if n == 1 else 's'}, protocol={self.protocol}, "
+                f"logits={list(self.logits.shape)}{full}{cache})")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Engine inputs for a list of prompts; ``last`` is each row's last real token."""
+
+    input_ids: torch.Tensor  # [batch, seq]
+    attention_mask: torch.Tensor  # [batch, seq]
+    source: torch.Tensor  # [batch, seq, n_slots]
+    head_source: dict[str, torch.Tensor]  # slot name -> [batch, seq, heads]
+    last: torch.Tensor  # [batch]
+
+
+def pad(encoded: Sequence[Encoded], pad_id: int, left: bool, seq: int | None = None) -> Batch:
+    """Stack prompts into one batch, padded on the left or the right to ``seq`` tokens."""
+    seq = seq or max(len(e.input_ids) for e in encoded)
+    batch, n_slots = len(encoded), encoded[0].source.shape[1]
+    ids = torch.full((batch, seq), pad_id, dtype=torch.long)
+    mask = torch.zeros(batch, seq, dtype=torch.long)
+    source = torch.zeros(batch, seq, n_slots, dtype=torch.long)
+    widths = {name: h.shape[1] for e in encoded for name, h in e.heads.items()}
+    heads = {name: torch.zeros(batch, seq, w, dtype=torch.long) for name, w in widths.items()}
+    last = torch.empty(batch, dtype=torch.long)
+    for b, e in enumerate(encoded):
+        n = len(e.input_ids)
+        span = slice(seq - n, seq) if left else slice(0, n)
+        ids[b, span] = torch.tensor(e.input_ids)
+        mask[b, span] = 1
+        source[b, span] = e.source
+        last[b] = seq - 1 if left else n - 1
+        for name, h in e.heads.items():  # one scheme: every prompt maps the same slots
+            heads[name][b, span] = h
+    return Batch(ids, mask, source, heads, last)
+
 
 def graft(
     models: Mapping[str, nn.Module], tokenizer: PreTrainedTokenizerBase, prompts: str | Sequence[str], rules: Rules,

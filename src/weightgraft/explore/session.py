@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from weightgraft.api.tokens import tokens as token_table
+from weightgraft.api.explain import tokens as token_table
 from weightgraft.data.prompts import answer_token_ids
 from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.architectures import model_slots
