@@ -358,7 +358,7 @@ def _within_factor(x: float | None, f: float) -> bool | None:
 
 
 def _machine(device: str) -> str:
-    from weightgraft.models.calibration import _device_name
+    from weightgraft.planning.calibration import _device_name
 
     return _device_name(device)
 

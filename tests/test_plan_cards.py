@@ -36,7 +36,7 @@ def _cuda(monkeypatch: pytest.MonkeyPatch, name: str, mib: int) -> None:
 
 def test_a_known_gpu_plans_with_its_stated_rate_not_a_measured_one(monkeypatch: pytest.MonkeyPatch) -> None:
     _cuda(monkeypatch, "NVIDIA H100 80GB HBM3", 81559)
-    monkeypatch.setattr("weightgraft.models.calibration.throughput",
+    monkeypatch.setattr("weightgraft.planning.calibration.throughput",
                         lambda *a, **k: pytest.fail("a GPU's rate is not measured on the calibration model"))
     rate, note = timing.rate_for("cuda", "bfloat16", None)
     assert rate is not None and rate.flops_per_second == pytest.approx(SUSTAINED_SHARE * CARDS["h100-80gb"].peak_flops["bfloat16"])
@@ -50,11 +50,11 @@ def test_an_unknown_gpu_gets_no_time_and_says_why(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_cpu_still_measures_its_rate(monkeypatch: pytest.MonkeyPatch) -> None:
-    from weightgraft.models.calibration import Throughput
+    from weightgraft.planning.calibration import Throughput
 
     seen: list[tuple[str, str]] = []
     measured = Throughput("cpu|test", 1e9, 1e-4, 1.5, "now")
-    monkeypatch.setattr("weightgraft.models.calibration.throughput", lambda d, t: seen.append((d, t)) or measured)
+    monkeypatch.setattr("weightgraft.planning.calibration.throughput", lambda d, t: seen.append((d, t)) or measured)
     assert timing.rate_for("cpu", "float32", None) == (measured, None)
     assert seen == [("cpu", "float32")]
 

@@ -37,7 +37,7 @@ from weightgraft.experiments.plan import plan_experiment
 from weightgraft.localization.claims.evidence import claims_notes
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.plan_input import plan_input
-from weightgraft.models.calibration import module_calls
+from weightgraft.planning.calibration import module_calls
 from weightgraft.models.spec import parse_spec
 from weightgraft.planning.lengths import tokenizer_for
 from weightgraft.planning.localize import plan_localize_work

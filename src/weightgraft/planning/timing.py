@@ -1,5 +1,5 @@
 """Predicted wall time: FLOPs of every batch over a rate, either this device's measured rate
-(``weightgraft.models.calibration``) or a named card's stated rate (``planning.cards``)."""
+(``weightgraft.planning.calibration``) or a named card's stated rate (``planning.cards``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 
 from weightgraft.engine.cells import OUTPUT_ONLY
-from weightgraft.models.calibration import Throughput, module_calls
+from weightgraft.planning.calibration import Throughput, module_calls
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.planning.cards import (
     ATTRIBUTION_RATIO,
@@ -53,7 +53,7 @@ def rate_for(device: str, dtype: str, gpu: Card | None) -> tuple[Throughput | No
                 f"({gpu.peak_flops[dtype] / 1e12:g} TFLOP/s), {SECONDS_PER_MODULE_CALL * 1e6:g} us per grafted "
                 f"module call, attribution {ATTRIBUTION_RATIO:g}x a forward; not measured on the card")
         return rate, note
-    from weightgraft.models.calibration import throughput
+    from weightgraft.planning.calibration import throughput
 
     rate = throughput(device, dtype)
     if rate.busy:
