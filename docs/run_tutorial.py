@@ -10,7 +10,7 @@ when it is one, else kept as a string). A cell's printed text and its last expre
 (a DataFrame as its text table) become its outputs, text only. With ``--write`` (the default for
 the demo pair) the notebook is rewritten with those outputs and, under ``metadata.weightgraft``,
 when and on which machine it ran and how long each cell took. ``make docs`` runs it this way;
-``tests/test_docs.py`` imports ``run_cells`` and runs every cell on tiny models.
+``tests/project/test_docs.py`` imports ``run_cells`` and runs every cell on tiny models.
 """
 
 from __future__ import annotations

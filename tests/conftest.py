@@ -1,5 +1,5 @@
 """Shared fixtures: tiny random models (``tiny_models``) and their tokenizer, in memory and
-saved as model directories; the ``slow`` marker (registered in pyproject.toml, the rule in
+saved as model directories; the tiny finetuning world (``tiny_training``: ``data_dir``, ``base_dir``); the ``slow`` marker (registered in pyproject.toml, the rule in
 docs/development.md) also goes on every test that needs a fixture its module names in
 ``SLOW_FIXTURES``."""
 
@@ -12,6 +12,7 @@ import browser
 import pytest
 import torch
 from tiny_models import make_donor, make_tiny, tiny_tokenizer
+from tiny_training import base_dir, data_dir  # noqa: F401 - the tiny finetuning world's module fixtures
 
 
 def pytest_report_header() -> str:

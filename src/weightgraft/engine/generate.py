@@ -4,7 +4,7 @@ Dynamic grafting decides a position's weights when that position is processed. D
 generation each new token is the last token when it is processed, so it takes the weights the
 scheme gives the last position of the text so far; spans refer to the prompt. The prompt runs
 once (one ``graft_forward`` call filling a KV cache), then every new token is one cached call,
-so a continuation costs what HF ``generate`` costs. ``tests/test_generate.py`` holds it to
+so a continuation costs what HF ``generate`` costs. ``tests/api/test_generate.py`` holds it to
 ``per_token_forward`` on the same tokens and source map.
 """
 

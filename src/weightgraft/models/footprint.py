@@ -9,11 +9,11 @@ slot -> tensor map come from the very modules the engine will graft, not from a 
 A ``quantized(SPEC, SCHEME)`` role has SPEC's shapes; the modules transformers would quantize
 are found on the meta model by transformers' own rules, and their weights counted at the
 scheme's bytes (:func:`quantized_weight_bytes`, equal to the byte to loaded models in
-tests/test_plan_quantized.py).
+tests/planning/test_plan_quantized.py).
 
 The activation estimates are upper-bound style sums of the tensors one layer holds at once
 (inference) or that autograd keeps for the backward pass (attribution); they are checked
-against measured memory in tests/test_plan.py (within a factor stated there).
+against measured memory in tests/planning/test_plan.py (within a factor stated there).
 """
 
 from __future__ import annotations

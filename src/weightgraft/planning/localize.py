@@ -43,7 +43,7 @@ UNIT_ROW_BYTES = 200
 # Unit-sized tensors at the peak of one attribution batch: the shares, their gradient, the
 # running total and the result (``engine.attribution``), and the backward's per-module scratch
 # (measured: 4.8 copies, neuron attribution of 8 x 32 tokens on a 4-layer random Llama with
-# 2048 neurons a layer, tests/test_plan.py); integrated gradients keep the plain result too.
+# 2048 neurons a layer, tests/planning/test_plan.py); integrated gradients keep the plain result too.
 UNIT_SHARE_COPIES = 5
 # The plan's memory lines of exact effects (``Plan.memory`` keys).
 EXACT_BATCH = "batch (attribution or exact cells)"

@@ -1,6 +1,6 @@
 """What the short names inside the presets' scheme names mean (``FE``, ``LT``, ``^C``, ``+``,
 ...), so a report can define the names a run used without a list of its own. A new preset that
-writes a new abbreviation into its names adds it here; ``tests/test_report_first_screen.py``
+writes a new abbreviation into its names adds it here; ``tests/report/test_report_first_screen.py``
 checks that every preset's names are covered."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every interval and p-value weightgraft prints comes from here; each one's coverage or error rate
 is measured by a seeded simulation at the sample sizes the defaults use, and the suite holds it
-where docs/statistics.md says it holds (``tests/test_stats.py``; the figures are in the docs).
+where docs/statistics.md says it holds (``tests/stats/test_stats.py``; the figures are in the docs).
 
 - :func:`share_ci`: a share ``sum(region) / sum(whole)`` over prompts with its Fieller interval
   (99% where the effects are skewed for their number), or NaN bounds and the reason

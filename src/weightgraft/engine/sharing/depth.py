@@ -10,7 +10,7 @@ cell c" is the whole set but for c. Per reference, its residual stream entering 
 computed once (one pass over every reference), its prefix [0, p) once per (reference, p) per
 pass into a ``DynamicCache``, and each item then runs its positions p.. with the layers below
 l skipped and the reference's residual put in at layer l. The logits equal those of
-``graft_forward`` on the whole row (tests/test_depth.py holds every architecture to it in
+``graft_forward`` on the whole row (tests/engine/test_depth.py holds every architecture to it in
 float64).
 
 Rows are batched by their remaining work (positions x layers), so that a pass is not padded

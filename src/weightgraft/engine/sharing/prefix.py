@@ -284,7 +284,7 @@ def wanted_positions(items: Sequence[GraftItem], offsets: Sequence[int], k: int)
 def shareable_cache(model: nn.Module) -> DynamicCache | None:
     """An empty cache for ``model``, or None (with a warning) when its cache layers are of a
     kind whose rows prefix sharing has not been checked to select and extend exactly; full and
-    sliding-window attention layers are (Gemma 2/3, Mistral: tests/test_prefix.py)."""
+    sliding-window attention layers are (Gemma 2/3, Mistral: tests/engine/test_prefix.py)."""
     cache = DynamicCache(config=cast("PreTrainedModel", model).config)  # nn.Module's stubs type it ``Tensor | Module``
     known = (DynamicLayer, DynamicSlidingWindowLayer)
     other = sorted({type(x).__name__ for x in cache.layers if type(x) not in known})

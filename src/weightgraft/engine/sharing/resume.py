@@ -8,7 +8,7 @@ and the kept rows' residual stream entering every layer and their keys and value
 later row runs only from where it first differs from the reference that leaves it the least
 work (``resume``: layers l.. at positions p.., on the reference's keys and values before p and
 its residual stream entering layer l), as ``depth.run_pass`` does. The logits equal those of
-``graft_forward`` on the whole row (tests/test_resume.py, float64).
+``graft_forward`` on the whole row (tests/engine/test_resume.py, float64).
 
 Half-precision models and models whose cache layers prefix sharing has not been checked on
 (``prefix.shareable_cache``) cannot resume: ``resumable`` says so, and such rows run whole.

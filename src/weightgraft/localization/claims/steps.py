@@ -9,7 +9,7 @@ saved step; the claim started to hold after the saved step before it and by that
 interval of the step is the save spacing). Since every *holds* is a Holm-adjusted verdict of one
 family, the chance that any claim is said to hold at a step where it does not is at most the
 family's level (0.05): the first held step is not reported earlier than the truth more often
-than that (held by a seeded simulation in tests/test_claims_steps.py). A claim that does not
+than that (held by a seeded simulation in tests/localization/test_claims_steps.py). A claim that does not
 hold at the last step has no first held step."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 The engine grafts a quantized module whole (each row group through its own model's quantized
 module); nothing here dequantizes. A package rather than modules of ``models/`` only because
-``models/`` holds the folder limit of modules (tests/test_architecture.py). Its names import on
+``models/`` holds the folder limit of modules (tests/project/test_architecture.py). Its names import on
 first use: a spec's scheme is checked (``schemes``) without importing torch.
 """
 

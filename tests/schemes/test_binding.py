@@ -15,7 +15,7 @@ from weightgraft.engine.forward import slots
 from weightgraft.schemes.binding import GraftInputError, compile_for, prepare_graft
 from weightgraft.schemes.selectors import SelectorError
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "weightgraft"
+SRC = Path(__file__).resolve().parents[2] / "src" / "weightgraft"
 PROMPTS = ["The capital of France is", "Paris is in"]
 FRONT_DOORS = ["api/graft.py", "api/compare.py", "api/generate.py", "api/grafted.py", "explore/session.py"]
 

@@ -37,7 +37,7 @@ from weightgraft.schemes.authors_presets import (
     authors_position_schemes,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER_COPY = ROOT / "tests" / "data" / "paper-full-text.txt"
 PAPER_SHARED = ROOT.parent / "shared" / "paper" / "paper-full-text.txt"
 NUMBER = re.compile(r"\d+(?:\.\d+)?")

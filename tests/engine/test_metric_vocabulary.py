@@ -22,7 +22,7 @@ from weightgraft.engine.metric_table import METRIC_TABLE, Chart, MetricSpec, Sco
 from weightgraft.errors import GraftArgumentError
 from weightgraft.experiments.config import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = ROOT / "src" / "weightgraft" / "engine" / "metric_table.py"
 
 

@@ -1,7 +1,7 @@
 """Bad inputs and faults: each gets a clear error or a safe outcome, and nothing is lost.
 
 The table of these cases is in docs/robustness.md; checkpoint-level cases (missing files,
-truncated safetensors, pickle, remote code) are in tests/test_models.py.
+truncated safetensors, pickle, remote code) are in tests/models/test_models.py.
 """
 
 from __future__ import annotations

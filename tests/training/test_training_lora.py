@@ -14,7 +14,6 @@ import weightgraft as wg
 from weightgraft.cli.train import app
 from weightgraft.models import load_model
 from weightgraft.models.peft_donor import check_adapter_dir, load_peft
-from test_training import base_dir, data_dir  # noqa: F401  (module fixtures: a tiny Llama, its data)
 
 
 def _train(base: Path, data: Path, out: Path, *extra: str):
@@ -23,7 +22,7 @@ def _train(base: Path, data: Path, out: Path, *extra: str):
     return CliRunner().invoke(app, args)
 
 
-def test_lora_adapter_is_a_donor_equal_to_the_merged_model(base_dir: Path, data_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_lora_adapter_is_a_donor_equal_to_the_merged_model(base_dir: Path, data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "lora"
     result = _train(base_dir, data_dir, out, "--lora", "4", "--lora-targets", "o_proj,down_proj")
     assert result.exit_code == 0, result.output
@@ -50,7 +49,7 @@ def test_lora_adapter_is_a_donor_equal_to_the_merged_model(base_dir: Path, data_
     torch.testing.assert_close(only_o, plain, rtol=0, atol=1e-12)  # it adapted o and down only
 
 
-def test_lora_flags_are_refused_in_one_line(base_dir: Path, data_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_lora_flags_are_refused_in_one_line(base_dir: Path, data_dir: Path, tmp_path: Path) -> None:
     alone = _train(base_dir, data_dir, tmp_path / "a", "--lora-targets", "o_proj")
     assert alone.exit_code == 2 and "--lora-targets needs --lora RANK" in alone.output
     bad = _train(base_dir, data_dir, tmp_path / "b", "--lora", "4", "--lora-targets", "o_prj")

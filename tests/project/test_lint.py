@@ -18,8 +18,8 @@ import pytest
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: ruff and mypy over the tree
 
-ROOT = Path(__file__).resolve().parents[1]
-BASELINE = Path(__file__).with_name("mypy_baseline.json")
+ROOT = Path(__file__).resolve().parents[2]
+BASELINE = Path(__file__).parent.parent / "mypy_baseline.json"
 STRICT = ("src/weightgraft/api/", "src/weightgraft/schemes/", "src/weightgraft/engine/")
 ERROR = re.compile(r"^(?P<file>[^:]+\.py):\d+(?::\d+)?: error: ")
 

@@ -29,7 +29,7 @@ from weightgraft.models.spec import (
     parse_spec,
 )
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "weightgraft"
+SRC = Path(__file__).resolve().parents[2] / "src" / "weightgraft"
 SPEC_MODULE = SRC / "models" / "spec"
 
 ROUND_TRIP = {

@@ -4,7 +4,7 @@ the adapter was trained with (peft's own ``PeftModel`` on the same quantized bas
 of it into the quantized base equals the per-token definition run on the same quantized modules
 (each token through its own model's module, the adapter included).
 
-Tolerance as tests/test_quantized.py: the two sides run the same kernels on the same inputs in
+Tolerance as tests/models/test_quantized.py: the two sides run the same kernels on the same inputs in
 different row groupings (float rounding only): REL_TOL 2e-5 of the logits' scale."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import weightgraft as wg
 from weightgraft.cli.train import app
 from weightgraft.engine.reference import per_token_forward
 from weightgraft.models.donors import LoadSettings, load_role
-from test_training import base_dir, data_dir  # noqa: F401  (module fixtures: a tiny Llama, its data)
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
                                 reason="needs the quant extra: pip install 'weightgraft[quant]'")
@@ -38,7 +37,7 @@ def _train(base: Path, data: Path, out: Path, *extra: str):
 
 
 @pytest.fixture(scope="module")
-def qlora(base_dir: Path, data_dir: Path, tmp_path_factory) -> Path:  # noqa: F811
+def qlora(base_dir: Path, data_dir: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("qlora") / "adapter"
     result = _train(base_dir, data_dir, out, "--lora", "4", "--lora-targets", "q_proj,o_proj,down_proj",
                     "--quantization", "nf4")
@@ -48,7 +47,7 @@ def qlora(base_dir: Path, data_dir: Path, tmp_path_factory) -> Path:  # noqa: F8
 
 
 @torch.no_grad()
-def test_qlora_donor_is_the_trained_model_and_its_graft_is_exact(base_dir: Path, qlora: Path) -> None:  # noqa: F811
+def test_qlora_donor_is_the_trained_model_and_its_graft_is_exact(base_dir: Path, qlora: Path) -> None:
     from peft import PeftModel
 
     manifest = json.loads((qlora / "training_manifest.json").read_text())
@@ -79,7 +78,7 @@ def test_qlora_donor_is_the_trained_model_and_its_graft_is_exact(base_dir: Path,
     assert (fast - plain)[real].abs().max() > 1e-4  # the graft moved the logits
 
 
-def test_a_qlora_manifest_counts_the_base_as_its_float_model_has_it(base_dir: Path, qlora: Path) -> None:  # noqa: F811
+def test_a_qlora_manifest_counts_the_base_as_its_float_model_has_it(base_dir: Path, qlora: Path) -> None:
     """bitsandbytes packs two 4-bit weights a byte: the manifest counts the logical weights, the
     float base's count plus the adapter's, not the packed storage."""
     import math
@@ -97,7 +96,7 @@ def test_a_qlora_manifest_counts_the_base_as_its_float_model_has_it(base_dir: Pa
     assert counts["total"] == dense + adapter
 
 
-def test_quantization_without_lora_and_bad_schemes_are_one_line(base_dir: Path, data_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_quantization_without_lora_and_bad_schemes_are_one_line(base_dir: Path, data_dir: Path, tmp_path: Path) -> None:
     alone = _train(base_dir, data_dir, tmp_path / "a", "--quantization", "nf4")
     assert alone.exit_code == 2 and "add --lora RANK" in alone.output and "Traceback" not in alone.output
     bad = _train(base_dir, data_dir, tmp_path / "b", "--lora", "4", "--quantization", "int3")

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_training import base_dir, data_dir  # noqa: F401  (module fixtures: a tiny Llama, its data)
 from tiny_world import write_world
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: CLI commands in a fresh interpreter, each over 1 s
@@ -32,8 +31,8 @@ def test_a_plan_prints_no_line_from_optional_quantization_packages(tmp_path: Pat
     assert not noise, noise
 
 
-def test_a_finetune_prints_no_line_from_bitsandbytes_kernel_search(tmp_path: Path, base_dir: Path,  # noqa: F811
-                                                                   data_dir: Path) -> None:  # noqa: F811
+def test_a_finetune_prints_no_line_from_bitsandbytes_kernel_search(tmp_path: Path, base_dir: Path,
+                                                                   data_dir: Path) -> None:
     """A float model's finetune imports bitsandbytes (through peft): on a CPU with AVX512-BF16 it
     logs that a fused kernel package is missing and advises installing it (nothing here uses it)."""
     pytest.importorskip("bitsandbytes")

@@ -112,7 +112,7 @@ def test_activation_estimate_is_within_a_factor_of_two(small_spec: str) -> None:
 
 @pytest.mark.slow
 def test_json_has_the_fixed_fields(tmp_path: Path, run_raw: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    from weightgraft.models import calibration
+    from weightgraft.planning import calibration
 
     monkeypatch.setenv("WEIGHTGRAFT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(calibration, "_system_cpu_seconds", lambda: None)  # kept whatever else runs (tested below)
@@ -371,7 +371,7 @@ def test_unit_shares_are_what_neuron_attribution_adds(tmp_path: Path) -> None:
     path.write_text(json.dumps({**SMALL, "intermediate_size": 2048}))
     footprint = parse_spec(f"random:{path}").footprint()
     done = subprocess.run([sys.executable, "-c", _UNIT_PEAKS, str(path), str(SMALL["vocab_size"]),
-                           str(Path(__file__).parent)],
+                           str(Path(__file__).parent.parent)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     peaks = json.loads(done.stdout.strip().splitlines()[-1])
@@ -432,7 +432,7 @@ def test_a_rate_measured_while_other_work_loads_the_cpu_is_flagged_and_never_kep
     cached 2-thread rate measured beside a test suite planned a 10-minute finetune at 106 min):
     the plan says so and the rate is not cached; measured on an idle CPU it is kept."""
 
-    from weightgraft.models import calibration
+    from weightgraft.planning import calibration
     from weightgraft.planning.timing import rate_for
 
     monkeypatch.setenv("WEIGHTGRAFT_CACHE", str(tmp_path / "cache"))

@@ -20,7 +20,7 @@ from weightgraft.experiments.runner import run_experiment
 from weightgraft.experiments.store import ResultsDirConflict
 from tiny_world import loader, tiny_config
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent
 
 
 def _config(tmp_path, **extra) -> dict:

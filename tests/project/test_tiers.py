@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import pytest_collection_modifyitems
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 # slow by kind, marked whole (``pytestmark``): the docs, ruff/mypy, torchrun, headless Chromium,
 # the real embedded model, the statistics' simulations
@@ -37,8 +37,14 @@ def _recipe(target: str) -> list[str]:
     return [lines[start].split(":", 1)[1].strip(), *body]
 
 
+def _path(name: str) -> Path:
+    """A test module by name, in the folder of the package it tests."""
+    (path,) = TESTS.glob(f"*/{name}.py")
+    return path
+
+
 def _module_level(name: str) -> dict[str, ast.expr]:
-    tree = ast.parse((TESTS / f"{name}.py").read_text(encoding="utf-8"))
+    tree = ast.parse(_path(name).read_text(encoding="utf-8"))
     return {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
             for t in node.targets if isinstance(t, ast.Name)}
 
@@ -67,9 +73,20 @@ def test_modules_slow_by_kind_are_marked_whole_and_the_engines_are_not():
         assert not _is_slow(_module_level(name).get("pytestmark")), f"{name}.py is marked slow as a whole"
 
 
+def test_the_tests_sit_in_the_folder_of_the_package_they_test():
+    """Test modules live in folders (tests/engine, tests/models, ...), none at the top, and no two share
+    a name (pytest imports each by its name alone)."""
+    assert not list(TESTS.glob("test_*.py"))
+    names = [p.stem for p in TESTS.glob("*/test_*.py")]
+    assert len(names) == len(set(names)) and len(names) > 100
+    packages = {p.name for p in (ROOT / "src" / "weightgraft").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    folders = {p.parent.name for p in TESTS.glob("*/test_*.py")}
+    assert folders - packages == {"project"}, folders - packages  # project: the CLI, docs, install and layout
+
+
 def test_every_slow_fixture_is_a_fixture_of_its_module():
     named = 0
-    for path in sorted(TESTS.glob("test_*.py")):
+    for path in sorted(TESTS.glob("*/test_*.py")):
         value = _module_level(path.stem).get("SLOW_FIXTURES")
         if value is None:
             continue
@@ -98,14 +115,14 @@ def test_a_test_that_needs_a_slow_fixture_is_marked():
 @pytest.mark.slow
 def test_pytest_selects_the_fast_tier_as_the_makefile_asks():
     """What pytest itself collects under ``-m "not slow"`` from modules of each kind."""
-    files = ["tests/test_engine.py", "tests/test_docs.py", "tests/test_paper_pipeline.py", "tests/test_refusals.py"]
+    files = ["tests/engine/test_engine.py", "tests/project/test_docs.py", "tests/paper/test_paper_pipeline.py", "tests/project/test_refusals.py"]
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                           "-m", "not slow", *files], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     ids = [line for line in out.stdout.splitlines() if "::" in line]
     by_file = {f: [i for i in ids if i.startswith(f)] for f in files}
-    assert len(by_file["tests/test_engine.py"]) > 100
-    assert by_file["tests/test_docs.py"] == []
-    assert not [i for i in by_file["tests/test_paper_pipeline.py"] if "test_each_precondition" in i]  # full_run's
-    assert "tests/test_refusals.py::test_cli_errors_are_one_line" not in ids and by_file["tests/test_refusals.py"]
+    assert len(by_file["tests/engine/test_engine.py"]) > 100
+    assert by_file["tests/project/test_docs.py"] == []
+    assert not [i for i in by_file["tests/paper/test_paper_pipeline.py"] if "test_each_precondition" in i]  # full_run's
+    assert "tests/project/test_refusals.py::test_cli_errors_are_one_line" not in ids and by_file["tests/project/test_refusals.py"]
     assert re.search(r"\d+ deselected", out.stdout), out.stdout[-500:]

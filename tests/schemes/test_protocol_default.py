@@ -37,7 +37,7 @@ def test_one_default_everywhere():
 def test_the_readme_first_screen_names_the_default():
     from pathlib import Path
 
-    first_screen = "\n".join((Path(__file__).parents[1] / "README.md").read_text().splitlines()[:40])
+    first_screen = "\n".join((Path(__file__).parents[2] / "README.md").read_text().splitlines()[:40])
     assert f"`protocol: {DEFAULT_PROTOCOL}`" in first_screen
 
 

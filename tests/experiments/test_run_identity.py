@@ -25,7 +25,7 @@ from tiny_world import loader, tiny_config
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: runs killed, changed, resumed; each over 1 s
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent
 
 
 def _raw(tmp_path, **extra) -> dict:

@@ -22,7 +22,7 @@ import weightgraft as wg
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: the docs' blocks, tutorial, examples, site build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 # The README, then every page of the docs site; docs/index.md is a stub the site fills with the README.
 PAGES = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")

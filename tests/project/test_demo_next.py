@@ -103,7 +103,7 @@ def test_the_demo_ends_with_next_steps_that_work_on_what_it_made(tmp_path, monke
 
 
 def test_the_readme_notebook_loads_what_the_demo_made():
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     first = "\n".join(text.splitlines()[:60])
     assert 'wg.load("demo")' in first and "models/sft" not in first
     assert "runs/demo/run/report/report.html" in first and "$WEIGHTGRAFT_CACHE/demo/sft-<hash>" in first

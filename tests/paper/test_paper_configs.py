@@ -12,7 +12,7 @@ import yaml
 
 from weightgraft.paper.figures import MAIN_WORLD, sweep_config, sweeps_for
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "paper"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "paper"
 SWEEPS = {s.name: s for s in sweeps_for(MAIN_WORLD)}
 OWN = {"position_gentle": "position"}  # Fig. 13 runs position.yaml on the gentle finetune (docs/paper.md)
 KEYS = ("protocol", "schemes", "templates", "directions", "groups")
