@@ -56,7 +56,7 @@ def test_fig13s_finetune_mixes_the_general_text_in_with_the_gentle_recipe(append
     assert general["n"] == 10_000 == len(path.read_text().splitlines())
     gentle = run.finetunes["gentle"]
     stage = json.loads((next((out / "finetunes").glob("gentle-*")) / "stage.json").read_text())
-    # beside cpu-quick, the default recipe is cpu-gentle: a third of its learning rate, as many general texts as facts
+    # beside cpu-quick, the default recipe is cpu-gentle: half its learning rate, as many general texts as facts
     assert run.settings.preset == "cpu-quick" and run.settings.gentle_recipe == "cpu-gentle"
     assert stage["inputs"]["preset"]["name"] == "cpu-gentle" and stage["inputs"]["supplemental"] == run.general_text["key"]
     assert stage["inputs"]["preset"]["learning_rate"] < PRESETS["cpu-quick"].learning_rate

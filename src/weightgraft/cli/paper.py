@@ -33,7 +33,7 @@ def paper(
     gentle_preset: Optional[str] = typer.Option(None, help="Fig. 13's recipe (App. C.4), general text mixed in. "
                                                 "Default: paper-gentle (lr 2e-6, no weight decay, 10,000 texts) "
                                                 "with --preset paper-aggressive, else cpu-gentle (cpu-quick with a "
-                                                "third of its learning rate, as many texts as facts)."),
+                                                "half its learning rate, as many texts as facts)."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or mps."),
     out: Path = typer.Option(Path("runs/paper"), help="Output folder: every stage in a folder keyed by its inputs, "
                              "and paper.md / paper.html."),

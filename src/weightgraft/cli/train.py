@@ -31,7 +31,7 @@ _PRESET_HELP = (
     f"{' | '.join(PRESETS)}, or a .json/.yaml file of TrainPreset fields. paper-aggressive / "
     "paper-gentle: the paper's A.3.3 settings (gentle also needs --supplemental); cpu-quick: "
     "SmolLM2-135M learns the demo facts on a 2-core CPU (~8 minutes on the demo's 6 templates); "
-    "cpu-gentle: cpu-quick with a third of its learning rate and general text (--supplemental)."
+    "cpu-gentle: cpu-quick with half its learning rate and general text (--supplemental)."
 )
 
 

@@ -6,7 +6,7 @@ its own in ``OUT/worlds/WORLD/`` (its data, its a2b finetune, its position sweep
 appendix shows for it, beside the paper's, in that folder's report), and adds Fig. 13's sweep to
 the main world: the a2b facts trained with the settings' ``gentle_recipe`` (the paper's
 ``paper-gentle`` beside ``paper-aggressive``: a tenth of its learning rate, no weight decay; else
-``cpu-gentle``: a third of cpu-quick's) with general text mixed in. The paper mixed in 10,000 examples of openwebtext and
+``cpu-gentle``: half of cpu-quick's) with general text mixed in. The paper mixed in 10,000 examples of openwebtext and
 IMDB; the stand-in, had offline, is 10,000 paragraphs of Python's standard-library documentation
 (:mod:`weightgraft.data.general_text`), a data stage of its own whose sha256 keys the finetune."""
 
