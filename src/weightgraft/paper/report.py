@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from weightgraft import atomic
 from weightgraft.paper.charts import chart_digest, figure_chart, figure_rows, write_chart
-from weightgraft.paper.figures import DROP, FINETUNES, FigureRows, sweeps_for
+from weightgraft.data.general_text import CORPUS
+from weightgraft.paper.figures import DROP, FINETUNES, Finetune, FigureRows, sweeps_for
 from weightgraft.paper.numbers import EQUIVALENCE_LEVEL, PAPER_MODELS, Measured, PaperNumber, paper_numbers
 from weightgraft.paper.appendix import appendix_blocks
 from weightgraft.paper.trajectory import trajectory_blocks
@@ -36,7 +37,7 @@ from weightgraft.paper.seed_tables import (
     seed_spread,
     seed_table,
 )
-from weightgraft.paper.settings import precondition, seed_label, seeds_text
+from weightgraft.paper.settings import PaperSettings, precondition, seed_label, seeds_text
 
 if TYPE_CHECKING:
     from weightgraft.paper.settings import PaperRun
@@ -212,6 +213,13 @@ def _image(fig: FigureRows, summary: list[dict[str, Any]], numbers: Sequence[Pap
                  chart_digest(fig, summary, numbers, model), lambda: figure_chart(fig, summary, numbers, model))
 
 
+def _recipe(settings: PaperSettings, finetune: Finetune) -> str:
+    """The preset a finetune trained with, and for Fig. 13's the general text it mixed in."""
+    if not finetune.gentle:
+        return settings.preset
+    return f"{settings.gentle_recipe}, with general text ({CORPUS}) mixed in"
+
+
 def finetune_blocks(run: PaperRun) -> list[Block]:
     """Each finetune's precondition (with several training seeds, each seed's, and the roles
     whose precondition some seeds meet and others do not, by seed); the control's is the other
@@ -227,7 +235,7 @@ def finetune_blocks(run: PaperRun) -> list[Block]:
             ok, line = precondition(s, finetune, record)
             met.setdefault(name, {True: [], False: []})[ok].append(seed)
             split = f"{finetune.split}, answers shuffled among the subjects" if finetune.shuffled else finetune.split
-            rows.append((name, *([str(seed)] if several else []), split, "met" if ok else NOT_MET,
+            rows.append((name, *([str(seed)] if several else []), split, _recipe(s, finetune), "met" if ok else NOT_MET,
                          line.partition(": ")[2]))
             if finetune.shuffled and not ok:
                 on = f" of training seed {seed}" if several else ""
@@ -237,7 +245,7 @@ def finetune_blocks(run: PaperRun) -> list[Block]:
                                    "donor that names the true answer."))
     mixed: list[Block] = [("p", f"{name}: precondition met on {seeds_text(by[True])}, not met on {seeds_text(by[False])}.")
                           for name, by in met.items() if by[True] and by[False]]
-    header = ("finetune", *(["training seed"] if several else []), "split", "precondition",
+    header = ("finetune", *(["training seed"] if several else []), "split", "recipe", "precondition",
               "top-5 on its test prompts (the world's true answers)")
     return [("h2", "Finetunes and their preconditions"), Table(header, rows), *mixed, *flags]
 
