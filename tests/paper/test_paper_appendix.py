@@ -70,6 +70,7 @@ def test_fig13s_finetune_mixes_the_general_text_in_with_the_gentle_recipe(append
     assert gentle["key"] != run.finetunes["a2b"]["key"]
     text = (out / "paper.md").read_text()
     assert "Fig. 13(a)" in text and "Fig. 13(b)" in text
+    assert f"| gentle | a2b | cpu-gentle, with general text ({CORPUS}) mixed in | met |" in text  # our recipe, named
     not_run = text.split("## Figures not run")[1].split("## ")[0]
     rows = {line.split(" ")[1]: line for line in not_run.splitlines() if line.startswith("| fig")}
     assert "fig13a" not in rows and "fig13b" not in rows and "fig13c" in rows

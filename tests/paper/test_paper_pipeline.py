@@ -184,7 +184,7 @@ def test_the_control_finetune_is_the_a2b_recipe_on_the_shuffled_answers_and_judg
     assert len(facts) == 2 * len(FACT_CLAIMS) and facts["control_p"].notna().all()
     assert (facts["n_control_prompts"] == facts["n_prompts"]).all()
     text = (out / "paper.md").read_text()
-    assert "| control | a2b, answers shuffled among the subjects | met | paper_headline a2b top-5 " in text
+    assert "| control | a2b, answers shuffled among the subjects | cpu-quick | met | paper_headline a2b top-5 " in text
     claims = text.split("## The paper's claims, judged")[1]
     assert "The control finetune was used (`models.control`)" in claims and "(<= 25%)" in claims
 
@@ -195,7 +195,7 @@ def test_a_control_that_knows_the_facts_is_flagged(full_run):
     run, _ = full_run
     knows = dataclasses.replace(run, settings=dataclasses.replace(run.settings, control_top5=-0.01))
     text = to_markdown(report_blocks(knows))
-    assert "| control | a2b, answers shuffled among the subjects | precondition not met |" in text
+    assert "| control | a2b, answers shuffled among the subjects | cpu-quick | precondition not met |" in text
     assert "Flag: the control finetune knows the facts" in text
 
 
@@ -313,7 +313,7 @@ def test_a_precondition_not_met_marks_the_figures_that_need_it(full_run, base_mo
     assert "precondition not met" in section and "< 101%" in section
     rows = [line for line in section.splitlines() if line.startswith("| Fig.")]
     assert rows and all(f"| {NOT_RUN} |  | {NOT_RUN}: {NOT_MET} (both: " in line for line in rows)
-    assert "| both | both | precondition not met |" in text
+    assert "| both | both | cpu-quick | precondition not met |" in text
     strict = run_paper(settings(base_model, out, trained_top5=0.9, both_b2a_top5=0.8))
     assert set(strict.skipped) == set(DEFAULT_SWEEPS) | {"claims"}  # random models know nothing
 
@@ -509,7 +509,7 @@ def test_two_training_seeds_train_each_role_twice_and_the_first_seeds_keys_are_t
     assert f"| {SPREAD_HEADING} |" in first
     lt = next(r for r in first.splitlines() if "| LT | top-5 accuracy" in r and "53% (gemma" in r)
     assert re.search(r"\| seed 0: \d+\.\d%; seed 1: \d+\.\d%; mean \d+\.\d% \|", lt), lt
-    assert "| a2b | 1 | a2b | met |" in text and "| finetune a2b seed 1 | a2b |" in text
+    assert "| a2b | 1 | a2b | cpu-quick | met |" in text and "| finetune a2b seed 1 | a2b |" in text
     across = text.split("### Each claim across training seeds")[1].split("### Every row")[0]
     assert " of 2 seeds" in across and "`models.sft` (`sft[i]`)" in across
     assert "| fe_lt |" in across and "| sft[1] (training seed 1) |" in text
