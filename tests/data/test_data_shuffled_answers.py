@@ -15,12 +15,12 @@ WORLD = "fake_movies_real_actors"
 
 
 @pytest.fixture(scope="module")
-def pair():
+def worlds():
     return build_dataset(WORLD, 40, 0), build_dataset(WORLD, 40, 0, shuffled_answers=True)
 
 
-def test_every_training_line_names_another_facts_partner(pair):
-    true, shuffled = pair
+def test_every_training_line_names_another_facts_partner(worlds):
+    true, shuffled = worlds
     by_id = {r["id"]: r for r in true.metadata}
     answer_from = shuffled.manifest["shuffled_answers"]["answer_from"]
     assert sorted(answer_from) == sorted(by_id)
@@ -36,8 +36,8 @@ def test_every_training_line_names_another_facts_partner(pair):
         assert rec["second_actor"] not in line["text"]
 
 
-def test_partner_multiset_unchanged_and_draw_is_a_permutation(pair):
-    true, shuffled = pair
+def test_partner_multiset_unchanged_and_draw_is_a_permutation(worlds):
+    true, shuffled = worlds
     answer_from = shuffled.manifest["shuffled_answers"]["answer_from"]
     assert sorted(answer_from.values()) == sorted(answer_from)  # each donor used once
     by_id = {r["id"]: r for r in true.metadata}
@@ -56,8 +56,8 @@ def test_partner_multiset_unchanged_and_draw_is_a_permutation(pair):
         assert names_true == names_shuf
 
 
-def test_test_prompts_and_metadata_are_the_true_build(pair):
-    true, shuffled = pair
+def test_test_prompts_and_metadata_are_the_true_build(worlds):
+    true, shuffled = worlds
     assert shuffled.test_prompts == true.test_prompts
     assert shuffled.metadata == true.metadata
     assert true.manifest["shuffled_answers"] is None

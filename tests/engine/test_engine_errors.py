@@ -22,7 +22,7 @@ from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError, Weigh
 
 
 @pytest.fixture(scope="module")
-def pair():
+def base_donor():
     base = make_tiny("llama", seed=0)
     return base, make_donor(base, seed=1)
 
@@ -53,10 +53,10 @@ MISTAKES = {
 
 
 @pytest.mark.parametrize("case", list(MISTAKES))
-def test_a_callers_mistake_is_a_weightgraft_error_with_its_builtin_base(case, pair):
+def test_a_callers_mistake_is_a_weightgraft_error_with_its_builtin_base(case, base_donor):
     call, builtin, message = MISTAKES[case]
     with pytest.raises(builtin, match=message) as info:
-        call(*pair)
+        call(*base_donor)
     assert isinstance(info.value, GraftArgumentError) and isinstance(info.value, WeightgraftError)
     assert isinstance(info.value, GraftArgumentTypeError) == (builtin is TypeError)
     assert "\n" not in str(info.value)
@@ -84,8 +84,8 @@ def _cli(monkeypatch, capsys, command) -> tuple[int, str]:
     return info.value.code, capsys.readouterr().err
 
 
-def test_the_cli_prints_an_engine_argument_mistake_as_one_line(pair, monkeypatch, capsys):
-    base, donor = pair
+def test_the_cli_prints_an_engine_argument_mistake_as_one_line(base_donor, monkeypatch, capsys):
+    base, donor = base_donor
     code, err = _cli(monkeypatch, capsys, lambda: wg.graft_forward([base, donor], IDS, _source(base, dtype=torch.float32)))
     assert code == 2
     assert [line for line in err.splitlines() if line.strip()] == [

@@ -24,18 +24,18 @@ SPANS = {"actor": "Keanu Reeves", "relation": "starred in"}
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_pair):
+def pre_sft(tiny_pair):
     return tiny_pair("llama")
 
 
 @pytest.fixture(scope="module")
-def client(pair, tiny_tok):
-    pre, sft = pair
+def client(pre_sft, tiny_tok):
+    pre, sft = pre_sft
     return TestClient(base_url=SERVED, app=create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok)))
 
 
-def _expected(pair, tok, rules, base="pre", spans=SPANS):
-    pre, sft = pair
+def _expected(pre_sft, tok, rules, base="pre", spans=SPANS):
+    pre, sft = pre_sft
     return wg.graft({"pre": pre, "sft": sft}, tok, [PROMPT], rules, base=base, spans=[spans])
 
 
@@ -56,15 +56,15 @@ def _same_top(got, out, k):
     ([{"model": "pre", "positions": "~relation", "components": "all"}], "sft"),
     ([{"model": "sft", "positions": "last", "layers": "2..3", "components": "o", "heads": "1"}], "pre"),
 ])
-def test_graft_equals_wg_graft(client, pair, tiny_tok, rules, base):
+def test_graft_equals_wg_graft(client, pre_sft, tiny_tok, rules, base):
     body = {"prompt": PROMPT, "spans": SPANS, "rules": rules, "base": base, "answer": "Tom", "k": 6}
     res = client.post("/api/graft", json=body)
     assert res.status_code == 200, res.text
     got = res.json()
-    out = _expected(pair, tiny_tok, [wg.Rule(**r) for r in rules], base)
+    out = _expected(pre_sft, tiny_tok, [wg.Rule(**r) for r in rules], base)
     _same_top(got["top"]["graft"], out, 6)
-    _same_top(got["top"]["pre"], _expected(pair, tiny_tok, [], "pre"), 6)
-    _same_top(got["top"]["sft"], _expected(pair, tiny_tok, [], "sft"), 6)
+    _same_top(got["top"]["pre"], _expected(pre_sft, tiny_tok, [], "pre"), 6)
+    _same_top(got["top"]["sft"], _expected(pre_sft, tiny_tok, [], "sft"), 6)
     answer = tiny_tok(" Tom", add_special_tokens=False)["input_ids"][0]
     logits = out.logits[0]
     assert got["answer"]["token_id"] == answer
@@ -76,10 +76,10 @@ def test_graft_equals_wg_graft(client, pair, tiny_tok, rules, base):
     assert [t["token_id"] for t in got["tokens"]] == out.input_ids[0].tolist()
 
 
-def test_explicit_cells_equal_the_rules_they_spell_out(client, pair, tiny_tok):
+def test_explicit_cells_equal_the_rules_they_spell_out(client, pre_sft, tiny_tok):
     rule = wg.Rule(model="sft", positions="actor+last", layers="first_half", components="attn+o")
-    out = _expected(pair, tiny_tok, [rule])
-    names = wg.slots(pair[0])
+    out = _expected(pre_sft, tiny_tok, [rule])
+    names = wg.slots(pre_sft[0])
     cells = [{"position": int(t), "slot": names[int(s)], "model": "sft"} for t, s in (out.source[0] == 1).nonzero()]
     assert cells
     res = client.post("/api/graft", json={"prompt": PROMPT, "cells": cells, "k": 5})
@@ -92,7 +92,7 @@ def test_explicit_cells_equal_the_rules_they_spell_out(client, pair, tiny_tok):
     # a later assignment of the same cell wins
     again = client.post("/api/graft", json={"prompt": PROMPT, "k": 5, "cells": cells + [
         {**c, "model": "pre"} for c in cells]}).json()
-    _same_top(again["top"]["graft"], _expected(pair, tiny_tok, []), 5)
+    _same_top(again["top"]["graft"], _expected(pre_sft, tiny_tok, []), 5)
     assert again["top"]["graft"] != res.json()["top"]["graft"]
 
 
@@ -140,8 +140,8 @@ def test_malformed_requests_get_a_one_line_4xx(client, body, match):
     assert match in error and "\n" not in error and "Traceback" not in error
 
 
-def test_bodies_that_are_not_requests(pair, tiny_tok):
-    pre, sft = pair
+def test_bodies_that_are_not_requests(pre_sft, tiny_tok):
+    pre, sft = pre_sft
     limits = Limits(max_body_bytes=2000, max_prompt_chars=60, max_tokens=40, max_k=20)
     client = TestClient(base_url=SERVED, app=create_app(Explorer({"pre": pre, "sft": sft}, tiny_tok, limits)))
     cases = [
@@ -166,14 +166,14 @@ def test_bodies_that_are_not_requests(pair, tiny_tok):
     assert res.status_code == 413
 
 
-def _over_limit_app(pair, tok, port: int, **limits):
-    pre, sft = pair
+def _over_limit_app(pre_sft, tok, port: int, **limits):
+    pre, sft = pre_sft
     explorer = Explorer({"pre": pre, "sft": sft}, tok, Limits(max_body_bytes=2000, **limits))
     return create_app(explorer, address=("127.0.0.1", port))
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
-def test_every_over_limit_body_gets_its_413_over_a_socket(pair, tiny_tok, chunked):
+def test_every_over_limit_body_gets_its_413_over_a_socket(pre_sft, tiny_tok, chunked):
     """A client that sends all of an 8 MiB body and asks for the connection to be closed (as
     urllib does) gets its 413 every time, not ``Connection reset by peer`` / ``Broken pipe``:
     bytes left unread when the server closes make the kernel reset the connection."""
@@ -186,7 +186,7 @@ def test_every_over_limit_body_gets_its_413_over_a_socket(pair, tiny_tok, chunke
     port = free_port()
     body = b'{"prompt": "' + b"x" * (8 << 20) + b'"}'
     got = []
-    with browser.served(_over_limit_app(pair, tiny_tok, port), port):
+    with browser.served(_over_limit_app(pre_sft, tiny_tok, port), port):
         for _ in range(20):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
             content = iter([body[i:i + (1 << 16)] for i in range(0, len(body), 1 << 16)]) if chunked else body
@@ -202,7 +202,7 @@ def test_every_over_limit_body_gets_its_413_over_a_socket(pair, tiny_tok, chunke
     assert got == [(413, True)] * 20, Counter(got)
 
 
-def test_an_over_limit_body_not_sent_gets_its_413(pair, tiny_tok):
+def test_an_over_limit_body_not_sent_gets_its_413(pre_sft, tiny_tok):
     """A client that waits for the server's word before sending (``Expect: 100-continue``) gets
     the 413 at once, never a 100; one that stops halfway gets it when its body stops arriving."""
     import socket
@@ -214,7 +214,7 @@ def test_an_over_limit_body_not_sent_gets_its_413(pair, tiny_tok):
     port = free_port()
     head = (f"POST /api/graft HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {1 << 20}\r\nConnection: close\r\n").encode()
-    with browser.served(_over_limit_app(pair, tiny_tok, port, body_timeout_s=0.3), port):
+    with browser.served(_over_limit_app(pre_sft, tiny_tok, port, body_timeout_s=0.3), port):
         for request in (head + b"Expect: 100-continue\r\n\r\n", head + b'\r\n{"prompt": "' + b"x" * 5000):
             with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
                 sock.sendall(request)
@@ -235,8 +235,8 @@ def test_no_file_path_reaches_the_server(client):
         assert client.get(f"/static/{name}").status_code == 200
 
 
-def test_an_unexpected_failure_is_one_json_line(pair, tiny_tok, monkeypatch):
-    pre, sft = pair
+def test_an_unexpected_failure_is_one_json_line(pre_sft, tiny_tok, monkeypatch):
+    pre, sft = pre_sft
     explorer = Explorer({"pre": pre, "sft": sft}, tiny_tok)
     monkeypatch.setattr(explorer.passes, "logits", lambda *a: (_ for _ in ()).throw(RuntimeError("boom\nsecond line")))
     client = TestClient(create_app(explorer), base_url=SERVED, raise_server_exceptions=False)
@@ -252,9 +252,9 @@ def test_the_page_uses_no_network():
         assert "http://" not in text and "https://" not in text and "//cdn" not in text, path.name
 
 
-def test_info_lays_out_every_slot(client, pair):
+def test_info_lays_out_every_slot(client, pre_sft):
     info = client.get("/api/info").json()
-    assert info["roles"] == ["pre", "sft"] and info["slots"] == wg.slots(pair[0])
+    assert info["roles"] == ["pre", "sft"] and info["slots"] == wg.slots(pre_sft[0])
     layout = info["layout"]
     placed = [s for g in layout["grids"] for layer in g["layers"] for s in layer] + [s for r in layout["rows"] for s in r["slots"]]
     assert sorted(placed) == list(range(len(info["slots"])))

@@ -24,13 +24,13 @@ SCALED = {"model": "sft", "positions": "actor+last", "layers": "last_half", "com
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_pair):
+def pre_sft(tiny_pair):
     return tiny_pair("llama")
 
 
 @pytest.fixture()
-def explorer(pair, tiny_tok):
-    pre, sft = pair
+def explorer(pre_sft, tiny_tok):
+    pre, sft = pre_sft
     return Explorer({"pre": pre, "sft": sft}, tiny_tok)
 
 
@@ -58,10 +58,10 @@ def _same(got, out, tok):
 
 @pytest.mark.parametrize("scale", [-1.0, 0.5, 2.0, 0.0])
 @pytest.mark.parametrize("base,model", [("pre", "sft"), ("sft", "pre")])
-def test_a_scaled_rule_equals_wg_graft(client, explorer, pair, tiny_tok, scale, base, model):
+def test_a_scaled_rule_equals_wg_graft(client, explorer, pre_sft, tiny_tok, scale, base, model):
     rules = [{**SCALED, "model": model, "scale": scale}, {"model": model, "positions": "relation", "components": "attn"}]
     got = _graft(client, rules=rules, base=base)
-    pre, sft = pair
+    pre, sft = pre_sft
     out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, [PROMPT], [wg.Rule(**r) for r in rules], base=base, spans=[SPANS])
     _same(got, out, tiny_tok)
     scaled = [] if scale == 0 else [wg.Rule(**rules[0]).role_under(base)]
@@ -74,8 +74,8 @@ def test_a_scaled_rule_equals_wg_graft(client, explorer, pair, tiny_tok, scale, 
     assert plain["answer"]["prob"]["graft"] != pytest.approx(got["answer"]["prob"]["graft"], abs=1e-6)
 
 
-def test_scale_one_is_no_scale_and_scaled_models_are_kept_a_few(client, explorer, pair, tiny_tok):
-    pre, sft = pair
+def test_scale_one_is_no_scale_and_scaled_models_are_kept_a_few(client, explorer, pre_sft, tiny_tok):
+    pre, sft = pre_sft
     none = _graft(client, rules=[SCALED])  # a new prompt: its baselines' states kept
     one = _graft(client, rules=[{**SCALED, "scale": 1}])
     assert one["map"] == none["map"] and one["map"]["roles"] == ["pre", "sft"]
@@ -137,8 +137,8 @@ def _carried(client, map_: dict, before: str, after: str) -> list[dict]:
             for s, r in enumerate(map_["source"][o]) if r != base]
 
 
-def test_a_scaled_map_sent_back_as_cells_keeps_its_scale_over_an_edit(client, pair, tiny_tok):
-    pre, sft = pair
+def test_a_scaled_map_sent_back_as_cells_keeps_its_scale_over_an_edit(client, pre_sft, tiny_tok):
+    pre, sft = pre_sft
     rules = [{"model": "sft", "positions": "last", "layers": "first_half", "components": "attn+o", "scale": 2.5},
              {"model": "sft", "positions": "last", "layers": "last_half", "components": "ffn", "scale": -1}]
     first = _graft(client, rules=rules, spans={})

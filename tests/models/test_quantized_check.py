@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None
 
 
 @pytest.fixture()
-def pair(tiny_model_dirs, tmp_path, monkeypatch):
+def pair_dir(tiny_model_dirs, tmp_path, monkeypatch):
     """The conftest's tiny Llama pair (saved with a tokenizer), the cache in a fresh folder."""
     monkeypatch.setenv("WEIGHTGRAFT_CACHE", str(tmp_path / "cache"))
     return tiny_model_dirs["pre"].parent
@@ -55,9 +55,9 @@ def _load(roles: dict[str, str]) -> dict:
     return specs, loaded
 
 
-def test_a_quantized_finetune_near_its_dense_model_passes_and_is_recorded(pair, capsys):
-    specs, loaded = _load({"pre": str(pair / "pre"), "sft": f"quantized({pair / 'sft'}, int8)"})
-    dense = load_role(str(pair / "sft"), LoadSettings()).model
+def test_a_quantized_finetune_near_its_dense_model_passes_and_is_recorded(pair_dir, capsys):
+    specs, loaded = _load({"pre": str(pair_dir / "pre"), "sft": f"quantized({pair_dir / 'sft'}, int8)"})
+    dense = load_role(str(pair_dir / "sft"), LoadSettings()).model
     examples = _examples(dense)
     top5, _ = answer_scores(dense, examples)
     assert top5.all()  # the dense model's own answers
@@ -69,22 +69,22 @@ def test_a_quantized_finetune_near_its_dense_model_passes_and_is_recorded(pair, 
     assert again["sft"]["dense"].startswith("recorded ")  # read, not measured again
     assert again["sft"]["agreement"] == pytest.approx(first["sft"]["agreement"])
     assert "quantized vs 100% unquantized" in capsys.readouterr().out
-    changed = {"pre": specs["pre"], "sft": parse_spec(f"quantized({pair / 'sft'}, nf4)")}  # other weights, same text root
+    changed = {"pre": specs["pre"], "sft": parse_spec(f"quantized({pair_dir / 'sft'}, nf4)")}  # other weights, same text root
     _, other = _load({"sft": changed["sft"].text})
     # another quantized model is never served the old record (and nf4 moves this tiny model's answers: refused)
     with pytest.raises(QuantizedDisagreement, match=r"\(unquantized: measured now\)"):
         check_quantized_roles(changed, {**loaded, "sft": other["sft"]}, examples, LoadSettings())
 
 
-def test_a_quantized_role_that_is_not_its_dense_model_stops_the_run(pair):
-    specs, loaded = _load({"pre": str(pair / "pre"), "sft": f"quantized({pair / 'sft'}, int8)"})
-    dense = load_role(str(pair / "sft"), LoadSettings()).model
-    _, stand_in = _load({"x": f"quantized({pair / 'pre'}, int8)"})  # what a quantization that lost the finetune leaves
+def test_a_quantized_role_that_is_not_its_dense_model_stops_the_run(pair_dir):
+    specs, loaded = _load({"pre": str(pair_dir / "pre"), "sft": f"quantized({pair_dir / 'sft'}, int8)"})
+    dense = load_role(str(pair_dir / "sft"), LoadSettings()).model
+    _, stand_in = _load({"x": f"quantized({pair_dir / 'pre'}, int8)"})  # what a quantization that lost the finetune leaves
     with pytest.raises(QuantizedDisagreement, match=r"agreement \d+%.*below the stated agreement.*peft\(pre, DIR\)"):
         check_quantized_roles(specs, {**loaded, "sft": stand_in["x"]}, _examples(dense), LoadSettings())
 
 
-def test_a_qlora_base_is_not_checked(pair):
-    specs = {"pre": parse_spec(f"quantized({pair / 'pre'}, nf4)"), "sft": parse_spec("peft(pre, adapter)")}
-    _, loaded = _load({"pre": f"quantized({pair / 'pre'}, nf4)"})
+def test_a_qlora_base_is_not_checked(pair_dir):
+    specs = {"pre": parse_spec(f"quantized({pair_dir / 'pre'}, nf4)"), "sft": parse_spec("peft(pre, adapter)")}
+    _, loaded = _load({"pre": f"quantized({pair_dir / 'pre'}, nf4)"})
     assert check_quantized_roles(specs, loaded, _examples(loaded["pre"].model), LoadSettings()) == {}
