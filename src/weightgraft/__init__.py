@@ -21,7 +21,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "load": ("weightgraft.api.load", "load"),
     "compare": ("weightgraft.api.compare", "compare"),
     "GraftOutput": ("weightgraft.api.graft", "GraftOutput"),
-    "GraftInputError": ("weightgraft.schemes.binding", "GraftInputError"),
+    "GraftInputError": ("weightgraft.schemes.errors", "GraftInputError"),
     "WeightgraftError": ("weightgraft.errors", "WeightgraftError"),
     "GraftArgumentError": ("weightgraft.errors", "GraftArgumentError"),
     "Rule": ("weightgraft.schemes.scheme", "Rule"),

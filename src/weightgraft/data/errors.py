@@ -1,8 +1,10 @@
-"""Errors raised while building or loading relation datasets.
+"""Errors of the data package: building or loading relation datasets, reading test prompts,
+resolving spans.
 
-Every error derives from :class:`DataError`, itself a :class:`ValueError`, so callers can
+A dataset's errors derive from :class:`DataError`, itself a :class:`ValueError`, so callers can
 catch one class and print its message: each message names the offending world, template,
-field or metadata row.
+field or metadata row. Test prompts that cannot be read are a :class:`DatasetError`, a span that
+does not lie in its prompt a :class:`SpanError` (both :class:`ValueError` too).
 """
 
 from __future__ import annotations
@@ -52,3 +54,12 @@ class NotEnoughDataError(DataError):
 
 class AmbiguousPromptError(DataError):
     """A test prompt would have more than one correct answer."""
+
+
+class DatasetError(WeightgraftError, ValueError):
+    """Test prompts that cannot be read or are empty."""
+
+
+class SpanError(WeightgraftError, ValueError):
+    """A span that does not lie in its prompt; the message names the span (and the caller adds
+    the file and line)."""

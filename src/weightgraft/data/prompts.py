@@ -7,11 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weightgraft.errors import WeightgraftError
-
-
-class DatasetError(WeightgraftError, ValueError):
-    """Test prompts that cannot be read or are empty."""
+from weightgraft.data.errors import DatasetError as DatasetError
 
 
 @dataclass(frozen=True)

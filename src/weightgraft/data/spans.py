@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from weightgraft.errors import WeightgraftError
+from weightgraft.data.errors import SpanError as SpanError
 
 SpanSpec = str | Sequence[int]
 MAX_LISTED = 5  # occurrences an ambiguity error names
@@ -21,11 +21,6 @@ def occurrences(prompt: str, text: str) -> list[int]:
         out.append(start)
         start = prompt.find(text, start + 1)
     return out
-
-
-class SpanError(WeightgraftError, ValueError):
-    """A span that does not lie in its prompt; the message names the span (and the caller adds
-    the file and line)."""
 
 
 def resolve_span(prompt: str, name: str, spec: SpanSpec) -> tuple[int, int]:

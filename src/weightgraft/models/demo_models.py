@@ -16,17 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from weightgraft.models.errors import DemoNotFoundError as DemoNotFoundError
 from weightgraft import atomic
-from weightgraft.models.errors import ModelNotFoundError
 
 __all__ = ["DemoNotFoundError", "DemoRecord", "demo_target", "read_demo_record", "record_path", "write_demo_record"]
 _CALL = re.compile(r"^\s*\w+\s*\(")  # a spec built from roles (peft(...)), not a folder
 DEMO_RUN = Path("runs/demo/run")  # where `weightgraft demo` writes its sweep (weightgraft.demo.demo_out)
 RECORD_FORMAT = "weightgraft.demo/1"
-
-
-class DemoNotFoundError(ModelNotFoundError):
-    """``demo`` was named but no demo has run here (or its finetune is gone from the cache)."""
 
 
 @dataclass(frozen=True)

@@ -45,3 +45,11 @@ class LowRankSpecError(ModelSpecError, LowRankError):
 
 class RandomSpecError(ModelSpecError, ModelNotFoundError):
     """A ``random:`` spec that names no config."""
+
+
+class TokenizerMismatchError(WeightgraftError, ValueError):
+    """Two models of a graft set do not share a tokenizer."""
+
+
+class DemoNotFoundError(ModelNotFoundError):
+    """``demo`` was named but no demo has run here (or its finetune is gone from the cache)."""

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from weightgraft.models.errors import TokenizerMismatchError as TokenizerMismatchError
 from weightgraft.data.prompts import DatasetError
 from weightgraft.engine.projections import hf_config
-from weightgraft.errors import WeightgraftError
 from weightgraft.models.embedded import ensure_converted
 from weightgraft.models.errors import ModelLoadError
 from weightgraft.models.spec import embedded_name, parse_spec
@@ -19,10 +19,6 @@ if TYPE_CHECKING:
 
     from weightgraft.models.loaded import LoadedModel
     from weightgraft.models.spec import ModelSpec
-
-
-class TokenizerMismatchError(WeightgraftError, ValueError):
-    """Two models of a graft set do not share a tokenizer."""
 
 
 def check_same_tokenizer(base: PreTrainedTokenizerBase | None, other: PreTrainedTokenizerBase | None,

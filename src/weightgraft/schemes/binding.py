@@ -17,17 +17,13 @@ import torch
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.forward import slots
-from weightgraft.errors import WeightgraftError
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, PROTOCOLS, embeddings_tied
 from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme, with_scaled_roles
 from weightgraft.schemes.selectors import SpanNotFound
+from weightgraft.schemes.errors import GraftInputError as GraftInputError
 
 Rules = Rule | Sequence[Rule] | Scheme
 Spans = Sequence[Mapping[str, SpanSpec] | None] | None
-
-
-class GraftInputError(WeightgraftError, ValueError):
-    """A call whose inputs cannot be grafted as given (raised before any compute)."""
 
 
 def check_protocol(protocol: str) -> str:

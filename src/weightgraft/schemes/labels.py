@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from weightgraft.errors import WeightgraftError
+from weightgraft.schemes.errors import SpanNotFound as SpanNotFound
 
 LITERAL_SPANS = frozenset({"relation", "relation_preposition", "preposition"})
 FIRST_ENTITY = "first_entity"
@@ -27,15 +27,6 @@ LABEL_VERSION = 2  # stored with localize runs: cells named by version-1 labels 
 LABEL_ATOM = r"[A-Za-z_]\w*_last[+-]\d+"  # a label with an offset, one atom of a position selector
 _OFFSET = re.compile(r"(?P<base>[A-Za-z_]\w*?)_last(?:(?P<sign>[+-])(?P<k>\d+))?")
 _TOK = re.compile(r"tok(\d+)")
-
-
-class SpanNotFound(WeightgraftError, LookupError):
-    """A position selector names a span this example does not have (the example is excluded).
-    ``span`` is the missing span's name when a named span is what is missing."""
-
-    def __init__(self, message: str, span: str | None = None) -> None:
-        super().__init__(message)
-        self.span = span
 
 
 def token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:

@@ -25,17 +25,13 @@ from weightgraft.schemes.selectors import (
     select_positions,
 )
 from weightgraft.engine.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
-from weightgraft.errors import WeightgraftError, validation_line
+from weightgraft.errors import validation_line
 from weightgraft.models.spec import ScaledSpec
+from weightgraft.schemes.errors import SchemeInputError as SchemeInputError
 
 # The two families a scheme has without a preset (the presets' are in weightgraft.schemes.families):
 BASELINE = "baseline"  # a model alone, as ``baselines()`` makes them
 CUSTOM = "custom"  # a user's own Scheme; a preset's builder leaves its schemes so and the registry names them
-
-
-class SchemeInputError(WeightgraftError, ValueError):
-    """A rule or scheme built in Python with a field it cannot use (a misspelt component, an
-    unknown key), said in one line."""
 
 
 class _Checked(BaseModel):

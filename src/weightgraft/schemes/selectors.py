@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 
 from weightgraft.engine.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS
-from weightgraft.errors import WeightgraftError
+from weightgraft.schemes.errors import SelectorError as SelectorError
 from weightgraft.schemes.labels import (
     FIRST_ENTITY,
     LABEL_ATOM,
@@ -33,10 +33,6 @@ from weightgraft.schemes.labels import (
 )
 
 # LITERAL_SPANS, SpanNotFound, first_entity and token_span live in schemes.labels; imported from here too
-
-
-class SelectorError(WeightgraftError, ValueError):
-    """A selector expression that cannot be parsed or does not fit the model."""
 
 
 # ---------------------------------------------------------------- positions
