@@ -141,7 +141,7 @@ def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, 
 
     return Stage("finetune", finetune.name, {
         "model": settings.model, "data": data["key"], "split": finetune.split,
-        "preset": get_preset(finetune_preset(settings, finetune)).model_dump(mode="json"),
+        "preset": get_preset(settings.preset_of(finetune)).model_dump(mode="json"),
         **({"supplemental": general["key"]} if finetune.gentle and general is not None else {}),
         "seed": settings.train_seed if seed is None else seed,
         "templates": list(settings.train_templates) if settings.train_templates is not None else None,
@@ -151,10 +151,6 @@ def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, 
                   "groups": list(finetune.groups) if finetune.groups else None},
     }, settings.out)
 
-
-def finetune_preset(settings: PaperSettings, finetune: Finetune) -> str:
-    """The recipe ``finetune`` trains with: the gentle preset for Fig. 13's, else the run's."""
-    return settings.gentle_recipe if finetune.gentle else settings.preset
 
 
 def _snapshots(settings: PaperSettings, finetune: Finetune) -> bool:
@@ -178,10 +174,10 @@ def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, An
     started = time.time()
     data_dir = stage_path(data, settings.out, "dir")
     model_dir = stage.folder / "model"
-    console.rule(f"finetune {finetune.name}: split {finetune.split}, preset {finetune_preset(settings, finetune)}, training seed "
+    console.rule(f"finetune {finetune.name}: split {finetune.split}, preset {settings.preset_of(finetune)}, training seed "
                  f"{seed} -> {stage.folder}")
     supplemental = stage_path(general, settings.out, "file") if finetune.gentle and general is not None else None
-    train(settings.model, data_dir, split=finetune.split, preset=finetune_preset(settings, finetune), out=model_dir,
+    train(settings.model, data_dir, split=finetune.split, preset=settings.preset_of(finetune), out=model_dir,
           supplemental_text=supplemental,
           seed=seed, resume=True,
           templates=list(settings.train_templates) if settings.train_templates is not None else None,

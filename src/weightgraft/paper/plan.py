@@ -23,7 +23,6 @@ from weightgraft.paper.figures import FINETUNES, Finetune, check_config, sweep_c
 from weightgraft.paper.pipeline import (
     check_inputs,
     data_stage,
-    finetune_preset,
     finetune_stage,
     needed_finetunes,
     planned_sweeps,
@@ -69,14 +68,14 @@ def _texts(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> list[
     texts = [r["text"] for r in split_records(data_dir, finetune.split, settings.train_templates)[0]]
     if not finetune.gentle:
         return texts
-    preset = get_preset(finetune_preset(settings, finetune))
+    preset = get_preset(settings.preset_of(finetune))
     return texts + stdlib_paragraphs(preset.supplemental_count(len(texts), PAPER_SIZE))
 
 
 def _steps(settings: PaperSettings, finetune: Finetune, data_dir: Path, n_texts: int | None = None) -> int:
     """The optimizer steps of ``finetune`` (the trainer's count: batches per epoch x epochs) over
     ``n_texts`` texts (None: its texts, counted here)."""
-    preset = get_preset(finetune_preset(settings, finetune))
+    preset = get_preset(settings.preset_of(finetune))
     n = len(_texts(settings, finetune, data_dir)) if n_texts is None else n_texts
     return settings.max_steps or math.ceil(math.ceil(n / preset.batch_size) * preset.epochs)
 
@@ -84,7 +83,7 @@ def _steps(settings: PaperSettings, finetune: Finetune, data_dir: Path, n_texts:
 def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
                 gpu: Card | None = None) -> tuple[float | None, int, str, tuple[str, ...]]:
 
-    preset = get_preset(finetune_preset(settings, finetune))
+    preset = get_preset(settings.preset_of(finetune))
     fp = parse_spec(settings.model).footprint()
     texts = _texts(settings, finetune, data_dir)
     tok, how = tokenizer_for(fp)
@@ -223,7 +222,7 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
                 shuffled_note = ", answers shuffled among the subjects" if finetune.shuffled else ""
                 seed_note = f", training seed {seed}" if settings.seeds > 1 else ""
                 stages.append(PlannedStage("finetune", f"{finetune.name} (split {finetune.split}{shuffled_note}, "
-                                           f"preset {finetune_preset(settings, finetune)}{seed_note}) and its precondition check", seconds,
+                                           f"preset {settings.preset_of(finetune)}{seed_note}) and its precondition check", seconds,
                                            memory, stage.finished() is not None, counts, notes))
         swept: dict[str, Any] = {}  # each sweep is planned once: every seed's finetunes have the same shapes
         for seed in settings.train_seeds:

@@ -215,9 +215,8 @@ def _image(fig: FigureRows, summary: list[dict[str, Any]], numbers: Sequence[Pap
 
 def _recipe(settings: PaperSettings, finetune: Finetune) -> str:
     """The preset a finetune trained with, and for Fig. 13's the general text it mixed in."""
-    if not finetune.gentle:
-        return settings.preset
-    return f"{settings.gentle_recipe}, with general text ({CORPUS}) mixed in"
+    preset = settings.preset_of(finetune)
+    return f"{preset}, with general text ({CORPUS}) mixed in" if finetune.gentle else preset
 
 
 def finetune_blocks(run: PaperRun) -> list[Block]:

@@ -77,6 +77,10 @@ class PaperSettings:
             return self.gentle_preset
         return "paper-gentle" if self.preset == "paper-aggressive" else "cpu-gentle"
 
+    def preset_of(self, finetune: Finetune) -> str:
+        """The recipe ``finetune`` trains with: the gentle recipe for Fig. 13's, else the run's."""
+        return self.gentle_recipe if finetune.gentle else self.preset
+
     @property
     def train_seeds(self) -> tuple[int, ...]:
         """The training seeds, the first (``train_seed``) the one whose value each row gives."""
