@@ -179,7 +179,7 @@ def test_ctrl_c_during_a_part_write_finishes_the_part_first(tmp_path, monkeypatc
     import os
     import signal
 
-    from weightgraft.experiments import store as store_mod
+    from weightgraft.resume.parts import write_atomic
 
     real_fsync = os.fsync
 
@@ -194,7 +194,7 @@ def test_ctrl_c_during_a_part_write_finishes_the_part_first(tmp_path, monkeypatc
     inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            store_mod.write_atomic(path, b"x" * 1_000_000)
+            write_atomic(path, b"x" * 1_000_000)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     finally:
         signal.signal(signal.SIGINT, inherited)

@@ -1,26 +1,23 @@
 """The results store: one row per (model set, template, scheme, example), safe to kill.
 
-Each finished batch is written as its own parquet part, atomically (temporary file, fsync,
-rename), so a run killed at any moment (SIGKILL included) loses at most the batch in flight
-and never leaves a half-written or duplicated row. ``results.parquet`` is rebuilt from the
-parts in a canonical order, so a resumed run yields the same file as an uninterrupted one.
+Each finished batch is one part (``weightgraft.resume.parts``: written atomically, so a run
+killed at any moment loses at most the batch in flight), and ``identity.json`` is the folder's
+claim (``weightgraft.resume.claim``). ``results.parquet`` is rebuilt from the parts in a
+canonical order, so a resumed run yields the same file as an uninterrupted one.
 """
 
 from __future__ import annotations
 
-import errno
 import json
-import signal
-import threading
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from weightgraft import atomic
-from weightgraft.errors import ResultsDirConflict, WeightgraftError
+from weightgraft.errors import ResultsDirConflict
+from weightgraft.resume.claim import changed_entries
+from weightgraft.resume.parts import Parts, ResultsWriteError as ResultsWriteError, write_atomic as write_atomic
 
 KEY = ("model_set", "template", "scheme", "example_id")
 # What a row holds and how it was computed; a folder whose rows were written in an older format
@@ -28,42 +25,6 @@ KEY = ("model_set", "template", "scheme", "example_id")
 # a distractor logit difference between first tokens that begin each other's names is NaN;
 # 3: ``fact_logprob``, the answer against the world's other answers).
 ROWS_FORMAT = 3
-
-
-class ResultsWriteError(WeightgraftError, OSError):
-    """Results could not be written (disk full, permissions); earlier results are intact."""
-
-
-@contextmanager
-def _ctrl_c_after() -> Iterator[None]:
-    """Ctrl-C (SIGINT) during the block takes effect when the block is done, so that a file
-    being written is finished first (then the run stops with its one-line message)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
-    path = Path(path)
-    try:
-        with _ctrl_c_after():
-            atomic.write_bytes(path, data)
-    except OSError as exc:
-        hint = "the disk is full" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
-        raise ResultsWriteError(
-            exc.errno, f"could not write {path}: {hint}; results written before are intact in "
-            f"{path.parent}, and re-running the same command resumes from them"
-        ) from exc
 
 
 class ResultsStore:
@@ -75,8 +36,9 @@ class ResultsStore:
 
     def __init__(self, run_dir: Path, identity: dict[str, Any], config: dict[str, Any], writer: str = "") -> None:
         self.run_dir = Path(run_dir)
-        self.writer = writer  # several processes write parts side by side, each its own
         self.parts = self.run_dir / "parts"
+        # several processes write parts side by side, each its own, and read every one
+        self._rows = Parts(self.parts, f"part-{writer}-" if writer else "part-", shared="part-")
         self.config = config
         owner = self.run_dir / "identity.json"
         found = _read_identity(owner)
@@ -110,30 +72,17 @@ class ResultsStore:
         write_atomic(self.run_dir / "identity.json", json.dumps(body, indent=2, sort_keys=True).encode())
         self._written = True
 
-    def _part_files(self) -> list[Path]:
-        return sorted(p for p in self.parts.glob("part-*.parquet"))
-
     def read(self) -> pd.DataFrame:
-        files = self._part_files()
-        if not files:
-            return pd.DataFrame()
-        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+        return self._rows.read()
 
     def done(self) -> set[tuple]:
-        frame = self.read()
-        if frame.empty:
-            return set()
-        return set(frame[list(KEY)].itertuples(index=False, name=None))
+        return self._rows.keys(KEY)
 
     def append(self, rows: Sequence[dict[str, Any]]) -> None:
         if not rows:
             return
         self._claim()
-        stem = f"part-{self.writer}-" if self.writer else "part-"
-        pattern = f"{stem}*.parquet" if self.writer else "part-[0-9]*.parquet"
-        number = len(list(self.parts.glob(pattern)))
-        path = self.parts / f"{stem}{number:06d}.parquet"
-        write_atomic(path, pd.DataFrame(rows).to_parquet(index=False))
+        self._rows.add(pd.DataFrame(rows))
 
     def consolidate(self, order: Iterable[tuple]) -> pd.DataFrame:
         """``results.parquet`` in the canonical order ``order`` (keys); duplicates refused."""
@@ -180,8 +129,7 @@ def check_identity(found: dict[str, Any], wanted: dict[str, Any], run_dir: Path)
             f"row differs: models, dtype, seed, score_answer, target or data folder); {afresh}"
         )
     for what, label in (("schemes", "scheme definition(s)"), ("examples", "test prompt(s)")):
-        old, new = found.get(what, {}), wanted.get(what, {})
-        changed = sorted(k for k in old.keys() & new.keys() if old[k] != new[k])
+        changed = changed_entries(found.get(what, {}), wanted.get(what, {}))
         if changed:
             shown = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
             raise ResultsDirConflict(

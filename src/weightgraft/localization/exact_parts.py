@@ -1,4 +1,5 @@
-"""Exact single-cell maps on disk, per group of prompts: ``parts/exact_{direction}_{n}.parquet``.
+"""Exact single-cell maps on disk, per group of prompts: ``parts/exact_{direction}_{n}.parquet``
+(``weightgraft.resume.parts``).
 
 Parts are keyed by the prompts they hold, not by their place in the list: a rerun reads every
 part, computes only the chosen prompts no part holds (a killed run's lost group, or the new
@@ -15,30 +16,19 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from weightgraft import atomic
 from weightgraft.engine.attribution import Metric
 from weightgraft.localization.examples import LocalizeExample
 from weightgraft.localization.maps import exact_frame
+from weightgraft.resume.parts import Parts
 
 EXACT_GROUP = 8  # prompts per part file (the unit a killed run resumes from)
 COLUMNS = ["example_id", "template", "direction", "position", "slot", "unit", "exact"]
 
 
-def _read(path: Path) -> pd.DataFrame:
-    frame = pd.read_parquet(path)
+def _cells(frame: pd.DataFrame) -> pd.DataFrame:
     if "unit" not in frame:  # parts written before units: whole cells
         frame["unit"] = -1
     return frame[COLUMNS]
-
-
-def _free(parts: Path, direction: str) -> Callable[[], Path]:
-    """Part paths not in use yet, in order."""
-    def next_path() -> Path:
-        n = 0
-        while (parts / f"exact_{direction}_{n:04d}.parquet").exists():
-            n += 1
-        return parts / f"exact_{direction}_{n:04d}.parquet"
-    return next_path
 
 
 def exact_stage(models: Sequence[torch.nn.Module], chosen: Sequence[LocalizeExample], direction: str,
@@ -46,19 +36,18 @@ def exact_stage(models: Sequence[torch.nn.Module], chosen: Sequence[LocalizeExam
                 unit_cells: Callable[[LocalizeExample], list] | None = None) -> list[pd.DataFrame]:
     """The exact rows of the ``chosen`` prompts, computing only those no part holds yet
     (``unit_cells(example)``: the unit cells to map exactly besides every whole cell)."""
-    frames = [_read(p) for p in sorted(parts.glob(f"exact_{direction}_*.parquet"))]
+    store = Parts(parts, f"exact_{direction}_", digits=4)
+    frames = [_cells(f) for f in store.frames()]
     done = set().union(*(set(zip(f["template"], f["example_id"])) for f in frames)) if frames else set()
     todo = [e for e in chosen if (e.prompt.template, e.prompt.id) not in done]
     if todo and done:
         say(f"[{direction}] exact cells: {len(chosen) - len(todo)} of {len(chosen)} prompts already computed")
-    next_path = _free(parts, direction)
     t0 = time.time()
     for start in range(0, len(todo), EXACT_GROUP):
         group = todo[start : start + EXACT_GROUP]
         units = [unit_cells(e) for e in group] if unit_cells is not None else None
         frame, _ = exact_frame(models, group, direction, metric=metric, pad_id=pad_id, chunk=chunk, unit_cells=units)
-        with atomic.atomic_path(next_path()) as tmp:
-            frame.to_parquet(tmp, index=False)
+        store.add(frame)
         frames.append(frame[COLUMNS])
         say(f"[{direction}] exact cells: {min(start + EXACT_GROUP, len(todo))}/{len(todo)} prompts, {time.time() - t0:.0f}s")
     wanted = {(e.prompt.template, e.prompt.id) for e in chosen}

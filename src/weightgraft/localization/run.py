@@ -51,6 +51,7 @@ from weightgraft.localization.claims.evidence import claims_evidence
 from weightgraft.localization.claims.stage import map_claims, write_claims
 from weightgraft.localization.claims.steps import claims_along_steps, snapshot_steps
 from weightgraft.errors import ResultsDirConflict
+from weightgraft.resume.claim import changed_entries, extends
 from weightgraft.localization.config import CONTROL, LocalizeConfig, load_localize_config
 from weightgraft.localization.examples import LocalizeExample, build_examples, select_prompts
 from weightgraft.localization.directions import choose_directions, left_out
@@ -117,12 +118,12 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
                                      f"'{{span}}_last' (labels {LABEL_VERSION}); choose another 'out' or delete the folder")
         for role, what in (("sft", "SFT"), ("nulls", "null")):
             before, now = _spec_list(old.get("config", {}), role), _spec_list(config.model_dump(), role)
-            if now[: len(before)] != before:
+            if not extends(before, now):
                 raise ResultsDirConflict(f"{run_dir} holds maps of the {what} models {before}; a config may append "
                                          f"{what} models to that list, not change or drop them; choose another 'out' "
                                          "or 'name'")
         known = old.get("examples", {})
-        changed = sorted(k for k in known.keys() & digests.keys() if known[k] != digests[k])
+        changed = changed_entries(known, digests)
         if changed:
             raise ResultsDirConflict(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
                              f"({', '.join(changed[:3])}); choose another 'out' or delete the folder")

@@ -1,5 +1,5 @@
-"""Resumable stages of ``weightgraft paper``: each stage's output folder is named by a hash of
-its inputs and holds ``stage.json`` (with that key) once the stage has finished.
+"""Resumable stages (what ``weightgraft paper`` runs as): each stage's output folder is named by
+a hash of its inputs and holds ``stage.json`` (with that key) once the stage has finished.
 
 A stage whose folder carries ``stage.json`` with its key is reused as it is; a folder without
 one is a stage that was stopped (its own code resumes from what it left: the Trainer's
@@ -19,7 +19,7 @@ from typing import Any
 from weightgraft import atomic
 
 STAGE_FILE = "stage.json"
-STAGE_FORMAT = "weightgraft-paper-stage/1"
+STAGE_FORMAT = "weightgraft-paper-stage/1"  # part of every key: the folders of earlier runs keep theirs
 KEY_CHARS = 12
 
 
