@@ -161,11 +161,11 @@ def _budget(args) -> int:
 
 def _plans(spec: str, dtype: str, items_rows, served, lengths_attr, args, with_time: bool):
     from weightgraft.planning.rows import plan_attribution, plan_rows
-    from weightgraft.models.footprint import dtype_bytes
+    from weightgraft.planning.costs import dtype_bytes, lean_bytes, param_bytes
     from weightgraft.models.spec import parse_spec
 
     fp = parse_spec(spec).footprint()
-    donor_bytes = fp.held_bytes(served, dtype)
+    donor_bytes = lean_bytes(fp, served, dtype)
     sources = sum(t * len(fp.slot_names) * 8 for t, _ in items_rows)
     engine = plan_rows(spec, {f"{spec}@1": served}, items_rows, dtype, args.batch_size, device=args.device,
                        memory=args.memory, with_time=with_time, extra_bytes=sources)
@@ -173,7 +173,7 @@ def _plans(spec: str, dtype: str, items_rows, served, lengths_attr, args, with_t
     out = fp.meta.get_output_embeddings()
     tied = out is not None and out.weight is emb
     # the reference's private model copy (its tied embedding untied: one more matrix)
-    copy = fp.param_bytes(dtype) + (emb.numel() * dtype_bytes(dtype) if tied else 0)
+    copy = param_bytes(fp, dtype) + (emb.numel() * dtype_bytes(dtype) if tied else 0)
     # the paper's procedure makes a fresh copy per position while the last one is still held
     per_token_peak = engine.peak_bytes + copy * (2 if args.per_token == "copy" else 1)
     attribution = plan_attribution(spec, donor_bytes, lengths_attr, dtype, args.attr_batch, device=args.device,
@@ -194,6 +194,7 @@ def run_one(args) -> dict:
     from weightgraft.models.spec import parse_spec
     from weightgraft.models.lean import memory_report, needed_parameters
     from weightgraft.models.random_models import lean_random_donor
+    from weightgraft.planning.costs import param_bytes
 
     spec = _spec(args.one)
     fp = parse_spec(spec).footprint()
@@ -267,7 +268,7 @@ def run_one(args) -> dict:
           f"plain {out['plain_s'] / n_rows:.4f}", flush=True)
 
     if per_token_peak > budget and args.per_token == "copy":  # the reload variant needs one copy less
-        per_token_peak -= fp.param_bytes(dtype)
+        per_token_peak -= param_bytes(fp, dtype)
         args.per_token = "reload"
         out["skipped"].append("per-token copy per position (does not fit): the reload variant timed instead")
     out["per_token_variant"] = args.per_token

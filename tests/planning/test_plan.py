@@ -22,6 +22,7 @@ from weightgraft.experiments.config import parse_config
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.experiments.plan import plan_before_run, plan_experiment
 from weightgraft.localization.run import plan_input
+from weightgraft.planning.costs import delta_bytes, inference_bytes, lean_bytes, param_bytes
 from weightgraft.planning.errors import PlanError
 from weightgraft.planning.localize import plan_localize_work
 from weightgraft.planning.plan import HEADROOM
@@ -65,15 +66,15 @@ def test_parameter_bytes_are_exact(small_spec: str) -> None:
     model, _ = build_random_model(small_spec)
     measured = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    assert footprint.param_bytes("float32") == measured + buffers
-    assert footprint.param_bytes("bfloat16") == measured // 2 + buffers
+    assert param_bytes(footprint, "float32") == measured + buffers
+    assert param_bytes(footprint, "bfloat16") == measured // 2 + buffers
     # a lean donor holds exactly the tensors of the slots it serves
     base = load_model(small_spec)
     slots = {n for n in footprint.slot_names if n.startswith("layers.3.") or n == "unembed"}
     from weightgraft.models.lean import needed_parameters
 
     lean = lean_random_donor(small_spec + "@1", base, needed_parameters(base.model, slots))
-    assert footprint.held_bytes(slots, "float32") == memory_report(lean.model, base.model).bytes_held
+    assert lean_bytes(footprint, slots, "float32") == memory_report(lean.model, base.model).bytes_held
 
 
 def test_plan_matches_what_the_runner_holds(run_raw: dict) -> None:
@@ -106,7 +107,7 @@ def test_activation_estimate_is_within_a_factor_of_two(small_spec: str) -> None:
     with torch.no_grad():
         graft_forward(models, ids[:2], source[:2], logit_positions=last[:2])  # warm-up
         measured = peak_extra(lambda: graft_forward(models, ids, source, logit_positions=last))
-    predicted = sum(footprint.inference_bytes(rows, seq, 1, "float32").values())
+    predicted = sum(inference_bytes(footprint, rows, seq, 1, "float32").values())
     assert 0.5 <= predicted / measured <= 2.0, (predicted, measured)
 
 
@@ -167,8 +168,8 @@ def test_localize_plans_and_refuses_before_loading(run_raw: dict, tmp_path: Path
            "claims": {"min_prompts": 2, "null_draws": 3, "resamples": 99}}
     plan = _plan_localize(parse_localize_config(raw), with_time=False)
     pre = parse_spec(run_raw["models"]["pre"]).footprint()
-    assert plan.memory["parameters"] == 2 * pre.param_bytes("float32")
-    assert plan.memory["graft deltas"] == pre.delta_bytes("float32") > 0
+    assert plan.memory["parameters"] == 2 * param_bytes(pre, "float32")
+    assert plan.memory["graft deltas"] == delta_bytes(pre, "float32") > 0
     monkeypatch.setenv("WEIGHTGRAFT_MEMORY", "1MiB")
     monkeypatch.setattr("weightgraft.models.load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(PlanError, match="localize needs"):
@@ -245,10 +246,10 @@ def test_delta_bytes_are_what_a_partial_graft_holds(small_spec: str) -> None:
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     full = load_model(small_spec + "@1")
-    assert held(PartialGraft(base.model, full.model)) == footprint.delta_bytes("float32")
+    assert held(PartialGraft(base.model, full.model)) == delta_bytes(footprint, "float32")
     slots = {n for n in footprint.slot_names if n.startswith("layers.2.")}
     lean = lean_random_donor(small_spec + "@1", base, needed_parameters(base.model, slots))
-    assert held(PartialGraft(base.model, lean.model)) == footprint.delta_bytes("float32", slots)
+    assert held(PartialGraft(base.model, lean.model)) == delta_bytes(footprint, "float32", slots)
 
 
 def _peak_at_one(raw: dict, **changes) -> int:

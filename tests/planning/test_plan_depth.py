@@ -20,6 +20,7 @@ from weightgraft.localization.examples import select_prompts
 from weightgraft.localization.run import plan_input
 from weightgraft.models.spec import parse_spec
 from weightgraft.models.tokenization import load_tokenizer
+from weightgraft.planning.costs import attribution_bytes, inference_bytes
 from weightgraft.planning.localize import DEPTH_STATES, EXACT_BATCH, plan_localize_work
 
 SMALL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
@@ -53,8 +54,8 @@ def test_the_search_plans_two_reference_rows_a_prompt(raw: dict) -> None:
     pre = parse_spec(work.pre).footprint()
     seq = plan.prompts["max_tokens"]
     states = depth_state_bytes(pre.config, work.exact_references, seq, 64, 4)
-    exact = sum(pre.inference_bytes(64, seq, 1, "float32", kv=False).values())
-    attribution = sum(pre.attribution_bytes(min(plan.batch_size, len(prompts)), seq, "float32").values())
+    exact = sum(inference_bytes(pre, 64, seq, 1, "float32", kv=False).values())
+    attribution = sum(attribution_bytes(pre, min(plan.batch_size, len(prompts)), seq, "float32").values())
     assert plan.memory[EXACT_BATCH] == max(exact, attribution)
     assert plan.memory[DEPTH_STATES] == max(plan.memory[EXACT_BATCH], exact + states) - plan.memory[EXACT_BATCH] > 0
     assert any("depth sharing holds" in note for note in plan.notes)
@@ -77,7 +78,7 @@ def test_no_exact_effect_no_exact_terms(raw: dict) -> None:
     assert plan_input(config).exact_references == 0 and DEPTH_STATES not in plan.memory
     pre = parse_spec(plan_input(config).pre).footprint()
     rows = min(plan.batch_size, plan.prompts["n"])
-    assert plan.memory[EXACT_BATCH] == sum(pre.attribution_bytes(rows, plan.prompts["max_tokens"], "float32").values())
+    assert plan.memory[EXACT_BATCH] == sum(attribution_bytes(pre, rows, plan.prompts["max_tokens"], "float32").values())
 
 
 def test_the_plan_prints_the_states_as_their_own_line(raw: dict, tmp_path: Path) -> None:

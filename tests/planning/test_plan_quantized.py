@@ -32,6 +32,7 @@ from weightgraft.experiments.plan import plan_experiment
 from weightgraft.models.spec import parse_spec
 from weightgraft.models.quantization.schemes import QuantizationError
 from weightgraft.planning.cards import CARDS
+from weightgraft.planning.costs import param_bytes, quantized_parts
 from weightgraft.planning.sizes import gib
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
@@ -135,10 +136,10 @@ def test_the_formula_is_what_a_loaded_quantized_model_holds(tiny_dirs: dict[str,
     footprint = parse_spec(spec).footprint()
     assert sorted(footprint.quantized_shapes) == sorted(quantized_modules(model))
     assert footprint.quantized_shapes
-    measured, formula = held_bytes(model), footprint.param_bytes("float32")
+    measured, formula = held_bytes(model), param_bytes(footprint, "float32")
     print(f"{arch} {scheme}: formula {formula} B, loaded {measured} B")
     assert formula == pytest.approx(measured, rel=0.01)
-    assert formula < footprint.param_bytes("float32", quantized=False)
+    assert formula < param_bytes(footprint, "float32", quantized=False)
 
 
 # One fresh process plans each config, then runs it while a thread samples its anonymous memory
@@ -208,7 +209,7 @@ def test_the_plan_is_within_15_percent_of_a_quantized_runs_peak(tmp_path: Path, 
               f"above the process: plan {extra_plan / 2**20:.1f} MiB, measured {extra_measured / 2**20:.1f} MiB")
         assert r["plan"] == pytest.approx(r["measured"], rel=0.15)
         if name == "demo":  # the model's own share too, not only the process it sits in
-            assert r["memory"]["parameters"] == demo.param_bytes("bfloat16") + _adapter_numel(adapter) * 2
+            assert r["memory"]["parameters"] == param_bytes(demo, "bfloat16") + _adapter_numel(adapter) * 2
             assert extra_plan == pytest.approx(extra_measured, rel=0.15)
 
 
@@ -244,9 +245,9 @@ def test_a_70b_qlora_pair_fits_one_h200_and_one_h100_and_a_dense_pair_needs_seve
     raw = {"data": str(write_world(tmp_path / "data")), "models": {"pre": pre, "sft": f"peft(pre, {adapter})"},
            "schemes": [{"preset": "position"}], "dtype": "bfloat16", "device": "cuda"}
     assert footprint.n_params == hand["n_params"] == 70_553_706_496  # Llama-3.1-70B's public count
-    assert footprint.quantized_parts("bfloat16")[0] == hand["linear"]
-    assert footprint.param_bytes("bfloat16") == hand["nf4"]  # 39.78 GiB
-    assert footprint.param_bytes("bfloat16", quantized=False) == hand["dense"]  # 131.42 GiB
+    assert quantized_parts(footprint, "bfloat16")[0] == hand["linear"]
+    assert param_bytes(footprint, "bfloat16") == hand["nf4"]  # 39.78 GiB
+    assert param_bytes(footprint, "bfloat16", quantized=False) == hand["dense"]  # 131.42 GiB
 
     h200, h100 = CARDS["h200-141gb"], CARDS["h100-80gb"]
     for card in (h200, h100):

@@ -1,25 +1,21 @@
-"""What a model will cost, from its config alone: parameter bytes (whole, or only the tensors
-a lean donor holds), activation / KV bytes of a batch, and FLOPs per token.
+"""What a model is, from its config alone: its module tree and shapes on the ``meta`` device,
+which of its weights a quantized role stores quantized, and which tensors each slot holds.
 
 Why: ``weightgraft plan`` and the refusal in ``run`` / ``localize`` must answer "will it fit"
 before any weight is read. The architecture is built on the ``meta`` device (shapes, no
 storage, milliseconds even for 8B parameters), so parameter counts, tied tensors and the
-slot -> tensor map come from the very modules the engine will graft, not from a formula.
+slot -> tensor map come from the very modules the engine will graft, not from a formula. Each
+spec kind builds its own footprint (``models.spec``); what a footprint costs in bytes and FLOPs
+is planning's arithmetic (``weightgraft.planning.costs``).
 
 A ``quantized(SPEC, SCHEME)`` role has SPEC's shapes; the modules transformers would quantize
-are found on the meta model by transformers' own rules, and their weights counted at the
-scheme's bytes (:func:`quantized_weight_bytes`, equal to the byte to loaded models in
-tests/planning/test_plan_quantized.py).
-
-The activation estimates are upper-bound style sums of the tensors one layer holds at once
-(inference) or that autograd keeps for the backward pass (attribution); they are checked
-against measured memory in tests/planning/test_plan.py (within a factor stated there).
+are found on the meta model by transformers' own rules (:attr:`ModelFootprint.quantized_shapes`).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -27,56 +23,8 @@ from typing import Any
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 from weightgraft.models.quantization.schemes import quantizes_nothing
 
-__all__ = ["SCHEME_LAYOUT", "ModelFootprint", "Quantization", "dtype_bytes", "embedded_footprint", "location_footprint",
-           "quantization_of", "quantized_footprint", "quantized_weight_bytes", "random_footprint"]
-
-_DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
-BNB_BLOCK, BNB_NESTED_BLOCK = 64, 256  # bitsandbytes 4-bit blocksize (transformers' default), its nested one
-# How each scheme stores a weight, in words (the plan's arithmetic says it)
-SCHEME_LAYOUT = {"nf4": "4-bit + a float32 scale per 64", "fp4": "4-bit + a float32 scale per 64",
-                 "int8": "int8 + a float32 scale per row", "torchao-int8": "int8 + a float32 scale and int8 zero per row"}
-
-
-def dtype_bytes(dtype: Any) -> int:
-    """Bytes per element of ``dtype`` (a torch dtype or its name)."""
-    name = str(dtype).removeprefix("torch.")
-    if name not in _DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPE_BYTES)}")
-    return _DTYPE_BYTES[name]
-
-
-def quantized_weight_bytes(scheme: str, out_features: int, in_features: int, double_quant: bool = False) -> int:
-    """Bytes one linear weight of ``out_features`` x ``in_features`` (n = out x in weights) takes
-    stored by ``scheme``, as transformers' quantizers leave it in memory:
-
-    - ``nf4`` / ``fp4`` (bitsandbytes ``Linear4bit``): ceil(n / 2) bytes of packed 4-bit codes, one
-      float32 absmax per block of 64 weights (4 ceil(n / 64)) and the 4-bit type's 16-entry
-      float32 table (64 bytes): 0.5625 bytes a weight. With double quantization
-      (``bnb_4bit_use_double_quant``, off in ``quantization.load.quantization_config``) the
-      absmax is one uint8 per block plus, per 256 blocks, one float32, with a 256-entry float32
-      table and a float32 offset: about 0.5159 bytes a weight.
-    - ``int8`` (bitsandbytes ``Linear8bitLt``): n int8 bytes + one float32 scale per output row (``SCB``).
-    - ``torchao-int8`` (torchao ``Int8Tensor``, weight-only): n int8 bytes + per output row a float32
-      scale and an int8 zero point (5 bytes), whatever the compute dtype.
-
-    Biases, norms, embeddings and the modules transformers keeps unquantized stay in the compute
-    dtype (:meth:`ModelFootprint.param_bytes`). On a CPU with AVX512-BF16, bitsandbytes repacks a
-    4-bit weight at its first eval forward with a bfloat16 absmax (0.53125 bytes a weight): this
-    is then an upper bound."""
-    n = out_features * in_features
-    if scheme in ("nf4", "fp4"):
-        blocks = -(-n // BNB_BLOCK)
-        if double_quant:
-            scales = blocks + 4 * -(-blocks // BNB_NESTED_BLOCK) + 4 * BNB_NESTED_BLOCK + 4
-        else:
-            scales = 4 * blocks
-        return -(-n // 2) + scales + 4 * 16
-    if scheme == "int8":
-        return n + 4 * out_features
-    if scheme == "torchao-int8":
-        return n + 5 * out_features
-    raise ValueError(f"no byte formula for quantization {scheme!r}")
-
+__all__ = ["ModelFootprint", "Quantization", "embedded_footprint", "location_footprint",
+           "quantization_of", "quantized_footprint", "random_footprint"]
 
 @dataclass(frozen=True)
 class Quantization:
@@ -142,7 +90,6 @@ class ModelFootprint:
     where: str
     tokenizer_dir: str | None = None
     quantization: Quantization | None = None  # a ``quantized(SPEC, SCHEME)`` role's
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @cached_property
     def meta(self) -> Any:
@@ -186,35 +133,6 @@ class ModelFootprint:
         return out
 
     @cached_property
-    def _quantized_weights(self) -> dict[int, int]:
-        """id of a quantized weight on the meta model -> its bytes (:func:`quantized_weight_bytes`)."""
-        q = self.quantization
-        if q is None:
-            return {}
-        return {id(self.meta.get_submodule(path).weight): quantized_weight_bytes(q.scheme, o, i, q.double_quant)
-                for path, (o, i) in self.quantized_shapes.items()}
-
-    def _tensor_bytes(self, p: Any, size: int) -> int:
-        return self._quantized_weights.get(id(p), p.numel() * size)
-
-    def param_bytes(self, dtype: Any, quantized: bool = True) -> int:
-        """Bytes of the whole model's parameters and buffers in ``dtype``; a quantized role's
-        quantized weights at their scheme's bytes (``quantized=False``: as read, dense)."""
-        size = dtype_bytes(dtype)
-        buffers = sum(b.numel() * b.element_size() for b in self.meta.buffers())
-        if not quantized or self.quantization is None:
-            return self.n_params * size + buffers
-        return sum(self._tensor_bytes(p, size) for p in self.meta.parameters()) + buffers
-
-    def quantized_parts(self, dtype: Any) -> tuple[int, int, int, int]:
-        """(quantized weights, their bytes, other parameters, their bytes and the buffers'):
-        the two terms of :meth:`param_bytes` of a quantized role."""
-        shapes = self.quantized_shapes
-        n_q = sum(o * i for o, i in shapes.values())
-        q_bytes = sum(self._quantized_weights.values())
-        return n_q, q_bytes, self.n_params - n_q, self.param_bytes(dtype) - q_bytes
-
-    @cached_property
     def slot_parameters(self) -> dict[str, list[str]]:
         """Slot name -> parameter names its modules hold (as lean donors count them)."""
         from weightgraft.models.lean import slot_parameters
@@ -224,43 +142,6 @@ class ModelFootprint:
     @cached_property
     def slot_names(self) -> list[str]:
         return list(self.slot_parameters)
-
-    def held_bytes(self, slots: set[str] | None, dtype: Any) -> int:
-        """Bytes a donor holds when it serves ``slots`` (None: the whole model). A lean donor
-        holds each needed tensor once (tied names share one), an upper bound: tensors equal to
-        the base's are shared at load time."""
-        if slots is None:
-            return self.param_bytes(dtype)
-        from weightgraft.models.lean import needed_parameters
-
-        names = needed_parameters(self.meta, slots)
-        params = dict(self.meta.named_parameters(remove_duplicate=False))
-        size = dtype_bytes(dtype)
-        unique = {id(params[n]): self._tensor_bytes(params[n], size) for n in names}
-        return sum(unique.values())
-
-    def delta_bytes(self, dtype: Any, donor_slots: set[str] | None = None) -> int:
-        """Bytes of a ``PartialGraft``'s deltas (localize's attribution): per grafted module, the
-        weight difference of a projection (in at least float32), or two float32 copies of any
-        other module (norms, embeddings: ``f(x; Δθ) - f(x; 0)``). With ``donor_slots`` (a lean
-        donor), a projection the donor shares with the base costs nothing."""
-        from weightgraft.engine import projections
-        from weightgraft.engine.architectures import model_slots
-
-        size = max(dtype_bytes(dtype), 4)
-        owners: dict[str, set[str]] = {}
-        for slot in model_slots(self.meta):
-            for part in slot.parts:
-                owners.setdefault(part.path, set()).add(slot.name)
-        total = 0
-        for path, slots in owners.items():
-            module = self.meta.get_submodule(path)
-            n = sum(p.numel() for p in module.parameters())
-            if not projections.is_projection(module):
-                total += 2 * n * size
-            elif donor_slots is None or slots & donor_slots:
-                total += n * size
-        return total
 
     # ---- shapes ----------------------------------------------------------------------------
 
@@ -314,46 +195,6 @@ class ModelFootprint:
                 continue
             total += module.weight.numel()
         return total
-
-    def forward_flops(self, tokens: int, seq: int, logit_positions: int) -> float:
-        """FLOPs of a forward pass over ``tokens`` token rows of sequences ``seq`` long, with
-        logits at ``logit_positions`` positions in all."""
-        attention = 4 * self.layers * seq * self.heads * self.head_dim  # QK^T and AV per token
-        return float(tokens) * (2 * self.matmul_params + attention) + 2.0 * logit_positions * self.vocab * self.hidden
-
-    def inference_bytes(self, rows: int, seq: int, logits_per_row: int, dtype: Any, kv: bool = True) -> dict[str, int]:
-        """Activation and KV bytes of one grafted forward batch (rows x seq tokens).
-
-        Per token, one layer holds at once: about 6 hidden-size vectors (residual, norm output,
-        attention output, the engine's donor rows and their scatter), q/k/v (k/v repeated to
-        every head: 2 more), 4 intermediate-size vectors (gate, up, activation, product, and the
-        engine's copy), and the attention scores of its heads (2 copies, softmax). The KV cache
-        of prefix sharing holds every layer's keys and values; logits are kept in float32."""
-        b = dtype_bytes(dtype)
-        tokens = rows * seq
-        per_token = 6 * self.hidden + (3 * self.heads + 2 * self.kv_heads) * self.head_dim + 4 * self.intermediate
-        activations = b * tokens * per_token + b * 2 * rows * self.heads * seq * seq
-        kv_cache = (2 * self.layers * tokens * self.kv_heads * self.head_dim * b) if kv else 0
-        logits = rows * logits_per_row * self.vocab * (b + 4 + 4)  # model dtype, float32, softmax
-        return {"activations": activations, "kv_cache": kv_cache, "logits": logits}
-
-    def attribution_bytes(self, rows: int, seq: int, dtype: Any) -> dict[str, int]:
-        """Bytes autograd keeps for the backward pass of graft attribution (forward + backward
-        w.r.t. every cell's share ``a``), plus ``a`` and its gradient.
-
-        Per token and layer it keeps about 10 hidden-size vectors (inputs of norms and
-        projections, residuals), q/k/v before and after rotary, 5 intermediate-size vectors and
-        the attention probabilities; the deltas run in at least float32."""
-        b = max(dtype_bytes(dtype), 4)
-        tokens = rows * seq
-        per_token_layer = (10 * self.hidden + 2 * (self.heads + 2 * self.kv_heads) * self.head_dim
-                           + 5 * self.intermediate)
-        saved = self.layers * (b * tokens * per_token_layer + b * 2 * rows * self.heads * seq * seq)
-        n_slots = len(self.slot_names)
-        alpha = 3 * tokens * n_slots * b  # a, its gradient, the accumulated total
-        logits = rows * self.vocab * b * 3
-        return {"activations": saved, "alpha": alpha, "logits": logits}
-
 
 def _check_converts(footprint: ModelFootprint) -> None:
     """A torchao role on a model of no ``nn.Linear`` to convert (GPT-2's projections are

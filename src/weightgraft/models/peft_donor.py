@@ -36,14 +36,12 @@ from weightgraft.engine import lora
 from weightgraft.models.loaded import LoadedModel
 from weightgraft.models.errors import PeftError
 from weightgraft.engine.architectures import model_slots
-from weightgraft.models.footprint import dtype_bytes
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import _structural_copy, memory_report
 
 __all__ = [
     "AdapterInfo",
     "PeftError",
-    "adapter_bytes",
     "adapter_info",
     "build_peft",
     "check_adapter_dir",
@@ -152,22 +150,6 @@ def check_adapter_dir(directory: str | Path) -> dict[str, Any]:
             " (adapter_model.bin is a pickle, refused as for models: save the adapter again with "
             "safe_serialization=True)" if pickle else ""))
     return cfg
-
-
-def adapter_bytes(directory: str | Path, dtype: Any) -> int:
-    """Bytes the adapter's own tensors take in ``dtype`` (what a LoRA donor holds), read from
-    the safetensors header without loading a tensor (for memory plans)."""
-    from safetensors import safe_open
-
-    with safe_open(str(Path(directory).expanduser() / "adapter_model.safetensors"), framework="pt") as fh:
-        numel = 0
-        for key in fh.keys():
-            if lora.canonical_name(key) is None:
-                n = 1
-                for d in fh.get_slice(key).get_shape():
-                    n *= d
-                numel += n
-    return numel * dtype_bytes(dtype)
 
 
 def _first_line(exc: BaseException) -> str:

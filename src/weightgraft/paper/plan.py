@@ -37,6 +37,7 @@ from weightgraft.localization.claims.evidence import claims_notes
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.plan_input import plan_input
 from weightgraft.planning.calibration import module_calls
+from weightgraft.planning.costs import forward_flops, param_bytes
 from weightgraft.models.spec import parse_spec
 from weightgraft.planning.lengths import tokenizer_for
 from weightgraft.planning.localize import plan_localize_work
@@ -90,7 +91,7 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
     lengths = sorted(min(len(tok(t)["input_ids"]), preset.max_length) for t in texts)
     steps = _steps(settings, finetune, data_dir, len(texts))
     per_epoch = max(1, math.ceil(len(texts) / preset.batch_size))
-    memory = ADAM_COPIES * fp.param_bytes("float32")
+    memory = ADAM_COPIES * param_bytes(fp, "float32")
     rate, rate_note = rate_for("cuda" if gpu is not None else settings.device, "float32", gpu)
     counts = f"{len(texts)} texts, {steps} steps of {preset.batch_size}"
     notes = (f"lengths by {how}", "a finetune's time is 3 forwards a step at the measured forward rate (SmolLM2-135M "
@@ -101,7 +102,7 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
     for i in range(per_epoch):  # length-grouped batches of one epoch, then scaled to the steps
         chunk = lengths[i * preset.batch_size:(i + 1) * preset.batch_size] or lengths[-1:]
         seq = max(chunk)
-        flops = fp.forward_flops(len(chunk) * seq, seq, len(chunk) * seq)
+        flops = forward_flops(fp, len(chunk) * seq, seq, len(chunk) * seq)
         seconds += rate.batch_seconds(TRAIN_FLOPS_PER_FORWARD * flops, 3 * module_calls(fp))
     return seconds * steps / per_epoch, memory, counts, notes
 

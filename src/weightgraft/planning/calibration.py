@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from weightgraft import atomic
+from weightgraft.planning.costs import forward_flops
 
 __all__ = ["CALIBRATION_CONFIG", "Throughput", "calibration_key", "others_load", "throughput"]
 
@@ -184,8 +185,8 @@ def _measure(device: str, dtype: str, key: str) -> Throughput:
         graft_forward(models, small[0], small[1], logit_positions=small[2])  # warm-up
         t_small = _median_time(lambda: graft_forward(models, small[0], small[1], logit_positions=small[2]), device)
         t_large = _median_time(lambda: graft_forward(models, large[0], large[1], logit_positions=large[2]), device)
-    f_small = footprint.forward_flops(4 * seq, seq, 4)
-    f_large = footprint.forward_flops(32 * seq, seq, 32)
+    f_small = forward_flops(footprint, 4 * seq, seq, 4)
+    f_large = forward_flops(footprint, 32 * seq, seq, 32)
     rate = (f_large - f_small) / max(t_large - t_small, 1e-9)
     if rate <= 0 or t_large <= t_small:
         rate = f_large / t_large
@@ -198,5 +199,5 @@ def _measure(device: str, dtype: str, key: str) -> Throughput:
     targets = torch.zeros(rows, dtype=torch.long)
     graft_attribution(pair, ids, pos, targets=targets)  # warm-up
     t_attr = _median_time(lambda: graft_attribution(pair, ids, pos, targets=targets), device)
-    forward = rate_model.batch_seconds(footprint.forward_flops(rows * seq, seq, rows), calls)
+    forward = rate_model.batch_seconds(forward_flops(footprint, rows * seq, seq, rows), calls)
     return Throughput(key, rate, per_call, t_attr / forward, time.strftime("%Y-%m-%dT%H:%M:%S"))

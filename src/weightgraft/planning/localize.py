@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from dataclasses import dataclass, field, replace
 
 from weightgraft.engine.architectures import Units, model_slots
 from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
-from weightgraft.models.footprint import ModelFootprint, dtype_bytes
+from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import parse_spec
 from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.budget import budget
 from weightgraft.planning.cards import Card
+from weightgraft.planning.costs import adapter_bytes, attribution_bytes, delta_bytes, dtype_bytes, inference_bytes, param_bytes
 from weightgraft.planning.lengths import length_summary, tokenizer_for
 from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, smaller_batch
 from weightgraft.planning.run import DEQUANTIZED, dequantized_bytes, quantized_notes
@@ -117,13 +119,13 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
     several = len(work.sfts) > 1
     sizes: list[Callable[[str], int]] = []
     roles = [RolePlan(model_set="default", role="pre", spec=work.pre, config=pre.where, n_params=pre.n_params,
-                      held_bytes=pre.param_bytes(work.dtype), holds=_whole(pre),
-                      read_bytes=pre.param_bytes(work.dtype, quantized=False))]
+                      held_bytes=param_bytes(pre, work.dtype), holds=_whole(pre),
+                      read_bytes=param_bytes(pre, work.dtype, quantized=False))]
     quantized = [("pre", work.pre, pre)]
     for sft in work.sfts:
         fp = pre if sft.adapter is not None else parse_spec(sft.spec).footprint()
         check_graftable("pre", pre, sft.label, fp)
-        size = _adapter_size(sft.adapter) if sft.adapter is not None else fp.param_bytes
+        size = partial(adapter_bytes, sft.adapter) if sft.adapter is not None else partial(param_bytes, fp)
         holds = "LoRA adapter" if sft.adapter is not None else _whole(fp)
         sizes.append(size)
         if sft.adapter is None:
@@ -131,7 +133,7 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
         roles.append(RolePlan(model_set="default", role=sft.label, spec=sft.spec, config=fp.where, n_params=fp.n_params,
                               held_bytes=size(work.dtype),
                               holds=holds + (", one SFT model at a time" if several else ""),
-                              read_bytes=None if sft.adapter is not None else fp.param_bytes(work.dtype, quantized=False)))
+                              read_bytes=None if sft.adapter is not None else param_bytes(fp, work.dtype, quantized=False)))
     tok, how = tokenizer_for(pre, work.tokenizer)
     count = lambda text: len(tok(text, return_offsets_mapping=True, add_special_tokens=True)["input_ids"])  # noqa: E731
     lengths = [count(p) for p in work.prompts]
@@ -202,12 +204,6 @@ def _whole(fp: ModelFootprint) -> str:
     return "whole" + (f", {fp.quantization.scheme}" if fp.quantization is not None else "")
 
 
-def _adapter_size(directory: str) -> Callable[[str], int]:
-    from weightgraft.models.peft_donor import adapter_bytes
-
-    return lambda dtype: adapter_bytes(directory, dtype)
-
-
 def _unit_share_bytes(work: LocalizeWork, rows: int, seq: int, width: int) -> int:
     """Every unit's share, gradient, running total and result over one attribution batch."""
     size = 8 if work.dtype == "float64" else 4  # unit shares run in at least float32
@@ -241,17 +237,17 @@ def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str],
             exact_lengths: list[int], width: int, held_now: int, b: int) -> dict[str, int]:
     seq = max(lengths)
     rows = min(b, len(lengths))
-    attr = sum(pre.attribution_bytes(rows, seq, work.dtype).values()) + _unit_share_bytes(work, rows, seq, width)
+    attr = sum(attribution_bytes(pre, rows, seq, work.dtype).values()) + _unit_share_bytes(work, rows, seq, width)
     states = _depth_states(work, pre, lengths)
     exact = 0
     if work.exact_references:  # with depth sharing a pass's keys and values are among the shared states
-        exact = sum(pre.inference_bytes(work.exact_chunk, seq, 1, work.dtype, kv=not states).values())
+        exact = sum(inference_bytes(pre, work.exact_chunk, seq, 1, work.dtype, kv=not states).values())
     cells = work.directions * len(pre.slot_names) * (sum(lengths) + sum(exact_lengths))
     maps = _graft_map_bytes(work, pre, seq, exact_lengths, width)
     batch = max(attr, exact)
     out = {"process before loading": held_now,
-           "parameters": pre.param_bytes(work.dtype) + max(size(work.dtype) for size in sizes),
-           "graft deltas": pre.delta_bytes(work.dtype),
+           "parameters": param_bytes(pre, work.dtype) + max(size(work.dtype) for size in sizes),
+           "graft deltas": delta_bytes(pre, work.dtype),
            EXACT_BATCH: batch}
     # held beside an exact pass only: each line is what it adds beyond the larger batch
     if states:

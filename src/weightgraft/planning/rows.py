@@ -7,6 +7,7 @@ import math
 
 from weightgraft.models.spec import parse_spec
 from weightgraft.planning.budget import budget
+from weightgraft.planning.costs import attribution_bytes, delta_bytes, param_bytes
 from weightgraft.planning.plan import Plan, RolePlan
 from weightgraft.planning.run import RoleShape, SetShape, held, quantized_notes, run_memory
 from weightgraft.planning.timing import attribution_seconds, forward_seconds, rate_for
@@ -47,17 +48,17 @@ def plan_attribution(pre: str, donor_bytes: int | None, lengths: list[int], dtyp
     partial graft's deltas, one batch's forward + backward."""
     fp = parse_spec(pre).footprint()
     where = budget(device, memory)
-    attr = fp.attribution_bytes(min(batch_size, len(lengths)), max(lengths), dtype)
+    attr = attribution_bytes(fp, min(batch_size, len(lengths)), max(lengths), dtype)
     mem = {"process before loading": where.held,
-           "parameters": fp.param_bytes(dtype) + (fp.param_bytes(dtype) if donor_bytes is None else donor_bytes),
-           "graft deltas": fp.delta_bytes(dtype, donor_slots), "attribution batch": sum(attr.values())}
+           "parameters": param_bytes(fp, dtype) + (param_bytes(fp, dtype) if donor_bytes is None else donor_bytes),
+           "graft deltas": delta_bytes(fp, dtype, donor_slots), "attribution batch": sum(attr.values())}
     seconds, parts = None, {}
     rate, _ = rate_for(device, dtype, None) if with_time else (None, None)
     if rate is not None:
         parts = {"attribution": attribution_seconds(fp, lengths, batch_size, rate)}
         seconds = parts["attribution"]
     roles = [RolePlan(model_set="rows", role="pre", spec=pre, config=fp.where, n_params=fp.n_params,
-                      held_bytes=fp.param_bytes(dtype), holds="whole")]
+                      held_bytes=param_bytes(fp, dtype), holds="whole")]
     return Plan(kind="localize", device=device, dtype=dtype, roles=roles, prompts={}, rows=len(lengths),
                 batch_size=batch_size, batch_size_fixed=True, batches=math.ceil(len(lengths) / batch_size), memory=mem,
                 budget_bytes=where.limit, budget_source=where.source, predicted_seconds=seconds, time_parts=parts)

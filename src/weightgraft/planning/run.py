@@ -8,8 +8,9 @@ import math
 
 from dataclasses import dataclass, field
 
-from weightgraft.models.footprint import SCHEME_LAYOUT, ModelFootprint, dtype_bytes
+from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import ModelSpec, parse_spec
+from weightgraft.planning.costs import SCHEME_LAYOUT, dtype_bytes, holding_bytes, inference_bytes, param_bytes, quantized_parts
 from weightgraft.planning.plan import RolePlan, choose_batch
 from weightgraft.planning.sizes import gib
 
@@ -71,10 +72,10 @@ def held(shape: SetShape, dtype: str, lean: bool) -> list[RolePlan]:
     for i, r in enumerate(shape.roles):
         fp = r.footprint
         read = None
-        size, holds = r.spec.holds(fp, dtype, None if i == 0 else r.served, lean)
+        size, holds = holding_bytes(fp, r.spec.holding(None if i == 0 else r.served, lean), dtype)
         if r.spec.scheme is not None and fp.quantization is not None:
             holds += f", {fp.quantization.scheme}"
-            read = fp.param_bytes(dtype, quantized=False)  # read dense, quantized as it loads
+            read = param_bytes(fp, dtype, quantized=False)  # read dense, quantized as it loads
         out.append(RolePlan(model_set=shape.name, role=r.role, spec=r.spec.text, config=fp.where, n_params=fp.n_params,
                             held_bytes=size, holds=holds, read_bytes=read))
     return out
@@ -87,11 +88,11 @@ def quantized_notes(roles: list[tuple[str, str, ModelFootprint]], dtype: str) ->
         q = fp.quantization
         if q is None:
             continue
-        n_q, q_bytes, n_rest, rest = fp.quantized_parts(dtype)
+        n_q, q_bytes, n_rest, rest = quantized_parts(fp, dtype)
         layout = SCHEME_LAYOUT[q.scheme] + (" (double-quantized scales)" if q.double_quant else "")
         out.append(f"{role} {spec}: {n_q / 1e9:.2f}B weights in {layout} = {gib(q_bytes)}, + {n_rest / 1e9:.2f}B "
                    f"other parameters (embeddings, unquantized modules, norms) in {dtype} = {gib(rest)}: "
-                   f"{gib(q_bytes + rest)} held; read dense ({gib(fp.param_bytes(dtype, quantized=False))} "
+                   f"{gib(q_bytes + rest)} held; read dense ({gib(param_bytes(fp, dtype, quantized=False))} "
                    "in the run's dtype) and quantized as it loads")
     return out
 
@@ -100,7 +101,7 @@ def run_memory(shape: SetShape, dtype: str, lean: bool, batch: int, held_now: in
     """The parts of one model set's peak at ``batch`` rows."""
     seq = max(t for t, _ in shape.rows)
     logits = max(n for _, n in shape.rows)
-    act = shape.base.inference_bytes(min(batch, len(shape.rows)), seq, logits, dtype)
+    act = inference_bytes(shape.base, min(batch, len(shape.rows)), seq, logits, dtype)
     parts = {"process before loading": held_now,
              "parameters": sum(r.held_bytes for r in held(shape, dtype, lean)),
              "source maps": shape.source_bytes, **act}

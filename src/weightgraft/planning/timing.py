@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from weightgraft.engine.cells import OUTPUT_ONLY
 from weightgraft.planning.calibration import Throughput, module_calls
+from weightgraft.planning.costs import forward_flops
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.planning.cards import (
     ATTRIBUTION_RATIO,
@@ -91,7 +92,7 @@ def forward_seconds(base: ModelFootprint, rows: Sequence[tuple[int, int]], batch
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]
         seq = max(t for t, _ in chunk)
-        total += rate.batch_seconds(base.forward_flops(len(chunk) * seq, seq, sum(n for _, n in chunk)), calls)
+        total += rate.batch_seconds(forward_flops(base, len(chunk) * seq, seq, sum(n for _, n in chunk)), calls)
     return total
 
 
@@ -103,7 +104,7 @@ def attribution_seconds(pre: ModelFootprint, lengths: Sequence[int], batch: int,
     total = 0.0
     for i in range(0, len(order), batch):
         chunk = order[i : i + batch]
-        flops = pre.forward_flops(len(chunk) * max(chunk), max(chunk), len(chunk))
+        flops = forward_flops(pre, len(chunk) * max(chunk), max(chunk), len(chunk))
         total += rate.attribution_ratio * rate.batch_seconds(flops, calls)
     return total
 
@@ -116,5 +117,5 @@ def exact_cell_seconds(pre: ModelFootprint, lengths: Sequence[int], chunk: int, 
     per_position = len(pre.slot_names) - out_only
     tokens = sum(sum((t - p) * per_position for p in range(t)) + out_only for t in lengths)
     cells = sum(t * per_position + out_only for t in lengths)
-    flops = pre.forward_flops(tokens, max(lengths), cells)
+    flops = forward_flops(pre, tokens, max(lengths), cells)
     return rate.batch_seconds(flops, module_calls(pre) * math.ceil(cells / chunk))

@@ -15,7 +15,7 @@ from weightgraft.models.errors import (
     PeftSpecError,
     RandomSpecError,
 )
-from weightgraft.models.spec.base import ModelSpec, RoleSource
+from weightgraft.models.spec.base import Holding, ModelSpec, RoleSource
 from weightgraft.models.spec.built import LowRankSpec, PeftSpec, ScaledSpec, Vectors, scale_text
 from weightgraft.models.spec.checkpoint import CheckpointSpec, saved_steps, snapshot_dir
 from weightgraft.models.spec.named import DemoSpec, EmbeddedSpec, FolderSpec, HubSpec, RandomSpec, looks_like_path, resolve_demo_spec
@@ -33,7 +33,7 @@ from weightgraft.models.spec.quantized import QuantizedSpec, QuantizedSpecError
 from weightgraft.models.spec.roles import check_models, check_roles, parse_roles, random_roles, refuse_random
 
 __all__ = [
-    "CheckpointSpec", "DemoSpec", "EmbeddedSpec", "FolderSpec", "HubSpec", "LowRankError", "LowRankSpec",
+    "CheckpointSpec", "DemoSpec", "EmbeddedSpec", "FolderSpec", "Holding", "HubSpec", "LowRankError", "LowRankSpec",
     "LowRankSpecError", "ModelSpec", "ModelSpecError", "PeftError", "PeftSpec", "PeftSpecError", "QuantizedSpec",
     "QuantizedSpecError", "RandomSpec", "RandomSpecError", "RoleSource", "ScaledSpec", "SpecText", "Vectors",
     "check_models", "check_roles", "embedded_name", "looks_like_path", "parse_lowrank", "parse_peft", "parse_roles",

@@ -9,6 +9,7 @@ new kind is one subclass that overrides what differs (:mod:`weightgraft.models.s
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -23,6 +24,17 @@ def fill_text(spec: Any, canonical: str) -> None:
     """Fill ``.text`` of a spec built in code (not parsed): its canonical spelling."""
     if not spec.text:
         object.__setattr__(spec, "text", canonical)
+
+
+@dataclass(frozen=True)
+class Holding:
+    """How a role holds its model in a run, as its spec says: the whole model, a lean donor's
+    ``slots``, or a LoRA ``adapter`` on its base's tensors; ``how`` in words. What it costs is
+    planning's arithmetic (``weightgraft.planning.costs.holding_bytes``)."""
+
+    how: str = "whole"
+    slots: frozenset[str] | None = None
+    adapter: Path | None = None
 
 
 class RoleSource(Protocol):
@@ -140,10 +152,10 @@ class ModelSpec:
         """A line saying what a short name stood for once loaded, None where it says itself."""
         return None
 
-    def holds(self, footprint: ModelFootprint, dtype: str, served: set[str] | None, lean: bool) -> tuple[int, str]:
-        """The bytes the role holds in a run and how, in words: whole, or a lean donor's
-        ``served`` slots when ``lean`` (None: the base, held whole)."""
+    def holding(self, served: set[str] | None, lean: bool) -> Holding:
+        """How the role is held in a run: whole, or a lean donor's ``served`` slots when ``lean``
+        (None: the base, held whole)."""
         if not lean or served is None:
-            return footprint.param_bytes(dtype), "whole"
-        return footprint.held_bytes(served, dtype), f"lean ({len(served)} of {len(footprint.slot_names)} slots)"
+            return Holding()
+        return Holding("lean", slots=frozenset(served))
 

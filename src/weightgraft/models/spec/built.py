@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from weightgraft.models.errors import LowRankError, ModelSpecError, PeftError
-from weightgraft.models.spec.base import ModelSpec, RoleSource, fill_text
+from weightgraft.models.spec.base import Holding, ModelSpec, RoleSource, fill_text
 
 if TYPE_CHECKING:
-    from weightgraft.models.footprint import ModelFootprint
     from weightgraft.models.loaded import LoadedModel
 
 Vectors = Literal["donor", "pre"]
@@ -75,10 +74,8 @@ class PeftSpec(ModelSpec):
 
         return build_peft(self, source.plain(self.base))
 
-    def holds(self, footprint: ModelFootprint, dtype: str, served: set[str] | None, lean: bool) -> tuple[int, str]:
-        from weightgraft.models.peft_donor import adapter_bytes
-
-        return adapter_bytes(self.directory, dtype), "LoRA adapter (the base's tensors shared)"
+    def holding(self, served: set[str] | None, lean: bool) -> Holding:
+        return Holding("LoRA adapter (the base's tensors shared)", adapter=Path(self.directory))
 
 
 @dataclass(frozen=True)
@@ -122,8 +119,8 @@ class LowRankSpec(ModelSpec):
                               lambda: lowrank_delta(base, donor))
         return build_lowrank(self, base, donor, delta)
 
-    def holds(self, footprint: ModelFootprint, dtype: str, served: set[str] | None, lean: bool) -> tuple[int, str]:
-        return footprint.param_bytes(dtype), "low-rank (whole model; SVD factors not counted)"
+    def holding(self, served: set[str] | None, lean: bool) -> Holding:
+        return Holding("low-rank (whole model; SVD factors not counted)")
 
 
 def scale_text(scale: float) -> str:
@@ -162,5 +159,5 @@ class ScaledSpec(ModelSpec):
 
         return build_scaled(self, source.whole(self.base), source.whole(self.donor))
 
-    def holds(self, footprint: ModelFootprint, dtype: str, served: set[str] | None, lean: bool) -> tuple[int, str]:
-        return footprint.param_bytes(dtype), "whole"
+    def holding(self, served: set[str] | None, lean: bool) -> Holding:
+        return Holding()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from weightgraft.models.errors import ModelSpecError
 from weightgraft.models.quantization.schemes import QUANTIZATIONS, QuantizationError, check_scheme
-from weightgraft.models.spec.base import ModelSpec, fill_text
+from weightgraft.models.spec.base import Holding, ModelSpec, fill_text
 
 if TYPE_CHECKING:
     from weightgraft.models.footprint import ModelFootprint
@@ -92,8 +92,8 @@ class QuantizedSpec(ModelSpec):
 
         return quantized_footprint(self.text.strip(), self.inner.footprint(), self)
 
-    def holds(self, footprint: ModelFootprint, dtype: str, served: set[str] | None, lean: bool) -> tuple[int, str]:
-        return footprint.param_bytes(dtype), "whole"  # a quantized donor loads whole: its packed tensors cannot be thinned
+    def holding(self, served: set[str] | None, lean: bool) -> Holding:
+        return Holding()  # a quantized donor loads whole: its packed tensors cannot be thinned
 
 
 def quantized_of(inner: ModelSpec, scheme: str | Any) -> QuantizedSpec:
