@@ -9,20 +9,15 @@ meta device, the prompts tokenized (or estimated) and the schemes compiled into 
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
-
 from weightgraft.data.prompts import TestPrompt
 from weightgraft.experiments.config import ConfigError, ExperimentConfig
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import ModelSpec
-from weightgraft.planning.graftable import check_graftable
-from weightgraft.planning.budget import budget, cuda_here
 from weightgraft.planning.cards import Card
+from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.lengths import length_summary, tokenizer_for
-from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, with_planned_batch
-from weightgraft.planning.run import RoleShape, RunSettings, SetShape, held, quantized_notes, run_advice
-from weightgraft.planning.timing import card_for, forward_seconds, rate_for, weight_read_seconds
+from weightgraft.planning.plan import UNREADABLE_CONFIG, Plan, check_plan
+from weightgraft.planning.run import RoleShape, SetShape, SweepChoices, plan_sweep
 
 __all__ = ["DEFAULT_RUN_BATCH", "plan_before_run", "plan_experiment"]
 
@@ -75,16 +70,6 @@ def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[li
     return shapes, lengths
 
 
-def _spread(config: ExperimentConfig, memory: str | None, gpu: Card | None) -> tuple[int, int] | None:
-    """(GPUs, their memory in all) of this machine where a ``device_map`` could spread the run."""
-    if memory or gpu is not None or not config.device.startswith("cuda") or not cuda_here():
-        return None
-    import torch
-
-    n = torch.cuda.device_count()
-    return (n, budget(config.device, all_gpus=True).limit) if n > 1 else None
-
-
 def plan_experiment(config: ExperimentConfig, prompts: list[TestPrompt] | None = None, *, memory: str | None = None,
                     gpu: Card | None = None, with_time: bool = True) -> Plan:
     """The plan of a ``run`` config; reads configs and prompts only. ``memory`` or ``gpu``
@@ -95,47 +80,11 @@ def plan_experiment(config: ExperimentConfig, prompts: list[TestPrompt] | None =
 
         prompts = select_prompts(load_prompts(config.data), config)
     shapes, lengths = _set_shapes(config, prompts)
-    where = budget(config.device, memory, all_gpus=config.device_map is not None, gpu=gpu)
     fixed = config.batch_size if "batch_size" in config.model_fields_set else None
-    settings = RunSettings(dtype=config.dtype, lean=config.lean_donors and config.device_map is None, batch_fixed=fixed,
-                           device_map=config.device_map is not None, held_now=where.held, sets=shapes)
-    n_rows = max(len(s.rows) for s in shapes)
-    batch = choose_batch(fixed, DEFAULT_RUN_BATCH, n_rows, settings.memory_at, HEADROOM * where.limit)
-    notes = ["prefix sharing (on by default) computes shared positions once: the time is an upper bound"
-             if config.prefix_sharing and config.dtype == "float32" else "rows run whole"]
-    quantized = {r.spec.text: (r.role, r.spec.text, r.footprint) for s in shapes for r in s.roles
-                 if r.footprint.quantization is not None and r.spec.adapter is None}
-    notes += quantized_notes(list(quantized.values()), config.dtype)
-    seconds, parts = None, {}
-    if with_time:
-        rate, note = rate_for(config.device, config.dtype, gpu)
-        if note:
-            notes.append(note)
-        roles = [r for s in shapes for r in held(s, config.dtype, settings.lean)]
-        if rate is not None:
-            parts = {f"sweep {s.name}": forward_seconds(s.base, s.rows, batch, rate) for s in shapes}
-            on_card, _ = card_for(config.device, gpu)
-            if on_card is not None:
-                reads, read_note = weight_read_seconds(_loaded_once(roles), on_card)
-                parts.update(reads)
-                notes.append(read_note)
-            seconds = sum(parts.values())
-    plan = Plan(kind="run", device=config.device, dtype=config.dtype,
-                roles=[r for s in shapes for r in held(s, config.dtype, settings.lean)], prompts=lengths,
-                rows=sum(len(s.rows) for s in shapes), batch_size=batch, batch_size_fixed=fixed is not None,
-                batches=sum(math.ceil(len(s.rows) / batch) for s in shapes), memory=settings.memory_at(batch),
-                budget_bytes=where.limit, budget_source=where.source, predicted_seconds=seconds, time_parts=parts,
-                notes=notes)
-    if plan.fits:
-        return plan
-    advice, least = run_advice(settings, where.limit, _spread(config, memory, gpu), gpu.name if gpu else None)
-    return replace(plan, suggestions=advice, least=least)
-
-
-def _loaded_once(roles: list[RolePlan]) -> list[int]:
-    """Bytes each model a run loads reads (a quantized role: dense, quantized as it loads): a
-    spec held the same way in several sets loads once."""
-    return list({(r.spec, r.holds): r.loaded_bytes for r in roles}.values())
+    choices = SweepChoices(device=config.device, dtype=config.dtype, batch_fixed=fixed, batch_default=DEFAULT_RUN_BATCH,
+                           lean=config.lean_donors, device_map=config.device_map is not None,
+                           prefix_sharing=config.prefix_sharing, memory=memory, gpu=gpu, with_time=with_time)
+    return plan_sweep(shapes, lengths, choices)
 
 
 def plan_before_run(config: ExperimentConfig, prompts: list[TestPrompt]) -> ExperimentConfig:
@@ -147,4 +96,9 @@ def plan_before_run(config: ExperimentConfig, prompts: list[TestPrompt]) -> Expe
     for roles in config.spec_sets().values():
         if config.tokenizer is None:  # the config's tokenizer serves models that have none
             refuse_random(roles, "weightgraft run")
-    return with_planned_batch(config, lambda: plan_experiment(config, prompts, with_time=False))
+    try:
+        plan = plan_experiment(config, prompts, with_time=False)
+    except UNREADABLE_CONFIG:  # the loader then says what is wrong in its own words
+        return config
+    check_plan(plan)
+    return config if plan.batch_size == config.batch_size else config.model_copy(update={"batch_size": plan.batch_size})

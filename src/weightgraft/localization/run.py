@@ -70,7 +70,7 @@ from weightgraft.models.errors import PeftError
 from weightgraft.models.spec import check_models, check_roles, parse_peft, refuse_random
 from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
 from weightgraft.planning.localize import plan_localize_work
-from weightgraft.planning.plan import with_planned_batch
+from weightgraft.planning.plan import UNREADABLE_CONFIG, check_plan
 
 
 @dataclass
@@ -250,7 +250,13 @@ def plan_before_localize(config: LocalizeConfig, prompts: list[Any]) -> Localize
 
     if config.tokenizer is None:  # the config's tokenizer serves models that have none
         refuse_random(config.role_specs(), "weightgraft localize")
-    return with_planned_batch(config, lambda: plan_localize_work(plan_input(config, prompts), with_time=False))
+    work = plan_input(config, prompts)
+    try:
+        plan = plan_localize_work(work, with_time=False)
+    except UNREADABLE_CONFIG:  # the loader then says what is wrong in its own words
+        return config
+    check_plan(plan)
+    return config if plan.batch_size == config.batch_size else config.model_copy(update={"batch_size": plan.batch_size})
 
 
 def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: Any, *, sft: Any,

@@ -105,9 +105,7 @@ def quantized_parts(fp: ModelFootprint, dtype: Any) -> tuple[int, int, int, int]
 def lean_bytes(fp: ModelFootprint, slots: set[str] | frozenset[str], dtype: Any) -> int:
     """Bytes a lean donor holds when it serves ``slots``: each needed tensor once (tied names
     share one), an upper bound, since tensors equal to the base's are shared at load time."""
-    from weightgraft.models.lean import needed_parameters
-
-    names = needed_parameters(fp.meta, set(slots))
+    names = {p for s in slots for p in fp.slot_parameters[s]}
     params = dict(fp.meta.named_parameters(remove_duplicate=False))
     size = dtype_bytes(dtype)
     packed = _quantized_weights(fp)

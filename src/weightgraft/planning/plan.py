@@ -7,12 +7,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 from weightgraft.planning.errors import PlanError
 from weightgraft.planning.sizes import gib
 
-__all__ = ["HEADROOM", "Plan", "RolePlan", "check_plan", "choose_batch", "smaller_batch"]
+__all__ = ["HEADROOM", "UNREADABLE_CONFIG", "Plan", "RolePlan", "check_plan", "choose_batch", "smaller_batch"]
 
 HEADROOM = 0.9  # a chosen batch size keeps the predicted peak under this share of the budget
+# What a plan raises where it cannot read a model's config (a hub id not in the cache, a broken
+# directory): ``run`` and ``localize`` then go on without the plan's batch size, and the loader
+# says what is wrong in its own words. Every other error, the user's and a bug alike, is raised.
+UNREADABLE_CONFIG = (ModelLoadError, ModelNotFoundError, OSError)
 
 MemoryAt = Callable[[int], dict[str, int]]  # batch size -> the parts of the peak
 
@@ -112,21 +117,3 @@ def check_plan(plan: Plan) -> Plan:
     if not plan.fits:
         raise PlanError(plan.refusal())
     return plan
-
-
-def with_planned_batch(config: Any, make_plan: Callable[[], Plan]) -> Any:
-    """What ``run`` and ``localize`` do before loading: ``make_plan()``, refused in one line
-    when it does not fit; the config with the plan's batch size where the config fixes none.
-    A config the plan cannot read (a hub id not in the cache, a broken directory) returns the
-    config as given: the loader then says what is wrong in its own words. Every other error,
-    the user's and a bug alike, is raised."""
-    from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
-
-    try:
-        plan = make_plan()
-    except (ModelLoadError, ModelNotFoundError, OSError):  # a config the plan cannot read
-        return config
-    check_plan(plan)
-    if plan.batch_size != config.batch_size:
-        config = config.model_copy(update={"batch_size": plan.batch_size})
-    return config

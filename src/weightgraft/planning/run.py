@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import ModelSpec, parse_spec
 from weightgraft.planning.costs import SCHEME_LAYOUT, dtype_bytes, holding_bytes, inference_bytes, param_bytes, quantized_parts
-from weightgraft.planning.plan import RolePlan, choose_batch
+from weightgraft.planning.budget import budget, cuda_here
+from weightgraft.planning.cards import Card
+from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch
 from weightgraft.planning.sizes import gib
+from weightgraft.planning.timing import card_for, forward_seconds, rate_for, weight_read_seconds
 
-__all__ = ["DEQUANTIZED", "RoleShape", "RunSettings", "SetShape", "dequantized_bytes", "held", "quantized_notes",
-           "run_advice", "run_memory"]
+__all__ = ["DEQUANTIZED", "RoleShape", "RunSettings", "SetShape", "SweepChoices", "dequantized_bytes", "held",
+           "plan_sweep", "quantized_notes", "run_advice", "run_memory"]
 
 DEQUANTIZED = "dequantized weight (one at a time)"  # the plan's memory line of a quantized run
 
@@ -154,3 +157,72 @@ def run_advice(settings: RunSettings, limit: int, spread: tuple[int, int] | None
         said += (f"; across GPUs, device_map=auto needs at least {n} {card} cards ({gib(whole)} in "
                  f"{'bfloat16' if whole < peak(1, lean=False) else settings.dtype}, batch 1, at {gib(limit)} a card)")
     return out, said
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepChoices:
+    """What a sweep's plan depends on besides its shapes: the config's choices (``batch_fixed``:
+    the batch size the config fixes, None to let the plan choose up to ``batch_default``) and the
+    machine it plans for (this one, or ``memory`` / ``gpu``)."""
+
+    device: str
+    dtype: str
+    batch_fixed: int | None
+    batch_default: int
+    lean: bool
+    device_map: bool
+    prefix_sharing: bool
+    memory: str | None = None
+    gpu: Card | None = None
+    with_time: bool = True
+
+
+def plan_sweep(shapes: list[SetShape], prompts: dict, choices: SweepChoices) -> Plan:
+    """The plan of a sweep over model sets of these shapes (``prompts``: their lengths): memory
+    by part, the batch size that fits, time, and where it does not fit, the changes that would."""
+    c = choices
+    where = budget(c.device, c.memory, all_gpus=c.device_map, gpu=c.gpu)
+    settings = RunSettings(dtype=c.dtype, lean=c.lean and not c.device_map, batch_fixed=c.batch_fixed,
+                           device_map=c.device_map, held_now=where.held, sets=shapes)
+    n_rows = max(len(s.rows) for s in shapes)
+    batch = choose_batch(c.batch_fixed, c.batch_default, n_rows, settings.memory_at, HEADROOM * where.limit)
+    notes = ["prefix sharing (on by default) computes shared positions once: the time is an upper bound"
+             if c.prefix_sharing and c.dtype == "float32" else "rows run whole"]
+    quantized = {r.spec.text: (r.role, r.spec.text, r.footprint) for s in shapes for r in s.roles
+                 if r.footprint.quantization is not None and r.spec.adapter is None}
+    notes += quantized_notes(list(quantized.values()), c.dtype)
+    roles = [r for s in shapes for r in held(s, c.dtype, settings.lean)]
+    seconds, parts = None, {}
+    if c.with_time:
+        rate, note = rate_for(c.device, c.dtype, c.gpu)
+        if note:
+            notes.append(note)
+        if rate is not None:
+            parts = {f"sweep {s.name}": forward_seconds(s.base, s.rows, batch, rate) for s in shapes}
+            on_card, _ = card_for(c.device, c.gpu)
+            if on_card is not None:
+                # a spec held the same way in several sets loads once
+                once = list({(r.spec, r.holds): r.loaded_bytes for r in roles}.values())
+                reads, read_note = weight_read_seconds(once, on_card)
+                parts.update(reads)
+                notes.append(read_note)
+            seconds = sum(parts.values())
+    plan = Plan(kind="run", device=c.device, dtype=c.dtype, roles=roles, prompts=prompts,
+                rows=sum(len(s.rows) for s in shapes), batch_size=batch, batch_size_fixed=c.batch_fixed is not None,
+                batches=sum(math.ceil(len(s.rows) / batch) for s in shapes), memory=settings.memory_at(batch),
+                budget_bytes=where.limit, budget_source=where.source, predicted_seconds=seconds, time_parts=parts,
+                notes=notes)
+    if plan.fits:
+        return plan
+    advice, least = run_advice(settings, where.limit, _spread(c), c.gpu.name if c.gpu else None)
+    return replace(plan, suggestions=advice, least=least)
+
+
+def _spread(c: SweepChoices) -> tuple[int, int] | None:
+    """(GPUs, their memory in all) of this machine where a ``device_map`` could spread the run."""
+    if c.memory or c.gpu is not None or not c.device.startswith("cuda") or not cuda_here():
+        return None
+    import torch
+
+    n = torch.cuda.device_count()
+    return (n, budget(c.device, all_gpus=True).limit) if n > 1 else None
