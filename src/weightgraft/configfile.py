@@ -14,15 +14,15 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from weightgraft.data.prompts import DatasetError, TestPrompt
 
-from weightgraft.errors import WeightgraftError
-from weightgraft.models.spec import ModelSpec, parse_spec
+from weightgraft.errors import WeightgraftError, validation_line
+from weightgraft.models.spec import ModelSpec, parse_spec, spec_error_of
 
 __all__ = ["ConfigError", "RunInputs", "anchor_paths", "apply_overrides", "json_digest", "read_yaml_config"]
 
@@ -133,6 +133,7 @@ class RunInputs(BaseModel):
     template), the device, the seed, the tokenizer of models that have none, where results go."""
 
     model_config = ConfigDict(extra="forbid")
+    what: ClassVar[str] = "run"  # the kind of config, as its messages name it
 
     data: Path
     templates: list[str] | None = None
@@ -145,6 +146,39 @@ class RunInputs(BaseModel):
     seed: int = 0
     out: Path | None = None
     report: bool = True
+
+    @classmethod
+    def parse(cls, raw: Any, source: str = "<dict>", base_dir: Path | None = None) -> Self:
+        """Validate a raw dict into this kind of config, refused in one line that names the path
+        of each bad key; relative ``data`` and ``out`` are taken from ``base_dir``."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: a{'n' if cls.what[0] in 'aeiou' else ''} {cls.what} config must be a "
+                              f"mapping, got {type(raw).__name__}")
+        try:
+            config = cls.model_validate(raw)
+        except ValidationError as exc:
+            line = f"invalid {cls.what} config {source}: {validation_line(exc, cls.field_path, at='at ')}"
+            raise spec_error_of(exc, line) or ConfigError(line) from None
+        if base_dir is not None:
+            if not config.data.is_absolute():
+                config.data = base_dir / config.data
+            if config.out is not None and not config.out.is_absolute():
+                config.out = base_dir / config.out
+        config.check_whole()
+        return config
+
+    @classmethod
+    def load(cls, path: Path, overrides: list[str] | None = None) -> Self:
+        """Read a config YAML, apply ``key=value`` overrides and validate it."""
+        return cls.parse(read_yaml_config(path, overrides, cls.what), str(path))
+
+    @staticmethod
+    def field_path(loc: tuple[Any, ...]) -> str:
+        """A bad key's path as the user wrote it."""
+        return ".".join(str(x) for x in loc)
+
+    def check_whole(self) -> None:
+        """What a config checks once every field is valid (its schemes, say): raise ConfigError."""
 
     def select(self, prompts: Sequence[TestPrompt], directions: Sequence[str] | None = None,
                groups: Sequence[str] | None = None) -> list[TestPrompt]:

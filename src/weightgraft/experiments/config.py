@@ -6,12 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, model_validator
 
-from weightgraft.configfile import ConfigError, RunInputs, json_digest, read_yaml_config
-from weightgraft.errors import validation_line
+from weightgraft.configfile import ConfigError, RunInputs, json_digest
 from weightgraft.experiments.pairs import SchemePair, check_pairs
-from weightgraft.models.spec import ModelSpec, SpecText, parse_spec, spec_error_of
+from weightgraft.models.spec import ModelSpec, SpecText, parse_spec
 from weightgraft.schemes.presets import preset
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, ProtocolName
 from weightgraft.schemes.scheme import Scheme, with_scaled_roles
@@ -79,6 +78,8 @@ class ExperimentConfig(RunInputs):
     """One sweep: a dataset's test prompts x schemes x model sets (the dataset, prompts, device,
     seed, tokenizer and output as every pipeline reads them: :class:`RunInputs`)."""
 
+    what = "experiment"
+
     name: str = "experiment"
     # role -> model spec (directory, .gguf, embedded name); or several named model sets.
     models: dict[str, SpecText] | None = None
@@ -115,6 +116,17 @@ class ExperimentConfig(RunInputs):
         self._specs = {name: {role: parse_spec(text) for role, text in roles.items()}
                        for name, roles in self.sets().items()}  # each text checked by SpecText
         return self
+
+    @staticmethod
+    def field_path(loc: tuple[Any, ...]) -> str:
+        """A bad key's path as the user wrote it: the union's tag ("preset" / "scheme") that
+        follows a schemes entry's index is not a key of the config."""
+        return ".".join(str(x) for i, x in enumerate(loc)
+                        if not (i >= 2 and loc[i - 2] == "schemes" and isinstance(loc[i - 1], int)
+                                and x in ("preset", "scheme")))
+
+    def check_whole(self) -> None:
+        self.resolved_schemes()
 
     def sets(self) -> dict[str, dict[str, str]]:
         """Model set -> role -> the spec as written (what manifests and identities record); with
@@ -235,37 +247,11 @@ def _same_base(models: dict[str, str], root: Path) -> None:
                          "its snapshots would be grafted into another base")
 
 
-def _config_path(path: tuple[Any, ...]) -> str:
-    """A field path as the user wrote it: the union's tag ("preset" / "scheme") that follows a
-    schemes entry's index is not a key of the config."""
-    return ".".join(str(x) for i, x in enumerate(path)
-                    if not (i >= 2 and path[i - 2] == "schemes" and isinstance(path[i - 1], int)
-                            and x in ("preset", "scheme")))
-
-
-def _format_validation(exc: ValidationError, source: str) -> str:
-    """One line: every field path and its problem (no pydantic web links)."""
-    return f"invalid experiment config {source}: {validation_line(exc, _config_path, at='at ')}"
-
-
 def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:
     """Validate a raw dict; relative paths are taken from ``base_dir`` (the YAML's folder)."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: an experiment config must be a mapping, got {type(raw).__name__}")
-    try:
-        config = ExperimentConfig.model_validate(raw)
-    except ValidationError as exc:
-        line = _format_validation(exc, source)
-        raise spec_error_of(exc, line) or ConfigError(line) from None
-    if base_dir is not None:
-        if not config.data.is_absolute():
-            config.data = base_dir / config.data
-        if config.out is not None and not config.out.is_absolute():
-            config.out = base_dir / config.out
-    config.resolved_schemes()
-    return config
+    return ExperimentConfig.parse(raw, source, base_dir)
 
 
 def load_config(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read, override and validate an experiment YAML."""
-    return parse_config(read_yaml_config(path, overrides), str(path))
+    return ExperimentConfig.load(path, overrides)

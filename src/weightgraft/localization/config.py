@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from weightgraft.engine.architectures import Units
 from weightgraft.engine.metric_table import localize_metric
-from weightgraft.errors import GraftArgumentError, validation_line
-from weightgraft.configfile import ConfigError, RunInputs, json_digest, read_yaml_config
-from weightgraft.models.spec import ModelSpec, ModelSpecError, parse_spec, spec_error_of
+from weightgraft.errors import GraftArgumentError
+from weightgraft.configfile import RunInputs, json_digest
+from weightgraft.models.spec import ModelSpec, ModelSpecError, parse_spec
 
 Direction = Literal["sufficiency", "necessity"]
 
@@ -249,21 +249,9 @@ class LocalizeConfig(RunInputs):
 
 def parse_localize_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None) -> LocalizeConfig:
     """Validate a raw dict; relative paths are taken from ``base_dir``."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: a localize config must be a mapping")
-    try:
-        config = LocalizeConfig.model_validate(raw)
-    except ValidationError as exc:
-        line = f"invalid localize config {source}: {validation_line(exc, at='at ')}"
-        raise spec_error_of(exc, line) or ConfigError(line) from None
-    if base_dir is not None:
-        if not config.data.is_absolute():
-            config.data = base_dir / config.data
-        if config.out is not None and not config.out.is_absolute():
-            config.out = base_dir / config.out
-    return config
+    return LocalizeConfig.parse(raw, source, base_dir)
 
 
 def load_localize_config(path: Path, overrides: list[str] | None = None) -> LocalizeConfig:
     """Read, override and validate a localize YAML."""
-    return parse_localize_config(read_yaml_config(path, overrides, "localize"), str(path))
+    return LocalizeConfig.load(path, overrides)
