@@ -120,6 +120,8 @@ class LocalizeConfig(RunInputs):
     finetunes that do not hold the prompts' facts (another world seed, shuffled answers), mapped
     like the SFT models: what an unrelated finetune scores in ``stability.csv``."""
 
+    what = "localize"
+
     name: str = "localize"
     # must name "pre" and "sft" (one spec or a list of them); "nulls": a list of null models;
     # "control": the control finetune (answers shuffled among the subjects)
