@@ -103,37 +103,34 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
     SFT models appended to the list extend it too); resuming with another, with the SFT list
     changed or shortened, or with prompts whose content changed, is refused."""
     manifest = run_dir / "manifest.json"
-    digests = _digests(prompts)
-    if manifest.is_file():
-        old = json.loads(manifest.read_text())
-        try:  # the identity of the stored config under today's rules (so 'exact' may differ)
-            same = LocalizeConfig.model_validate(old.get("config", {})).identity() == config.identity()
-        except ValueError:
-            same = old.get("identity") == config.identity()
-        if not same:
-            raise ResultsDirConflict(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
-        if old.get("labels", 1) != LABEL_VERSION:  # its cells are keyed by labels that name other tokens
-            raise ResultsDirConflict(f"{run_dir} holds cells named by position labels of version {old.get('labels', 1)} "
-                                     f"(a span's last token was the span's name); this version names them "
-                                     f"'{{span}}_last' (labels {LABEL_VERSION}); choose another 'out' or delete the folder")
-        for role, what in (("sft", "SFT"), ("nulls", "null")):
-            before, now = _spec_list(old.get("config", {}), role), _spec_list(config.model_dump(), role)
-            if not extends(before, now):
-                raise ResultsDirConflict(f"{run_dir} holds maps of the {what} models {before}; a config may append "
-                                         f"{what} models to that list, not change or drop them; choose another 'out' "
-                                         "or 'name'")
-        known = old.get("examples", {})
-        changed = changed_entries(known, digests)
-        if changed:
-            raise ResultsDirConflict(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
-                             f"({', '.join(changed[:3])}); choose another 'out' or delete the folder")
-        old.update({"identity": config.identity(), "config": config.model_dump(mode="json"),
-                    "examples": {**known, **digests}, "labels": LABEL_VERSION})
-        atomic.write_json(manifest, old)
+    identity, dumped, digests = config.identity(), config.model_dump(mode="json"), _digests(prompts)
+    if not manifest.is_file():
+        (run_dir / "parts").mkdir(parents=True, exist_ok=True)
+        atomic.write_json(manifest, {"identity": identity, "config": dumped, "examples": digests, "labels": LABEL_VERSION})
         return
-    (run_dir / "parts").mkdir(parents=True, exist_ok=True)
-    atomic.write_json(manifest, {"identity": config.identity(), "config": config.model_dump(mode="json"),
-                                 "examples": digests, "labels": LABEL_VERSION})
+    old = json.loads(manifest.read_text())
+    try:  # the identity of the stored config under today's rules (so 'exact' may differ)
+        same = LocalizeConfig.model_validate(old.get("config", {})).identity() == identity
+    except ValueError:
+        same = old.get("identity") == identity
+    if not same:
+        raise ResultsDirConflict(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
+    if old.get("labels", 1) != LABEL_VERSION:  # its cells are keyed by labels that name other tokens
+        raise ResultsDirConflict(f"{run_dir} holds cells named by position labels of version {old.get('labels', 1)} "
+                                 f"(a span's last token was the span's name); this version names them "
+                                 f"'{{span}}_last' (labels {LABEL_VERSION}); choose another 'out' or delete the folder")
+    for role, what in (("sft", "SFT"), ("nulls", "null")):
+        if not extends(_spec_list(old.get("config", {}), role), _spec_list(dumped, role)):
+            raise ResultsDirConflict(f"{run_dir} holds maps of the {what} models {_spec_list(old.get('config', {}), role)}; "
+                                     f"a config may append {what} models to that list, not change or drop them; "
+                                     "choose another 'out' or 'name'")
+    known = old.get("examples", {})
+    changed = changed_entries(known, digests)
+    if changed:
+        raise ResultsDirConflict(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
+                                 f"({', '.join(changed[:3])}); choose another 'out' or delete the folder")
+    old.update({"identity": identity, "config": dumped, "examples": {**known, **digests}, "labels": LABEL_VERSION})
+    atomic.write_json(manifest, old)
 
 
 def _note(run_dir: Path, **fields: Any) -> None:
