@@ -1,4 +1,5 @@
-"""The root of weightgraft's errors.
+"""The root of weightgraft's errors, the engine's (its floor has no other error module) and a
+results folder's.
 
 Every error the project raises for input it cannot use (a config, a path, a model, a prompt)
 derives from :class:`WeightgraftError`, and keeps its built-in base (``ValueError``,
@@ -26,9 +27,29 @@ class GraftArgumentTypeError(GraftArgumentError, TypeError):
     shares go, a module the engine cannot graft this way); a ``TypeError`` as well."""
 
 
+class UnsupportedArchitectureError(WeightgraftError, ValueError):
+    """The model's architecture (or one of its config options) is not covered by an adapter."""
+
+
+class UnsupportedProjection(WeightgraftError, TypeError):
+    """A module that is neither ``nn.Linear`` nor ``Conv1D`` where one of them is needed."""
+
+
+class UnsupportedLora(WeightgraftError, ValueError):
+    """A peft layer whose computation the engine does not reproduce (DoRA, LoRA biases, ...)."""
+
+
+class ModelMismatchError(WeightgraftError, ValueError):
+    """Models that were asked to be grafted together do not match."""
+
+
 class ResultsDirConflict(WeightgraftError, ValueError):
     """A results folder that holds results of another config (a run, a localize run, a stage):
     refused, never mixed."""
+
+
+class ResultsWriteError(WeightgraftError, OSError):
+    """Results could not be written (disk full, permissions); earlier results are intact."""
 
 
 def validation_line(exc: Exception, loc: Callable[[tuple[Any, ...]], str] | None = None, at: str = "") -> str:

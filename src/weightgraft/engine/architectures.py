@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine import projections
-from weightgraft.errors import WeightgraftError
+from weightgraft.errors import UnsupportedArchitectureError as UnsupportedArchitectureError
 
 # The canonical order of per-layer components; ``slots()`` lists them in this order.
 LAYER_COMPONENTS: tuple[str, ...] = (
@@ -39,10 +39,6 @@ LAYER_COMPONENTS: tuple[str, ...] = (
 GLOBAL_SLOTS: tuple[str, ...] = ("embed", "pos_embed", "final_norm", "unembed")
 
 Layout = Literal["qkv_blocks", "qkv_per_head", "halves"]
-
-
-class UnsupportedArchitectureError(WeightgraftError, ValueError):
-    """The model's architecture (or one of its config options) is not covered by an adapter."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from torch import nn
 from weightgraft.engine import lora
 from weightgraft.engine.architectures import adapter_for
 from weightgraft.engine.projections import hf_config
-from weightgraft.errors import WeightgraftError
+from weightgraft.errors import ModelMismatchError as ModelMismatchError
 
 # Config keys that describe bookkeeping, not the computation of a forward pass.
 _IGNORED_CONFIG_KEYS = frozenset(
@@ -49,10 +49,6 @@ _IGNORED_CONFIG_KEYS = frozenset(
         "_experts_implementation",
     }
 )
-
-
-class ModelMismatchError(WeightgraftError, ValueError):
-    """Models that were asked to be grafted together do not match."""
 
 
 def _config_items(model: nn.Module) -> dict[str, Any]:

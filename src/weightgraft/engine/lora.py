@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from weightgraft.errors import WeightgraftError
+from weightgraft.errors import UnsupportedLora as UnsupportedLora
 
 __all__ = [
     "UnsupportedLora",
@@ -32,10 +32,6 @@ __all__ = [
     "is_lora",
     "same_projection",
 ]
-
-
-class UnsupportedLora(WeightgraftError, ValueError):
-    """A peft layer whose computation the engine does not reproduce (DoRA, LoRA biases, ...)."""
 
 
 class _LoraLayer(Protocol):

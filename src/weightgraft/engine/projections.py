@@ -17,13 +17,9 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from weightgraft.engine import lora
-from weightgraft.errors import WeightgraftError
+from weightgraft.errors import UnsupportedProjection as UnsupportedProjection
 
 Index = torch.Tensor | slice
-
-
-class UnsupportedProjection(WeightgraftError, TypeError):
-    """A module that is neither ``nn.Linear`` nor ``Conv1D`` where one of them is needed."""
 
 
 def hf_config(model: nn.Module) -> Any:

@@ -10,14 +10,10 @@ from typing import TypeVar
 
 import torch
 
-from weightgraft.errors import WeightgraftError
+from weightgraft.experiments.errors import OutOfMemory as OutOfMemory
 
 T = TypeVar("T")
 S = TypeVar("S")
-
-
-class OutOfMemory(WeightgraftError, RuntimeError):
-    """One row alone does not fit in the device's memory."""
 
 
 def in_halves(chunk: Sequence[S], run: Callable[[Sequence[S]], T], say: Callable[[str], None]) -> tuple[list[T], int]:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from weightgraft import atomic
-from weightgraft.errors import WeightgraftError
+from weightgraft.experiments.errors import QuantizedDisagreement as QuantizedDisagreement
 from weightgraft.experiments.examples import Prepared
 from weightgraft.models.donors import LoadSettings, load_role
 from weightgraft.models.embedded import cache_root
@@ -34,10 +34,6 @@ __all__ = ["MIN_AGREEMENT", "MAX_TOP5_DROP", "QuantizedAgreement", "QuantizedDis
 
 MIN_AGREEMENT = 0.90  # prompts on which both put the answer in (or out of) their top 5
 MAX_TOP5_DROP = 0.10  # the quantized model's top-5 accuracy at most 10 points below the dense one's
-
-
-class QuantizedDisagreement(WeightgraftError, ValueError):
-    """A quantized role whose answers differ from its unquantized model's beyond the stated bounds."""
 
 
 @dataclass(frozen=True)

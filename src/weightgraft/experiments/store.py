@@ -17,7 +17,8 @@ import pandas as pd
 
 from weightgraft.errors import ResultsDirConflict
 from weightgraft.resume.claim import changed_entries
-from weightgraft.resume.parts import Parts, ResultsWriteError as ResultsWriteError, write_atomic as write_atomic
+from weightgraft.errors import ResultsWriteError as ResultsWriteError
+from weightgraft.resume.parts import Parts, write_atomic as write_atomic
 
 KEY = ("model_set", "template", "scheme", "example_id")
 # What a row holds and how it was computed; a folder whose rows were written in an older format

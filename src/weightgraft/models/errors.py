@@ -1,4 +1,5 @@
-"""Errors of model loading: each message names the path and what to do about it."""
+"""Errors of the models floor: loading (each message names the path and what to do about it),
+model specs, PEFT and low-rank donors, quantization, tokenizers."""
 
 from __future__ import annotations
 
@@ -53,3 +54,11 @@ class TokenizerMismatchError(WeightgraftError, ValueError):
 
 class DemoNotFoundError(ModelNotFoundError):
     """``demo`` was named but no demo has run here (or its finetune is gone from the cache)."""
+
+
+class QuantizationError(WeightgraftError, ValueError):
+    """A quantization scheme that is unknown, refused, or whose package is not installed."""
+
+
+class QuantizedSpecError(ModelSpecError, QuantizationError):
+    """A malformed ``quantized(...)`` spec, or one naming an unknown or refused scheme."""

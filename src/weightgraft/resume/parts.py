@@ -19,13 +19,9 @@ from pathlib import Path
 import pandas as pd
 
 from weightgraft import atomic
-from weightgraft.errors import WeightgraftError
+from weightgraft.errors import ResultsWriteError
 
-__all__ = ["Parts", "ResultsWriteError", "write_atomic"]
-
-
-class ResultsWriteError(WeightgraftError, OSError):
-    """Results could not be written (disk full, permissions); earlier results are intact."""
+__all__ = ["Parts", "write_atomic"]
 
 
 @contextmanager

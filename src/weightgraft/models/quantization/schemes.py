@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from weightgraft.errors import WeightgraftError
+from weightgraft.models.errors import QuantizationError as QuantizationError
 
 __all__ = ["QUANTIZATIONS", "REFUSED", "QuantizationError", "check_scheme", "check_installed", "quantizes_nothing"]
 
@@ -18,10 +18,6 @@ REFUSED: dict[str, str] = {
                     "kernels (no CPU path in torchao 0.18); use nf4 or fp4 (bitsandbytes 4-bit) or torchao-int8",
 }
 PACKAGE = {"nf4": "bitsandbytes", "fp4": "bitsandbytes", "int8": "bitsandbytes", "torchao-int8": "torchao"}
-
-
-class QuantizationError(WeightgraftError, ValueError):
-    """A quantization scheme that is unknown, refused, or whose package is not installed."""
 
 
 def check_scheme(scheme: str) -> None:

@@ -12,17 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from weightgraft.models.errors import ModelSpecError
+from weightgraft.models.errors import QuantizedSpecError as QuantizedSpecError
 from weightgraft.models.quantization.schemes import QUANTIZATIONS, QuantizationError, check_scheme
 from weightgraft.models.spec.base import Holding, ModelSpec, fill_text
 
 if TYPE_CHECKING:
     from weightgraft.models.footprint import ModelFootprint
     from weightgraft.models.loaded import LoadedModel, LoadSettings
-
-
-class QuantizedSpecError(ModelSpecError, QuantizationError):
-    """A malformed ``quantized(...)`` spec, or one naming an unknown or refused scheme."""
 
 
 @dataclass(frozen=True)
