@@ -15,9 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from weightgraft.errors import ResultsDirConflict
+from weightgraft.errors import ResultsDirConflict, ResultsWriteError as ResultsWriteError
 from weightgraft.resume.claim import changed_entries
-from weightgraft.errors import ResultsWriteError as ResultsWriteError
 from weightgraft.resume.parts import Parts, write_atomic as write_atomic
 
 KEY = ("model_set", "template", "scheme", "example_id")

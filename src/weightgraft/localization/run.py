@@ -120,10 +120,10 @@ def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
                                  f"(a span's last token was the span's name); this version names them "
                                  f"'{{span}}_last' (labels {LABEL_VERSION}); choose another 'out' or delete the folder")
     for role, what in (("sft", "SFT"), ("nulls", "null")):
-        if not extends(_spec_list(old.get("config", {}), role), _spec_list(dumped, role)):
-            raise ResultsDirConflict(f"{run_dir} holds maps of the {what} models {_spec_list(old.get('config', {}), role)}; "
-                                     f"a config may append {what} models to that list, not change or drop them; "
-                                     "choose another 'out' or 'name'")
+        if not extends(before := _spec_list(old.get("config", {}), role), _spec_list(dumped, role)):
+            raise ResultsDirConflict(f"{run_dir} holds maps of the {what} models {before}; a config may append "
+                                     f"{what} models to that list, not change or drop them; choose another 'out' "
+                                     "or 'name'")
     known = old.get("examples", {})
     changed = changed_entries(known, digests)
     if changed:

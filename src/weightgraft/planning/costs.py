@@ -136,7 +136,7 @@ def holding_bytes(fp: ModelFootprint, holding: Holding, dtype: Any) -> tuple[int
     if holding.adapter is not None:
         return adapter_bytes(holding.adapter, dtype), holding.how
     if holding.slots is not None:
-        return lean_bytes(fp, holding.slots, dtype), f"lean ({len(holding.slots)} of {len(fp.slot_names)} slots)"
+        return lean_bytes(fp, holding.slots, dtype), f"{holding.how} ({len(holding.slots)} of {len(fp.slot_names)} slots)"
     return param_bytes(fp, dtype), holding.how
 
 
