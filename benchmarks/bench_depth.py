@@ -92,7 +92,8 @@ def refinement(args: Any, sft_dir: Path, loaded: dict[str, Any]) -> dict[str, An
     from weightgraft.engine.cells import exact_effects
     from weightgraft.localization.run import run_localize
     from weightgraft.localization.config import parse_localize_config
-    from weightgraft.localization.examples import build_examples, select_prompts
+    from weightgraft.localization.examples import build_examples
+    from weightgraft.localization.prompts import select_prompts
     from weightgraft.localization.maps import cell_map
 
     raw = yaml.safe_load((ROOT / "docs/localize/sets.yaml").read_text())

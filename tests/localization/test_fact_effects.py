@@ -22,7 +22,8 @@ from weightgraft.errors import GraftArgumentError
 from weightgraft.localization.claims.stage import map_claims
 from weightgraft.localization.claims.verdicts import decide
 from weightgraft.localization.config import ClaimSettings, parse_localize_config
-from weightgraft.localization.examples import build_examples, select_prompts
+from weightgraft.localization.examples import build_examples
+from weightgraft.localization.prompts import select_prompts
 
 FACT_CLAIMS = ("fe_lt", "enrichment", "recall")
 

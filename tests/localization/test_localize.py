@@ -83,7 +83,7 @@ def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
     from weightgraft.localization.examples import build_examples
     from weightgraft.localization.maps import cell_map
-    from weightgraft.localization.examples import select_prompts
+    from weightgraft.localization.prompts import select_prompts
     from weightgraft.engine.architectures import model_slots
 
     examples, _ = build_examples(select_prompts(config), pre.tokenizer)

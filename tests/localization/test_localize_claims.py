@@ -229,7 +229,8 @@ def test_exact_shares_and_claim_5s_marginal_equal_direct_grafts(tmp_path):
 
     from weightgraft.localization.claims.stage import map_claims
     from weightgraft.localization.config import ClaimSettings, parse_localize_config
-    from weightgraft.localization.examples import build_examples, select_prompts
+    from weightgraft.localization.examples import build_examples
+    from weightgraft.localization.prompts import select_prompts
 
     tok, pre, sft = _tiny_pair()
     config = parse_localize_config({"data": str(write_world(tmp_path / "data", n=4)), "templates": ["headline"],
@@ -313,7 +314,7 @@ def test_too_few_prompts_are_refused_before_any_model_loads(tmp_path):
     from weightgraft.localization import run_localize as localize
     from weightgraft.localization.claims.evidence import claims_evidence
     from weightgraft.localization.config import parse_localize_config
-    from weightgraft.localization.examples import select_prompts
+    from weightgraft.localization.prompts import select_prompts
 
     def no_load(*a):
         raise AssertionError("a model was loaded")

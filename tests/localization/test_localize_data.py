@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from weightgraft.api.localize import localize
 from weightgraft.localization.config import parse_localize_config
-from weightgraft.localization.directions import choose_directions
-from weightgraft.localization.examples import select_prompts
+from weightgraft.localization.prompts import choose_directions
+from weightgraft.localization.prompts import select_prompts
 from tiny_world import FIRST, SECOND, TEMPLATES, loader, write_world
 
 MODELS = {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}
@@ -109,9 +109,11 @@ def test_the_trained_direction_by_default(tmp_path):
     config = parse_localize_config({"data": str(data), "models": MODELS})
     assert {p.direction for p in select_prompts(config)} == {"a2b"}
     assert "manifest.json" in choose_directions(config).note
-    from weightgraft.localization.directions import left_out
+    from weightgraft.data.freeform import load_prompts
+    from weightgraft.localization.prompts import left_out, localize_prompts
 
-    assert left_out(config, choose_directions(config)) == 6  # 3 relations x 2 templates, b2a: counted
+    assert left_out(config, choose_directions(config), load_prompts(config.data)) == 6  # 3 relations x 2 templates, b2a
+    assert "(6 prompt(s) of other directions left out)" in localize_prompts(config).choice.note  # counted, said
     # the SFT model's training manifest comes first
     sft = tmp_path / "sft"
     sft.mkdir()

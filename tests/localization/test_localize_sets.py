@@ -18,7 +18,8 @@ from weightgraft.engine.cells import exact_effects
 from weightgraft.api.localize import localize
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.controls import draw_control, mix_key
-from weightgraft.localization.examples import build_examples, select_prompts
+from weightgraft.localization.examples import build_examples
+from weightgraft.localization.prompts import select_prompts
 from weightgraft.localization.maps import cell_map
 from weightgraft.localization.search import minimal_graft_search, rank_keys
 from weightgraft.localization.verify import SetVerifier, received_summary

@@ -258,7 +258,7 @@ def test_sft_models_trained_on_different_directions_are_refused(tmp_path):
         (folder / MANIFEST_NAME).write_text(json.dumps({"data": {"split": split}}))
         folders.append(str(folder))
     same = parse_localize_config({**_raw(tmp_path, folders[:2]), "out": str(tmp_path / "a")})
-    from weightgraft.localization.directions import choose_directions
+    from weightgraft.localization.prompts import choose_directions
 
     assert choose_directions(same).directions == ["a2b"]
     mixed = parse_localize_config({**_raw(tmp_path, folders), "out": str(tmp_path / "b")})

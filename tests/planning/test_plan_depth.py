@@ -16,7 +16,7 @@ from weightgraft.cli import app
 from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.found_sets import split_prompts
-from weightgraft.localization.examples import select_prompts
+from weightgraft.localization.prompts import select_prompts
 from weightgraft.localization.run import plan_input
 from weightgraft.models.spec import parse_spec
 from weightgraft.models.tokenization import load_tokenizer

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from weightgraft.data.freeform import load_prompts
 from weightgraft.data.prompts import DatasetError, TestPrompt, answer_token_ids
 from weightgraft.schemes.labels import position_labels
 from weightgraft.engine.cells import ScoredExample
@@ -48,13 +47,3 @@ def build_examples(prompts: Sequence[TestPrompt], tokenizer: Any) -> tuple[list[
     return [LocalizeExample(e.prompt, replace(e.scored, other_answers=tuple(
         t for t in firsts[(e.prompt.template, e.prompt.answer_field)] if t != e.scored.target)), e.labels)
         for e in out], excluded
-
-
-def select_prompts(config: Any) -> list[TestPrompt]:
-    """The config's test prompts (a dataset folder or a free-form JSONL, as ``run`` reads them)
-    after its template, direction and per-template limit filters; an error when a named
-    template is missing or nothing is left. Without ``directions``, the trained direction
-    (``localize.directions``); prompts that carry no direction are kept then."""
-    from weightgraft.localization.directions import choose_directions
-
-    return config.select(load_prompts(config.data), choose_directions(config).directions)

@@ -7,7 +7,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from weightgraft.localization.config import LocalizeConfig
-from weightgraft.localization.examples import select_prompts
+from weightgraft.localization.prompts import select_prompts
 
 if TYPE_CHECKING:
     from weightgraft.planning.localize import LocalizeWork

@@ -11,7 +11,7 @@ and direction, and ``claims.csv`` / ``claims_prompts.parquet`` (``claims.stage``
 region grafts against their null, on the SFT and the null models; with ``reversal:``, claims 4-5 in the paper's setting,
 ``claims.reversal``); ``report/`` (drawn by ``weightgraft.api.localize``, since ``report``
 builds on this package). Without ``directions``, the prompts of the trained direction
-(``directions``).
+(``prompts``).
 
 Several SFT models (``models: {pre: X, sft: [A, B, C]}``, e.g. training seeds) are loaded one
 at a time, each mapped against ``pre``; ``cells.parquet``'s ``model`` column names each one's
@@ -53,13 +53,13 @@ from weightgraft.localization.claims.steps import claims_along_steps, snapshot_s
 from weightgraft.errors import ResultsDirConflict
 from weightgraft.resume.claim import changed_entries, extends
 from weightgraft.localization.config import CONTROL, LocalizeConfig, load_localize_config
-from weightgraft.localization.examples import LocalizeExample, build_examples, select_prompts
-from weightgraft.localization.directions import choose_directions, left_out
+from weightgraft.localization.examples import LocalizeExample, build_examples
+from weightgraft.localization.prompts import localize_prompts
 from weightgraft.localization.exact_parts import exact_stage
 from weightgraft.localization.found_sets import find_sets
 from weightgraft.localization.maps import estimate_frame, unit_picks, whole_cells
 from weightgraft.localization.plan_input import plan_input
-from weightgraft.localization.claims.reversal import reversal_claims, reversal_prompts
+from weightgraft.localization.claims.reversal import reversal_claims
 from weightgraft.models.donors import LoadSettings, load_role
 from weightgraft.models.loaded import LoadedModel
 from weightgraft.models.spec import PeftSpec, parse_spec
@@ -301,8 +301,8 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
     ``weightgraft.models.load_model``)."""
     if not isinstance(config, LocalizeConfig):
         config = load_localize_config(Path(config), overrides)
-    prompts = select_prompts(config)  # fail on data before any model loads
-    reversal = reversal_prompts(config)
+    chosen = localize_prompts(config)  # fail on data before any model loads
+    prompts, reversal, choice = chosen.mapped, chosen.reversal, chosen.choice
     evidence = claims_evidence(config, prompts, len(reversal)) if config.claims.enabled else None
     if evidence is not None and evidence.problem:  # claims that cannot reach a verdict: said before any model loads
         raise ConfigError(evidence.problem)
@@ -317,10 +317,6 @@ def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | Non
         config = plan_before_localize(config, prompts)
     run_dir = config.run_dir()
     _claim(run_dir, config, prompts)
-    choice = choose_directions(config)
-    other = left_out(config, choice)
-    if other:
-        choice = type(choice)(choice.directions, f"{choice.note} ({other} prompt(s) of other directions left out)")
     torch.manual_seed(config.seed)
     say = print if progress else (lambda *a, **k: None)
     say(choice.note)

@@ -57,10 +57,10 @@ def claims_notes(config: Any) -> list[str]:
     can reach, and what would refuse or flag the run."""
     if not config.claims.enabled:
         return []
-    from weightgraft.localization.claims.reversal import reversal_prompts
-    from weightgraft.localization.examples import select_prompts
+    from weightgraft.localization.prompts import localize_prompts
 
-    found = claims_evidence(config, select_prompts(config), len(reversal_prompts(config)))
+    chosen = localize_prompts(config)
+    found = claims_evidence(config, chosen.mapped, len(chosen.reversal))
     notes = [f"claims: {found.family} judged tests on at least {found.n_prompts} prompts per map, one Holm family; "
              f"the least adjusted p is {found.floor:.2g}" + (" (rows exploratory)" if found.exploratory else "")]
     if found.problem:

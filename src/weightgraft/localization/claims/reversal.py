@@ -15,56 +15,17 @@ from typing import Any
 import pandas as pd
 import torch
 
-from weightgraft.data.prompts import DatasetError, TestPrompt
+from weightgraft.data.prompts import TestPrompt
 from weightgraft.localization.claims.regions import BOTH_A2B, CLAIMS
 from weightgraft.localization.claims.stage import map_claims
 from weightgraft.localization.config import LocalizeConfig
-from weightgraft.data.freeform import load_prompts
 from weightgraft.engine.partial import PartialGraft
-from weightgraft.localization.directions import model_directions
+from weightgraft.localization.prompts import roles_checked
 from weightgraft.localization.examples import build_examples
 from weightgraft.localization.maps import estimate_frame
 from weightgraft.models.tokenization import check_same_tokenizer
 
 LABEL = "reversal"  # the model column of the reversal rows
-
-
-def reversal_prompts(config: LocalizeConfig) -> list[TestPrompt]:
-    """The setting's prompts (``claims.prompts`` at most), or a one-line error where the data
-    has none; empty without ``reversal:``."""
-    setting = config.reversal
-    if setting is None:
-        return []
-    if config.metric == "logit_diff":
-        raise DatasetError("reversal: metric 'logit_diff' needs a distractor per prompt; use first_logprob or neg_kl_donor")
-
-    roles_checked(config)
-    chosen = [p for p in load_prompts(config.data) if p.template == setting.template and p.direction == setting.direction]
-    if not chosen:
-        raise DatasetError(f"reversal: the data has no {setting.direction} prompt of template {setting.template!r}")
-    return chosen[: config.claims.prompts] if config.claims.prompts else chosen
-
-
-def roles_checked(config: LocalizeConfig) -> str:
-    """The roles' training splits where their training manifests name them: the donor must have
-    trained on both directions and the recipient not on the prompts' direction (else an error,
-    before any model loads); a sentence saying what was checked."""
-
-    setting = config.reversal
-    said = []
-    both = lambda d: d == ["a2b", "b2a"]  # noqa: E731
-    checks = [("donor", setting.donor, both), ("recipient", setting.recipient, lambda d: setting.direction not in d)]
-    checks += [(f"control[{i}]", spec, both) for i, spec in enumerate(setting.controls)]
-    for role, spec, ok in checks:
-        found = model_directions(spec)
-        if found is None:
-            said.append(f"{role}: no training manifest")
-            continue
-        if not ok(found):
-            raise DatasetError(f"reversal: the {role} {spec} was trained on {found}; the paper's setting "
-                               f"needs a donor trained on both directions and a recipient not on {setting.direction}")
-        said.append(f"{role}: trained on {found}")
-    return "; ".join(said)
 
 
 DONOR_TOP5 = 0.8  # the paper's precondition: the donor knows the reversed facts (its top-5 on the prompts)
@@ -107,6 +68,7 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
     per-prompt effects."""
 
     setting = config.reversal
+    assert setting is not None, "reversal claims need a config with reversal:"
     recipient = load(setting.recipient, dtype)
     examples, excluded = build_examples(prompts, recipient.tokenizer)
     if excluded:
@@ -116,7 +78,7 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
 
     # the setting's models and prompts are outside the run's identity: their results are kept apart by them
     folder = parts / LABEL / hashlib.sha256(setting.model_dump_json().encode()).hexdigest()[:12]
-    tables, per_prompts, roles = [], [], roles_checked(config)
+    tables, per_prompts, roles = [], [], roles_checked(setting)
     donors = [(LABEL, "donor", setting.donor)]
     donors += [(f"{LABEL} control[{i}]", "control", spec) for i, spec in enumerate(setting.controls)]
     for label, role, spec in donors:  # one donor in memory at a time

@@ -1,6 +1,10 @@
-"""Which prompt directions (``a2b`` / ``b2a``) ``localize`` maps when the config names none:
-the direction the SFT model was trained on. A map over untrained (reversed) prompts measures
-a fact the donor never learned, so mixing them in silently blurs the map.
+"""Which prompts ``localize`` maps, read from the config's data once (``localize_prompts``): the
+config's selection (``RunInputs.select``) in the chosen directions, and the prompts of the
+reversal setting (``reversal:``).
+
+Without ``directions`` in the config, the direction the SFT model was trained on is mapped. A
+map over untrained (reversed) prompts measures a fact the donor never learned, so mixing them
+in silently blurs the map; the prompts of other directions left out are counted in the note.
 
 Read, in order: the SFT model's ``training_manifest.json`` (its ``data.split``; for a LoRA
 donor ``peft(pre, DIR)``, the adapter folder's), then the dataset's ``manifest.json`` (the
@@ -11,11 +15,15 @@ every direction, and the note says so.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from weightgraft.configfile import ConfigError
+from weightgraft.data.freeform import load_prompts
+from weightgraft.data.prompts import DatasetError, TestPrompt
+from weightgraft.localization.config import ReversalSetting
 
 SPLIT_DIRECTIONS = {"a2b": ["a2b"], "b2a": ["b2a"], "both": ["a2b", "b2a"]}
 
@@ -53,7 +61,7 @@ def model_directions(spec: str) -> list[str] | None:
     from weightgraft.training.outputs import MANIFEST_NAME
 
     split = ((_read_json(folder / MANIFEST_NAME) or {}).get("data") or {}).get("split")
-    return SPLIT_DIRECTIONS.get(split)
+    return SPLIT_DIRECTIONS.get(split) if isinstance(split, str) else None
 
 
 def trained_directions(data: Path, sft_spec: str) -> DirectionChoice:
@@ -92,13 +100,71 @@ def choose_directions(config: Any) -> DirectionChoice:
     return first
 
 
-def left_out(config: Any, choice: DirectionChoice) -> int:
-    """How many prompts of the chosen templates the direction filter leaves out (counted, never
-    dropped silently)."""
+def left_out(config: Any, choice: DirectionChoice, prompts: Sequence[TestPrompt]) -> int:
+    """How many of ``prompts`` (of the chosen templates) the direction filter leaves out
+    (counted, never dropped silently)."""
     if choice.directions is None:
         return 0
-    from weightgraft.data.freeform import load_prompts
-
-    return sum(1 for p in load_prompts(config.data)
+    return sum(1 for p in prompts
                if (config.templates is None or p.template in config.templates)
                and p.direction not in choice.directions and (config.directions is not None or p.direction is not None))
+
+
+def roles_checked(setting: ReversalSetting) -> str:
+    """The reversal roles' training splits where their training manifests name them: the donor
+    must have trained on both directions and the recipient not on the prompts' direction (else
+    an error, before any model loads); a sentence saying what was checked."""
+    said = []
+    both = lambda d: d == ["a2b", "b2a"]  # noqa: E731
+    checks = [("donor", setting.donor, both), ("recipient", setting.recipient, lambda d: setting.direction not in d)]
+    checks += [(f"control[{i}]", spec, both) for i, spec in enumerate(setting.controls)]
+    for role, spec, ok in checks:
+        found = model_directions(spec)
+        if found is None:
+            said.append(f"{role}: no training manifest")
+            continue
+        if not ok(found):
+            raise DatasetError(f"reversal: the {role} {spec} was trained on {found}; the paper's setting "
+                               f"needs a donor trained on both directions and a recipient not on {setting.direction}")
+        said.append(f"{role}: trained on {found}")
+    return "; ".join(said)
+
+
+def reversal_prompts(config: Any, prompts: Sequence[TestPrompt]) -> list[TestPrompt]:
+    """The reversal setting's prompts among ``prompts`` (``claims.prompts`` at most), or a
+    one-line error where the data has none; empty without ``reversal:``."""
+    setting = config.reversal
+    if setting is None:
+        return []
+    if config.metric == "logit_diff":
+        raise DatasetError("reversal: metric 'logit_diff' needs a distractor per prompt; use first_logprob or neg_kl_donor")
+    roles_checked(setting)
+    chosen = [p for p in prompts if p.template == setting.template and p.direction == setting.direction]
+    if not chosen:
+        raise DatasetError(f"reversal: the data has no {setting.direction} prompt of template {setting.template!r}")
+    return chosen[: config.claims.prompts] if config.claims.prompts else chosen
+
+
+@dataclass(frozen=True)
+class LocalizePrompts:
+    """What a localize config maps, read from its data once."""
+
+    mapped: list[TestPrompt]  # the selection in the chosen directions
+    reversal: list[TestPrompt]  # the reversal setting's (empty without ``reversal:``)
+    choice: DirectionChoice  # its note counts the prompts of other directions left out
+
+
+def localize_prompts(config: Any) -> LocalizePrompts:
+    """The config's prompts, its direction choice and its reversal prompts; a one-line error on
+    bad data before any model loads."""
+    every = load_prompts(config.data)
+    choice = choose_directions(config)
+    mapped = config.select(every, choice.directions)
+    if other := left_out(config, choice, every):
+        choice = DirectionChoice(choice.directions, f"{choice.note} ({other} prompt(s) of other directions left out)")
+    return LocalizePrompts(mapped, reversal_prompts(config, every), choice)
+
+
+def select_prompts(config: Any) -> list[TestPrompt]:
+    """The prompts a localize config maps (``localize_prompts(config).mapped``)."""
+    return localize_prompts(config).mapped
