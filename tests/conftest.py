@@ -1,5 +1,5 @@
 """Shared fixtures: tiny random models (``tiny_models``) and their tokenizer, in memory and
-saved as model directories; the tiny finetuning world (``tiny_training``: ``data_dir``, ``base_dir``); the ``slow`` marker (registered in pyproject.toml, the rule in
+saved as model directories (``tiny_model_dirs``; the tiny world's pair, ``world_model_dirs``); the tiny finetuning world (``tiny_training``: ``data_dir``, ``base_dir``); the ``slow`` marker (registered in pyproject.toml, the rule in
 docs/development.md) also goes on every test that needs a fixture its module names in
 ``SLOW_FIXTURES``."""
 
@@ -67,4 +67,20 @@ def tiny_model_dirs(tmp_path_factory, tiny_pair, tiny_tok) -> dict[str, Path]:
         model.save_pretrained(root / role)
         tiny_tok.save_pretrained(root / role)
         out[role] = root / role
+    return out
+
+
+@pytest.fixture(scope="session")
+def world_model_dirs(tmp_path_factory) -> dict[str, str]:
+    """``{"pre": dir, "sft": dir}``: the tiny world's Llama pair (``tiny_world.loader``) saved
+    with ``save_pretrained``, for tests that load models by path; read only."""
+    from tiny_world import loader
+
+    root = tmp_path_factory.mktemp("world_pair")
+    out = {}
+    for role in ("pre", "sft"):
+        lm = loader(f"tiny-llama:{role}")
+        lm.model.save_pretrained(root / role)
+        lm.tokenizer.save_pretrained(root / role)
+        out[role] = str(root / role)
     return out

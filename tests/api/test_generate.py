@@ -13,7 +13,7 @@ from weightgraft.api.generate import generate
 from weightgraft.engine.generate import generate_one
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny, tiny_models, tiny_tokenizer
+from tiny_models import TINY_CONFIGS, tiny_models, tiny_tokenizer
 
 PROMPT = "The Eiffel Tower is in"
 SPANS = {"subject": "Eiffel Tower"}
@@ -106,29 +106,24 @@ def test_sampling_is_seeded_and_inputs_are_checked():
         generate([base, donor, donor], tok, PROMPT, None, max_new_tokens=4)
 
 
-def test_generate_command(tmp_path):
+def test_generate_command(tiny_model_dirs, tiny_tok):
     from typer.testing import CliRunner
 
     from weightgraft.cli import app
     from weightgraft.models import load_model
     from weightgraft.models.derived import lowrank_model
 
-    tok = tiny_tokenizer()
-    base = make_tiny("llama", seed=0, vocab_size=len(tok))
-    donor = make_donor(base, seed=1)
-    for name, model in (("pre", base), ("sft", donor)):
-        model.save_pretrained(tmp_path / name)
-        tok.save_pretrained(tmp_path / name)
-    pre, sft = (load_model(tmp_path / n).model for n in ("pre", "sft"))
+    tok, dirs = tiny_tok, tiny_model_dirs
+    pre, sft = (load_model(dirs[n]).model for n in ("pre", "sft"))
     rule = "model=sft,positions=first_entity+last,layers=-1,components=attn"
-    args = ["generate", PROMPT, "-m", f"pre={tmp_path / 'pre'}", "-m", f"sft={tmp_path / 'sft'}",
+    args = ["generate", PROMPT, "-m", f"pre={dirs['pre']}", "-m", f"sft={dirs['sft']}",
             "-s", "subject=Eiffel Tower", "-r", rule, "-n", "5"]
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
     expected = generate([pre, sft], tok, PROMPT, [RULES[0]], max_new_tokens=5, spans=SPANS)
     assert out.stdout.strip().splitlines()[-1] == f"graft: {PROMPT}{expected}"
     # a low-rank role given on the command line
-    low = ["generate", PROMPT, "-m", f"pre={tmp_path / 'pre'}", "-m", f"full={tmp_path / 'sft'}",
+    low = ["generate", PROMPT, "-m", f"pre={dirs['pre']}", "-m", f"full={dirs['sft']}",
            "-m", "sft=lowrank(full, k=2)", "-r", "model=sft,positions=last", "-n", "4"]
     out = CliRunner().invoke(app, low)
     assert out.exit_code == 0, out.output

@@ -40,14 +40,9 @@ def test_hooked_models_graft_exactly_and_keep_their_hooks():
     assert [m.__dict__["forward"] for m in hooked] == forwards  # hooks restored, not dropped
 
 
-def test_device_map_load_and_refusals(tmp_path):
-    base = make_tiny("llama", seed=0)
-    base.save_pretrained(tmp_path / "m")
-    from tiny_models import tiny_tokenizer
-
-    tiny_tokenizer().save_pretrained(tmp_path / "m")
-    placed = load_model(tmp_path / "m", device_map={"": "cpu"})
-    assert wg.models.weights_sha256(placed.model) == wg.models.weights_sha256(base)
+def test_device_map_load_and_refusals(tmp_path, tiny_model_dirs, tiny_pair):
+    placed = load_model(tiny_model_dirs["pre"], device_map={"": "cpu"})
+    assert wg.models.weights_sha256(placed.model) == wg.models.weights_sha256(tiny_pair("llama", torch.float32)[0])
     gguf = tmp_path / "x.gguf"
     gguf.write_bytes(b"GGUF")
     with pytest.raises(ModelLoadError, match="device_map is not available for GGUF"):

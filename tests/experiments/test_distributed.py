@@ -13,19 +13,15 @@ import yaml
 
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
-from tiny_world import loader, write_world
+from tiny_world import write_world
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: a torchrun sweep
 
 
-def test_torchrun_two_processes_equal_one(tmp_path):
-    for role in ("pre", "sft"):
-        lm = loader(f"tiny-llama:{role}")
-        lm.model.save_pretrained(tmp_path / role)
-        lm.tokenizer.save_pretrained(tmp_path / role)
+def test_torchrun_two_processes_equal_one(tmp_path, world_model_dirs):
     raw = {
         "name": "dist", "data": str(write_world(tmp_path / "data", broken=2)),
-        "models": {"pre": str(tmp_path / "pre"), "sft": str(tmp_path / "sft")},
+        "models": world_model_dirs,
         "schemes": [{"preset": "position"}], "batch_size": 5, "report": False,
     }
     single = run_experiment(parse_config({**raw, "out": str(tmp_path / "one")}), progress=False)

@@ -18,7 +18,7 @@ from weightgraft.models.lean import donor_view, lean_from_safetensors, memory_re
 from weightgraft.models import load_model
 from weightgraft.experiments.runner import run_experiment
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny
-from tiny_world import loader, write_world
+from tiny_world import write_world
 
 
 def _save(model, path):
@@ -89,11 +89,7 @@ def test_mismatching_donor_is_refused_naming_the_tensor(tmp_path):
         donor_view(base, {"model.layers.0.mlp.up_proj.weight": other.model.layers[0].mlp.up_proj.weight})
 
 
-def test_run_with_lean_donors_equals_full_donors_and_reports_memory(tmp_path):
-    for role in ("pre", "sft"):
-        lm = loader(f"tiny-llama:{role}")
-        lm.model.save_pretrained(tmp_path / role)
-        lm.tokenizer.save_pretrained(tmp_path / role)
+def test_run_with_lean_donors_equals_full_donors_and_reports_memory(tmp_path, world_model_dirs):
     data = write_world(tmp_path / "data")
     schemes = [
         {"name": "O+FFN@last", "rules": [{"model": "sft", "positions": "last", "layers": "-1", "components": "o+ffn"}]},
@@ -102,7 +98,7 @@ def test_run_with_lean_donors_equals_full_donors_and_reports_memory(tmp_path):
 
     def run(lean: bool):
         raw = {"name": "lean", "data": str(data), "schemes": schemes, "lean_donors": lean,
-               "models": {"pre": str(tmp_path / "pre"), "sft": str(tmp_path / "sft")},
+               "models": world_model_dirs,
                "out": str(tmp_path / f"run-{lean}"), "report": False}
         return run_experiment(parse_config(raw), progress=False)
 
@@ -110,7 +106,7 @@ def test_run_with_lean_donors_equals_full_donors_and_reports_memory(tmp_path):
     cols = ["scheme", "example_id", "rank", "prob", "answer_logprob"]
     pd.testing.assert_frame_equal(lean.results[cols], full.results[cols])
     info = json.loads((tmp_path / "run-True" / "manifest.json").read_text())["models"]["default"]
-    sft_full = load_model(tmp_path / "sft")
+    sft_full = load_model(world_model_dirs["sft"])
     assert info["sft"]["weights_sha256"] == sft_full.weights_sha256
     assert 0 < info["sft"]["bytes_held"] < info["pre"]["bytes_held"]
     full_info = json.loads((tmp_path / "run-False" / "manifest.json").read_text())["models"]["default"]

@@ -103,15 +103,7 @@ def test_cli_errors_are_one_line(tmp_path):
     assert "Traceback" not in proc.stderr and "device='cuda'" in proc.stderr
 
 
-def _saved_models(tmp_path) -> dict:
-    for role in ("pre", "sft"):
-        lm = loader(f"tiny-llama:{role}")
-        lm.model.save_pretrained(tmp_path / role)
-        lm.tokenizer.save_pretrained(tmp_path / role)
-    return {"pre": str(tmp_path / "pre"), "sft": str(tmp_path / "sft")}
-
-
-def test_disk_full_is_one_line(tmp_path, monkeypatch, capsys):
+def test_disk_full_is_one_line(tmp_path, monkeypatch, capsys, world_model_dirs):
     import errno
     import sys
 
@@ -120,7 +112,7 @@ def test_disk_full_is_one_line(tmp_path, monkeypatch, capsys):
     from weightgraft.cli import main
 
     cfg = tmp_path / "exp.yaml"
-    cfg.write_text(yaml.safe_dump(_raw(tmp_path, models=_saved_models(tmp_path), batch_size=2)))
+    cfg.write_text(yaml.safe_dump(_raw(tmp_path, models=world_model_dirs, batch_size=2)))
     calls = {"n": 0}
     real = atomic.os.fsync
 
@@ -140,7 +132,7 @@ def test_disk_full_is_one_line(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_ctrl_c_says_how_many_rows_are_saved_and_that_the_command_resumes(tmp_path):
+def test_ctrl_c_says_how_many_rows_are_saved_and_that_the_command_resumes(tmp_path, world_model_dirs):
     import os
     import signal
     import subprocess
@@ -152,7 +144,7 @@ def test_ctrl_c_says_how_many_rows_are_saved_and_that_the_command_resumes(tmp_pa
     cfg = tmp_path / "exp.yaml"
     # a larger world than _raw's, so the run is still going when the third part is saved
     cfg.write_text(yaml.safe_dump(tiny_config(tmp_path, "refuse", world={"n": 6},
-                                              models=_saved_models(tmp_path), batch_size=1)))
+                                              models=world_model_dirs, batch_size=1)))
     # SIGINT back to its default in the child: a test run started in the background of a
     # non-interactive shell inherits SIGINT ignored, and Python then never raises
     # KeyboardInterrupt (the run finished with exit code 0)

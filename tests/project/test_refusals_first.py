@@ -15,19 +15,12 @@ from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 from weightgraft.models.spec import parse_spec
-from tiny_world import loader, tiny_config
+from tiny_world import tiny_config
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("models")
-    out = {}
-    for role in ("pre", "sft"):
-        lm = loader(f"tiny-llama:{role}")
-        lm.model.save_pretrained(root / role)
-        lm.tokenizer.save_pretrained(root / role)
-        out[role] = str(root / role)
-    return out
+@pytest.fixture
+def saved(world_model_dirs: dict[str, str]) -> dict[str, str]:
+    return world_model_dirs
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

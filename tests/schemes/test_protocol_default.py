@@ -20,7 +20,7 @@ from weightgraft.report.console import print_summary
 from weightgraft.schemes.presets import preset
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, PROTOCOLS
 from weightgraft.schemes.scheme import compile_scheme
-from tiny_world import loader, tiny_config
+from tiny_world import tiny_config
 
 PROMPTS = ["Keanu Reeves starred in a movie with", "Q: Who starred in a movie alongside Tom Hanks? A: An actor named"]
 
@@ -64,14 +64,8 @@ def test_summary_table_title_names_the_protocol(protocol):
     assert f"protocol {protocol}" in title and "protocol" not in title.replace(f"protocol {protocol}", "")
 
 
-def test_run_table_report_and_generate_name_the_configs_protocol(tmp_path):
-    models = {}
-    for role in ("pre", "sft"):
-        lm = loader(f"tiny-llama:{role}")
-        lm.model.save_pretrained(tmp_path / role)
-        lm.tokenizer.save_pretrained(tmp_path / role)
-        models[role] = str(tmp_path / role)
-    raw = tiny_config(tmp_path, "proto", models=models, protocol="authors", limit=2,
+def test_run_table_report_and_generate_name_the_configs_protocol(tmp_path, world_model_dirs):
+    raw = tiny_config(tmp_path, "proto", models=world_model_dirs, protocol="authors", limit=2,
                       schemes=[{"preset": "position", "only": ["PRE", "SFT", "LT"]}])
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(raw))
