@@ -227,8 +227,23 @@ def test_remote_code_never_runs_by_default(tiny_dir: Path, tmp_path: Path) -> No
 # ---------------------------------------------------------------- hub ids (local cache only)
 
 
-@pytest.mark.slow
-def test_uncached_hub_id_is_not_fetched(monkeypatch, tmp_path: Path) -> None:
+@pytest.fixture
+def network_calls(monkeypatch) -> list[tuple]:
+    """Every name lookup or connection the test's code attempts (each refused at once)."""
+    import socket
+
+    calls: list[tuple] = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise OSError("this test allows no network")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    return calls
+
+
+def test_uncached_hub_id_is_not_fetched(monkeypatch, tmp_path: Path, network_calls: list[tuple]) -> None:
     import huggingface_hub.constants as hc
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -236,11 +251,12 @@ def test_uncached_hub_id_is_not_fetched(monkeypatch, tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="never downloads") as info:
         load_model("weightgraft-test/not-a-cached-model")
     assert "models.ROLE=DIR" in str(info.value)  # `run` has no --model flag: name what it takes
+    assert network_calls == []  # refused from the cache alone: the hub is never asked
 
 
-@pytest.mark.slow
-def test_cached_hub_id_loads(tiny_dir: Path, monkeypatch, tmp_path: Path) -> None:
-    """A hub id resolves through the local HF cache layout (refs/main -> snapshots/<sha>)."""
+def test_cached_hub_id_loads(tiny_dir: Path, monkeypatch, tmp_path: Path, network_calls: list[tuple]) -> None:
+    """A hub id resolves through the local HF cache layout (refs/main -> snapshots/<sha>),
+    without a request to the hub."""
     import huggingface_hub.constants as hc
 
     cache = tmp_path / "hub"
@@ -258,6 +274,32 @@ def test_cached_hub_id_loads(tiny_dir: Path, monkeypatch, tmp_path: Path) -> Non
         pytest.skip(f"cannot point transformers at a temporary HF cache here: {exc}")
     assert loaded.source == "hub-cache:weightgraft-test/tiny"
     assert loaded.weights_sha256 == load_model(tiny_dir).weights_sha256
+    assert network_calls == []
+
+
+def test_a_hub_ids_plan_reads_the_cache_alone(tiny_dir: Path, monkeypatch, tmp_path: Path, network_calls: list[tuple]) -> None:
+    """A plan's footprint and token counts of a cached hub id come from its snapshot folder; an
+    uncached id (and a config tokenizer named by a hub id) is refused, and the hub never asked."""
+    import huggingface_hub.constants as hc
+
+    from weightgraft.models.spec import parse_spec
+    from weightgraft.models.tokenization import load_tokenizer
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--weightgraft-test--tiny" / "snapshots" / ("0" * 40)
+    snapshot.parent.mkdir(parents=True)
+    _copy_dir(tiny_dir, snapshot)
+    (cache / "models--weightgraft-test--tiny" / "refs").mkdir()
+    (cache / "models--weightgraft-test--tiny" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(cache))
+    fp = parse_spec("weightgraft-test/tiny").footprint()
+    assert fp.config.num_hidden_layers == parse_spec(str(tiny_dir)).footprint().config.num_hidden_layers
+    assert fp.tokenizer_dir == str(snapshot)
+    with pytest.raises(ModelNotFoundError, match="no hub id in the local Hugging Face cache"):
+        parse_spec("weightgraft-test/not-cached").footprint()
+    with pytest.raises(ModelLoadError, match="no tokenizer there"):
+        load_tokenizer("weightgraft-test/not-cached")
+    assert network_calls == []
 
 
 # ---------------------------------------------------------------- embedded models

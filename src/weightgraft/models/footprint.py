@@ -266,11 +266,20 @@ def location_footprint(text: str) -> ModelFootprint:
         return ModelFootprint(text, config, f"gguf metadata {path}", None)
     if path.exists():
         raise ModelLoadError(f"{path} is neither a model directory nor a .gguf file: cannot plan for it")
-    try:
-        config = AutoConfig.from_pretrained(text, local_files_only=True)
-    except Exception as exc:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:  # the local cache alone (given the id, transformers would ask the hub first)
+        found = try_to_load_from_cache(text, "config.json")
+    except ValueError:  # not a repo id
+        found = None
+    if not isinstance(found, str):
         raise ModelNotFoundError(
             f"cannot read the config of {text!r}: it is no random:/embedded name, no path, and "
             "no hub id in the local Hugging Face cache"
-        ) from exc
-    return ModelFootprint(text, config, f"hub-cache:{text}", text)
+        )
+    folder = Path(found).parent
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read the config of {text!r} in {folder} ({exc})") from exc
+    return ModelFootprint(text, config, f"hub-cache:{text}", str(folder) if _has_tokenizer(folder) else None)

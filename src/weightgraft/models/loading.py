@@ -201,32 +201,47 @@ def _refuse_offload(model: Any, source: str) -> None:
         )
 
 
-def _load_hub_cache(
-    spec: str, dtype: torch.dtype, trust_remote_code: bool,
-    device_map: str | dict[str, Any] | None = None, quantization: Any = None,
-) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _cached_snapshot(spec: str) -> Path:
+    """The hub id's snapshot folder in the local Hugging Face cache, found without the network.
+    Given the id itself, transformers first asks the hub for an adapter config even with
+    ``local_files_only`` (offline that is retried for about half a minute; online it is a request
+    weightgraft promises never to make); given the folder, it reads files only."""
+    from huggingface_hub import try_to_load_from_cache
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            spec, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code,
-            **({"device_map": device_map} if device_map is not None else {}),
-            **({"quantization_config": quantization} if quantization is not None else {}),
-            output_loading_info=True,
-        )
-        model, info = model
-        _refuse_incomplete(info, spec)
-        tokenizer = AutoTokenizer.from_pretrained(
-            spec, local_files_only=True, trust_remote_code=trust_remote_code
-        )
-    except OSError as exc:
+        found = try_to_load_from_cache(spec, "config.json")
+    except ValueError:  # not a valid repo id
+        found = None
+    if not isinstance(found, str):
         raise ModelNotFoundError(
             f"{spec!r} is neither an embedded model ({', '.join(sorted(EMBEDDED_MODELS))}), "
             "nor an existing file or directory, nor a hub id in the local Hugging Face cache; "
             "weightgraft never downloads models. Download it where you have access "
             f"(e.g. `hf download {spec} --local-dir DIR`) and give DIR as the model (in an "
             "experiment: models.ROLE=DIR; for train / check: the model argument or --model DIR)."
-        ) from exc
+        )
+    return Path(found).parent
+
+
+def _load_hub_cache(
+    spec: str, dtype: torch.dtype, trust_remote_code: bool,
+    device_map: str | dict[str, Any] | None = None, quantization: Any = None,
+) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = str(_cached_snapshot(spec))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code,
+            **({"device_map": device_map} if device_map is not None else {}),
+            **({"quantization_config": quantization} if quantization is not None else {}),
+            output_loading_info=True,
+        )
+        model, info = model
+        _refuse_incomplete(info, spec)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        raise CorruptCheckpointError(f"could not load the cached hub model {spec!r} from {folder}: {exc}") from exc
     return model, tokenizer
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -87,8 +88,10 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     text = str(spec).strip()
     if text == BYTES:
         return _byte_tokenizer()
-    where = ensure_converted(text) if embedded_name(text) else text
+    where = ensure_converted(text) if embedded_name(text) else Path(text).expanduser()
     try:
+        if not where.is_dir():  # never a hub id: transformers would ask the hub for it
+            raise FileNotFoundError(where)
         tok = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as exc:  # no tokenizer files, or unreadable ones
         raise ModelLoadError(f"tokenizer {text!r}: no tokenizer there ({type(exc).__name__}); give a directory "
