@@ -95,10 +95,17 @@ class _Plan:
 def _plan(claim: Claim, data: ClaimMap, frames: list[tuple[list[CellKey], pd.DataFrame]], label: str, seed: int,
           draws: int) -> _Plan:
     region, within, pools, nulls = [], [], [], {}
+    picked: dict[tuple[int, int], list[CellKey]] = {}  # prompts with the same cells share one frame
+
+    def pick(pred, keys: list[CellKey], frame: pd.DataFrame) -> list[CellKey]:
+        if (id(pred), id(frame)) not in picked:
+            picked[(id(pred), id(frame))] = _pick(pred, keys, frame, data.n_layers)
+        return list(picked[(id(pred), id(frame))])
+
     for keys, frame in frames:
-        region.append(_pick(claim.region, keys, frame, data.n_layers))
-        within.append(_pick(claim.within, keys, frame, data.n_layers))
-        avoid = set(_pick(claim.null_avoid, keys, frame, data.n_layers)) if claim.null_avoid else set()
+        region.append(pick(claim.region, keys, frame))
+        within.append(pick(claim.within, keys, frame))
+        avoid = set(pick(claim.null_avoid, keys, frame)) if claim.null_avoid else set()
         pools.append([k for k in within[-1] if k not in avoid])
     rest = [[k for k in w if k not in r_set] for r, w in zip(region, within) for r_set in [set(r)]]
     ids = list(data.prompt_ids) or [str(i) for i in range(len(region))]
@@ -159,10 +166,12 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
     other way); a map whose whole graft does not move it that way has no effect to localize.
     ``estimates_of``: the share column in the metric the gradient estimates were taken in
     (``share_exact``, ``share_plain``, or "" where neither: no interaction is reported)."""
-    frames = []
+    frames, by_cells = [], {}
     for have in data.keys:
         keys = sorted(have)
-        frames.append((keys, key_frame(keys)))
+        if tuple(keys) not in by_cells:
+            by_cells[tuple(keys)] = key_frame(keys)
+        frames.append((keys, by_cells[tuple(keys)]))
     plans = [_plan(c, data, frames, label, seed, draws) for c in claims]
     everything = [sorted(h) for h in data.keys]
     sets: dict[PromptSet, int] = {}
