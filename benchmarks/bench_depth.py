@@ -30,7 +30,8 @@ def single_cells(models: list, examples: list, n_cells: int, seed: int = 0, reps
     """Seconds per path for the same sampled single cells, one exact_effects call per bucket and
     repetition (the fastest repetition of each path)."""
     from weightgraft.engine.cells import example_cells, exact_effects
-    from weightgraft.engine.sharing.depth import DepthStats, depth_state_bytes
+    from weightgraft.engine.sharing.depth import DepthStats
+    from weightgraft.planning.depth_states import depth_state_bytes
     from weightgraft.engine.forward import slots
 
     names = slots(models[0])

@@ -111,7 +111,7 @@ def main() -> None:
         import weightgraft.engine.cells as cells
 
         cells.depth_forward = own
-    from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
+    from weightgraft.planning.depth_states import depth_state_bytes
     from weightgraft.models.spec import parse_spec
 
     seq = plan.prompts["max_tokens"]

@@ -11,10 +11,11 @@ import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import Cell, ScoredExample, example_cells, exact_effects
 from weightgraft.engine.sharing.depth import (
-    MIN_ROWS, SLACK, DepthStats, cost_batches, depth_forward, depth_state_bytes, item_starts,
+    MIN_ROWS, SLACK, DepthStats, cost_batches, depth_forward, item_starts,
 )
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.sharing.prefix import GraftItem
+from weightgraft.planning.depth_states import depth_state_bytes
 from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 ARCHS = sorted(TINY_CONFIGS)

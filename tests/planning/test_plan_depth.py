@@ -13,7 +13,7 @@ from tiny_world import write_world
 from typer.testing import CliRunner
 
 from weightgraft.cli import app
-from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
+from weightgraft.planning.depth_states import depth_state_bytes
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.found_sets import split_prompts
 from weightgraft.localization.prompts import select_prompts

@@ -1,7 +1,7 @@
 """Memory and time of a localize run, from the shapes of its work: both models whole, the
 partial graft's deltas, one attribution batch (and, with ``units: head | neuron``, every unit's
 share, gradient and running total), the exact-effect passes with the states depth sharing
-holds beside them (``weightgraft.engine.sharing.depth_bytes``), and the cell tables it keeps."""
+holds beside them (``weightgraft.planning.depth_states``), and the cell tables it keeps."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from functools import partial
 from dataclasses import dataclass, field, replace
 
 from weightgraft.engine.architectures import Units, model_slots
-from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
+from weightgraft.planning.depth_states import depth_state_bytes
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import parse_spec
 from weightgraft.planning.graftable import check_graftable

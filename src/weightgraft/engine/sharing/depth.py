@@ -33,7 +33,6 @@ from transformers.cache_utils import DynamicLayer
 from weightgraft.engine.architectures import adapter_for, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
-from weightgraft.engine.sharing.depth_bytes import depth_state_bytes
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.engine.sharing.prefix import (
     GraftItem,
@@ -51,7 +50,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
 __all__ = ["DepthStart", "DepthStats", "depth_start", "differs", "item_starts", "slot_layers", "cost_batches",
-           "depth_forward", "depth_state_bytes", "Reduce", "UNIT_BUDGET",
+           "depth_forward", "Reduce", "UNIT_BUDGET",
            "ReferenceStates", "run_pass", "decoder_blocks"]
 
 Reduce = Callable[[torch.Tensor, list[int]], torch.Tensor]  # (a pass's logits, its item indices) -> kept rows

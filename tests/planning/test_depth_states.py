@@ -13,7 +13,7 @@ import weightgraft.engine.cells as cells_mod
 from weightgraft.engine.architectures import Units, model_slots
 from weightgraft.engine.cells import Cell, ScoredExample, example_cells, exact_effects
 from weightgraft.engine.sharing.depth import DepthStats
-from weightgraft.engine.sharing.depth_bytes import cached_positions, depth_state_bytes
+from weightgraft.planning.depth_states import cached_positions, depth_state_bytes
 from tiny_models import make_donor, make_tiny
 
 LENGTHS = (12, 12, 11)
