@@ -52,7 +52,7 @@ from weightgraft.localization.claims.stage import map_claims, write_claims
 from weightgraft.localization.claims.steps import claims_along_steps, snapshot_steps
 from weightgraft.errors import ResultsDirConflict
 from weightgraft.resume.claim import changed_entries, extends
-from weightgraft.localization.config import CONTROL, LocalizeConfig, load_localize_config
+from weightgraft.localization.config import CONTROL, LocalizeConfig
 from weightgraft.localization.examples import LocalizeExample, build_examples
 from weightgraft.localization.prompts import localize_prompts
 from weightgraft.localization.exact_parts import exact_stage
@@ -292,15 +292,12 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
     return pd.concat(frames, ignore_index=True)
 
 
-def run_localize(config: LocalizeConfig | str | Path, overrides: list[str] | None = None,
-                 progress: bool = True, load: Any = None) -> LocalizeResult:
+def run_localize(config: LocalizeConfig, progress: bool = True, load: Any = None) -> LocalizeResult:
     """Run (or resume) a localize config; see the module docstring for what it writes (all but
     the report page: ``weightgraft.api.localize.localize`` runs this, then draws it).
 
     ``load(spec, dtype)`` returns an object with ``model`` and ``tokenizer`` (default:
     ``weightgraft.models.load_model``)."""
-    if not isinstance(config, LocalizeConfig):
-        config = load_localize_config(Path(config), overrides)
     chosen = localize_prompts(config)  # fail on data before any model loads
     prompts, reversal, choice = chosen.mapped, chosen.reversal, chosen.choice
     evidence = claims_evidence(config, prompts, len(reversal)) if config.claims.enabled else None
