@@ -55,7 +55,7 @@ def tokenizer_for(footprint: ModelFootprint, named: str | None = None) -> tuple[
 
 
 def _fast_tokenizer(directory: str) -> Any:
-    """The fast tokenizer saved in ``directory`` (a directory or cached hub id), else None."""
+    """The fast tokenizer saved in ``directory`` (a model folder, or a cached hub id's snapshot), else None."""
     try:
         from transformers import AutoTokenizer
 
