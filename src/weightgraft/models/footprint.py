@@ -245,6 +245,20 @@ def embedded_footprint(name: str, text: str) -> ModelFootprint:
     return location_footprint(text)
 
 
+def cached_snapshot(hub_id: str) -> Path | None:
+    """The folder of a hub id's snapshot in the local Hugging Face cache (the one that holds its
+    ``config.json``), found without the network; None where the cache has none. Given the id
+    itself, transformers asks the hub first even with ``local_files_only``; given this folder,
+    it reads files only."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(hub_id, "config.json")
+    except ValueError:  # not a repo id
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
 def location_footprint(text: str) -> ModelFootprint:
     """The footprint of a model directory, a ``.gguf`` file or a cached hub id, reading its
     config only."""
@@ -266,18 +280,12 @@ def location_footprint(text: str) -> ModelFootprint:
         return ModelFootprint(text, config, f"gguf metadata {path}", None)
     if path.exists():
         raise ModelLoadError(f"{path} is neither a model directory nor a .gguf file: cannot plan for it")
-    from huggingface_hub import try_to_load_from_cache
-
-    try:  # the local cache alone (given the id, transformers would ask the hub first)
-        found = try_to_load_from_cache(text, "config.json")
-    except ValueError:  # not a repo id
-        found = None
-    if not isinstance(found, str):
+    folder = cached_snapshot(text)
+    if folder is None:
         raise ModelNotFoundError(
             f"cannot read the config of {text!r}: it is no random:/embedded name, no path, and "
             "no hub id in the local Hugging Face cache"
         )
-    folder = Path(found).parent
     try:
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:

@@ -30,6 +30,7 @@ from weightgraft.models.errors import (
     ModelNotFoundError,
     PickleRefusedError,
 )
+from weightgraft.models.footprint import cached_snapshot
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import lean_from_safetensors
 from weightgraft.models.loaded import LoadedModel, LoadSettings
@@ -202,17 +203,10 @@ def _refuse_offload(model: Any, source: str) -> None:
 
 
 def _cached_snapshot(spec: str) -> Path:
-    """The hub id's snapshot folder in the local Hugging Face cache, found without the network.
-    Given the id itself, transformers first asks the hub for an adapter config even with
-    ``local_files_only`` (offline that is retried for about half a minute; online it is a request
-    weightgraft promises never to make); given the folder, it reads files only."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found = try_to_load_from_cache(spec, "config.json")
-    except ValueError:  # not a valid repo id
-        found = None
-    if not isinstance(found, str):
+    """The hub id's snapshot folder (``cached_snapshot``): transformers given the id would ask the
+    hub for an adapter config first (offline retried for about half a minute)."""
+    folder = cached_snapshot(spec)
+    if folder is None:
         raise ModelNotFoundError(
             f"{spec!r} is neither an embedded model ({', '.join(sorted(EMBEDDED_MODELS))}), "
             "nor an existing file or directory, nor a hub id in the local Hugging Face cache; "
@@ -220,7 +214,7 @@ def _cached_snapshot(spec: str) -> Path:
             f"(e.g. `hf download {spec} --local-dir DIR`) and give DIR as the model (in an "
             "experiment: models.ROLE=DIR; for train / check: the model argument or --model DIR)."
         )
-    return Path(found).parent
+    return folder
 
 
 def _load_hub_cache(
@@ -261,9 +255,7 @@ def check_location(text: str, role: str, hub: bool) -> None:
         return
     if not hub:
         raise ModelNotFoundError(f"{role} {text!r} does not exist ({path.absolute()}): no such file or directory")
-    from huggingface_hub import try_to_load_from_cache
-
-    if not isinstance(try_to_load_from_cache(text, "config.json"), str):
+    if cached_snapshot(text) is None:
         raise ModelNotFoundError(
             f"{role} {text!r} is no embedded model ({', '.join(sorted(EMBEDDED_MODELS))}), no existing "
             "file or directory and no hub id in the local Hugging Face cache; weightgraft never downloads models"
