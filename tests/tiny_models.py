@@ -34,6 +34,36 @@ TINY_CONFIGS: dict[str, T.PretrainedConfig] = {
     "granite": T.GraniteConfig(**_LLAMA, num_key_value_heads=2, **_COMMON),
 }
 
+# Vision-language checkpoints over a supported text family: a tiny vision tower beside a tiny
+# language model (the image placeholder is the last id of the tiny vocabulary).
+_TEXT = dict(**_LLAMA, num_key_value_heads=2, head_dim=8, **_COMMON)
+_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+               image_size=28, patch_size=14)
+VL_CONFIGS: dict[str, T.PretrainedConfig] = {
+    "gemma3": T.Gemma3Config(  # Gemma 3 4B-27B: tied, four norms, q/k norms, sliding window
+        text_config=dict(**_TEXT, sliding_window=3), vision_config=_VISION, mm_tokens_per_image=4,
+        image_token_index=63, boi_token_index=61, eoi_token_index=62,
+    ),
+    "mistral3": T.Mistral3Config(  # Mistral Small 3.1: a Mistral language model, Pixtral's tower
+        text_config=dict(model_type="mistral", **_TEXT, sliding_window=3),
+        vision_config=dict(model_type="pixtral", **_VISION, head_dim=8), image_token_index=63,
+        tie_word_embeddings=False,
+    ),
+    "llava": T.LlavaConfig(  # a Llama language model, CLIP's tower
+        text_config=dict(model_type="llama", **_TEXT),
+        vision_config=dict(model_type="clip_vision_model", **_VISION), image_token_index=63,
+        vision_feature_layer=-1,
+    ),
+    "qwen3_vl": T.Qwen3VLConfig(  # Qwen3's layer with multimodal rotary positions; no text-only class
+        text_config=dict(**_TEXT, rope_parameters=dict(
+            rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1], mrope_interleaved=True)),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                           deepstack_visual_indexes=[0], patch_size=14, num_position_embeddings=16),
+        image_token_id=63, video_token_id=62,
+    ),
+}
+TINY_CONFIGS.update(VL_CONFIGS)
+
 
 @torch.no_grad()
 def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
@@ -53,17 +83,19 @@ def make_tiny(
     """A tiny model of ``model_type``; ``tied`` overrides the config's embedding tying, and
     ``randomize=False`` keeps transformers' own (seeded) initialization, e.g. for training."""
     config = copy.deepcopy(TINY_CONFIGS[model_type])
-    if vocab_size is not None:
-        config.vocab_size = vocab_size
     if tied is not None:
         config.tie_word_embeddings = tied
+    text = config.get_text_config(decoder=True)
+    if vocab_size is not None:
+        text.vocab_size = vocab_size
     if n_layers is not None:
-        config.num_hidden_layers = n_layers
-        kinds = getattr(config, "layer_types", None)
+        text.num_hidden_layers = n_layers
+        kinds = getattr(text, "layer_types", None)
         if kinds:  # per-layer attention kinds: repeat the pattern over the new depth
-            config.layer_types = [kinds[i % len(kinds)] for i in range(n_layers)]
+            text.layer_types = [kinds[i % len(kinds)] for i in range(n_layers)]
     torch.manual_seed(seed)
-    model = T.AutoModelForCausalLM.from_config(config)
+    auto = T.AutoModelForImageTextToText if model_type in VL_CONFIGS else T.AutoModelForCausalLM
+    model = auto.from_config(config)
     if randomize:
         _randomize(model, torch.Generator().manual_seed(seed))
     return model.eval()

@@ -91,7 +91,7 @@ def test_prefix_forward_equals_each_item_alone_and_the_per_token_definition(mode
     assert PrefixGroup(8, (6, 7)) in plan.groups  # the donor and its body share
     got = prefix_forward(models, items, pad_id=0)
     k = max(item.n_logits for item in items)
-    assert got.shape == (len(items), k, TINY_CONFIGS[model_type].vocab_size)
+    assert got.shape == (len(items), k, TINY_CONFIGS[model_type].get_text_config(decoder=True).vocab_size)
     composite = CompositeModel(models)
     for i, item in enumerate(items):
         assert (got[i] - _wanted(_alone(models, item), item, k)).abs().max().item() <= TOL

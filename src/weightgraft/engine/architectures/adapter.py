@@ -1,0 +1,106 @@
+"""What an architecture adapter declares: for one HF ``model_type``, which module (and which
+output columns) each logical component of a decoder layer is, and where the layers, the
+embedding, the final norm and the unembedding sit.
+
+Components are named canonically (``q, k, v, o, gate, up, down, attn_norm, mlp_norm, ...``); a
+component is either a whole module (``"mlp.down_proj"``) or a set of output columns of a fused
+projection (``Fused("attn.c_attn", "qkv_blocks", "q")``), so that q, k and v graft separately.
+A vision-language checkpoint (:class:`Wrapper`) holds a text family's decoder under another
+root; its adapter is the text family's, re-rooted (:meth:`Adapter.under`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# The canonical order of per-layer components; ``slots()`` lists them in this order.
+LAYER_COMPONENTS: tuple[str, ...] = (
+    "attn_norm",
+    "q",
+    "k",
+    "v",
+    "q_norm",
+    "k_norm",
+    "o",
+    "post_attn_norm",
+    "mlp_norm",
+    "gate",
+    "up",
+    "down",
+    "post_mlp_norm",
+)
+GLOBAL_SLOTS: tuple[str, ...] = ("embed", "pos_embed", "final_norm", "unembed")
+
+Layout = Literal["qkv_blocks", "qkv_per_head", "halves"]
+
+# The module a text family's decoder (layers, embedding, final norm) sits in: every wrappable
+# family keeps it at ``model`` and the unembedding at ``lm_head``.
+TEXT_ROOT = "model"
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A component that is a subset of the output columns of a fused projection.
+
+    ``qkv_blocks``: [q | k | v] contiguous (GPT-2 ``c_attn``, Phi-3 ``qkv_proj``);
+    ``qkv_per_head``: per head [q_h | k_h | v_h] (GPT-NeoX ``query_key_value``);
+    ``halves``: [first | second] (Phi-3 ``gate_up_proj``).
+    """
+
+    module: str
+    layout: Layout
+    part: str  # "q" | "k" | "v" for qkv layouts, "first" | "second" for halves
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """Declarative description of one HF architecture."""
+
+    layers: str  # path of the ModuleList of decoder blocks
+    embed: tuple[str, ...]  # modules whose outputs together form the token embedding
+    final_norm: str | None
+    unembed: str
+    components: dict[str, str | Fused]  # canonical name -> module path inside a block
+    # The position axis of modules whose input is not [batch, seq, ...] (Gemma 3 q/k norms).
+    pos_axis: dict[str, int] = field(default_factory=dict)
+    # Config attributes that change the computation in ways this adapter does not model:
+    # attribute -> the only value supported.
+    requires: dict[str, Any] = field(default_factory=dict)
+    # Learned position embeddings (GPT-2's wpe): a slot of their own, ``pos_embed``.
+    pos_embed: str | None = None
+    # Modules no text prompt reaches (a vision-language checkpoint's vision tower and projector):
+    # their parameters belong to no slot, and a donor that differs there is reported, not grafted.
+    outside: tuple[str, ...] = ()
+
+    def under(self, root: str, outside: tuple[str, ...]) -> Adapter:
+        """This text family's adapter with its decoder at ``root`` instead of ``model`` (a
+        vision-language checkpoint's ``model.language_model``), the unembedding where it was."""
+        if not self.layers.startswith(f"{TEXT_ROOT}."):
+            raise ValueError(f"a family whose decoder is not at {TEXT_ROOT!r} cannot be re-rooted")
+
+        def moved(path: str) -> str:
+            return root + path[len(TEXT_ROOT):] if path.startswith(f"{TEXT_ROOT}.") else path
+
+        return dataclasses.replace(
+            self, layers=moved(self.layers), embed=tuple(moved(p) for p in self.embed),
+            final_norm=None if self.final_norm is None else moved(self.final_norm),
+            unembed=moved(self.unembed), outside=outside,
+        )
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A vision-language checkpoint (``...ForConditionalGeneration``) whose language model is a
+    text family's decoder: its slots are the text family's, named alike, and only text prompts
+    are grafted (an image never reaches the language model through weightgraft)."""
+
+    language_model: str = "model.language_model"  # where the text family's ``model`` sits
+    outside: tuple[str, ...] = ("model.vision_tower", "model.multi_modal_projector")
+    # Whether transformers builds the text family's causal LM from the checkpoint's language-model
+    # tensors alone (loading then skips the vision tower): False where the text family has no
+    # causal-LM class of its own (Qwen3-VL's ``qwen3_vl_text``).
+    text_only: bool = True
+    # Config attributes naming the placeholder tokens where images (or videos) enter the prompt.
+    media_tokens: tuple[str, ...] = ("image_token_id", "image_token_index", "video_token_id")

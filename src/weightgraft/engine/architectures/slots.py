@@ -1,0 +1,154 @@
+"""Binding an adapter to a concrete model: its slots in the canonical order, checked to cover
+every parameter that a prompt's tokens reach."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from weightgraft.engine import projections
+from weightgraft.engine.architectures.adapter import LAYER_COMPONENTS, Fused
+from weightgraft.engine.architectures.table import adapter_for, text_config
+from weightgraft.engine.architectures.units import (
+    HEAD_COMPONENTS, NEURON_COMPONENTS, Part, Slot, _in_features, _out_features,
+)
+from weightgraft.errors import UnsupportedArchitectureError
+
+
+def _head_dim(config: Any) -> int:
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim:
+        return int(head_dim)
+    return int(config.hidden_size // config.num_attention_heads)
+
+
+def fused_columns(fused: Fused, config: Any, out_features: int) -> torch.Tensor:
+    """The output-column indices of ``fused.part`` inside its fused projection."""
+    if fused.layout == "halves":
+        half = out_features // 2
+        start = 0 if fused.part == "first" else half
+        return torch.arange(start, start + half)
+    n_heads = int(config.num_attention_heads)
+    n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
+    hd = _head_dim(config)
+    if fused.layout == "qkv_blocks":
+        sizes = {"q": n_heads * hd, "k": n_kv * hd, "v": n_kv * hd}
+        if sum(sizes.values()) != out_features:
+            raise UnsupportedArchitectureError(
+                f"fused projection {fused.module} has {out_features} outputs, expected "
+                f"{sum(sizes.values())} from the config's heads"
+            )
+        start = {"q": 0, "k": sizes["q"], "v": sizes["q"] + sizes["k"]}[fused.part]
+        return torch.arange(start, start + sizes[fused.part])
+    if fused.layout == "qkv_per_head":
+        if n_kv != n_heads or 3 * n_heads * hd != out_features:
+            raise UnsupportedArchitectureError(
+                f"fused projection {fused.module}: per-head q/k/v layout needs "
+                f"3*heads*head_dim={3 * n_heads * hd} outputs, found {out_features}"
+            )
+        which = "qkv".index(fused.part)
+        grid = torch.arange(out_features).view(n_heads, 3, hd)
+        return grid[:, which, :].reshape(-1)
+    raise UnsupportedArchitectureError(f"unknown fused layout {fused.layout!r}")
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+_SLOTS: weakref.WeakKeyDictionary[nn.Module, tuple[str, list[Slot]]] = weakref.WeakKeyDictionary()  # model -> (config json, slots)
+
+
+def model_slots(model: nn.Module) -> list[Slot]:
+    """All graftable slots of ``model`` in the canonical order, bound to module paths.
+
+    Components whose module has no parameters (OLMo's LayerNorms) are not slots: grafting
+    them could change nothing. Remembered per model while its config stays the same (every
+    ``graft_forward`` call asks for them).
+    """
+    key = projections.hf_config(model).to_json_string()
+    cached = _SLOTS.get(model)
+    if cached is not None and cached[0] == key:
+        return list(cached[1])
+    slots = _build_slots(model)
+    _SLOTS[model] = (key, slots)
+    return list(slots)
+
+
+def _build_slots(model: nn.Module) -> list[Slot]:
+    adapter = adapter_for(projections.hf_config(model))
+    config = text_config(projections.hf_config(model))  # heads and sizes: the grafted decoder's
+    try:
+        layers = cast(nn.ModuleList, model.get_submodule(adapter.layers))  # HF's decoder blocks
+    except AttributeError as exc:
+        raise UnsupportedArchitectureError(
+            f"{config.model_type}: expected decoder blocks at {adapter.layers!r}: {exc}"
+        ) from exc
+
+    def part(path: str, pos_axis: int = 1, columns: torch.Tensor | None = None) -> Part:
+        try:
+            model.get_submodule(path)
+        except AttributeError as exc:
+            raise UnsupportedArchitectureError(
+                f"{config.model_type}: expected module {path!r}: {exc}"
+            ) from exc
+        return Part(path=path, columns=columns, pos_axis=pos_axis)
+
+    n_heads = int(config.num_attention_heads)
+    n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
+    out = [Slot("embed", tuple(part(p) for p in adapter.embed))]
+    if adapter.pos_embed is not None:
+        out.append(Slot("pos_embed", (part(adapter.pos_embed),)))
+    for i in range(len(layers)):
+        prefix = f"{adapter.layers}.{i}"
+        for comp in LAYER_COMPONENTS:
+            spec = adapter.components.get(comp)
+            if spec is None:
+                continue
+            axis = adapter.pos_axis.get(comp, 1)
+            heads = {"k": n_kv, "v": n_kv}.get(comp, n_heads) if comp in HEAD_COMPONENTS else 0
+            side = HEAD_COMPONENTS.get(comp)
+            n_side = NEURON_COMPONENTS.get(comp)
+            if isinstance(spec, Fused):
+                path = f"{prefix}.{spec.module}"
+                module = model.get_submodule(path)
+                cols = fused_columns(spec, config, _out_features(module))
+                neurons = cols.numel() if n_side else 0
+                out.append(Slot(f"layers.{i}.{comp}", (part(path, axis, cols),), heads, side, neurons, n_side))
+            else:
+                path = f"{prefix}.{spec}"
+                bound = part(path, axis)
+                module = model.get_submodule(path)
+                if _has_parameters(module):
+                    neurons = 0
+                    if n_side is not None:
+                        neurons = _in_features(module) if n_side == "in" else _out_features(module)
+                    out.append(Slot(f"layers.{i}.{comp}", (bound,), heads, side, neurons, n_side))
+    if adapter.final_norm is not None and _has_parameters(model.get_submodule(adapter.final_norm)):
+        out.append(Slot("final_norm", (part(adapter.final_norm),)))
+    out.append(Slot("unembed", (part(adapter.unembed),)))
+    _check_coverage(model, out, adapter.outside)
+    return out
+
+
+def _check_coverage(model: nn.Module, slots_: list[Slot], outside: tuple[str, ...]) -> None:
+    """Every parameter must belong to a slot, or some weights would silently never graft; those
+    ``outside`` the language model (a vision tower) are reached by no text prompt."""
+    covered: set[str] = set()
+    for slot in slots_:
+        for p in slot.parts:
+            covered.update(
+                f"{p.path}.{n}" for n, _ in model.get_submodule(p.path).named_parameters(
+                    remove_duplicate=False
+                )
+            )
+    for name, _ in model.named_parameters(remove_duplicate=False):
+        if name not in covered and not any(name.startswith(f"{root}.") for root in outside):
+            raise UnsupportedArchitectureError(
+                f"{projections.hf_config(model).model_type}: parameter {name!r} belongs to no graftable "
+                "component; this model variant (a config option or a custom module) is not "
+                "supported by its adapter"
+            )

@@ -1,0 +1,191 @@
+"""The adapter table: one entry per HF ``model_type`` weightgraft grafts exactly, and one per
+vision-language checkpoint whose language model is such a family (:data:`WRAPPERS`).
+
+A new text family is one entry in :data:`ADAPTERS`; a new vision-language checkpoint is one
+entry in :data:`WRAPPERS` (its text family must be in :data:`ADAPTERS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from weightgraft.engine.architectures.adapter import Adapter, Fused, Wrapper
+from weightgraft.errors import UnsupportedArchitectureError
+
+
+def _llama_like(**extra: str) -> dict[str, str | Fused]:
+    comps: dict[str, str | Fused] = {
+        "attn_norm": "input_layernorm",
+        "q": "self_attn.q_proj",
+        "k": "self_attn.k_proj",
+        "v": "self_attn.v_proj",
+        "o": "self_attn.o_proj",
+        "mlp_norm": "post_attention_layernorm",
+        "gate": "mlp.gate_proj",
+        "up": "mlp.up_proj",
+        "down": "mlp.down_proj",
+    }
+    comps.update(extra)
+    return comps
+
+
+_GEMMA2_NORMS = {
+    "post_attn_norm": "post_attention_layernorm",
+    "mlp_norm": "pre_feedforward_layernorm",  # NOT post_attention_layernorm in Gemma 2/3
+    "post_mlp_norm": "post_feedforward_layernorm",
+}
+_QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+
+
+def _llama_family(components: dict[str, str | Fused], **kw: Any) -> Adapter:
+    return Adapter(
+        layers="model.layers",
+        embed=("model.embed_tokens",),
+        final_norm="model.norm",
+        unembed="lm_head",
+        components=components,
+        **kw,
+    )
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "gpt2": Adapter(
+        layers="transformer.h",
+        embed=("transformer.wte",),
+        pos_embed="transformer.wpe",
+        final_norm="transformer.ln_f",
+        unembed="lm_head",
+        components={
+            "attn_norm": "ln_1",
+            "q": Fused("attn.c_attn", "qkv_blocks", "q"),
+            "k": Fused("attn.c_attn", "qkv_blocks", "k"),
+            "v": Fused("attn.c_attn", "qkv_blocks", "v"),
+            "o": "attn.c_proj",
+            "mlp_norm": "ln_2",
+            "up": "mlp.c_fc",
+            "down": "mlp.c_proj",
+        },
+        requires={"add_cross_attention": False},
+    ),
+    "gpt_neox": Adapter(
+        layers="gpt_neox.layers",
+        embed=("gpt_neox.embed_in",),
+        final_norm="gpt_neox.final_layer_norm",
+        unembed="lm_head",
+        components={
+            "attn_norm": "input_layernorm",
+            "q": Fused("attention.query_key_value", "qkv_per_head", "q"),
+            "k": Fused("attention.query_key_value", "qkv_per_head", "k"),
+            "v": Fused("attention.query_key_value", "qkv_per_head", "v"),
+            "o": "attention.dense",
+            "mlp_norm": "post_attention_layernorm",
+            "up": "mlp.dense_h_to_4h",
+            "down": "mlp.dense_4h_to_h",
+        },
+    ),
+    "llama": _llama_family(_llama_like()),
+    "mistral": _llama_family(_llama_like()),
+    "qwen2": _llama_family(_llama_like()),
+    "granite": _llama_family(_llama_like()),
+    "gemma": _llama_family(_llama_like()),
+    "gemma2": _llama_family(_llama_like(**_GEMMA2_NORMS)),
+    "gemma3_text": _llama_family(
+        _llama_like(**_GEMMA2_NORMS, **_QK_NORMS),
+        pos_axis={"q_norm": 2, "k_norm": 2},  # they see [batch, heads, seq, head_dim]
+    ),
+    "qwen3": _llama_family(_llama_like(**_QK_NORMS)),  # q/k norms see [batch, seq, heads, dim]
+    # OLMo 1 norms are parameter-free LayerNorms: nothing to graft there.
+    "olmo": _llama_family(
+        {k: v for k, v in _llama_like().items() if k not in ("attn_norm", "mlp_norm")}
+    ),
+    # OLMo 2 is post-norm: the norms act on the attention / MLP outputs.
+    "olmo2": _llama_family(
+        {
+            **{k: v for k, v in _llama_like().items() if k not in ("attn_norm", "mlp_norm")},
+            **_QK_NORMS,
+            "post_attn_norm": "post_attention_layernorm",
+            "post_mlp_norm": "post_feedforward_layernorm",
+        }
+    ),
+    "phi3": _llama_family(
+        {
+            "attn_norm": "input_layernorm",
+            "q": Fused("self_attn.qkv_proj", "qkv_blocks", "q"),
+            "k": Fused("self_attn.qkv_proj", "qkv_blocks", "k"),
+            "v": Fused("self_attn.qkv_proj", "qkv_blocks", "v"),
+            "o": "self_attn.o_proj",
+            "mlp_norm": "post_attention_layernorm",
+            "gate": Fused("mlp.gate_up_proj", "halves", "first"),
+            "up": Fused("mlp.gate_up_proj", "halves", "second"),
+            "down": "mlp.down_proj",
+        }
+    ),
+    "stablelm": _llama_family(_llama_like(), requires={"qk_layernorm": False}),
+    # Qwen3-VL's language model: Qwen3's layer (q/k norms on [batch, seq, heads, dim]) with
+    # multimodal rotary positions, which on text alone are the same position on every axis.
+    "qwen3_vl_text": _llama_family(_llama_like(**_QK_NORMS)),
+}
+
+# Vision-language checkpoints: the language model at ``model.language_model``, the unembedding at
+# ``lm_head``, the vision tower and projector beside them. Each takes its text family's adapter
+# (the text config's ``model_type``), so a Llava over Qwen2 grafts as Qwen2 does.
+WRAPPERS: dict[str, Wrapper] = {
+    "gemma3": Wrapper(),  # Gemma 3 4B / 12B / 27B (their 270M and 1B are text-only gemma3_text)
+    "gemma4": Wrapper(outside=("model.vision_tower", "model.embed_vision", "model.audio_tower",
+                               "model.embed_audio")),
+    "mistral3": Wrapper(),  # Mistral Small 3.1 / 3.2
+    "llava": Wrapper(),
+    "qwen3_vl": Wrapper(outside=("model.visual",), text_only=False),
+}
+
+
+
+
+
+def supported_model_types() -> list[str]:
+    """Every ``model_type`` weightgraft grafts: the text families and the vision-language
+    checkpoints over them."""
+    return sorted([*ADAPTERS, *WRAPPERS])
+
+
+def wrapper_of(config: Any) -> Wrapper | None:
+    """The vision-language wrapper a config describes, None for a text-only model."""
+    return WRAPPERS.get(getattr(config, "model_type", None) or "")
+
+
+def text_config(config: Any) -> Any:
+    """The config of the decoder that is grafted: the text config of a vision-language
+    checkpoint, the config itself otherwise."""
+    if wrapper_of(config) is None:
+        return config
+    return config.get_text_config(decoder=True)
+
+
+def adapter_for(config: Any) -> Adapter:
+    """The adapter for a model config; a clear error for anything we do not model exactly."""
+    model_type = getattr(config, "model_type", None)
+    wrapper = wrapper_of(config)
+    if wrapper is not None:
+        text = text_config(config)
+        if getattr(text, "model_type", None) not in ADAPTERS:
+            raise UnsupportedArchitectureError(
+                f"model_type {model_type!r} is a vision-language checkpoint whose language model is "
+                f"{getattr(text, 'model_type', None)!r}, a family weightgraft does not graft yet. "
+                f"Supported language models: {', '.join(sorted(ADAPTERS))}."
+            )
+        return adapter_for(text).under(wrapper.language_model, wrapper.outside)
+    if model_type not in ADAPTERS:
+        raise UnsupportedArchitectureError(
+            f"model_type {model_type!r} is not supported by weightgraft. "
+            f"Supported: {', '.join(supported_model_types())}. "
+            "Adding one is a single entry in weightgraft/engine/architectures/table.py."
+        )
+    adapter = ADAPTERS[model_type]
+    for attr, wanted in adapter.requires.items():
+        value = getattr(config, attr, wanted)
+        if value != wanted:
+            raise UnsupportedArchitectureError(
+                f"{model_type}: config.{attr}={value!r} changes the computation in a way "
+                f"weightgraft does not model; only {attr}={wanted!r} is supported."
+            )
+    return adapter
