@@ -35,23 +35,24 @@ TINY_CONFIGS: dict[str, T.PretrainedConfig] = {
 }
 
 # Vision-language checkpoints over a supported text family: a tiny vision tower beside a tiny
-# language model (the image placeholder is the last id of the tiny vocabulary).
+# language model. Their image / video placeholders are ids past the tiny vocabulary (64, 65), so
+# random token ids never hold one; weightgraft refuses a prompt that does.
 _TEXT = dict(**_LLAMA, num_key_value_heads=2, head_dim=8, **_COMMON)
 _VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                image_size=28, patch_size=14)
 VL_CONFIGS: dict[str, T.PretrainedConfig] = {
     "gemma3": T.Gemma3Config(  # Gemma 3 4B-27B: tied, four norms, q/k norms, sliding window
         text_config=dict(**_TEXT, sliding_window=3), vision_config=_VISION, mm_tokens_per_image=4,
-        image_token_index=63, boi_token_index=61, eoi_token_index=62,
+        image_token_index=64, boi_token_index=61, eoi_token_index=62,
     ),
     "mistral3": T.Mistral3Config(  # Mistral Small 3.1: a Mistral language model, Pixtral's tower
         text_config=dict(model_type="mistral", **_TEXT, sliding_window=3),
-        vision_config=dict(model_type="pixtral", **_VISION, head_dim=8), image_token_index=63,
+        vision_config=dict(model_type="pixtral", **_VISION, head_dim=8), image_token_index=64,
         tie_word_embeddings=False,
     ),
     "llava": T.LlavaConfig(  # a Llama language model, CLIP's tower
         text_config=dict(model_type="llama", **_TEXT),
-        vision_config=dict(model_type="clip_vision_model", **_VISION), image_token_index=63,
+        vision_config=dict(model_type="clip_vision_model", **_VISION), image_token_index=64,
         vision_feature_layer=-1,
     ),
     "qwen3_vl": T.Qwen3VLConfig(  # Qwen3's layer with multimodal rotary positions; no text-only class
@@ -59,7 +60,7 @@ VL_CONFIGS: dict[str, T.PretrainedConfig] = {
             rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1], mrope_interleaved=True)),
         vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
                            deepstack_visual_indexes=[0], patch_size=14, num_position_embeddings=16),
-        image_token_id=63, video_token_id=62,
+        image_token_id=64, video_token_id=65,
     ),
 }
 TINY_CONFIGS.update(VL_CONFIGS)

@@ -11,7 +11,7 @@ import torch
 from peft.utils import load_peft_weights
 
 import weightgraft as wg
-from weightgraft.engine.architectures import ADAPTERS, Fused, model_slots
+from weightgraft.engine.architectures import Fused, adapter_for, model_slots
 from weightgraft.engine.attribution import graft_attribution
 from weightgraft.engine.cells import ScoredExample, example_cells, exact_effects
 from weightgraft.engine.partial import PartialGraft
@@ -32,10 +32,21 @@ def _targets(arch: str, components=("q", "k", "v", "o", "gate", "up", "down")) -
     """The module names peft should wrap for ``components``, from the architecture table."""
     names = set()
     for comp in components:
-        spec = ADAPTERS[arch].components.get(comp)
+        spec = adapter_for(TINY_CONFIGS[arch]).components.get(comp)
         if spec is not None:
             names.add((spec.module if isinstance(spec, Fused) else spec).rsplit(".", 1)[-1])
     return sorted(names)
+
+
+def _lm_targets(arch: str, targets: list[str]) -> list[str] | str:
+    """On a vision-language checkpoint, the language model's modules only (a vision tower has
+    projections of the same names): peft's regex form."""
+    adapter = adapter_for(TINY_CONFIGS[arch])
+    if not adapter.outside:
+        return targets
+    lm = adapter.layers.rsplit(".", 1)[0].replace(".", r"\.")
+    return rf"({lm}\..*\.({'|'.join(t for t in targets if t != 'lm_head')})|lm_head)" if "lm_head" in targets else \
+        rf"{lm}\..*\.({'|'.join(targets)})"
 
 
 def _batch(seq: int = 7, seed: int = 0):
@@ -65,7 +76,8 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
 @torch.no_grad()
 def test_lora_donor_equals_the_definition_on_the_merged_model(arch, tmp_path):
     base = make_tiny(arch, seed=0).double()
-    targets = _targets(arch) + ([] if base.config.tie_word_embeddings else ["lm_head"])
+    tied = base.get_input_embeddings().weight is base.get_output_embeddings().weight
+    targets = _lm_targets(arch, _targets(arch) + ([] if tied else ["lm_head"]))
     path, merged = make_lora_adapter(base, targets, tmp_path / "lora")
     donor = wg.load_peft(base, path)
     ids, mask = _batch()

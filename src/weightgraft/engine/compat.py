@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,6 +10,7 @@ from torch import nn
 
 from weightgraft.engine import lora
 from weightgraft.engine.architectures import adapter_for
+from weightgraft.engine.architectures.vision_language import OutsideDifference, outside_differences
 from weightgraft.engine.projections import hf_config
 from weightgraft.errors import ModelMismatchError as ModelMismatchError
 
@@ -52,7 +54,14 @@ _IGNORED_CONFIG_KEYS = frozenset(
 
 
 def _config_items(model: nn.Module) -> dict[str, Any]:
-    return {k: v for k, v in hf_config(model).to_dict().items() if k not in _IGNORED_CONFIG_KEYS}
+    return _computed(hf_config(model).to_dict())
+
+
+def _computed(items: dict[str, Any]) -> dict[str, Any]:
+    """A config's entries that change the computation, in nested configs too (a vision-language
+    checkpoint's ``text_config``)."""
+    return {k: _computed(v) if isinstance(v, dict) and k.endswith("_config") else v
+            for k, v in items.items() if k not in _IGNORED_CONFIG_KEYS}
 
 
 def _named_parameters(model: nn.Module, i: int) -> list[tuple[str, nn.Parameter]]:
@@ -69,7 +78,9 @@ def _named_parameters(model: nn.Module, i: int) -> list[tuple[str, nn.Parameter]
 def check_compatible(models: Sequence[nn.Module]) -> None:
     """Raise ``ModelMismatchError`` unless every model matches ``models[0]`` in architecture,
     config, parameter names, shapes, dtypes and device (LoRA donors by the names of the
-    projections they wrap)."""
+    projections they wrap). A donor that differs only where no text prompt reaches (a
+    vision-language checkpoint's vision tower) is grafted, with an :class:`OutsideDifference`
+    warning naming where."""
     base = models[0]
     adapter_for(hf_config(base))
     base_params = _named_parameters(base, 0)
@@ -110,3 +121,5 @@ def check_compatible(models: Sequence[nn.Module]) -> None:
                     f"config.{key} is {other_cfg.get(key)!r} in models[{i}] but "
                     f"{base_cfg.get(key)!r} in the base"
                 )
+    for line in outside_differences(models):
+        warnings.warn(line, OutsideDifference, stacklevel=3)

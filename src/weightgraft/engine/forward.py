@@ -21,6 +21,7 @@ from transformers.cache_utils import Cache
 
 from weightgraft.engine import projections
 from weightgraft.engine.architectures import Slot, Units, model_slots
+from weightgraft.engine.architectures.vision_language import refuse_media
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.precision import one_cpu_path
 from weightgraft.engine.source_map import SourceMap, check_units, merge_identical
@@ -364,6 +365,7 @@ def graft_call(
     slot_list = model_slots(base)
     if input_ids.dim() != 2:
         raise GraftArgumentError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+    refuse_media(base, input_ids, attention_mask)
     batch, seq = input_ids.shape
     expected = (batch, seq, len(slot_list))
     if tuple(source.shape) != expected:

@@ -97,10 +97,19 @@ class ModelFootprint:
         import torch
         from transformers import AutoModelForCausalLM
 
+        form = self.form
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.config)
+            model = form.auto_class().from_config(form.config)
         model.tie_weights()
         return model
+
+    @cached_property
+    def form(self) -> Any:
+        """What loading builds from this config (``weightgraft.models.vision_language.LoadForm``):
+        the config itself, or a vision-language checkpoint's language model alone or whole."""
+        from weightgraft.models.vision_language import load_form
+
+        return load_form(self.config)
 
     # ---- parameters ------------------------------------------------------------------------
 
@@ -146,8 +155,11 @@ class ModelFootprint:
     # ---- shapes ----------------------------------------------------------------------------
 
     def _get(self, *names: str, default: Any = None) -> Any:
+        from weightgraft.engine.architectures import text_config
+
+        text = text_config(self.config)  # a vision-language checkpoint's sizes are its language model's
         for n in names:
-            value = getattr(self.config, n, None)
+            value = getattr(text, n, None)
             if value is not None:
                 return value
         return default
@@ -178,7 +190,7 @@ class ModelFootprint:
 
     @property
     def vocab(self) -> int:
-        return int(self.config.vocab_size)
+        return int(self._get("vocab_size"))
 
     @cached_property
     def matmul_params(self) -> int:

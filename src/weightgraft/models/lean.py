@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from weightgraft.engine.architectures import model_slots
+from weightgraft.engine import projections
+from weightgraft.engine.architectures import adapter_for, model_slots
+from weightgraft.engine.architectures.vision_language import CHECKPOINT_ATTR, checkpoint_of
 from weightgraft.engine.compat import ModelMismatchError
 from weightgraft.models.errors import ModelNotFoundError
 from weightgraft.models.hashing import hash_tensor
@@ -127,6 +130,8 @@ class _SafetensorsFiles:
         self.handles = {f: safe_open(str(directory / f), framework="pt") for f in files}
         stored = {k: f for f, h in self.handles.items() for k in h.keys()}
         renamed = _renamings(model, stored) if model is not None else {}
+        if model is not None and checkpoint_of(model) is not None:  # a language model loaded alone
+            renamed = _language_model_names(stored)
         # model name -> (file, name in the file): legacy names renamed as from_pretrained does
         self.where = {renamed.get(k, k): (f, k) for k, f in stored.items()}
 
@@ -156,6 +161,21 @@ def _renamings(model: nn.Module, keys: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def _language_model_names(keys: Iterable[str]) -> dict[str, str]:
+    """Stored name -> model name for a vision-language checkpoint's language model loaded alone
+    (``language_model.model.x`` -> ``model.x``), as its load renames them."""
+    from weightgraft.models.vision_language import LANGUAGE_MODEL_KEYS
+
+    out = {}
+    for key in keys:
+        for pattern, replacement in LANGUAGE_MODEL_KEYS.items():
+            name = re.sub(pattern, replacement, key)
+            if name != key:
+                out[key] = name
+                break
+    return out
+
+
 def _file_key(name: str, aliases: Mapping[str, list[str]], keys: Mapping[str, str]) -> str | None:
     for candidate in [name, *aliases.get(name, [])]:
         if candidate in keys:
@@ -179,6 +199,15 @@ def lean_from_safetensors(
 
 
     config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    record = checkpoint_of(base)
+    if record is not None:  # the base is a language model loaded alone: so is the donor
+        from weightgraft.models.vision_language import load_form, outside_sha256
+
+        config = load_form(config).config
+        record = replace(record, outside_sha256=outside_sha256(Path(directory)))
+    # a whole vision-language base: a donor's vision tower is kept where it differs, so that the
+    # compatibility check reports it (shared with the base, it would look the same)
+    outside = adapter_for(projections.hf_config(base)).outside
     files = _SafetensorsFiles(Path(directory), base)
     aliases = _aliases(base)
     state = base.state_dict(keep_vars=True)
@@ -211,10 +240,13 @@ def lean_from_safetensors(
                     f"tensor {name!r} has shape {list(tensor.shape)} in {directory} but "
                     f"{list(ref.shape)} in the base model: the models do not match"
                 )
-            if name in needed:
+            if name in needed or (outside and name.startswith(outside) and name in params):
                 loaded[name] = tensor
         hash_tensor(digest, name, tensor.to(ref.dtype))
-    return donor_view(base, loaded, config), digest.hexdigest()
+    view = donor_view(base, loaded, config)
+    if record is not None:
+        setattr(view, CHECKPOINT_ATTR, record)
+    return view, digest.hexdigest()
 
 
 @dataclass(frozen=True)

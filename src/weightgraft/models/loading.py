@@ -32,6 +32,7 @@ from weightgraft.models.errors import (
 )
 from weightgraft.models.footprint import cached_snapshot
 from weightgraft.models.hashing import weights_sha256
+from weightgraft.models import vision_language
 from weightgraft.models.lean import lean_from_safetensors
 from weightgraft.models.loaded import LoadedModel, LoadSettings
 from weightgraft.models.quantization.load import require_quantized
@@ -118,19 +119,17 @@ def _load_dir(
     path: Path, dtype: torch.dtype, allow_pickle: bool, trust_remote_code: bool,
     device_map: str | dict[str, Any] | None = None, quantization: Any = None,
 ) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     use_safetensors = _check_model_dir(path, allow_pickle)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path),
+        model = _pretrained(
+            str(path), trust_remote_code,
             dtype=dtype,
             local_files_only=True,
             use_safetensors=use_safetensors,
-            trust_remote_code=trust_remote_code,
             **({"device_map": device_map} if device_map is not None else {}),
             **({"quantization_config": quantization} if quantization is not None else {}),
-            output_loading_info=True,
         )
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
@@ -153,6 +152,16 @@ def _load_dir(
             "the weights with tokenizer.save_pretrained(DIR)"
         ) from exc
     return model, tokenizer
+
+
+def _pretrained(folder: str, trust_remote_code: bool, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    """``(model, loading info)`` of the checkpoint in ``folder``: a causal LM, or of a
+    vision-language checkpoint its language model (alone where transformers can build it so)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+    model, info, _ = vision_language.from_pretrained(folder, config, trust_remote_code=trust_remote_code, **kwargs)
+    return model, info
 
 
 def _refuse_incomplete(info: dict[str, Any], where: str) -> None:
@@ -221,15 +230,14 @@ def _load_hub_cache(
     spec: str, dtype: torch.dtype, trust_remote_code: bool,
     device_map: str | dict[str, Any] | None = None, quantization: Any = None,
 ) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     folder = str(_cached_snapshot(spec))
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code,
+        model = _pretrained(
+            folder, trust_remote_code, dtype=dtype, local_files_only=True,
             **({"device_map": device_map} if device_map is not None else {}),
             **({"quantization_config": quantization} if quantization is not None else {}),
-            output_loading_info=True,
         )
         model, info = model
         _refuse_incomplete(info, spec)
@@ -320,6 +328,9 @@ def finished(read: tuple[Any, Any, str], settings: LoadSettings, spec: Any,
     batch_invariant_attention([model])
     one_cpu_path([model])
     digest = weights_sha256(model)
+    note = vision_language.load_note(model)
+    if note is not None:
+        source += f" ({note})"
     if scheme is not None:
         source += f" quantized {scheme}"
     if settings.device_map is None:
