@@ -27,7 +27,7 @@ def _save(model, path):
 
 
 def _late_slots(model, comps=("o", "gate", "up", "down")):
-    n = model.config.num_hidden_layers
+    n = model.config.get_text_config(decoder=True).num_hidden_layers
     return {f"layers.{n - 1}.{c}" for c in comps}
 
 
@@ -47,7 +47,7 @@ def test_lean_donor_holds_only_grafted_tensors_and_grafts_identically(tmp_path, 
     assert report.bytes_held < memory_report(donor, base).bytes_held / 3
 
     names = wg.slots(base)
-    ids = torch.randint(0, base.config.vocab_size, (2, 7))
+    ids = torch.randint(0, base.config.get_text_config(decoder=True).vocab_size, (2, 7))
     source = torch.zeros(2, 7, len(names), dtype=torch.long)
     for s in wanted:
         source[:, 4:, names.index(s)] = 1

@@ -15,7 +15,7 @@ from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import ModelSpec
 from weightgraft.planning.cards import Card
 from weightgraft.planning.graftable import check_graftable
-from weightgraft.planning.lengths import length_summary, tokenizer_for
+from weightgraft.planning.lengths import length_summary, refuse_media, tokenizer_for
 from weightgraft.planning.plan import UNREADABLE_CONFIG, Plan, check_plan
 from weightgraft.planning.run import RoleShape, SetShape, SweepChoices, plan_sweep
 
@@ -49,6 +49,7 @@ def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[li
         compiled = compile_for(schemes, base.meta, used, config.protocol)
         tok, how = tokenizer_for(base, config.tokenizer)
         prepared = prepare(prompts, tok, compiled, set_name, Exclusions())
+        refuse_media(base, tok, ((ex.prompt.prompt, ex.input_ids) for ex in prepared))
         if not prepared:
             raise ConfigError(f"model set {set_name!r}: every example is excluded (spans not found); nothing to plan")
         served = served_slots(prepared, names)

@@ -22,7 +22,7 @@ from torch import nn
 
 from weightgraft.engine import projections
 from weightgraft.engine.architectures import adapter_for, model_slots
-from weightgraft.engine.architectures.vision_language import CHECKPOINT_ATTR, checkpoint_of
+from weightgraft.engine.architectures.vision_language import CHECKPOINT_ATTR, OUTSIDE_DIFFERS_ATTR, checkpoint_of
 from weightgraft.engine.compat import ModelMismatchError
 from weightgraft.models.errors import ModelNotFoundError
 from weightgraft.models.hashing import hash_tensor
@@ -205,9 +205,10 @@ def lean_from_safetensors(
 
         config = load_form(config).config
         record = replace(record, outside_sha256=outside_sha256(Path(directory)))
-    # a whole vision-language base: a donor's vision tower is kept where it differs, so that the
-    # compatibility check reports it (shared with the base, it would look the same)
+    # a whole vision-language base: where the donor's vision tower differs is recorded on the view,
+    # so that the compatibility check reports it (shared with the base, it would look the same)
     outside = adapter_for(projections.hf_config(base)).outside
+    differs: str | None = None
     files = _SafetensorsFiles(Path(directory), base)
     aliases = _aliases(base)
     state = base.state_dict(keep_vars=True)
@@ -240,12 +241,15 @@ def lean_from_safetensors(
                     f"tensor {name!r} has shape {list(tensor.shape)} in {directory} but "
                     f"{list(ref.shape)} in the base model: the models do not match"
                 )
-            if name in needed or (outside and name.startswith(outside) and name in params):
+            if name in needed:
                 loaded[name] = tensor
+            elif differs is None and outside and name.startswith(outside) and not torch.equal(tensor.to(ref.dtype), ref):
+                differs = name
         hash_tensor(digest, name, tensor.to(ref.dtype))
     view = donor_view(base, loaded, config)
     if record is not None:
         setattr(view, CHECKPOINT_ATTR, record)
+    setattr(view, OUTSIDE_DIFFERS_ATTR, differs)
     return view, digest.hexdigest()
 
 

@@ -194,12 +194,18 @@ def weights_digest(parsed: RandomModel, dtype: Any) -> str:
 
 
 def _skeleton(config: Any, dtype: Any) -> Any:
-    """The model with uninitialised parameters (buffers such as rotary tables computed)."""
-    from transformers import AutoModelForCausalLM
+    """The model with uninitialised parameters (buffers such as rotary tables computed); of a
+    vision-language config, what loading its checkpoint builds (its language model alone, or whole)."""
     from transformers.initialization import no_init_weights
 
+    from weightgraft.engine.architectures.vision_language import CHECKPOINT_ATTR, Checkpoint
+    from weightgraft.models.vision_language import load_form
+
+    form = load_form(config)
     with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = form.auto_class().from_config(form.config, dtype=dtype)
+    if form.language_model_only:  # as a load of such a checkpoint records it (no tower drawn: no digest)
+        setattr(model, CHECKPOINT_ATTR, Checkpoint(str(config.model_type), None, form.media_tokens))
     model.tie_weights()
     return model
 
@@ -240,6 +246,7 @@ def load_random(spec: RandomText, *, device: Any = "cpu", dtype: Any = None, dev
     from weightgraft.engine.precision import batch_invariant_attention
     from weightgraft.models.hashing import weights_sha256
     from weightgraft.models.quantization.load import quantize_in_memory
+    from weightgraft.models.vision_language import load_note
 
     if device_map is not None and quantization is None:
         raise ModelLoadError(f"{parse_random_spec(spec).text}: device_map is not available for random models; build it on one device")
@@ -247,6 +254,9 @@ def load_random(spec: RandomText, *, device: Any = "cpu", dtype: Any = None, dev
     model, digest = build_random_model(spec, dtype)
     parsed = parse_random_spec(spec)
     source = f"random:{parsed.name} (seed {parsed.seed}, {str(dtype).removeprefix('torch.')}, {parsed.config_path})"
+    note = load_note(model)
+    if note is not None:
+        source += f" ({note})"
     if quantization is not None:
         model = quantize_in_memory(model, quantization, dtype, device_map)
         digest = weights_sha256(model)

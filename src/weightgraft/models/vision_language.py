@@ -45,6 +45,20 @@ class LoadForm:
     whole_vision_language: bool
     note: str | None
     media_tokens: tuple[int, ...] = ()
+    whole_config: Any = None  # the checkpoint's own config, where only its language model is built
+
+    def unloaded_parameters(self) -> int:
+        """Parameters of the checkpoint that loading its language model alone leaves unread (the
+        vision tower and projector), from the shapes on the meta device."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        if not self.language_model_only or self.whole_config is None:
+            return 0
+        with torch.device("meta"):
+            whole = AutoModelForImageTextToText.from_config(self.whole_config)
+            text = AutoModelForCausalLM.from_config(self.config)
+        return sum(p.numel() for p in whole.parameters()) - sum(p.numel() for p in text.parameters())
 
     def auto_class(self) -> Any:
         """The transformers auto class that builds ``config``."""
@@ -67,7 +81,7 @@ def load_form(config: Any) -> LoadForm:
     # the checkpoint's own tying decides: a text config left at its class default may say otherwise
     text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", text.tie_word_embeddings))
     return LoadForm(text, True, False, f"the language model of a {config.model_type} vision-language checkpoint "
-                    "(its vision tower and projector not loaded)", media)
+                    "(its vision tower and projector not loaded)", media, config)
 
 
 def from_pretrained(folder: str, config: Any, **kwargs: Any) -> tuple[Any, dict[str, Any], str | None]:

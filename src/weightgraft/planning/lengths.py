@@ -5,11 +5,12 @@ token (said in the plan)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from weightgraft.models.footprint import ModelFootprint
 
-__all__ = ["CHARS_PER_TOKEN", "CharEstimateTokenizer", "length_summary", "tokenizer_for"]
+__all__ = ["CHARS_PER_TOKEN", "CharEstimateTokenizer", "length_summary", "refuse_media", "tokenizer_for"]
 
 CHARS_PER_TOKEN = 4.0  # English BPE average, for prompt lengths without a tokenizer
 
@@ -85,3 +86,18 @@ def length_summary(lengths: list[int], how: str) -> dict[str, Any]:
     """The plan's ``prompts`` entry: count, min / max / mean tokens, how they were counted."""
     return {"n": len(lengths), "min_tokens": min(lengths), "max_tokens": max(lengths),
             "mean_tokens": round(sum(lengths) / len(lengths), 2), "counted": how}
+
+
+def refuse_media(footprint: ModelFootprint, tok: Any, prompts: Iterable[tuple[str, Sequence[int]]]) -> None:
+    """Before any model loads: refuse, in one line, a prompt (``(text, token ids)``) that holds an
+    image or video placeholder token of a vision-language checkpoint (checked with a real
+    tokenizer only: estimated ids mean nothing)."""
+    from weightgraft.engine.architectures.vision_language import media_refusal
+
+    media = set(footprint.form.media_tokens)
+    if not media or isinstance(tok, CharEstimateTokenizer):
+        return
+    for text, ids in prompts:
+        for position, token in enumerate(ids):
+            if int(token) in media:
+                raise media_refusal(f"the prompt {text[:60]!r}", int(token), position)

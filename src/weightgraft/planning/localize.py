@@ -18,9 +18,9 @@ from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.budget import budget
 from weightgraft.planning.cards import Card
 from weightgraft.planning.costs import adapter_bytes, attribution_bytes, delta_bytes, dtype_bytes, inference_bytes, param_bytes
-from weightgraft.planning.lengths import length_summary, tokenizer_for
+from weightgraft.planning.lengths import length_summary, refuse_media, tokenizer_for
 from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, smaller_batch
-from weightgraft.planning.run import DEQUANTIZED, dequantized_bytes, quantized_notes
+from weightgraft.planning.run import DEQUANTIZED, dequantized_bytes, role_notes
 from weightgraft.planning.sizes import gib
 from weightgraft.planning.timing import (
     attribution_seconds,
@@ -136,6 +136,7 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                               read_bytes=None if sft.adapter is not None else param_bytes(fp, work.dtype, quantized=False)))
     tok, how = tokenizer_for(pre, work.tokenizer)
     count = lambda text: len(tok(text, return_offsets_mapping=True, add_special_tokens=True)["input_ids"])  # noqa: E731
+    refuse_media(pre, tok, ((p, tok(p, add_special_tokens=True)["input_ids"]) for p in [*work.prompts, *work.exact_prompts]))
     lengths = [count(p) for p in work.prompts]
     exact_lengths = [count(p) for p in work.exact_prompts]
     held = budget(work.device, memory, gpu=gpu)
@@ -146,7 +147,7 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                        width=width, held_now=held.held, b=b)
 
     batch = choose_batch(work.batch_size, DEFAULT_LOCALIZE_BATCH, len(lengths), memory_at, HEADROOM * held.limit)
-    notes: list[str] = quantized_notes(quantized, work.dtype)
+    notes: list[str] = role_notes(quantized, work.dtype)
     if width:
         rows = min(batch, len(lengths))
         notes.append(f"units: {work.units}: {width} units per position; one attribution batch holds "

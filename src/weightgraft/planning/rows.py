@@ -9,7 +9,7 @@ from weightgraft.models.spec import parse_spec
 from weightgraft.planning.budget import budget
 from weightgraft.planning.costs import attribution_bytes, delta_bytes, param_bytes
 from weightgraft.planning.plan import Plan, RolePlan
-from weightgraft.planning.run import RoleShape, SetShape, held, quantized_notes, run_memory
+from weightgraft.planning.run import RoleShape, SetShape, held, role_notes, run_memory
 from weightgraft.planning.timing import attribution_seconds, forward_seconds, rate_for
 
 __all__ = ["plan_attribution", "plan_rows"]
@@ -32,7 +32,7 @@ def plan_rows(base: str, donors: dict[str, set[str] | None], rows: list[tuple[in
     if rate is not None:
         parts = {"grafted forward": forward_seconds(fp, shape.rows, batch_size, rate)}
         seconds = parts["grafted forward"]
-    notes = quantized_notes([(r.role, r.spec.text, r.footprint) for r in roles], dtype)
+    notes = role_notes([(r.role, r.spec.text, r.footprint) for r in roles], dtype)
     return Plan(kind="run", device=device, dtype=dtype, roles=held(shape, dtype, True), prompts={}, rows=len(rows),
                 batch_size=batch_size, batch_size_fixed=True, batches=math.ceil(len(rows) / batch_size),
                 memory=run_memory(shape, dtype, True, batch_size, where.held), budget_bytes=where.limit,

@@ -18,7 +18,7 @@ from weightgraft.planning.sizes import gib
 from weightgraft.planning.timing import card_for, forward_seconds, rate_for, weight_read_seconds
 
 __all__ = ["DEQUANTIZED", "RoleShape", "RunSettings", "SetShape", "SweepChoices", "dequantized_bytes", "held",
-           "plan_sweep", "quantized_notes", "run_advice", "run_memory"]
+           "plan_sweep", "role_notes", "run_advice", "run_memory"]
 
 DEQUANTIZED = "dequantized weight (one at a time)"  # the plan's memory line of a quantized run
 
@@ -84,10 +84,14 @@ def held(shape: SetShape, dtype: str, lean: bool) -> list[RolePlan]:
     return out
 
 
-def quantized_notes(roles: list[tuple[str, str, ModelFootprint]], dtype: str) -> list[str]:
-    """The arithmetic of each quantized role's bytes, one note each: ``(role, spec, footprint)``."""
+def role_notes(roles: list[tuple[str, str, ModelFootprint]], dtype: str) -> list[str]:
+    """Per role ``(role, spec, footprint)``: what of a vision-language checkpoint it holds, and
+    the arithmetic of a quantized role's bytes."""
     out = []
     for role, spec, fp in roles:
+        if fp.form.note is not None:
+            left = fp.form.unloaded_parameters() if fp.form.language_model_only else 0
+            out.append(f"{role} {spec}: {fp.form.note}" + (f": {left / 1e9:.2f}B parameters left unread" if left else ""))
         q = fp.quantization
         if q is None:
             continue
@@ -188,9 +192,9 @@ def plan_sweep(shapes: list[SetShape], prompts: dict, choices: SweepChoices) -> 
     batch = choose_batch(c.batch_fixed, c.batch_default, n_rows, settings.memory_at, HEADROOM * where.limit)
     notes = ["prefix sharing (on by default) computes shared positions once: the time is an upper bound"
              if c.prefix_sharing and c.dtype == "float32" else "rows run whole"]
-    quantized = {r.spec.text: (r.role, r.spec.text, r.footprint) for s in shapes for r in s.roles
-                 if r.footprint.quantization is not None and r.spec.adapter is None}
-    notes += quantized_notes(list(quantized.values()), c.dtype)
+    noted = {r.spec.text: (r.role, r.spec.text, r.footprint) for s in shapes for r in s.roles
+             if (r.footprint.quantization is not None or r.footprint.form.note is not None) and r.spec.adapter is None}
+    notes += role_notes(list(noted.values()), c.dtype)
     roles = [r for s in shapes for r in held(s, c.dtype, settings.lean)]
     seconds, parts = None, {}
     if c.with_time:

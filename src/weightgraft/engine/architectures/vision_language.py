@@ -25,6 +25,9 @@ from weightgraft.engine.architectures.table import adapter_for, wrapper_of
 from weightgraft.errors import GraftArgumentError
 
 CHECKPOINT_ATTR = "weightgraft_checkpoint"  # the attribute a language model loaded alone carries
+# The attribute a lean donor of a whole checkpoint carries: the first tensor outside the language
+# model where the donor's file differs from the base (it shares the base's tensors there), or None.
+OUTSIDE_DIFFERS_ATTR = "weightgraft_outside_differs"
 
 
 @dataclass(frozen=True)
@@ -76,11 +79,16 @@ def refuse_media(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
         hit &= attention_mask[..., -input_ids.shape[-1]:].bool()
     if bool(hit.any()):
         row, pos = (int(v) for v in hit.nonzero()[0])
-        raise GraftArgumentError(
-            f"prompt {row} holds an image/video placeholder token (id {int(input_ids[row, pos])}) at position {pos}: "
-            "weightgraft grafts a vision-language model's language model on text prompts; images never "
-            "reach the grafted pass. Remove the placeholder from the prompt"
-        )
+        raise media_refusal(f"prompt {row}", int(input_ids[row, pos]), pos)
+
+
+def media_refusal(prompt: str, token_id: int, position: int) -> GraftArgumentError:
+    """The one line that refuses a prompt holding an image or video placeholder token."""
+    return GraftArgumentError(
+        f"{prompt} holds an image/video placeholder token (id {token_id}) at position {position}: "
+        "weightgraft grafts a vision-language model's language model on text prompts; images never "
+        "reach the grafted pass. Remove the placeholder from the prompt"
+    )
 
 
 _SEEN: weakref.WeakKeyDictionary[nn.Module, tuple[int, int, list[str]]] = weakref.WeakKeyDictionary()
@@ -110,6 +118,9 @@ def _outside_difference(base: nn.Module, other: nn.Module) -> str | None:
     outside = adapter_for(projections.hf_config(base)).outside
     if not outside:
         return None
+    if hasattr(other, OUTSIDE_DIFFERS_ATTR):  # a lean donor: what its file holds, not what it shares
+        lean: str | None = getattr(other, OUTSIDE_DIFFERS_ATTR)
+        return lean
     params = [(n, p) for n, p in other.named_parameters(remove_duplicate=False) if n.startswith(outside)]
     version = sum(p._version for _, p in params)
     cached = _SEEN.get(other)
