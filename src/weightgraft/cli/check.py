@@ -41,6 +41,7 @@ def check(
     """Check the fast engine against the per-token KV-cache definition on YOUR models."""
     from weightgraft.engine.check import DEFAULT_PROMPTS, check_engine
     from weightgraft.models.donors import LoadSettings, load_role
+    from weightgraft.engine.architectures import text_config
     from weightgraft.engine.projections import hf_config
     from weightgraft.models.random_models import random_token_batch
     from weightgraft.models.spec import parse_spec
@@ -63,7 +64,7 @@ def check(
     else:
         texts = list(DEFAULT_PROMPTS)
     if all(randoms):  # token ids of the default prompts' lengths, drawn with the seed
-        input_ids, mask = random_token_batch(hf_config(loaded[0].model).vocab_size, len(texts), seed, device)
+        input_ids, mask = random_token_batch(text_config(hf_config(loaded[0].model)).vocab_size, len(texts), seed, device)
     else:
         tokenizer = next(m.tokenizer for m in loaded if m.tokenizer is not None)  # not all random: one has one
         input_ids, mask = batch_encode(tokenizer, texts, device=device)

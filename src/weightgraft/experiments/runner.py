@@ -46,6 +46,7 @@ from weightgraft.schemes.selectors import (
 )
 from weightgraft.experiments.store import ROWS_FORMAT, ResultsStore, write_atomic
 from weightgraft.engine.forward import slots
+from weightgraft.engine.architectures import text_config
 from weightgraft.engine.projections import hf_config
 from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.devices import device_problem
@@ -150,7 +151,7 @@ def run_experiment(
         memory = {r: memory_report(m, models[0]).as_dict() for r, m in zip(used, models)}
         model_info[set_name] = {
             r: {"spec": roles_spec[r].text, "source": lm.source, "weights_sha256": lm.weights_sha256,
-                "n_layers": hf_config(first.model).num_hidden_layers, **memory[r],
+                "n_layers": text_config(hf_config(first.model)).num_hidden_layers, **memory[r],
                 **({"adapter": lm.adapter.as_dict(lora[0])}
                    if lm.adapter is not None and (lora := roles_spec[r].adapter) is not None else {}),
                 **({"quantized_agreement": checked[r]} if r in checked else {})}

@@ -10,6 +10,7 @@ import torch
 
 from weightgraft.models.errors import TokenizerMismatchError as TokenizerMismatchError
 from weightgraft.data.prompts import DatasetError
+from weightgraft.engine.architectures import text_config
 from weightgraft.engine.projections import hf_config
 from weightgraft.models.embedded import ensure_converted
 from weightgraft.models.errors import ModelLoadError
@@ -118,7 +119,7 @@ def give_tokenizer(loaded: LoadedModel, tokenizer: PreTrainedTokenizerBase | Non
     """A loaded model without a tokenizer (``random:NAME``) takes the config's, if it fits."""
     if tokenizer is None or loaded.tokenizer is not None:
         return
-    check_tokenizer_fits(tokenizer, "tokenizer", {role: hf_config(loaded.model).vocab_size})
+    check_tokenizer_fits(tokenizer, "tokenizer", {role: text_config(hf_config(loaded.model)).vocab_size})
     loaded.tokenizer = tokenizer
 
 

@@ -112,9 +112,10 @@ def outside_differences(models: Sequence[nn.Module]) -> list[str]:
 def _outside_difference(base: nn.Module, other: nn.Module) -> str | None:
     mine, theirs = checkpoint_of(base), checkpoint_of(other)
     if mine is not None or theirs is not None:
-        a = mine.outside_sha256 if mine is not None else None
-        b = theirs.outside_sha256 if theirs is not None else None
-        return None if a == b else "the tensors its checkpoint holds outside the language model (the vision tower, the projector)"
+        # a text-only finetune of the language model (no record) has no tower to differ in
+        if mine is None or theirs is None or mine.outside_sha256 == theirs.outside_sha256:
+            return None
+        return "the tensors its checkpoint holds outside the language model (the vision tower, the projector)"
     outside = adapter_for(projections.hf_config(base)).outside
     if not outside:
         return None
