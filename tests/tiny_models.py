@@ -55,6 +55,30 @@ VL_CONFIGS: dict[str, T.PretrainedConfig] = {
         vision_config=dict(model_type="clip_vision_model", **_VISION), image_token_index=64,
         vision_feature_layer=-1,
     ),
+    "llava_next": T.LlavaNextConfig(  # LLaVA-NeXT: a learned image-newline vector beside the tower
+        text_config=dict(model_type="mistral", **_TEXT, sliding_window=3),
+        vision_config=dict(model_type="clip_vision_model", **_VISION), image_token_index=64,
+        vision_feature_layer=-1, image_grid_pinpoints=[[28, 28]],
+    ),
+    "llava_onevision": T.LlavaOnevisionConfig(  # a Qwen2 language model, SigLIP's tower, videos too
+        text_config=dict(model_type="qwen2", **_TEXT), vision_config=dict(model_type="siglip_vision_model", **_VISION),
+        image_token_index=64, video_token_index=65, vision_feature_layer=-1, image_grid_pinpoints=[[28, 28]],
+    ),
+    "internvl": T.InternVLConfig(  # InternVL 3: a Qwen2 language model, tied
+        text_config=dict(model_type="qwen2", **_TEXT, tie_word_embeddings=True),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=[28, 28], patch_size=[14, 14]), image_token_id=64,
+    ),
+    "idefics3": T.Idefics3Config(  # the language model at model.text_model
+        text_config=dict(model_type="llama", **_TEXT),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14), image_token_id=64, scale_factor=1,
+    ),
+    "smolvlm": T.SmolVLMConfig(  # SmolVLM: a SmolLM2 (Llama) language model at model.text_model
+        text_config=dict(model_type="llama", **_TEXT),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14), image_token_id=64, scale_factor=1,
+    ),
     "qwen3_vl": T.Qwen3VLConfig(  # Qwen3's layer with multimodal rotary positions; no text-only class
         text_config=dict(**_TEXT, rope_parameters=dict(
             rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1], mrope_interleaved=True)),

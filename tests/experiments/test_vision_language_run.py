@@ -15,6 +15,7 @@ from weightgraft.api.localize import localize
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.localization.config import parse_localize_config
+from weightgraft.engine.architectures import wrapper_of
 from weightgraft.models.vision_language import load_form
 from tiny_models import make_donor, make_tiny
 from tiny_world import tiny_config, tokenizer, write_world
@@ -23,8 +24,8 @@ from tiny_world import tiny_config, tokenizer, write_world
 def _text_twin(wrapper: torch.nn.Module) -> torch.nn.Module:
     form = load_form(wrapper.config)
     text = T.AutoModelForCausalLM.from_config(form.config).eval()
-    state = {k.replace("model.language_model.", "model."): v for k, v in wrapper.state_dict().items()
-             if k.startswith(("model.language_model.", "lm_head."))}
+    root = f"{wrapper_of(wrapper.config).language_model}."
+    state = {k.replace(root, "model."): v for k, v in wrapper.state_dict().items() if k.startswith((root, "lm_head."))}
     text.load_state_dict(state, strict=not form.config.tie_word_embeddings)
     return text
 

@@ -31,8 +31,9 @@ LANGUAGE_MODEL_KEYS = {
     r"^language_model\.model\.": "model.",
     r"^language_model\.lm_head\.": "lm_head.",
     r"^model\.language_model\.": "model.",
+    r"^model\.text_model\.": "model.",  # Idefics3, SmolVLM
 }
-_LANGUAGE_MODEL_PREFIXES = ("language_model.", "model.language_model.", "lm_head.")
+_LANGUAGE_MODEL_PREFIXES = ("language_model.", "model.language_model.", "model.text_model.", "lm_head.")
 
 
 @dataclass(frozen=True)

@@ -103,4 +103,4 @@ class Wrapper:
     # causal-LM class of its own (Qwen3-VL's ``qwen3_vl_text``).
     text_only: bool = True
     # Config attributes naming the placeholder tokens where images (or videos) enter the prompt.
-    media_tokens: tuple[str, ...] = ("image_token_id", "image_token_index", "video_token_id")
+    media_tokens: tuple[str, ...] = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")

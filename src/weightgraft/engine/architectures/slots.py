@@ -146,7 +146,7 @@ def _check_coverage(model: nn.Module, slots_: list[Slot], outside: tuple[str, ..
                 )
             )
     for name, _ in model.named_parameters(remove_duplicate=False):
-        if name not in covered and not any(name.startswith(f"{root}.") for root in outside):
+        if name not in covered and not any(name == root or name.startswith(f"{root}.") for root in outside):
             raise UnsupportedArchitectureError(
                 f"{projections.hf_config(model).model_type}: parameter {name!r} belongs to no graftable "
                 "component; this model variant (a config option or a custom module) is not "

@@ -129,12 +129,18 @@ ADAPTERS: dict[str, Adapter] = {
 # Vision-language checkpoints: the language model at ``model.language_model``, the unembedding at
 # ``lm_head``, the vision tower and projector beside them. Each takes its text family's adapter
 # (the text config's ``model_type``), so a Llava over Qwen2 grafts as Qwen2 does.
+_TOWER = ("model.vision_tower", "model.multi_modal_projector")
 WRAPPERS: dict[str, Wrapper] = {
     "gemma3": Wrapper(),  # Gemma 3 4B / 12B / 27B (their 270M and 1B are text-only gemma3_text)
     "gemma4": Wrapper(outside=("model.vision_tower", "model.embed_vision", "model.audio_tower",
                                "model.embed_audio")),
     "mistral3": Wrapper(),  # Mistral Small 3.1 / 3.2
     "llava": Wrapper(),
+    "llava_next": Wrapper(outside=(*_TOWER, "model.image_newline")),
+    "llava_onevision": Wrapper(outside=(*_TOWER, "model.image_newline")),
+    "internvl": Wrapper(),  # InternVL 3 / 3.5 over Qwen2 / Qwen3
+    "idefics3": Wrapper(language_model="model.text_model", outside=("model.vision_model", "model.connector")),
+    "smolvlm": Wrapper(language_model="model.text_model", outside=("model.vision_model", "model.connector")),
     "qwen3_vl": Wrapper(outside=("model.visual",), text_only=False),
 }
 

@@ -122,7 +122,8 @@ def _outside_difference(base: nn.Module, other: nn.Module) -> str | None:
     if hasattr(other, OUTSIDE_DIFFERS_ATTR):  # a lean donor: what its file holds, not what it shares
         lean: str | None = getattr(other, OUTSIDE_DIFFERS_ATTR)
         return lean
-    params = [(n, p) for n, p in other.named_parameters(remove_duplicate=False) if n.startswith(outside)]
+    params = [(n, p) for n, p in other.named_parameters(remove_duplicate=False)
+              if any(n == root or n.startswith(f"{root}.") for root in outside)]
     version = sum(p._version for _, p in params)
     cached = _SEEN.get(other)
     if cached is not None and cached[:2] == (id(base), version):
