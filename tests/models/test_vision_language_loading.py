@@ -124,3 +124,18 @@ def test_a_prompt_with_an_image_placeholder_is_refused_before_any_model_loads(tm
     with pytest.raises(GraftArgumentError, match="'Look: <image> who is this\\?' holds an image/video placeholder"):
         refuse_media(fp, counter, prompts)
 
+
+
+@pytest.mark.parametrize("model_type", ["gemma3", "smolvlm"])
+@torch.no_grad()
+def test_a_language_model_loaded_alone_saves_as_the_text_model_it_is(model_type, tmp_path):
+    """A finetune of it (``weightgraft train`` saves the model it trained) loads back as that text model."""
+    wrapper = make_tiny(model_type, seed=0)
+    loaded = load_model(str(_save(wrapper, tmp_path / "vl")))
+    loaded.model.save_pretrained(tmp_path / "text")
+    tiny_tokenizer().save_pretrained(tmp_path / "text")
+    again = load_model(str(tmp_path / "text"))
+    assert type(again.model) is type(loaded.model) and again.weights_sha256 == loaded.weights_sha256
+    ids = random_ids(2, 7)
+    assert torch.equal(again.model(input_ids=ids).logits, wrapper(input_ids=ids).logits)
+    assert outside_differences([loaded.model, again.model]) == []  # a text finetune has no tower to differ in

@@ -104,6 +104,10 @@ def from_pretrained(folder: str, config: Any, **kwargs: Any) -> tuple[Any, dict[
             folder, config=form.config, key_mapping=LANGUAGE_MODEL_KEYS, output_loading_info=True, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
+    # transformers keeps the renaming to undo it on save: a finetune of this model would be written
+    # under the checkpoint's names with a text-only config, which nothing loads back. It is a text
+    # model now: saved as one.
+    model._weight_conversions = None
     record = Checkpoint(str(config.model_type), outside_sha256(Path(folder)), form.media_tokens)
     setattr(model, CHECKPOINT_ATTR, record)
     return model, info, form.note
