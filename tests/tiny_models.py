@@ -32,6 +32,20 @@ TINY_CONFIGS: dict[str, T.PretrainedConfig] = {
     "phi3": T.Phi3Config(**_LLAMA, num_key_value_heads=2, **_COMMON),  # fused qkv, gate_up
     "stablelm": T.StableLmConfig(**_LLAMA, num_key_value_heads=2, **_COMMON),
     "granite": T.GraniteConfig(**_LLAMA, num_key_value_heads=2, **_COMMON),
+    # 2025-26 dense families
+    "smollm3": T.SmolLM3Config(  # layer 1 without rotary positions (NoPE), GQA
+        **_LLAMA, num_key_value_heads=2, no_rope_layers=[1, 0], **_COMMON),
+    "ernie4_5": T.Ernie4_5Config(**_LLAMA, num_key_value_heads=2, head_dim=8, **_COMMON),
+    "seed_oss": T.SeedOssConfig(**_LLAMA, num_key_value_heads=2, head_dim=8, **_COMMON),  # q/k/v biases
+    "glm4": T.Glm4Config(**_LLAMA, num_key_value_heads=2, head_dim=8, **_COMMON),  # fused gate/up, 4 norms
+    "exaone4": T.Exaone4Config(  # post-norm, q/k norms on [b, h, t, d], a sliding and a full layer
+        **_LLAMA, num_key_value_heads=2, head_dim=8, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"], **_COMMON),
+    "olmo3": T.Olmo3Config(  # post-norm, q/k norms on the whole projection, sliding and full
+        **_LLAMA, num_key_value_heads=2, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"], **_COMMON),
+    "apertus": T.ApertusConfig(  # no gate; xIELU's learned alpha_p / alpha_n (``act``)
+        **_LLAMA, num_key_value_heads=2, head_dim=8, **_COMMON),
 }
 
 # Vision-language checkpoints over a supported text family: a tiny vision tower beside a tiny
@@ -115,9 +129,10 @@ def make_tiny(
         text.vocab_size = vocab_size
     if n_layers is not None:
         text.num_hidden_layers = n_layers
-        kinds = getattr(text, "layer_types", None)
-        if kinds:  # per-layer attention kinds: repeat the pattern over the new depth
-            text.layer_types = [kinds[i % len(kinds)] for i in range(n_layers)]
+        for per_layer in ("layer_types", "no_rope_layers"):  # per-layer kinds: repeat the pattern
+            kinds = getattr(text, per_layer, None)
+            if kinds:
+                setattr(text, per_layer, [kinds[i % len(kinds)] for i in range(n_layers)])
     torch.manual_seed(seed)
     auto = T.AutoModelForImageTextToText if model_type in VL_CONFIGS else T.AutoModelForCausalLM
     model = auto.from_config(config)

@@ -45,6 +45,26 @@ def test_shipped_configs_have_the_public_parameter_counts(name: str) -> None:
     assert next(footprint.meta.parameters()).device.type == "meta"  # nothing allocated
 
 
+# Vision-language checkpoints: the parameters of the whole checkpoint (the safetensors total the
+# hub lists: Gemma 3 4.3B / 12.2B / 27.4B, Mistral Small 3.1 24,011,361,280), of which loading
+# builds the language model alone.
+VISION_LANGUAGE_COUNTS = {
+    "gemma-3-4b-it": (3_880_263_168, 4_300_079_472),
+    "gemma-3-12b-it": (11_766_034_176, 12_187_325_040),
+    "gemma-3-27b-it": (27_009_346_304, 27_432_406_640),
+    "mistral-small-3.1-24b": (23_572_403_200, 24_011_361_280),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VISION_LANGUAGE_COUNTS))
+def test_shipped_vision_language_configs_build_their_language_model(name: str) -> None:
+    footprint = parse_spec(f"random:{name}").footprint()
+    language_model, whole = VISION_LANGUAGE_COUNTS[name]
+    assert footprint.form.language_model_only
+    assert footprint.n_params == language_model
+    assert footprint.n_params + footprint.form.unloaded_parameters() == whole
+
+
 def test_every_paper_model_is_shipped() -> None:
     assert {"llama-3.2-1b", "gemma-1.1-2b", "gpt2-xl", "pythia-2.8b", "llama-3.1-8b"} <= set(shipped_configs())
 

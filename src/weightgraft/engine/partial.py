@@ -49,6 +49,22 @@ def _is_affine(module: nn.Module) -> bool:
     return name.endswith(("RMSNorm", "LayerNorm"))
 
 
+def refuse_non_affine(model: nn.Module) -> None:
+    """One line for a model with a slot whose module is not affine in its weights (Apertus' xIELU
+    activation, ``act``): a fractional graft's output there is no mix of the two modules' outputs,
+    so partial grafts (fractional weights per cell, attribution, localize's estimates) are refused
+    rather than computed some other way. Reads module types only (a meta-device model serves)."""
+    for slot in model_slots(model):
+        for part in slot.parts:
+            module = model.get_submodule(part.path)
+            if not _is_affine(module):
+                raise GraftArgumentTypeError(
+                    f"partial grafts (fractional weights per cell, attribution, localize) need every slot's module "
+                    f"affine in its weights; {slot.name} ({part.path}) is a {type(module).__name__}, whose output is "
+                    "not a mix of the two models' outputs. Whole grafts (wg.graft, run) are exact on this model"
+                )
+
+
 @dataclass
 class _ModulePlan:
     """One grafted module: its slots (with their output columns) and how to compute ``D``."""
@@ -159,6 +175,7 @@ class PartialGraft:
     def __init__(self, base: nn.Module, donor: nn.Module, _plans: list[_ModulePlan] | None = None,
                  sign: float = 1.0) -> None:
         check_compatible([base, donor])
+        refuse_non_affine(base)
         self.base, self.donor, self.sign = base, donor, sign
         self.slots: list[Slot] = model_slots(base)
         self.plans = _plans if _plans is not None else self._build_plans()
@@ -173,9 +190,6 @@ class PartialGraft:
         plans = []
         for path, owners in by_path.items():
             module, donor = self.base.get_submodule(path), self.donor.get_submodule(path)
-            if not _is_affine(module):
-                raise GraftArgumentTypeError(f"partial grafts need modules affine in their weights; {path} "
-                                f"is a {type(module).__name__}")
             onehot = None
             if len(owners) > 1 and any(cols is None for _, cols, _ in owners):
                 raise GraftArgumentTypeError(f"{path} is owned whole by several slots; cannot mix it per slot")

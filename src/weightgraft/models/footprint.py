@@ -95,7 +95,6 @@ class ModelFootprint:
     def meta(self) -> Any:
         """The model on the meta device: real module tree and shapes, no storage."""
         import torch
-        from transformers import AutoModelForCausalLM
 
         form = self.form
         with torch.device("meta"):

@@ -11,6 +11,7 @@ from functools import partial
 from dataclasses import dataclass, field, replace
 
 from weightgraft.engine.architectures import Units, model_slots
+from weightgraft.engine.partial import refuse_non_affine
 from weightgraft.planning.depth_states import depth_state_bytes
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import parse_spec
@@ -116,6 +117,7 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                        with_time: bool = True) -> Plan:
     """The plan of a localize run: memory by part, the attribution batch size, time."""
     pre = parse_spec(work.pre).footprint()
+    refuse_non_affine(pre.meta)  # localize's estimates are partial grafts: refused before loading
     several = len(work.sfts) > 1
     sizes: list[Callable[[str], int]] = []
     roles = [RolePlan(model_set="default", role="pre", spec=work.pre, config=pre.where, n_params=pre.n_params,

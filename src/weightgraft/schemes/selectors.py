@@ -323,8 +323,8 @@ COMPONENT_GROUPS: dict[str, tuple[str, ...]] = {
     # the input embedding: tokens, and learned positions where the model has them (GPT-2)
     "embed": ("embed", "pos_embed"),
     "attn": ("q", "k", "v", "q_norm", "k_norm"),
-    "ffn": ("gate", "up", "down"),
-    "mlp": ("gate", "up", "down"),
+    "ffn": ("gate", "up", "act", "down"),
+    "mlp": ("gate", "up", "act", "down"),
     "norms": ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"),
     "layer": LAYER_COMPONENTS,
     "body": ("embed", "pos_embed", *LAYER_COMPONENTS, "final_norm"),

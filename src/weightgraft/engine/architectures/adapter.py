@@ -28,6 +28,7 @@ LAYER_COMPONENTS: tuple[str, ...] = (
     "mlp_norm",
     "gate",
     "up",
+    "act",  # an activation with learned parameters (Apertus' xIELU alpha_p / alpha_n)
     "down",
     "post_mlp_norm",
 )

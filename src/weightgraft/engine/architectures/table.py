@@ -13,7 +13,7 @@ from weightgraft.engine.architectures.adapter import Adapter, Fused, Wrapper
 from weightgraft.errors import UnsupportedArchitectureError
 
 
-def _llama_like(**extra: str) -> dict[str, str | Fused]:
+def _llama_like(**extra: str | Fused) -> dict[str, str | Fused]:
     comps: dict[str, str | Fused] = {
         "attn_norm": "input_layernorm",
         "q": "self_attn.q_proj",
@@ -34,7 +34,13 @@ _GEMMA2_NORMS = {
     "mlp_norm": "pre_feedforward_layernorm",  # NOT post_attention_layernorm in Gemma 2/3
     "post_mlp_norm": "post_feedforward_layernorm",
 }
-_QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+_QK_NORMS: dict[str, str | Fused] = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+# Post-norm layers (OLMo 2 / 3, EXAONE 4): no norm before attention or the MLP, one after each.
+_POST_NORM: dict[str, str | Fused] = {
+    **{k: v for k, v in _llama_like().items() if k not in ("attn_norm", "mlp_norm")},
+    "post_attn_norm": "post_attention_layernorm",
+    "post_mlp_norm": "post_feedforward_layernorm",
+}
 
 
 def _llama_family(components: dict[str, str | Fused], **kw: Any) -> Adapter:
@@ -99,14 +105,7 @@ ADAPTERS: dict[str, Adapter] = {
         {k: v for k, v in _llama_like().items() if k not in ("attn_norm", "mlp_norm")}
     ),
     # OLMo 2 is post-norm: the norms act on the attention / MLP outputs.
-    "olmo2": _llama_family(
-        {
-            **{k: v for k, v in _llama_like().items() if k not in ("attn_norm", "mlp_norm")},
-            **_QK_NORMS,
-            "post_attn_norm": "post_attention_layernorm",
-            "post_mlp_norm": "post_feedforward_layernorm",
-        }
-    ),
+    "olmo2": _llama_family(_POST_NORM | _QK_NORMS),
     "phi3": _llama_family(
         {
             "attn_norm": "input_layernorm",
@@ -121,6 +120,26 @@ ADAPTERS: dict[str, Adapter] = {
         }
     ),
     "stablelm": _llama_family(_llama_like(), requires={"qk_layernorm": False}),
+    # 2025-26 dense families. SmolLM3 leaves rotary positions out of every fourth layer (NoPE):
+    # the same weights.
+    "smollm3": _llama_family(_llama_like()),
+    "ernie4_5": _llama_family(_llama_like()),
+    "seed_oss": _llama_family(_llama_like()),  # q/k/v biases
+    # GLM-4: gate and up fused in halves; a norm after attention and after the MLP besides the two before
+    "glm4": _llama_family({
+        **_llama_like(), "gate": Fused("mlp.gate_up_proj", "halves", "first"),
+        "up": Fused("mlp.gate_up_proj", "halves", "second"),
+        "post_attn_norm": "post_self_attn_layernorm", "post_mlp_norm": "post_mlp_layernorm",
+    }),
+    # EXAONE 4 and OLMo 3 are post-norm as OLMo 2 (sliding and full layers alike); EXAONE's q/k
+    # norms see [batch, heads, seq, head_dim], OLMo's the whole projection
+    "exaone4": _llama_family(_POST_NORM | _QK_NORMS, pos_axis={"q_norm": 2, "k_norm": 2}),
+    "olmo3": _llama_family(_POST_NORM | _QK_NORMS),
+    # Apertus: no gate; the xIELU activation's alpha_p / alpha_n are weights of their own (``act``)
+    "apertus": _llama_family({
+        **{k: v for k, v in _llama_like(**_QK_NORMS).items() if k != "gate"},
+        "attn_norm": "attention_layernorm", "mlp_norm": "feedforward_layernorm", "act": "mlp.act_fn",
+    }, pos_axis={"q_norm": 2, "k_norm": 2}),
     # Qwen3-VL's language model: Qwen3's layer (q/k norms on [batch, seq, heads, dim]) with
     # multimodal rotary positions, which on text alone are the same position on every axis.
     "qwen3_vl_text": _llama_family(_llama_like(**_QK_NORMS)),
