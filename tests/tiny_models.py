@@ -103,6 +103,27 @@ VL_CONFIGS: dict[str, T.PretrainedConfig] = {
 }
 TINY_CONFIGS.update(VL_CONFIGS)
 
+# Mixtures of experts: 4 experts, 2 picked per token; eager experts (the implementation transformers
+# runs on CPU in float64, and a reference for the default one, set per test where it matters).
+_MOE = dict(_TEXT, intermediate_size=24)
+MOE_CONFIGS: dict[str, T.PretrainedConfig] = {
+    "mixtral": T.MixtralConfig(**_MOE, num_local_experts=4, num_experts_per_tok=2, sliding_window=3),
+    "qwen3_moe": T.Qwen3MoeConfig(**_MOE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
+    "olmoe": T.OlmoeConfig(**_MOE, num_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": T.Qwen2MoeConfig(  # a shared expert beside the bank, gated per token
+        **_MOE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=20),
+    "granitemoe": T.GraniteMoeConfig(**_MOE, num_local_experts=4, num_experts_per_tok=2),
+    "phimoe": T.PhimoeConfig(**_MOE, num_local_experts=4, num_experts_per_tok=2),
+    "glm4_moe": T.Glm4MoeConfig(  # layer 0 dense; a correction bias in the router
+        **_MOE, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1),
+    "dots1": T.Dots1Config(
+        **_MOE, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1),
+}
+for _config in MOE_CONFIGS.values():
+    _config._experts_implementation = "eager"
+
 
 @torch.no_grad()
 def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
@@ -121,7 +142,7 @@ def make_tiny(
 ) -> torch.nn.Module:
     """A tiny model of ``model_type``; ``tied`` overrides the config's embedding tying, and
     ``randomize=False`` keeps transformers' own (seeded) initialization, e.g. for training."""
-    config = copy.deepcopy(TINY_CONFIGS[model_type])
+    config = copy.deepcopy({**TINY_CONFIGS, **MOE_CONFIGS}[model_type])
     if tied is not None:
         config.tie_word_embeddings = tied
     text = config.get_text_config(decoder=True)

@@ -6,10 +6,12 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from weightgraft.engine import lora
 from weightgraft.engine.architectures import adapter_for
+from weightgraft.engine.architectures.slots import graftable_state
 from weightgraft.engine.architectures.vision_language import OutsideDifference, outside_differences
 from weightgraft.engine.projections import hf_config
 from weightgraft.errors import ModelMismatchError as ModelMismatchError
@@ -64,11 +66,11 @@ def _computed(items: dict[str, Any]) -> dict[str, Any]:
             for k, v in items.items() if k not in _IGNORED_CONFIG_KEYS}
 
 
-def _named_parameters(model: nn.Module, i: int) -> list[tuple[str, nn.Parameter]]:
+def _named_parameters(model: nn.Module, i: int) -> list[tuple[str, torch.Tensor]]:
     """Parameters by the names of the unwrapped model: a LoRA donor's ``q_proj.base_layer.weight``
     is ``q_proj.weight``, and the adapter's own tensors (``lora_A``, ``lora_B``) are not
     compared (they add to a projection, they do not replace one)."""
-    named = list(model.named_parameters(remove_duplicate=False))
+    named = graftable_state(model)  # persistent buffers too: a router's correction bias is state
     if not any(lora.canonical_name(n) != n for n, _ in named):
         return named
     lora.check_supported(model, f"models[{i}]")
@@ -114,6 +116,12 @@ def check_compatible(models: Sequence[nn.Module]) -> None:
         if other_params:
             extra = next(iter(other_params))
             raise ModelMismatchError(f"models[{i}] has a tensor {extra!r} the base lacks")
+        mine, theirs = (getattr(hf_config(m), "_experts_implementation", None) for m in (base, other))
+        if mine != theirs:  # in bfloat16 the two flip routing decisions: one implementation per graft
+            raise ModelMismatchError(
+                f"models[{i}] runs its experts with {theirs!r} but the base with {mine!r}; give every model one "
+                "(model.set_experts_implementation(NAME))"
+            )
         other_cfg = _config_items(other)
         for key in sorted(set(base_cfg) | set(other_cfg)):
             if base_cfg.get(key) != other_cfg.get(key):

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
-from weightgraft.engine import projections
+from weightgraft.engine import moe, projections
 from weightgraft.engine.architectures import Slot, Units, model_slots
 from weightgraft.engine.architectures.vision_language import refuse_media
 from weightgraft.engine.compat import check_compatible
@@ -153,7 +153,7 @@ def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis
         row_sets: list[_RowSet] = here["row_sets"]
         mixed: tuple[torch.Tensor, ...] = here["mixed"]
         groups: list[_Group] = here["groups"]
-        xv = x if pos_axis == 1 else x.movedim(pos_axis, 1)
+        xv = moe.by_position(x, pos_axis, groups[0].models.shape[:2])
         out: torch.Tensor | None = None
         for m, b, t in row_sets:
             if b.numel() == 0:
@@ -178,7 +178,7 @@ def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis
                 out = y_mix.new_empty(*xv.shape[:2], y_mix.shape[-1])
             out[b_mix, t_mix] = y_mix
         assert out is not None  # every row is in a row set or mixed
-        return out if pos_axis == 1 else out.movedim(1, pos_axis)
+        return moe.from_positions(out, pos_axis)
 
     return forward
 
@@ -227,7 +227,7 @@ def _in_unit_forward(
         t_mix: torch.Tensor = here["t_mix"]
         mix_units: torch.Tensor = here["mix_units"]
         mix_bias: torch.Tensor = here["mix_bias"]
-        xv = x if pos_axis == 1 else x.movedim(pos_axis, 1)
+        xv = moe.by_position(x, pos_axis, unit_models.shape[:2])
         out: torch.Tensor | None = None
         for m, b, t in row_sets:
             if b.numel():
@@ -251,7 +251,7 @@ def _in_unit_forward(
                 out = y.new_empty(*xv.shape[:2], y.shape[-1])
             out[b_mix, t_mix] = y
         assert out is not None  # every row is in a row set or mixed
-        return out if pos_axis == 1 else out.movedim(1, pos_axis)
+        return moe.from_positions(out, pos_axis)
 
     return forward
 
@@ -301,11 +301,13 @@ def graft_forward(
     head_source: Mapping[str, torch.Tensor] | None = None,
     past_key_values: Cache | None = None,
     neuron_source: Mapping[str, torch.Tensor] | None = None,
+    expert_source: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` of the grafted pass: see :func:`graft_call`."""
     logits: torch.Tensor = graft_call(models, input_ids, source, attention_mask=attention_mask,
                                       logit_positions=logit_positions, head_source=head_source,
-                                      past_key_values=past_key_values, neuron_source=neuron_source).logits
+                                      past_key_values=past_key_values, neuron_source=neuron_source,
+                                      expert_source=expert_source).logits
     return logits
 
 
@@ -320,6 +322,7 @@ def graft_call(
     past_key_values: Cache | None = None,
     use_cache: bool | None = None,
     neuron_source: Mapping[str, torch.Tensor] | None = None,
+    expert_source: Mapping[str, torch.Tensor] | None = None,
 ) -> Any:
     """The base model's output (``.logits`` ``[batch, seq, vocab]``, ``.past_key_values``) of
     one batched forward pass in which slot ``s`` at position ``t`` of row ``b`` uses the
@@ -396,7 +399,9 @@ def graft_call(
 
     units = check_units(head_source or {}, slot_list, batch, seq=seq, n_models=len(models), device=device, kind=Units.HEAD)
     units.update(check_units(neuron_source or {}, slot_list, batch, seq=seq, n_models=len(models), device=device, kind=Units.NEURON))
+    units.update(moe.check_expert_maps(dict(expert_source or {}), slot_list, batch, seq, len(models), device))
     models, source, units = merge_identical(models, source, units)
+    banks = {s: units.pop(s) for s in list(units) if slot_list[s].experts}  # expert by expert
     columns = [source[:, :, s] for s in range(len(slot_list))]
     with swaps() as swap:
         if logit_positions is not None:  # "unembed" is always the last slot
@@ -420,6 +425,14 @@ def graft_call(
                 swapped_in.add(part.path)
         donors = source.ne(0).flatten(0, 1).any(dim=0).tolist()  # one reduction, not one per slot
         donors[-1] = bool(columns[-1].ne(0).any())  # the unembedding at the logit rows only
+        for s, slot in enumerate(slot_list):  # a mixture of experts' router and bank
+            if (slot.router or slot.experts) and (donors[s] or (s in banks and bool(banks[s].ne(0).any()))):
+                path = slot.parts[0].path
+                targets = lookup.targets(path)
+                forward = (moe.router_forward(targets, columns[s]) if slot.router
+                           else moe.experts_forward(targets, columns[s], banks.get(s)))
+                swap.forward(base.get_submodule(path), forward)
+                swapped_in.add(path)
         for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_units, donors).items():
             if path not in swapped_in:
                 swap.forward(base.get_submodule(path), _dispatch_forward(path, lookup, groups, pos_axis))

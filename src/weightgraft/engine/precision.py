@@ -184,8 +184,25 @@ def float64_exact(models: Iterable[nn.Module]) -> Iterator[None]:
     every such cast keeps float64, whatever the architecture, and is undone on exit. Models in
     any other dtype run unchanged.
     """
-    if not is_float64(list(models)):
+    models = list(models)
+    if not is_float64(models):
         yield
         return
-    with _Float64Casts():
+    with _Float64Casts(), _eager_experts(models):
         yield
+
+
+@contextmanager
+def _eager_experts(models: list[nn.Module]) -> Iterator[None]:
+    """A mixture of experts' bank runs transformers' eager loop (``grouped_mm``, the default,
+    refuses float64 on CPU), restored on exit."""
+    before = [getattr(getattr(m, "config", None), "_experts_implementation", None) for m in models]
+    switched = [m for m, b in zip(models, before, strict=True) if b not in (None, "eager")]
+    for m in switched:
+        m.set_experts_implementation("eager")  # type: ignore[operator]  # a transformers model's method
+    try:
+        yield
+    finally:
+        for m, b in zip(models, before, strict=True):
+            if m in switched:
+                m.set_experts_implementation(b)  # type: ignore[operator]

@@ -23,6 +23,7 @@ from transformers import DynamicCache
 
 from weightgraft.engine import lora, projections
 from weightgraft.engine.architectures import Slot, model_slots
+from weightgraft.engine.architectures.slots import graftable_state
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.precision import batch_invariant_attention, one_cpu_path
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
@@ -119,10 +120,10 @@ class CompositeModel:
                 src = self.models[m].get_submodule(part.path)
                 if isinstance(dst, _Routed):
                     dst.serve(m, part.columns)
-                elif part.columns is None:
-                    src_params = dict(src.named_parameters(remove_duplicate=False))
-                    for name, p in dst.named_parameters(remove_duplicate=False):
-                        p.copy_(src_params[name])
+                elif part.columns is None:  # parameters and persistent buffers (a router's bias)
+                    src_state = dict(graftable_state(src))
+                    for name, p in graftable_state(dst):
+                        p.copy_(src_state[name])
                 else:
                     _copy_columns(dst, src, part.columns)
             self.current[s] = m
@@ -134,6 +135,12 @@ class CompositeModel:
         ``whole``. The columns of all units served by one model are copied at once."""
         (part,) = slot.parts
         dst = self.model.get_submodule(part.path)
+        if slot.experts:  # expert e is index e of every tensor of the bank
+            for e, m in enumerate(head_models):
+                src_state = dict(graftable_state(self.models[m].get_submodule(part.path)))
+                for name, p in graftable_state(dst):
+                    p[e] = src_state[name][e]
+            return
         kind = slot.unit_kind()
         assert kind is not None  # only unit slots are loaded unit by unit
         cols = torch.stack(slot.unit_columns(self.models[0].get_submodule(part.path), kind))  # [units, width]
@@ -204,11 +211,12 @@ def per_token_forward(
     copy_per_position: bool = False,
     head_source: Mapping[str, torch.Tensor] | None = None,
     neuron_source: Mapping[str, torch.Tensor] | None = None,
+    expert_source: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` by the per-token definition. Each row is run alone
     without its padding; padded positions of the result are zero. ``head_source`` /
-    ``neuron_source`` (slot name -> ``[batch, seq, units]``) load a slot unit by unit, as
-    ``graft_forward`` reads them.
+    ``neuron_source`` / ``expert_source`` (slot name -> ``[batch, seq, units]``) load a slot
+    unit by unit (an expert bank expert by expert), as ``graft_forward`` reads them.
 
     ``copy_per_position=True`` is the authors' procedure verbatim: a fresh copy of the base
     model, with the grafted weights swapped in, for every position (slow; for benchmarks).
@@ -226,7 +234,7 @@ def per_token_forward(
     device = input_ids.device
     out = torch.zeros(batch, seq, vocab, dtype=_lm(model).dtype, device=device)
     index = {slot.name: s for s, slot in enumerate(composite.slots)}
-    heads = {index[name]: h for name, h in {**(head_source or {}), **(neuron_source or {})}.items()}
+    heads = {index[name]: h for name, h in {**(head_source or {}), **(neuron_source or {}), **(expert_source or {})}.items()}
     for b in range(batch):
         real = attention_mask[b].bool().nonzero().flatten()
         cache = DynamicCache(config=_lm(model).config)

@@ -22,6 +22,7 @@ from torch import nn
 
 from weightgraft.engine import projections
 from weightgraft.engine.architectures import adapter_for, model_slots
+from weightgraft.engine.architectures.slots import graftable_state
 from weightgraft.engine.architectures.vision_language import CHECKPOINT_ATTR, OUTSIDE_DIFFERS_ATTR, checkpoint_of
 from weightgraft.engine.compat import ModelMismatchError
 from weightgraft.models.errors import ModelNotFoundError
@@ -38,13 +39,14 @@ __all__ = [
 
 
 def slot_parameters(model: nn.Module) -> dict[str, list[str]]:
-    """Slot name -> the parameter names (as in ``named_parameters``) its modules hold."""
+    """Slot name -> the parameter names (as in ``named_parameters``) its modules hold, and their
+    persistent buffers (a router's routing-score correction bias): a lean donor holds its own."""
     out: dict[str, list[str]] = {}
     for slot in model_slots(model):
         names: list[str] = []
         for part in slot.parts:
             module = model.get_submodule(part.path)
-            names += [f"{part.path}.{n}" for n, _ in module.named_parameters(remove_duplicate=False)]
+            names += [f"{part.path}.{n}" for n, _ in graftable_state(module)]
         out[slot.name] = names
     return out
 
@@ -63,7 +65,7 @@ def _aliases(model: nn.Module) -> dict[str, list[str]]:
     return {name: names for names in by_id.values() for name in names}
 
 
-def _set_parameter(model: nn.Module, name: str, param: nn.Parameter) -> None:
+def _set_parameter(model: nn.Module, name: str, param: torch.Tensor) -> None:
     path, _, attr = name.rpartition(".")
     setattr(model.get_submodule(path) if path else model, attr, param)
 
@@ -89,14 +91,14 @@ def donor_view(
     the base (one tensor, two names) share one donor tensor when the donor gives them equal
     values, as a tied donor does. ``config`` (the donor's) replaces the base's on the view,
     so that the engine's compatibility check compares the donor's own config."""
-    params = dict(base.named_parameters(remove_duplicate=False))
+    params = dict(graftable_state(base))
     view = _structural_copy(base)
     if config is not None:
         view.config = config
-    made: dict[int, nn.Parameter] = {}
+    made: dict[int, torch.Tensor] = {}
     for name, tensor in tensors.items():
         if name not in params:
-            raise KeyError(f"{name!r} is not a parameter of the base model")
+            raise KeyError(f"{name!r} is not a parameter or buffer of the base model")
         ref = params[name]
         if tuple(tensor.shape) != tuple(ref.shape):
             raise ModelMismatchError(
@@ -107,8 +109,8 @@ def donor_view(
         if torch.equal(tensor, ref):
             continue
         key = id(tensors[name])
-        if key not in made:
-            made[key] = nn.Parameter(tensor, requires_grad=False)
+        if key not in made:  # a buffer stays a plain tensor (nn.Module keeps it a buffer)
+            made[key] = nn.Parameter(tensor, requires_grad=False) if isinstance(ref, nn.Parameter) else tensor
         _set_parameter(view, name, made[key])
     return view.eval()
 

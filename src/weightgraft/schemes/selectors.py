@@ -319,12 +319,15 @@ def select_heads(expr: str, n_heads: int, component: str) -> list[int]:
 
 # ---------------------------------------------------------------- components
 
+_MOE_PARTS = ("router", "experts", "shared_expert_gate", "shared_gate", "shared_up", "shared_down")
 COMPONENT_GROUPS: dict[str, tuple[str, ...]] = {
     # the input embedding: tokens, and learned positions where the model has them (GPT-2)
     "embed": ("embed", "pos_embed"),
     "attn": ("q", "k", "v", "q_norm", "k_norm"),
-    "ffn": ("gate", "up", "act", "down"),
-    "mlp": ("gate", "up", "act", "down"),
+    # a mixture-of-experts layer's MLP is its router, experts and shared experts
+    "ffn": ("gate", "up", "act", "down", *_MOE_PARTS),
+    "mlp": ("gate", "up", "act", "down", *_MOE_PARTS),
+    "shared": ("shared_expert_gate", "shared_gate", "shared_up", "shared_down"),
     "norms": ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"),
     "layer": LAYER_COMPONENTS,
     "body": ("embed", "pos_embed", *LAYER_COMPONENTS, "final_norm"),

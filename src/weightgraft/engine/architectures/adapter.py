@@ -26,6 +26,14 @@ LAYER_COMPONENTS: tuple[str, ...] = (
     "o",
     "post_attn_norm",
     "mlp_norm",
+    # a mixture-of-experts layer: the router (its weights and buffers, e.g. a routing-score
+    # correction bias), the bank of routed experts, the shared experts' gate and projections
+    "router",
+    "experts",
+    "shared_expert_gate",
+    "shared_gate",
+    "shared_up",
+    "shared_down",
     "gate",
     "up",
     "act",  # an activation with learned parameters (Apertus' xIELU alpha_p / alpha_n)
@@ -56,6 +64,19 @@ class Fused:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """Where a mixture-of-experts layer keeps its parts, relative to the decoder block. A layer is
+    of this kind where its block holds ``experts`` (DeepSeek's first layers and Llama 4's
+    interleaved ones are dense: they graft as the adapter's ``components`` say)."""
+
+    router: str  # returns (logits, top-k weights, top-k indices) over [batch * seq] rows
+    experts: str  # the expert bank: fused 3D tensors, expert e at index e
+    shared: dict[str, str] = field(default_factory=dict)  # shared_gate / shared_up / shared_down / shared_expert_gate
+    router_flat: bool = True  # the router sees [batch * seq, hidden] rows (else [batch, seq, hidden])
+    shared_flat: bool = False  # the shared experts see [batch * seq, hidden] rows (Qwen2-MoE)
+
+
+@dataclass(frozen=True)
 class Adapter:
     """Declarative description of one HF architecture."""
 
@@ -71,6 +92,8 @@ class Adapter:
     requires: dict[str, Any] = field(default_factory=dict)
     # Learned position embeddings (GPT-2's wpe): a slot of their own, ``pos_embed``.
     pos_embed: str | None = None
+    # A mixture-of-experts layer's parts, in the layers whose block holds an expert bank.
+    experts: Experts | None = None
     # Modules no text prompt reaches (a vision-language checkpoint's vision tower and projector):
     # their parameters belong to no slot, and a donor that differs there is reported, not grafted.
     outside: tuple[str, ...] = ()

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from weightgraft.engine import projections
-from weightgraft.engine.architectures.adapter import LAYER_COMPONENTS, Fused
+from weightgraft.engine.architectures.adapter import LAYER_COMPONENTS, Adapter, Fused
 from weightgraft.engine.architectures.table import adapter_for, text_config
 from weightgraft.engine.architectures.units import (
-    HEAD_COMPONENTS, NEURON_COMPONENTS, Part, Slot, _in_features, _out_features,
+    FLAT, HEAD_COMPONENTS, NEURON_COMPONENTS, Part, Slot, _in_features, _out_features,
 )
 from weightgraft.errors import UnsupportedArchitectureError
 
@@ -56,7 +56,7 @@ def fused_columns(fused: Fused, config: Any, out_features: int) -> torch.Tensor:
 
 
 def _has_parameters(module: nn.Module) -> bool:
-    return any(True for _ in module.parameters())
+    return bool(graftable_state(module))
 
 
 _SLOTS: weakref.WeakKeyDictionary[nn.Module, tuple[str, list[Slot]]] = weakref.WeakKeyDictionary()  # model -> (config json, slots)
@@ -104,11 +104,17 @@ def _build_slots(model: nn.Module) -> list[Slot]:
         out.append(Slot("pos_embed", (part(adapter.pos_embed),)))
     for i in range(len(layers)):
         prefix = f"{adapter.layers}.{i}"
+        components, axes = _layer_kind(adapter, layers[i])
         for comp in LAYER_COMPONENTS:
-            spec = adapter.components.get(comp)
+            spec = components.get(comp)
             if spec is None:
                 continue
-            axis = adapter.pos_axis.get(comp, 1)
+            axis = axes.get(comp, 1)
+            if comp == "experts":
+                path = f"{prefix}.{spec}"
+                n_experts = int(next(model.get_submodule(path).parameters()).shape[0])
+                out.append(Slot(f"layers.{i}.{comp}", (part(path, FLAT),), experts=n_experts))
+                continue
             heads = {"k": n_kv, "v": n_kv}.get(comp, n_heads) if comp in HEAD_COMPONENTS else 0
             side = HEAD_COMPONENTS.get(comp)
             n_side = NEURON_COMPONENTS.get(comp)
@@ -126,7 +132,8 @@ def _build_slots(model: nn.Module) -> list[Slot]:
                     neurons = 0
                     if n_side is not None:
                         neurons = _in_features(module) if n_side == "in" else _out_features(module)
-                    out.append(Slot(f"layers.{i}.{comp}", (bound,), heads, side, neurons, n_side))
+                    out.append(Slot(f"layers.{i}.{comp}", (bound,), heads, side, neurons, n_side,
+                                    router=comp == "router"))
     if adapter.final_norm is not None and _has_parameters(model.get_submodule(adapter.final_norm)):
         out.append(Slot("final_norm", (part(adapter.final_norm),)))
     out.append(Slot("unembed", (part(adapter.unembed),)))
@@ -134,21 +141,48 @@ def _build_slots(model: nn.Module) -> list[Slot]:
     return out
 
 
+def _layer_kind(adapter: Adapter, block: nn.Module) -> tuple[dict[str, str | Fused], dict[str, int]]:
+    """A layer's components and their position axes: a mixture-of-experts layer where the
+    adapter declares experts and this block holds the bank (its router, bank and shared experts
+    in place of gate / up / down), the adapter's dense components elsewhere."""
+    moe = adapter.experts
+    if moe is None or not _holds(block, moe.experts):
+        return adapter.components, adapter.pos_axis
+    components: dict[str, str | Fused] = {k: v for k, v in adapter.components.items() if k not in ("gate", "up", "down")}
+    components.update({"router": moe.router, "experts": moe.experts, **moe.shared})
+    axes = {**adapter.pos_axis, "router": FLAT if moe.router_flat else 1}
+    axes.update({k: FLAT if moe.shared_flat else 1 for k in moe.shared})
+    return components, axes
+
+
+def _holds(block: nn.Module, path: str) -> bool:
+    try:
+        block.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def graftable_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """A module's parameters and persistent buffers, by name: the state a graft takes from the
+    model serving it (a router's routing-score correction bias is a buffer, and changes routing)."""
+    params = list(module.named_parameters(remove_duplicate=False))
+    persistent = set(module.state_dict(keep_vars=True))
+    buffers = [(n, b) for n, b in module.named_buffers(remove_duplicate=False) if n in persistent]
+    return [*params, *buffers]
+
+
 def _check_coverage(model: nn.Module, slots_: list[Slot], outside: tuple[str, ...]) -> None:
-    """Every parameter must belong to a slot, or some weights would silently never graft; those
-    ``outside`` the language model (a vision tower) are reached by no text prompt."""
+    """Every parameter and persistent buffer must belong to a slot, or some weights would silently
+    never graft; those ``outside`` the language model (a vision tower) are reached by no text prompt."""
     covered: set[str] = set()
     for slot in slots_:
         for p in slot.parts:
-            covered.update(
-                f"{p.path}.{n}" for n, _ in model.get_submodule(p.path).named_parameters(
-                    remove_duplicate=False
-                )
-            )
-    for name, _ in model.named_parameters(remove_duplicate=False):
+            covered.update(f"{p.path}.{n}" for n, _ in graftable_state(model.get_submodule(p.path)))
+    for name, _ in graftable_state(model):
         if name not in covered and not any(name == root or name.startswith(f"{root}.") for root in outside):
             raise UnsupportedArchitectureError(
-                f"{projections.hf_config(model).model_type}: parameter {name!r} belongs to no graftable "
-                "component; this model variant (a config option or a custom module) is not "
+                f"{projections.hf_config(model).model_type}: parameter or buffer {name!r} belongs to no "
+                "graftable component; this model variant (a config option or a custom module) is not "
                 "supported by its adapter"
             )

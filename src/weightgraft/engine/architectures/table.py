@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from weightgraft.engine.architectures.adapter import Adapter, Fused, Wrapper
+from weightgraft.engine.architectures.adapter import Adapter, Experts, Fused, Wrapper
 from weightgraft.errors import UnsupportedArchitectureError
 
 
@@ -35,6 +35,11 @@ _GEMMA2_NORMS = {
     "post_mlp_norm": "post_feedforward_layernorm",
 }
 _QK_NORMS: dict[str, str | Fused] = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+# Mixtures of experts: router and bank under ``mlp``, the router on [batch * seq] rows.
+_MOE = Experts("mlp.gate", "mlp.experts")
+_DEEPSEEK_MOE = Experts("mlp.gate", "mlp.experts", router_flat=False, shared={
+    "shared_gate": "mlp.shared_experts.gate_proj", "shared_up": "mlp.shared_experts.up_proj",
+    "shared_down": "mlp.shared_experts.down_proj"})
 # Post-norm layers (OLMo 2 / 3, EXAONE 4): no norm before attention or the MLP, one after each.
 _POST_NORM: dict[str, str | Fused] = {
     **{k: v for k, v in _llama_like().items() if k not in ("attn_norm", "mlp_norm")},
@@ -140,6 +145,21 @@ ADAPTERS: dict[str, Adapter] = {
         **{k: v for k, v in _llama_like(**_QK_NORMS).items() if k != "gate"},
         "attn_norm": "attention_layernorm", "mlp_norm": "feedforward_layernorm", "act": "mlp.act_fn",
     }, pos_axis={"q_norm": 2, "k_norm": 2}),
+    # Mixtures of experts: the adapter's components in dense layers (DeepSeek's first ones), the
+    # router, expert bank and shared experts (``Experts``) where a layer holds a bank.
+    "mixtral": _llama_family(_llama_like(), experts=_MOE),
+    "qwen3_moe": _llama_family(_llama_like(**_QK_NORMS), experts=_MOE),
+    "olmoe": _llama_family(_llama_like(**_QK_NORMS), experts=_MOE),  # q/k norms on the whole projection
+    "qwen2_moe": _llama_family(_llama_like(), experts=Experts(
+        "mlp.gate", "mlp.experts", shared_flat=True, shared={
+            "shared_expert_gate": "mlp.shared_expert_gate", "shared_gate": "mlp.shared_expert.gate_proj",
+            "shared_up": "mlp.shared_expert.up_proj", "shared_down": "mlp.shared_expert.down_proj"})),
+    "granitemoe": _llama_family(_llama_like(), experts=Experts("block_sparse_moe.router", "block_sparse_moe.experts")),
+    "phimoe": _llama_family(_llama_like(), experts=Experts("mlp.router", "mlp.experts")),  # LayerNorms with biases
+    # GLM-4.5 and dots.llm1: DeepSeek-V3's mixture (dense first layers, grouped routing with a
+    # routing-score correction bias, a buffer, in the router; shared experts) with plain attention
+    "glm4_moe": _llama_family(_llama_like(), experts=_DEEPSEEK_MOE),
+    "dots1": _llama_family(_llama_like(**_QK_NORMS), experts=_DEEPSEEK_MOE),
     # Qwen3-VL's language model: Qwen3's layer (q/k norms on [batch, seq, heads, dim]) with
     # multimodal rotary positions, which on text alone are the same position on every axis.
     "qwen3_vl_text": _llama_family(_llama_like(**_QK_NORMS)),

@@ -20,7 +20,13 @@ class Part:
 
     path: str  # full dotted path from the CausalLM root
     columns: torch.Tensor | None  # output columns the slot owns; None = the whole output
-    pos_axis: int  # which axis of the module's input/output is the token position
+    # which axis of the module's input/output is the token position; FLAT: the module sees the
+    # batch's positions flattened into rows ``[batch * seq, ...]`` (a mixture of experts' router
+    # and experts), row ``b * seq + t`` being position t of sequence b
+    pos_axis: int
+
+
+FLAT = 0  # ``Part.pos_axis`` of a module that sees ``[batch * seq, ...]`` rows
 
 
 # Components that can be grafted head by head, and which side of the module the heads are on:
@@ -31,7 +37,10 @@ HEAD_COMPONENTS: dict[str, Literal["out", "in"]] = {"q": "out", "k": "out", "v":
 # Components that can be grafted neuron by neuron (MLP neurons): a neuron of gate/up is one
 # output column (its bias entry included), of down one input column (down's bias belongs to no
 # neuron). GPT-2's ``c_fc`` and GPT-NeoX's ``dense_h_to_4h`` are ``up``.
-NEURON_COMPONENTS: dict[str, Literal["out", "in"]] = {"gate": "out", "up": "out", "down": "in"}
+NEURON_COMPONENTS: dict[str, Literal["out", "in"]] = {
+    "gate": "out", "up": "out", "down": "in",
+    "shared_gate": "out", "shared_up": "out", "shared_down": "in",  # a mixture of experts' shared experts
+}
 
 
 class Units(str, Enum):
@@ -63,6 +72,8 @@ class Slot:
     head_side: Literal["out", "in"] | None = None
     neurons: int = 0  # MLP neurons (gate/up: output columns, down: input columns); 0: not per-neuron
     neuron_side: Literal["out", "in"] | None = None
+    experts: int = 0  # a mixture of experts' expert bank: the experts (index 0 of each tensor); 0: none
+    router: bool = False  # a mixture of experts' router: its outputs are tuples of [batch * seq] rows
 
     def units(self, kind: Units) -> int:
         """How many units of ``kind`` (heads or neurons) the slot splits into (0: none, and

@@ -1,0 +1,144 @@
+"""A mixture-of-experts layer in the one batched pass: its router and its expert bank, each
+position served by the model the source map names, expert by expert where asked.
+
+The per-token definition: at position p the router (its weights and buffers) is the model's that
+serves ``router`` at p, and each expert the router picks at p computes with the weights of the
+model that serves that expert at p (``expert_source``; the ``experts`` slot's map where none is
+given); an expert the router does not pick contributes nothing, whoever would serve it. Routing
+has no coupling across tokens at inference (no capacity limit in the families admitted), so each
+row of the flattened ``[batch * seq]`` rows the router and the bank see is computed on its own:
+rows are split by the model that serves them, and a row whose picked experts come from several
+models is the sum of each model's bank over its own picks (the others' routing weight zero,
+never a sentinel index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from weightgraft.engine.architectures import Slot
+from weightgraft.engine.architectures.units import FLAT
+from weightgraft.engine.swaps import own_forward
+from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
+
+__all__ = ["by_position", "check_expert_maps", "experts_forward", "from_positions", "router_forward"]
+
+
+def _callers(targets: list[nn.Module]) -> list[Callable[..., Any]]:
+    """Per model, what computes its rows: the base module's own (about to be swapped) forward."""
+    return [own_forward(t) if i == 0 else t for i, t in enumerate(targets)]
+
+
+def router_forward(targets: list[nn.Module], models: torch.Tensor) -> Callable[..., Any]:
+    """A forward for the base's router: ``models`` ``[batch, seq]`` names the model whose router
+    serves each position; the outputs (logits, top-k weights, top-k indices) are ``[batch * seq,
+    ...]`` rows, whether the router sees flattened rows or ``[batch, seq, hidden]``."""
+    fns = _callers(targets)
+    flat = models.reshape(-1)
+    present = torch.unique(flat).tolist()
+    rows = {m: (flat == m).nonzero().flatten() for m in present}
+
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if len(present) == 1:
+            return fns[present[0]](x, *args, **kwargs)
+        states = x.reshape(flat.numel(), x.shape[-1])
+        outs: list[torch.Tensor] | None = None
+        for m in present:
+            r = rows[m].to(states.device)
+            got = fns[m](states[r], *args, **kwargs)
+            if outs is None:
+                outs = [t.new_empty(flat.numel(), *t.shape[1:]) for t in got]
+            for out, t in zip(outs, got, strict=True):
+                out[r] = t
+        assert outs is not None  # some model serves
+        return tuple(outs)
+
+    return forward
+
+
+def experts_forward(targets: list[nn.Module], models: torch.Tensor,
+                    expert_models: torch.Tensor | None) -> Callable[..., torch.Tensor]:
+    """A forward for the base's expert bank ``(states, top_k_index, top_k_weights)`` on
+    ``[batch * seq]`` rows: ``models`` ``[batch, seq]`` serves every expert of a position, or
+    ``expert_models`` ``[batch, seq, experts]`` expert by expert."""
+    fns = _callers(targets)
+    n_rows = models.numel()
+    per_expert = None if expert_models is None else expert_models.reshape(n_rows, -1)
+    whole = models.reshape(-1)
+
+    def forward(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, *args: Any,
+                **kwargs: Any) -> torch.Tensor:
+        if per_expert is None:  # each picked expert from the model serving the row
+            chosen = whole.to(x.device)[:, None].expand_as(top_k_index)
+        else:
+            chosen = per_expert.to(x.device).gather(1, top_k_index)
+        present = torch.unique(chosen).tolist()
+        if len(present) == 1:
+            single: torch.Tensor = fns[present[0]](x, top_k_index, top_k_weights, *args, **kwargs)
+            return single
+        uniform = (chosen == chosen[:, :1]).all(dim=1)
+        out: torch.Tensor | None = None
+        for m in present:
+            r = (uniform & (chosen[:, 0] == m)).nonzero().flatten()
+            if r.numel():
+                y = fns[m](x[r], top_k_index[r], top_k_weights[r], *args, **kwargs)
+                out = y.new_zeros(n_rows, *y.shape[1:]) if out is None else out
+                out[r] = y
+        mixed = (~uniform).nonzero().flatten()
+        if mixed.numel():
+            picks = chosen[mixed]
+            total: torch.Tensor | None = None
+            for m in torch.unique(picks).tolist():
+                weights = torch.where(picks == m, top_k_weights[mixed], torch.zeros_like(top_k_weights[mixed]))
+                y = fns[m](x[mixed], top_k_index[mixed], weights, *args, **kwargs)
+                total = y if total is None else total + y
+            assert total is not None  # mixed rows have picks
+            out = total.new_zeros(n_rows, *total.shape[1:]) if out is None else out
+            out[mixed] = total
+        assert out is not None  # every row is uniform or mixed
+        return out
+
+    return forward
+
+
+def check_expert_maps(expert_source: dict[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
+                      n_models: int, device: torch.device) -> dict[int, torch.Tensor]:
+    """``expert_source`` (experts slot name -> ``[batch, seq, experts]``) keyed by slot index,
+    validated: expert banks only, right shapes, model indices in range."""
+    index = {slot.name: s for s, slot in enumerate(slot_list)}
+    out: dict[int, torch.Tensor] = {}
+    for name, tensor in expert_source.items():
+        slot = slot_list[index[name]] if name in index else None
+        if slot is None or not slot.experts:
+            banks = [s.name for s in slot_list if s.experts][:3]
+            raise GraftArgumentError(f"expert_source names {name!r}, which is no expert bank of this model"
+                                     + (f" (e.g. {', '.join(banks)})" if banks else " (it has none)"))
+        if tuple(tensor.shape) != (batch, seq, slot.experts):
+            raise GraftArgumentError(f"expert_source[{name!r}] must have shape [batch, seq, experts] = "
+                                     f"{[batch, seq, slot.experts]}, got {list(tensor.shape)}")
+        if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
+            raise GraftArgumentTypeError(f"expert_source[{name!r}] must be an integer tensor, got {tensor.dtype}")
+        tensor = tensor.to(device=device, dtype=torch.long)
+        if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= n_models):
+            raise GraftArgumentError(f"expert_source[{name!r}] values must index the {n_models} models")
+        out[index[name]] = tensor
+    return out
+
+
+def by_position(x: torch.Tensor, pos_axis: int, rows: torch.Size) -> torch.Tensor:
+    """``x`` with the token position on axis 1 (``[batch, seq, ...]``): moved there, or, for a
+    module that sees ``[batch * seq, ...]`` rows (``FLAT``: a shared expert), unflattened."""
+    if pos_axis == FLAT:
+        return x.view(*rows, *x.shape[1:])
+    return x if pos_axis == 1 else x.movedim(pos_axis, 1)
+
+
+def from_positions(out: torch.Tensor, pos_axis: int) -> torch.Tensor:
+    """:func:`by_position` undone on a module's output."""
+    if pos_axis == FLAT:
+        return out.flatten(0, 1)
+    return out if pos_axis == 1 else out.movedim(1, pos_axis)
