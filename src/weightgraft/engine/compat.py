@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine import lora
-from weightgraft.engine.architectures import adapter_for
+from weightgraft.engine.architectures import adapter_for, model_slots
 from weightgraft.engine.architectures.slots import graftable_state
 from weightgraft.engine.architectures.vision_language import OutsideDifference, outside_differences
 from weightgraft.engine.projections import hf_config
@@ -86,6 +86,7 @@ def check_compatible(models: Sequence[nn.Module]) -> None:
     base = models[0]
     adapter_for(hf_config(base))
     base_params = _named_parameters(base, 0)
+    has_experts = any(slot.experts for slot in model_slots(base))
     base_cfg = _config_items(base)
     for i, other in enumerate(models[1:], start=1):
         if other is base:
@@ -117,7 +118,7 @@ def check_compatible(models: Sequence[nn.Module]) -> None:
             extra = next(iter(other_params))
             raise ModelMismatchError(f"models[{i}] has a tensor {extra!r} the base lacks")
         mine, theirs = (getattr(hf_config(m), "_experts_implementation", None) for m in (base, other))
-        if mine != theirs:  # in bfloat16 the two flip routing decisions: one implementation per graft
+        if has_experts and mine != theirs:  # in bfloat16 the two flip routing decisions: one per graft
             raise ModelMismatchError(
                 f"models[{i}] runs its experts with {theirs!r} but the base with {mine!r}; give every model one "
                 "(model.set_experts_implementation(NAME))"

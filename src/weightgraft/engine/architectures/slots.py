@@ -167,8 +167,10 @@ def graftable_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """A module's parameters and persistent buffers, by name: the state a graft takes from the
     model serving it (a router's routing-score correction bias is a buffer, and changes routing)."""
     params = list(module.named_parameters(remove_duplicate=False))
-    persistent = set(module.state_dict(keep_vars=True))
-    buffers = [(n, b) for n, b in module.named_buffers(remove_duplicate=False) if n in persistent]
+    buffers = [(f"{path}.{name}" if path else name, buffer)  # read from the modules: state_dict() would
+               for path, sub in module.named_modules(remove_duplicate=False)  # run quantized layers' packing
+               for name, buffer in sub._buffers.items()
+               if buffer is not None and name not in sub._non_persistent_buffers_set]
     return [*params, *buffers]
 
 
