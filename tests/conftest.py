@@ -11,7 +11,7 @@ from pathlib import Path
 import browser
 import pytest
 import torch
-from tiny_models import make_donor, make_tiny, tiny_tokenizer
+from tiny_models import VL_CONFIGS, make_donor, make_tiny, tiny_tokenizer
 from tiny_training import base_dir, data_dir  # noqa: F401 - the tiny finetuning world's module fixtures
 
 
@@ -35,6 +35,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         names = getattr(getattr(item, "module", None), "SLOW_FIXTURES", ())
         if set(names) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if _wrapper_case_beyond_the_engine(item):
+            item.add_marker(pytest.mark.slow)
+
+
+# Where a vision-language wrapper runs in `make check`: its own tests and the engine's matrix against
+# the per-token definition. Its text family runs every other matrix there already; the wrapper (Gemma 3's
+# aside) runs them in `make test` (docs/development.md).
+_WRAPPER_FAST_FILES = ("test_engine.py", "test_vision_language.py", "test_vision_language_loading.py")
+
+
+def _wrapper_case_beyond_the_engine(item: pytest.Item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    wrappers = {v for v in params.values() if isinstance(v, str) and v in VL_CONFIGS and v != "gemma3"}
+    return bool(wrappers) and Path(str(item.fspath)).name not in _WRAPPER_FAST_FILES
 
 
 @pytest.fixture(scope="session")

@@ -45,6 +45,7 @@ def gemma3_dirs(tmp_path_factory) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_a_position_sweep_on_a_checkpoint_equals_the_sweep_on_its_language_model(tmp_path, gemma3_dirs):
     results = {}
     for kind in ("vl", "text"):

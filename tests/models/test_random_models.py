@@ -22,6 +22,10 @@ PUBLIC_COUNTS = {
     "pythia-2.8b": 2_775_208_960,
     "llama-3.1-8b": 8_030_261_248,
     "smollm2-135m": 134_515_008,
+    # mixtures of experts (the hub's safetensors totals)
+    "qwen3-30b-a3b": 30_532_122_624,
+    "olmoe-1b-7b": 6_919_161_856,
+    "mixtral-8x7b": 46_702_792_704,
 }
 
 TINY = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
