@@ -201,6 +201,10 @@ def test_a_checkpoint_storing_experts_one_by_one_is_not_read_lean(model_type, tm
     assert lean_from_safetensors(base, tmp_path / "donor", needed_parameters(base, banks)) is None
     dense = [s.name for s in model_slots(base) if s.name.endswith(".o")]
     assert lean_from_safetensors(base, tmp_path / "donor", needed_parameters(base, dense)) is None
+    from weightgraft.models.spec import parse_spec
+
+    holding = parse_spec(str(tmp_path / "donor")).holding(set(banks), True)  # the plan prices it whole too
+    assert holding.slots is None and "not read lean" in holding.how
 
 
 def test_refusals_in_one_line():
