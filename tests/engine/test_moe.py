@@ -189,22 +189,29 @@ def test_a_donor_differing_only_in_the_routers_buffer_is_grafted_as_itself(model
         assert torch.equal(wg.graft_forward([base, view], ids, source), got)
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
-def test_a_checkpoint_storing_experts_one_by_one_is_not_read_lean(model_type, tmp_path):
-    """transformers writes a bank as one tensor per expert (the hub's layout); a lean view would
-    need them merged, so none is made and the donor loads whole (never wrong, only heavier)."""
-    from weightgraft.models.lean import lean_from_safetensors, needed_parameters
+@pytest.mark.parametrize("model_type", MOE)
+@torch.no_grad()
+def test_a_lean_donor_holding_only_the_banks_equals_the_full_donor_bit_for_bit(model_type, tmp_path):
+    """transformers writes a bank as one tensor per expert (the hub's layout); a lean donor merges
+    the banks it serves as loading does, reads nothing else, and hashes as the full donor."""
+    from weightgraft.models.hashing import weights_sha256
+    from weightgraft.models.lean import lean_from_safetensors, memory_report, needed_parameters
 
     base = make_tiny(model_type, seed=0)
-    make_donor(base, 1).save_pretrained(tmp_path / "donor")
-    banks = [s.name for s in model_slots(base) if s.experts]
-    assert lean_from_safetensors(base, tmp_path / "donor", needed_parameters(base, banks)) is None
-    dense = [s.name for s in model_slots(base) if s.name.endswith(".o")]
-    assert lean_from_safetensors(base, tmp_path / "donor", needed_parameters(base, dense)) is None
-    from weightgraft.models.spec import parse_spec
-
-    holding = parse_spec(str(tmp_path / "donor")).holding(set(banks), True)  # the plan prices it whole too
-    assert holding.slots is None and "not read lean" in holding.how
+    donor = make_donor(base, 1)
+    donor.save_pretrained(tmp_path / "donor")
+    served = [s.name for s in model_slots(base) if s.experts or s.router]
+    needed = needed_parameters(base, served)
+    lean, digest = lean_from_safetensors(base, tmp_path / "donor", needed)
+    assert digest == weights_sha256(donor)
+    held = memory_report(lean, base).tensors_held  # a correction bias equal to the base's is shared
+    assert held == len([n for n in needed if not n.endswith("e_score_correction_bias")])
+    ids = random_ids(2, 7)
+    experts = _expert_maps(base, tuple(ids.shape), 2, seed=8)
+    source = _only(base, tuple(ids.shape), lambda n: n.endswith(".router"))
+    got = wg.graft_forward([base, lean], ids, source, expert_source=experts)
+    assert torch.equal(got, wg.graft_forward([base, donor], ids, source, expert_source=experts))
+    assert (got - base(input_ids=ids).logits).abs().max().item() > 1e-3
 
 
 def test_refusals_in_one_line():
@@ -242,3 +249,27 @@ def test_dense_first_layers_graft_as_dense():
     assert not any(n.startswith("layers.0.") and n.endswith((".router", ".experts")) for n in names)
     assert {"layers.1.router", "layers.1.experts", "layers.1.shared_up"} <= set(names)
     assert isinstance(model, T.Glm4MoeForCausalLM)
+
+
+@pytest.mark.parametrize("components", ["router", "experts", "ffn", "shared"])
+def test_rules_name_the_router_the_bank_and_the_shared_experts(tiny_pair, tiny_tok, components):
+    """``components=router`` (``experts``, ``shared``, ``ffn``: the whole MoE block) in a rule
+    grafts exactly those slots, as a hand-built source map does."""
+    pre, sft = tiny_pair("qwen2_moe")
+    prompts = ["Paris is in", "The cat sat"]
+    with float64_exact([pre, sft]):
+        out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts,
+                       wg.Rule(model="sft", positions="last", components=components))
+    group = {"router": (".router",), "experts": (".experts",), "shared": (".shared_",),
+             "ffn": (".router", ".experts", ".shared_")}[components]
+    enc = tiny_tok(prompts, padding=True, return_tensors="pt")
+    names = wg.slots(pre)
+    source = torch.zeros(*enc["input_ids"].shape, len(names), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        source[b, len(p) - 1, [i for i, n in enumerate(names) if any(g in n for g in group)]] = 1
+    with float64_exact([pre, sft]):
+        want = per_token_forward([pre, sft], enc["input_ids"], source, attention_mask=enc["attention_mask"])
+    last = want[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])]
+    assert (out.logits - last).abs().max().item() <= 1e-10
+    plain = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts, wg.Rule(model="pre"))
+    assert (out.logits - plain.logits).abs().max().item() > 1e-3

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -94,6 +95,8 @@ def donor_view(
     params = dict(graftable_state(base))
     view = _structural_copy(base)
     if config is not None:
+        # the view runs the base's modules, so its experts implementation is the base's
+        setattr(config, "_experts_implementation", getattr(projections.hf_config(base), "_experts_implementation", None))
         view.config = config
     made: dict[int, torch.Tensor] = {}
     for name, tensor in tensors.items():
@@ -136,10 +139,55 @@ class _SafetensorsFiles:
             renamed = _language_model_names(stored)
         # model name -> (file, name in the file): legacy names renamed as from_pretrained does
         self.where = {renamed.get(k, k): (f, k) for k, f in stored.items()}
+        # model name -> (converter, prefix) of a tensor transformers merges from several stored ones
+        # (a mixture of experts' bank, stored one tensor per expert); ``where`` lists it with no file
+        self.merged = _merged_names(model, self.where) if model is not None else {}
+        self.where.update({name: ("", name) for name in self.merged})
 
     def get(self, name: str) -> torch.Tensor:
         file, key = self.where[name]
+        if not file:
+            return self._merge(name)
         return self.handles[file].get_tensor(key)
+
+    def _merge(self, name: str) -> torch.Tensor:
+        """A merged tensor, built as transformers' own conversion builds it on load: each source
+        pattern's stored tensors (expert 0, 1, ... in order) through the converter's operations."""
+        converter, prefix = self.merged[name]
+        tensors: dict[str, Any] = {}
+        for pattern in converter.source_patterns:
+            keys = []
+            while (key := prefix + pattern.replace("*", str(len(keys)))) in self.where:
+                keys.append(key)
+            tensors[pattern] = [self.get(k) for k in keys]
+        for operation in converter.operations:
+            tensors = operation.convert(tensors, converter.source_patterns, converter.target_patterns)
+        (tensor,) = tensors.values()
+        return cast(torch.Tensor, tensor)
+
+
+def _merged_names(model: nn.Module, where: Mapping[str, object]) -> dict[str, tuple[Any, str]]:
+    """Model name -> (converter, prefix) for each tensor that transformers' conversion mapping merges
+    from stored ones numbered by ``*`` (an expert bank's ``experts.*.w1.weight``, ...): so a lean
+    donor reads a bank the way loading does. Empty where transformers declares none."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter
+
+        rules = [r for r in get_model_conversion_mapping(model)
+                 if isinstance(r, WeightConverter) and len(r.target_patterns) == 1
+                 and all("*" in p for p in r.source_patterns)]
+    except (ImportError, AttributeError, TypeError):  # an internal API of transformers: nothing merged
+        return {}
+    out: dict[str, tuple[Any, str]] = {}
+    for rule in rules:
+        first = re.compile(re.escape(rule.source_patterns[0]).replace(r"\*", r"\d+") + "$")
+        for stored in where:
+            found = first.search(stored)
+            if found is not None:
+                prefix = stored[: found.start()]
+                out[prefix + rule.target_patterns[0]] = (rule, prefix)
+    return out
 
 
 def _renamings(model: nn.Module, keys: Iterable[str]) -> dict[str, str]:

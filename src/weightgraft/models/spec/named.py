@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from weightgraft.models.embedded import EMBEDDED_MODELS
 from weightgraft.models.errors import PICKLE_SUFFIXES, RandomSpecError
-from weightgraft.engine.architectures import model_slots
-from weightgraft.models.spec.base import Holding, ModelSpec, fill_text
+from weightgraft.models.spec.base import ModelSpec, fill_text
 
 if TYPE_CHECKING:
     from weightgraft.models.footprint import ModelFootprint
@@ -61,14 +60,6 @@ class _Located(ModelSpec):
         from weightgraft.models.loading import safetensors_folder
 
         return safetensors_folder(self.location)
-
-    def holding(self, served: set[str] | None, lean: bool) -> Holding:
-        """As any spec's, but whole where the model is a mixture of experts: its checkpoint stores
-        each expert apart (the hub's layout), which a lean donor does not merge, so it loads whole."""
-        held = super().holding(served, lean)
-        if held.slots is not None and any(slot.experts for slot in model_slots(self.footprint().meta)):
-            return Holding("whole (a mixture of experts' checkpoint keeps each expert apart: not read lean)")
-        return held
 
 
 @dataclass(frozen=True)
