@@ -96,7 +96,7 @@ def donor_view(
     view = _structural_copy(base)
     if config is not None:
         # the view runs the base's modules, so its experts implementation is the base's
-        setattr(config, "_experts_implementation", getattr(projections.hf_config(base), "_experts_implementation", None))
+        cast(Any, config)._experts_implementation = getattr(projections.hf_config(base), "_experts_implementation", None)
         view.config = config
     made: dict[int, torch.Tensor] = {}
     for name, tensor in tensors.items():
@@ -156,7 +156,7 @@ class _SafetensorsFiles:
         converter, prefix = self.merged[name]
         tensors: dict[str, Any] = {}
         for pattern in converter.source_patterns:
-            keys = []
+            keys: list[str] = []
             while (key := prefix + pattern.replace("*", str(len(keys)))) in self.where:
                 keys.append(key)
             tensors[pattern] = [self.get(k) for k in keys]
@@ -174,7 +174,7 @@ def _merged_names(model: nn.Module, where: Mapping[str, object]) -> dict[str, tu
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter
 
-        rules = [r for r in get_model_conversion_mapping(model)
+        rules = [r for r in get_model_conversion_mapping(cast(Any, model))
                  if isinstance(r, WeightConverter) and len(r.target_patterns) == 1
                  and all("*" in p for p in r.source_patterns)]
     except (ImportError, AttributeError, TypeError):  # an internal API of transformers: nothing merged
