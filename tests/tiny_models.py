@@ -93,6 +93,16 @@ VL_CONFIGS: dict[str, T.PretrainedConfig] = {
         vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                            image_size=28, patch_size=14), image_token_id=64, scale_factor=1,
     ),
+    "qwen2_vl": T.Qwen2VLConfig(  # Qwen2's layer with multimodal rotary positions; loaded whole
+        text_config=dict(**_TEXT, rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1])),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, out_hidden_size=32, patch_size=14,
+                           spatial_merge_size=2), image_token_id=64, video_token_id=65,
+    ),
+    "qwen2_5_vl": T.Qwen2_5_VLConfig(
+        text_config=dict(**_TEXT, rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1])),
+        vision_config=dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=32,
+                           patch_size=14, spatial_merge_size=2), image_token_id=64, video_token_id=65,
+    ),
     "qwen3_vl": T.Qwen3VLConfig(  # Qwen3's layer with multimodal rotary positions; no text-only class
         text_config=dict(**_TEXT, rope_parameters=dict(
             rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1], mrope_interleaved=True)),

@@ -20,6 +20,7 @@ from weightgraft.errors import GraftArgumentError
 from weightgraft.models import load_model
 from weightgraft.models.footprint import location_footprint
 from weightgraft.models.lean import lean_from_safetensors, memory_report, needed_parameters
+from weightgraft.models.vision_language import load_form
 from weightgraft.planning.lengths import refuse_media, tokenizer_for
 from tiny_models import VL_CONFIGS, make_donor, make_tiny, random_ids, tiny_tokenizer
 
@@ -49,7 +50,7 @@ def test_a_checkpoint_loads_as_its_language_model_and_computes_the_same_logits(m
     ids = random_ids(2, 7)
     assert torch.equal(loaded.model(input_ids=ids).logits, wrapper(input_ids=ids).logits)
     assert wg.slots(loaded.model) == wg.slots(wrapper)
-    if model_type == "qwen3_vl":  # its text family has no causal-LM class: loaded whole
+    if not load_form(wrapper.config).language_model_only:  # the Qwen-VLs: no causal-LM class of the text family
         assert type(loaded.model) is type(wrapper)
         assert "loaded whole; its language model is grafted" in loaded.source
     else:

@@ -163,6 +163,9 @@ ADAPTERS: dict[str, Adapter] = {
     # Qwen3-VL's language model: Qwen3's layer (q/k norms on [batch, seq, heads, dim]) with
     # multimodal rotary positions, which on text alone are the same position on every axis.
     "qwen3_vl_text": _llama_family(_llama_like(**_QK_NORMS)),
+    # Qwen2-VL's and Qwen2.5-VL's: Qwen2's layer (q/k/v biases), multimodal rotary positions likewise
+    "qwen2_vl_text": _llama_family(_llama_like()),
+    "qwen2_5_vl_text": _llama_family(_llama_like()),
 }
 
 # Vision-language checkpoints: the language model at ``model.language_model``, the unembedding at
@@ -181,6 +184,8 @@ WRAPPERS: dict[str, Wrapper] = {
     "idefics3": Wrapper(language_model="model.text_model", outside=("model.vision_model", "model.connector")),
     "smolvlm": Wrapper(language_model="model.text_model", outside=("model.vision_model", "model.connector")),
     "qwen3_vl": Wrapper(outside=("model.visual",), text_only=False),
+    "qwen2_vl": Wrapper(outside=("model.visual",), text_only=False),
+    "qwen2_5_vl": Wrapper(outside=("model.visual",), text_only=False),
 }
 
 
