@@ -273,3 +273,23 @@ def test_rules_name_the_router_the_bank_and_the_shared_experts(tiny_pair, tiny_t
     assert (out.logits - last).abs().max().item() <= 1e-10
     plain = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts, wg.Rule(model="pre"))
     assert (out.logits - plain.logits).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_routing_flips_are_counted_against_another_pass_and_reported_in_half_precision():
+    from weightgraft.engine.check import check_engine, routing_flips
+
+    models = _models("mixtral", torch.float32)
+    ids, mask = _padded()
+    source = torch.randint(0, 3, (*ids.shape, len(wg.slots(models[0]))), generator=torch.Generator().manual_seed(9))
+    n_routers = sum(1 for s in model_slots(models[0]) if s.router)
+    same = routing_flips(models, ids, mask, [source], against=models)  # the null: the same pass
+    assert same == (0, int(mask.sum()) * n_routers)
+    others = [make_donor(m, seed=7, scale=2.0) for m in models]  # other routers: other picks
+    differing, decisions = routing_flips(models, ids, mask, [source], against=others)
+    assert decisions == same[1] and differing > decisions // 4
+    assert check_engine(models, ids, mask, n_random=1).routing_flips is None  # float32: nothing to say
+    half = [m.to(torch.bfloat16) for m in _models("mixtral", torch.float32)]
+    report = check_engine(half, ids, mask, n_random=1)
+    maps = len(half) + 2  # one uniform map per model, a random and a structured one
+    assert report.routing_flips is not None and report.routing_flips[1] == maps * int(mask.sum()) * n_routers

@@ -103,6 +103,11 @@ def check(
             "float64 throughout: HF's float32 casts (norms, rotary, eager softmax) run in float64 "
             "here, so differences are float64 rounding"
         )
+    if report.routing_flips is not None:
+        differing, decisions = report.routing_flips
+        console.print(f"routing: {differing} of {decisions} top-k decisions (positions x routers, every map) pick "
+                      "other experts than a float32 pass of the same maps: half-precision rounding, whose logits "
+                      "move there by more than the tolerance says")
     verdict = "PASS" if report.passed else "FAIL"
     console.print(f"{verdict}: max |Δ logit| = {report.max_abs_diff:.3e} (atol {report.atol}, rtol {report.rtol})")
     raise typer.Exit(0 if report.passed else 1)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.sharing.depth import depth_forward
 from weightgraft.engine.forward import graft_forward, slots
 from weightgraft.engine.precision import eager_attention, float64_exact
@@ -42,6 +44,9 @@ class CheckReport:
     cases: list[CheckCase]
     atol: float
     rtol: float
+    # A mixture of experts in half precision: (top-k routing decisions that differ from a float32
+    # pass of the same maps, decisions), said rather than hidden in a logit tolerance; else None.
+    routing_flips: tuple[int, int] | None = None
 
     @property
     def max_abs_diff(self) -> float:
@@ -153,7 +158,49 @@ def _check(
         )
     cases.append(_prefix_case(models, input_ids, attention_mask, maps, gen))
     cases.append(_depth_case(models, input_ids, attention_mask, gen))
-    return CheckReport(cases=cases, atol=atol, rtol=rtol)
+    flips = None
+    if next(models[0].parameters()).dtype in (torch.bfloat16, torch.float16):
+        flips = routing_flips(models, input_ids, attention_mask, [source for _, source in maps])
+    return CheckReport(cases=cases, atol=atol, rtol=rtol, routing_flips=flips)
+
+
+@torch.no_grad()
+def routing_flips(
+    models: Sequence[nn.Module], input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    sources: Sequence[torch.Tensor], against: Sequence[nn.Module] | None = None,
+) -> tuple[int, int] | None:
+    """``(differing, decisions)``: at each real position and router, whether the experts the
+    grafted pass picks (as a set) differ from those of the same pass ``against`` other models
+    (default: float32 copies of ``models``), over every map of ``sources``; None without routers.
+    In half precision a router's top-k can flip where two scores are near: the logits there move
+    far more than rounding elsewhere, so the count is reported, not folded into a tolerance."""
+    routers = [slot.parts[0].path for slot in model_slots(models[0]) if slot.router]
+    if not routers:
+        return None
+    wide = list(against) if against is not None else [copy.deepcopy(m).float() for m in models]
+    real = attention_mask.reshape(-1).bool()
+    differing = decisions = 0
+    for source in sources:
+        picks = [_picks(ms, routers, input_ids, attention_mask, source) for ms in (models, wide)]
+        for path in routers:
+            mine, theirs = (p[path].sort(dim=-1).values[real.to(p[path].device)] for p in picks)
+            differing += int((mine != theirs.to(mine.device)).any(dim=-1).sum())
+            decisions += int(real.sum())
+    return differing, decisions
+
+
+def _picks(models: Sequence[nn.Module], routers: list[str], input_ids: torch.Tensor, attention_mask: torch.Tensor,
+           source: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per router of ``models[0]``, the experts it picks at each ``[batch * seq]`` row of one grafted pass."""
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [models[0].get_submodule(path).register_forward_hook(
+        lambda _m, _args, out, path=path: seen.__setitem__(path, out[2].detach())) for path in routers]
+    try:
+        graft_forward(models, input_ids, source, attention_mask=attention_mask)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
 
 
 def _prefix_case(
