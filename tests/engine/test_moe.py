@@ -293,3 +293,32 @@ def test_routing_flips_are_counted_against_another_pass_and_reported_in_half_pre
     report = check_engine(half, ids, mask, n_random=1)
     maps = len(half) + 2  # one uniform map per model, a random and a structured one
     assert report.routing_flips is not None and report.routing_flips[1] == maps * int(mask.sum()) * n_routers
+
+
+def test_a_rule_grafts_chosen_experts_as_the_expert_map_does(tiny_pair, tiny_tok):
+    """``Rule(components="experts", experts="1,3")``: those experts of every bank at the rule's
+    positions, the others the base's; equal to the per-token definition with that expert map."""
+    pre, sft = tiny_pair("qwen2_moe")
+    prompts = ["Paris is in", "The cat sat"]
+    rule = wg.Rule(model="sft", positions="last", layers="last_half", components="experts", experts="1,3")
+    with float64_exact([pre, sft]):
+        out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts, rule)
+    enc = tiny_tok(prompts, padding=True, return_tensors="pt")
+    names = wg.slots(pre)
+    banks = [s for s in model_slots(pre) if s.experts and int(s.name.split(".")[1]) >= 2]  # the last half of 4 layers
+    experts = {s.name: torch.zeros(*enc["input_ids"].shape, s.experts, dtype=torch.long) for s in banks}
+    for b, p in enumerate(prompts):
+        for m in experts.values():
+            m[b, len(p) - 1, [1, 3]] = 1
+    source = torch.zeros(*enc["input_ids"].shape, len(names), dtype=torch.long)
+    with float64_exact([pre, sft]):
+        want = per_token_forward([pre, sft], enc["input_ids"], source, attention_mask=enc["attention_mask"],
+                                 expert_source=experts)
+    last = want[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])]
+    assert (out.logits - last).abs().max().item() <= 1e-10
+    everything = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts,
+                          wg.Rule(model="sft", positions="last", layers="last_half", components="experts"))
+    assert (out.logits - everything.logits).abs().max().item() > 1e-4  # two experts are not the bank
+    with pytest.raises(wg.GraftInputError, match="experts=.1,3. applies to experts only"):
+        wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts,
+                 wg.Rule(model="sft", positions="last", components="experts+router", experts="1,3"))

@@ -366,6 +366,7 @@ def graft_call(
     check_compatible(models)
     one_cpu_path(models)
     slot_list = model_slots(base)
+    head_source, neuron_source, expert_source = moe.route_unit_maps(head_source, neuron_source, expert_source, slot_list)
     if input_ids.dim() != 2:
         raise GraftArgumentError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
     refuse_media(base, input_ids, attention_mask)

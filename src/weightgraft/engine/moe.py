@@ -14,7 +14,7 @@ never a sentinel index).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from weightgraft.engine.architectures.units import FLAT
 from weightgraft.engine.swaps import own_forward
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
-__all__ = ["by_position", "check_expert_maps", "experts_forward", "from_positions", "router_forward"]
+__all__ = ["by_position", "check_expert_maps", "experts_forward", "from_positions", "route_unit_maps", "router_forward"]
 
 
 def _callers(targets: list[nn.Module]) -> list[Callable[..., Any]]:
@@ -142,3 +142,18 @@ def from_positions(out: torch.Tensor, pos_axis: int) -> torch.Tensor:
     if pos_axis == FLAT:
         return out.flatten(0, 1)
     return out if pos_axis == 1 else out.movedim(1, pos_axis)
+
+
+UnitMaps = Mapping[str, torch.Tensor] | None
+
+
+def route_unit_maps(head_source: UnitMaps, neuron_source: UnitMaps, expert_source: UnitMaps,
+                    slot_list: list[Slot]) -> tuple[UnitMaps, UnitMaps, UnitMaps]:
+    """Unit maps as a compiled scheme gives them (keyed by slot name, whatever the unit) sorted by
+    the slot table: an expert bank's map goes to ``expert_source``, the others stay."""
+    banks = {slot.name for slot in slot_list if slot.experts}
+    moved = {n: m for maps in (head_source, neuron_source) for n, m in (maps or {}).items() if n in banks}
+    if not moved:
+        return head_source, neuron_source, expert_source
+    keep = [{n: m for n, m in (maps or {}).items() if n not in banks} or None for maps in (head_source, neuron_source)]
+    return keep[0], keep[1], {**(expert_source or {}), **moved}

@@ -135,7 +135,7 @@ def compile_for(schemes: Sequence[Scheme], model: Any, roles: Sequence[str], pro
     see it as a :class:`GraftInputError` (:func:`input_errors`)."""
     check_protocol(protocol)
     names = slots(model)
-    slot_heads = {s.name: s.heads for s in model_slots(model) if s.heads}
+    slot_heads = {s.name: s.heads or s.experts for s in model_slots(model) if s.heads or s.experts}  # units per slot
     index = {r: i for i, r in enumerate(roles)}
     return [compile_scheme(s, names, index, slot_heads, protocol=protocol,
                            tied_embeddings=embeddings_tied(model)) for s in schemes]

@@ -67,6 +67,8 @@ class Rule(_Checked):
     seed: int = 0
     # Per-head selection (``"0,3"``, ``"0..3"``, ``"all"``) of the q/k/v/o components chosen.
     heads: str | None = None
+    # Per-expert selection (``"3,17"``, ``"0..7"``) of a mixture of experts' banks (components=experts).
+    experts: str | None = Field(default=None, exclude_if=lambda v: v is None)
     # left out of a dump at 1, so schemes written before it existed keep their identity
     scale: float = Field(default=1.0, exclude_if=lambda v: v == 1.0)
 
@@ -290,9 +292,9 @@ def compile_scheme(
             kept.append(globals_["unembed"])  # one shared matrix: the unembedding follows
         idx = sorted({*kept, *(s for ls in by_layer for s in ls)})
         heads = None
-        if rule.heads is not None:
+        if rule.heads is not None or rule.experts is not None:
             if per_token:
-                raise SelectorError(f"{where}: per-token layer dropout cannot be combined with heads")
+                raise SelectorError(f"{where}: per-token layer dropout cannot be combined with heads or experts")
             heads = _compile_heads(scheme.name, k, rule, comps=comps, idx=idx, slot_names=slot_names, slot_heads=slot_heads)
         dropout = TokenDropout(rule.layer_dropout, rule.seed, tuple(sorted(set(kept))), tuple(by_layer)) if per_token else None
         rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.role_under(scheme.base)),
@@ -320,19 +322,23 @@ def _compile_heads(
     slot_names: Sequence[str], slot_heads: Mapping[str, int] | None,
 ) -> dict[int, torch.Tensor]:
     where = f"scheme {scheme!r}, rule {k}"
-    not_heads = sorted(comps - set(HEAD_COMPONENTS))
-    if not_heads:
+    if rule.heads is not None and rule.experts is not None:
+        raise SelectorError(f"{where}: a rule selects heads or experts, not both")
+    units, expr, allowed = ("experts", rule.experts, {"experts"}) if rule.experts is not None else (
+        "heads", rule.heads, set(HEAD_COMPONENTS))
+    outside = sorted(comps - allowed)
+    if outside:
         raise SelectorError(
-            f"{where}: heads={rule.heads!r} applies to q, k, v and o only, but components "
-            f"{rule.components!r} include {', '.join(not_heads)}"
+            f"{where}: {units}={expr!r} applies to {' and '.join(sorted(allowed)) if units == 'experts' else 'q, k, v and o'} "
+            f"only, but components {rule.components!r} include {', '.join(outside)}"
         )
     if slot_heads is None:
-        raise SelectorError(f"{where}: selects heads, so compile_scheme needs slot_heads")
+        raise SelectorError(f"{where}: selects {units}, so compile_scheme needs slot_heads")
     out = {}
     for s in idx:
         name = slot_names[s]
         try:
-            chosen = select_heads(rule.heads or "", slot_heads[name], name.rsplit(".", 1)[-1])
+            chosen = select_heads(expr or "", slot_heads[name], name.rsplit(".", 1)[-1])
         except SelectorError as exc:
             raise SelectorError(f"{where}: {exc}") from exc
         out[s] = torch.tensor(chosen, dtype=torch.long)

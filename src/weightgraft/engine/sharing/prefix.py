@@ -359,7 +359,8 @@ def checked_unit_widths(
             for name in arg or {}:
                 if name not in slot_index:
                     raise GraftArgumentError(f"{kind}_source names {name!r}, which is not a slot of this model")
-                widths[name] = slot_list[slot_index[name]].units(kind)
+                slot = slot_list[slot_index[name]]
+                widths[name] = slot.experts or slot.units(kind)  # a compiled expert map rides with the heads
                 if not widths[name]:
                     which = "q, k, v and o" if kind == Units.HEAD else "gate, up and down"
                     raise GraftArgumentError(f"slot {name!r} cannot be grafted per {kind}; only {which} can")
