@@ -23,7 +23,8 @@ from torch import nn
 from weightgraft.engine.architectures import Slot
 from weightgraft.engine.architectures.units import FLAT
 from weightgraft.engine.swaps import own_forward
-from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
+from weightgraft.engine.source_map import model_indices
+from weightgraft.errors import GraftArgumentError
 
 __all__ = ["by_position", "check_expert_maps", "experts_forward", "from_positions", "route_unit_maps", "router_forward"]
 
@@ -120,12 +121,7 @@ def check_expert_maps(expert_source: dict[str, torch.Tensor], slot_list: list[Sl
         if tuple(tensor.shape) != (batch, seq, slot.experts):
             raise GraftArgumentError(f"expert_source[{name!r}] must have shape [batch, seq, experts] = "
                                      f"{[batch, seq, slot.experts]}, got {list(tensor.shape)}")
-        if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
-            raise GraftArgumentTypeError(f"expert_source[{name!r}] must be an integer tensor, got {tensor.dtype}")
-        tensor = tensor.to(device=device, dtype=torch.long)
-        if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= n_models):
-            raise GraftArgumentError(f"expert_source[{name!r}] values must index the {n_models} models")
-        out[index[name]] = tensor
+        out[index[name]] = model_indices(f"expert_source[{name!r}]", tensor, n_models, device)
     return out
 
 

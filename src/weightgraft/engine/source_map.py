@@ -17,7 +17,7 @@ from torch import nn
 from weightgraft.engine.architectures import Slot, UnitKind, Units
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
-__all__ = ["SourceMap", "check_units", "merge_identical"]
+__all__ = ["SourceMap", "check_units", "merge_identical", "model_indices"]
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,18 @@ def check_units(
                 f"{arg}[{name!r}] must have shape [batch, seq, {kind}s] = "
                 f"{[batch, seq, n]}, got {list(tensor.shape)}"
             )
-        if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
-            raise GraftArgumentTypeError(f"{arg}[{name!r}] must be an integer tensor, got {tensor.dtype}")
-        tensor = tensor.to(device=device, dtype=torch.long)
-        if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= n_models):
-            raise GraftArgumentError(f"{arg}[{name!r}] values must index the {n_models} models")
-        out[index[name]] = tensor
+        out[index[name]] = model_indices(f"{arg}[{name!r}]", tensor, n_models, device)
     return out
+
+
+def model_indices(what: str, tensor: torch.Tensor, n_models: int, device: torch.device) -> torch.Tensor:
+    """A unit map's model indices, checked (an integer tensor, each value a model) and on ``device``."""
+    if tensor.dtype.is_floating_point or tensor.dtype == torch.bool:
+        raise GraftArgumentTypeError(f"{what} must be an integer tensor, got {tensor.dtype}")
+    tensor = tensor.to(device=device, dtype=torch.long)
+    if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= n_models):
+        raise GraftArgumentError(f"{what} values must index the {n_models} models")
+    return tensor
 
 
 def merge_identical(
