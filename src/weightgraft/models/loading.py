@@ -160,8 +160,7 @@ def _pretrained(folder: str, trust_remote_code: bool, **kwargs: Any) -> tuple[An
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
-    model, info, _ = vision_language.from_pretrained(folder, config, trust_remote_code=trust_remote_code, **kwargs)
-    return model, info
+    return vision_language.from_pretrained(folder, config, trust_remote_code=trust_remote_code, **kwargs)
 
 
 def _refuse_incomplete(info: dict[str, Any], where: str) -> None:

@@ -85,13 +85,13 @@ def load_form(config: Any) -> LoadForm:
                     "(its vision tower and projector not loaded)", media, config)
 
 
-def from_pretrained(folder: str, config: Any, **kwargs: Any) -> tuple[Any, dict[str, Any], str | None]:
-    """``(model, loading info, note)`` of the checkpoint in ``folder`` whose config is ``config``,
+def from_pretrained(folder: str, config: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    """``(model, loading info)`` of the checkpoint in ``folder`` whose config is ``config``,
     built as :func:`load_form` says; ``kwargs`` as transformers' ``from_pretrained`` takes them."""
     form = load_form(config)
     if not form.language_model_only:
         model, info = form.auto_class().from_pretrained(folder, output_loading_info=True, **kwargs)
-        return model, info, form.note
+        return model, info
     from transformers.utils import logging as hf_logging
 
     # transformers reports every vision-tower tensor left unread (hundreds of lines on a 27B
@@ -110,7 +110,7 @@ def from_pretrained(folder: str, config: Any, **kwargs: Any) -> tuple[Any, dict[
     model._weight_conversions = None
     record = Checkpoint(str(config.model_type), outside_sha256(Path(folder)), form.media_tokens)
     setattr(model, CHECKPOINT_ATTR, record)
-    return model, info, form.note
+    return model, info
 
 
 def load_note(model: Any) -> str | None:
