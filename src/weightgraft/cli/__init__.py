@@ -8,6 +8,7 @@ from rich.console import Console
 from weightgraft.cli.check import check
 from weightgraft.cli.data import app as data_app
 from weightgraft.cli.demo import demo
+from weightgraft.cli.experts import experts
 from weightgraft.cli.explore import explore
 from weightgraft.cli.generate import generate
 from weightgraft.cli.localize import localize
@@ -50,6 +51,7 @@ app.command("generate", help="Continue prompts with a grafted model.")(generate)
 app.command("report", help="Write tables, figures and an HTML page for a run directory.")(report_command)
 app.command("train", help="Finetune a model (HF Trainer) on a dataset's training text.")(train)
 app.command("paper", help="The paper's experiments on one model, the paper's numbers beside ours.")(paper)
+app.command("experts", help="Which experts carry a finetune's effect: an exact expert map of a mixture of experts.")(experts)
 app.command("explore", help="A local web page: paint a graft, watch the answer move.")(explore)
 app.add_typer(data_app, name="data", help="Build relation datasets (worlds, templates, test prompts).")
 

@@ -14,7 +14,8 @@ at one position (``Cell(position, slot, unit=k)``), grafted as ``graft_forward``
 one shared key/value head (serving its group of q heads). ``unit=REST`` is what of a split slot
 belongs to no unit: o's or down's bias, where the module has one. A slot's units and its rest
 together are its whole cell. Their names (``cell_name``): ``layers.3.o/h2``, ``layers.3.up/n17``,
-``layers.3.down/bias``.
+``layers.3.down/bias``. On a mixture of experts, a unit of the ``experts`` slot is one expert
+(``layers.3.experts/e5``), grafted as ``graft_forward``'s ``expert_source`` defines it.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def cell_name(slot_name: str, unit: int = WHOLE) -> str:
     if unit == REST:
         return f"{slot_name}/bias"
     component = slot_name.rsplit(".", 1)[-1]
-    return f"{slot_name}/{'n' if component in NEURON_COMPONENTS else 'h'}{unit}"
+    return f"{slot_name}/{'e' if component == 'experts' else 'n' if component in NEURON_COMPONENTS else 'h'}{unit}"
 
 
 def parse_cell_name(name: str) -> tuple[str, int]:
@@ -71,9 +72,9 @@ def parse_cell_name(name: str) -> tuple[str, int]:
         return slot_name, WHOLE
     if unit == "bias":
         return slot_name, REST
-    if unit[0] in "hn" and unit[1:].isdigit():
+    if unit[0] in "hne" and unit[1:].isdigit():
         return slot_name, int(unit[1:])
-    raise GraftArgumentError(f"not a cell name: {name!r} (e.g. layers.3.o, layers.3.o/h2, layers.3.up/n17, layers.3.down/bias)")
+    raise GraftArgumentError(f"not a cell name: {name!r} (e.g. layers.3.o, layers.3.o/h2, layers.3.up/n17, layers.3.experts/e5, layers.3.down/bias)")
 
 
 def has_rest(model: nn.Module, slot: Slot) -> bool:
@@ -173,16 +174,19 @@ def _item(example: ScoredExample, cells: Sequence[Cell], slot_list: Sequence[Slo
     for s, chosen in units.items():
         slot = slot_list[s]
         kind = slot.unit_kind()
-        if kind is None:
-            raise GraftArgumentError(f"slot {slot.name} has no heads or neurons; unit cells name q/k/v/o or gate/up/down")
-        maps = whole[:, s, None].repeat(1, slot.units(kind))
+        if kind is None and not slot.experts:
+            raise GraftArgumentError(f"slot {slot.name} has no heads, neurons or experts; unit cells name q/k/v/o, "
+                                     "gate/up/down or an expert bank")
+        width, what = (slot.experts, "expert") if slot.experts else (slot.units(kind), str(kind))  # type: ignore[arg-type]
+        maps = whole[:, s, None].repeat(1, width)
         for c in chosen:
             if c.unit == REST:
                 continue
-            if not 0 <= c.unit < slot.units(kind):
-                raise GraftArgumentError(f"{slot.name} has {slot.units(kind)} {kind}s; no {kind} {c.unit}")
+            if not 0 <= c.unit < width:
+                raise GraftArgumentError(f"{slot.name} has {width} {what}s; no {what} {c.unit}")
             maps[c.position, c.unit] = 1
-        (heads if kind == Units.HEAD else neurons)[slot.name] = maps
+        # an expert map rides with the heads (the engine's route_unit_maps sorts it by the slot table)
+        (heads if kind == Units.HEAD or slot.experts else neurons)[slot.name] = maps
     return GraftItem.of(example.input_ids[:n], SourceMap(source, heads, neurons), logit_start=example.position)
 
 

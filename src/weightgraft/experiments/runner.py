@@ -68,7 +68,8 @@ class RunResult:
     is_main: bool = True  # False on the other ranks of a multi-process run
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
+    """Python and the packages a run's numbers depend on, by version (recorded in manifests)."""
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}
@@ -339,7 +340,7 @@ def _finish(run_dir, config, schemes, *, store, order, exclusions, model_info, c
     manifest = {
         "name": config.name, "identity": config.identity(), "protocol": config.protocol,
         "config": config.model_dump(mode="json"),
-        "schemes": [s.model_dump(mode="json") for s in schemes], "versions": _versions(),
+        "schemes": [s.model_dump(mode="json") for s in schemes], "versions": versions(),
         "models": model_info, "model_set_steps": config.set_steps(), "device": config.device, "dtype": config.dtype, "seed": config.seed,
         "exclusions": exclusion_summary, "n_rows": len(results),
         "n_partial_target": int(results["target_partial"].sum()) if "target_partial" in results else 0, "computed_this_run": computed,

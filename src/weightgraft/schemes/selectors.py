@@ -363,13 +363,16 @@ def select_components(
     """Canonical component names selected by ``expr`` among those the model has.
 
     A group keeps what the architecture has (``ffn`` on GPT-2 is up+down); a single component
-    the architecture lacks is an error. ``groups`` overrides some groups (a protocol's).
+    the architecture lacks is an error where it is added, and removes nothing where it is
+    subtracted (``body-down`` on a model whose every MLP is an expert bank is ``body``). ``groups`` overrides some groups (a protocol's).
     """
     table = {**COMPONENT_GROUPS, **(groups or {})}
     out: set[str] = set()
     for sign, name in _component_terms(expr, table):
         if name in table:
             chosen = set(table[name]) & available
+        elif sign == "-" and name not in available:
+            chosen = set()  # removing what the model lacks removes nothing (authors' body-down on an all-MoE model)
         else:
             if name not in available:
                 raise SelectorError(f"this architecture has no component {name!r}")
