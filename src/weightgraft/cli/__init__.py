@@ -17,6 +17,7 @@ from weightgraft.cli.plan import plan
 from weightgraft.cli.report import report_command
 from weightgraft.cli.run import run
 from weightgraft.cli.train import train
+from weightgraft.cli.upcycle import upcycle
 
 app = typer.Typer(
     help="Exact, fast dynamic weight grafting for HF decoder language models.",
@@ -53,6 +54,7 @@ app.command("train", help="Finetune a model (HF Trainer) on a dataset's training
 app.command("paper", help="The paper's experiments on one model, the paper's numbers beside ours.")(paper)
 app.command("experts", help="Which experts carry a finetune's effect: an exact expert map of a mixture of experts.")(experts)
 app.command("explore", help="A local web page: paint a graft, watch the answer move.")(explore)
+app.command("upcycle", help="Make a dense Llama/Mistral model a mixture of experts (sparse upcycling).")(upcycle)
 app.add_typer(data_app, name="data", help="Build relation datasets (worlds, templates, test prompts).")
 
 

@@ -134,11 +134,12 @@ def upcycle_to_folder(model: str, out: Path, settings: Upcycling = Upcycling()) 
     from weightgraft.models.hashing import weights_sha256
     from weightgraft.models.spec import parse_spec
 
-    parse_spec(model).check("model")
+    spec = parse_spec(model)
+    spec.check("model")
+    check_upcyclable(spec.footprint().meta.config)  # from the config alone, before any weight is read
     if Path(out).exists() and any(Path(out).iterdir()):
         raise UpcycleError(f"{out} exists and is not empty: the upcycled model is written to a new folder")
     loaded = load_model(model)
-    check_upcyclable(loaded.model.config)
     moe = upcycle(loaded.model, settings)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
