@@ -21,7 +21,7 @@ PACKAGE = "weightgraft"
 # Floors, low to high. A module may import its own floor and the floors below.
 FLOORS: dict[str, int] = {
     "stats": 0, "data": 0, "resume": 0, "paper": 5, "engine": 1, "schemes": 2, "models": 2, "training": 3, "planning": 3,
-    "experiments": 4, "localization": 4, "api": 5, "report": 5, "explore": 6, "cli": 7,
+    "experiments": 4, "localization": 4, "expert_maps": 4, "api": 5, "report": 5, "explore": 6, "cli": 7,
 }
 # The top-level modules: lazy.py, runtime.py, errors.py (the errors' root), atomic.py (atomic
 # file writes) and devices.py (whether a named device is here) import nothing of ours (the lowest floor); configfile.py reads config files for

@@ -171,7 +171,8 @@ class LocalizeView:
             cells = cells[cells["model"] == self.model]
         self.columns = [c for c in ("estimate", "estimate_ig", "exact") if c in cells and cells[c].notna().any()]
         self.maps = []
-        for (direction, template), group in cells.groupby(["direction", "template"], sort=False):
+        # no value to paint (estimates: false and no exact map): no map, rather than an empty one
+        for (direction, template), group in cells.groupby(["direction", "template"], sort=False) if self.columns else []:
             mean = group.groupby(["position_label", "slot"], sort=False)[self.columns].mean()
             values = {c: [[label, slot, _clean(v)] for (label, slot), v in mean[c].items() if pd.notna(v)]
                       for c in self.columns}

@@ -59,10 +59,10 @@ def _topk_overlap(frame: pd.DataFrame, column: str, k: int) -> float:
 
 def agreement(cells: pd.DataFrame, n_layers: int, k: int = 20) -> pd.DataFrame:
     """One row per (direction, estimator): Spearman at cell and coarse level, top-k overlap,
-    on the cells whose exact effect was computed."""
+    on the cells whose exact effect was computed (no rows where the run took no estimates)."""
     done = cells[cells["exact"].notna()]
     rows = []
-    columns = [c for c in ESTIMATES if c in done]
+    columns = [c for c in ESTIMATES if c in done and done[c].notna().any()]  # none with estimates: false
     if done.empty:
         return pd.DataFrame(rows)
     grouped = coarse(done, n_layers, columns + ["exact"])

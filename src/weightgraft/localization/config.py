@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from weightgraft.engine.architectures import Units
 from weightgraft.engine.metric_table import localize_metric
@@ -132,6 +132,10 @@ class LocalizeConfig(RunInputs):
     metric: str = "first_logprob"
     graft_directions: list[Direction] = Field(default_factory=lambda: ["sufficiency", "necessity"], min_length=1)
     ig_steps: int = Field(0, ge=0, description="0: gradient only; k > 1: also integrated gradients")
+    # false: no gradient estimates (partial grafts, which a model with a slot not affine in its
+    # weights, a mixture of experts' router and bank, refuses): every cell's row with estimate NaN;
+    # the claims (whole, exact grafts) and the exact maps run as with them
+    estimates: bool = True
     # exact single-cell maps: "all" examples, "none", or the first N examples of each template
     exact: Literal["all", "none"] | int = "all"
     search: SearchSettings = Field(default_factory=SearchSettings)
@@ -221,6 +225,20 @@ class LocalizeConfig(RunInputs):
         except GraftArgumentError as e:
             raise ValueError(str(e)) from None
 
+    @model_validator(mode="after")
+    def _without_estimates(self) -> LocalizeConfig:
+        """``estimates: false`` with what ranks or splits cells by their estimates: refused in one line."""
+        if self.estimates:
+            return self
+        needs = [what for what, on in (
+            ("search (it ranks cells by their estimates): set search: {enabled: false}", self.search.enabled),
+            ("integrated gradients: set ig_steps: 0", self.ig_steps > 0),
+            (f"units: {self.units} (unit cells are kept and mapped exactly by |estimate|): set units: cell",
+             self.units != Units.CELL)) if on]
+        if needs:
+            raise ValueError("estimates: false takes no gradient estimates, which these need: " + "; ".join(needs))
+        return self
+
     @field_validator("exact")
     @classmethod
     def _positive(cls, value: object) -> object:
@@ -241,6 +259,8 @@ class LocalizeConfig(RunInputs):
         data["models"].pop(CONTROL, None)
         if data["tokenizer"] is None:  # runs made before the key keep their identity
             del data["tokenizer"]
+        if data["estimates"]:  # so do runs made before ``estimates``; without them the cells differ
+            del data["estimates"]
         return json_digest(data)
 
     def run_dir(self) -> Path:

@@ -195,6 +195,15 @@ def estimate_frame(
     return pd.concat([frame, unit_frame], ignore_index=True)
 
 
+def blank_frame(model: torch.nn.Module, examples: Sequence[LocalizeExample], direction: str) -> pd.DataFrame:
+    """``estimate_frame``'s rows and columns of whole cells with every ``estimate`` NaN: the cells of
+    a run without gradient estimates (``estimates: false``), which the exact maps fill and the
+    claims read (their keys; ``share_estimate`` is then NaN)."""
+    names = [s.name for s in model_slots(model)]
+    maps = [torch.full((e.scored.position + 1, len(names)), float("nan"), dtype=torch.float64) for e in examples]
+    return _cell_frame(examples, direction, names, {"estimate": maps}, model)
+
+
 def _summed(g: torch.Tensor, per_unit: dict[str, torch.Tensor], names: Sequence[str]) -> torch.Tensor:
     """Cell estimates with each split slot's units added to its rest (its whole cell)."""
     g = g.clone()

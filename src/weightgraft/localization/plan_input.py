@@ -37,7 +37,7 @@ def plan_input(config: LocalizeConfig, prompts: list[Any] | None = None) -> Loca
                         directions=len(config.graft_directions), ig_steps=config.ig_steps, units=config.units,
                         unit_rows=config.unit_rows, exact_units=config.exact_units, exact_chunk=config.exact_chunk,
                         batch_size=config.batch_size if "batch_size" in config.model_fields_set else None,
-                        dtype=config.dtype, device=config.device, tokenizer=config.tokenizer)
+                        dtype=config.dtype, device=config.device, tokenizer=config.tokenizer, estimates=config.estimates)
 
 
 def _search_work(config: LocalizeConfig, prompts: list[Any]) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from weightgraft.localization.examples import LocalizeExample, build_examples
 from weightgraft.localization.prompts import localize_prompts
 from weightgraft.localization.exact_parts import exact_stage
 from weightgraft.localization.found_sets import find_sets
-from weightgraft.localization.maps import estimate_frame, unit_picks, whole_cells
+from weightgraft.localization.maps import blank_frame, estimate_frame, unit_picks, whole_cells
 from weightgraft.localization.plan_input import plan_input
 from weightgraft.localization.claims.reversal import reversal_claims
 from weightgraft.models.donors import LoadSettings, load_role
@@ -69,7 +69,7 @@ from weightgraft.localization.stability import null_summary, stability_table
 from weightgraft.models.errors import PeftError
 from weightgraft.models.spec import check_models, check_roles, parse_peft, refuse_random
 from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
-from weightgraft.planning.localize import plan_localize_work
+from weightgraft.planning.localize import plan_localize_work, refuse_estimates
 from weightgraft.planning.plan import UNREADABLE_CONFIG, check_plan
 
 
@@ -262,15 +262,18 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
     """One SFT model's cells (estimates joined with exact effects) in every graft direction,
     each stage read from ``parts`` where a run already wrote it."""
 
-    graft = PartialGraft(pre, sft)
+    graft = PartialGraft(pre, sft) if config.estimates else None  # estimates: false: no partial graft at all
     frames = []
     tell = (lambda msg: say(f"[{stamp.rstrip('/')}] {msg}")) if stamp else say
     for direction in config.graft_directions:
         models = pairs[direction]
-        pair = graft if direction == "sufficiency" else graft.swapped()
         path = parts / f"estimates_{direction}.parquet"
         t0 = time.time()
-        if not path.is_file():
+        if not path.is_file() and graft is None:  # every cell's row, estimate NaN
+            _write(blank_frame(pre, examples, direction), path)
+            tell(f"[{direction}] no estimates (estimates: false): every cell's row, estimate NaN")
+        elif not path.is_file() and graft is not None:
+            pair = graft if direction == "sufficiency" else graft.swapped()
             _write(estimate_frame(pair, examples, direction, metric=config.metric, batch_size=config.batch_size, ig_steps=config.ig_steps,
                                   units=config.units, unit_rows=config.unit_rows), path)
             seconds[f"{stamp}estimates_{direction}"] = time.time() - t0
@@ -330,6 +333,8 @@ def run_localize(config: LocalizeConfig, progress: bool = True, load: Any = None
         return load_role(spec, settings)
     pre = load_role(config.role_specs()["pre"], settings)
     give_tokenizer(pre, shared_tokenizer, "pre")
+    if config.estimates:  # partial grafts: the plan refused them before loading; a custom loader skips the plan
+        refuse_estimates(pre.model)
     seconds["load"] = time.time() - t0
     examples, excluded = build_examples(prompts, pre.tokenizer)
     if excluded:

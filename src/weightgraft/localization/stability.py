@@ -18,7 +18,9 @@ Top cells: cells keyed by (position label, slot), valued the same way (sum of |e
 the prompts / prompts); ``top_overlap`` = |top-k of A & top-k of B| / k with k = 50 (fewer only
 where a map has fewer cells). Spearman is over the union of both maps' bins, a bin one map
 lacks counting 0 (no cell, no effect). Values: exact effects where every cell of both maps has
-one, else the attribution estimate (integrated gradients where the run computed them).
+one, else the attribution estimate (integrated gradients where the run computed them); a run
+without estimates (``estimates: false``) whose maps are not all exact has none: ``value`` is
+``none`` and the measures NaN (never a comparison of empty maps).
 
 ``stability_null.csv`` (``null_summary``): do the SFT models agree with each other more than
 with a null model? Seeds share initialization, data and recipe, and the gradient estimates are
@@ -49,6 +51,7 @@ NULL_COLUMNS = ["template", "direction", "n_sft_pairs", "n_null_pairs", "sft_spe
 COLUMNS = ["kind", "direction", "model_a", "template_a", "model_b", "template_b", "value", "n_prompts_a",
            "n_prompts_b", "n_bins", "spearman_coarse", "top_k", "top_overlap"]
 CELL_KEY = ["position_label", "slot"]
+NO_VALUE = "none"  # a pair whose maps have no value to compare (no estimates, not every cell exact): NaN measures
 UNIT_COLUMNS = ("unit",)  # a head or neuron index where the run split cells by unit
 
 
@@ -102,12 +105,16 @@ def top_cells(values: pd.Series, k: int) -> set:
 def compare(a: pd.DataFrame, b: pd.DataFrame, n_layers: int, k: int = TOP_K) -> dict[str, object]:
     """Spearman of two maps' coarse maps and the overlap of their top-k cells."""
     column = value_for(a, b)
+    counts = {"n_prompts_a": int(a["example_id"].nunique()), "n_prompts_b": int(b["example_id"].nunique())}
+    if a[column].isna().all() or b[column].isna().all():  # estimates: false without every exact map: no value
+        return {"value": NO_VALUE, **counts, "n_bins": 0, "spearman_coarse": float("nan"), "top_k": 0,
+                "top_overlap": float("nan")}
     ca, cb = coarse_map(a, column, n_layers), coarse_map(b, column, n_layers)
     bins = ca.index.union(cb.index)
     va, vb = cell_values(a, column), cell_values(b, column)
     kk = min(k, len(va), len(vb))
     overlap = len(top_cells(va, kk) & top_cells(vb, kk)) / kk if kk else float("nan")
-    return {"value": column, "n_prompts_a": int(a["example_id"].nunique()), "n_prompts_b": int(b["example_id"].nunique()),
+    return {"value": column, **counts,
             "n_bins": len(bins), "spearman_coarse": spearman(ca.reindex(bins, fill_value=0.0), cb.reindex(bins, fill_value=0.0)),
             "top_k": kk, "top_overlap": overlap}
 

@@ -12,6 +12,7 @@ Every row, verdict and reason is ``claims.csv``'s."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from weightgraft.paper.settings import PaperRun, PaperSettings, precondition
 from weightgraft.paper.stages import Stage, stage_path
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.run import run_localize
+from weightgraft.planning.localize import partial_grafts_refused
 
 CLAIM_FINETUNES = ("a2b", "both", "control")
 NULL_DRAWS = 20
@@ -36,12 +38,16 @@ CLAIM_COLUMNS = ("model", "setting", "template", "claim", "statement", "n_prompt
                  "verdict", "reason", "in_paper_setting", "donor_top5")
 
 
+_partial_refused = functools.lru_cache(maxsize=8)(partial_grafts_refused)  # read once per spec, not per stage
+
+
 def claims_config(settings: PaperSettings, models: Mapping[str, str | list[str]], data: str) -> dict[str, Any]:
     """The raw localize config of the claims (``models``: ``pre``, ``a2b`` and, where run,
     ``both`` and ``control`` -> spec; ``a2b`` a list where the claims are judged on several
     training seeds' a2b finetunes, ``models.sft``, whose first is the reversal's recipient),
     without ``out``. Fewer than 20 prompts a template (a small ``--relations``): the rows run and
-    say ``exploratory``."""
+    say ``exploratory``. A model whose partial grafts are refused (a mixture of experts) runs them
+    with ``estimates: false``: the claims are whole grafts and need no gradient estimate."""
     a2b = models["a2b"]
     roles = {"pre": models["pre"], "sft": a2b, **({"control": models["control"]} if "control" in models else {})}
     raw: dict[str, Any] = {
@@ -51,6 +57,8 @@ def claims_config(settings: PaperSettings, models: Mapping[str, str | list[str]]
         "claims": {"null_draws": NULL_DRAWS, "min_prompts": min(MIN_PROMPTS, settings.relations)},
         "device": settings.device, "seed": settings.seed, "report": False,
     }
+    if _partial_refused(str(models["pre"])):  # an MoE: no partial grafts, and the claims read no estimate
+        raw["estimates"] = False  # (only share_estimate, which the report does not keep); dense keys unchanged
     if "both" in models:  # its b2a prompts are chosen by the setting, not by ``directions``
         raw["reversal"] = {"donor": models["both"], "recipient": a2b if isinstance(a2b, str) else a2b[0],
                            "template": HEADLINE, "direction": "b2a"}

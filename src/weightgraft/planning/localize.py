@@ -10,8 +10,11 @@ from collections.abc import Callable
 from functools import partial
 from dataclasses import dataclass, field, replace
 
+from torch import nn
+
 from weightgraft.engine.architectures import Units, model_slots
 from weightgraft.engine.partial import refuse_non_affine
+from weightgraft.errors import GraftArgumentTypeError, WeightgraftError
 from weightgraft.planning.depth_states import depth_state_bytes
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import parse_spec
@@ -105,6 +108,35 @@ class LocalizeWork:
     dtype: str
     device: str
     tokenizer: str | None = None  # the config's tokenizer of models that have none (``random:``)
+    estimates: bool = True  # False: no attribution (``estimates: false``): no deltas, no attribution batch
+
+
+ESTIMATES_HINT = ("; set estimates: false (and search: {enabled: false}) to run localize's claims and exact maps, "
+                  "which are whole grafts, without the gradient estimates")
+
+
+def refuse_estimates(model: nn.Module) -> None:
+    """localize's gradient estimates are partial grafts: on a model with a slot not affine in its
+    weights (a mixture of experts' router and bank) they are refused in one line, which names
+    ``estimates: false``, since the claims and exact maps (whole grafts) are exact there."""
+    try:
+        refuse_non_affine(model)
+    except GraftArgumentTypeError as e:
+        raise GraftArgumentTypeError(f"{e}{ESTIMATES_HINT}") from None
+
+
+def partial_grafts_refused(spec: str) -> bool:
+    """Whether the model of ``spec`` refuses partial grafts (read from its config, nothing
+    loaded); False where the config cannot be read here (the run then says why in its own words)."""
+    try:
+        meta = parse_spec(spec).footprint().meta
+    except (WeightgraftError, OSError, ValueError):  # an unreadable spec: the run reports it, not this question
+        return False
+    try:
+        refuse_non_affine(meta)
+    except GraftArgumentTypeError:
+        return True
+    return False
 
 
 def unit_width(pre: ModelFootprint, units: Units) -> int:
@@ -117,7 +149,8 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
                        with_time: bool = True) -> Plan:
     """The plan of a localize run: memory by part, the attribution batch size, time."""
     pre = parse_spec(work.pre).footprint()
-    refuse_non_affine(pre.meta)  # localize's estimates are partial grafts: refused before loading
+    if work.estimates:  # localize's estimates are partial grafts: refused before loading
+        refuse_estimates(pre.meta)
     several = len(work.sfts) > 1
     sizes: list[Callable[[str], int]] = []
     roles = [RolePlan(model_set="default", role="pre", spec=work.pre, config=pre.where, n_params=pre.n_params,
@@ -168,9 +201,10 @@ def plan_localize_work(work: LocalizeWork, *, memory: str | None = None, gpu: Ca
         if note:
             notes.append(note)
         if rate is not None:
-            steps = 1 + (work.ig_steps if work.ig_steps > 1 else 0)
-            per_sft = attribution_seconds(pre, lengths, batch, rate) * steps * work.directions
-            parts["attribution"] = per_sft * len(work.sfts)
+            if work.estimates:
+                steps = 1 + (work.ig_steps if work.ig_steps > 1 else 0)
+                per_sft = attribution_seconds(pre, lengths, batch, rate) * steps * work.directions
+                parts["attribution"] = per_sft * len(work.sfts)
             if exact_lengths:
                 parts["exact cells"] = (exact_cell_seconds(pre, exact_lengths, work.exact_chunk, rate)
                                         * work.directions * len(work.sfts))
@@ -240,7 +274,8 @@ def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str],
             exact_lengths: list[int], width: int, held_now: int, b: int) -> dict[str, int]:
     seq = max(lengths)
     rows = min(b, len(lengths))
-    attr = sum(attribution_bytes(pre, rows, seq, work.dtype).values()) + _unit_share_bytes(work, rows, seq, width)
+    attr = (sum(attribution_bytes(pre, rows, seq, work.dtype).values()) + _unit_share_bytes(work, rows, seq, width)
+            if work.estimates else 0)
     states = _depth_states(work, pre, lengths)
     exact = 0
     if work.exact_references:  # with depth sharing a pass's keys and values are among the shared states
@@ -250,7 +285,7 @@ def _memory(work: LocalizeWork, pre: ModelFootprint, sizes: list[Callable[[str],
     batch = max(attr, exact)
     out = {"process before loading": held_now,
            "parameters": param_bytes(pre, work.dtype) + max(size(work.dtype) for size in sizes),
-           "graft deltas": delta_bytes(pre, work.dtype),
+           **({"graft deltas": delta_bytes(pre, work.dtype)} if work.estimates else {}),  # attribution's only
            EXACT_BATCH: batch}
     # held beside an exact pass only: each line is what it adds beyond the larger batch
     if states:
@@ -290,5 +325,6 @@ def _advice(work: LocalizeWork, memory_at: Callable[..., dict[str, int]], limit:
 def _least(work: LocalizeWork, memory_at: Callable[..., dict[str, int]]) -> str:
     """The least this config can need (batch 1, the smallest exact chunk and unit rows tried)."""
     least = sum(memory_at(1, min(work.exact_chunk, 32), min(work.unit_rows, 1000)).values())
-    return (f"the least it needs is {gib(least)} (batch 1, exact_chunk<=32, unit_rows<=1000): localize holds both "
-            "models whole and float32 deltas; lean donors and bfloat16 do not apply")
+    held = "both models whole and float32 deltas" if work.estimates else "both models whole"
+    return (f"the least it needs is {gib(least)} (batch 1, exact_chunk<=32, unit_rows<=1000): localize holds "
+            f"{held}; lean donors and bfloat16 do not apply")

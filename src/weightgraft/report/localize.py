@@ -35,9 +35,14 @@ from weightgraft.localization.claims.regions import NULL_KINDS
 from weightgraft.localization.claims.verdicts import FLOOR, p_text
 
 
-def value_column(cells: pd.DataFrame) -> str:
-    """The exact effect where every cell has one, else the gradient estimate."""
-    return "exact" if cells["exact"].notna().all() else "estimate"
+def value_column(cells: pd.DataFrame) -> str | None:
+    """The exact effect where every cell has one, else the gradient estimate; a run without
+    estimates (``estimates: false``): the exact effect of the prompts mapped exactly, or None."""
+    if cells["exact"].notna().all():
+        return "exact"
+    if cells["estimate"].notna().any():
+        return "estimate"
+    return "exact" if cells["exact"].notna().any() else None
 
 
 def _img(path: Path, alt: str) -> str:
@@ -73,7 +78,8 @@ def _header(run_dir: Path, manifest: dict[str, Any], cells: pd.DataFrame) -> str
         ("prompt directions", ", ".join(manifest.get("prompt_directions") or []) or "n/a"),
         ("direction choice", manifest.get("directions_note", "n/a")),
         ("exact maps", f"{config.get('exact', 'all')} (prompts per template)"),
-        ("attribution", f"gradient{', integrated gradients (%s steps)' % config['ig_steps'] if config.get('ig_steps', 0) > 1 else ''}"),
+        ("attribution", "none (estimates: false)" if config.get("estimates", True) is False else
+         f"gradient{', integrated gradients (%s steps)' % config['ig_steps'] if config.get('ig_steps', 0) > 1 else ''}"),
         ("excluded prompts", str(len(excluded))),
         ("dtype / device", f"{config.get('dtype', '')} / {config.get('device', '')}"),
     ]
@@ -369,6 +375,10 @@ def write_localize_report(run_dir: Path) -> Path:
     for (model, direction, template), sub in cells.groupby(["model", "direction", "template"], sort=False):
         column = value_column(sub)
         name = f"{model} / {direction} / {template}" if several else f"{direction} / {template}"
+        if column is None:
+            parts.append(f"<h3>{_esc(name)}</h3><p>No map: the run took no gradient estimates (<code>estimates: "
+                         "false</code>) and mapped none of these prompts exactly (<code>exact</code>).</p>")
+            continue
         stem = f"{model}_{direction}_{template}".replace("[", "").replace("]", "") if several else f"{direction}_{template}"
         figs.heatmaps(sub, column, f"{name}: mean {column} per cell", out / f"heatmap_{stem}.png")
         figs.last_token(sub, column, f"{name}: last token, mean {column}", out / f"last_{stem}.png")
@@ -379,7 +389,10 @@ def write_localize_report(run_dir: Path) -> Path:
     parts.append(_claims_section(run_dir))
     if len(unit_rows):
         parts.append(_units_section(unit_rows, manifest))
-    if cells["exact"].notna().any():
+    if not cells["estimate"].notna().any():  # estimates: false: nothing to set against the exact effects
+        parts.append("<h2>Estimates against exact effects</h2><p>Not drawn: the run took no gradient estimates "
+                     "(<code>estimates: false</code>).</p>")
+    elif cells["exact"].notna().any():
         n_layers = int(cells["layer"].max()) + 1
         table = pd.concat([agreement(sub, n_layers).assign(model=model) for model, sub in cells.groupby("model", sort=False)],
                           ignore_index=True)

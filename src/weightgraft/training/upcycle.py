@@ -129,7 +129,8 @@ def upcycle(dense: PreTrainedModel, settings: Upcycling = Upcycling()) -> PreTra
 def upcycle_to_folder(model: str, out: Path, settings: Upcycling = Upcycling()) -> dict[str, Any]:
     """Load ``model`` (any model spec), upcycle it and save it with its tokenizer in ``out``; the
     record (``upcycle.json``: the dense model, its weights' hash, the settings) is returned."""
-    from weightgraft import __version__
+    from importlib.metadata import version
+
     from weightgraft.models import load_model
     from weightgraft.models.hashing import weights_sha256
     from weightgraft.models.spec import parse_spec
@@ -147,7 +148,7 @@ def upcycle_to_folder(model: str, out: Path, settings: Upcycling = Upcycling()) 
     if loaded.tokenizer is not None:
         loaded.tokenizer.save_pretrained(out)
     record = {"format": "weightgraft.upcycle/1", "dense": model, "dense_sha256": weights_sha256(loaded.model),
-              "model_type": moe.config.model_type, **asdict(settings), "weightgraft": __version__,
+              "model_type": moe.config.model_type, **asdict(settings), "weightgraft": version("weightgraft"),
               "method": "sparse upcycling: every expert a copy of the dense MLP, a fresh router"}
     (out / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
     return record

@@ -2,7 +2,7 @@
 model finetuned on both directions of the relation (donor) grafted into the model finetuned on
 a2b (recipient), on the b2a prompts of the headline template, at the last token. The prompts
 are checked before any model loads; the maps' estimates (for ``share_estimate``) are gradients
-of the same pair.
+of the same pair (none with ``estimates: false``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from weightgraft.localization.config import LocalizeConfig
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.localization.prompts import roles_checked
 from weightgraft.localization.examples import build_examples
-from weightgraft.localization.maps import estimate_frame
+from weightgraft.localization.maps import blank_frame, estimate_frame
 from weightgraft.models.tokenization import check_same_tokenizer
 
 LABEL = "reversal"  # the model column of the reversal rows
@@ -85,9 +85,12 @@ def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Cal
         donor = load(spec, dtype)
         check_same_tokenizer(recipient.tokenizer, donor.tokenizer, f"reversal {role}")
         t0 = time.time()
-        estimates = estimate_frame(PartialGraft(recipient.model, donor.model), examples, "sufficiency", metric=config.metric,
-                                   batch_size=config.batch_size)
-        say(f"[{label}] estimates of every cell: {time.time() - t0:.1f}s")
+        if config.estimates:
+            estimates = estimate_frame(PartialGraft(recipient.model, donor.model), examples, "sufficiency", metric=config.metric,
+                                       batch_size=config.batch_size)
+            say(f"[{label}] estimates of every cell: {time.time() - t0:.1f}s")
+        else:  # estimates: false: the cells' rows only (share_estimate NaN)
+            estimates = blank_frame(recipient.model, examples, "sufficiency")
         check = precondition_check(pre, recipient.model, donor.model, examples)
         say(f"[{label}] donor top-5 {check['donor_top5']:.0%}, recipient top-5 {check['recipient_top5']:.0%}, "
             f"recipient {check['recipient_below_pre']:.2f} nats below PRE"
