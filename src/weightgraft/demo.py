@@ -30,6 +30,7 @@ DEMO_MODELS = ("smollm2-135m", "gemma3-270m")
 DEMO_WORLD = "fake_movies_real_actors"
 DEMO_TEMPLATES = ("paper_headline", "paper_qa")
 DEMO_PROTOCOL = "authors"
+EXPERT_MAP_METRIC = "fact_logprob"  # the expert map's effect: the answer against the world's other answers
 # The four QA renderings of each fact and two of its five articles: the articles hold 80% of
 # the training tokens, and on 2 cores all nine renderings train in ~15 minutes. With article_2
 # in place of article_4, headline SFT top-5 came out at 90% (the check's limit) on one run;
@@ -50,13 +51,31 @@ class DemoError(WeightgraftError, ValueError):
     """A demo option the recipe does not serve (a model it was not written for)."""
 
 
-def demo_out(model: str, lora: int | None = None, quantization: str | None = None) -> Path:
+def demo_out(model: str, lora: int | None = None, quantization: str | None = None, experts: int | None = None) -> Path:
     """The default output directory: ``runs/demo`` for the default model, else
-    ``runs/demo-{model}``, with ``-lora`` for a LoRA demo and ``-lora-nf4`` for a QLoRA one (two
-    demos never share a run directory)."""
+    ``runs/demo-{model}``, with ``-lora`` for a LoRA demo, ``-lora-nf4`` for a QLoRA one and
+    ``-moe4`` for one on the model upcycled to 4 experts (two demos never share a run directory)."""
     name = "demo" if model == DEMO_MODEL else f"demo-{model}"
     name += "-lora" if lora is not None else ""
+    name += f"-moe{experts}" if experts is not None else ""
     return Path(f"runs/{name}" + (f"-{quantization}" if quantization is not None else ""))
+
+
+def upcycled_base(model: str, experts: int, top_k: int, seed: int) -> Path:
+    """The demo's mixture of experts: ``model`` upcycled (``weightgraft upcycle``), cached by its
+    settings; a stopped build is built again, never used."""
+    from weightgraft.models import cache_root
+    from weightgraft.training.upcycle import Upcycling, upcycle_to_folder
+
+    folder = cache_root() / "demo" / f"upcycled-{model}-e{experts}k{top_k}-s{seed}"
+    if not (folder / "upcycle.json").is_file():
+        partial = folder.with_name(folder.name + ".partial")
+        for stale in (folder, partial):
+            if stale.exists():
+                shutil.rmtree(stale)
+        upcycle_to_folder(model, partial, Upcycling(experts=experts, top_k=top_k, seed=seed))
+        partial.rename(folder)
+    return folder
 
 
 def pre_spec(model: str, quantization: str | None) -> str:
@@ -99,17 +118,27 @@ def run_demo(
     model: str = DEMO_MODEL,
     lora: int | None = None,
     quantization: str | None = None,
+    experts: int | None = None,
+    top_k: int = 2,
 ) -> DemoResult:
     """Run the demo end to end on ``model`` (one of ``DEMO_MODELS``); every step longer than a
     few seconds shows progress. ``out`` defaults to ``demo_out(model, lora)``. With ``lora``
     the SFT model is a LoRA adapter of that rank, grafted as ``peft(pre, ADAPTER)``; with
     ``quantization`` too, PRE loads quantized and the adapter trains over it (QLoRA). ``preset``:
     ``cpu-quick`` by default, ``cpu-lora`` for an adapter (cpu-quick's step leaves a rank-8 adapter
-    far from the facts: headline top-5 5%)."""
+    far from the facts: headline top-5 5%). With ``experts``, PRE is ``model`` upcycled to a mixture
+    of that many experts (``top_k`` picked per position) and the demo ends with the finetune's
+    expert map (``weightgraft experts``)."""
     preset = preset if preset is not None else demo_preset(lora)
     check_demo_model(model)
     if quantization is not None and lora is None:
         raise DemoError(f"--quantization {quantization} makes a QLoRA demo: add --lora RANK")
+    if experts is not None and (lora is not None or quantization is not None):
+        raise DemoError(f"--experts {experts} finetunes the whole upcycled model: drop --lora / --quantization")
+    if experts is not None:
+        from weightgraft.training.upcycle import Upcycling
+
+        Upcycling(experts=experts, top_k=top_k)  # a setting it cannot serve: one line, before anything is built
     from weightgraft.data import build_dataset
     from weightgraft.experiments.config import parse_config
     from weightgraft.experiments.runner import run_experiment
@@ -118,7 +147,7 @@ def run_demo(
     from weightgraft.training import finetune
 
     console = console or Console()
-    out = Path(out) if out is not None else demo_out(model, lora, quantization)
+    out = Path(out) if out is not None else demo_out(model, lora, quantization, experts)
     seconds: dict[str, float] = {}
 
     t0 = time.time()
@@ -130,7 +159,11 @@ def run_demo(
     t0 = time.time()
     console.rule(f"2/4 base model: {model}")
     ensure_converted(model)
-    sft_dir = _sft_cache_dir(data_dir, preset, split, seed, model, lora, quantization)
+    base = model
+    if experts is not None:
+        base = str(upcycled_base(model, experts, top_k, seed))
+        console.print(f"{model} upcycled to a mixture of {experts} experts (top-{top_k}): {base}")
+    sft_dir = _sft_cache_dir(data_dir, preset, split, seed, base, lora, quantization)
     trained = False
     if retrain and sft_dir.exists():
         shutil.rmtree(sft_dir)
@@ -139,7 +172,7 @@ def run_demo(
         # resume=True: a killed first run picks up its checkpoints
         from weightgraft.training.lora import LoraSettings
 
-        finetune(model, data_dir, split=split, preset=preset, out=sft_dir, seed=seed, resume=True,
+        finetune(base, data_dir, split=split, preset=preset, out=sft_dir, seed=seed, resume=True,
                  templates=list(DEMO_TRAIN_TEMPLATES), lora=None if lora is None else LoraSettings(rank=lora),
                  quantization=quantization)
         trained = True
@@ -155,7 +188,7 @@ def run_demo(
         "name": "demo",
         "protocol": DEMO_PROTOCOL,
         "data": str(data_dir),
-        "models": {"pre": pre_spec(model, quantization), "sft": sft_spec(model, sft_dir, lora)},
+        "models": {"pre": pre_spec(base, quantization), "sft": sft_spec(base, sft_dir, lora)},
         "schemes": [{"preset": "position"}],
         "templates": list(DEMO_TEMPLATES),
         "directions": ["a2b"],
@@ -185,14 +218,31 @@ def run_demo(
         console.print(f"[yellow]excluded from every scheme: {result.exclusions['by_reason']}[/]")
     console.print(f"summary: {out / 'summary.csv'}")
     console.print("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()))
-    if model == DEMO_MODEL and lora is None:  # `wg.load("demo")`, `sft: demo`, explore's opening find it
+    if experts is not None:
+        _expert_map(base, sft_dir, data_dir, out / "experts", console)
+    if model == DEMO_MODEL and lora is None and experts is None:  # `wg.load("demo")`, `sft: demo`, explore's opening find it
         from weightgraft.models.demo_models import write_demo_record
 
         write_demo_record(model, sft_dir, out / "run")
-    configs = write_next_configs(out, pre_spec(model, quantization), sft_spec(model, sft_dir, lora))
-    console.print("\n".join(next_steps(out, pre_spec(model, quantization), sft_dir, lora, Path(paths.html), configs)), highlight=False,
+    configs = write_next_configs(out, pre_spec(base, quantization), sft_spec(base, sft_dir, lora))
+    console.print("\n".join(next_steps(out, pre_spec(base, quantization), sft_dir, lora, Path(paths.html), configs)), highlight=False,
                   markup=False, soft_wrap=True)  # paths and commands stay whole, to copy
     return DemoResult(out, sft_dir, trained, seconds)
+
+
+def _expert_map(base: str, sft_dir: Path, data_dir: Path, out: Path, console: Console) -> None:
+    """The finetune's expert map on the demo's test prompts (``weightgraft experts``), its top cells printed."""
+    from weightgraft.expert_maps.prepare import prepare
+
+    console.rule("expert map: one expert of SFT into PRE, at the first entity and the last token")
+    tables = prepare(pre=base, donors={"sft": str(sft_dir)}, data=data_dir, out=out, templates=DEMO_TEMPLATES,
+                     direction="a2b", prompts=None, metric=EXPERT_MAP_METRIC, say=console.print).run()
+    top = tables["top_cells"].groupby(["template", "region"], sort=False).head(5)
+    console.print(top[["template", "region", "layer", "expert", "pick_rate", "effect", "ci_low", "ci_high"]]
+                  .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    console.print(tables["regions"][["template", "region", "graft", "effect", "ci_low", "ci_high"]]
+                  .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    console.print(f"expert map: {out} (top_cells.csv, regions.csv, experts.csv)")
 
 
 def _set_aside_older_rows(run_dir: Path, console: Console) -> None:

@@ -217,3 +217,53 @@ def test_the_demo_trains_an_adapter_with_the_lora_recipe(no_demo, tmp_path, tiny
     run_demo(out=Path("runs/d2"), n_relations=4, console=Console(record=True), lora=lora, preset="paper-aggressive")
     assert used == [preset, "paper-aggressive"]
     assert PRESETS["cpu-lora"].learning_rate > PRESETS["cpu-quick"].learning_rate
+
+
+def test_the_moe_demo_upcycles_finetunes_and_ends_with_the_expert_map(no_demo, tmp_path, tiny_model_dirs, monkeypatch):
+    """``weightgraft demo --experts 3``'s wiring (finetune and sweep stubbed, the upcycling and the
+    expert map real on a tiny Llama): PRE is the upcycled model, and the map is written."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+    import transformers as T
+    from rich.console import Console
+
+    import weightgraft.demo
+    import weightgraft.experiments.runner
+    import weightgraft.models
+    import weightgraft.report
+    import weightgraft.report.console
+    import weightgraft.training
+    from tiny_models import make_donor
+    from weightgraft.demo import run_demo
+    from weightgraft.training.upcycle import Upcycling, upcycle_to_folder
+
+    def upcycled(model, experts, top_k, seed):
+        folder = tmp_path / "upcycled"
+        upcycle_to_folder(str(tiny_model_dirs["pre"]), folder, Upcycling(experts=experts, top_k=top_k, seed=seed))
+        return folder
+
+    def finetune(base, *a, out, **k):
+        assert base == str(tmp_path / "upcycled")  # the finetune starts from the upcycled model
+        make_donor(T.AutoModelForCausalLM.from_pretrained(base), seed=1).save_pretrained(out)
+        T.AutoTokenizer.from_pretrained(base).save_pretrained(out)
+
+    seen = {}
+    monkeypatch.setattr(weightgraft.models, "ensure_converted", lambda name: None)
+    monkeypatch.setattr(weightgraft.demo, "upcycled_base", upcycled)
+    # the tiny tokenizer reads characters: every answer starts with " ", so none has a fact contrast
+    monkeypatch.setattr(weightgraft.demo, "EXPERT_MAP_METRIC", "first_logprob")
+    monkeypatch.setattr(weightgraft.training, "finetune", finetune)
+    monkeypatch.setattr(weightgraft.experiments.runner, "run_experiment", lambda config, **k: seen.update(models=config.models) or SimpleNamespace(
+        run_dir=Path(config.out), summary=pd.DataFrame(columns=["template", "scheme", "top5"]), exclusions={"total": 0}))
+    monkeypatch.setattr(weightgraft.report, "write_report", lambda run_dir: SimpleNamespace(html=run_dir / "report" / "report.html"))
+    monkeypatch.setattr(weightgraft.report.console, "print_summary", lambda *a, **k: None)
+    console = Console(record=True, width=250)
+    result = run_demo(n_relations=4, console=console, experts=3)
+    assert result.out == Path("runs/demo-moe3")
+    assert str(seen["models"]["pre"]) == str(tmp_path / "upcycled")
+    top = pd.read_csv(result.out / "experts" / "top_cells.csv")
+    assert set(top["region"]) == {"first_entity", "last"} and top["expert"].between(0, 2).all()
+    assert "expert map:" in console.export_text()
+    with pytest.raises(weightgraft.demo.DemoError, match="drop --lora"):
+        run_demo(experts=3, lora=8)

@@ -23,6 +23,10 @@ def demo(
     quantization: str = typer.Option(None, "--quantization", help="With --lora: load PRE quantized (nf4, fp4, "
                                      "int8, torchao-int8) and train the adapter over it (QLoRA); output "
                                      "runs/demo-lora-SCHEME."),
+    experts: int = typer.Option(None, "--experts", min=2, help="Upcycle the model to a mixture of this many "
+                                "experts (every expert a copy of its MLP, a fresh router) and end with the "
+                                "finetune's expert map; output runs/demo-moeN."),
+    top_k: int = typer.Option(2, "--top-k", min=2, help="With --experts: experts picked per position."),
 ) -> None:
     """The whole workflow on an embedded model (SmolLM2-135M by default, or Gemma 3 270M): data,
     finetune (cached), sweep, report."""
@@ -34,6 +38,6 @@ def demo(
 
         quantized(model, quantization)  # an unknown scheme: one line, before anything is built
     run_demo(model=model, out=out, n_relations=relations, seed=seed, preset=preset, retrain=retrain, console=console,
-             lora=lora, quantization=quantization)
+             lora=lora, quantization=quantization, experts=experts, top_k=top_k)
 
 

@@ -28,6 +28,7 @@ class ExpertsJob:
 
     def run(self) -> dict[str, pd.DataFrame]:
         """Load PRE, build the examples (each prompt left out is counted and said), map each donor."""
+        from weightgraft.engine.metric_table import localize_metric
         from weightgraft.localization.examples import build_examples
         from weightgraft.models import load_model
 
@@ -36,6 +37,10 @@ class ExpertsJob:
         examples, excluded = build_examples(self.prompts, pre.tokenizer)
         if excluded:
             self.say(f"{len(excluded)} prompt(s) left out: {excluded[:3]}")
+        alone = [e.prompt.id for e in examples if localize_metric(self.settings.metric).needs_answers and not e.scored.other_answers]
+        if alone:  # before any donor loads
+            raise ConfigError(f"--metric {self.settings.metric}: {len(alone)} of {len(examples)} prompts (e.g. {alone[0]}) "
+                              "have no other answer with another first token to contrast; use --metric first_logprob")
         tables: dict[str, list[pd.DataFrame]] = {}
         for label, spec in self.settings.donors.items():  # one donor in memory at a time
             donor = load_model(spec)
