@@ -85,6 +85,25 @@ def test_share_interval_widens_for_skew_and_declines_where_the_wider_one_is_unbo
     assert (plain.low, plain.high) == pytest.approx(_fieller(r, w, 0.95))
 
 
+def test_an_interval_says_its_level_and_why_it_was_widened():
+    """A table prints the level the bounds are at, not the level asked for: 99% where skew widened
+    the share's interval, with the note saying so; 95% otherwise, and for a mean."""
+    x = np.array([10.0] * 19 + [60.0])  # skewness 4.1 at 20 prompts: widened
+    wide = st.share_interval(0.5 * x + 0.01 * np.sin(np.arange(20)), x + 0.01 * np.arange(20))
+    assert wide.level == pytest.approx(0.99) and not wide.declined
+    assert wide.widened.startswith("effects skewed (skewness 4.13") and wide.widened.endswith("99% instead of 95%")
+    declined = st.share_interval(np.array([3.0, 2.5, 3.5, -9.8]), np.array([4.0, 3.0, 4.0, 0.52]))
+    assert declined.level == pytest.approx(0.99) and declined.widened and declined.declined
+    q = sps.norm.ppf((np.arange(40) + 0.5) / 40)
+    plain = st.share_interval(0.4 * (5 + q) + 0.2 * q[::-1] * np.cos(np.arange(40)), 5 + q)
+    assert plain.level == pytest.approx(0.95) and plain.widened == ""
+    assert st.share_interval(5 + q, 5 + q, level=0.9).level == pytest.approx(0.9)
+    assert st.mean_interval(5 + q).level == pytest.approx(0.95)
+    assert st.mean_interval(5 + q, level=0.8).level == pytest.approx(0.8)
+    assert st.level_text(0.95) == "95%" and st.level_text(wide.level) == "99%"
+    assert st.level_text(None) == st.level_text(float("nan")) == "level not recorded"
+
+
 def test_share_ci_is_the_ratio_of_sums_inside_its_interval():
     rng = np.random.default_rng(1)
     w = rng.normal(5, 1, 30)

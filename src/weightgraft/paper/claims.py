@@ -33,7 +33,7 @@ MIN_PROMPTS = 20  # localize's floor for a judged (not exploratory) row
 
 # What the report keeps of each claims.csv row.
 CLAIM_COLUMNS = ("model", "setting", "template", "claim", "statement", "n_prompts", "evidence", "share_exact",
-                 "ci_low", "ci_high", "share_plain", "threshold", "side", "null_kind", "p", "p_parts", "p_holm",
+                 "ci_low", "ci_high", "ci_level", "share_plain", "threshold", "side", "null_kind", "p", "p_parts", "p_holm",
                  "family_size", "least_p", "control_p", "control_region_effect", "n_control_prompts", "control_note",
                  "verdict", "reason", "in_paper_setting", "donor_top5")
 

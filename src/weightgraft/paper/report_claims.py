@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 
 
 def _share(row: dict[str, Any]) -> str:
-    share, lo, hi = row.get("share_exact"), row.get("ci_low"), row.get("ci_high")
-    if share is None:
-        return "n/a"
-    return f"{share:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else " (no interval)")
+    """The share, its interval and the interval's own level (99% where skew widened it; a record
+    written before the level was kept says "level not recorded")."""
+    from weightgraft.localization.claims.verdicts import share_text
+
+    return share_text(row.get("share_exact"), row.get("ci_low"), row.get("ci_high"), row.get("ci_level"))
 
 
 def _p(row: dict[str, Any], column: str, floor: float | None) -> str:
@@ -135,7 +136,8 @@ def claims_blocks(run: PaperRun) -> list[Block]:
     blocks.append(("p", "Each claim's region grafted whole, exactly, in every prompt (`weightgraft localize`'s "
                         "claims; docs/localize.md): its share of the fact-specific effect (`fact_logprob`: the answer's "
                         "log-probability minus the mean over the world's other answers; the plain first-token effect "
-                        "beside it) with a per-row 95% Fieller interval. A row's p is the largest of its parts: the "
+                        "beside it) with a per-row Fieller interval at the level printed beside it (95%, or 99% where the "
+                        "effects are skewed for their number of prompts). A row's p is the largest of its parts: the "
                         "threshold test, a paired test against a null region of its kind and, for fact claims, against "
                         "the same region grafted from the control finetune; Holm-adjusted once over the run. A p at the "
                         "least its test can reach prints as `<= floor`. Holds: Holm p <= 0.05; fails: interval on the "
@@ -160,5 +162,5 @@ def claims_blocks(run: PaperRun) -> list[Block]:
     if sft_seeds:
         blocks.append(("h3", "Every row"))
     blocks.append(Table(("claim", "statement", "donor", "setting", "paper's setting", "template", "prompts",
-                         "threshold", "share [95% CI]", "p (Holm)", "control p", "verdict", "why"), rows))
+                         "threshold", "share [interval] (its level)", "p (Holm)", "control p", "verdict", "why"), rows))
     return blocks

@@ -156,7 +156,7 @@ def _claims_blocks(run: PaperRun) -> list[Block]:
         "Claims 1-3 judged on every snapshot against the control finetune, all rows one Holm family. A claim's first "
         "held step is the earliest snapshot from which it holds at every later one (it began to hold after the "
         "snapshot before it); a claim is said to hold where it does not in at most 5% of runs.")),
-        Table(("template", "claim", "first held [share, 95% CI]", "verdict by step"),
+        Table(("template", "claim", "first held [share, interval (its level)]", "verdict by step"),
               [(r["template"], r["claim"], first_held_text(r), verdicts_text(r)) for r in rows])]
 
 

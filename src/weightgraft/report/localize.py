@@ -32,7 +32,7 @@ from weightgraft.engine.architectures import Units
 from weightgraft.engine.cells import cell_name
 from weightgraft.localization.claims import ALPHA, CLAIMS
 from weightgraft.localization.claims.regions import NULL_KINDS
-from weightgraft.localization.claims.verdicts import FLOOR, p_text
+from weightgraft.localization.claims.verdicts import FLOOR, p_text, share_text
 
 
 def value_column(cells: pd.DataFrame) -> str | None:
@@ -210,8 +210,9 @@ def _claims_section(run_dir: Path) -> str:
     intro = ("<h2>The paper's claims</h2><p>Each claim grafts its whole region exactly in every prompt. The share is "
              "a ratio of sums over prompts of the region graft's effect and the effect of the cells it is a share of "
              "(<i>within</i>), in the claims' metric (by default <code>fact_logprob</code>: the answer against the "
-             "world's other answers, so a donor that raises every answer alike has no effect), with its per-row 95% "
-             "Fieller interval (declined, with the reason, where the within effect's interval includes 0 or the effects "
+             "world's other answers, so a donor that raises every answer alike has no effect), with its per-row "
+             "Fieller interval at the level printed beside it (95%, or 99% where the effects are skewed for their "
+             "number of prompts; declined, with the reason, where the within effect's interval includes 0 or the effects "
              "are too skewed for their number of prompts). A row's p is the largest of its parts: the threshold test "
              "(twice its one-sided p, so a row that holds has its interval on the claim's side), the region against "
              "its null across prompts (sign flips of the per-prompt differences, and relabelings of the region among "
@@ -237,14 +238,14 @@ def _claims_section(run_dir: Path) -> str:
     rows = []
     for _, r in table.iterrows():
         floor = min(1.0, family * least[r.name])  # the row's least p, Holm-adjusted at the family's size
-        interval = (f"{f(r['share_exact'])} [{f(r['ci_low'])}, {f(r['ci_high'])}]" if not pd.isna(r["ci_low"])
-                    else f"{f(r['share_exact'])} (no interval)")
+        # a claims.csv written before ci_level was kept: "level not recorded", not an assumed 95%
+        interval = share_text(r["share_exact"], r["ci_low"], r["ci_high"], r.get("ci_level"))
         rows.append((*[str(r[k]) for k in keys], r["claim"], interval,
                      "-" if pd.isna(r["threshold"]) else f"{r['side']} {r['threshold']:g}", f(r["null_mean"]),
                      f"{text(r.get('p_parts'))} / {p_text(r['p_holm'], floor)}",
                      r["verdict"], text(r.get("reason")), f"{int(r['n_prompts'])} ({text(r.get('evidence'))})",
                      f(r["share_estimate"]), text(r.get("note"))))
-    return intro + html_table((*keys, "claim", "exact share [95% CI]", "test", "null mean (share)", "parts of p / Holm p",
+    return intro + html_table((*keys, "claim", "exact share [interval] (its level)", "test", "null mean (share)", "parts of p / Holm p",
                                "verdict", "why", "prompts", "estimate share", "note"), rows) + _steps_section(run_dir)
 
 
@@ -261,7 +262,8 @@ def _steps_section(run_dir: Path) -> str:
             "first held step is the earliest saved step from which it holds at every later saved step; it began to "
             "hold after the saved step before it. Every verdict is one Holm family's, so a claim is said to hold at a "
             "step where it does not in at most 5% of runs.</p>"
-            + html_table(("setting", "direction", "template", "claim", "first held [share, 95% CI]", "verdict by step"), rows))
+            + html_table(("setting", "direction", "template", "claim", "first held [share, interval (its level)]",
+                          "verdict by step"), rows))
 
 
 def _sets_section(search: dict[str, Any]) -> str:

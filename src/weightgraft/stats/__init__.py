@@ -3,8 +3,9 @@ is measured by a seeded simulation at the sample sizes the defaults use, and the
 where docs/statistics.md says it holds (``tests/stats/test_stats.py``; the figures are in the docs).
 
 - :func:`share_ci`: a share ``sum(region) / sum(whole)`` over prompts with its Fieller interval
-  (99% where the effects are skewed for their number), or NaN bounds and the reason
-  (:func:`share_interval`) where none can be given;
+  (99% where the effects are skewed for their number: the interval's ``level`` and ``widened``
+  say which), or NaN bounds and the reason (:func:`share_interval`) where none can be given;
+- :func:`level_text`: an interval's level as tables print it beside each row;
 - :func:`mean_ci`: a mean over prompts with its t interval, declined with fewer than 3 prompts or
   effects too skewed for their number;
 - :func:`paired_p`: a region's per-prompt effect against its per-prompt null, across prompts
@@ -21,11 +22,12 @@ where docs/statistics.md says it holds (``tests/stats/test_stats.py``; the figur
 
 from weightgraft.stats.empirical import empirical_p
 from weightgraft.stats.labels import model_label_p, models_needed
-from weightgraft.stats.means import Interval, mean_ci, mean_interval, share_ci, share_interval, share_threshold_p
+from weightgraft.stats.means import (Interval, level_text, mean_ci, mean_interval, share_ci, share_interval,
+                                    share_threshold_p)
 from weightgraft.stats.multiple import holm
 from weightgraft.stats.paired import least_p, paired_p
 from weightgraft.stats.rates import paired_rate_difference_ci, rate_ci, rate_cis
 from weightgraft.stats.signs import sign_test_p
 
-__all__ = ["Interval", "empirical_p", "holm", "least_p", "mean_ci", "mean_interval", "model_label_p", "models_needed", "paired_p",
-           "paired_rate_difference_ci", "rate_ci", "rate_cis", "share_ci", "share_interval", "share_threshold_p", "sign_test_p"]
+__all__ = ["Interval", "empirical_p", "holm", "least_p", "level_text", "mean_ci", "mean_interval", "model_label_p",
+           "models_needed", "paired_p", "paired_rate_difference_ci", "rate_ci", "rate_cis", "share_ci", "share_interval", "share_threshold_p", "sign_test_p"]

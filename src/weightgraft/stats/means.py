@@ -36,15 +36,28 @@ MIN_N = 3
 
 @dataclass(frozen=True)
 class Interval:
-    """An estimate and its interval; ``declined`` says why the bounds are NaN ('' where not)."""
+    """An estimate and its interval; ``declined`` says why the bounds are NaN ('' where not).
+    ``level`` is the level the bounds were computed at (or would have been, where declined), so a
+    table can print it rather than assume the level asked for; ``widened`` says why it is wider
+    than asked ('' where it is not)."""
 
     value: float
     low: float
     high: float
     declined: str = ""
+    level: float = 0.95
+    widened: str = ""
 
     def as_tuple(self) -> tuple[float, float, float]:
         return self.value, self.low, self.high
+
+
+def level_text(level: float | None) -> str:
+    """An interval's level as a table prints it (``95%``), or "level not recorded" where a row
+    written before the level was kept has none: asserting the usual 95% could be wrong."""
+    if level is None or not math.isfinite(float(level)):
+        return "level not recorded"
+    return f"{100 * float(level):g}%"
 
 
 def _skew(x: np.ndarray) -> float:
@@ -117,12 +130,12 @@ def mean_interval(values: np.ndarray, *, level: float = 0.95) -> Interval:
     n = len(x)
     mean = float(x.mean()) if n else float("nan")
     if n < MIN_N:
-        return Interval(mean, float("nan"), float("nan"), f"fewer than {MIN_N} prompts")
+        return Interval(mean, float("nan"), float("nan"), f"fewer than {MIN_N} prompts", level)
     why = _too_skewed(n, x)
     if why:
-        return Interval(mean, float("nan"), float("nan"), why)
+        return Interval(mean, float("nan"), float("nan"), why, level)
     half = _t(n, level) * float(x.std(ddof=1)) / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half)
+    return Interval(mean, mean - half, mean + half, level=level)
 
 
 def mean_ci(values: np.ndarray, *, level: float = 0.95) -> tuple[float, float, float]:
@@ -136,28 +149,33 @@ def share_interval(region: np.ndarray, whole: np.ndarray, *, level: float = 0.95
     skewed for their number (``n < SHARE_SKEW_FACTOR * g**2``): the rule docs/statistics.md chose
     by its criterion. Declined (NaN bounds, reason given) with fewer than 3 prompts, where the whole
     effect's interval includes 0, or where it includes 0 at the wider level skew calls for (the
-    note then starts "effects too skewed")."""
+    note then starts "effects too skewed"). The result's ``level`` is the level its bounds are at,
+    and ``widened`` says so where skew widened it."""
     r, w = _arrays(region, whole)
     n = len(r)
     total = float(w.sum())
     share = float(r.sum() / total) if total != 0 else float("nan")
     nan = float("nan")
     if n < MIN_N:
-        return Interval(share, nan, nan, f"fewer than {MIN_N} prompts")
+        return Interval(share, nan, nan, f"fewer than {MIN_N} prompts", level)
     t = _t(n, level)
     if w.mean() ** 2 - t * t * w.var(ddof=1) / n <= 0:
-        return Interval(share, nan, nan, "the whole effect's interval includes 0 (a share of it has no bounded interval)")
+        return Interval(share, nan, nan, "the whole effect's interval includes 0 (a share of it has no bounded interval)",
+                        level)
     g = max(abs(_skew(w)), abs(_skew(r - share * w)))
     if n < SHARE_SKEW_FACTOR * g * g:
         wide = 1 - (1 - level) / SKEW_WIDENING
         t = _t(n, wide)
         low, high = _fieller_bounds(r, w, -t, t)
+        widened = (f"effects skewed (skewness {g:.2f}, {n} prompts < {SHARE_SKEW_FACTOR:g} * skewness**2): "
+                   f"{level_text(wide)} instead of {level_text(level)}")
         if math.isnan(low) or math.isnan(high):
             return Interval(share, nan, nan, f"effects too skewed for {n} prompts (skewness {g:.2f}): at the "
-                                             f"{100 * wide:g}% level skew calls for, the whole effect's interval includes 0")
-        return Interval(share, low, high)
+                                             f"{100 * wide:g}% level skew calls for, the whole effect's interval includes 0",
+                            wide, widened)
+        return Interval(share, low, high, level=wide, widened=widened)
     low, high = _fieller_bounds(r, w, -t, t)
-    return Interval(share, low, high)
+    return Interval(share, low, high, level=level)
 
 
 def share_threshold_p(region: np.ndarray, whole: np.ndarray, threshold: float, *, above: bool) -> float:

@@ -5,7 +5,7 @@ For one map (a model pair, a template, a graft direction, a setting) and every c
 the exact effect of grafting the region, of *within* (the cells it is a share of) and of its
 null sets (``nulls``), all in one batched engine call. ``share_exact`` is the ratio of sums over
 prompts with its Fieller interval (``weightgraft.stats.share_interval``; declined with the reason
-in ``interval_note``); ``null_p`` the paired test across prompts that the region beats its null
+in ``interval_note``) at the level in ``ci_level`` (0.95, or 0.99 where the effects are skewed); ``null_p`` the paired test across prompts that the region beats its null
 (``weightgraft.stats.paired_p``; a component claim must beat both its kinds: the larger p);
 ``null_mean`` the null sets' effect as a share of within. ``share_estimate`` is the same ratio
 of the summed gradient estimates of the region's cells and ``interaction`` the ratio of the two.
@@ -236,7 +236,9 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
                     "within_ci_high": within.high if within else np.nan,
                     "within_note": within.declined if within else "",
                     "share_exact": share.value if share else np.nan, "ci_low": share.low if share else np.nan,
-                    "ci_high": share.high if share else np.nan, "interval_note": share.declined if share else ""})
+                    "ci_high": share.high if share else np.nan,
+                    # the level the bounds are at: 0.99 where skew widened them (``share.widened``)
+                    "ci_level": share.level if share else np.nan, "interval_note": share.declined if share else ""})
         if claim.judged and len(den):  # where skew declines the interval: on how many prompts is it past the threshold?
             past = num - threshold * den
             # declined (unbounded at the level skew calls for): no threshold test, the row is undecided

@@ -31,7 +31,7 @@ from weightgraft.engine.metric_table import localize_metric
 DECIDED = ["p", "p_parts", "p_holm", "verdict", "reason"]
 PLAIN = "first_logprob"  # the plain effect kept beside the claims' own in every row
 FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "evidence", "within_effect", "share_exact",
-         "ci_low", "ci_high", "share_plain", "null_kind", "null_mean", "threshold_p", "null_p", "share_estimate",
+         "ci_low", "ci_high", "ci_level", "share_plain", "null_kind", "null_mean", "threshold_p", "null_p", "share_estimate",
          "share_exact_cells", "interaction", "region_cells_share", "region_params_share"]
 
 
@@ -55,7 +55,7 @@ def slot_params(model: nn.Module) -> dict[str, int]:
 
 def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequence[Claim], precondition: str) -> str:
     data = {"settings": settings.model_dump(mode="json"), "seed": seed, "metric": metric, "setting": setting,
-            "claims": [c.name for c in claims], "precondition": precondition, "version": 7}
+            "claims": [c.name for c in claims], "precondition": precondition, "version": 8}  # 8: ci_level
     return json_digest(data, 12)
 
 

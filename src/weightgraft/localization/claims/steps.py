@@ -21,8 +21,11 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft.localization.claims.verdicts import share_text
+
 KEYS = ("setting", "direction", "template", "claim")
-COLUMNS = (*KEYS, "steps", "verdicts", "first_held", "held_after", "share_exact", "ci_low", "ci_high", "last_verdict")
+COLUMNS = (*KEYS, "steps", "verdicts", "first_held", "held_after", "share_exact", "ci_low", "ci_high", "ci_level",
+           "last_verdict")
 
 
 def snapshot_steps(snapshots: Sequence[tuple[str, int | None, Path | None]]) -> dict[str, int] | str:
@@ -45,11 +48,13 @@ def _missing(value: Any) -> bool:
 
 
 def first_held_text(row: Mapping[str, Any]) -> str:
-    """A ``claims_steps.csv`` row's first held step in words, with its share and interval there."""
+    """A ``claims_steps.csv`` row's first held step in words, with its share and interval there at
+    the interval's own level (a file written before the level was kept: "level not recorded")."""
     if _missing(row["first_held"]):
         return f"never (the last step: {row['last_verdict']})"
     after = "the first saved step" if _missing(row["held_after"]) else f"after step {int(row['held_after'])}"
-    return f"step {int(row['first_held'])} ({after}); share {row['share_exact']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+    share = share_text(row["share_exact"], row["ci_low"], row["ci_high"], row.get("ci_level"))
+    return f"step {int(row['first_held'])} ({after}); share {share}"
 
 
 def verdicts_text(row: Mapping[str, Any]) -> str:
@@ -75,7 +80,7 @@ def first_held(steps: list[int], verdicts: list[str]) -> tuple[int | None, int |
 def claims_along_steps(table: pd.DataFrame, steps: Mapping[str, int]) -> pd.DataFrame:
     """One row per judged claim (setting, direction, template) over the models ``steps`` names
     (model label -> training step): its verdicts by step, its first held step, the saved step
-    before it, and its share [95% CI] at the first held step."""
+    before it, and its share with its interval and the interval's level at the first held step."""
     rows = table[table["model"].isin(list(steps)) & (table["verdict"] != "shown")]
     out = []
     for key, group in rows.groupby(list(KEYS), sort=False):
@@ -86,6 +91,7 @@ def claims_along_steps(table: pd.DataFrame, steps: Mapping[str, int]) -> pd.Data
         at = group[group["step"] == first].iloc[0] if first is not None else None
         out.append({**dict(zip(KEYS, key)), "steps": ";".join(map(str, order)), "verdicts": ";".join(verdicts),
                     "first_held": first, "held_after": before,
-                    **{c: (float(at[c]) if at is not None else float("nan")) for c in ("share_exact", "ci_low", "ci_high")},
+                    **{c: (float(at.get(c, float("nan"))) if at is not None else float("nan"))
+                       for c in ("share_exact", "ci_low", "ci_high", "ci_level")},
                     "last_verdict": verdicts[-1]})
     return pd.DataFrame(out, columns=list(COLUMNS))

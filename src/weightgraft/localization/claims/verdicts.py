@@ -24,7 +24,8 @@ The parts of a row's p (``p_parts``), each one-sided on the claim's side:
 - *no cells*: the prompts have no cell in the region; *shown*: a row shown, not judged;
 - *precondition not met*: the setting's donor does not know the facts (``precondition`` says how).
 
-The intervals printed beside the verdict are per-row 95% intervals, not simultaneous ones.
+The intervals printed beside the verdict are per-row intervals, not simultaneous ones, each at its
+row's own level (``ci_level``: 95%, or 99% where skew widens it), printed beside it (``share_text``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import math
 import pandas as pd
 
 from weightgraft.localization.claims.regions import ALPHA
-from weightgraft.stats import holm, least_p
+from weightgraft.stats import holm, least_p, level_text
 
 FLOOR = 0.05  # within's mean effect below this share of the whole donor-base gap: no effect
 MIN_PROMPTS = 20  # fewer per map: refused, unless claims.min_prompts lowers it (rows then exploratory)
@@ -135,3 +136,13 @@ def p_text(p: float, floor: float) -> str:
     if _nan(p):
         return "n/a"
     return f"<= {floor:.2g}" if p <= floor * (1 + 1e-9) else f"{p:.3g}"
+
+
+def share_text(share: float | None, low: float | None, high: float | None, level: float | None) -> str:
+    """A share with its interval and that interval's own level, ``0.88 [0.79, 0.96] (95%)``: a row
+    widened for skew says 99%, and one written before the level was kept says so rather than 95%."""
+    if _nan(share):
+        return "n/a"
+    if _nan(low) or _nan(high):
+        return f"{share:.2f} (no interval)"
+    return f"{share:.2f} [{low:.2f}, {high:.2f}] ({level_text(None if _nan(level) else level)})"
