@@ -240,7 +240,7 @@ def _expert_map(base: str, sft_dir: Path, data_dir: Path, out: Path, console: Co
     top = tables["top_cells"].groupby(["template", "region"], sort=False).head(5)
     console.print(top[["template", "region", "layer", "expert", "pick_rate", "effect", "ci_low", "ci_high"]]
                   .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    console.print(tables["regions"][["template", "region", "graft", "effect", "ci_low", "ci_high"]]
+    console.print(tables["regions"][["direction", "template", "region", "graft", "effect", "ci_low", "ci_high"]]
                   .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     console.print(f"expert map: {out} (top_cells.csv, regions.csv, experts.csv)")
 

@@ -109,6 +109,7 @@ def test_the_command_writes_the_map_with_the_control_beside_it(moe_dirs, tmp_pat
     assert set(top["region"]) == {"first_entity", "last"} and set(top["template"]) == {"headline", "qa"}
     regions = pd.read_csv(out / "regions.csv")
     assert set(regions["graft"]) == {"experts", "router", "moe", "all"} and set(regions["model"]) == {"sft", "control"}
+    assert set(regions["direction"]) == {"sufficiency", "necessity"}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["n_prompts"] == {"headline": 6, "qa": 6} and manifest["models"]["sft"]["weights_sha256"]
     cells = pd.read_parquet(out / "expert_cells.parquet")
@@ -121,3 +122,26 @@ def test_a_dense_base_is_refused_in_one_line_before_loading(tmp_path, tiny_model
                                       str(tiny_model_dirs["sft"]), "--data", str(data), "--template", "headline"])
     assert result.exit_code != 0
     assert "has no expert bank" in str(result.exception)
+
+
+@torch.no_grad()
+def test_an_upcycled_bases_router_moves_nothing_until_the_experts_differ():
+    """In an upcycled PRE every expert is one MLP: its routing is no function of its router, so the
+    finetune's router grafted into it moves nothing (float32 rounding of the renormalised weights),
+    while PRE's router grafted into the finetune, whose experts differ, moves the answer."""
+    from types import SimpleNamespace
+
+    from weightgraft.expert_maps.run import region_grafts
+    from weightgraft.training.upcycle import Upcycling, upcycle
+
+    pre = upcycle(make_tiny("llama", seed=0).double(), Upcycling(experts=4, top_k=2))
+    pre.set_experts_implementation("eager")
+    sft = make_donor(pre, 1)
+    examples = [SimpleNamespace(scored=ex, labels=tuple(["first_entity"] * 2 + ["tok"] * (ex.position - 2) + ["last"]),
+                                prompt=SimpleNamespace(id=f"p{i}", template="t"))
+                for i, ex in enumerate(_examples())]
+    into_pre = region_grafts([pre, sft], examples, pad_id=0, metric="first_logprob").set_index(["example_id", "region", "graft"])
+    into_sft = region_grafts([sft, pre], examples, pad_id=0, metric="first_logprob").set_index(["example_id", "region", "graft"])
+    routers = [(e.prompt.id, r, "router") for e in examples for r in ("first_entity", "last")]
+    assert into_pre.loc[routers, "effect"].abs().max() < 1e-5
+    assert into_sft.loc[routers, "effect"].abs().max() > 1e-3

@@ -82,11 +82,14 @@ def region_grafts(models: Sequence[nn.Module], examples: Sequence[LocalizeExampl
 
 
 def region_table(grafts: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, template, region, graft): the mean effect over prompts with its interval."""
+    """Per (model, direction, template, region, graft): the mean effect over prompts with its
+    interval (sufficiency: the donor's cells into PRE; necessity: PRE's cells into the donor, an
+    effect the answer loses)."""
     rows = []
-    for key, g in grafts.groupby(["model", "template", "region", "graft"], sort=False):
+    keys = ["model", "direction", "template", "region", "graft"]
+    for key, g in grafts.groupby(keys, sort=False):
         interval = mean_interval(g["effect"].to_numpy(dtype=float))
-        rows.append({**dict(zip(["model", "template", "region", "graft"], key)), "n_prompts": len(g),
+        rows.append({**dict(zip(keys, key)), "n_prompts": len(g),
                      "effect": interval.value, "ci_low": interval.low, "ci_high": interval.high, "level": 0.95,
                      "declined": interval.declined, "effect_plain": float(g["effect_plain"].mean())})
     return pd.DataFrame(rows)
@@ -100,7 +103,11 @@ def _map_one(models: list[nn.Module], examples: Sequence[LocalizeExample], *, pa
     labels = [examples[i].labels[p] for i, p in zip(cells["example"], cells["position"])]
     cells = cells.assign(example_id=ids, template=[examples[i].prompt.template for i in cells["example"]],
                          label=labels, region=[region_of(x) for x in labels])
-    return cells, region_grafts(models, examples, pad_id=pad_id, metric=metric)
+    # both directions: in an upcycled PRE every expert is one MLP, so PRE's routing is no function of
+    # its router and only the finetune as base (necessity: PRE's router into it) asks whether routing matters
+    grafts = [region_grafts(models, examples, pad_id=pad_id, metric=metric).assign(direction="sufficiency"),
+              region_grafts(models[::-1], examples, pad_id=pad_id, metric=metric).assign(direction="necessity")]
+    return cells, pd.concat(grafts, ignore_index=True)
 
 
 def run_experts(settings: ExpertsSettings, examples: Sequence[LocalizeExample], pre: nn.Module,
