@@ -2,7 +2,10 @@
 al., sections 4.1 and 4.3), each with the null it must beat.
 
 A claim names a *region* (the cells it says carry the effect), the cells it is a share of
-(*within*), a threshold and a side, and its null kind (``NULL_KINDS``):
+(*within*), a threshold and a side, and its null kind (``NULL_KINDS``). Its effect is in the
+claims' metric (``fact_logprob`` by default: the answer against the world's other answers), and a
+fact claim of a finetune must also beat the same region grafted from the control finetune
+(``control.py``):
 
 - ``positions``: the region's slots at as many other whole positions of the prompt (random sets of
   the same token count, the same layers and components), drawn per prompt from the positions no
@@ -24,8 +27,9 @@ The claims:
   ``recall_no_unembed`` the same without the unembedding (a direct logit boost, not a recall).
 - ``recall_o_late_ffn``: at the last token, O and the FFN of the last quarter (the authors'
   quarter: ``n//4`` wide, the remainder in the fourth) carry most of the quarter's attention + O +
-  FFN graft (> 0.5).
-- ``qkv_marginal``: given O + FFN there, q/k/v add little (< 0.25): the paper's "grafting the O
+  FFN graft (> 0.5, or > their share of its parameters where larger: ``grafts.even_spread_threshold``).
+- ``qkv_marginal``: given O + FFN there, q/k/v add little (< 0.25, or < their parameter share where
+  smaller): the paper's "grafting the O
   matrix and the full FFN nearly recovers the results of grafting the full attention mechanism
   and the full FFN" (section 4.3), the marginal ATTN+O+FFN minus O+FFN.
 - ``attn_ffn_no_o`` (shown, not judged): the authors' ATTN+FFN row, the quarter's graft without O.
