@@ -134,6 +134,19 @@ MOE_CONFIGS: dict[str, T.PretrainedConfig] = {
 for _config in MOE_CONFIGS.values():
     _config._experts_implementation = "eager"
 
+# Hybrids: a recurrent token mixer in some layers (``layer_types``), attention in the others; a mixer
+# layer after an attention layer too, so a padded attention row reaches a mixer.
+HYBRID_CONFIGS: dict[str, T.PretrainedConfig] = {
+    "lfm2": T.Lfm2Config(  # short convolutions (kernel 3), tied embeddings
+        **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"],
+        conv_L_cache=3, block_auto_adjust_ff_dim=False, **_COMMON),
+    "qwen3_5_text": T.Qwen3_5TextConfig(  # Gated DeltaNet (2 k heads, 4 v heads), gated attention
+        **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8,
+        layer_types=["linear_attention", "full_attention", "linear_attention"], linear_conv_kernel_dim=4,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, **_COMMON),
+}
+TINY_CONFIGS.update(HYBRID_CONFIGS)
+
 
 @torch.no_grad()
 def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
@@ -152,7 +165,7 @@ def make_tiny(
 ) -> torch.nn.Module:
     """A tiny model of ``model_type``; ``tied`` overrides the config's embedding tying, and
     ``randomize=False`` keeps transformers' own (seeded) initialization, e.g. for training."""
-    config = copy.deepcopy({**TINY_CONFIGS, **MOE_CONFIGS}[model_type])
+    config = copy.deepcopy({**TINY_CONFIGS, **MOE_CONFIGS, **HYBRID_CONFIGS}[model_type])
     if tied is not None:
         config.tie_word_embeddings = tied
     text = config.get_text_config(decoder=True)

@@ -27,8 +27,8 @@ ATOL = 1e-10
 
 
 def _tol(arch: str) -> float:
-    """HF's Gemma RMSNorms compute ``n(x) * (1 + w)`` in float32 even in a float64 model."""
-    return 2e-5 if arch.startswith("gemma") else ATOL
+    """HF's Gemma and Qwen3.5 RMSNorms compute ``n(x) * (1 + w)`` in float32 even in a float64 model."""
+    return 2e-5 if arch.startswith(("gemma", "qwen3_5")) else ATOL
 
 
 def _explicit(base: torch.nn.Module, donor: torch.nn.Module, scale: float) -> torch.nn.Module:

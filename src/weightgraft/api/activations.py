@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine.architectures import adapter_for, model_slots
+from weightgraft.engine.mixers import MIXER_FORWARDS
 from weightgraft.engine.swaps import swaps
 from weightgraft.errors import GraftArgumentError
 
@@ -24,12 +25,15 @@ RESID_POST = "resid_post"
 
 def activation_names(model: nn.Module) -> list[str]:
     """Every name :func:`record` can read on ``model``, in forward order: each slot but the
-    unembedding (the logits are returned anyway), and ``layers.{i}.resid_post`` after layer
+    unembedding (the logits are returned anyway) and a hybrid's mixer parts that are no module
+    output (its conv kernel, decay parameters, gated norm), and ``layers.{i}.resid_post`` after layer
     ``i``'s slots."""
     out: list[str] = []
     for slot in model_slots(model):
         if slot.name == "unembed":
             continue
+        if slot.mixer is not None and slot.mixer.component in MIXER_FORWARDS[slot.mixer.kind].own:
+            continue  # a mixer's kernel, decay parameters and gated norm put out no [batch, seq] rows of their own
         layer = slot.name.split(".")[1] if slot.name.startswith("layers.") else None
         previous = out[-1].split(".")[1] if out and out[-1].startswith("layers.") else None
         if previous is not None and previous != layer:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
-from weightgraft.engine import moe, projections
+from weightgraft.engine import mixers, moe, projections
 from weightgraft.engine.architectures import Slot, Units, model_slots
 from weightgraft.engine.architectures.vision_language import refuse_media
 from weightgraft.engine.compat import check_compatible
@@ -426,14 +426,10 @@ def graft_call(
                 swapped_in.add(part.path)
         donors = source.ne(0).flatten(0, 1).any(dim=0).tolist()  # one reduction, not one per slot
         donors[-1] = bool(columns[-1].ne(0).any())  # the unembedding at the logit rows only
-        for s, slot in enumerate(slot_list):  # a mixture of experts' router and bank
-            if (slot.router or slot.experts) and (donors[s] or (s in banks and bool(banks[s].ne(0).any()))):
-                path = slot.parts[0].path
-                targets = lookup.targets(path)
-                forward = (moe.router_forward(targets, columns[s]) if slot.router
-                           else moe.experts_forward(targets, columns[s], banks.get(s)))
-                swap.forward(base.get_submodule(path), forward)
-                swapped_in.add(path)
+        # layer kinds with a forward of their own: a mixture of experts' router and bank, a recurrent mixer
+        swapped_in |= moe.swap_banks(swap, lookup.targets, base, slot_list, columns, banks, donors)
+        swapped_in |= mixers.swap_mixers(swap, lookup.targets, base, slot_list, columns, donors,
+                                         padded=bool(attention_mask[:, cached:].eq(0).any()))
         for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_units, donors).items():
             if path not in swapped_in:
                 swap.forward(base.get_submodule(path), _dispatch_forward(path, lookup, groups, pos_axis))

@@ -22,11 +22,12 @@ from torch import nn
 
 from weightgraft.engine.architectures import Slot
 from weightgraft.engine.architectures.units import FLAT
-from weightgraft.engine.swaps import own_forward
+from weightgraft.engine.swaps import Swaps, own_forward
 from weightgraft.engine.source_map import model_indices
 from weightgraft.errors import GraftArgumentError
 
-__all__ = ["by_position", "check_expert_maps", "experts_forward", "from_positions", "route_unit_maps", "router_forward"]
+__all__ = ["by_position", "check_expert_maps", "experts_forward", "from_positions", "route_unit_maps", "router_forward",
+           "swap_banks"]
 
 
 def _callers(targets: list[nn.Module]) -> list[Callable[..., Any]]:
@@ -104,6 +105,21 @@ def experts_forward(targets: list[nn.Module], models: torch.Tensor,
         return out
 
     return forward
+
+
+def swap_banks(swap: Swaps, targets: Callable[[str], list[nn.Module]], base: nn.Module, slot_list: list[Slot],
+               columns: list[torch.Tensor], banks: dict[int, torch.Tensor], donors: list[bool]) -> set[str]:
+    """Every router and expert bank some donor serves somewhere (``banks``: expert by expert) runs
+    its batched forward for the block; returns their module paths."""
+    taken: set[str] = set()
+    for s, slot in enumerate(slot_list):
+        if (slot.router or slot.experts) and (donors[s] or (s in banks and bool(banks[s].ne(0).any()))):
+            path = slot.parts[0].path
+            forward = (router_forward(targets(path), columns[s]) if slot.router
+                       else experts_forward(targets(path), columns[s], banks.get(s)))
+            swap.forward(base.get_submodule(path), forward)
+            taken.add(path)
+    return taken
 
 
 def check_expert_maps(expert_source: dict[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,

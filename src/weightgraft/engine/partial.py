@@ -51,10 +51,15 @@ def _is_affine(module: nn.Module) -> bool:
 
 def refuse_non_affine(model: nn.Module) -> None:
     """One line for a model with a slot whose module is not affine in its weights (Apertus' xIELU
-    activation, ``act``): a fractional graft's output there is no mix of the two modules' outputs,
+    activation, ``act``; a hybrid's recurrent mixer): a fractional graft's output there is no mix of the two modules' outputs,
     so partial grafts (fractional weights per cell, attribution, localize's estimates) are refused
     rather than computed some other way. Reads module types only (a meta-device model serves)."""
     for slot in model_slots(model):
+        if slot.mixer is not None:  # a conv kernel over earlier positions, decay parameters inside exp / softplus
+            raise GraftArgumentTypeError(
+                f"partial grafts (fractional weights per cell, attribution, localize) are refused on a recurrent token "
+                f"mixer ({slot.name}): its decay parameters enter through exp / softplus and its kernel reads earlier "
+                "positions, so a fractional weight is no mix of two outputs. Whole grafts (wg.graft, run) are exact")
         for part in slot.parts:
             module = model.get_submodule(part.path)
             if not _is_affine(module):

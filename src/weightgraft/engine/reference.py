@@ -1,7 +1,9 @@
 """The definition of dynamic weight grafting, run literally (the paper's Appendix B).
 
-Token by token with a KV cache: position t is processed by a model whose weights, slot by
-slot, are copied from the model that ``source`` names for t. It is slow on purpose and
+Token by token with the model's own cache (keys and values; a hybrid's conv and recurrent
+states): position t is processed by a model whose weights, slot by slot, are copied from the
+model that ``source`` names for t, so every state carries earlier positions as their own models
+computed them. It is slow on purpose and
 shares no code path with ``weightgraft.engine.forward`` beyond the slot table, so that it can serve
 as the oracle the engine is tested (and ``weightgraft check``-ed) against.
 
@@ -23,7 +25,7 @@ from transformers import DynamicCache
 
 from weightgraft.engine import lora, projections
 from weightgraft.engine.architectures import Slot, model_slots
-from weightgraft.engine.architectures.slots import graftable_state
+from weightgraft.engine.architectures.slots import graftable_state, part_state
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.precision import batch_invariant_attention, one_cpu_path
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
@@ -120,9 +122,9 @@ class CompositeModel:
                 src = self.models[m].get_submodule(part.path)
                 if isinstance(dst, _Routed):
                     dst.serve(m, part.columns)
-                elif part.columns is None:  # parameters and persistent buffers (a router's bias)
-                    src_state = dict(graftable_state(src))
-                    for name, p in graftable_state(dst):
+                elif part.columns is None:  # parameters and persistent buffers (a router's bias), or
+                    src_state = dict(part_state(self.models[m], part))  # the tensors it names (A_log)
+                    for name, p in part_state(self.model, part):
                         p.copy_(src_state[name])
                 else:
                     _copy_columns(dst, src, part.columns)

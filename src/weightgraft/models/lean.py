@@ -23,7 +23,7 @@ from torch import nn
 
 from weightgraft.engine import projections
 from weightgraft.engine.architectures import adapter_for, model_slots
-from weightgraft.engine.architectures.slots import graftable_state
+from weightgraft.engine.architectures.slots import graftable_state, part_state
 from weightgraft.engine.architectures.vision_language import CHECKPOINT_ATTR, OUTSIDE_DIFFERS_ATTR, checkpoint_of
 from weightgraft.engine.compat import ModelMismatchError
 from weightgraft.models.errors import ModelNotFoundError
@@ -45,9 +45,8 @@ def slot_parameters(model: nn.Module) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for slot in model_slots(model):
         names: list[str] = []
-        for part in slot.parts:
-            module = model.get_submodule(part.path)
-            names += [f"{part.path}.{n}" for n, _ in graftable_state(module)]
+        for part in slot.parts:  # a part naming some tensors of its module (a mixer's A_log) holds those
+            names += [f"{part.path}.{n}" for n, _ in part_state(model, part)]
         out[slot.name] = names
     return out
 

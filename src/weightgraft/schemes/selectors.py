@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from weightgraft.engine.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS
+from weightgraft.engine.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS, MIXER_COMPONENTS
 from weightgraft.schemes.errors import SelectorError as SelectorError
 from weightgraft.schemes.labels import (
     FIRST_ENTITY,
@@ -323,12 +323,16 @@ _MOE_PARTS = ("router", "experts", "shared_expert_gate", "shared_gate", "shared_
 COMPONENT_GROUPS: dict[str, tuple[str, ...]] = {
     # the input embedding: tokens, and learned positions where the model has them (GPT-2)
     "embed": ("embed", "pos_embed"),
-    "attn": ("q", "k", "v", "q_norm", "k_norm"),
+    # attention's inputs (Qwen3.5's per-head output gate comes out of q_proj with q)
+    "attn": ("q", "k", "v", "q_norm", "k_norm", "attn_gate"),
+    # a hybrid's recurrent token mixer (in its mixer layers): all of it, and the projections into its conv
+    "mixer": MIXER_COMPONENTS,
+    "mixer_in": ("mixer_q", "mixer_k", "mixer_v", "mixer_b", "mixer_c", "mixer_x"),
     # a mixture-of-experts layer's MLP is its router, experts and shared experts
     "ffn": ("gate", "up", "act", "down", *_MOE_PARTS),
     "mlp": ("gate", "up", "act", "down", *_MOE_PARTS),
     "shared": ("shared_expert_gate", "shared_gate", "shared_up", "shared_down"),
-    "norms": ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"),
+    "norms": ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "mixer_norm"),
     "layer": LAYER_COMPONENTS,
     "body": ("embed", "pos_embed", *LAYER_COMPONENTS, "final_norm"),
     "all": ("embed", "pos_embed", *LAYER_COMPONENTS, "final_norm", "unembed"),

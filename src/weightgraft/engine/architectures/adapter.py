@@ -5,6 +5,8 @@ embedding, the final norm and the unembedding sit.
 Components are named canonically (``q, k, v, o, gate, up, down, attn_norm, mlp_norm, ...``); a
 component is either a whole module (``"mlp.down_proj"``) or a set of output columns of a fused
 projection (``Fused("attn.c_attn", "qkv_blocks", "q")``), so that q, k and v graft separately.
+A hybrid family's recurrent token mixer (:class:`Mixer`: a short convolution, Gated DeltaNet)
+takes the attention's place in the layers whose block holds it, its components named ``mixer_*``.
 A vision-language checkpoint (:class:`Wrapper`) holds a text family's decoder under another
 root; its adapter is the text family's, re-rooted (:meth:`Adapter.under`).
 """
@@ -15,6 +17,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# A recurrent mixer's components: Gated DeltaNet's q/k/v (before its conv), LFM2's B/C/x gates and
+# input, GDN's output gate z, write strength beta and decay input (dt), the conv kernel, the decay
+# parameters (A_log + dt_bias), the gated norm and the output projection.
+MIXER_COMPONENTS: tuple[str, ...] = (
+    "mixer_q", "mixer_k", "mixer_v", "mixer_b", "mixer_c", "mixer_x", "mixer_z", "mixer_beta", "mixer_dt",
+    "mixer_conv", "mixer_decay", "mixer_norm", "mixer_out",
+)
+# The attention components a mixer layer has none of.
+ATTENTION_COMPONENTS: tuple[str, ...] = ("q", "k", "v", "q_norm", "k_norm", "attn_gate", "o")
+
 # The canonical order of per-layer components; ``slots()`` lists them in this order.
 LAYER_COMPONENTS: tuple[str, ...] = (
     "attn_norm",
@@ -23,6 +35,10 @@ LAYER_COMPONENTS: tuple[str, ...] = (
     "v",
     "q_norm",
     "k_norm",
+    "attn_gate",  # Qwen3.5's per-head output gate, interleaved with q in q_proj
+    # a recurrent token mixer (the attention's place in a hybrid's mixer layers): its input
+    # projections, convolution kernel, decay parameters, gated norm and output projection
+    *MIXER_COMPONENTS,
     "o",
     "post_attn_norm",
     "mlp_norm",
@@ -42,7 +58,10 @@ LAYER_COMPONENTS: tuple[str, ...] = (
 )
 GLOBAL_SLOTS: tuple[str, ...] = ("embed", "pos_embed", "final_norm", "unembed")
 
-Layout = Literal["qkv_blocks", "qkv_per_head", "halves"]
+Layout = Literal["qkv_blocks", "qkv_per_head", "halves", "thirds", "linear_qkv_blocks", "q_gate_per_head"]
+# Which batched forward computes a mixer (``weightgraft.engine.mixers``): LFM2's short
+# convolution, Qwen3.5's Gated DeltaNet.
+MixerKind = Literal["short_conv", "gated_delta_net"]
 
 # The module a text family's decoder (layers, embedding, final norm) sits in: every wrappable
 # family keeps it at ``model`` and the unembedding at ``lm_head``.
@@ -55,12 +74,38 @@ class Fused:
 
     ``qkv_blocks``: [q | k | v] contiguous (GPT-2 ``c_attn``, Phi-3 ``qkv_proj``);
     ``qkv_per_head``: per head [q_h | k_h | v_h] (GPT-NeoX ``query_key_value``);
-    ``halves``: [first | second] (Phi-3 ``gate_up_proj``).
+    ``halves``: [first | second] (Phi-3 ``gate_up_proj``);
+    ``thirds``: [first | second | third] (LFM2's mixer ``in_proj``: [B | C | x]);
+    ``linear_qkv_blocks``: [q | k | v] sized by the config's ``linear_*`` heads (Gated DeltaNet's
+    ``in_proj_qkv``);
+    ``q_gate_per_head``: per head [q_h | gate_h] (Qwen3.5 attention's ``q_proj``).
     """
 
     module: str
     layout: Layout
-    part: str  # "q" | "k" | "v" for qkv layouts, "first" | "second" for halves
+    part: str  # "q" | "k" | "v" for qkv layouts, "first" | "second" | "third", "q" | "gate"
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """A component that is some tensors of a module, not the module (a mixer's ``A_log`` and
+    ``dt_bias``: raw parameters no module call applies)."""
+
+    module: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Mixer:
+    """Where a hybrid's recurrent token mixer sits in a block, and its components (paths relative
+    to the block). A layer is a mixer layer where its block holds ``module``; it has none of
+    ``ATTENTION_COMPONENTS`` (its other components are the adapter's). The conv kernel is applied
+    to earlier positions' values and the decay parameters are read raw, so the mixer has a batched
+    forward of its own (``kind``)."""
+
+    module: str
+    kind: MixerKind
+    components: dict[str, str | Fused | Tensors]
 
 
 @dataclass(frozen=True)
@@ -94,6 +139,8 @@ class Adapter:
     pos_embed: str | None = None
     # A mixture-of-experts layer's parts, in the layers whose block holds an expert bank.
     experts: Experts | None = None
+    # A recurrent token mixer, in the layers whose block holds it (the others are attention layers).
+    mixer: Mixer | None = None
     # Modules no text prompt reaches (a vision-language checkpoint's vision tower and projector):
     # their parameters belong to no slot, and a donor that differs there is reported, not grafted.
     outside: tuple[str, ...] = ()

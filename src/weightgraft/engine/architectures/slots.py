@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from weightgraft.engine import projections
-from weightgraft.engine.architectures.adapter import LAYER_COMPONENTS, Adapter, Fused
+from weightgraft.engine.architectures.adapter import ATTENTION_COMPONENTS, LAYER_COMPONENTS, Adapter, Fused, Tensors
 from weightgraft.engine.architectures.table import adapter_for, text_config
 from weightgraft.engine.architectures.units import (
-    FLAT, HEAD_COMPONENTS, NEURON_COMPONENTS, Part, Slot, _in_features, _out_features,
+    FLAT, HEAD_COMPONENTS, NEURON_COMPONENTS, MixerSite, Part, Slot, _in_features, _out_features,
 )
 from weightgraft.errors import UnsupportedArchitectureError
 
@@ -27,13 +27,29 @@ def _head_dim(config: Any) -> int:
 
 def fused_columns(fused: Fused, config: Any, out_features: int) -> torch.Tensor:
     """The output-column indices of ``fused.part`` inside its fused projection."""
-    if fused.layout == "halves":
-        half = out_features // 2
-        start = 0 if fused.part == "first" else half
-        return torch.arange(start, start + half)
+    if fused.layout in ("halves", "thirds"):
+        parts = ("first", "second") if fused.layout == "halves" else ("first", "second", "third")
+        width = out_features // len(parts)
+        start = parts.index(fused.part) * width
+        return torch.arange(start, start + width)
+    if fused.layout == "linear_qkv_blocks":  # a Gated DeltaNet's [q | k | v], sized by its own heads
+        key = int(config.linear_num_key_heads) * int(config.linear_key_head_dim)
+        value = int(config.linear_num_value_heads) * int(config.linear_value_head_dim)
+        if 2 * key + value != out_features:
+            raise UnsupportedArchitectureError(
+                f"fused projection {fused.module} has {out_features} outputs, expected {2 * key + value} "
+                "from the config's linear-attention heads")
+        start, size = {"q": (0, key), "k": (key, key), "v": (2 * key, value)}[fused.part]
+        return torch.arange(start, start + size)
     n_heads = int(config.num_attention_heads)
     n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
     hd = _head_dim(config)
+    if fused.layout == "q_gate_per_head":  # per head [q_h | gate_h]
+        if 2 * n_heads * hd != out_features:
+            raise UnsupportedArchitectureError(
+                f"fused projection {fused.module}: per-head q/gate layout needs 2*heads*head_dim="
+                f"{2 * n_heads * hd} outputs, found {out_features}")
+        return torch.arange(out_features).view(n_heads, 2, hd)[:, ("q", "gate").index(fused.part)].reshape(-1)
     if fused.layout == "qkv_blocks":
         sizes = {"q": n_heads * hd, "k": n_kv * hd, "v": n_kv * hd}
         if sum(sizes.values()) != out_features:
@@ -88,14 +104,18 @@ def _build_slots(model: nn.Module) -> list[Slot]:
             f"{config.model_type}: expected decoder blocks at {adapter.layers!r}: {exc}"
         ) from exc
 
-    def part(path: str, pos_axis: int = 1, columns: torch.Tensor | None = None) -> Part:
+    def part(path: str, pos_axis: int = 1, columns: torch.Tensor | None = None,
+             tensors: tuple[str, ...] | None = None) -> Part:
         try:
-            model.get_submodule(path)
+            module = model.get_submodule(path)
         except AttributeError as exc:
             raise UnsupportedArchitectureError(
                 f"{config.model_type}: expected module {path!r}: {exc}"
             ) from exc
-        return Part(path=path, columns=columns, pos_axis=pos_axis)
+        missing = [n for n in tensors or () if not isinstance(getattr(module, n, None), torch.Tensor)]
+        if missing:
+            raise UnsupportedArchitectureError(f"{config.model_type}: expected tensor {path}.{missing[0]}")
+        return Part(path=path, columns=columns, pos_axis=pos_axis, tensors=tensors)
 
     n_heads = int(config.num_attention_heads)
     n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
@@ -105,11 +125,24 @@ def _build_slots(model: nn.Module) -> list[Slot]:
     for i in range(len(layers)):
         prefix = f"{adapter.layers}.{i}"
         components, axes = _layer_kind(adapter, layers[i])
+        mixer = adapter.mixer if adapter.mixer is not None and _holds(layers[i], adapter.mixer.module) else None
         for comp in LAYER_COMPONENTS:
             spec = components.get(comp)
             if spec is None:
                 continue
             axis = axes.get(comp, 1)
+            if mixer is not None and comp in mixer.components:
+                site = MixerSite(f"{prefix}.{mixer.module}", mixer.kind, comp)
+                if isinstance(spec, Tensors):
+                    bound_part = part(f"{prefix}.{spec.module}", tensors=spec.names)
+                elif isinstance(spec, Fused):
+                    path = f"{prefix}.{spec.module}"
+                    bound_part = part(path, columns=fused_columns(spec, config, _out_features(model.get_submodule(path))))
+                else:
+                    bound_part = part(f"{prefix}.{spec}")
+                out.append(Slot(f"layers.{i}.{comp}", (bound_part,), mixer=site))
+                continue
+            assert not isinstance(spec, Tensors)  # bare tensors are declared by mixers only
             if comp == "experts":
                 path = f"{prefix}.{spec}"
                 n_experts = int(next(model.get_submodule(path).parameters()).shape[0])
@@ -141,14 +174,19 @@ def _build_slots(model: nn.Module) -> list[Slot]:
     return out
 
 
-def _layer_kind(adapter: Adapter, block: nn.Module) -> tuple[dict[str, str | Fused], dict[str, int]]:
-    """A layer's components and their position axes: a mixture-of-experts layer where the
-    adapter declares experts and this block holds the bank (its router, bank and shared experts
-    in place of gate / up / down), the adapter's dense components elsewhere."""
+def _layer_kind(adapter: Adapter, block: nn.Module) -> tuple[dict[str, str | Fused | Tensors], dict[str, int]]:
+    """A layer's components and their position axes: a mixer layer's mixer components in place of
+    attention where the adapter declares a mixer and this block holds it; a mixture-of-experts
+    layer where the adapter declares experts and this block holds the bank (its router, bank and
+    shared experts in place of gate / up / down); the adapter's dense components elsewhere."""
+    base: dict[str, str | Fused | Tensors] = dict(adapter.components)
+    mixer = adapter.mixer
+    if mixer is not None and _holds(block, mixer.module):
+        base = {k: v for k, v in base.items() if k not in ATTENTION_COMPONENTS} | mixer.components
     moe = adapter.experts
     if moe is None or not _holds(block, moe.experts):
-        return adapter.components, adapter.pos_axis
-    components: dict[str, str | Fused] = {k: v for k, v in adapter.components.items() if k not in ("gate", "up", "down")}
+        return base, adapter.pos_axis
+    components = {k: v for k, v in base.items() if k not in ("gate", "up", "down")}
     components.update({"router": moe.router, "experts": moe.experts, **moe.shared})
     axes = {**adapter.pos_axis, "router": FLAT if moe.router_flat else 1}
     axes.update({k: FLAT if moe.shared_flat else 1 for k in moe.shared})
@@ -174,13 +212,20 @@ def graftable_state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [*params, *buffers]
 
 
+def part_state(model: nn.Module, part: Part) -> list[tuple[str, torch.Tensor]]:
+    """The tensors a part owns, by name inside its module: the module's graftable state, or the
+    ``part.tensors`` of it that the part names (a mixer's ``A_log`` / ``dt_bias``)."""
+    state = graftable_state(model.get_submodule(part.path))
+    return state if part.tensors is None else [(n, t) for n, t in state if n in part.tensors]
+
+
 def _check_coverage(model: nn.Module, slots_: list[Slot], outside: tuple[str, ...]) -> None:
     """Every parameter and persistent buffer must belong to a slot, or some weights would silently
     never graft; those ``outside`` the language model (a vision tower) are reached by no text prompt."""
     covered: set[str] = set()
     for slot in slots_:
         for p in slot.parts:
-            covered.update(f"{p.path}.{n}" for n, _ in graftable_state(model.get_submodule(p.path)))
+            covered.update(f"{p.path}.{n}" for n, _ in part_state(model, p))
     for name, _ in graftable_state(model):
         if name not in covered and not any(name == root or name.startswith(f"{root}.") for root in outside):
             raise UnsupportedArchitectureError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from weightgraft.engine.architectures.adapter import Adapter, Experts, Fused, Wrapper
+from weightgraft.engine.architectures.adapter import Adapter, Experts, Fused, Mixer, Tensors, Wrapper
 from weightgraft.errors import UnsupportedArchitectureError
 
 
@@ -46,6 +46,21 @@ _POST_NORM: dict[str, str | Fused] = {
     "post_attn_norm": "post_attention_layernorm",
     "post_mlp_norm": "post_feedforward_layernorm",
 }
+
+
+# Hybrids: a recurrent token mixer in the layers whose block holds it (``config.layer_types``),
+# attention in the others. LFM2's short convolution: in_proj = [B | C | x], a depthwise causal conv
+# over B * x, out_proj after C * conv; Qwen3.5's Gated DeltaNet: in_proj_qkv = [q | k | v] into a
+# causal conv, z (output gate), b (write strength beta), a (decay input) per token, the decay
+# parameters A_log / dt_bias, a gated norm and out_proj.
+_SHORT_CONV = Mixer("conv", "short_conv", {
+    "mixer_b": Fused("conv.in_proj", "thirds", "first"), "mixer_c": Fused("conv.in_proj", "thirds", "second"),
+    "mixer_x": Fused("conv.in_proj", "thirds", "third"), "mixer_conv": "conv.conv", "mixer_out": "conv.out_proj"})
+_GATED_DELTA = Mixer("linear_attn", "gated_delta_net", {
+    **{f"mixer_{p}": Fused("linear_attn.in_proj_qkv", "linear_qkv_blocks", p) for p in "qkv"},
+    "mixer_z": "linear_attn.in_proj_z", "mixer_beta": "linear_attn.in_proj_b", "mixer_dt": "linear_attn.in_proj_a",
+    "mixer_conv": "linear_attn.conv1d", "mixer_decay": Tensors("linear_attn", ("A_log", "dt_bias")),
+    "mixer_norm": "linear_attn.norm", "mixer_out": "linear_attn.out_proj"})
 
 
 def _llama_family(components: dict[str, str | Fused], **kw: Any) -> Adapter:
@@ -160,6 +175,21 @@ ADAPTERS: dict[str, Adapter] = {
     # routing-score correction bias, a buffer, in the router; shared experts) with plain attention
     "glm4_moe": _llama_family(_llama_like(), experts=_DEEPSEEK_MOE),
     "dots1": _llama_family(_llama_like(**_QK_NORMS), experts=_DEEPSEEK_MOE),
+    # Hybrids (``Mixer``): LFM2 (short convolutions; its ``embedding_norm`` is the final norm,
+    # applied after the layers) and Qwen3.5 (Gated DeltaNet; attention layers whose q_proj
+    # interleaves [q_h | gate_h] per head: ``q`` and ``attn_gate``)
+    "lfm2": Adapter(
+        layers="model.layers", embed=("model.embed_tokens",), final_norm="model.embedding_norm", unembed="lm_head",
+        components={
+            "attn_norm": "operator_norm", "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+            "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm", "o": "self_attn.out_proj",
+            "mlp_norm": "ffn_norm", "gate": "feed_forward.w1", "up": "feed_forward.w3", "down": "feed_forward.w2",
+        },
+        mixer=_SHORT_CONV,
+    ),
+    "qwen3_5_text": _llama_family(_llama_like(
+        **_QK_NORMS, q=Fused("self_attn.q_proj", "q_gate_per_head", "q"),
+        attn_gate=Fused("self_attn.q_proj", "q_gate_per_head", "gate")), mixer=_GATED_DELTA),
     # Qwen3-VL's language model: Qwen3's layer (q/k norms on [batch, seq, heads, dim]) with
     # multimodal rotary positions, which on text alone are the same position on every axis.
     "qwen3_vl_text": _llama_family(_llama_like(**_QK_NORMS)),

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from weightgraft.engine import projections
+from weightgraft.engine.architectures.adapter import MixerKind
 from weightgraft.errors import UnsupportedArchitectureError
 
 
@@ -24,6 +25,19 @@ class Part:
     # batch's positions flattened into rows ``[batch * seq, ...]`` (a mixture of experts' router
     # and experts), row ``b * seq + t`` being position t of sequence b
     pos_axis: int
+    # the module's own tensors the part owns, by name (a mixer's ``A_log`` / ``dt_bias``); None:
+    # all its parameters and persistent buffers (:func:`weightgraft.engine.architectures.slots.part_state`)
+    tensors: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class MixerSite:
+    """Where a recurrent mixer's component is computed: by the batched forward of ``kind`` that
+    replaces the mixer module at ``path`` for a pass, which reads every component's map."""
+
+    path: str  # the mixer module (``model.layers.0.linear_attn``)
+    kind: MixerKind
+    component: str  # ``mixer_conv``, ...
 
 
 FLAT = 0  # ``Part.pos_axis`` of a module that sees ``[batch * seq, ...]`` rows
@@ -74,6 +88,7 @@ class Slot:
     neuron_side: Literal["out", "in"] | None = None
     experts: int = 0  # a mixture of experts' expert bank: the experts (index 0 of each tensor); 0: none
     router: bool = False  # a mixture of experts' router: its outputs are tuples of [batch * seq] rows
+    mixer: MixerSite | None = None  # a recurrent mixer's component: computed by its mixer's forward
 
     def units(self, kind: Units) -> int:
         """How many units of ``kind`` (heads or neurons) the slot splits into (0: none, and
