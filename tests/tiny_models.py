@@ -130,6 +130,8 @@ MOE_CONFIGS: dict[str, T.PretrainedConfig] = {
     "dots1": T.Dots1Config(
         **_MOE, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
         first_k_dense_replace=1, n_group=2, topk_group=1),
+    "gpt_oss": T.GptOssConfig(  # attention sinks, biased attention and router, interleaved gate/up with biases,
+        **_MOE, num_local_experts=4, num_experts_per_tok=2, sliding_window=3),  # a sliding and a full layer
 }
 for _config in MOE_CONFIGS.values():
     _config._experts_implementation = "eager"
@@ -144,6 +146,10 @@ HYBRID_CONFIGS: dict[str, T.PretrainedConfig] = {
         **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8,
         layer_types=["linear_attention", "full_attention", "linear_attention"], linear_conv_kernel_dim=4,
         linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, **_COMMON),
+    "nemotron_h": T.NemotronHConfig(  # Mamba2 (4 heads in 2 groups, chunks of 4), attention and MLP blocks
+        hidden_size=32, layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48, ssm_state_size=8,
+        mamba_num_heads=4, mamba_head_dim=8, n_groups=2, conv_kernel=4, chunk_size=4, **_COMMON),
 }
 TINY_CONFIGS.update(HYBRID_CONFIGS)
 

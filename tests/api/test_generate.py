@@ -32,7 +32,9 @@ def _compiled(base, scheme: Scheme):
 def test_generation_equals_per_token_definition(arch):
     tok = tiny_tokenizer()
     base, donor = tiny_models(arch, 2, torch.float64, vocab_size=len(tok))
-    scheme = Scheme(name="graft", rules=RULES)
+    rules = RULES if arch != "nemotron_h" else [  # one sublayer a block: the last block is Mamba2, graft its mixer
+        Rule(model="sft", positions="first_entity+last", layers="-1", components="mixer"), RULES[1]]
+    scheme = Scheme(name="graft", rules=rules)
     with float64_exact([base, donor]):
         out = generate_one([base, donor], tok, PROMPT, compiled=_compiled(base, scheme), spans=SPANS,
                            max_new_tokens=6, stop_at_eos=False)

@@ -22,7 +22,7 @@ def test_half_precision_engine_matches_the_definition(model_type, dtype):
     gen = torch.Generator().manual_seed(1)
     source = torch.randint(0, 3, (2, 9, len(wg.slots(base))), generator=gen)
     fast = wg.graft_forward(models, ids, source)
-    assert fast.dtype == dtype
+    assert fast.dtype == (torch.float32 if model_type == "nemotron_h" else dtype)  # its head returns float32
     ref = per_token_forward(models, ids, source)
     atol, rtol = ORACLE_TOLERANCE[dtype]
     scale = ref.float().abs().max().item()

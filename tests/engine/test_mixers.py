@@ -15,9 +15,12 @@ import transformers as T
 from transformers import DynamicCache
 
 import weightgraft as wg
-from weightgraft.engine.architectures import MIXER_COMPONENTS, model_slots
+from weightgraft.engine.architectures import (
+    MIXER_COMPONENTS, UnsupportedArchitectureError, adapter_for, model_slots, part_state,
+)
 from weightgraft.engine.check import check_engine
 from weightgraft.engine.forward import graft_call, position_ids_from_mask
+from weightgraft.engine.mixers import mamba2
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
@@ -153,9 +156,11 @@ def test_slots_groups_and_refusals(model_type):
     slots = model_slots(base)
     for i, kind in enumerate(base.config.layer_types):  # a mixer layer has no attention components, and back
         names = {s.name.split(".", 2)[2] for s in slots if s.name.startswith(f"layers.{i}.")}
-        mixer = kind != "full_attention"
+        mixer = kind not in ("full_attention", "mlp")  # Nemotron-H's MLP blocks hold neither
         assert {"mixer_conv", "mixer_out"} <= names if mixer else not any(n.startswith("mixer_") for n in names)
-        assert not {"q", "k", "v", "o"} & names if mixer else {"q", "k", "v", "o"} <= names
+        attention = {"q", "k", "v", "o"}
+        assert not attention & names if kind != "full_attention" else attention <= names
+        assert ("mlp_norm" in names) == (model_type != "nemotron_h" or kind == "mlp")  # one norm a block there
     available = {s.name.split(".", 2)[2] for s in slots if s.name.startswith("layers.")}
     assert "mixer_conv" in select_components("mixer", available)
     assert select_components("mixer-mixer_conv", available) == select_components("mixer", available) - {"mixer_conv"}
@@ -172,7 +177,7 @@ def test_a_lean_donor_of_the_decay_holds_only_its_tensors(model_type):
     slot = next(s for s in model_slots(base) if s.name.endswith("mixer_decay") or s.name.endswith("mixer_conv"))
     needed = needed_parameters(base, [slot.name])
     part = slot.parts[0]
-    assert needed == {f"{part.path}.{n}" for n in (part.tensors or ("weight",))}
+    assert needed == {f"{part.path}.{n}" for n, _ in part_state(base, part)}  # A_log / dt_bias; a kernel (and bias)
     params = dict(donor.named_parameters())
     view = donor_view(base, {n: params[n] for n in needed})
     assert memory_report(view, base).tensors_held == len(needed)
@@ -182,16 +187,24 @@ def test_a_lean_donor_of_the_decay_holds_only_its_tensors(model_type):
                        wg.graft_forward([base, donor], ids, source, attention_mask=mask))
 
 
-@torch.no_grad()
-def test_a_biased_conv_input_at_padded_positions_is_not_read():
-    """LFM2 with biases (``conv_bias``): a pad's conv input is the in_proj bias, not zero, in
-    transformers' own padded forward; the engine zeroes it, so even the base alone under padding
-    equals its rows run alone (the definition)."""
-    config = copy.deepcopy(HYBRID_CONFIGS["lfm2"])
-    config.conv_bias = True
+def _built(model_type: str, **options: object) -> torch.nn.Module:
+    """A tiny ``model_type`` in float64 with its config's ``options`` changed, randomized as make_tiny's."""
+    config = copy.deepcopy(HYBRID_CONFIGS[model_type])
+    for name, value in options.items():
+        setattr(config, name, value)
     torch.manual_seed(0)
     base = T.AutoModelForCausalLM.from_config(config).double().eval()
     _randomize(base, torch.Generator().manual_seed(0))
+    return base
+
+
+@pytest.mark.parametrize(("model_type", "option"), [("lfm2", "conv_bias"), ("nemotron_h", "use_bias")])
+@torch.no_grad()
+def test_a_biased_conv_input_at_padded_positions_is_not_read(model_type, option):
+    """LFM2 / Nemotron-H with biases: a pad's conv input is the in_proj bias, not zero, in
+    transformers' own padded forward; the engine zeroes it, so even the base alone under padding
+    equals its rows run alone (the definition)."""
+    base = _built(model_type, **{option: True})
     models = [base, make_donor(base, 1)]
     ids, mask = _padded()
     n = len(wg.slots(base))
@@ -252,3 +265,47 @@ def test_rules_name_mixer_components_and_the_mixer_group():
         logits = wg.graft_forward([pre, models["sft"]], enc["input_ids"], source, attention_mask=enc["attention_mask"])
         torch.testing.assert_close(got.logits, logits[torch.arange(2), last])
         assert (got.logits - plain.logits).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def test_mamba2_step_floor_follows_the_batched_scan():
+    """transformers' Mamba2 floors the step dt at ``time_step_min`` in its batched (prefill) scan but not
+    in its one-token decode step, so its own token-by-token run is another function of the weights. The
+    definition follows the batched scan: the per-token reference floors its decode steps too and equals
+    the model's own batched forward; the engine equals the reference, from a continued cache too."""
+    base = _built("nemotron_h", time_step_min=0.7)  # the floor binds at about half the steps
+    models = [base, make_donor(base, 1), make_donor(base, 2)]
+    ids = random_ids(2, 9)
+    n = len(wg.slots(base))
+    step = mamba2.nemotron_h.mamba2_selective_state_update
+    with float64_exact(models):
+        batched = base(input_ids=ids).logits
+        cache = DynamicCache(config=base.config)
+        decoded = torch.cat([base(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits
+                             for t in range(ids.shape[1])], dim=1)
+        assert (decoded - batched).abs().max().item() > 1e-3  # transformers' two paths disagree
+        uniform = torch.zeros(*ids.shape, n, dtype=torch.long)
+        assert (per_token_forward(models, ids, uniform) - batched).abs().max().item() <= 1e-10
+        source = _random_map(tuple(ids.shape), n, seed=11)
+        fast = wg.graft_forward(models, ids, source)
+        assert (fast - per_token_forward(models, ids, source)).abs().max().item() <= 1e-10
+        for chosen in (source, uniform):  # a graft, and one model alone, continued token by token
+            cache = DynamicCache(config=base.config)
+            parts = [graft_call(models, ids[:, :4], chosen[:, :4], past_key_values=cache, use_cache=True).logits]
+            for t in range(4, ids.shape[1]):
+                parts.append(graft_call(models, ids[:, t:t + 1], chosen[:, t:t + 1], past_key_values=cache,
+                                        attention_mask=torch.ones(2, t + 1, dtype=torch.long), use_cache=True).logits)
+            whole = fast if chosen is source else batched
+            assert (torch.cat(parts, dim=1) - whole).abs().max().item() <= 1e-10
+    assert mamba2.nemotron_h.mamba2_selective_state_update is step  # the reference's floor is undone
+
+
+def test_families_not_grafted_are_refused_in_one_line_from_their_config():
+    moe = copy.deepcopy(HYBRID_CONFIGS["nemotron_h"])
+    moe.layers_block_type = ["linear_attention", "moe"]
+    refusals = {"falcon_h1": "in parallel", "qwen3_next": "interleaved per key head", "kimi_linear": "low-rank",
+                "olmo_hybrid": "separate q/k/v"}
+    for config, words in [(moe, "'moe' blocks"), *((T.AutoConfig.for_model(m), w) for m, w in refusals.items())]:
+        with pytest.raises(UnsupportedArchitectureError, match=words) as caught:
+            adapter_for(config)
+        assert "\n" not in str(caught.value)

@@ -2,7 +2,7 @@
 buffers) and every expert it picks use the weights of the model the source map names for p; an
 expert the router does not pick contributes nothing. On tiny random configs of every admitted MoE
 family: random maps over 3 models, router-only, experts-only, expert-by-expert and shared-only
-grafts, left and right padding, rows alone and in a batch."""
+grafts, left and right padding, rows alone and in a batch (gpt-oss's attention sinks: test_sinks.py)."""
 
 from __future__ import annotations
 

@@ -26,6 +26,14 @@ PUBLIC_COUNTS = {
     "qwen3-30b-a3b": 30_532_122_624,
     "olmoe-1b-7b": 6_919_161_856,
     "mixtral-8x7b": 46_702_792_704,
+    # openai/gpt-oss-20b's config.json without its quantization_config (the hub stores the experts in
+    # MXFP4, so its safetensors total counts packed blocks): the model card's 20.9B total, counted from this config
+    "gpt-oss-20b": 20_914_757_184,
+    # allenai/Olmo-3-1025-7B: the hub's 7.3B (32 post-norm layers, untied embeddings of 100,278)
+    "olmo-3-7b": 7_298_011_136,
+    # Qwen3.5-9B's language model alone, counted from the sizes its model card states (the hub's total
+    # also holds the vision tower, which is not shipped here)
+    "qwen3.5-9b": 8_953_803_264,
 }
 
 TINY = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,

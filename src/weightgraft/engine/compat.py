@@ -77,6 +77,17 @@ def _named_parameters(model: nn.Module, i: int) -> list[tuple[str, torch.Tensor]
     return [(c, p) for n, p in named if (c := lora.canonical_name(n)) is not None]
 
 
+def _compact(model: nn.Module, name: str, tensor: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a lean donor's compact bank tensor standing for ``ref``: its module
+    holds some experts (``moe.hold_experts``) and it is ``ref`` with only those (and a zero expert)
+    along the experts."""
+    from weightgraft.engine.moe import held_experts
+
+    path = name.rpartition(".")[0]
+    held = held_experts(model.get_submodule(path)) if path else None
+    return held is not None and tuple(tensor.shape) == (len(held) + 1, *ref.shape[1:])
+
+
 def check_compatible(models: Sequence[nn.Module]) -> None:
     """Raise ``ModelMismatchError`` unless every model matches ``models[0]`` in architecture,
     config, parameter names, shapes, dtypes and device (LoRA donors by the names of the
@@ -99,7 +110,7 @@ def check_compatible(models: Sequence[nn.Module]) -> None:
             q = other_params.pop(name, None)
             if q is None:
                 raise ModelMismatchError(f"models[{i}] has no tensor {name!r} (the base has)")
-            if q.shape != p.shape:
+            if q.shape != p.shape and not _compact(other, name, q, p):
                 raise ModelMismatchError(
                     f"tensor {name!r} has shape {list(q.shape)} in models[{i}] but "
                     f"{list(p.shape)} in the base (different size or vocabulary)"

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
-from weightgraft.engine import mixers, moe, projections
+from weightgraft.engine import attention, mixers, moe, projections
 from weightgraft.engine.architectures import Slot, Units, model_slots
 from weightgraft.engine.architectures.vision_language import refuse_media
 from weightgraft.engine.compat import check_compatible
@@ -428,6 +428,7 @@ def graft_call(
         donors[-1] = bool(columns[-1].ne(0).any())  # the unembedding at the logit rows only
         # layer kinds with a forward of their own: a mixture of experts' router and bank, a recurrent mixer
         swapped_in |= moe.swap_banks(swap, lookup.targets, base, slot_list, columns, banks, donors)
+        swapped_in |= attention.swap_sinks(swap, lookup.targets, base, slot_list, columns, donors)
         swapped_in |= mixers.swap_mixers(swap, lookup.targets, base, slot_list, columns, donors,
                                          padded=bool(attention_mask[:, cached:].eq(0).any()))
         for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_units, donors).items():

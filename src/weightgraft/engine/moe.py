@@ -26,7 +26,7 @@ from weightgraft.engine.swaps import Swaps, own_forward
 from weightgraft.engine.source_map import model_indices
 from weightgraft.errors import GraftArgumentError
 
-__all__ = ["by_position", "check_expert_maps", "experts_forward", "from_positions", "route_unit_maps", "router_forward",
+__all__ = ["HELD_ATTR", "held_experts", "hold_experts", "by_position", "check_expert_maps", "experts_forward", "from_positions", "route_unit_maps", "router_forward",
            "swap_banks"]
 
 
@@ -169,3 +169,56 @@ def route_unit_maps(head_source: UnitMaps, neuron_source: UnitMaps, expert_sourc
         return head_source, neuron_source, expert_source
     keep = [{n: m for n, m in (maps or {}).items() if n not in banks} or None for maps in (head_source, neuron_source)]
     return keep[0], keep[1], {**(expert_source or {}), **moved}
+
+
+# A lean donor's expert bank holding some experts only (``hold_experts``): their global indices.
+HELD_ATTR = "weightgraft_held_experts"
+
+
+def held_experts(module: nn.Module) -> tuple[int, ...] | None:
+    """The experts a compact bank holds (global indices, ascending), None for a whole bank."""
+    return getattr(module, HELD_ATTR, None)
+
+
+def hold_experts(module: nn.Module, held: tuple[int, ...], tensors: dict[str, torch.Tensor], n_experts: int) -> None:
+    """Make ``module`` (a lean donor's own copy of a bank) hold only experts ``held``: its tensors
+    become ``tensors`` (name -> ``[len(held), ...]``, expert i of the tensor being ``held[i]``) and
+    each call maps the router's global picks to them. A pick of an expert it does not hold with a
+    nonzero routing weight is refused in one line (the engine gives a donor's bank nonzero weights
+    only for the experts it serves); with weight zero it goes to one zero expert appended after
+    the held ones, computed apart from them, so it adds exactly 0 and changes no held expert's
+    rows: a compact bank gives the whole bank's output bit for bit."""
+    if list(held) != sorted(set(held)) or not held or held[-1] >= n_experts or held[0] < 0:
+        raise GraftArgumentError(f"held experts {held} must be distinct, ascending and in 0..{n_experts - 1}")
+    for name, tensor in tensors.items():
+        if tensor.shape[0] != len(held):
+            raise GraftArgumentError(f"{name}: {tensor.shape[0]} experts given for {len(held)} held")
+        current = getattr(module, name)
+        padded = torch.cat([tensor, tensor.new_zeros(1, *tensor.shape[1:])])  # the zero expert, last
+        setattr(module, name, nn.Parameter(padded, requires_grad=False) if isinstance(current, nn.Parameter) else padded)
+    local = torch.full((n_experts,), len(held), dtype=torch.long)
+    local[list(held)] = torch.arange(len(held))
+    mask = torch.zeros(n_experts, dtype=torch.bool)
+    mask[list(held)] = True
+    if hasattr(module, "num_experts"):
+        setattr(module, "num_experts", len(held) + 1)  # noqa: B010 - an int attribute nn.Module's stubs type as Tensor | Module
+
+    def remap(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        positional = list(args)
+        index = positional[1] if len(positional) > 1 else kwargs["top_k_index"]
+        weights = positional[2] if len(positional) > 2 else kwargs["top_k_weights"]
+        ok = mask.to(index.device)[index]
+        if bool((~ok & (weights != 0)).any()):
+            missing = sorted(set(index[~ok & (weights != 0)].tolist()))
+            raise GraftArgumentError(f"this lean donor's bank holds experts {list(held)}, not {missing}: load the "
+                                     "donor whole, or graft only the experts it was made for")
+        index, weights = local.to(index.device)[index], torch.where(ok, weights, torch.zeros_like(weights))
+        if len(positional) > 2:
+            positional[1], positional[2] = index, weights
+        else:
+            kwargs = {**kwargs, "top_k_index": index, "top_k_weights": weights}
+        return tuple(positional), kwargs
+
+    module.register_forward_pre_hook(remap, with_kwargs=True)
+    setattr(module, HELD_ATTR, tuple(held))
+

@@ -24,9 +24,11 @@ from torch import nn
 from transformers import DynamicCache
 
 from weightgraft.engine import lora, projections
+from weightgraft.engine.moe import HELD_ATTR
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.architectures.slots import graftable_state, part_state
 from weightgraft.engine.compat import check_compatible
+from weightgraft.engine.mixers.mamba2 import decode_step_floor
 from weightgraft.engine.precision import batch_invariant_attention, one_cpu_path
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
@@ -224,6 +226,10 @@ def per_token_forward(
     model, with the grafted weights swapped in, for every position (slow; for benchmarks).
     By default one private copy is kept and only the slots that change are reloaded.
     """
+    for i, m in enumerate(models):  # the reference copies whole banks: a compact one cannot serve it
+        if any(getattr(sub, HELD_ATTR, None) is not None for sub in m.modules()):
+            raise GraftArgumentError(f"models[{i}] is a lean donor holding some experts of a bank: the per-token "
+                                     "reference copies whole banks, so load that donor whole")
     composite = composite or CompositeModel(models)
     model = composite.model
     # the private copy attends as the engine does (eager in half precision), so the comparison
@@ -237,22 +243,23 @@ def per_token_forward(
     out = torch.zeros(batch, seq, vocab, dtype=_lm(model).dtype, device=device)
     index = {slot.name: s for s, slot in enumerate(composite.slots)}
     heads = {index[name]: h for name, h in {**(head_source or {}), **(neuron_source or {}), **(expert_source or {})}.items()}
-    for b in range(batch):
-        real = attention_mask[b].bool().nonzero().flatten()
-        cache = DynamicCache(config=_lm(model).config)
-        for step, t in enumerate(real.tolist()):
-            if copy_per_position:
-                composite = CompositeModel(models)
-                model = composite.model
-            composite.load(source[b, t].tolist(), {s: h[b, t].tolist() for s, h in heads.items()})
-            logits = model(
-                input_ids=input_ids[b : b + 1, t : t + 1],
-                position_ids=torch.tensor([[step]], device=device),
-                attention_mask=torch.ones(1, step + 1, dtype=torch.long, device=device),
-                past_key_values=cache,
-                use_cache=True,
-            ).logits
-            out[b, t] = logits[0, -1]
+    with decode_step_floor([model]):  # Mamba2: each one-token step floored as the batched scan is
+        for b in range(batch):
+            real = attention_mask[b].bool().nonzero().flatten()
+            cache = DynamicCache(config=_lm(model).config)
+            for step, t in enumerate(real.tolist()):
+                if copy_per_position:
+                    composite = CompositeModel(models)
+                    model = composite.model
+                composite.load(source[b, t].tolist(), {s: h[b, t].tolist() for s, h in heads.items()})
+                logits = model(
+                    input_ids=input_ids[b : b + 1, t : t + 1],
+                    position_ids=torch.tensor([[step]], device=device),
+                    attention_mask=torch.ones(1, step + 1, dtype=torch.long, device=device),
+                    past_key_values=cache,
+                    use_cache=True,
+                ).logits
+                out[b, t] = logits[0, -1]
     return out
 
 

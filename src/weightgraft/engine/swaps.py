@@ -57,6 +57,12 @@ class Swaps:
     def method(self, module: nn.Module, name: str, fn: Callable[..., Any]) -> None:
         """``module.<name>`` is ``fn`` until the block exits (``generate`` in ``wg.grafted``);
         the instance attribute it had, or none, comes back."""
+        self.attribute(module, name, fn)
+
+    def attribute(self, module: nn.Module, name: str, value: object) -> None:
+        """``module.<name>`` is ``value`` until the block exits (an attention module's config that
+        names the attention sinks' function: ``weightgraft.engine.attention``); the instance
+        attribute it had, or none, comes back."""
         had = module.__dict__.get(name)
 
         def restore() -> None:
@@ -65,7 +71,7 @@ class Swaps:
             else:
                 setattr(module, name, had)
 
-        setattr(module, name, fn)
+        setattr(module, name, value)
         self._undo.append(restore)
 
     def logit_rows(self, unembedding: nn.Module, positions: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:

@@ -113,6 +113,27 @@ def spans_by_template(prompts: Sequence[TestPrompt]) -> dict[str, set[str]]:
     return out
 
 
+def served_experts(prepared: Sequence[Prepared], slot_names: Sequence[str], banks: Sequence[str]) -> dict[int, dict[str, frozenset[int]]]:
+    """Model index -> expert bank -> the experts it serves, for the banks a model serves only
+    expert by expert (a rule's ``experts``): a lean donor holds those experts' slices alone. A
+    bank some scheme takes whole from the model is left out (the donor holds it whole)."""
+    index = {name: i for i, name in enumerate(slot_names)}
+    whole: dict[int, set[str]] = {}
+    some: dict[int, dict[str, set[int]]] = {}
+    for ex in prepared:
+        for key, src in ex.sources.items():
+            maps = ex.heads.get(key, {})
+            for bank in banks:
+                if bank in maps:
+                    for m in maps[bank].unique().tolist():
+                        chosen = (maps[bank] == m).any(dim=0).nonzero().flatten().tolist()
+                        some.setdefault(m, {}).setdefault(bank, set()).update(chosen)
+                else:
+                    for m in src[:, index[bank]].unique().tolist():
+                        whole.setdefault(m, set()).add(bank)
+    return {m: {b: frozenset(e) for b, e in per.items() if b not in whole.get(m, set())} for m, per in some.items()}
+
+
 def served_slots(prepared: Sequence[Prepared], slot_names: Sequence[str]) -> dict[int, set[str]]:
     """Model index -> the slots it serves somewhere in the sweep (what a donor must hold)."""
     hits: dict[int, torch.Tensor] = {}

@@ -36,7 +36,8 @@ def _role_footprint(spec: ModelSpec, roles_spec: dict[str, ModelSpec], cache: di
 def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[list[SetShape], dict]:
     """Per model set: its roles' footprints, the (tokens, logits) of every (example, scheme)
     row and the bytes of the source maps; and the prompts' lengths."""
-    from weightgraft.experiments.examples import Exclusions, prepare, served_slots
+    from weightgraft.engine.architectures import model_slots
+    from weightgraft.experiments.examples import Exclusions, prepare, served_experts, served_slots
     from weightgraft.schemes.binding import compile_for
 
     schemes = config.resolved_schemes()
@@ -53,6 +54,7 @@ def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[li
         if not prepared:
             raise ConfigError(f"model set {set_name!r}: every example is excluded (spans not found); nothing to plan")
         served = served_slots(prepared, names)
+        experts = served_experts(prepared, names, [n for n, s in zip(names, model_slots(base.meta)) if s.experts])
         rows, source_bytes = [], 0
         for ex in prepared:
             extra = len(ex.answer_ids) - 1 if config.score_answer else 0
@@ -63,7 +65,7 @@ def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[li
             source_bytes += sum(h.numel() * 8 for maps in ex.heads.values() for h in maps.values())
         lengths = length_summary([len(ex.input_ids) for ex in prepared], how)
         roles = [RoleShape(role=role, spec=roles_spec[role], footprint=_role_footprint(roles_spec[role], roles_spec, footprints),
-                           served=served.get(i, set()) if i else None)
+                           served=served.get(i, set()) if i else None, experts=experts.get(i, {}) if i else {})
                  for i, role in enumerate(used)]
         for r in roles[1:]:
             check_graftable(used[0], base, r.role, r.footprint)

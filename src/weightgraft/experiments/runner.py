@@ -29,6 +29,7 @@ from weightgraft.experiments.examples import (
     Exclusions,
     prepare,
     select_prompts,
+    served_experts,
     served_slots,
 )
 from weightgraft.experiments.metrics import (
@@ -46,7 +47,7 @@ from weightgraft.schemes.selectors import (
 )
 from weightgraft.experiments.store import ROWS_FORMAT, ResultsStore, write_atomic
 from weightgraft.engine.forward import slots
-from weightgraft.engine.architectures import text_config
+from weightgraft.engine.architectures import model_slots, text_config
 from weightgraft.engine.projections import hf_config
 from weightgraft.engine.precision import batch_invariant_attention
 from weightgraft.devices import device_problem
@@ -139,10 +140,11 @@ def run_experiment(
         compiled = compile_for(schemes, first.model, used, config.protocol)
         prepared = prepare(prompts, first.tokenizer, compiled, set_name, exclusions, world=every_prompt)
         served = served_slots(prepared, names)
+        experts = served_experts(prepared, names, [s.name for s in model_slots(first.model) if s.experts])
         loaded = {used[0]: first}
         for role in used[1:]:
             loaded[role] = load_role(roles_spec[role], settings, roles=roles_spec, loaded=loaded,
-                                     lean=LeanSlots(first, served.get(roles[role], set())))
+                                     lean=LeanSlots(first, served.get(roles[role], set()), experts.get(roles[role], {})))
             give_tokenizer(loaded[role], shared_tokenizer, role)
             check_same_tokenizer(first.tokenizer, loaded[role].tokenizer, f"model {role!r}")
             store.add_model(set_name, role, loaded[role].weights_sha256)

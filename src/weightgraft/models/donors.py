@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from weightgraft.models.lean import donor_view, needed_parameters
+from weightgraft.models.lean import bank_experts, donor_view, needed_parameters
 from weightgraft.models.loaded import LoadedModel, LoadSettings
 from weightgraft.models.spec import ModelSpec, ModelSpecError, parse_spec
 
@@ -33,6 +33,9 @@ class LeanSlots:
 
     base: LoadedModel
     slots: set[str]
+    # expert bank slot name -> the experts served, where a run grafts some experts of a bank only:
+    # the donor holds those experts' slices (bit for bit the whole bank's output on them)
+    experts: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)
 
 
 def as_loaded(obj: Any, spec: ModelSpec) -> LoadedModel:
@@ -54,12 +57,13 @@ def _lean(spec: ModelSpec, settings: LoadSettings, lean: LeanSlots) -> LoadedMod
     """A donor holding only what it serves, sharing the rest with the base: read lazily from
     safetensors where the default loader would read a directory, else loaded in full and thinned."""
     needed = needed_parameters(lean.base.model, lean.slots)
+    held = bank_experts(lean.base.model, lean.experts)
     if settings.loader is None:
         directory = spec.safetensors_dir()
         if directory is not None:
             from weightgraft.models.loading import read_lean
 
-            built = read_lean(directory, lean.base, needed, spec.source_of(directory), spec)
+            built = read_lean(directory, lean.base, needed, spec.source_of(directory), spec, held)
             if built is not None:
                 return built
     full = _load_named(spec, settings)
@@ -67,7 +71,7 @@ def _lean(spec: ModelSpec, settings: LoadSettings, lean: LeanSlots) -> LoadedMod
     if needed - set(params):
         return full  # the engine's compatibility check names the mismatch
     thin = copy.copy(full)
-    thin.model = donor_view(lean.base.model, {n: params[n] for n in needed}, full.model.config)
+    thin.model = donor_view(lean.base.model, {n: params[n] for n in needed}, full.model.config, held)
     thin.lean = True
     return thin
 

@@ -31,6 +31,7 @@ from weightgraft.models.hashing import hash_tensor
 
 __all__ = [
     "MemoryReport",
+    "bank_experts",
     "donor_view",
     "lean_from_safetensors",
     "memory_report",
@@ -83,22 +84,28 @@ def _structural_copy(base: nn.Module) -> nn.Module:
 
 @torch.no_grad()
 def donor_view(
-    base: nn.Module, tensors: Mapping[str, torch.Tensor], config: object | None = None
+    base: nn.Module, tensors: Mapping[str, torch.Tensor], config: object | None = None,
+    held: Mapping[str, tuple[int, ...]] | None = None,
 ) -> nn.Module:
     """A model that is ``base`` except for ``tensors`` (parameter name -> donor tensor).
 
     A tensor equal to the base's is not held: the base's is shared. Names that are tied in
     the base (one tensor, two names) share one donor tensor when the donor gives them equal
     values, as a tied donor does. ``config`` (the donor's) replaces the base's on the view,
-    so that the engine's compatibility check compares the donor's own config."""
+    so that the engine's compatibility check compares the donor's own config. ``held`` (expert
+    bank module path -> experts) makes those banks hold only those experts (``moe.hold_experts``);
+    their tensors in ``tensors`` are whole or already those experts' slices."""
     params = dict(graftable_state(base))
     view = _structural_copy(base)
     if config is not None:
         # the view runs the base's modules, so its experts implementation is the base's
         cast(Any, config)._experts_implementation = getattr(projections.hf_config(base), "_experts_implementation", None)
         view.config = config
+    compact = _hold_experts(view, base, params, tensors, held or {})
     made: dict[int, torch.Tensor] = {}
     for name, tensor in tensors.items():
+        if name in compact:
+            continue
         if name not in params:
             raise KeyError(f"{name!r} is not a parameter or buffer of the base model")
         ref = params[name]
@@ -115,6 +122,40 @@ def donor_view(
             made[key] = nn.Parameter(tensor, requires_grad=False) if isinstance(ref, nn.Parameter) else tensor
         _set_parameter(view, name, made[key])
     return view.eval()
+
+
+def bank_experts(base: nn.Module, experts: Mapping[str, Iterable[int]]) -> dict[str, tuple[int, ...]]:
+    """Expert bank slot name -> experts, as bank module path -> experts (ascending), leaving out
+    a bank asked for whole (every expert)."""
+    banks = {slot.name: slot for slot in model_slots(base) if slot.experts}
+    out: dict[str, tuple[int, ...]] = {}
+    for name, chosen in experts.items():
+        slot = banks[name]
+        picked = tuple(sorted(set(chosen)))
+        if len(picked) < slot.experts:
+            out[slot.parts[0].path] = picked
+    return out
+
+
+def _hold_experts(view: nn.Module, base: nn.Module, params: Mapping[str, torch.Tensor],
+                  tensors: Mapping[str, torch.Tensor], held: Mapping[str, tuple[int, ...]]) -> set[str]:
+    """Make each bank of ``held`` on ``view`` hold only its experts; the tensor names so served."""
+    from weightgraft.engine.moe import hold_experts
+
+    done: set[str] = set()
+    for path, experts in held.items():
+        own: dict[str, torch.Tensor] = {}
+        n_experts = 0
+        for name, _ in graftable_state(base.get_submodule(path)):
+            full = f"{path}.{name}"
+            ref, tensor = params[full], tensors[full]
+            n_experts = ref.shape[0]
+            if tuple(tensor.shape) == tuple(ref.shape):
+                tensor = tensor[list(experts)]
+            own[name] = tensor.to(device=ref.device, dtype=ref.dtype).clone()
+            done.add(full)
+        hold_experts(view.get_submodule(path), experts, own, n_experts)
+    return done
 
 
 class _SafetensorsFiles:
@@ -234,11 +275,12 @@ def _file_key(name: str, aliases: Mapping[str, list[str]], keys: Mapping[str, st
 
 @torch.no_grad()
 def lean_from_safetensors(
-    base: nn.Module, directory: Path, needed: Iterable[str]
+    base: nn.Module, directory: Path, needed: Iterable[str], held: Mapping[str, tuple[int, ...]] | None = None,
 ) -> tuple[nn.Module, str] | None:
     """A donor view of ``base`` holding only the ``needed`` tensors of ``directory``, and the
     donor's ``weights_sha256``: its tensors are streamed one at a time for the hash, and only
-    the needed ones are kept.
+    the needed ones are kept (of a bank in ``held``, bank module path -> experts, only those
+    experts' slices: ``donor_view``).
 
     Returns None when the checkpoint's tensor names do not map onto the base's (older key
     layouts): the caller then loads the donor in full, which is never wrong, only heavier."""
@@ -283,7 +325,8 @@ def lean_from_safetensors(
             tensor = read.get(key)
             if tensor is None:
                 tensor = files.get(key)
-                if any(n in needed for n in aliases.get(name, [name])):
+                kept = [n for n in aliases.get(name, [name]) if n in needed]
+                if kept and not (held and name.rpartition(".")[0] in held):  # a held bank keeps its slices only
                     read[key] = tensor  # kept; any other tensor goes once hashed
             if tuple(tensor.shape) != tuple(ref.shape):
                 raise ModelMismatchError(
@@ -291,11 +334,12 @@ def lean_from_safetensors(
                     f"{list(ref.shape)} in the base model: the models do not match"
                 )
             if name in needed:
-                loaded[name] = tensor
+                path = name.rpartition(".")[0]
+                loaded[name] = tensor[list(held[path])].clone() if held and path in held else tensor
             elif differs is None and outside and name.startswith(outside) and not torch.equal(tensor.to(ref.dtype), ref):
                 differs = name
         hash_tensor(digest, name, tensor.to(ref.dtype))
-    view = donor_view(base, loaded, config)
+    view = donor_view(base, loaded, config, held)
     if record is not None:
         setattr(view, CHECKPOINT_ATTR, record)
     setattr(view, OUTSIDE_DIFFERS_ATTR, differs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -350,13 +351,14 @@ def safetensors_folder(text: str) -> Path | None:
     return None
 
 
-def read_lean(directory: Path, base: LoadedModel, needed: set[str], source: str, spec: Any) -> LoadedModel | None:
+def read_lean(directory: Path, base: LoadedModel, needed: set[str], source: str, spec: Any,
+              held: Mapping[str, tuple[int, ...]] | None = None) -> LoadedModel | None:
     """A donor holding only the ``needed`` parameters (read lazily from the safetensors in
-    ``directory``), sharing every other tensor with ``base``; None where its names do not map
-    onto the base's (load it in full then)."""
+    ``directory``; of a bank in ``held``, only those experts), sharing every other tensor with
+    ``base``; None where its names do not map onto the base's (load it in full then)."""
     from transformers import AutoTokenizer
 
-    built = lean_from_safetensors(base.model, directory, needed)
+    built = lean_from_safetensors(base.model, directory, needed, held)
     if built is None:
         return None
     model, digest = built

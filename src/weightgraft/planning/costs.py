@@ -16,6 +16,7 @@ tests/planning/test_plan.py (within a factor stated there).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +103,28 @@ def quantized_parts(fp: ModelFootprint, dtype: Any) -> tuple[int, int, int, int]
     return n_q, q_bytes, fp.n_params - n_q, param_bytes(fp, dtype) - q_bytes
 
 
-def lean_bytes(fp: ModelFootprint, slots: set[str] | frozenset[str], dtype: Any) -> int:
+def lean_bytes(fp: ModelFootprint, slots: set[str] | frozenset[str], dtype: Any,
+               experts: Mapping[str, frozenset[int]] | None = None) -> int:
     """Bytes a lean donor holds when it serves ``slots``: each needed tensor once (tied names
-    share one), an upper bound, since tensors equal to the base's are shared at load time."""
-    names = {p for s in slots for p in fp.slot_parameters[s]}
+    share one), an upper bound, since tensors equal to the base's are shared at load time. A bank
+    of ``experts`` (slot -> experts served) holds those experts and one zero expert
+    (``engine.moe.hold_experts``), not the bank."""
     params = dict(fp.meta.named_parameters(remove_duplicate=False))
     size = dtype_bytes(dtype)
     packed = _quantized_weights(fp)
-    unique = {id(params[n]): packed.get(id(params[n]), params[n].numel() * size) for n in names}
+    unique: dict[int, int] = {}
+    for s in slots:
+        banks = {slot.name: slot.experts for slot in _banks(fp)}
+        share = (len((experts or {})[s]) + 1) / banks[s] if s in (experts or {}) and s in banks else 1.0
+        for n in fp.slot_parameters[s]:
+            unique[id(params[n])] = round(packed.get(id(params[n]), params[n].numel() * size) * share)
     return sum(unique.values())
+
+
+def _banks(fp: ModelFootprint) -> list[Any]:
+    from weightgraft.engine.architectures import model_slots
+
+    return [slot for slot in model_slots(fp.meta) if slot.experts]
 
 
 def adapter_bytes(directory: str | Path, dtype: Any) -> int:
@@ -136,7 +150,9 @@ def holding_bytes(fp: ModelFootprint, holding: Holding, dtype: Any) -> tuple[int
     if holding.adapter is not None:
         return adapter_bytes(holding.adapter, dtype), holding.how
     if holding.slots is not None:
-        return lean_bytes(fp, holding.slots, dtype), f"{holding.how} ({len(holding.slots)} of {len(fp.slot_names)} slots)"
+        some = f"; {sum(len(e) for e in holding.experts.values())} experts of {len(holding.experts)} banks" if holding.experts else ""
+        return (lean_bytes(fp, holding.slots, dtype, holding.experts),
+                f"{holding.how} ({len(holding.slots)} of {len(fp.slot_names)} slots{some})")
     return param_bytes(fp, dtype), holding.how
 
 

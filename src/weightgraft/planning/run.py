@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from weightgraft.models.footprint import ModelFootprint
@@ -32,6 +33,8 @@ class RoleShape:
     spec: ModelSpec  # a string given here is parsed
     footprint: ModelFootprint
     served: set[str] | None
+    # a donor's banks served expert by expert (bank slot -> experts): a lean donor holds those alone
+    experts: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", parse_spec(self.spec))
@@ -75,7 +78,10 @@ def held(shape: SetShape, dtype: str, lean: bool) -> list[RolePlan]:
     for i, r in enumerate(shape.roles):
         fp = r.footprint
         read = None
-        size, holds = holding_bytes(fp, r.spec.holding(None if i == 0 else r.served, lean), dtype)
+        holding = r.spec.holding(None if i == 0 else r.served, lean)
+        if holding.slots is not None and r.experts:
+            holding = replace(holding, experts={b: e for b, e in r.experts.items() if b in holding.slots})
+        size, holds = holding_bytes(fp, holding, dtype)
         if r.spec.scheme is not None and fp.quantization is not None:
             holds += f", {fp.quantization.scheme}"
             read = param_bytes(fp, dtype, quantized=False)  # read dense, quantized as it loads

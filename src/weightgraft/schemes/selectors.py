@@ -323,8 +323,9 @@ _MOE_PARTS = ("router", "experts", "shared_expert_gate", "shared_gate", "shared_
 COMPONENT_GROUPS: dict[str, tuple[str, ...]] = {
     # the input embedding: tokens, and learned positions where the model has them (GPT-2)
     "embed": ("embed", "pos_embed"),
-    # attention's inputs (Qwen3.5's per-head output gate comes out of q_proj with q)
-    "attn": ("q", "k", "v", "q_norm", "k_norm", "attn_gate"),
+    # attention's inputs (Qwen3.5's per-head output gate comes out of q_proj with q; gpt-oss's sinks
+    # join the query's softmax)
+    "attn": ("q", "k", "v", "q_norm", "k_norm", "attn_gate", "sinks"),
     # a hybrid's recurrent token mixer (in its mixer layers): all of it, and the projections into its conv
     "mixer": MIXER_COMPONENTS,
     "mixer_in": ("mixer_q", "mixer_k", "mixer_v", "mixer_b", "mixer_c", "mixer_x"),

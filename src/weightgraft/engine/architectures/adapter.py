@@ -7,6 +7,8 @@ component is either a whole module (``"mlp.down_proj"``) or a set of output colu
 projection (``Fused("attn.c_attn", "qkv_blocks", "q")``), so that q, k and v graft separately.
 A hybrid family's recurrent token mixer (:class:`Mixer`: a short convolution, Gated DeltaNet)
 takes the attention's place in the layers whose block holds it, its components named ``mixer_*``.
+gpt-oss's attention sinks (``sinks``) are raw parameters of the attention module (:class:`Tensors`)
+that the attention function reads per query row.
 A vision-language checkpoint (:class:`Wrapper`) holds a text family's decoder under another
 root; its adapter is the text family's, re-rooted (:meth:`Adapter.under`).
 """
@@ -14,18 +16,20 @@ root; its adapter is the text family's, re-rooted (:meth:`Adapter.under`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # A recurrent mixer's components: Gated DeltaNet's q/k/v (before its conv), LFM2's B/C/x gates and
-# input, GDN's output gate z, write strength beta and decay input (dt), the conv kernel, the decay
-# parameters (A_log + dt_bias), the gated norm and the output projection.
+# input (Mamba2's B/C state projections and x input), the output gate z, GDN's write strength beta,
+# the step / decay input (dt), the conv kernel, the decay parameters (A_log + dt_bias), Mamba2's skip
+# (D), the gated norm and the output projection.
 MIXER_COMPONENTS: tuple[str, ...] = (
     "mixer_q", "mixer_k", "mixer_v", "mixer_b", "mixer_c", "mixer_x", "mixer_z", "mixer_beta", "mixer_dt",
-    "mixer_conv", "mixer_decay", "mixer_norm", "mixer_out",
+    "mixer_conv", "mixer_decay", "mixer_skip", "mixer_norm", "mixer_out",
 )
 # The attention components a mixer layer has none of.
-ATTENTION_COMPONENTS: tuple[str, ...] = ("q", "k", "v", "q_norm", "k_norm", "attn_gate", "o")
+ATTENTION_COMPONENTS: tuple[str, ...] = ("q", "k", "v", "q_norm", "k_norm", "attn_gate", "sinks", "o")
 
 # The canonical order of per-layer components; ``slots()`` lists them in this order.
 LAYER_COMPONENTS: tuple[str, ...] = (
@@ -36,6 +40,7 @@ LAYER_COMPONENTS: tuple[str, ...] = (
     "q_norm",
     "k_norm",
     "attn_gate",  # Qwen3.5's per-head output gate, interleaved with q in q_proj
+    "sinks",  # gpt-oss's attention sinks: a learned logit per head in each query row's softmax
     # a recurrent token mixer (the attention's place in a hybrid's mixer layers): its input
     # projections, convolution kernel, decay parameters, gated norm and output projection
     *MIXER_COMPONENTS,
@@ -58,10 +63,11 @@ LAYER_COMPONENTS: tuple[str, ...] = (
 )
 GLOBAL_SLOTS: tuple[str, ...] = ("embed", "pos_embed", "final_norm", "unembed")
 
-Layout = Literal["qkv_blocks", "qkv_per_head", "halves", "thirds", "linear_qkv_blocks", "q_gate_per_head"]
+Layout = Literal["qkv_blocks", "qkv_per_head", "halves", "thirds", "linear_qkv_blocks", "q_gate_per_head",
+                 "mamba2_blocks"]
 # Which batched forward computes a mixer (``weightgraft.engine.mixers``): LFM2's short
-# convolution, Qwen3.5's Gated DeltaNet.
-MixerKind = Literal["short_conv", "gated_delta_net"]
+# convolution, Qwen3.5's Gated DeltaNet, Mamba2's state space scan (Nemotron-H).
+MixerKind = Literal["short_conv", "gated_delta_net", "mamba2"]
 
 # The module a text family's decoder (layers, embedding, final norm) sits in: every wrappable
 # family keeps it at ``model`` and the unembedding at ``lm_head``.
@@ -78,7 +84,9 @@ class Fused:
     ``thirds``: [first | second | third] (LFM2's mixer ``in_proj``: [B | C | x]);
     ``linear_qkv_blocks``: [q | k | v] sized by the config's ``linear_*`` heads (Gated DeltaNet's
     ``in_proj_qkv``);
-    ``q_gate_per_head``: per head [q_h | gate_h] (Qwen3.5 attention's ``q_proj``).
+    ``q_gate_per_head``: per head [q_h | gate_h] (Qwen3.5 attention's ``q_proj``);
+    ``mamba2_blocks``: [z | x | B | C | dt] sized by the config's Mamba2 heads, groups and state
+    (Nemotron-H's mixer ``in_proj``; parts "z", "x", "b", "c", "dt").
     """
 
     module: str
@@ -89,7 +97,7 @@ class Fused:
 @dataclass(frozen=True)
 class Tensors:
     """A component that is some tensors of a module, not the module (a mixer's ``A_log`` and
-    ``dt_bias``: raw parameters no module call applies)."""
+    ``dt_bias``, gpt-oss attention's ``sinks``: raw parameters no module call applies)."""
 
     module: str
     names: tuple[str, ...]
@@ -106,6 +114,19 @@ class Mixer:
     module: str
     kind: MixerKind
     components: dict[str, str | Fused | Tensors]
+
+
+@dataclass(frozen=True)
+class BlockKinds:
+    """A family whose every block holds one sublayer under one norm, of the kind the config's
+    ``attribute`` lists per layer (Nemotron-H: a Mamba2 mixer, attention or an MLP, all at ``mixer``):
+    whether a block is a mixer layer, and its components, follow that kind, not what it holds. A
+    kind in ``refused`` (or not in ``kinds``) is refused before loading, with its reason."""
+
+    attribute: str  # the config's per-layer list of kinds ("layers_block_type")
+    kinds: dict[str, dict[str, str | Fused]]  # kind -> its components (a mixer kind: besides the Mixer's)
+    mixer: str  # the kind whose blocks hold the adapter's Mixer
+    refused: dict[str, str] = field(default_factory=dict)  # kind -> why it is not grafted
 
 
 @dataclass(frozen=True)
@@ -129,7 +150,7 @@ class Adapter:
     embed: tuple[str, ...]  # modules whose outputs together form the token embedding
     final_norm: str | None
     unembed: str
-    components: dict[str, str | Fused]  # canonical name -> module path inside a block
+    components: Mapping[str, str | Fused | Tensors]  # canonical name -> module path inside a block (``sinks``: tensors)
     # The position axis of modules whose input is not [batch, seq, ...] (Gemma 3 q/k norms).
     pos_axis: dict[str, int] = field(default_factory=dict)
     # Config attributes that change the computation in ways this adapter does not model:
@@ -141,6 +162,8 @@ class Adapter:
     experts: Experts | None = None
     # A recurrent token mixer, in the layers whose block holds it (the others are attention layers).
     mixer: Mixer | None = None
+    # Blocks of several kinds under one norm (Nemotron-H): each kind's components (``components`` unused).
+    blocks: BlockKinds | None = None
     # Modules no text prompt reaches (a vision-language checkpoint's vision tower and projector):
     # their parameters belong to no slot, and a donor that differs there is reported, not grafted.
     outside: tuple[str, ...] = ()

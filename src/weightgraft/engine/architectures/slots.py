@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from weightgraft.engine import projections
-from weightgraft.engine.architectures.adapter import ATTENTION_COMPONENTS, LAYER_COMPONENTS, Adapter, Fused, Tensors
+from weightgraft.engine.architectures.adapter import (
+    ATTENTION_COMPONENTS, LAYER_COMPONENTS, Adapter, Fused, Mixer, Tensors,
+)
 from weightgraft.engine.architectures.table import adapter_for, text_config
 from weightgraft.engine.architectures.units import (
     FLAT, HEAD_COMPONENTS, NEURON_COMPONENTS, MixerSite, Part, Slot, _in_features, _out_features,
@@ -41,6 +43,16 @@ def fused_columns(fused: Fused, config: Any, out_features: int) -> torch.Tensor:
                 "from the config's linear-attention heads")
         start, size = {"q": (0, key), "k": (key, key), "v": (2 * key, value)}[fused.part]
         return torch.arange(start, start + size)
+    if fused.layout == "mamba2_blocks":  # Mamba2's [z | x | B | C | dt], sized by its heads, groups and state
+        heads = int(config.mamba_num_heads)
+        inner, state = heads * int(config.mamba_head_dim), int(config.n_groups) * int(config.ssm_state_size)
+        sizes = {"z": inner, "x": inner, "b": state, "c": state, "dt": heads}
+        if sum(sizes.values()) != out_features:
+            raise UnsupportedArchitectureError(
+                f"fused projection {fused.module} has {out_features} outputs, expected {sum(sizes.values())} "
+                "from the config's Mamba2 heads, groups and state size")
+        start = sum(list(sizes.values())[:list(sizes).index(fused.part)])
+        return torch.arange(start, start + sizes[fused.part])
     n_heads = int(config.num_attention_heads)
     n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
     hd = _head_dim(config)
@@ -124,8 +136,9 @@ def _build_slots(model: nn.Module) -> list[Slot]:
         out.append(Slot("pos_embed", (part(adapter.pos_embed),)))
     for i in range(len(layers)):
         prefix = f"{adapter.layers}.{i}"
-        components, axes = _layer_kind(adapter, layers[i])
-        mixer = adapter.mixer if adapter.mixer is not None and _holds(layers[i], adapter.mixer.module) else None
+        kind = None if adapter.blocks is None else str(getattr(config, adapter.blocks.attribute)[i])
+        components, axes = _layer_kind(adapter, layers[i], kind)
+        mixer = _mixer_of(adapter, layers[i], kind)
         for comp in LAYER_COMPONENTS:
             spec = components.get(comp)
             if spec is None:
@@ -142,7 +155,11 @@ def _build_slots(model: nn.Module) -> list[Slot]:
                     bound_part = part(f"{prefix}.{spec}")
                 out.append(Slot(f"layers.{i}.{comp}", (bound_part,), mixer=site))
                 continue
-            assert not isinstance(spec, Tensors)  # bare tensors are declared by mixers only
+            if isinstance(spec, Tensors):  # outside a mixer: attention sinks, read by the attention function
+                if comp != "sinks":
+                    raise UnsupportedArchitectureError(f"{config.model_type}: no forward computes tensors as {comp!r}")
+                out.append(Slot(f"layers.{i}.{comp}", (part(f"{prefix}.{spec.module}", tensors=spec.names),), sinks=True))
+                continue
             if comp == "experts":
                 path = f"{prefix}.{spec}"
                 n_experts = int(next(model.get_submodule(path).parameters()).shape[0])
@@ -174,14 +191,26 @@ def _build_slots(model: nn.Module) -> list[Slot]:
     return out
 
 
-def _layer_kind(adapter: Adapter, block: nn.Module) -> tuple[dict[str, str | Fused | Tensors], dict[str, int]]:
+def _mixer_of(adapter: Adapter, block: nn.Module, kind: str | None) -> Mixer | None:
+    """The adapter's mixer where this block is a mixer layer: of the mixer kind where the family's
+    blocks have kinds (Nemotron-H: every block holds a ``mixer``), else where the block holds it."""
+    mixer = adapter.mixer
+    if mixer is None:
+        return None
+    here = kind == adapter.blocks.mixer if adapter.blocks is not None else _holds(block, mixer.module)
+    return mixer if here else None
+
+
+def _layer_kind(adapter: Adapter, block: nn.Module, kind: str | None) -> tuple[dict[str, str | Fused | Tensors], dict[str, int]]:
     """A layer's components and their position axes: a mixer layer's mixer components in place of
     attention where the adapter declares a mixer and this block holds it; a mixture-of-experts
     layer where the adapter declares experts and this block holds the bank (its router, bank and
-    shared experts in place of gate / up / down); the adapter's dense components elsewhere."""
-    base: dict[str, str | Fused | Tensors] = dict(adapter.components)
-    mixer = adapter.mixer
-    if mixer is not None and _holds(block, mixer.module):
+    shared experts in place of gate / up / down); the adapter's dense components elsewhere. A
+    family with block kinds (``kind``) takes that kind's components."""
+    base: dict[str, str | Fused | Tensors] = dict(
+        adapter.components if adapter.blocks is None or kind is None else adapter.blocks.kinds[kind])
+    mixer = _mixer_of(adapter, block, kind)
+    if mixer is not None:
         base = {k: v for k, v in base.items() if k not in ATTENTION_COMPONENTS} | mixer.components
     moe = adapter.experts
     if moe is None or not _holds(block, moe.experts):

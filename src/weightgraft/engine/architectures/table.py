@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from weightgraft.engine.architectures.adapter import Adapter, Experts, Fused, Mixer, Tensors, Wrapper
+from weightgraft.engine.architectures.adapter import Adapter, BlockKinds, Experts, Fused, Mixer, Tensors, Wrapper
 from weightgraft.errors import UnsupportedArchitectureError
 
 
@@ -61,6 +61,20 @@ _GATED_DELTA = Mixer("linear_attn", "gated_delta_net", {
     "mixer_z": "linear_attn.in_proj_z", "mixer_beta": "linear_attn.in_proj_b", "mixer_dt": "linear_attn.in_proj_a",
     "mixer_conv": "linear_attn.conv1d", "mixer_decay": Tensors("linear_attn", ("A_log", "dt_bias")),
     "mixer_norm": "linear_attn.norm", "mixer_out": "linear_attn.out_proj"})
+# Nemotron-H: every block holds one sublayer at ``mixer`` under one ``norm``, of the kind
+# ``layers_block_type`` names: a Mamba2 mixer (in_proj = [z | x | B | C | dt], a causal conv over
+# x|B|C with a bias, A_log / dt_bias / D per head, a group-wise gated norm, out_proj), attention
+# (no rotary positions) or an MLP (up and down, no gate).
+_MAMBA2 = Mixer("mixer", "mamba2", {
+    **{f"mixer_{p}": Fused("mixer.in_proj", "mamba2_blocks", p) for p in ("z", "x", "b", "c", "dt")},
+    "mixer_conv": "mixer.conv1d", "mixer_decay": Tensors("mixer", ("A_log", "dt_bias")),
+    "mixer_skip": Tensors("mixer", ("D",)), "mixer_norm": "mixer.norm", "mixer_out": "mixer.out_proj"})
+_NEMOTRON_H_BLOCKS = BlockKinds("layers_block_type", {
+    "linear_attention": {"attn_norm": "norm"},
+    "full_attention": {"attn_norm": "norm", **{c: f"mixer.{c}_proj" for c in "qkvo"}},
+    "mlp": {"mlp_norm": "norm", "up": "mixer.up_proj", "down": "mixer.down_proj"},
+}, mixer="linear_attention", refused={
+    "moe": "its mixture-of-experts blocks (ungated experts, an optional latent projection) are not modelled"})
 
 
 def _llama_family(components: dict[str, str | Fused], **kw: Any) -> Adapter:
@@ -175,6 +189,13 @@ ADAPTERS: dict[str, Adapter] = {
     # routing-score correction bias, a buffer, in the router; shared experts) with plain attention
     "glm4_moe": _llama_family(_llama_like(), experts=_DEEPSEEK_MOE),
     "dots1": _llama_family(_llama_like(**_QK_NORMS), experts=_DEEPSEEK_MOE),
+    # gpt-oss: attention sinks (a learned logit per head beside each query row's keys, read by the
+    # attention function: ``sinks``), biased q/k/v/o, sliding and full layers; a biased router on
+    # [batch * seq] rows and a bank whose gate/up columns interleave, with biases
+    "gpt_oss": Adapter(
+        layers="model.layers", embed=("model.embed_tokens",), final_norm="model.norm", unembed="lm_head",
+        components={**_llama_like(), "sinks": Tensors("self_attn", ("sinks",))},
+        experts=Experts("mlp.router", "mlp.experts")),
     # Hybrids (``Mixer``): LFM2 (short convolutions; its ``embedding_norm`` is the final norm,
     # applied after the layers) and Qwen3.5 (Gated DeltaNet; attention layers whose q_proj
     # interleaves [q_h | gate_h] per head: ``q`` and ``attn_gate``)
@@ -190,6 +211,8 @@ ADAPTERS: dict[str, Adapter] = {
     "qwen3_5_text": _llama_family(_llama_like(
         **_QK_NORMS, q=Fused("self_attn.q_proj", "q_gate_per_head", "q"),
         attn_gate=Fused("self_attn.q_proj", "q_gate_per_head", "gate")), mixer=_GATED_DELTA),
+    "nemotron_h": Adapter(layers="model.layers", embed=("model.embeddings",), final_norm="model.norm_f",
+                          unembed="lm_head", components={}, mixer=_MAMBA2, blocks=_NEMOTRON_H_BLOCKS),
     # Qwen3-VL's language model: Qwen3's layer (q/k norms on [batch, seq, heads, dim]) with
     # multimodal rotary positions, which on text alone are the same position on every axis.
     "qwen3_vl_text": _llama_family(_llama_like(**_QK_NORMS)),
@@ -220,6 +243,22 @@ WRAPPERS: dict[str, Wrapper] = {
 
 
 
+
+
+# Families looked at and not grafted yet, each refused in one line (before any weight loads) saying why.
+REFUSED: dict[str, str] = {
+    "falcon_h1": "every Falcon-H1 layer runs attention and a Mamba2 mixer in parallel on one input, "
+                 "scaled by muP multipliers (a config-derived mup_vector on the mixer's in_proj output), "
+                 "which the one-token-mixer-per-layer slot table does not model",
+    "qwen3_next": "Qwen3-Next's Gated DeltaNet fuses q, k, v and the output gate in in_proj_qkvz interleaved "
+                  "per key head (beta and the decay input in in_proj_ba), and its layers are mixtures of "
+                  "experts with a gated shared expert; its mixer forward is not written yet",
+    "olmo_hybrid": "OLMo Hybrid's Gated DeltaNet feeds its conv from separate q/k/v projections, doubles beta "
+                   "(allow_neg_eigval) and norms before its gate, and its mixer and attention layers place their "
+                   "norms differently; its mixer forward is not written yet",
+    "kimi_linear": "Kimi Linear's delta attention decays per channel through low-rank projections in its own "
+                   "scan, beside MLA attention and a mixture of experts, none of which is modelled yet",
+}
 
 
 def supported_model_types() -> list[str]:
@@ -254,6 +293,10 @@ def adapter_for(config: Any) -> Adapter:
                 f"Supported language models: {', '.join(sorted(ADAPTERS))}."
             )
         return adapter_for(text).under(wrapper.language_model, wrapper.outside)
+    if model_type in REFUSED:
+        raise UnsupportedArchitectureError(
+            f"model_type {model_type!r} is not supported by weightgraft: {REFUSED[model_type]}. "
+            f"Supported: {', '.join(supported_model_types())}.")
     if model_type not in ADAPTERS:
         raise UnsupportedArchitectureError(
             f"model_type {model_type!r} is not supported by weightgraft. "
@@ -268,4 +311,17 @@ def adapter_for(config: Any) -> Adapter:
                 f"{model_type}: config.{attr}={value!r} changes the computation in a way "
                 f"weightgraft does not model; only {attr}={wanted!r} is supported."
             )
+    if adapter.blocks is not None:
+        _check_block_kinds(model_type, adapter.blocks, config)
     return adapter
+
+
+def _check_block_kinds(model_type: str, blocks: BlockKinds, config: Any) -> None:
+    """Refuse, from the config alone, a model with a block kind its adapter does not model (Nemotron-H's
+    mixture-of-experts blocks), naming why."""
+    for kind in dict.fromkeys(getattr(config, blocks.attribute, None) or ()):
+        if kind not in blocks.kinds:
+            why = blocks.refused.get(kind, "a block kind its adapter does not model")
+            raise UnsupportedArchitectureError(
+                f"{model_type}: config.{blocks.attribute} holds {kind!r} blocks: {why}; supported block kinds: "
+                f"{', '.join(blocks.kinds)}.")

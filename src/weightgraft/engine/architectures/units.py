@@ -89,6 +89,7 @@ class Slot:
     experts: int = 0  # a mixture of experts' expert bank: the experts (index 0 of each tensor); 0: none
     router: bool = False  # a mixture of experts' router: its outputs are tuples of [batch * seq] rows
     mixer: MixerSite | None = None  # a recurrent mixer's component: computed by its mixer's forward
+    sinks: bool = False  # attention sinks (gpt-oss): read by the attention function, per query row
 
     def units(self, kind: Units) -> int:
         """How many units of ``kind`` (heads or neurons) the slot splits into (0: none, and

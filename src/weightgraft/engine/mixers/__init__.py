@@ -19,7 +19,7 @@ from torch import nn
 
 from weightgraft.engine.architectures import Slot
 from weightgraft.engine.architectures.adapter import MixerKind
-from weightgraft.engine.mixers import gated_delta, short_conv
+from weightgraft.engine.mixers import gated_delta, mamba2, short_conv
 from weightgraft.engine.swaps import Swaps
 
 __all__ = ["MIXER_FORWARDS", "MixerForward", "swap_mixers"]
@@ -33,18 +33,22 @@ class MixerForward:
 
     build: Callable[[list[nn.Module], Mapping[str, torch.Tensor]], Callable[..., torch.Tensor]]
     own: frozenset[str]
+    # run in every pass, no donor serving: the model's own forward departs from the definition somewhere
+    # (Mamba2's one-token decode step skips the step floor its batched scan applies)
+    always: bool = False
 
 
 MIXER_FORWARDS: dict[MixerKind, MixerForward] = {
     "short_conv": MixerForward(short_conv.short_conv_forward, short_conv.OWN),
     "gated_delta_net": MixerForward(gated_delta.gated_delta_forward, gated_delta.OWN),
+    "mamba2": MixerForward(mamba2.mamba2_forward, mamba2.OWN, always=True),
 }
 
 
 def swap_mixers(swap: Swaps, targets: Callable[[str], list[nn.Module]], base: nn.Module, slot_list: list[Slot],
                 columns: list[torch.Tensor], donors: list[bool], *, padded: bool) -> set[str]:
-    """Every mixer some donor serves somewhere, and every mixer of a ``padded`` batch, runs its
-    kind's batched forward for the block (transformers zeroes a pad's mixer input, but with a
+    """Every mixer some donor serves somewhere, every mixer of a ``padded`` batch and every mixer
+    of a kind that runs ``always``, runs its kind's batched forward for the block (transformers zeroes a pad's mixer input, but with a
     biased input projection the conv still reads a pad's bias; the batched forward zeroes the conv
     input, so a row's numbers do not depend on its padding). Returns the module paths the engine
     must not swap besides (the mixer and the parts its forward computes itself)."""
@@ -54,11 +58,11 @@ def swap_mixers(swap: Swaps, targets: Callable[[str], list[nn.Module]], base: nn
             sites.setdefault(slot.mixer.path, {})[slot.mixer.component] = s
     taken: set[str] = set()
     for path, components in sites.items():
-        if not padded and not any(donors[s] for s in components.values()):
-            continue
         site = slot_list[next(iter(components.values()))].mixer
         assert site is not None  # grouped from mixer slots
         kind = MIXER_FORWARDS[site.kind]
+        if not padded and not kind.always and not any(donors[s] for s in components.values()):
+            continue
         forward = kind.build(targets(path), {c: columns[s] for c, s in components.items()})
         swap.forward(base.get_submodule(path), forward)
         taken.add(path)

@@ -9,7 +9,7 @@ new kind is one subclass that overrides what differs (:mod:`weightgraft.models.s
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -35,6 +35,8 @@ class Holding:
     how: str = "whole"
     slots: frozenset[str] | None = None
     adapter: Path | None = None
+    # a lean donor's expert banks served expert by expert: bank slot name -> the experts it holds
+    experts: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
 
 class RoleSource(Protocol):
