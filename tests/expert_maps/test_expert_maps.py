@@ -18,7 +18,7 @@ from weightgraft.engine.reference import per_token_forward
 from weightgraft.expert_maps.cells import SkippedCellMoved, expert_map
 from weightgraft.expert_maps.summary import region_of, summarize
 from tiny_models import make_donor, make_tiny, random_ids
-from tiny_world import tokenizer, write_world
+from tiny_world import write_world
 
 TARGET = 5
 
@@ -85,25 +85,8 @@ def test_regions_and_the_summary_count_unpicked_cells_as_zero():
     assert row["effect"] == pytest.approx(1.0) and row["ci_low"] < 1.0 < row["ci_high"]
 
 
-@pytest.fixture(scope="module")
-def moe_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("moe_world")
-    tok = tokenizer()
-    base = make_tiny("mixtral", seed=0, vocab_size=len(tok))
-    out = {"data": str(write_world(root / "data"))}
-    for role, model in (("pre", base), ("sft", make_donor(base, 1)), ("control", make_donor(base, 2))):
-        model.save_pretrained(root / role)
-        tok.save_pretrained(root / role)
-        out[role] = str(root / role)
-    return out
-
-
-def test_the_command_writes_the_map_with_the_control_beside_it(moe_dirs, tmp_path):
-    out = tmp_path / "experts"
-    result = CliRunner().invoke(app, ["experts", "--pre", moe_dirs["pre"], "--sft", moe_dirs["sft"], "--control",
-                                      moe_dirs["control"], "--data", moe_dirs["data"], "--template", "headline",
-                                      "--template", "qa", "--metric", "first_logprob", "--out", str(out)])
-    assert result.exit_code == 0, result.output
+def test_the_command_writes_the_map_with_the_control_beside_it(experts_out):
+    out = experts_out
     top = pd.read_csv(out / "top_cells.csv")
     assert {"effect[control]", "ci_low[control]"} <= set(top.columns)
     assert set(top["region"]) == {"first_entity", "last"} and set(top["template"]) == {"headline", "qa"}

@@ -19,7 +19,7 @@ def experts(
     control: Optional[list[str]] = typer.Option(None, "--control", help="A control finetune (answers shuffled), "
                                                 "mapped in the same cells; repeat for several."),
     data: Path = typer.Option(..., "--data", help="The data folder (`weightgraft data build`) of the test prompts."),
-    out: Path = typer.Option(Path("runs/experts"), "--out", help="Output folder (tables and expert_cells.parquet)."),
+    out: Path = typer.Option(Path("runs/experts"), "--out", help="Output folder (tables, expert_cells.parquet, report/index.html)."),
     template: Optional[list[str]] = typer.Option(None, "--template", help="Test templates (default: paper_headline "
                                                  "and paper_qa); repeat for several."),
     direction: str = typer.Option("a2b", help="The prompts' direction (the finetune's trained one)."),
@@ -52,3 +52,6 @@ def experts(
     regions = tables["regions"]
     console.print(regions.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     console.print(f"tables: {out}/top_cells.csv, experts.csv, concentration.csv, regions.csv; cells: {out}/expert_cells.parquet")
+    from weightgraft.report.experts import write_experts_report  # matplotlib: only once the map is written
+
+    console.print(f"report: {write_experts_report(out)} (again: weightgraft report {out})")
