@@ -1,4 +1,5 @@
-"""The share designs D1-D4 of docs/statistics.md and the candidate rules for a share's interval,
+"""The share designs of docs/statistics.md (D1-D4, and D5-D6 added with issue 66's criterion,
+:func:`criterion_designs`) and the first comparison's candidate rules for a share's interval,
 compared by the criterion written there first (:func:`compare_share_rules`, :func:`choose_rule`):
 what :mod:`weightgraft.stats.simulation` runs and prints."""
 
@@ -41,8 +42,21 @@ NOISE = 0.2
 SIGN_ALPHA = 0.025
 BOOT_RESAMPLES = 1999
 BOOT_SEED = 0
-DesignKind = Literal["family", "constant", "linear", "logistic"]
-DESIGN_NUMBERS = {"family": 1, "constant": 2, "linear": 3, "logistic": 4}
+DesignKind = Literal["family", "constant", "linear", "logistic", "carriers", "gamma"]
+DESIGN_NUMBERS = {"family": 1, "constant": 2, "linear": 3, "logistic": 4, "carriers": 5, "gamma": 6}
+CRITERION_NS = (20, 40, 80)  # the prompts a map the shipped runs use (claims 20, the paper 40, 80)
+CARRIER_PROB = 0.2  # D5: P(a prompt carries) = 0.2: at 20 prompts 0.8**20 = 0.012 of samples hold none
+CARRIER_SIZE = 12.0  # D5: a carrier's mean whole effect (1 elsewhere): carriers carry 2.4 / 3.2 = 75% of it
+CARRIER_OFF_SHARE = 0.05  # D5 "off the carriers": the region's share on a carrier (the rest on the others)
+
+
+def _gamma_ratio(a: float, shape: float) -> float:
+    """The ratio of sums of ``expit(a + w - 1) * w`` over ``w ~ Gamma(shape, 1 / shape)``: weighing
+    by ``w`` makes it ``Gamma(shape + 1, 1 / shape)``."""
+    from scipy import integrate, special
+
+    law = stats.gamma(shape + 1, scale=1 / shape)
+    return float(integrate.quad(lambda w: special.expit(a + w - 1) * law.pdf(w), 0, law.ppf(1 - 1e-13), limit=200)[0])
 
 
 def _logistic_ratio(a: float, sigma: float) -> float:
@@ -60,7 +74,12 @@ class ShareDesign:
 
     ``family``: ``w = mu + e1``, ``r = 0.3 * w + 0.3 * e2`` (true ratio 0.3); else ``z ~ N(0, 1)``,
     ``w = exp(sigma * z - sigma**2 / 2)`` and ``r = s * w + 0.2 * eps`` with per-prompt share ``s``:
-    ``constant`` ``truth``, ``linear`` ``b + 0.15 * z``, ``logistic`` ``expit(a + z)``."""
+    ``constant`` ``truth``, ``linear`` ``b + 0.15 * z``, ``logistic`` ``expit(a + z)``.
+    ``carriers`` (D5): a few prompts carry most of the whole effect (each prompt a carrier with
+    probability 0.2, ``w = 12 * exp(0.5 * u - 1/8)``, else ``w = 1 + 0.3 * u``) and the region's share
+    is small, ``truth``, placed ``off`` the carriers (0.05 on them, the rest on the others) or ``on``
+    them (0 on the others). ``gamma`` (D6): ``w ~ Gamma(shape, 1 / shape)`` (mean 1; shape 1 is the
+    exponential) and a share that rises with the effect, ``s = expit(a + w - 1)``."""
 
     kind: DesignKind
     n: int
@@ -68,12 +87,26 @@ class ShareDesign:
     family: str = "normal"
     mu: float = 1.0
     sigma: float = 1.0
+    place: str = "off"
+    shape: float = 1.0
 
     @property
     def label(self) -> str:
         if self.kind == "family":
             return f"D1 {self.family}, mu {self.mu:g}"
+        if self.kind == "carriers":
+            return f"D5 few carry most, region {self.place} them"
+        if self.kind == "gamma":
+            return f"D6 gamma, shape {self.shape:g}"
         return f"D{DESIGN_NUMBERS[self.kind]} {self.kind}, sigma {self.sigma:g}"
+
+    @functools.cached_property
+    def carrier_shares(self) -> tuple[float, float]:
+        """D5: the region's share on a carrier and on any other prompt that put the ratio at ``truth``."""
+        mass = CARRIER_PROB * CARRIER_SIZE
+        if self.place == "on":
+            return self.truth * (mass + 1 - CARRIER_PROB) / mass, 0.0
+        return CARRIER_OFF_SHARE, (self.truth * (mass + 1 - CARRIER_PROB) - mass * CARRIER_OFF_SHARE) / (1 - CARRIER_PROB)
 
     @functools.cached_property
     def base(self) -> float:
@@ -84,6 +117,10 @@ class ShareDesign:
             from scipy import optimize
 
             return float(optimize.brentq(lambda a: _logistic_ratio(a, self.sigma) - self.truth, -30, 30, xtol=1e-12))
+        if self.kind == "gamma":
+            from scipy import optimize
+
+            return float(optimize.brentq(lambda a: _gamma_ratio(a, self.shape) - self.truth, -40, 40, xtol=1e-12))
         return self.truth
 
     def draw(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -91,6 +128,16 @@ class ShareDesign:
         if self.kind == "family":
             w = self.mu + noise(self.family, rng, self.n)
             return SHARE * w + 0.3 * noise(self.family, rng, self.n), w
+        if self.kind == "carriers":
+            carrier = rng.random(self.n) < CARRIER_PROB
+            u = rng.standard_normal(self.n)
+            w = np.where(carrier, CARRIER_SIZE * np.exp(0.5 * u - 0.125), 1 + 0.3 * u)
+            on, off = self.carrier_shares
+            return np.where(carrier, on, off) * w + NOISE * rng.standard_normal(self.n), w
+        if self.kind == "gamma":
+            w = rng.gamma(self.shape, 1 / self.shape, self.n)
+            share = 1 / (1 + np.exp(-(self.base + w - 1)))
+            return share * w + NOISE * rng.standard_normal(self.n), w
         z = rng.standard_normal(self.n)
         w = np.exp(self.sigma * z - self.sigma ** 2 / 2)
         if self.kind == "linear":
@@ -111,6 +158,17 @@ def share_designs(ns: tuple[int, ...] = SHARE_NS) -> list[ShareDesign]:
             out.append(ShareDesign("constant", n, 0.5, sigma=sigma))
             out += [ShareDesign("linear", n, t, sigma=sigma) for t in (0.0, 0.25, 0.5, 0.8)]
             out += [ShareDesign("logistic", n, t, sigma=sigma) for t in (0.25, 0.5, 0.8)]
+    return out
+
+
+def criterion_designs(ns: tuple[int, ...] = CRITERION_NS) -> list[ShareDesign]:
+    """Issue 66's designs (docs/statistics.md, fixed before its comparison): D1-D4 and, at each n,
+    D5 (region's share 0.1, off the carriers and on them) and D6 (shape 1 and 0.5, ratio 0.25 and 0.5)."""
+    out: list[ShareDesign] = []
+    for n in ns:
+        out += share_designs((n,))
+        out += [ShareDesign("carriers", n, 0.1, place=place) for place in ("off", "on")]
+        out += [ShareDesign("gamma", n, t, shape=k) for k in (1.0, 0.5) for t in (0.25, 0.5)]
     return out
 
 
