@@ -17,6 +17,7 @@ where docs/statistics.md says it holds (``tests/stats/test_stats.py``; the figur
 - :func:`rate_ci`: a top-k rate with its Clopper-Pearson interval;
 - :func:`paired_rate_difference_ci`: two top-k rates on the same prompts, their difference with
   Newcombe's paired interval;
+- :func:`prompts_needed`: about how many prompts like the observed ones an undecided share needs;
 - :func:`model_label_p`: are the models of one group more alike than a group of others?
 """
 
@@ -25,9 +26,10 @@ from weightgraft.stats.labels import model_label_p, models_needed
 from weightgraft.stats.means import (Interval, level_text, mean_ci, mean_interval, share_ci, share_interval,
                                     share_threshold_p)
 from weightgraft.stats.multiple import holm
+from weightgraft.stats.needed import prompts_needed
 from weightgraft.stats.paired import least_p, paired_p
 from weightgraft.stats.rates import paired_rate_difference_ci, rate_ci, rate_cis
 from weightgraft.stats.signs import sign_test_p
 
 __all__ = ["Interval", "empirical_p", "holm", "least_p", "level_text", "mean_ci", "mean_interval", "model_label_p",
-           "models_needed", "paired_p", "paired_rate_difference_ci", "rate_ci", "rate_cis", "share_ci", "share_interval", "share_threshold_p", "sign_test_p"]
+           "models_needed", "paired_p", "paired_rate_difference_ci", "prompts_needed", "rate_ci", "rate_cis", "share_ci", "share_interval", "share_threshold_p", "sign_test_p"]

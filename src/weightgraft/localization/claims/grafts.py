@@ -29,7 +29,7 @@ from weightgraft.localization.claims.regions import CLAIMS, NULL_KINDS, PRE_SFT,
 from weightgraft.localization.claims.verdicts import decide
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey
-from weightgraft.stats import least_p, mean_interval, paired_p, share_interval, share_threshold_p, sign_test_p
+from weightgraft.stats import least_p, mean_interval, paired_p, prompts_needed, share_interval, share_threshold_p, sign_test_p
 
 PromptSet = tuple[tuple[CellKey, ...], ...]  # one sorted key tuple per prompt
 # sets -> [n_prompts, n_sets] exact effects in the claims' metric, or [n_prompts, n_sets, 2]: the
@@ -247,6 +247,10 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
             row.update(n_past_threshold=int((past > 0).sum() if claim.above else (past < 0).sum()),
                        sign_p_past=sign_test_p(past, alternative="greater" if claim.above else "less"),
                        sign_p_short=sign_test_p(past, alternative="less" if claim.above else "greater"))
+            past_side = share is not None and (share.low > threshold if claim.above else share.high < threshold)
+            # an undecided row's reason says about how many prompts like these would decide it
+            row["prompts_needed"] = (np.nan if past_side else
+                                     prompts_needed(num, den, threshold, above=claim.above, seed=seed))
         p_values, null_shares, drawn, unmatched, notes = [], [], [], 0, []
         record = pd.DataFrame({"claim": claim.name, "prompt_id": ids, "region_effect": num, "within_effect": den,
                                "whole_effect": whole, "region_effect_plain": num_plain,

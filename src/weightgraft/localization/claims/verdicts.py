@@ -16,7 +16,9 @@ The parts of a row's p (``p_parts``), each one-sided on the claim's side:
   (its 99% interval is unbounded) the row is undecided: the sign test across prompts
   (``n_past_threshold``, ``sign_p_past``) is shown in the reason, not used, since it speaks of the
   median prompt, which at a true share past the threshold need not be past it (a `<` claim held
-  falsely in up to 0.55 of samples that way, docs/statistics.md);
+  falsely in up to 0.55 of samples that way, docs/statistics.md). An undecided row whose share lies
+  past the threshold says about how many prompts like its own would decide it
+  (``prompts_needed``, ``stats.prompts_needed``: its prompts resampled, seeded);
 - *no effect*: the whole graft's interval does not lie on the side the finetune moves the answer
   (``expected_sign``: the donor does not carry the behaviour, as on a null finetune), or the effect
   the share is a share of (*within*) is not distinguishable from 0 (its t interval includes 0) or
@@ -36,6 +38,7 @@ import pandas as pd
 
 from weightgraft.localization.claims.regions import ALPHA
 from weightgraft.stats import holm, least_p, level_text
+from weightgraft.stats.needed import POWER
 
 FLOOR = 0.05  # within's mean effect below this share of the whole donor-base gap: no effect
 MIN_PROMPTS = 20  # fewer per map: refused, unless claims.min_prompts lowers it (rows then exploratory)
@@ -45,7 +48,21 @@ def _nan(x: object) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
+def _needed(row: pd.Series) -> str:
+    """What an undecided row's reason adds where more prompts like its own would decide it."""
+    m = row.get("prompts_needed", float("nan"))
+    if _nan(m):
+        return ""
+    return (f"; about {int(m)} prompts like these would put the interval past {row['threshold']:g} (in "
+            f"{POWER:.0%} of seeded resamples of them, stats.prompts_needed)")
+
+
 def _one(row: pd.Series) -> tuple[str, str]:
+    verdict, why = _judge(row)
+    return (verdict, why + _needed(row)) if verdict == "undecided" and row.get("n_prompts", 0) >= 3 else (verdict, why)
+
+
+def _judge(row: pd.Series) -> tuple[str, str]:
     if row.get("precondition"):
         return "precondition not met", str(row["precondition"])
     if row["n_region_keys"] == 0:
