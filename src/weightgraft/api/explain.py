@@ -16,9 +16,12 @@ import pandas as pd
 
 from weightgraft.data.prompts import DatasetError, TestPrompt, load_test_prompts
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.architectures.adapter import ATTENTION_COMPONENTS
 from weightgraft.schemes.binding import GraftInputError, Rules, as_scheme, check_tokenizer, compile_for, input_errors
 from weightgraft.schemes.labels import FIRST_ENTITY, first_entity, position_labels, token_span
-from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, get_protocol
+from weightgraft.schemes.selectors import select_layers
 from weightgraft.training.outputs import MANIFEST_NAME
 
 if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
@@ -32,11 +35,16 @@ def explain(rules: Rules, model: nn.Module, *, protocol: str = DEFAULT_PROTOCOL,
     (later rules win where they overlap). Nothing runs: this is the rule as compiled.
 
     A layer selector other than ``all`` keeps only the global slots a rule's components name
-    one by one, so ``Rule(layers="29", components="body")`` grafts layer 29 alone."""
+    one by one, so ``Rule(layers="29", components="body")`` grafts layer 29 alone.
+    ``layer_kinds`` says, of each layer the rule's layer selector names, whether it is an
+    attention layer or a hybrid's recurrent mixer (:func:`layer_kinds`): ``o`` or ``attn``
+    selects nothing in a mixer layer, so a rule may list a layer where it grafts nothing."""
     scheme = as_scheme(rules, base, None)
     roles = [scheme.base, *sorted(scheme.named_roles() - {scheme.base}), *scheme.scaled_roles()]
     with input_errors():
         (compiled,) = compile_for([scheme], model, roles, protocol)
+    kinds = layer_kinds(model)
+    floor = get_protocol(protocol).floor_quarters
     rows = []
     for k, (rule, done) in enumerate(zip(scheme.rules, compiled.rules, strict=True)):
         names = [compiled.slot_names[i] for i in done.slots.tolist()]
@@ -48,8 +56,26 @@ def explain(rules: Rules, model: nn.Module, *, protocol: str = DEFAULT_PROTOCOL,
             "components": sorted({p[2] for p in in_layers}),
             "global_slots": [n for n in names if not n.startswith("layers.")],
             "n_slots": len(names), "heads": heads or None, "slots": names,
+            "layer_kinds": {i: kinds[i] for i in select_layers(rule.layers, len(kinds), floor_quarters=floor)},
         })
     return pd.DataFrame(rows)
+
+
+def layer_kinds(model: nn.Module) -> dict[int, str]:
+    """Each layer's kind, read from its slots: ``attention``, ``mixer (KIND)`` (a hybrid's
+    recurrent token mixer: ``short_conv``, ``gated_delta_net``, ``mamba2``) or ``mlp`` (a
+    Nemotron-H block holding neither). A hybrid's presets graft attention's ``q``/``k``/``v``/``o``
+    in its attention layers only; this says which those are."""
+    comps: dict[int, set[str]] = {}
+    mixers: dict[int, str] = {}
+    for slot in model_slots(model):
+        if slot.name.startswith("layers."):
+            _, layer, comp = slot.name.split(".", 2)
+            comps.setdefault(int(layer), set()).add(comp)
+            if slot.mixer is not None:
+                mixers[int(layer)] = f"mixer ({slot.mixer.kind})"
+    return {i: mixers.get(i) or ("attention" if here & set(ATTENTION_COMPONENTS) else "mlp")
+            for i, here in sorted(comps.items())}
 
 
 def tokens(tokenizer: PreTrainedTokenizerBase, prompt: str, spans: Mapping[str, SpanSpec] | None = None) -> pd.DataFrame:

@@ -118,12 +118,25 @@ def parse_random_spec(spec: RandomText) -> RandomModel:
     )
 
 
+def special_floats(data: Any) -> Any:
+    """``data`` with transformers' JSON stand-ins for infinities and NaN (``{"__float__":
+    "Infinity"}``, which ``save_pretrained`` writes: Nemotron-H's ``time_step_limit``) as floats, as
+    ``from_pretrained`` reads them; ``from_dict`` alone would refuse the config."""
+    if isinstance(data, dict):
+        if set(data) == {"__float__"} and data["__float__"] in ("Infinity", "-Infinity", "NaN"):
+            return float({"Infinity": "inf", "-Infinity": "-inf", "NaN": "nan"}[data["__float__"]])
+        return {k: special_floats(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [special_floats(v) for v in data]
+    return data
+
+
 def random_config(spec: RandomText) -> Any:
     """The transformers config of a random spec (no weights)."""
     from transformers import CONFIG_MAPPING
 
     parsed = parse_random_spec(spec)
-    data = parsed.config_dict()
+    data = special_floats(parsed.config_dict())
     try:
         return CONFIG_MAPPING[data["model_type"]].from_dict(data)
     except KeyError as exc:

@@ -23,8 +23,8 @@ from typing import Any
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import Holding
 
-__all__ = ["SCHEME_LAYOUT", "adapter_bytes", "attribution_bytes", "delta_bytes", "dtype_bytes", "forward_flops",
-           "holding_bytes", "inference_bytes", "lean_bytes", "param_bytes", "quantized_parts", "quantized_weight_bytes"]
+__all__ = ["SCHEME_LAYOUT", "adapter_bytes", "attribution_bytes", "cache_bytes", "delta_bytes", "dtype_bytes",
+           "forward_flops", "holding_bytes", "inference_bytes", "lean_bytes", "param_bytes", "quantized_parts", "quantized_weight_bytes"]
 
 _DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -159,21 +159,23 @@ def holding_bytes(fp: ModelFootprint, holding: Holding, dtype: Any) -> tuple[int
 def delta_bytes(fp: ModelFootprint, dtype: Any, donor_slots: set[str] | None = None) -> int:
     """Bytes of a ``PartialGraft``'s deltas (localize's attribution): per grafted module, the
     weight difference of a projection (in at least float32), or two float32 copies of any other
-    module (norms, embeddings: ``f(x; Δθ) - f(x; 0)``). With ``donor_slots`` (a lean donor), a
-    projection the donor shares with the base costs nothing."""
+    part's tensors (norms, embeddings: ``f(x; Δθ) - f(x; 0)``; of a part naming some tensors of its
+    module, a mixer's ``A_log`` or gpt-oss's ``sinks``, those alone). With ``donor_slots`` (a lean
+    donor), a projection the donor shares with the base costs nothing."""
+    from torch import nn
+
     from weightgraft.engine import projections
-    from weightgraft.engine.architectures import model_slots
+    from weightgraft.engine.architectures import model_slots, part_state
 
     size = max(dtype_bytes(dtype), 4)
-    owners: dict[str, set[str]] = {}
+    owners: dict[tuple[str, tuple[str, ...] | None], tuple[Any, set[str]]] = {}
     for slot in model_slots(fp.meta):
         for part in slot.parts:
-            owners.setdefault(part.path, set()).add(slot.name)
+            owners.setdefault((part.path, part.tensors), (part, set()))[1].add(slot.name)
     total = 0
-    for path, slots in owners.items():
-        module = fp.meta.get_submodule(path)
-        n = sum(p.numel() for p in module.parameters())
-        if not projections.is_projection(module):
+    for part, slots in owners.values():
+        n = sum(t.numel() for _, t in part_state(fp.meta, part) if isinstance(t, nn.Parameter))
+        if part.tensors is not None or not projections.is_projection(fp.meta.get_submodule(part.path)):
             total += 2 * n * size
         elif donor_slots is None or slots & donor_slots:
             total += n * size
@@ -194,15 +196,58 @@ def inference_bytes(fp: ModelFootprint, rows: int, seq: int, logits_per_row: int
     Per token, one layer holds at once: about 6 hidden-size vectors (residual, norm output,
     attention output, the engine's donor rows and their scatter), q/k/v (k/v repeated to every
     head: 2 more), 4 intermediate-size vectors (gate, up, activation, product, and the engine's
-    copy), and the attention scores of its heads (2 copies, softmax). The KV cache of prefix
-    sharing holds every layer's keys and values; logits are kept in float32."""
+    copy), and the attention scores of its heads (2 copies, softmax). The cache of prefix
+    sharing is :func:`cache_bytes`; logits are kept in float32."""
     b = dtype_bytes(dtype)
     tokens = rows * seq
     per_token = 6 * fp.hidden + (3 * fp.heads + 2 * fp.kv_heads) * fp.head_dim + 4 * fp.intermediate
     activations = b * tokens * per_token + b * 2 * rows * fp.heads * seq * seq
-    kv_cache = (2 * fp.layers * tokens * fp.kv_heads * fp.head_dim * b) if kv else 0
+    kv_cache = cache_bytes(fp, rows, seq, dtype) if kv else 0
     logits = rows * logits_per_row * fp.vocab * (b + 4 + 4)  # model dtype, float32, softmax
     return {"activations": activations, "kv_cache": kv_cache, "logits": logits}
+
+
+def cache_bytes(fp: ModelFootprint, rows: int, seq: int, dtype: Any) -> int:
+    """Bytes of a batch's cache (prefix sharing's, a pass continued from it): every attention
+    layer's keys and values per token; a hybrid's mixer layers hold no keys or values but, per
+    row, a conv state (the conv's channels times its kernel width) and a recurrent state (Gated
+    DeltaNet: value heads x key dim x value dim; Mamba2: heads x head dim x state size; computed
+    in float32, so counted in at least that), neither growing with the prompt."""
+    b = dtype_bytes(dtype)
+    keys_values = 2 * fp.kv_heads * fp.head_dim * b * rows * seq
+    layers = _cache_layers(fp)
+    if layers is None:
+        return fp.layers * keys_values
+    attention, conv, recurrent = layers
+    return attention * keys_values + rows * (conv * b + recurrent * max(b, 4))
+
+
+def _cache_layers(fp: ModelFootprint) -> tuple[int, int, int] | None:
+    """A hybrid's attention layers and, over its mixer layers, the elements of one row's conv
+    and recurrent states; None for a model without mixers (every layer caches keys and values)."""
+    from weightgraft.engine.architectures import model_slots, text_config
+    from weightgraft.engine.architectures.adapter import ATTENTION_COMPONENTS
+
+    slots = model_slots(fp.meta)
+    mixers = {slot.mixer.path: slot.mixer.kind for slot in slots if slot.mixer is not None}
+    if not mixers:
+        return None
+    config = text_config(fp.config)
+    recurrent_per_layer = {
+        "short_conv": 0,
+        "gated_delta_net": int(getattr(config, "linear_num_value_heads", 0)) * int(getattr(config, "linear_key_head_dim", 0))
+        * int(getattr(config, "linear_value_head_dim", 0)),
+        "mamba2": int(getattr(config, "mamba_num_heads", 0)) * int(getattr(config, "mamba_head_dim", 0))
+        * int(getattr(config, "ssm_state_size", 0)),
+    }
+    conv = 0
+    for slot in slots:
+        if slot.mixer is not None and slot.mixer.component == "mixer_conv":
+            weight = fp.meta.get_submodule(slot.parts[0].path).weight  # [channels, 1, kernel]
+            conv += int(weight.shape[0]) * int(weight.shape[-1])
+    attention = len({slot.name.split(".")[1] for slot in slots
+                     if slot.name.startswith("layers.") and slot.name.split(".", 2)[2] in ATTENTION_COMPONENTS})
+    return attention, conv, sum(recurrent_per_layer[kind] for kind in mixers.values())
 
 
 def attribution_bytes(fp: ModelFootprint, rows: int, seq: int, dtype: Any) -> dict[str, int]:

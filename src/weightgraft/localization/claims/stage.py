@@ -25,7 +25,7 @@ from weightgraft.localization.claims.verdicts import MIN_PROMPTS, decide, p_text
 from weightgraft.localization.examples import LocalizeExample
 from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
-from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.architectures import model_slots, part_state
 from weightgraft.engine.metric_table import localize_metric
 
 DECIDED = ["p", "p_parts", "p_holm", "verdict", "reason"]
@@ -36,16 +36,18 @@ FIRST = ["model", "template", "direction", "setting", "claim", "n_prompts", "evi
 
 
 def slot_params(model: nn.Module) -> dict[str, int]:
-    """Parameters per slot; a slot that owns some output columns of a fused projection (GPT-2's
-    ``c_attn``) counts that fraction of it."""
+    """Parameters per slot: the tensors each part owns (a mixer's ``A_log`` / ``dt_bias``, an
+    attention's ``sinks``: those, not their whole module), so that parameter-matched nulls and
+    thresholds weigh a slot by what grafting it moves; a slot that owns some output columns of a
+    fused projection (GPT-2's ``c_attn``) counts that fraction of it."""
 
     out: dict[str, int] = {}
     for slot in model_slots(model):
         total = 0.0
         for part in slot.parts:
-            module = model.get_submodule(part.path)
-            n = sum(p.numel() for p in module.parameters())
+            n = sum(t.numel() for _, t in part_state(model, part) if isinstance(t, nn.Parameter))
             if part.columns is not None:
+                module = model.get_submodule(part.path)
                 width = getattr(module, "out_features", None) or getattr(module, "nf", None)
                 n = n * len(part.columns) / width if width else n
             total += n
