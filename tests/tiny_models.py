@@ -123,6 +123,8 @@ MOE_CONFIGS: dict[str, T.PretrainedConfig] = {
     "qwen2_moe": T.Qwen2MoeConfig(  # a shared expert beside the bank, gated per token
         **_MOE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=20),
     "granitemoe": T.GraniteMoeConfig(**_MOE, num_local_experts=4, num_experts_per_tok=2),
+    "granitemoeshared": T.GraniteMoeSharedConfig(  # a shared MLP (gate and up fused) beside the bank
+        **_MOE, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=20),
     "phimoe": T.PhimoeConfig(**_MOE, num_local_experts=4, num_experts_per_tok=2),
     "glm4_moe": T.Glm4MoeConfig(  # layer 0 dense; a correction bias in the router
         **_MOE, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
@@ -130,6 +132,10 @@ MOE_CONFIGS: dict[str, T.PretrainedConfig] = {
     "dots1": T.Dots1Config(
         **_MOE, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1,
         first_k_dense_replace=1, n_group=2, topk_group=1),
+    "deepseek_v3": T.DeepseekV3Config(  # multi-head latent attention (low-rank q, a 12-wide kv latent); glm4_moe's mixture
+        **{k: v for k, v in _MOE.items() if k != "head_dim"} | {"num_key_value_heads": 4}, n_routed_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+        topk_group=1, q_lora_rank=16, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6),
     "gpt_oss": T.GptOssConfig(  # attention sinks, biased attention and router, interleaved gate/up with biases,
         **_MOE, num_local_experts=4, num_experts_per_tok=2, sliding_window=3),  # a sliding and a full layer
 }

@@ -160,7 +160,7 @@ def test_an_expert_the_router_never_picks_leaves_the_logits_bit_for_bit(model_ty
     assert (moved - models[0](input_ids=ids).logits).abs().max().item() > 1e-3
 
 
-@pytest.mark.parametrize("model_type", ["glm4_moe", "dots1"])
+@pytest.mark.parametrize("model_type", ["glm4_moe", "dots1", "deepseek_v3"])
 @torch.no_grad()
 def test_a_donor_differing_only_in_the_routers_buffer_is_grafted_as_itself(model_type, tmp_path):
     """The routing-score correction bias is a buffer: a graft of the router takes the donor's."""

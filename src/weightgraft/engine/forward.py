@@ -24,7 +24,7 @@ from weightgraft.engine.architectures import Slot, Units, model_slots
 from weightgraft.engine.architectures.vision_language import refuse_media
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.precision import one_cpu_path
-from weightgraft.engine.source_map import SourceMap, check_units, merge_identical
+from weightgraft.engine.source_map import SourceMap, check_units, merge_identical, position_ids_from_mask
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
@@ -35,12 +35,6 @@ def slots(model: nn.Module) -> list[str]:
     """The graftable slots of ``model``: ``embed``, ``pos_embed`` (GPT-2's learned positions),
     ``layers.{i}.{component}``, ``final_norm``, ``unembed``, in that fixed order (the last axis of a ``source`` tensor)."""
     return [s.name for s in model_slots(model)]
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that ignore padding on either side (left padding needs this to be exact)."""
-    pos = attention_mask.long().cumsum(-1) - 1
-    return pos.clamp_(min=0)
 
 
 @dataclass
@@ -429,6 +423,7 @@ def graft_call(
         # layer kinds with a forward of their own: a mixture of experts' router and bank, a recurrent mixer
         swapped_in |= moe.swap_banks(swap, lookup.targets, base, slot_list, columns, banks, donors)
         swapped_in |= attention.swap_sinks(swap, lookup.targets, base, slot_list, columns, donors)
+        attention.swap_latent_caches(swap, base, slot_list)  # MLA: a cache holds keys decompressed at their positions
         swapped_in |= mixers.swap_mixers(swap, lookup.targets, base, slot_list, columns, donors,
                                          padded=bool(attention_mask[:, cached:].eq(0).any()))
         for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_units, donors).items():

@@ -3,7 +3,8 @@
 Token by token with the model's own cache (keys and values; a hybrid's conv and recurrent
 states): position t is processed by a model whose weights, slot by slot, are copied from the
 model that ``source`` names for t, so every state carries earlier positions as their own models
-computed them. It is slow on purpose and
+computed them (multi-head latent attention's cache holds each position's keys and values as that
+position's ``kv_b`` decompressed them: ``weightgraft.engine.attention.latent``). It is slow on purpose and
 shares no code path with ``weightgraft.engine.forward`` beyond the slot table, so that it can serve
 as the oracle the engine is tested (and ``weightgraft check``-ed) against.
 
@@ -24,6 +25,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from weightgraft.engine import lora, projections
+from weightgraft.engine.attention.latent import decompressed_forward, latent_attention_paths
 from weightgraft.engine.moe import HELD_ATTR
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.architectures.slots import graftable_state, part_state
@@ -92,6 +94,9 @@ class CompositeModel:
             mod._forward_pre_hooks.clear()
         self.model.eval()
         self.slots: list[Slot] = model_slots(models[0])  # paths only; a _Routed module has no parameters
+        for path in latent_attention_paths(self.slots):  # MLA: each step caches its own position's keys and
+            attn = self.model.get_submodule(path)  # values as its kv_b made them, not a latent for later kv_b's
+            attn.forward = decompressed_forward(attn)  # type: ignore[method-assign]
         self._untie()
         self.current = [0] * len(self.slots)  # the copy holds the base's weights
 

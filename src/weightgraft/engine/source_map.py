@@ -17,7 +17,7 @@ from torch import nn
 from weightgraft.engine.architectures import Slot, UnitKind, Units
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
-__all__ = ["SourceMap", "check_units", "merge_identical", "model_indices"]
+__all__ = ["SourceMap", "check_units", "merge_identical", "model_indices", "position_ids_from_mask"]
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,9 @@ def merge_identical(
         return list(models), source, units
     table = torch.tensor(remap, device=source.device)
     return distinct, table[source], {s: table[u] for s, u in units.items()}
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that ignore padding on either side (left padding needs this to be exact)."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.clamp_(min=0)

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 
 from weightgraft.engine.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS, MIXER_COMPONENTS
+from weightgraft.engine.architectures.adapter import LATENT_COMPONENTS
 from weightgraft.schemes.errors import SelectorError as SelectorError
 from weightgraft.schemes.labels import (
     FIRST_ENTITY,
@@ -324,8 +325,8 @@ COMPONENT_GROUPS: dict[str, tuple[str, ...]] = {
     # the input embedding: tokens, and learned positions where the model has them (GPT-2)
     "embed": ("embed", "pos_embed"),
     # attention's inputs (Qwen3.5's per-head output gate comes out of q_proj with q; gpt-oss's sinks
-    # join the query's softmax)
-    "attn": ("q", "k", "v", "q_norm", "k_norm", "attn_gate", "sinks"),
+    # join the query's softmax; DeepSeek's latent attention: its query and key/value projections and norms)
+    "attn": ("q", "k", "v", "q_norm", "k_norm", "attn_gate", "sinks", *LATENT_COMPONENTS),
     # a hybrid's recurrent token mixer (in its mixer layers): all of it, and the projections into its conv
     "mixer": MIXER_COMPONENTS,
     "mixer_in": ("mixer_q", "mixer_k", "mixer_v", "mixer_b", "mixer_c", "mixer_x"),
@@ -333,7 +334,8 @@ COMPONENT_GROUPS: dict[str, tuple[str, ...]] = {
     "ffn": ("gate", "up", "act", "down", *_MOE_PARTS),
     "mlp": ("gate", "up", "act", "down", *_MOE_PARTS),
     "shared": ("shared_expert_gate", "shared_gate", "shared_up", "shared_down"),
-    "norms": ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "mixer_norm"),
+    "norms": ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "mixer_norm",
+              "q_a_norm", "kv_a_norm"),
     "layer": LAYER_COMPONENTS,
     "body": ("embed", "pos_embed", *LAYER_COMPONENTS, "final_norm"),
     "all": ("embed", "pos_embed", *LAYER_COMPONENTS, "final_norm", "unembed"),

@@ -29,7 +29,10 @@ MIXER_COMPONENTS: tuple[str, ...] = (
     "mixer_conv", "mixer_decay", "mixer_skip", "mixer_norm", "mixer_out",
 )
 # The attention components a mixer layer has none of.
-ATTENTION_COMPONENTS: tuple[str, ...] = ("q", "k", "v", "q_norm", "k_norm", "attn_gate", "sinks", "o")
+# Multi-head latent attention's (DeepSeek-V3 / V2): the query's low-rank projection, its norm and
+# up-projection, the key/value latent's projection (with the shared rotary key), its norm and up-projection.
+LATENT_COMPONENTS: tuple[str, ...] = ("q_a", "q_a_norm", "q_b", "kv_a", "kv_a_norm", "kv_b")
+ATTENTION_COMPONENTS: tuple[str, ...] = ("q", "k", "v", "q_norm", "k_norm", "attn_gate", "sinks", *LATENT_COMPONENTS, "o")
 
 # The canonical order of per-layer components; ``slots()`` lists them in this order.
 LAYER_COMPONENTS: tuple[str, ...] = (
@@ -41,6 +44,9 @@ LAYER_COMPONENTS: tuple[str, ...] = (
     "k_norm",
     "attn_gate",  # Qwen3.5's per-head output gate, interleaved with q in q_proj
     "sinks",  # gpt-oss's attention sinks: a learned logit per head in each query row's softmax
+    # multi-head latent attention (DeepSeek): q_a -> q_a_norm -> q_b is the query (where it is
+    # low-rank; else ``q``); kv_a -> kv_a_norm -> kv_b the keys and values, at the key's position
+    *LATENT_COMPONENTS,
     # a recurrent token mixer (the attention's place in a hybrid's mixer layers): its input
     # projections, convolution kernel, decay parameters, gated norm and output projection
     *MIXER_COMPONENTS,
@@ -137,7 +143,8 @@ class Experts:
 
     router: str  # returns (logits, top-k weights, top-k indices) over [batch * seq] rows
     experts: str  # the expert bank: fused 3D tensors, expert e at index e
-    shared: dict[str, str] = field(default_factory=dict)  # shared_gate / shared_up / shared_down / shared_expert_gate
+    # shared_gate / shared_up / shared_down / shared_expert_gate (Granite's shared MLP: gate and up fused)
+    shared: dict[str, str | Fused] = field(default_factory=dict)
     router_flat: bool = True  # the router sees [batch * seq, hidden] rows (else [batch, seq, hidden])
     shared_flat: bool = False  # the shared experts see [batch * seq, hidden] rows (Qwen2-MoE)
 

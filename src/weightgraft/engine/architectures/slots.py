@@ -141,7 +141,7 @@ def _build_slots(model: nn.Module) -> list[Slot]:
         mixer = _mixer_of(adapter, layers[i], kind)
         for comp in LAYER_COMPONENTS:
             spec = components.get(comp)
-            if spec is None:
+            if spec is None or _registered_none(layers[i], spec if isinstance(spec, str) else spec.module):
                 continue
             axis = axes.get(comp, 1)
             if mixer is not None and comp in mixer.components:
@@ -220,6 +220,24 @@ def _layer_kind(adapter: Adapter, block: nn.Module, kind: str | None) -> tuple[d
     axes = {**adapter.pos_axis, "router": FLAT if moe.router_flat else 1}
     axes.update({k: FLAT if moe.shared_flat else 1 for k in moe.shared})
     return components, axes
+
+
+def _registered_none(block: nn.Module, path: str) -> bool:
+    """Whether the block sets ``path`` (or a module above it) to None: a variant without that
+    component (DeepSeek's ``q_proj`` where the query is low-rank, ``q_a_proj`` where it is not,
+    Granite's shared MLP where its width is 0). A path never set is still an error."""
+    module = block
+    for name in path.split("."):
+        if name in module._modules:
+            child = module._modules[name]
+        elif name in module.__dict__ and module.__dict__[name] is None:
+            return True
+        else:
+            return False
+        if child is None:
+            return True
+        module = child
+    return False
 
 
 def _holds(block: nn.Module, path: str) -> bool:

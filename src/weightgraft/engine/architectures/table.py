@@ -184,11 +184,25 @@ ADAPTERS: dict[str, Adapter] = {
             "shared_expert_gate": "mlp.shared_expert_gate", "shared_gate": "mlp.shared_expert.gate_proj",
             "shared_up": "mlp.shared_expert.up_proj", "shared_down": "mlp.shared_expert.down_proj"})),
     "granitemoe": _llama_family(_llama_like(), experts=Experts("block_sparse_moe.router", "block_sparse_moe.experts")),
+    # Granite MoE with a shared MLP beside the bank, at the block (its gate and up fused in halves)
+    "granitemoeshared": _llama_family(_llama_like(), experts=Experts(
+        "block_sparse_moe.router", "block_sparse_moe.experts", shared={
+            "shared_gate": Fused("shared_mlp.input_linear", "halves", "first"),
+            "shared_up": Fused("shared_mlp.input_linear", "halves", "second"), "shared_down": "shared_mlp.output_linear"})),
     "phimoe": _llama_family(_llama_like(), experts=Experts("mlp.router", "mlp.experts")),  # LayerNorms with biases
     # GLM-4.5 and dots.llm1: DeepSeek-V3's mixture (dense first layers, grouped routing with a
     # routing-score correction bias, a buffer, in the router; shared experts) with plain attention
     "glm4_moe": _llama_family(_llama_like(), experts=_DEEPSEEK_MOE),
     "dots1": _llama_family(_llama_like(**_QK_NORMS), experts=_DEEPSEEK_MOE),
+    # DeepSeek-V3 / V2 (``deepseek_v3``): that mixture under multi-head latent attention. The query is
+    # q_b(q_a_norm(q_a(x))), or ``q`` where q_lora_rank is None; kv_a gives the key/value latent and the
+    # shared rotary key, kv_b decompresses the normed latent into per-head keys and values, at the key's
+    # position (docs/moe.md; ``weightgraft.engine.attention.latent``). kv_b sees [batch, 1, seq, rank].
+    "deepseek_v3": _llama_family({
+        **{k: v for k, v in _llama_like().items() if k not in ("k", "v")},
+        "q_a": "self_attn.q_a_proj", "q_a_norm": "self_attn.q_a_layernorm", "q_b": "self_attn.q_b_proj",
+        "kv_a": "self_attn.kv_a_proj_with_mqa", "kv_a_norm": "self_attn.kv_a_layernorm", "kv_b": "self_attn.kv_b_proj",
+    }, experts=_DEEPSEEK_MOE, pos_axis={"kv_b": 2}),
     # gpt-oss: attention sinks (a learned logit per head beside each query row's keys, read by the
     # attention function: ``sinks``), biased q/k/v/o, sliding and full layers; a biased router on
     # [batch * seq] rows and a bank whose gate/up columns interleave, with biases
