@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random models (``tiny_models``) and their tokenizer, in memory and
-saved as model directories (``tiny_model_dirs``; the tiny world's pair, ``world_model_dirs``); the tiny finetuning world (``tiny_training``: ``data_dir``, ``base_dir``); the ``slow`` marker (registered in pyproject.toml, the rule in
+saved as model directories (``tiny_model_dirs``; the tiny world's pair, ``world_model_dirs``; a tiny
+Mixtral pair and control, ``moe_dirs``, and their ``weightgraft experts`` folder, ``experts_out``); the tiny finetuning world (``tiny_training``: ``data_dir``, ``base_dir``); the ``slow`` marker (registered in pyproject.toml, the rule in
 docs/development.md) also goes on every test that needs a fixture its module names in
 ``SLOW_FIXTURES``."""
 
@@ -97,4 +98,37 @@ def world_model_dirs(tmp_path_factory) -> dict[str, str]:
         lm.model.save_pretrained(root / role)
         lm.tokenizer.save_pretrained(root / role)
         out[role] = str(root / role)
+    return out
+
+
+@pytest.fixture(scope="session")
+def moe_dirs(tmp_path_factory) -> dict[str, str]:
+    """A tiny random Mixtral pair (and control) on the tiny world, saved as model folders, with
+    the world's data folder (the expert-map and explore tests read them)."""
+    from tiny_world import tokenizer, write_world
+
+    root = tmp_path_factory.mktemp("moe_world")
+    tok = tokenizer()
+    base = make_tiny("mixtral", seed=0, vocab_size=len(tok))
+    out = {"data": str(write_world(root / "data"))}
+    for role, model in (("pre", base), ("sft", make_donor(base, 1)), ("control", make_donor(base, 2))):
+        model.save_pretrained(root / role)
+        tok.save_pretrained(root / role)
+        out[role] = str(root / role)
+    return out
+
+
+@pytest.fixture(scope="session")
+def experts_out(moe_dirs, tmp_path_factory) -> Path:
+    """One ``weightgraft experts`` folder (finetune and control), shared by the tests that read it."""
+    from typer.testing import CliRunner
+
+    from weightgraft.cli import app
+
+    out = tmp_path_factory.mktemp("experts") / "experts"
+    result = CliRunner().invoke(app, ["experts", "--pre", moe_dirs["pre"], "--sft", moe_dirs["sft"], "--control",
+                                      moe_dirs["control"], "--data", moe_dirs["data"], "--template", "headline",
+                                      "--template", "qa", "--metric", "first_logprob", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"report: {out / 'report' / 'index.html'}" in result.output.replace("\n", "")
     return out

@@ -233,3 +233,46 @@ def test_a_rule_s_scale_input_travels_with_the_rule(served, page, tiny_tok):
     _settle(page, seq)
     assert page.locator("#rules input.scale").first.input_value() == "2"
     shown_is_wg_graft("So " + PROMPT)
+
+
+def test_the_moe_page_paints_single_experts_and_clicks_the_expert_map(served, experts_out, moe_dirs):
+    """On a tiny Mixtral with its expert map (--experts): the router and experts grids are drawn,
+    a stroke with the experts list "2" paints expert 2 alone (its cell partly filled, the request
+    a ``/e2`` cell), and a click on a map cell grafts that expert at that region as a rule."""
+    from weightgraft.explore.expert_view import ExpertMapView
+    from weightgraft.models import load_model
+
+    browser = served[1]  # the module's browser (one playwright per thread)
+    loaded = {r: load_model(moe_dirs[r]) for r in ("pre", "sft")}
+    port = free_port()
+    app = create_app(Explorer({r: lm.model for r, lm in loaded.items()}, loaded["pre"].tokenizer),
+                     address=("127.0.0.1", port), experts=ExpertMapView(experts_out))
+    with browser_env.served(app, port) as url:
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        sent: list[dict] = []
+        page.on("request", lambda r: sent.append(json.loads(r.post_data)) if r.url.endswith("/api/graft") else None)
+        page.goto(url)
+        page.wait_for_selector("body[data-ready]", timeout=30000)
+        titles = page.eval_on_selector_all("#grids h3", "hs => hs.map((h) => h.textContent)")
+        assert any(t.startswith("MoE router") for t in titles) and any(t.startswith("MoE experts") for t in titles)
+        seq = _settle(page)
+        page.fill("#experts-list", "2")
+        experts_grid = page.locator("#grids .block").filter(has_text="MoE experts").locator(".grid:not(.heat) .c")
+        experts_grid.first.click()  # the top row (the last layer), the first token
+        seq = _settle(page, seq)
+        assert any(c["slot"].endswith("/e2") for c in sent[-1].get("cells", [])), sent[-1]
+        assert experts_grid.first.get_attribute("data-units") == "1/4"
+        page.fill("#experts-list", "9")
+        experts_grid.nth(1).click()
+        assert "no 9" in page.inner_text("#error")
+        cell = page.locator("#experts table.emap td.v").first  # the first region's last layer, expert 0
+        assert "mean first_logprob effect" in cell.get_attribute("title")
+        cell.click()
+        _settle(page, seq)
+        rule = sent[-1]["rules"][0]
+        assert rule["components"] == "experts" and rule["experts"] == "0" and rule["model"] == "sft"
+        assert "experts 0" in page.inner_text("#rules") and page.inner_text("#error") == ""
+        page.close()
+    assert not errors, errors

@@ -68,3 +68,30 @@ def test_a_server_that_went_away_is_named():
               "process.stdout.write(JSON.stringify(out));")
     got = _node(script)
     assert len(got) == 2 and all("does not answer" in m and "Failed to fetch" not in m for m in got)
+
+
+def test_the_page_paints_single_experts_and_resends_them_as_the_same_map(tiny_pair, tiny_tok):
+    """Experts painted one by one on the experts grid (``paintUnits``, the list ``parseExperts``
+    reads) go back as ``layers.1.experts/e2`` cells (no ``/bias``: a bank has no part outside its
+    experts) and the server builds that map; a bad list is one line."""
+    pre, sft = tiny_pair("mixtral")
+    explorer = Explorer({"pre": pre, "sft": sft}, tiny_tok)
+    n = len(explorer.tokens(GraftRequest(prompt=PROMPT)))
+    bank = explorer.slot_names.index("layers.1.experts")
+    script = (f"import {{ mapCells, paintUnits, parseExperts }} from {_module('units.js')};"
+              "let s = ''; process.stdin.on('data', (d) => { s += d; }); process.stdin.on('end', () => {"
+              "const x = JSON.parse(s); const state = { info: x.info, source: x.source, units: {} };"
+              "paintUnits(state, [x.bank], x.last, parseExperts('2', 4), () => 1);"
+              "paintUnits(state, [x.bank], 0, parseExperts('0..3', 4), () => 1);"  # every expert: the whole bank
+              "const bad = []; for (const t of ['4', '1..x', '3..1']) { try { parseExperts(t, 4); } catch (e) { bad.push(e.message); } }"
+              "process.stdout.write(JSON.stringify({ sent: mapCells(state.source, state.units, x.info.slots, ['pre', 'sft'], 0),"
+              " all: parseExperts('all', 4), bad })); });")
+    source = [[0] * len(explorer.slot_names) for _ in range(n)]
+    got = _node(script, {"info": explorer.info(), "source": source, "bank": bank, "last": n - 1})
+    sent = got["sent"]
+    assert {"position": n - 1, "slot": "layers.1.experts/e2", "model": "sft"} in sent["cells"]
+    assert not any(c["slot"].endswith("/bias") for c in sent["cells"]) and got["all"] is None
+    assert len(got["bad"]) == 3 and "no 4" in got["bad"][0]
+    out = explorer.graft(GraftRequest(prompt=PROMPT, cells=sent["cells"], base=sent["base"], k=3))
+    assert out["map"]["units"] == {"layers.1.experts": {"kind": "expert", "n": 4, "rows": [[n - 1, [0, 0, 1, 0]]]}}
+    assert out["map"]["source"][0][bank] == 1  # four experts painted at token 0: the whole bank from sft

@@ -23,6 +23,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from weightgraft.explore.artifacts import LocalizeView, RunView
+from weightgraft.explore.expert_view import ExpertMapView
 from weightgraft.explore.same_origin import Guard, served_hosts
 from weightgraft.explore.opening import DEFAULT, Opening
 from weightgraft.explore.requests import GraftRequest, Limits, RequestError, TokensRequest, parse
@@ -82,20 +83,25 @@ async def _body(request: Request, limits: Limits) -> Any:
 
 
 def create_app(explorer: Explorer, run: RunView | None = None, localize: LocalizeView | None = None,
-               address: tuple[str, int] = ("127.0.0.1", DEFAULT_PORT), opening: Opening | None = None) -> Starlette:
-    """The ASGI app over one loaded model set (and optionally a run's and a localize run's
-    outputs, read once here), answering requests addressed to ``address`` (host, port) only. The
-    page opens on ``opening`` (``opening.opening_example``; the built-in, unchecked prompt if None)."""
+               address: tuple[str, int] = ("127.0.0.1", DEFAULT_PORT), opening: Opening | None = None,
+               experts: ExpertMapView | None = None) -> Starlette:
+    """The ASGI app over one loaded model set (and optionally a run's, a localize run's and an
+    expert map's outputs, read once here; a map the models' banks do not fit is refused now),
+    answering requests addressed to ``address`` (host, port) only. The page opens on ``opening``
+    (``opening.opening_example``; the built-in, unchecked prompt if None)."""
     work = StrokeLine(explorer.limits.max_waiting)
     run_json = run.to_json() if run is not None else None
     localize_json = localize.to_json() if localize is not None else None
+    if experts is not None:
+        experts.check(explorer.slot_list)
+    experts_json = experts.to_json() if experts is not None else None
 
     async def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
     async def info(request: Request) -> Response:
         return JSONResponse({**explorer.info(), "run": run_json is not None, "localize": localize_json is not None,
-                             "opening": (opening or DEFAULT).to_json()})
+                             "experts": experts_json is not None, "opening": (opening or DEFAULT).to_json()})
 
     async def tokens(request: Request) -> Response:
         req = parse(TokensRequest, await _body(request, explorer.limits))
@@ -126,6 +132,11 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
             raise RequestError("no localize run: start explore with --localize DIR", 404)
         return JSONResponse(localize_json)
 
+    async def experts_info(request: Request) -> Response:
+        if experts_json is None:
+            raise RequestError("no expert map: start explore with --experts DIR", 404)
+        return JSONResponse(experts_json)
+
     async def refused(request: Request, exc: Exception) -> Response:
         return _error(str(exc), getattr(exc, "status", 400))
 
@@ -144,6 +155,7 @@ def create_app(explorer: Explorer, run: RunView | None = None, localize: Localiz
         Route("/api/run", run_info),
         Route("/api/run/figures/{index:int}", run_figure),
         Route("/api/localize", localize_info),
+        Route("/api/experts", experts_info),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(routes=routes, middleware=[Middleware(Guard, hosts=served_hosts(*address))], exception_handlers={

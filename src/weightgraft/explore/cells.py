@@ -1,9 +1,12 @@
 """A request's explicit cells as the engine's maps. A cell names a whole slot (``layers.3.o``)
 or, as localize's found sets do (``engine.cells.cell_name``), one head (``layers.3.o/h2``), one
-neuron (``layers.3.up/n17``) or a split slot's part in no unit (``layers.3.down/bias``). They
-become the grafted pass's ``source`` and per-head / per-neuron maps the way ``engine.cells``
-grafts a found set: a slot's unit row starts from its whole cell, a unit cell sets one unit,
-a ``/bias`` cell the slot's own part (``source``) and no unit. Cells apply in order: a later
+neuron (``layers.3.up/n17``), one expert of a mixture of experts' bank (``layers.3.experts/e2``)
+or a split slot's part in no unit (``layers.3.down/bias``). They become the grafted pass's
+``source`` and per-head / per-neuron / per-expert maps the way ``engine.cells`` grafts a found
+set: a slot's unit row starts from its whole cell, a unit cell sets one unit, a ``/bias`` cell
+the slot's own part (``source``) and no unit (a bank has none: every weight of it is an expert's).
+An expert map rides with the head maps, as a compiled rule's ``experts`` does (the engine sorts
+it out by the slot table: ``engine.moe.route_unit_maps``). Cells apply in order: a later
 whole cell of a position and slot replaces what earlier cells set there. A cell's model may be a
 scaled role of the models (``scaled(sft, 2)``, as a scaled rule's map names it: ``scaled_cells``)."""
 
@@ -68,22 +71,34 @@ def scaled_cells(cells: Sequence[Cell], roles: Sequence[str], base: str) -> tupl
     return out, base, scaled
 
 
+def split_of(slot: Slot) -> tuple[str, int] | None:
+    """What a slot splits into for the page, and how many: ``("head", 12)``, ``("neuron", 64)``,
+    ``("expert", 8)`` for a mixture of experts' bank; None for a whole-only slot."""
+    if slot.experts:
+        return "expert", slot.experts
+    kind = slot.unit_kind()
+    return (str(kind), slot.units(kind)) if kind is not None else None
+
+
 def max_cells(n_tokens: int, slot_list: Sequence[Slot]) -> int:
     """The most cells a prompt can be given: each slot, its every unit and its rest, per token."""
-    return n_tokens * sum(2 + (s.units(s.unit_kind()) if s.unit_kind() else 0) for s in slot_list)
+    return n_tokens * sum(2 + (split[1] if (split := split_of(s)) else 0) for s in slot_list)
 
 
 def _unit(k: int, cell: Cell, slot: Slot, unit: int) -> None:
-    """Refuse a unit the slot does not have, or a head named as a neuron (and back)."""
-    kind = slot.unit_kind()
-    if kind is None:
-        raise RequestError(f"cells.{k}: {slot.name} has no heads or neurons; {cell.slot!r} names a unit of it")
-    letter = "n" if slot.name.rsplit(".", 1)[-1] in NEURON_COMPONENTS else "h"
+    """Refuse a unit the slot does not have, a head named as a neuron (and back), a bank's rest."""
+    split = split_of(slot)
+    if split is None:
+        raise RequestError(f"cells.{k}: {slot.name} has no heads or neurons and is no expert bank; {cell.slot!r} names a unit of it")
+    kind, n = split
+    letter = "e" if slot.experts else "n" if slot.name.rsplit(".", 1)[-1] in NEURON_COMPONENTS else "h"
+    if unit == REST and slot.experts:
+        raise RequestError(f"cells.{k}: {slot.name} is a bank of {n} experts with no part outside them: "
+                           f"write {slot.name}/e<index>")
     if unit != REST and not cell.slot.rsplit("/", 1)[-1].startswith(letter):
         raise RequestError(f"cells.{k}: {slot.name} splits into {kind}s: write {slot.name}/{letter}<index>")
-    if unit != REST and not 0 <= unit < slot.units(kind):
-        raise RequestError(f"cells.{k}: {slot.name} has {slot.units(kind)} {kind}s (0..{slot.units(kind) - 1}); "
-                           f"no {kind} {unit}")
+    if unit != REST and not 0 <= unit < n:
+        raise RequestError(f"cells.{k}: {slot.name} has {n} {kind}s (0..{n - 1}); no {kind} {unit}")
 
 
 def cell_maps(cells: Sequence[Cell], n_tokens: int, slot_list: Sequence[Slot], roles: Sequence[str],
@@ -131,23 +146,24 @@ def cell_maps(cells: Sequence[Cell], n_tokens: int, slot_list: Sequence[Slot], r
         if not chosen and not any(key[1] == s for key in rest):
             continue  # every unit cell of the slot replaced by a whole cell: no map
         slot = slot_list[s]
-        kind = slot.unit_kind()
-        assert kind is not None  # _unit refused the others
-        maps = whole[:, s, None].repeat(1, slot.units(kind))
+        split = split_of(slot)
+        assert split is not None  # _unit refused the others
+        maps = whole[:, s, None].repeat(1, split[1])
         for (t, u), r in chosen.items():
             maps[t, u] = r
-        (heads if kind == Units.HEAD else neurons)[slot.name] = maps
+        (neurons if slot.unit_kind() == Units.NEURON else heads)[slot.name] = maps  # (an expert map rides with heads)
     return SourceMap(slots, heads, neurons)
 
 
 def unit_rows(source: torch.Tensor, maps: Mapping[str, torch.Tensor], slot_index: Mapping[str, int],
-              kind: str) -> dict[str, Any]:
+              kind: str | Mapping[str, str]) -> dict[str, Any]:
     """The rows of unit maps that differ from their cell (``source``), as the page draws and
-    resends them: ``{slot: {"kind", "n", "rows": [[position, [role per unit]], ...]}}``."""
+    resends them: ``{slot: {"kind", "n", "rows": [[position, [role per unit]], ...]}}``; ``kind``
+    one for all maps or by slot name (head maps carry expert maps)."""
     out = {}
     for name, m in maps.items():
         own = source[:, slot_index[name], None]
         rows = [[t, m[t].tolist()] for t in (m != own).any(dim=1).nonzero().flatten().tolist()]
         if rows:
-            out[name] = {"kind": kind, "n": int(m.shape[1]), "rows": rows}
+            out[name] = {"kind": kind if isinstance(kind, str) else kind[name], "n": int(m.shape[1]), "rows": rows}
     return out

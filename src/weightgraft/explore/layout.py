@@ -1,17 +1,26 @@
 """How the page draws a model's slots: a position x layer grid per component group (attention
-q/k/v, o, FFN, norms) and rows for the slots outside the layers (embedding, final norm,
-unembedding). Painting a grid cell assigns every slot of its group at that layer."""
+q/k/v, a hybrid's recurrent mixer, o, FFN, a mixture of experts' router, expert bank and shared
+experts, norms) and rows for the slots outside the layers (embedding, final norm, unembedding).
+Painting a grid cell assigns every slot of its group at that layer; a layer without the group
+(a hybrid's mixer layer has no q/k/v, a dense layer of an MoE no router) has no slot there. The
+router and the bank are grids of their own, so that each can be grafted without the other."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from weightgraft.engine.architectures import MIXER_COMPONENTS
+
 # group -> (title, components); a component the architecture lacks is simply absent
 LAYER_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "attn": ("attention q/k/v", ("q", "k", "v")),
+    "attn": ("attention q/k/v", ("q", "k", "v", "attn_gate", "sinks")),
+    "mixer": ("recurrent mixer", MIXER_COMPONENTS),
     "o": ("attention output o", ("o",)),
     "ffn": ("FFN gate/up/down", ("gate", "up", "down")),
+    "router": ("MoE router", ("router",)),
+    "experts": ("MoE experts (the expert list above the grids paints single experts)", ("experts",)),
+    "shared": ("MoE shared experts", ("shared_expert_gate", "shared_gate", "shared_up", "shared_down")),
     "norms": ("norms", ("attn_norm", "q_norm", "k_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm")),
 }
 GLOBAL_ROWS: dict[str, tuple[str, tuple[str, ...]]] = {

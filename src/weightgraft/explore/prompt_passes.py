@@ -11,6 +11,7 @@ states resume rows of the models that kept them only."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +50,9 @@ class Passes:
     def __init__(self, models: Sequence[nn.Module], pad_id: int, cache_size: int = 64, kept_size: int = 4) -> None:
         self.models = list(models)
         self.pad_id = pad_id
-        self.resumable = resumable(self.models[0])
+        with warnings.catch_warnings():  # (a hybrid's recurrent cache: rows run whole, as the module says)
+            warnings.filterwarnings("ignore", message="prefix sharing is not supported", category=UserWarning)
+            self.resumable = resumable(self.models[0])
         self.n_slots = len(model_slots(self.models[0]))
         self.blocks = decoder_blocks(self.models[0])
         self.cache: OrderedDict[tuple[int, ...], PromptRows] = OrderedDict()

@@ -21,7 +21,7 @@ from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.source_map import SourceMap
 from weightgraft.explore.anchor import anchoring
-from weightgraft.explore.cells import cell_maps, is_scaled, scaled_cells, unit_rows
+from weightgraft.explore.cells import cell_maps, is_scaled, scaled_cells, split_of, unit_rows
 from weightgraft.explore.layout import layout
 from weightgraft.explore.prompt_passes import BASELINES, Check, Passes, ScaledModels
 from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
@@ -49,6 +49,7 @@ class Explorer:
         self.slot_list = model_slots(self.models[0])
         self.slot_names = [s.name for s in self.slot_list]
         self.slot_index = {n: i for i, n in enumerate(self.slot_names)}
+        self.banks = {s.name for s in self.slot_list if s.experts}  # their maps ride with the head maps
         self.layout = layout(self.slot_names)
         self._lock = threading.Lock()
         self.passes = Passes(self.models, pad_id=tokenizer.pad_token_id or 0, cache_size=cache_size)
@@ -62,8 +63,8 @@ class Explorer:
 
         return {
             "roles": self.roles, "slots": self.slot_names, "layout": self.layout,
-            # per slot, what it splits into (a found set of heads or neurons paints them)
-            "units": [{"kind": str(k), "n": s.units(k)} if (k := s.unit_kind()) else None for s in self.slot_list],
+            # per slot, what it splits into (a found set of heads or neurons paints them; a bank, its experts)
+            "units": [{"kind": split[0], "n": split[1]} if (split := split_of(s)) else None for s in self.slot_list],
             "limits": {"max_prompt_chars": self.limits.max_prompt_chars,
                        "max_tokens": self.limits.max_tokens, "max_k": self.limits.max_k},
             "schemes": page_schemes(),
@@ -149,8 +150,10 @@ class Explorer:
             "answer": None if answer_id is None else self._answer(request.answer, answer_id, logits, logp),
             "protocol": request.protocol,
             "map": {"base": base, "roles": [*self.roles, *scaled], "source": maps.slots.tolist(),
-                    "heads": sorted(maps.heads), "neurons": sorted(maps.neurons),
-                    "units": {**unit_rows(maps.slots, maps.heads, self.slot_index, "head"),
+                    "heads": sorted(set(maps.heads) - self.banks), "neurons": sorted(maps.neurons),
+                    "experts": sorted(set(maps.heads) & self.banks),
+                    "units": {**unit_rows(maps.slots, maps.heads, self.slot_index,
+                                          {n: "expert" if n in self.banks else "head" for n in maps.heads}),
                               **unit_rows(maps.slots, maps.neurons, self.slot_index, "neuron")}},
         }
         out["ms"] = round(1000 * (time.perf_counter() - t0), 2)

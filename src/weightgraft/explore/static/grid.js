@@ -1,5 +1,6 @@
 // The graft map: a position x layer grid per component group plus rows for embedding, final
-// norm and unembedding. Click and drag paint the chosen role into every slot of a cell.
+// norm and unembedding. Click and drag paint the chosen role into every slot of a cell. A layer
+// without the group (a hybrid's mixer layer has no q/k/v) is drawn empty and takes no paint.
 // (a map's roles: the models, then the scaled roles its rules use)
 const COLORS = ["var(--pre)", "var(--sft)", "var(--r2)", "var(--r3)", "#b07aa1", "#e15759", "#76b7b2", "#9c755f"];
 export const roleColor = (i) => COLORS[i % COLORS.length];
@@ -75,10 +76,11 @@ export function drawGrids(root, layout, tokens, handlers) {
   let painting = null;  // the role a stroke paints (or erases to)
   const paint = (block, cell) => {
     const slots = block.slotsAt(+cell.dataset.row);
+    if (!slots.length) return;
     handlers.onPaint(slots, +cell.dataset.t, (current) => {
       if (painting === null) painting = current.every((r) => r === handlers.paintRole()) ? handlers.baseRole() : handlers.paintRole();
       return painting;
-    });
+    }, block.key);
   };
   blocks.forEach((block) => {
     block.cells.flat().forEach((cell) => {
@@ -116,6 +118,8 @@ export function drawGrids(root, layout, tokens, handlers) {
       for (const block of blocks) {
         block.cells.forEach((row, r) => row.forEach((cell, t) => {
           const slots = block.slotsAt(r);
+          cell.classList.toggle("absent", !slots.length);
+          if (!slots.length) { cell.title = `layer ${L - 1 - r} has no ${block.key} slots`; return; }
           const roles = slots.map((s) => source[t][s]);
           const first = roles[0];
           const mixed = roles.some((x) => x !== first);

@@ -3,10 +3,11 @@
 // what comes back. Applied rules (a scheme's) are sent as rules, each with its scale.
 import { getJSON, postJSON } from "./api.js";
 import { drawGrids, roleColor } from "./grid.js";
+import { drawExperts } from "./experts.js";
 import { drawLocalize, drawRun } from "./panels.js";
 import { drawTokens, formatSpans, parseSpans, shiftSpans } from "./tokens.js";
 import { drawAnswer, drawTop } from "./topk.js";
-import { applyKey, clearUnits, mapCells, moveUnits, readUnits, unitSummary, unitsAt } from "./units.js";
+import { applyKey, clearUnits, mapCells, moveUnits, paintUnits, parseExperts, readUnits, unitSummary, unitsAt } from "./units.js";
 
 const $ = (id) => document.getElementById(id);
 // this page's name to the server: its strokes still waiting when a newer one comes are dropped
@@ -113,10 +114,15 @@ const handlers = {
   mapBase: () => state.base,
   unitsAt: (s, t) => unitsAt(state.units, s, t),
   unitCount: (s) => state.info.units[s]?.n || 1,
-  onPaint(slots, t, choose) {
-    const role = choose(slots.map((s) => state.source[t][s]));
-    slots.forEach((s) => { state.source[t][s] = role; });
-    clearUnits(state.units, slots, t);
+  onPaint(slots, t, choose, key) {
+    const which = key === "experts" ? pickedExperts() : null;  // single experts of the bank, or the whole cell
+    if (which === undefined) return;
+    if (which) paintUnits(state, slots, t, which, choose);
+    else {
+      const role = choose(slots.map((s) => state.source[t][s]));
+      slots.forEach((s) => { state.source[t][s] = role; });
+      clearUnits(state.units, slots, t);
+    }
     state.applied = null;
     setRules(null);
     markScheme(null);
@@ -124,6 +130,12 @@ const handlers = {
   },
   onStroke() { graft(); },
 };
+
+// the experts field: null (the whole bank), the indices, or undefined after saying why not
+function pickedExperts() {
+  const bank = state.info.units.find((u) => u && u.kind === "expert");
+  try { showError(""); return parseExperts($("experts-list").value, bank ? bank.n : 0); } catch (e) { showError(e.message); return undefined; }
+}
 
 function drawHeat() {
   if (!state.grids) return;
@@ -144,7 +156,7 @@ function setRules(rules) {
 
 const graftSoon = debounce(graft, 250);
 const ruleText = (r) => `${r.model}: ${r.positions || "all"} · ${r.components || "body"} · layers ${r.layers || "all"}` +
-  (r.heads ? ` · heads ${r.heads}` : "");
+  (r.heads ? ` · heads ${r.heads}` : "") + (r.experts ? ` · experts ${r.experts}` : "");
 
 // one numeric input per applied rule: its cells hold base + scale × (model − base)
 function drawRules() {
@@ -223,7 +235,7 @@ function drawLegend() {
   root.appendChild(mixed);
   const partial = document.createElement("span");
   const psw = document.createElement("span"); psw.className = "swatch partial";
-  partial.append(psw, "some heads or neurons from another model (filled by their share; hover for counts)");
+  partial.append(psw, "some heads, neurons or experts from another model (filled by their share; hover for counts)");
   root.appendChild(partial);
 }
 
@@ -288,6 +300,15 @@ const page = {
     if (ex) page.openExample(ex); else graft();
   },
   setHeat(map, column) { state.heat = map; state.heatColumn = column; drawHeat(); },
+  // an expert map's click: its rule (that expert, layer and region) over PRE
+  applyRules(rules, name) {
+    setRules(rules);
+    state.base = state.info.roles.indexOf("pre");
+    state.applied = null;
+    markScheme(null);
+    notice(name);
+    graft();
+  },
   // a localize run's set: whole cells painted, heads and neurons (layers.3.o/h2) unit by unit
   applySet(direction, keyed, name) {
     const pre = state.info.roles.indexOf("pre"), sft = state.info.roles.indexOf("sft");
@@ -358,6 +379,10 @@ async function init() {
   $("protocol").onchange = () => { state.protocolBefore = null; graft(); };
   if (state.info.run) {
     try { drawRun($("run"), await getJSON("/api/run"), page); } catch (e) { showError(e.message); }
+  }
+  $("experts-pick").hidden = !state.info.units.some((u) => u && u.kind === "expert");
+  if (state.info.experts) {
+    try { drawExperts($("experts"), await getJSON("/api/experts"), page, state.info.roles); } catch (e) { showError(e.message); }
   }
   if (state.info.localize) {
     try { drawLocalize($("localize"), await getJSON("/api/localize"), page); } catch (e) { showError(e.message); }

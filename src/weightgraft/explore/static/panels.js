@@ -8,7 +8,7 @@ function el(tag, text, attrs = {}) {
 }
 const fmt = (v) => (typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : v ?? "");
 
-function examplePicker(examples, onPick) {
+export function examplePicker(examples, onPick) {
   const wrap = el("div");
   const select = el("select");
   for (const [template, list] of Object.entries(examples || {})) {

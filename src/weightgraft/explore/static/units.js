@@ -1,10 +1,11 @@
-// Heads and neurons grafted apart from their cell (a localize run's found set of units, a per-head
-// rule). The page keeps, per slot index, the positions whose units differ from the cell
+// Heads, neurons and a mixture of experts' experts grafted apart from their cell (a localize run's
+// found set of units, a per-head rule, experts painted one by one or an expert map's click). The
+// page keeps, per slot index, the positions whose units differ from the cell
 // ({kind, n, rows: Map(position -> role per unit)}), sends them back as unit cells
-// (layers.3.o/h2, layers.3.up/n17, layers.3.down/bias: the names localize writes) and says
-// how many units are grafted.
+// (layers.3.o/h2, layers.3.up/n17, layers.3.experts/e5, layers.3.down/bias: the names localize
+// writes) and says how many units are grafted. A bank has no part outside its experts: no /bias.
 
-const LETTER = { head: "h", neuron: "n" };
+const LETTER = { head: "h", neuron: "n", expert: "e" };
 
 // the server's map.units (slot name -> {kind, n, rows: [[position, roles]]}) by slot index
 export function readUnits(mapUnits, slots) {
@@ -44,7 +45,7 @@ export function unitCells(units, source, slots, roles, base) {
       const common = mostCommon(row), name = slots[s];
       if (common !== base) out.push({ position: t, slot: name, model: roles[common] });
       row.forEach((r, k) => { if (r !== common) out.push({ position: t, slot: `${name}/${LETTER[u.kind]}${k}`, model: roles[r] }); });
-      if (source[t][s] !== common) out.push({ position: t, slot: `${name}/bias`, model: roles[source[t][s]] });
+      if (u.kind !== "expert" && source[t][s] !== common) out.push({ position: t, slot: `${name}/bias`, model: roles[source[t][s]] });
     }
   }
   return out;
@@ -72,6 +73,32 @@ function rowsOf(state, s, make) {
   if (!kind) return null;
   if (!state.units[s] && make) state.units[s] = { kind: kind.kind, n: kind.n, rows: new Map() };
   return state.units[s] || null;
+}
+
+// "2", "0,3", "0..3" or "all" (null: the whole bank) as expert indices below n; throws one line
+export function parseExperts(text, n) {
+  const t = text.trim();
+  if (t === "" || t === "all") return null;
+  const out = new Set();
+  for (const part of t.split(",")) {
+    const m = part.trim().match(/^(\d+)(?:\.\.(\d+))?$/);
+    if (!m) throw new Error(`experts: ${JSON.stringify(part.trim())} is not an expert index or a range a..b`);
+    const [a, b] = [+m[1], m[2] === undefined ? +m[1] : +m[2]];
+    if (a > b || b >= n) throw new Error(`experts: the banks have ${n} experts (0..${n - 1}); no ${part.trim()}`);
+    for (let k = a; k <= b; k++) out.add(k);
+  }
+  return [...out].sort((x, y) => x - y);
+}
+
+// paint experts `which` of the banks `slots` at position t: choose(current roles) -> the role
+export function paintUnits(state, slots, t, which, choose) {
+  const rows = slots.map((s) => {
+    const u = rowsOf(state, s, true);
+    if (!u.rows.has(t)) u.rows.set(t, Array(u.n).fill(state.source[t][s]));
+    return u.rows.get(t);
+  });
+  const role = choose(rows.flatMap((row) => which.map((k) => row[k])));
+  rows.forEach((row) => which.forEach((k) => { row[k] = role; }));
 }
 
 // a painted whole cell replaces the units painted apart at (t, s)
