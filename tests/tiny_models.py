@@ -54,6 +54,13 @@ TINY_CONFIGS: dict[str, T.PretrainedConfig] = {
 _TEXT = dict(**_LLAMA, num_key_value_heads=2, head_dim=8, **_COMMON)
 _VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                image_size=28, patch_size=14)
+_QWEN3_5_TEXT = dict(  # multimodal rotary positions, which on text alone are the same position on every axis
+    **_TEXT | {"num_hidden_layers": 3}, layer_types=["linear_attention", "full_attention", "linear_attention"],
+    linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+    linear_num_value_heads=4, rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=1.0,
+                                                   mrope_section=[2, 1, 1], mrope_interleaved=True))
+_QWEN3_5_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=14,
+                       num_position_embeddings=16)
 VL_CONFIGS: dict[str, T.PretrainedConfig] = {
     "gemma3": T.Gemma3Config(  # Gemma 3 4B-27B: tied, four norms, q/k norms, sliding window
         text_config=dict(**_TEXT, sliding_window=3), vision_config=_VISION, mm_tokens_per_image=4,
@@ -110,6 +117,13 @@ VL_CONFIGS: dict[str, T.PretrainedConfig] = {
                            deepstack_visual_indexes=[0], patch_size=14, num_position_embeddings=16),
         image_token_id=64, video_token_id=65,
     ),
+    # Qwen3.5 / Qwen3.5-MoE: a hybrid language model (Gated DeltaNet and gated attention; experts in every MLP)
+    "qwen3_5": T.Qwen3_5Config(text_config=_QWEN3_5_TEXT, vision_config=_QWEN3_5_VISION, image_token_id=64,
+                               video_token_id=65),
+    "qwen3_5_moe": T.Qwen3_5MoeConfig(
+        text_config=dict(_QWEN3_5_TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                         shared_expert_intermediate_size=20), vision_config=_QWEN3_5_VISION, image_token_id=64,
+        video_token_id=65),
 }
 TINY_CONFIGS.update(VL_CONFIGS)
 
@@ -156,8 +170,24 @@ HYBRID_CONFIGS: dict[str, T.PretrainedConfig] = {
         hidden_size=32, layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention"],
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48, ssm_state_size=8,
         mamba_num_heads=4, mamba_head_dim=8, n_groups=2, conv_kernel=4, chunk_size=4, **_COMMON),
+    # All three layer kinds in one family: mixer and attention layers, mixtures of experts (the MoE matrix runs them too)
+    "qwen3_5_moe_text": T.Qwen3_5MoeTextConfig(  # Qwen3.5's layers, every MLP 4 experts and a gated shared expert
+        **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8,
+        layer_types=["linear_attention", "full_attention", "linear_attention"], linear_conv_kernel_dim=4,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=20, **_COMMON),
+    "lfm2_moe": T.Lfm2MoeConfig(  # LFM2's layers, layer 0 dense, a sigmoid router shifted by the block's expert_bias
+        **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"],
+        conv_L_cache=3, num_dense_layers=1, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, **_COMMON),
 }
 TINY_CONFIGS.update(HYBRID_CONFIGS)
+# Every tiny model whose layers hold a recurrent mixer, the wrappers over a hybrid included: the
+# matrices of what refuses mixers (partial grafts, depth and prefix sharing) leave them out
+WITH_MIXERS = frozenset({*HYBRID_CONFIGS, *(m for m, c in VL_CONFIGS.items()
+                                            if c.get_text_config(decoder=True).model_type in HYBRID_CONFIGS)})
+for _name in ("qwen3_5_moe_text", "lfm2_moe"):
+    MOE_CONFIGS[_name] = HYBRID_CONFIGS[_name]
+    MOE_CONFIGS[_name]._experts_implementation = "eager"
 
 
 @torch.no_grad()

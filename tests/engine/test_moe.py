@@ -24,6 +24,7 @@ from tiny_models import MOE_CONFIGS, make_donor, make_tiny, random_ids
 MOE = sorted(MOE_CONFIGS)
 SHARED = [m for m in MOE if any(n.endswith("shared_up") for n in wg.slots(make_tiny(m, randomize=False)))]
 TOL32 = 1e-4
+ROUTER_BUFFERS = ("e_score_correction_bias", "expert_bias")  # DeepSeek's routing correction, LFM2-MoE's block bias
 
 
 def _models(model_type: str, dtype: torch.dtype, implementation: str = "eager") -> list[torch.nn.Module]:
@@ -160,15 +161,16 @@ def test_an_expert_the_router_never_picks_leaves_the_logits_bit_for_bit(model_ty
     assert (moved - models[0](input_ids=ids).logits).abs().max().item() > 1e-3
 
 
-@pytest.mark.parametrize("model_type", ["glm4_moe", "dots1", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["glm4_moe", "dots1", "deepseek_v3", "lfm2_moe"])
 @torch.no_grad()
 def test_a_donor_differing_only_in_the_routers_buffer_is_grafted_as_itself(model_type, tmp_path):
-    """The routing-score correction bias is a buffer: a graft of the router takes the donor's."""
+    """The routing-score correction bias is a buffer: a graft of the router takes the donor's
+    (LFM2-MoE's sits in the block, which passes it to the router: the router slot holds it)."""
     from weightgraft.models.lean import donor_view, needed_parameters
 
     base = make_tiny(model_type, seed=0).double()
     donor = copy.deepcopy(base)
-    buffers = [n for n, _ in donor.named_buffers() if n.endswith("e_score_correction_bias")]
+    buffers = [n for n, _ in donor.named_buffers() if n.endswith(ROUTER_BUFFERS)]
     assert buffers
     for name in buffers:
         donor.get_buffer(name).copy_(torch.linspace(-2.0, 2.0, donor.get_buffer(name).numel()))
@@ -182,8 +184,13 @@ def test_a_donor_differing_only_in_the_routers_buffer_is_grafted_as_itself(model
     assert (got - ref).abs().max().item() <= 1e-10
     assert (got - plain_base).abs().max().item() > 1e-2  # the bias changed routing
     assert (got - plain_donor).abs().max().item() <= 1e-10  # the donor differs only there
+    rows = torch.randint(0, 2, ids.shape, generator=torch.Generator().manual_seed(1))[..., None]
+    with float64_exact([base, donor]):  # the donor's router at random positions only: each row its own bias
+        some = wg.graft_forward([base, donor], ids, source * rows)
+        assert (some - per_token_forward([base, donor], ids, source * rows)).abs().max().item() <= 1e-10
+    assert min((some - plain_base).abs().max().item(), (some - plain_donor).abs().max().item()) > 1e-3
     routers = [s.name for s in model_slots(base) if s.router]
-    assert all(any(p.endswith("e_score_correction_bias") for p in needed_parameters(base, [r])) for r in routers)
+    assert all(any(p.endswith(ROUTER_BUFFERS) for p in needed_parameters(base, [r])) for r in routers)
     view = donor_view(base, {n: donor.get_buffer(n) for n in buffers})  # a lean donor holding the buffers
     with float64_exact([base, view]):
         assert torch.equal(wg.graft_forward([base, view], ids, source), got)
@@ -205,7 +212,7 @@ def test_a_lean_donor_holding_only_the_banks_equals_the_full_donor_bit_for_bit(m
     lean, digest = lean_from_safetensors(base, tmp_path / "donor", needed)
     assert digest == weights_sha256(donor)
     held = memory_report(lean, base).tensors_held  # a correction bias equal to the base's is shared
-    assert held == len([n for n in needed if not n.endswith("e_score_correction_bias")])
+    assert held == len([n for n in needed if not n.endswith(ROUTER_BUFFERS)])
     ids = random_ids(2, 7)
     experts = _expert_maps(base, tuple(ids.shape), 2, seed=8)
     source = _only(base, tuple(ids.shape), lambda n: n.endswith(".router"))

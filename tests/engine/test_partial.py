@@ -8,12 +8,12 @@ import torch
 import weightgraft as wg
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.reference import per_token_mixed_forward
-from tiny_models import HYBRID_CONFIGS, TINY_CONFIGS, random_ids, tiny_models
+from tiny_models import WITH_MIXERS, TINY_CONFIGS, random_ids, tiny_models
 
 # Apertus' xIELU activation is not affine in its weights: partial grafts refuse it
 # (test_non_affine_activation_is_refused_in_one_line in test_partial.py)
 # Apertus (xIELU) and the hybrids (a recurrent mixer) refuse partial grafts: tested where they are
-ARCHS = sorted(m for m in TINY_CONFIGS if m != "apertus" and m not in HYBRID_CONFIGS)
+ARCHS = sorted(m for m in TINY_CONFIGS if m != "apertus" and m not in WITH_MIXERS)
 
 
 def _tol(model_type: str) -> float:

@@ -9,11 +9,11 @@ import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.sharing.prefix import GraftItem, PrefixGroup, prefix_forward, shared_prefix_groups
 from weightgraft.engine.reference import CompositeModel, per_token_forward
-from tiny_models import HYBRID_CONFIGS, TINY_CONFIGS, tiny_models
+from tiny_models import WITH_MIXERS, TINY_CONFIGS, tiny_models
 
 # the hybrids' caches hold recurrent layers, which prefix sharing does not share: their items run whole
 # (exact: tests/engine/test_mixers.py)
-ARCHS = sorted(m for m in TINY_CONFIGS if m not in HYBRID_CONFIGS)
+ARCHS = sorted(m for m in TINY_CONFIGS if m not in WITH_MIXERS)
 TOL = 1e-4
 
 

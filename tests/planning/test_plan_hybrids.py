@@ -1,7 +1,8 @@
 """The planner on hybrids and on gpt-oss's sinks, from the config alone: a hybrid's cache is its
 attention layers' keys and values and, per row, each mixer layer's conv and recurrent states (equal
 to the bytes transformers' ``DynamicCache`` holds after a pass, on tiny LFM2, Qwen3.5 and Nemotron-H);
-a dense model's is every layer's keys and values as before; a part naming some tensors of its
+a dense model's is every layer's keys and values as before; multi-head latent attention's is its
+decompressed keys and values per query head, as a grafted pass caches them; a part naming some tensors of its
 module (``sinks``) prices those in the graft deltas, not the module."""
 
 from __future__ import annotations
@@ -72,3 +73,29 @@ def test_graft_deltas_price_the_sinks_not_the_attention_module(tmp_path):
     sinks = sum(meta.get_submodule(p.path).sinks.numel() for s in model_slots(meta) for p in s.parts if p.tensors)
     assert sinks == footprint.heads * footprint.layers
     assert delta_bytes(footprint, "float32") == 4 * (proj + 2 * other + 2 * sinks)
+
+
+@torch.no_grad()
+def test_an_mla_cache_line_counts_the_decompressed_keys_and_values_a_grafted_pass_holds(tmp_path):
+    """DeepSeek-V3: a grafted pass caches each position's keys and values as its kv_b made them, per
+    query head (qk_nope + qk_rope and v_head_dim wide), not 2 x kv_heads x head_dim: the plan counts that."""
+    from transformers import DynamicCache
+
+    from weightgraft.engine.forward import graft_call
+    from weightgraft.planning.depth_states import depth_state_bytes
+
+    footprint = _footprint(tmp_path, "deepseek_v3")
+    base = make_tiny("deepseek_v3")
+    config = footprint.config
+    assert 2 * footprint.kv_heads * footprint.head_dim != config.num_attention_heads * (
+        config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim)  # the old count was another number
+    n = len(model_slots(base))
+    for rows, seq in ((3, 11), (1, 4)):
+        ids = torch.randint(3, 60, (rows, seq), generator=torch.Generator().manual_seed(rows))
+        cache = DynamicCache(config=base.config)
+        graft_call([base], ids, torch.zeros(rows, seq, n, dtype=torch.long), past_key_values=cache, use_cache=True)
+        held = _held(cache)
+        assert cache_bytes(footprint, rows, seq, "float32") == held
+        assert inference_bytes(footprint, rows, seq, 1, "float32")["kv_cache"] == held
+        residuals = 4 * rows * config.num_hidden_layers * seq * config.hidden_size  # depth sharing's references
+        assert depth_state_bytes(config, rows, seq, 0) == held + residuals

@@ -35,23 +35,29 @@ def _callers(targets: list[nn.Module]) -> list[Callable[..., Any]]:
     return [own_forward(t) if i == 0 else t for i, t in enumerate(targets)]
 
 
-def router_forward(targets: list[nn.Module], models: torch.Tensor) -> Callable[..., Any]:
+def router_forward(targets: list[nn.Module], models: torch.Tensor,
+                   passed: list[tuple[torch.Tensor, ...]] | None = None) -> Callable[..., Any]:
     """A forward for the base's router: ``models`` ``[batch, seq]`` names the model whose router
     serves each position; the outputs (logits, top-k weights, top-k indices) are ``[batch * seq,
-    ...]`` rows, whether the router sees flattened rows or ``[batch, seq, hidden]``."""
+    ...]`` rows, whether the router sees flattened rows or ``[batch, seq, hidden]``. ``passed``:
+    per model, the block's tensors the block hands its router after the states (LFM2-MoE's
+    ``expert_bias``), so a row's routing takes them from the model serving it, not the base's block."""
     fns = _callers(targets)
     flat = models.reshape(-1)
     present = torch.unique(flat).tolist()
     rows = {m: (flat == m).nonzero().flatten() for m in present}
 
+    def own(m: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return args if passed is None else (*passed[m], *args[len(passed[m]):])
+
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if len(present) == 1:
-            return fns[present[0]](x, *args, **kwargs)
+            return fns[present[0]](x, *own(present[0], args), **kwargs)
         states = x.reshape(flat.numel(), x.shape[-1])
         outs: list[torch.Tensor] | None = None
         for m in present:
             r = rows[m].to(states.device)
-            got = fns[m](states[r], *args, **kwargs)
+            got = fns[m](states[r], *own(m, args), **kwargs)
             if outs is None:
                 outs = [t.new_empty(flat.numel(), *t.shape[1:]) for t in got]
             for out, t in zip(outs, got, strict=True):
@@ -115,11 +121,21 @@ def swap_banks(swap: Swaps, targets: Callable[[str], list[nn.Module]], base: nn.
     for s, slot in enumerate(slot_list):
         if (slot.router or slot.experts) and (donors[s] or (s in banks and bool(banks[s].ne(0).any()))):
             path = slot.parts[0].path
-            forward = (router_forward(targets(path), columns[s]) if slot.router
+            forward = (router_forward(targets(path), columns[s], _passed(targets, slot)) if slot.router
                        else experts_forward(targets(path), columns[s], banks.get(s)))
             swap.forward(base.get_submodule(path), forward)
-            taken.add(path)
+            taken.update(p.path for p in slot.parts)
     return taken
+
+
+def _passed(targets: Callable[[str], list[nn.Module]], slot: Slot) -> list[tuple[torch.Tensor, ...]] | None:
+    """Per model, the router slot's tensors its block passes to the router (``Experts.router_args``)."""
+    extra = [p for p in slot.parts[1:] if p.tensors]
+    if not extra:
+        return None
+    (part,) = extra
+    assert part.tensors is not None  # filtered above
+    return [tuple(getattr(block, n) for n in part.tensors) for block in targets(part.path)]
 
 
 def check_expert_maps(expert_source: dict[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,

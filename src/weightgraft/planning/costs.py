@@ -212,9 +212,14 @@ def cache_bytes(fp: ModelFootprint, rows: int, seq: int, dtype: Any) -> int:
     layer's keys and values per token; a hybrid's mixer layers hold no keys or values but, per
     row, a conv state (the conv's channels times its kernel width) and a recurrent state (Gated
     DeltaNet: value heads x key dim x value dim; Mamba2: heads x head dim x state size; computed
-    in float32, so counted in at least that), neither growing with the prompt."""
+    in float32, so counted in at least that), neither growing with the prompt. Multi-head latent
+    attention caches its keys and values decompressed, per query head (:func:`latent_cache_width`)."""
+    from weightgraft.engine.architectures import text_config
+    from weightgraft.planning.depth_states import latent_cache_width
+
     b = dtype_bytes(dtype)
-    keys_values = 2 * fp.kv_heads * fp.head_dim * b * rows * seq
+    width = latent_cache_width(text_config(fp.config)) or 2 * fp.kv_heads * fp.head_dim
+    keys_values = width * b * rows * seq
     layers = _cache_layers(fp)
     if layers is None:
         return fp.layers * keys_values

@@ -4,14 +4,26 @@ adds to the peak of exact effects (``weightgraft.planning.localize``) and what
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from transformers import DynamicCache
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-__all__ = ["cached_positions", "depth_state_bytes"]
+__all__ = ["cached_positions", "depth_state_bytes", "latent_cache_width"]
+
+
+def latent_cache_width(text: Any) -> int | None:
+    """Elements one multi-head latent attention layer (DeepSeek-V3 / V2) caches per position, None
+    for other attention: a grafted pass caches each position's keys and values as its ``kv_b``
+    decompressed them (``weightgraft.engine.attention.latent``), per query head a key of
+    ``qk_nope_head_dim + qk_rope_head_dim`` and a value of ``v_head_dim``, not the latent, so its
+    keys and values are not ``2 x kv_heads x head_dim``."""
+    if not getattr(text, "kv_lora_rank", None) or getattr(text, "qk_nope_head_dim", None) is None:
+        return None
+    parts = (getattr(text, n) for n in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    return int(text.num_attention_heads) * sum(int(p) for p in parts)
 
 
 def cached_positions(config: PretrainedConfig, seq_len: int) -> list[int]:
@@ -46,7 +58,7 @@ def depth_state_bytes(
     heads = int(text.num_attention_heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
-    kv = 2 * kv_heads * head_dim
+    kv = latent_cache_width(text) or 2 * kv_heads * head_dim
     references = n_references * layers * seq_len * (kv + hidden)
     passes = chunk * (kv * sum(cached_positions(config, seq_len)) + seq_len * hidden)
     return dtype_bytes * (references + passes)

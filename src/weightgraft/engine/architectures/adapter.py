@@ -146,6 +146,9 @@ class Experts:
     # shared_gate / shared_up / shared_down / shared_expert_gate (Granite's shared MLP: gate and up fused)
     shared: dict[str, str | Fused] = field(default_factory=dict)
     router_flat: bool = True  # the router sees [batch * seq, hidden] rows (else [batch, seq, hidden])
+    # tensors of the block that the block passes to its router after the states (LFM2-MoE's
+    # ``expert_bias``, a buffer that shifts which experts are picked): part of the router slot
+    router_args: Tensors | None = None
     shared_flat: bool = False  # the shared experts see [batch * seq, hidden] rows (Qwen2-MoE)
 
 

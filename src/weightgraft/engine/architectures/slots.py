@@ -182,7 +182,9 @@ def _build_slots(model: nn.Module) -> list[Slot]:
                     neurons = 0
                     if n_side is not None:
                         neurons = _in_features(module) if n_side == "in" else _out_features(module)
-                    out.append(Slot(f"layers.{i}.{comp}", (bound,), heads, side, neurons, n_side,
+                    args = adapter.experts.router_args if comp == "router" and adapter.experts is not None else None
+                    extra = () if args is None else (part(f"{prefix}.{args.module}", tensors=args.names),)
+                    out.append(Slot(f"layers.{i}.{comp}", (bound, *extra), heads, side, neurons, n_side,
                                     router=comp == "router"))
     if adapter.final_norm is not None and _has_parameters(model.get_submodule(adapter.final_norm)):
         out.append(Slot("final_norm", (part(adapter.final_norm),)))

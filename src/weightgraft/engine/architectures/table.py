@@ -37,6 +37,10 @@ _GEMMA2_NORMS = {
 _QK_NORMS: dict[str, str | Fused] = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
 # Mixtures of experts: router and bank under ``mlp``, the router on [batch * seq] rows.
 _MOE = Experts("mlp.gate", "mlp.experts")
+# Qwen2-MoE's and Qwen3.5-MoE's: a shared expert beside the bank, gated per token (sigmoid of a 1-wide projection)
+_GATED_SHARED_MOE = Experts("mlp.gate", "mlp.experts", shared_flat=True, shared={
+    "shared_expert_gate": "mlp.shared_expert_gate", "shared_gate": "mlp.shared_expert.gate_proj",
+    "shared_up": "mlp.shared_expert.up_proj", "shared_down": "mlp.shared_expert.down_proj"})
 _DEEPSEEK_MOE = Experts("mlp.gate", "mlp.experts", router_flat=False, shared={
     "shared_gate": "mlp.shared_experts.gate_proj", "shared_up": "mlp.shared_experts.up_proj",
     "shared_down": "mlp.shared_experts.down_proj"})
@@ -61,6 +65,13 @@ _GATED_DELTA = Mixer("linear_attn", "gated_delta_net", {
     "mixer_z": "linear_attn.in_proj_z", "mixer_beta": "linear_attn.in_proj_b", "mixer_dt": "linear_attn.in_proj_a",
     "mixer_conv": "linear_attn.conv1d", "mixer_decay": Tensors("linear_attn", ("A_log", "dt_bias")),
     "mixer_norm": "linear_attn.norm", "mixer_out": "linear_attn.out_proj"})
+_LFM2: dict[str, str | Fused] = {
+    "attn_norm": "operator_norm", "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+    "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm", "o": "self_attn.out_proj",
+    "mlp_norm": "ffn_norm", "gate": "feed_forward.w1", "up": "feed_forward.w3", "down": "feed_forward.w2"}
+# Qwen3.5's attention layers: q_proj interleaves [q_h | gate_h] per head (``q`` and ``attn_gate``)
+_QWEN3_5 = _llama_like(**_QK_NORMS, q=Fused("self_attn.q_proj", "q_gate_per_head", "q"),
+                       attn_gate=Fused("self_attn.q_proj", "q_gate_per_head", "gate"))
 # Nemotron-H: every block holds one sublayer at ``mixer`` under one ``norm``, of the kind
 # ``layers_block_type`` names: a Mamba2 mixer (in_proj = [z | x | B | C | dt], a causal conv over
 # x|B|C with a bias, A_log / dt_bias / D per head, a group-wise gated norm, out_proj), attention
@@ -179,10 +190,7 @@ ADAPTERS: dict[str, Adapter] = {
     "mixtral": _llama_family(_llama_like(), experts=_MOE),
     "qwen3_moe": _llama_family(_llama_like(**_QK_NORMS), experts=_MOE),
     "olmoe": _llama_family(_llama_like(**_QK_NORMS), experts=_MOE),  # q/k norms on the whole projection
-    "qwen2_moe": _llama_family(_llama_like(), experts=Experts(
-        "mlp.gate", "mlp.experts", shared_flat=True, shared={
-            "shared_expert_gate": "mlp.shared_expert_gate", "shared_gate": "mlp.shared_expert.gate_proj",
-            "shared_up": "mlp.shared_expert.up_proj", "shared_down": "mlp.shared_expert.down_proj"})),
+    "qwen2_moe": _llama_family(_llama_like(), experts=_GATED_SHARED_MOE),
     "granitemoe": _llama_family(_llama_like(), experts=Experts("block_sparse_moe.router", "block_sparse_moe.experts")),
     # Granite MoE with a shared MLP beside the bank, at the block (its gate and up fused in halves)
     "granitemoeshared": _llama_family(_llama_like(), experts=Experts(
@@ -215,16 +223,17 @@ ADAPTERS: dict[str, Adapter] = {
     # interleaves [q_h | gate_h] per head: ``q`` and ``attn_gate``)
     "lfm2": Adapter(
         layers="model.layers", embed=("model.embed_tokens",), final_norm="model.embedding_norm", unembed="lm_head",
-        components={
-            "attn_norm": "operator_norm", "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-            "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm", "o": "self_attn.out_proj",
-            "mlp_norm": "ffn_norm", "gate": "feed_forward.w1", "up": "feed_forward.w3", "down": "feed_forward.w2",
-        },
-        mixer=_SHORT_CONV,
-    ),
-    "qwen3_5_text": _llama_family(_llama_like(
-        **_QK_NORMS, q=Fused("self_attn.q_proj", "q_gate_per_head", "q"),
-        attn_gate=Fused("self_attn.q_proj", "q_gate_per_head", "gate")), mixer=_GATED_DELTA),
+        components=_LFM2, mixer=_SHORT_CONV),
+    "qwen3_5_text": _llama_family(_QWEN3_5, mixer=_GATED_DELTA),
+    # All three layer kinds in one family: mixer layers and attention layers, every layer's MLP a
+    # mixture of experts. Qwen3.5-MoE: Qwen3.5's layers with Qwen2-MoE's mixture (a gated shared
+    # expert); LFM2-MoE: LFM2's layers, dense first layers, a sigmoid router whose picks the block's
+    # ``expert_bias`` buffer shifts (passed to the router: the router slot holds it)
+    "qwen3_5_moe_text": _llama_family(_QWEN3_5, mixer=_GATED_DELTA, experts=_GATED_SHARED_MOE),
+    "lfm2_moe": Adapter(
+        layers="model.layers", embed=("model.embed_tokens",), final_norm="model.embedding_norm", unembed="lm_head",
+        components=_LFM2, mixer=_SHORT_CONV, experts=Experts(
+            "feed_forward.gate", "feed_forward.experts", router_args=Tensors("feed_forward", ("expert_bias",)))),
     "nemotron_h": Adapter(layers="model.layers", embed=("model.embeddings",), final_norm="model.norm_f",
                           unembed="lm_head", components={}, mixer=_MAMBA2, blocks=_NEMOTRON_H_BLOCKS),
     # Qwen3-VL's language model: Qwen3's layer (q/k norms on [batch, seq, heads, dim]) with
@@ -253,6 +262,10 @@ WRAPPERS: dict[str, Wrapper] = {
     "qwen3_vl": Wrapper(outside=("model.visual",), text_only=False),
     "qwen2_vl": Wrapper(outside=("model.visual",), text_only=False),
     "qwen2_5_vl": Wrapper(outside=("model.visual",), text_only=False),
+    # Qwen3.5 / Qwen3.5-MoE: a hybrid language model (qwen3_5_text / qwen3_5_moe_text), which has a
+    # causal-LM class of its own: loaded alone, its vision tower unread
+    "qwen3_5": Wrapper(outside=("model.visual",)),
+    "qwen3_5_moe": Wrapper(outside=("model.visual",)),
 }
 
 
