@@ -118,12 +118,13 @@ VL_CONFIGS: dict[str, T.PretrainedConfig] = {
         image_token_id=64, video_token_id=65,
     ),
     # Qwen3.5 / Qwen3.5-MoE: a hybrid language model (Gated DeltaNet and gated attention; experts in every MLP)
-    "qwen3_5": T.Qwen3_5Config(text_config=_QWEN3_5_TEXT, vision_config=_QWEN3_5_VISION, image_token_id=64,
-                               video_token_id=65),
+    # placeholder ids past the character tokenizer's 91 ids: a generated token is never one
+    "qwen3_5": T.Qwen3_5Config(text_config=_QWEN3_5_TEXT, vision_config=_QWEN3_5_VISION, image_token_id=95,
+                               video_token_id=96),
     "qwen3_5_moe": T.Qwen3_5MoeConfig(
         text_config=dict(_QWEN3_5_TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                         shared_expert_intermediate_size=20), vision_config=_QWEN3_5_VISION, image_token_id=64,
-        video_token_id=65),
+                         shared_expert_intermediate_size=20), vision_config=_QWEN3_5_VISION, image_token_id=95,
+        video_token_id=96),
 }
 TINY_CONFIGS.update(VL_CONFIGS)
 
@@ -188,6 +189,9 @@ WITH_MIXERS = frozenset({*HYBRID_CONFIGS, *(m for m, c in VL_CONFIGS.items()
 for _name in ("qwen3_5_moe_text", "lfm2_moe"):
     MOE_CONFIGS[_name] = HYBRID_CONFIGS[_name]
     MOE_CONFIGS[_name]._experts_implementation = "eager"
+# a wrapper over an MoE runs its banks eagerly too (grouped_mm refuses the float64 matrices)
+VL_CONFIGS["qwen3_5_moe"]._experts_implementation = "eager"
+VL_CONFIGS["qwen3_5_moe"].get_text_config(decoder=True)._experts_implementation = "eager"
 
 
 @torch.no_grad()

@@ -55,11 +55,14 @@ def test_per_neuron_maps_match_the_per_token_definition(model_type):
     gen = torch.Generator().manual_seed(5)
     source = torch.randint(0, 3, (2, 7, len(wg.slots(models[0]))), generator=gen)
     neurons = _random_units(models, 2, 7, seed=6, kind="neuron")
-    assert {n.rsplit(".", 1)[1] for n in neurons} >= {"up", "down"}
+    dense = any(s.name.endswith(".up") for s in model_slots(models[0]))  # else every MLP is a bank: its shared experts
+    assert {n.rsplit(".", 1)[1] for n in neurons} >= ({"up", "down"} if dense else {"shared_up", "shared_down"})
     heads = _random_units(models, 2, 7, seed=7, kind="head")
     fast = wg.graft_forward(models, ids, source, head_source=heads, neuron_source=neurons)
     ref = per_token_forward(models, ids, source, head_source=heads, neuron_source=neurons)
-    assert (fast - ref).abs().max().item() <= TOL
+    # Qwen3.5-MoE's float32 rounding (GDN kernels, router softmax) is ~1e-4 of its logit scale, as in test_engine
+    tol = TOL * max(1.0, ref.abs().max().item()) if model_type.startswith("qwen3_5_moe") else TOL
+    assert (fast - ref).abs().max().item() <= tol
     plain = per_token_forward(models, ids, source, head_source=heads)
     assert (ref - plain).abs().max().item() > 100 * TOL  # the neuron maps matter
 
