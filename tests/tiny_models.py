@@ -338,3 +338,33 @@ def tiny_spaced_tokenizer(texts: list[str]) -> T.PreTrainedTokenizerFast:
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
         unk_token="<unk>",
     )
+
+
+def padded_ids(lengths=(9, 5, 7), side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)``: seeded random rows of ``lengths``, padded on ``side``."""
+    seq = max(lengths)
+    ids = torch.zeros(len(lengths), seq, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        span = slice(seq - n, seq) if side == "left" else slice(0, n)
+        ids[b, span], mask[b, span] = random_ids(1, n, seed=10 + b)[0], 1
+    return ids, mask
+
+
+def last_token_reference(pre: torch.nn.Module, sft: torch.nn.Module, tok, prompts: list[str], picked) -> torch.Tensor:
+    """The per-token definition's logits at each prompt's last token when ``sft`` serves the slots
+    ``picked(name)`` chooses there (float64 under ``float64_exact``): what a rule grafting them
+    at ``positions="last"`` must give."""
+    from weightgraft.engine.forward import slots
+    from weightgraft.engine.precision import float64_exact
+    from weightgraft.engine.reference import per_token_forward
+
+    enc = tok(prompts, padding=True, return_tensors="pt")
+    names = slots(pre)
+    source = torch.zeros(*enc["input_ids"].shape, len(names), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        source[b, len(p) - 1, [i for i, n in enumerate(names) if picked(n)]] = 1
+    with float64_exact([pre, sft]):
+        want = per_token_forward([pre, sft], enc["input_ids"], source, attention_mask=enc["attention_mask"])
+    return want[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])]
+

@@ -27,7 +27,7 @@ from weightgraft.engine.reference import per_token_forward
 from weightgraft.errors import GraftArgumentTypeError
 from weightgraft.models.lean import donor_view, memory_report, needed_parameters
 from weightgraft.schemes.selectors import select_components
-from tiny_models import HYBRID_CONFIGS, _randomize, make_donor, make_tiny, random_ids, tiny_tokenizer
+from tiny_models import HYBRID_CONFIGS, _randomize, make_donor, make_tiny, padded_ids, random_ids, tiny_tokenizer
 
 HYBRIDS = sorted(HYBRID_CONFIGS)
 TOL32 = 1e-4
@@ -37,15 +37,6 @@ def _models(model_type: str, dtype: torch.dtype) -> list[torch.nn.Module]:
     base = make_tiny(model_type, seed=0).to(dtype)
     return [base, make_donor(base, 1), make_donor(base, 2)]
 
-
-def _padded(lengths=(9, 5, 7), side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
-    seq = max(lengths)
-    ids = torch.zeros(len(lengths), seq, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, n in enumerate(lengths):
-        span = slice(seq - n, seq) if side == "left" else slice(0, n)
-        ids[b, span], mask[b, span] = random_ids(1, n, seed=10 + b)[0], 1
-    return ids, mask
 
 
 def _diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
@@ -64,7 +55,7 @@ def test_float64_random_maps_equal_the_definition(model_type):
     n = len(wg.slots(models[0]))
     with float64_exact(models):
         for side in ("left", "right"):
-            ids, mask = _padded(side=side)
+            ids, mask = padded_ids(side=side)
             source = _random_map(tuple(ids.shape), n, seed=3)
             fast = wg.graft_forward(models, ids, source, attention_mask=mask)
             ref = per_token_forward(models, ids, source, attention_mask=mask)
@@ -81,7 +72,7 @@ def test_float64_random_maps_equal_the_definition(model_type):
 @torch.no_grad()
 def test_float32_random_maps_equal_the_definition(model_type):
     models = _models(model_type, torch.float32)
-    ids, mask = _padded()
+    ids, mask = padded_ids()
     source = _random_map(tuple(ids.shape), len(wg.slots(models[0])), seed=5)
     fast = wg.graft_forward(models, ids, source, attention_mask=mask)
     ref = per_token_forward(models, ids, source, attention_mask=mask)
@@ -113,7 +104,7 @@ def test_one_component_at_one_position_equals_the_definition(model_type):
     at one position of a left-padded batch: the kernel's effect reaches the next positions, the
     decay's every later one."""
     models = _models(model_type, torch.float64)
-    ids, mask = _padded(lengths=(9, 7))
+    ids, mask = padded_ids(lengths=(9, 7))
     mixer_slots = [s.name for s in model_slots(models[0]) if s.mixer is not None and s.name.startswith("layers.0.")]
     gates = [n for n in wg.slots(models[0]) if n.endswith(".attn_gate")]
     assert mixer_slots
@@ -137,7 +128,7 @@ def test_continuing_from_a_cache_equals_one_pass(model_type):
     """A pass's conv and recurrent states continued by a later call (generation, prefix
     continuation), each call with its own map, equal the whole map in one pass."""
     models = _models(model_type, torch.float64)
-    ids, mask = _padded(side="right", lengths=(9, 9))
+    ids, mask = padded_ids(side="right", lengths=(9, 9))
     source = _random_map(tuple(ids.shape), len(wg.slots(models[0])), seed=7)
     with float64_exact(models):
         whole = wg.graft_forward(models, ids, source)
@@ -181,7 +172,7 @@ def test_a_lean_donor_of_the_decay_holds_only_its_tensors(model_type):
     params = dict(donor.named_parameters())
     view = donor_view(base, {n: params[n] for n in needed})
     assert memory_report(view, base).tensors_held == len(needed)
-    ids, mask = _padded()
+    ids, mask = padded_ids()
     source = _one_cell([base], ids, slot.name, position=3)
     assert torch.equal(wg.graft_forward([base, view], ids, source, attention_mask=mask),
                        wg.graft_forward([base, donor], ids, source, attention_mask=mask))
@@ -206,7 +197,7 @@ def test_a_biased_conv_input_at_padded_positions_is_not_read(model_type, option)
     equals its rows run alone (the definition)."""
     base = _built(model_type, **{option: True})
     models = [base, make_donor(base, 1)]
-    ids, mask = _padded()
+    ids, mask = padded_ids()
     n = len(wg.slots(base))
     with float64_exact(models):
         base_alone = torch.zeros(*ids.shape, n, dtype=torch.long)
@@ -221,7 +212,7 @@ def test_a_biased_conv_input_at_padded_positions_is_not_read(model_type, option)
 @torch.no_grad()
 def test_qwen3_5_query_heads_interleaved_with_the_gate_graft_head_by_head():
     models = _models("qwen3_5_text", torch.float64)
-    ids, mask = _padded()
+    ids, mask = padded_ids()
     names = wg.slots(models[0])
     source = torch.zeros(*ids.shape, len(names), dtype=torch.long)
     heads = {"layers.1.q": torch.randint(0, 3, (*ids.shape, 4), generator=torch.Generator().manual_seed(2))}
@@ -240,7 +231,7 @@ def test_weightgraft_check_passes_with_prefix_and_depth_sharing_running_rows_who
     included: a hybrid's cache holds recurrent layers, which are not shared, so its rows run whole
     (said in a warning), and every case is at float64 rounding."""
     models = _models(model_type, torch.float64)[:2]
-    ids, mask = _padded(lengths=(8, 5))
+    ids, mask = padded_ids(lengths=(8, 5))
     with pytest.warns(UserWarning, match="prefix sharing is not supported"):
         report = check_engine(models, ids, mask)
     assert report.passed and report.max_abs_diff <= 1e-10

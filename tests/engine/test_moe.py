@@ -19,7 +19,7 @@ from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
-from tiny_models import MOE_CONFIGS, make_donor, make_tiny, random_ids
+from tiny_models import MOE_CONFIGS, last_token_reference, make_donor, make_tiny, padded_ids, random_ids
 
 MOE = sorted(MOE_CONFIGS)
 SHARED = [m for m in MOE if any(n.endswith("shared_up") for n in wg.slots(make_tiny(m, randomize=False)))]
@@ -32,15 +32,6 @@ def _models(model_type: str, dtype: torch.dtype, implementation: str = "eager") 
     base.set_experts_implementation(implementation)
     return [base, make_donor(base, 1), make_donor(base, 2)]
 
-
-def _padded(lengths=(9, 5, 7), side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
-    seq = max(lengths)
-    ids = torch.zeros(len(lengths), seq, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, n in enumerate(lengths):
-        span = slice(seq - n, seq) if side == "left" else slice(0, n)
-        ids[b, span], mask[b, span] = random_ids(1, n, seed=10 + b)[0], 1
-    return ids, mask
 
 
 def _expert_maps(base: torch.nn.Module, shape: tuple[int, int], n_models: int, seed: int) -> dict[str, torch.Tensor]:
@@ -62,7 +53,7 @@ def _only(base: torch.nn.Module, shape: tuple[int, int], predicate) -> torch.Ten
 def test_float64_random_maps_and_experts_equal_the_definition(model_type):
     models = _models(model_type, torch.float64)
     for side in ("left", "right"):
-        ids, mask = _padded(side=side)
+        ids, mask = padded_ids(side=side)
         n = len(wg.slots(models[0]))
         source = torch.randint(0, 3, (*ids.shape, n), generator=torch.Generator().manual_seed(3))
         experts = _expert_maps(models[0], tuple(ids.shape), 3, seed=4)
@@ -86,7 +77,7 @@ def test_float64_random_maps_and_experts_equal_the_definition(model_type):
 def test_float32_default_implementation_equals_the_definition(model_type):
     """transformers' default bank (grouped_mm) in the engine and in the reference alike."""
     models = _models(model_type, torch.float32, implementation="grouped_mm")
-    ids, mask = _padded()
+    ids, mask = padded_ids()
     n = len(wg.slots(models[0]))
     source = torch.randint(0, 3, (*ids.shape, n), generator=torch.Generator().manual_seed(5))
     experts = _expert_maps(models[0], tuple(ids.shape), 3, seed=6)
@@ -101,7 +92,7 @@ def test_float32_default_implementation_equals_the_definition(model_type):
 @torch.no_grad()
 def test_router_only_experts_only_and_shared_only_grafts(model_type):
     models = _models(model_type, torch.float64)
-    ids, mask = _padded()
+    ids, mask = padded_ids()
     base_logits = models[0](input_ids=ids, attention_mask=mask).logits
     kinds = {"router": lambda n: n.endswith(".router"), "experts": lambda n: n.endswith(".experts"),
              "shared": lambda n: ".shared_" in n}
@@ -269,14 +260,7 @@ def test_rules_name_the_router_the_bank_and_the_shared_experts(tiny_pair, tiny_t
                        wg.Rule(model="sft", positions="last", components=components))
     group = {"router": (".router",), "experts": (".experts",), "shared": (".shared_",),
              "ffn": (".router", ".experts", ".shared_")}[components]
-    enc = tiny_tok(prompts, padding=True, return_tensors="pt")
-    names = wg.slots(pre)
-    source = torch.zeros(*enc["input_ids"].shape, len(names), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        source[b, len(p) - 1, [i for i, n in enumerate(names) if any(g in n for g in group)]] = 1
-    with float64_exact([pre, sft]):
-        want = per_token_forward([pre, sft], enc["input_ids"], source, attention_mask=enc["attention_mask"])
-    last = want[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])]
+    last = last_token_reference(pre, sft, tiny_tok, prompts, lambda n: any(g in n for g in group))
     assert (out.logits - last).abs().max().item() <= 1e-10
     plain = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts, wg.Rule(model="pre"))
     assert (out.logits - plain.logits).abs().max().item() > 1e-3
@@ -287,7 +271,7 @@ def test_routing_flips_are_counted_against_another_pass_and_reported_in_half_pre
     from weightgraft.engine.check import check_engine, routing_flips
 
     models = _models("mixtral", torch.float32)
-    ids, mask = _padded()
+    ids, mask = padded_ids()
     source = torch.randint(0, 3, (*ids.shape, len(wg.slots(models[0]))), generator=torch.Generator().manual_seed(9))
     n_routers = sum(1 for s in model_slots(models[0]) if s.router)
     same = routing_flips(models, ids, mask, [source], against=models)  # the null: the same pass

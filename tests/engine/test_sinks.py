@@ -16,8 +16,8 @@ import weightgraft as wg
 from weightgraft.engine.forward import graft_call
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
-from test_moe import _models, _padded
-from tiny_models import make_donor, make_tiny, random_ids
+from test_moe import _models
+from tiny_models import last_token_reference, make_donor, make_tiny, padded_ids, random_ids
 
 
 def _sinks_only(base: torch.nn.Module, shape: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:
@@ -35,7 +35,7 @@ def test_grafting_only_the_sinks_at_one_position_equals_the_definition(side):
     """gpt-oss's sinks at query position p are p's model's: grafted at one position they move that
     position and later ones (through later layers' keys and values), and leave earlier ones bit for bit."""
     models = _models("gpt_oss", torch.float64)[:2]
-    ids, mask = _padded(side=side)
+    ids, mask = padded_ids(side=side)
     first = mask.argmax(1)
     picked = first + 3  # the fourth real token of each row
     source = _sinks_only(models[0], tuple(ids.shape), picked)
@@ -98,7 +98,7 @@ def test_sinks_reach_another_attention_implementation_through_s_aux_and_every_co
     T.AttentionInterface.register("s_aux_eager", _attention_by_s_aux)
     AttentionMaskInterface.register("s_aux_eager", eager_mask)
     models = _models("gpt_oss", torch.float64)
-    ids, mask = _padded()
+    ids, mask = padded_ids()
     source = torch.randint(0, 3, (*ids.shape, len(wg.slots(models[0]))), generator=torch.Generator().manual_seed(7))
     real = mask.bool()
     with float64_exact(models):
@@ -125,14 +125,7 @@ def test_a_rule_names_the_sinks_alone_or_in_the_attention_group(tiny_pair, tiny_
         out = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts,
                        wg.Rule(model="sft", positions="last", components=components))
     ends = {"sinks": (".sinks",), "attn": (".q", ".k", ".v", ".sinks")}[components]
-    enc = tiny_tok(prompts, padding=True, return_tensors="pt")
-    names = wg.slots(pre)
-    source = torch.zeros(*enc["input_ids"].shape, len(names), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        source[b, len(p) - 1, [i for i, n in enumerate(names) if n.endswith(ends)]] = 1
-    with float64_exact([pre, sft]):
-        want = per_token_forward([pre, sft], enc["input_ids"], source, attention_mask=enc["attention_mask"])
-    last = want[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])]
+    last = last_token_reference(pre, sft, tiny_tok, prompts, lambda n: n.endswith(ends))
     assert (out.logits - last).abs().max().item() <= 1e-10
     plain = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts, wg.Rule(model="pre"))
     assert (out.logits - plain.logits).abs().max().item() > 1e-3

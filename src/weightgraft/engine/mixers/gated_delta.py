@@ -20,8 +20,7 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
 
-from weightgraft.engine.mixers.pieces import by_rows, gathered, kernels, per_position_conv, single_model, zero_pads
-from weightgraft.engine.swaps import own_forward
+from weightgraft.engine.mixers.pieces import by_rows, gathered, kernels, mixer_models, per_position_conv, zero_pads
 
 __all__ = ["OWN", "gated_delta_forward"]
 
@@ -32,10 +31,7 @@ def gated_delta_forward(targets: list[nn.Module], maps: Mapping[str, torch.Tenso
     """A forward for the base's Gated DeltaNet: ``targets`` are each model's, ``maps`` (component
     -> ``[batch, seq]``) name the model serving each component at each position."""
     mixers: list[Any] = targets  # transformers modules: their submodules and sizes are plain attributes
-    base = mixers[0]
-    single = single_model(list(maps.values()))
-    whole = own_forward(base) if single == 0 else targets[single] if single is not None else None
-    norms = [t.norm for t in mixers]
+    base, whole, norms = mixer_models(targets, list(maps.values()))
 
     def forward(hidden_states: torch.Tensor, cache_params: Cache | None = None,
                 attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:

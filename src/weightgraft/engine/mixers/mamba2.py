@@ -28,8 +28,7 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.models.nemotron_h import modeling_nemotron_h as nemotron_h
 
-from weightgraft.engine.mixers.pieces import by_rows, gathered, kernels, per_position_conv, single_model, zero_pads
-from weightgraft.engine.swaps import own_forward
+from weightgraft.engine.mixers.pieces import by_rows, gathered, kernels, mixer_models, per_position_conv, zero_pads
 
 __all__ = ["OWN", "decode_step_floor", "mamba2_forward"]
 
@@ -40,10 +39,7 @@ def mamba2_forward(targets: list[nn.Module], maps: Mapping[str, torch.Tensor]) -
     """A forward for the base's Mamba2 mixer: ``targets`` are each model's, ``maps`` (component ->
     ``[batch, seq]``) name the model serving each component at each position."""
     mixers: list[Any] = targets  # transformers modules: their submodules and sizes are plain attributes
-    base = mixers[0]
-    single = single_model(list(maps.values()))
-    whole = own_forward(base) if single == 0 else targets[single] if single is not None else None
-    norms = [t.norm for t in mixers]
+    base, whole, norms = mixer_models(targets, list(maps.values()))
 
     def forward(hidden_states: torch.Tensor, cache_params: Cache | None = None,
                 attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:

@@ -6,6 +6,7 @@ the serving model, and padding zeroed without multiplying (``0 * NaN`` is NaN)."
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,6 +21,17 @@ def single_model(maps: Sequence[torch.Tensor]) -> int | None:
     """The one model serving every position of every map, None where several do."""
     present = torch.unique(torch.stack([m.reshape(-1) for m in maps])).tolist()
     return int(present[0]) if len(present) == 1 else None
+
+
+def mixer_models(targets: list[nn.Module], maps: Sequence[torch.Tensor]) -> tuple[Any, Callable[..., Any] | None, list[nn.Module]]:
+    """``(base, whole, norms)`` of a mixer forward: the base's mixer, the one model's own forward
+    where a single model serves every component (else None), and each model's gated norm."""
+    from weightgraft.engine.swaps import own_forward
+
+    base: Any = targets[0]  # transformers modules: their submodules and sizes are plain attributes
+    single = single_model(list(maps))
+    whole = own_forward(base) if single == 0 else targets[single] if single is not None else None
+    return base, whole, [cast(Any, t).norm for t in targets]
 
 
 def zero_pads(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
