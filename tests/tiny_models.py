@@ -171,6 +171,11 @@ HYBRID_CONFIGS: dict[str, T.PretrainedConfig] = {
         hidden_size=32, layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention"],
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48, ssm_state_size=8,
         mamba_num_heads=4, mamba_head_dim=8, n_groups=2, conv_kernel=4, chunk_size=4, **_COMMON),
+    "olmo_hybrid": T.OlmoHybridConfig(  # Gated DeltaNet with q/k/v apart and beta doubled; post-norm attention with rotary positions
+        **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, layer_types=["linear_attention", "full_attention",
+        "linear_attention"], linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_num_key_heads=2, linear_num_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        **_COMMON),
     # All three layer kinds in one family: mixer and attention layers, mixtures of experts (the MoE matrix runs them too)
     "qwen3_5_moe_text": T.Qwen3_5MoeTextConfig(  # Qwen3.5's layers, every MLP 4 experts and a gated shared expert
         **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8,

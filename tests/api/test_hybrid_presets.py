@@ -22,6 +22,7 @@ KINDS = {
     "lfm2": ["mixer (short_conv)", "attention", "mixer (short_conv)", "mixer (short_conv)"],
     "qwen3_5_text": ["mixer (gated_delta_net)", "attention", "mixer (gated_delta_net)", "mixer (gated_delta_net)"],
     "nemotron_h": ["mixer (mamba2)", "attention", "mlp", "mixer (mamba2)"],
+    "olmo_hybrid": ["mixer (olmo_gated_delta_net)", "attention", "mixer (olmo_gated_delta_net)", "mixer (olmo_gated_delta_net)"],
 }
 KINDS |= {"lfm2_moe": KINDS["lfm2"], "qwen3_5_moe_text": KINDS["qwen3_5_text"]}  # mixtures of experts in every layer's MLP
 

@@ -63,7 +63,7 @@ def explain(rules: Rules, model: nn.Module, *, protocol: str = DEFAULT_PROTOCOL,
 
 def layer_kinds(model: nn.Module) -> dict[int, str]:
     """Each layer's kind, read from its slots: ``attention``, ``mixer (KIND)`` (a hybrid's
-    recurrent token mixer: ``short_conv``, ``gated_delta_net``, ``mamba2``) or ``mlp`` (a
+    recurrent token mixer: ``short_conv``, ``gated_delta_net``, ``olmo_gated_delta_net``, ``mamba2``) or ``mlp`` (a
     Nemotron-H block holding neither). A hybrid's presets graft attention's ``q``/``k``/``v``/``o``
     in its attention layers only; this says which those are."""
     comps: dict[int, set[str]] = {}

@@ -196,8 +196,8 @@ class _SafetensorsFiles:
         converter, prefix = self.merged[name]
         tensors: dict[str, Any] = {}
         for pattern in converter.source_patterns:
-            keys: list[str] = []
-            while (key := prefix + pattern.replace("*", str(len(keys)))) in self.where:
+            keys: list[str] = [prefix + pattern] if "*" not in pattern else []
+            while "*" in pattern and (key := prefix + pattern.replace("*", str(len(keys)))) in self.where:
                 keys.append(key)
             tensors[pattern] = [self.get(k) for k in keys]
         for operation in converter.operations:
@@ -208,15 +208,16 @@ class _SafetensorsFiles:
 
 def _merged_names(model: nn.Module, where: Mapping[str, object]) -> dict[str, tuple[Any, str]]:
     """Model name -> (converter, prefix) for each tensor that transformers' conversion mapping merges
-    from stored ones numbered by ``*`` (an expert bank's ``experts.*.w1.weight``, ...): so a lean
-    donor reads a bank the way loading does. Empty where transformers declares none."""
+    from stored ones numbered by ``*`` (an expert bank's ``experts.*.w1.weight``, ...) or named
+    apart (OLMo Hybrid's conv kernel, stored as ``q_conv1d`` / ``k_conv1d`` / ``v_conv1d``): so a
+    lean donor reads it the way loading does. Empty where transformers declares none."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter
 
         rules = [r for r in get_model_conversion_mapping(cast(Any, model))
                  if isinstance(r, WeightConverter) and len(r.target_patterns) == 1
-                 and all("*" in p for p in r.source_patterns)]
+                 and (all("*" in p for p in r.source_patterns) or not any("*" in p for p in r.source_patterns))]
     except (ImportError, AttributeError, TypeError):  # an internal API of transformers: nothing merged
         return {}
     out: dict[str, tuple[Any, str]] = {}
@@ -224,8 +225,10 @@ def _merged_names(model: nn.Module, where: Mapping[str, object]) -> dict[str, tu
         first = re.compile(re.escape(rule.source_patterns[0]).replace(r"\*", r"\d+") + "$")
         for stored in where:
             found = first.search(stored)
-            if found is not None:
-                prefix = stored[: found.start()]
+            if found is None:
+                continue
+            prefix = stored[: found.start()]
+            if "*" in rule.source_patterns[0] or all(prefix + p in where for p in rule.source_patterns):
                 out[prefix + rule.target_patterns[0]] = (rule, prefix)
     return out
 

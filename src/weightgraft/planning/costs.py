@@ -238,10 +238,12 @@ def _cache_layers(fp: ModelFootprint) -> tuple[int, int, int] | None:
     if not mixers:
         return None
     config = text_config(fp.config)
+    delta = (int(getattr(config, "linear_num_value_heads", 0)) * int(getattr(config, "linear_key_head_dim", 0))
+             * int(getattr(config, "linear_value_head_dim", 0)))
     recurrent_per_layer = {
         "short_conv": 0,
-        "gated_delta_net": int(getattr(config, "linear_num_value_heads", 0)) * int(getattr(config, "linear_key_head_dim", 0))
-        * int(getattr(config, "linear_value_head_dim", 0)),
+        "gated_delta_net": delta,
+        "olmo_gated_delta_net": delta,
         "mamba2": int(getattr(config, "mamba_num_heads", 0)) * int(getattr(config, "mamba_head_dim", 0))
         * int(getattr(config, "ssm_state_size", 0)),
     }

@@ -72,8 +72,9 @@ GLOBAL_SLOTS: tuple[str, ...] = ("embed", "pos_embed", "final_norm", "unembed")
 Layout = Literal["qkv_blocks", "qkv_per_head", "halves", "thirds", "linear_qkv_blocks", "q_gate_per_head",
                  "mamba2_blocks"]
 # Which batched forward computes a mixer (``weightgraft.engine.mixers``): LFM2's short
-# convolution, Qwen3.5's Gated DeltaNet, Mamba2's state space scan (Nemotron-H).
-MixerKind = Literal["short_conv", "gated_delta_net", "mamba2"]
+# convolution, Qwen3.5's Gated DeltaNet (OLMo Hybrid's: q, k, v projected apart, beta doubled),
+# Mamba2's state space scan (Nemotron-H).
+MixerKind = Literal["short_conv", "gated_delta_net", "olmo_gated_delta_net", "mamba2"]
 
 # The module a text family's decoder (layers, embedding, final norm) sits in: every wrappable
 # family keeps it at ``model`` and the unembedding at ``lm_head``.
@@ -124,8 +125,9 @@ class Mixer:
 
 @dataclass(frozen=True)
 class BlockKinds:
-    """A family whose every block holds one sublayer under one norm, of the kind the config's
-    ``attribute`` lists per layer (Nemotron-H: a Mamba2 mixer, attention or an MLP, all at ``mixer``):
+    """A family whose blocks are of the kinds the config's ``attribute`` lists per layer, each kind
+    with components of its own (Nemotron-H: one sublayer under one norm, a Mamba2 mixer, attention
+    or an MLP, all at ``mixer``; OLMo Hybrid: pre-norm mixer layers, post-norm attention layers):
     whether a block is a mixer layer, and its components, follow that kind, not what it holds. A
     kind in ``refused`` (or not in ``kinds``) is refused before loading, with its reason."""
 

@@ -88,6 +88,22 @@ _NEMOTRON_H_BLOCKS = BlockKinds("layers_block_type", {
     "moe": "its mixture-of-experts blocks (ungated experts, an optional latent projection) are not modelled"})
 
 
+# OLMo Hybrid: Gated DeltaNet layers with q, k, v projected apart into the conv, a gate ``g_proj``,
+# a gated norm ``o_norm`` (norm before gate) and beta doubled (``allow_neg_eigval``), pre-norm
+# (``input_layernorm`` before the mixer, ``post_attention_layernorm`` before the MLP); its attention
+# layers are OLMo 3's, post-norm with q/k norms on the whole projection (``layer_types``)
+_OLMO_DELTA = Mixer("linear_attn", "olmo_gated_delta_net", {
+    **{f"mixer_{p}": f"linear_attn.{p}_proj" for p in "qkv"},
+    "mixer_z": "linear_attn.g_proj", "mixer_beta": "linear_attn.b_proj", "mixer_dt": "linear_attn.a_proj",
+    "mixer_conv": "linear_attn.conv1d", "mixer_decay": Tensors("linear_attn", ("A_log", "dt_bias")),
+    "mixer_norm": "linear_attn.o_norm", "mixer_out": "linear_attn.o_proj"})
+_MLP = {"gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+_OLMO_HYBRID_BLOCKS = BlockKinds("layer_types", {
+    "linear_attention": {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", **_MLP},
+    "full_attention": {**_POST_NORM, **_QK_NORMS},
+}, mixer="linear_attention")
+
+
 def _llama_family(components: dict[str, str | Fused], **kw: Any) -> Adapter:
     return Adapter(
         layers="model.layers",
@@ -234,6 +250,7 @@ ADAPTERS: dict[str, Adapter] = {
         layers="model.layers", embed=("model.embed_tokens",), final_norm="model.embedding_norm", unembed="lm_head",
         components=_LFM2, mixer=_SHORT_CONV, experts=Experts(
             "feed_forward.gate", "feed_forward.experts", router_args=Tensors("feed_forward", ("expert_bias",)))),
+    "olmo_hybrid": _llama_family({}, mixer=_OLMO_DELTA, blocks=_OLMO_HYBRID_BLOCKS),
     "nemotron_h": Adapter(layers="model.layers", embed=("model.embeddings",), final_norm="model.norm_f",
                           unembed="lm_head", components={}, mixer=_MAMBA2, blocks=_NEMOTRON_H_BLOCKS),
     # Qwen3-VL's language model: Qwen3's layer (q/k norms on [batch, seq, heads, dim]) with
@@ -280,9 +297,6 @@ REFUSED: dict[str, str] = {
     "qwen3_next": "Qwen3-Next's Gated DeltaNet fuses q, k, v and the output gate in in_proj_qkvz interleaved "
                   "per key head (beta and the decay input in in_proj_ba), and its layers are mixtures of "
                   "experts with a gated shared expert; its mixer forward is not written yet",
-    "olmo_hybrid": "OLMo Hybrid's Gated DeltaNet feeds its conv from separate q/k/v projections, doubles beta "
-                   "(allow_neg_eigval) and norms before its gate, and its mixer and attention layers place their "
-                   "norms differently; its mixer forward is not written yet",
     "kimi_linear": "Kimi Linear's delta attention decays per channel through low-rank projections in its own "
                    "scan, beside MLA attention and a mixture of experts, none of which is modelled yet",
 }

@@ -41,6 +41,7 @@ class MixerForward:
 MIXER_FORWARDS: dict[MixerKind, MixerForward] = {
     "short_conv": MixerForward(short_conv.short_conv_forward, short_conv.OWN),
     "gated_delta_net": MixerForward(gated_delta.gated_delta_forward, gated_delta.OWN),
+    "olmo_gated_delta_net": MixerForward(gated_delta.olmo_gated_delta_forward, gated_delta.OWN),
     "mamba2": MixerForward(mamba2.mamba2_forward, mamba2.OWN, always=True),
 }
 

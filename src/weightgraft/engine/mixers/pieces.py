@@ -6,7 +6,7 @@ the serving model, and padding zeroed without multiplying (``0 * NaN`` is NaN)."
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,15 +23,17 @@ def single_model(maps: Sequence[torch.Tensor]) -> int | None:
     return int(present[0]) if len(present) == 1 else None
 
 
-def mixer_models(targets: list[nn.Module], maps: Sequence[torch.Tensor]) -> tuple[Any, Callable[..., Any] | None, list[nn.Module]]:
+def mixer_models(targets: list[nn.Module], maps: Sequence[torch.Tensor],
+                 norm: str = "norm") -> tuple[Any, Callable[..., Any] | None, list[nn.Module]]:
     """``(base, whole, norms)`` of a mixer forward: the base's mixer, the one model's own forward
-    where a single model serves every component (else None), and each model's gated norm."""
+    where a single model serves every component (else None), and each model's gated norm (the
+    mixer's attribute ``norm``)."""
     from weightgraft.engine.swaps import own_forward
 
     base: Any = targets[0]  # transformers modules: their submodules and sizes are plain attributes
     single = single_model(list(maps))
     whole = own_forward(base) if single == 0 else targets[single] if single is not None else None
-    return base, whole, [cast(Any, t).norm for t in targets]
+    return base, whole, [getattr(t, norm) for t in targets]
 
 
 def zero_pads(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
