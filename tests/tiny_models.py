@@ -24,6 +24,13 @@ TINY_CONFIGS: dict[str, T.PretrainedConfig] = {
     "gemma3_text": T.Gemma3TextConfig(  # tied, q/k norms on [b, h, t, d], sliding window
         **_LLAMA, num_key_value_heads=2, head_dim=8, sliding_window=3, **_COMMON
     ),
+    # Gemma 4: sliding and full layers (the full ones with 16-wide heads, one kv head, k = v), per-layer
+    # inputs, and the last two layers reusing the keys and values of the last two before them
+    "gemma4_text": T.Gemma4TextConfig(
+        **_LLAMA | {"num_hidden_layers": 4}, num_key_value_heads=2, head_dim=8, global_head_dim=16,
+        num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=64, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=3,
+        final_logit_softcapping=30.0, **_COMMON),
     "qwen2": T.Qwen2Config(**_LLAMA, num_key_value_heads=2, **_COMMON),  # q/k/v biases
     "qwen3": T.Qwen3Config(**_LLAMA, num_key_value_heads=2, head_dim=8, **_COMMON),
     "mistral": T.MistralConfig(**_LLAMA, num_key_value_heads=2, sliding_window=3, **_COMMON),
@@ -65,6 +72,10 @@ VL_CONFIGS: dict[str, T.PretrainedConfig] = {
     "gemma3": T.Gemma3Config(  # Gemma 3 4B-27B: tied, four norms, q/k norms, sliding window
         text_config=dict(**_TEXT, sliding_window=3), vision_config=_VISION, mm_tokens_per_image=4,
         image_token_index=64, boi_token_index=61, eoi_token_index=62,
+    ),
+    "gemma4": T.Gemma4Config(  # Gemma 4 E2B-31B: gemma4_text's layers (per-layer inputs, KV sharing), a vision tower
+        text_config=TINY_CONFIGS["gemma4_text"].to_dict(), vision_config=dict(**_VISION, num_key_value_heads=2, head_dim=8),
+        audio_config=None, image_token_id=64,
     ),
     "mistral3": T.Mistral3Config(  # Mistral Small 3.1: a Mistral language model, Pixtral's tower
         text_config=dict(model_type="mistral", **_TEXT, sliding_window=3),
@@ -191,6 +202,11 @@ TINY_CONFIGS.update(HYBRID_CONFIGS)
 # matrices of what refuses mixers (partial grafts, depth and prefix sharing) leave them out
 WITH_MIXERS = frozenset({*HYBRID_CONFIGS, *(m for m, c in VL_CONFIGS.items()
                                             if c.get_text_config(decoder=True).model_type in HYBRID_CONFIGS)})
+# Every tiny model whose cache depth sharing does not select rows of (mixer states, Gemma 4's
+# KV-shared layers, which hold no cache of their own): its items run whole, with a warning
+# Gemma 4 and its wrapper: a block's output scale, which partial grafts refuse (tests/engine/test_gemma4.py)
+WITH_BLOCK_SCALES = frozenset({"gemma4_text", "gemma4"})
+RUNS_WHOLE = WITH_MIXERS | WITH_BLOCK_SCALES
 for _name in ("qwen3_5_moe_text", "lfm2_moe"):
     MOE_CONFIGS[_name] = HYBRID_CONFIGS[_name]
     MOE_CONFIGS[_name]._experts_implementation = "eager"
@@ -222,6 +238,8 @@ def make_tiny(
     text = config.get_text_config(decoder=True)
     if vocab_size is not None:
         text.vocab_size = vocab_size
+        if getattr(text, "vocab_size_per_layer_input", None):  # Gemma 4's per-layer inputs' embedding
+            text.vocab_size_per_layer_input = vocab_size
     if n_layers is not None:
         text.num_hidden_layers = n_layers
         for per_layer in ("layer_types", "no_rope_layers"):  # per-layer kinds: repeat the pattern

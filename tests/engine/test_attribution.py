@@ -7,12 +7,12 @@ import torch
 
 from weightgraft.engine.attribution import donor_logprobs, graft_attribution, graft_metric
 from weightgraft.engine.partial import PartialGraft
-from tiny_models import WITH_MIXERS, TINY_CONFIGS, tiny_models
+from tiny_models import WITH_BLOCK_SCALES, WITH_MIXERS, TINY_CONFIGS, tiny_models
 
 # Apertus' xIELU activation is not affine in its weights: partial grafts refuse it
 # (test_non_affine_activation_is_refused_in_one_line in test_partial.py)
 # Apertus (xIELU) and the hybrids (a recurrent mixer) refuse partial grafts, so attribution too
-ARCHS = sorted(m for m in TINY_CONFIGS if m != "apertus" and m not in WITH_MIXERS)
+ARCHS = sorted(m for m in TINY_CONFIGS if m != "apertus" and m not in WITH_MIXERS | WITH_BLOCK_SCALES)
 # Architectures whose HF modules compute in the model's dtype throughout (LayerNorm); the
 # RMSNorms of the others normalize in float32 even in a float64 model.
 FLOAT64_CLEAN = {"gpt2", "gpt_neox", "stablelm"}

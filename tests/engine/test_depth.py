@@ -16,11 +16,11 @@ from weightgraft.engine.sharing.depth import (
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.sharing.prefix import GraftItem
 from weightgraft.planning.depth_states import depth_state_bytes
-from tiny_models import WITH_MIXERS, TINY_CONFIGS, make_donor, make_tiny
+from tiny_models import RUNS_WHOLE, TINY_CONFIGS, make_donor, make_tiny
 
 # the hybrids' caches hold recurrent layers, which depth sharing does not share: their rows run whole
 # (exact: tests/engine/test_mixers.py)
-ARCHS = sorted(m for m in TINY_CONFIGS if m not in WITH_MIXERS)
+ARCHS = sorted(m for m in TINY_CONFIGS if m not in RUNS_WHOLE)
 N_LAYERS = 4
 
 

@@ -8,12 +8,12 @@ import torch
 import weightgraft as wg
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.reference import per_token_mixed_forward
-from tiny_models import WITH_MIXERS, TINY_CONFIGS, random_ids, tiny_models
+from tiny_models import WITH_BLOCK_SCALES, WITH_MIXERS, TINY_CONFIGS, random_ids, tiny_models
 
 # Apertus' xIELU activation is not affine in its weights: partial grafts refuse it
 # (test_non_affine_activation_is_refused_in_one_line in test_partial.py)
 # Apertus (xIELU) and the hybrids (a recurrent mixer) refuse partial grafts: tested where they are
-ARCHS = sorted(m for m in TINY_CONFIGS if m != "apertus" and m not in WITH_MIXERS)
+ARCHS = sorted(m for m in TINY_CONFIGS if m != "apertus" and m not in WITH_MIXERS | WITH_BLOCK_SCALES)
 
 
 def _tol(model_type: str) -> float:
@@ -97,3 +97,6 @@ def test_non_affine_activation_is_refused_in_one_line():
     with pytest.raises(GraftArgumentTypeError, match="need every slot's module affine"):
         refuse_non_affine(meta)
     refuse_non_affine(tiny_models("llama", 1)[0])  # the null: an affine model passes
+    gemma4, gemma4_donor = tiny_models("gemma4_text", 2)  # Gemma 4's block output scale: named, not mixed some other way
+    with pytest.raises(GraftArgumentTypeError, match=r"do not mix a block's output scale \(layers\.0\.layer_scalar"):
+        PartialGraft(gemma4, gemma4_donor)

@@ -132,9 +132,10 @@ def test_a_prompt_with_an_image_placeholder_is_refused(model_type):
 
 
 def test_a_checkpoint_whose_language_model_is_not_supported_is_refused_naming_it():
-    config = T.Gemma4Config()  # Gemma 4's language model is gemma4_text, refused until its family is admitted
-    with pytest.raises(UnsupportedArchitectureError, match="'gemma4' is a vision-language checkpoint whose language model is 'gemma4_text'"):
-        adapter_for(config)
+    adapter_for(T.Gemma4Config())  # Gemma 4's language model, gemma4_text, is admitted (its defaults: E2B's shapes)
+    moe = T.Gemma4Config(text_config=dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=8))
+    with pytest.raises(UnsupportedArchitectureError, match="gemma4_text: config.enable_moe_block=True"):
+        adapter_for(moe)  # 26B-A4B's block: a dense MLP beside the experts, not modelled
     llava_over_opt = T.LlavaConfig(text_config=dict(model_type="opt"))
     with pytest.raises(UnsupportedArchitectureError, match="language model is 'opt'"):
         adapter_for(llava_over_opt)

@@ -60,6 +60,11 @@ def refuse_non_affine(model: nn.Module) -> None:
                 f"partial grafts (fractional weights per cell, attribution, localize) are refused on a recurrent token "
                 f"mixer ({slot.name}): its decay parameters enter through exp / softplus and its kernel reads earlier "
                 "positions, so a fractional weight is no mix of two outputs. Whole grafts (wg.graft, run) are exact")
+        if slot.scalar:  # affine in the scalar, but applied inside the block's own forward, which no plan here mixes
+            raise GraftArgumentTypeError(
+                f"partial grafts (fractional weights per cell, attribution, localize) do not mix a block's output scale "
+                f"({slot.name}, applied by the block itself, not by a module). Whole grafts (wg.graft, run) are exact; "
+                "localize runs with estimates: false")
         for part in slot.parts:
             module = model.get_submodule(part.path)
             if not _is_affine(module):

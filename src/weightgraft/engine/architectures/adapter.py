@@ -66,6 +66,12 @@ LAYER_COMPONENTS: tuple[str, ...] = (
     "act",  # an activation with learned parameters (Apertus' xIELU alpha_p / alpha_n)
     "down",
     "post_mlp_norm",
+    # Gemma 4's per-layer inputs (PLE): after the MLP, a gate from the residual stream times the
+    # layer's slice of the per-layer token embedding, projected back and normed
+    "ple_gate",
+    "ple_proj",
+    "ple_norm",
+    "layer_scalar",  # Gemma 4: a learned scale of the block's whole output, applied last
 )
 GLOBAL_SLOTS: tuple[str, ...] = ("embed", "pos_embed", "final_norm", "unembed")
 
@@ -132,8 +138,8 @@ class BlockKinds:
     kind in ``refused`` (or not in ``kinds``) is refused before loading, with its reason."""
 
     attribute: str  # the config's per-layer list of kinds ("layers_block_type")
-    kinds: dict[str, dict[str, str | Fused]]  # kind -> its components (a mixer kind: besides the Mixer's)
-    mixer: str  # the kind whose blocks hold the adapter's Mixer
+    kinds: dict[str, dict[str, str | Fused | Tensors]]  # kind -> its components (a mixer kind: besides the Mixer's)
+    mixer: str | None = None  # the kind whose blocks hold the adapter's Mixer (None: no mixer)
     refused: dict[str, str] = field(default_factory=dict)  # kind -> why it is not grafted
 
 
@@ -166,7 +172,7 @@ class Adapter:
     # The position axis of modules whose input is not [batch, seq, ...] (Gemma 3 q/k norms).
     pos_axis: dict[str, int] = field(default_factory=dict)
     # Config attributes that change the computation in ways this adapter does not model:
-    # attribute -> the only value supported.
+    # attribute -> the only value supported (a frozenset: the values supported).
     requires: dict[str, Any] = field(default_factory=dict)
     # Learned position embeddings (GPT-2's wpe): a slot of their own, ``pos_embed``.
     pos_embed: str | None = None
@@ -176,6 +182,10 @@ class Adapter:
     mixer: Mixer | None = None
     # Blocks of several kinds under one norm (Nemotron-H): each kind's components (``components`` unused).
     blocks: BlockKinds | None = None
+    # Components (and embedding modules) some configs of the family leave out (Gemma 4's per-layer
+    # inputs where ``hidden_size_per_layer_input`` is 0): skipped where absent; the coverage check
+    # still refuses any parameter no slot holds.
+    optional: frozenset[str] = frozenset()
     # Modules no text prompt reaches (a vision-language checkpoint's vision tower and projector):
     # their parameters belong to no slot, and a donor that differs there is reported, not grafted.
     outside: tuple[str, ...] = ()

@@ -130,8 +130,8 @@ def _build_slots(model: nn.Module) -> list[Slot]:
         return Part(path=path, columns=columns, pos_axis=pos_axis, tensors=tensors)
 
     n_heads = int(config.num_attention_heads)
-    n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
-    out = [Slot("embed", tuple(part(p) for p in adapter.embed))]
+    embeds = [p for p in adapter.embed if p not in adapter.optional or _holds(model, p)]
+    out = [Slot("embed", tuple(part(p) for p in embeds))]
     if adapter.pos_embed is not None:
         out.append(Slot("pos_embed", (part(adapter.pos_embed),)))
     for i in range(len(layers)):
@@ -139,9 +139,12 @@ def _build_slots(model: nn.Module) -> list[Slot]:
         kind = None if adapter.blocks is None else str(getattr(config, adapter.blocks.attribute)[i])
         components, axes = _layer_kind(adapter, layers[i], kind)
         mixer = _mixer_of(adapter, layers[i], kind)
+        n_kv = _kv_heads(config, i)
         for comp in LAYER_COMPONENTS:
             spec = components.get(comp)
             if spec is None or _registered_none(layers[i], spec if isinstance(spec, str) else spec.module):
+                continue
+            if comp in adapter.optional and not _holds(layers[i], spec if isinstance(spec, str) else spec.module):
                 continue
             axis = axes.get(comp, 1)
             if mixer is not None and comp in mixer.components:
@@ -155,10 +158,12 @@ def _build_slots(model: nn.Module) -> list[Slot]:
                     bound_part = part(f"{prefix}.{spec}")
                 out.append(Slot(f"layers.{i}.{comp}", (bound_part,), mixer=site))
                 continue
-            if isinstance(spec, Tensors):  # outside a mixer: attention sinks, read by the attention function
-                if comp != "sinks":
+            if isinstance(spec, Tensors):  # outside a mixer: attention sinks, a block's output scale
+                if comp not in ("sinks", "layer_scalar"):
                     raise UnsupportedArchitectureError(f"{config.model_type}: no forward computes tensors as {comp!r}")
-                out.append(Slot(f"layers.{i}.{comp}", (part(f"{prefix}.{spec.module}", tensors=spec.names),), sinks=True))
+                path = f"{prefix}.{spec.module}" if spec.module else prefix
+                out.append(Slot(f"layers.{i}.{comp}", (part(path, tensors=spec.names),),
+                                sinks=comp == "sinks", scalar=comp == "layer_scalar"))
                 continue
             if comp == "experts":
                 path = f"{prefix}.{spec}"
@@ -191,6 +196,14 @@ def _build_slots(model: nn.Module) -> list[Slot]:
     out.append(Slot("unembed", (part(adapter.unembed),)))
     _check_coverage(model, out, adapter.outside)
     return out
+
+
+def _kv_heads(config: Any, layer: int) -> int:
+    """Layer ``layer``'s key / value heads: the config's, or the layer's own where the config
+    gives some layers other shapes (Gemma 4's full-attention layers: ``per_layer_config``)."""
+    per_layer = getattr(config, "per_layer_config", None)
+    own = per_layer[layer] if per_layer is not None else config
+    return int(getattr(own, "num_key_value_heads", None) or config.num_attention_heads)
 
 
 def _mixer_of(adapter: Adapter, block: nn.Module, kind: str | None) -> Mixer | None:

@@ -104,6 +104,21 @@ _OLMO_HYBRID_BLOCKS = BlockKinds("layer_types", {
 }, mixer="linear_attention")
 
 
+# Gemma 4: Gemma 3's layer (q/k norms per head, a norm before and after attention and the MLP), a
+# value norm without weights, the per-layer inputs (PLE) after the MLP and a learned scale of the
+# block's output. Its kinds are its KV sharing modes: the last ``num_kv_shared_layers`` layers
+# reuse the keys and values of the last earlier layer of their type, and hold no k / v of their own.
+_GEMMA4 = {
+    **_llama_like(**_GEMMA2_NORMS, **_QK_NORMS), "ple_gate": "per_layer_input_gate", "ple_proj": "per_layer_projection",
+    "ple_norm": "post_per_layer_input_norm", "layer_scalar": Tensors("", ("layer_scalar",))}
+_GEMMA4_SHARED = {k: v for k, v in _GEMMA4.items() if k not in ("k", "v", "k_norm")}
+_GEMMA4_BLOCKS = BlockKinds("kv_sharing_modes", {"None": _GEMMA4, "store": _GEMMA4, "reuse": _GEMMA4_SHARED})
+# the token embedding and, where the config has them, the per-layer inputs' embedding, the projection
+# of the token embedding into them and its norm: each a function of the position's own token
+_GEMMA4_EMBED = ("model.embed_tokens", "model.embed_tokens_per_layer", "model.per_layer_model_projection",
+                 "model.per_layer_projection_norm")
+
+
 def _llama_family(components: dict[str, str | Fused], **kw: Any) -> Adapter:
     return Adapter(
         layers="model.layers",
@@ -250,6 +265,12 @@ ADAPTERS: dict[str, Adapter] = {
         layers="model.layers", embed=("model.embed_tokens",), final_norm="model.embedding_norm", unembed="lm_head",
         components=_LFM2, mixer=_SHORT_CONV, experts=Experts(
             "feed_forward.gate", "feed_forward.experts", router_args=Tensors("feed_forward", ("expert_bias",)))),
+    # Gemma 4 (E2B / E4B with per-layer inputs and KV sharing, 31B); its mixture-of-experts block (a
+    # dense MLP beside the experts, 26B-A4B) and fully bidirectional attention are refused
+    "gemma4_text": Adapter(
+        layers="model.layers", embed=_GEMMA4_EMBED, final_norm="model.norm", unembed="lm_head", components={},
+        blocks=_GEMMA4_BLOCKS, optional=frozenset({*_GEMMA4_EMBED[1:], "ple_gate", "ple_proj", "ple_norm"}),
+        requires={"enable_moe_block": False, "use_bidirectional_attention": frozenset({None, "vision"})}),
     "olmo_hybrid": _llama_family({}, mixer=_OLMO_DELTA, blocks=_OLMO_HYBRID_BLOCKS),
     "nemotron_h": Adapter(layers="model.layers", embed=("model.embeddings",), final_norm="model.norm_f",
                           unembed="lm_head", components={}, mixer=_MAMBA2, blocks=_NEMOTRON_H_BLOCKS),
@@ -346,11 +367,12 @@ def adapter_for(config: Any) -> Adapter:
         )
     adapter = ADAPTERS[model_type]
     for attr, wanted in adapter.requires.items():
-        value = getattr(config, attr, wanted)
-        if value != wanted:
+        allowed = wanted if isinstance(wanted, frozenset) else frozenset([wanted])
+        value = getattr(config, attr, next(iter(allowed)))
+        if value not in allowed:
             raise UnsupportedArchitectureError(
                 f"{model_type}: config.{attr}={value!r} changes the computation in a way "
-                f"weightgraft does not model; only {attr}={wanted!r} is supported."
+                f"weightgraft does not model; only {attr}={' or '.join(map(repr, sorted(allowed, key=repr)))} is supported."
             )
     if adapter.blocks is not None:
         _check_block_kinds(model_type, adapter.blocks, config)
@@ -360,7 +382,7 @@ def adapter_for(config: Any) -> Adapter:
 def _check_block_kinds(model_type: str, blocks: BlockKinds, config: Any) -> None:
     """Refuse, from the config alone, a model with a block kind its adapter does not model (Nemotron-H's
     mixture-of-experts blocks), naming why."""
-    for kind in dict.fromkeys(getattr(config, blocks.attribute, None) or ()):
+    for kind in dict.fromkeys(str(k) for k in getattr(config, blocks.attribute, None) or ()):
         if kind not in blocks.kinds:
             why = blocks.refused.get(kind, "a block kind its adapter does not model")
             raise UnsupportedArchitectureError(

@@ -90,6 +90,7 @@ class Slot:
     router: bool = False  # a mixture of experts' router: its outputs are tuples of [batch * seq] rows
     mixer: MixerSite | None = None  # a recurrent mixer's component: computed by its mixer's forward
     sinks: bool = False  # attention sinks (gpt-oss): read by the attention function, per query row
+    scalar: bool = False  # a block's output scale (Gemma 4's ``layer_scalar``): applied per position by its block
 
     def units(self, kind: Units) -> int:
         """How many units of ``kind`` (heads or neurons) the slot splits into (0: none, and
