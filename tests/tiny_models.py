@@ -74,7 +74,8 @@ VL_CONFIGS: dict[str, T.PretrainedConfig] = {
         image_token_index=64, boi_token_index=61, eoi_token_index=62,
     ),
     "gemma4": T.Gemma4Config(  # Gemma 4 E2B-31B: gemma4_text's layers (per-layer inputs, KV sharing), a vision tower
-        text_config=TINY_CONFIGS["gemma4_text"].to_dict(), vision_config=dict(**_VISION, num_key_value_heads=2, head_dim=8),
+        text_config=TINY_CONFIGS["gemma4_text"].to_dict(),
+        vision_config=dict(**_VISION, num_key_value_heads=2, head_dim=8),
         audio_config=None, image_token_id=64,
     ),
     "mistral3": T.Mistral3Config(  # Mistral Small 3.1: a Mistral language model, Pixtral's tower
@@ -182,10 +183,12 @@ HYBRID_CONFIGS: dict[str, T.PretrainedConfig] = {
         hidden_size=32, layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention"],
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48, ssm_state_size=8,
         mamba_num_heads=4, mamba_head_dim=8, n_groups=2, conv_kernel=4, chunk_size=4, **_COMMON),
-    "olmo_hybrid": T.OlmoHybridConfig(  # Gated DeltaNet with q/k/v apart and beta doubled; post-norm attention with rotary positions
+    # OLMo Hybrid: Gated DeltaNet with q/k/v apart and beta doubled; post-norm attention with rotary positions
+    "olmo_hybrid": T.OlmoHybridConfig(
         **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, layer_types=["linear_attention", "full_attention",
         "linear_attention"], linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
-        linear_num_key_heads=2, linear_num_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         **_COMMON),
     # All three layer kinds in one family: mixer and attention layers, mixtures of experts (the MoE matrix runs them too)
     "qwen3_5_moe_text": T.Qwen3_5MoeTextConfig(  # Qwen3.5's layers, every MLP 4 experts and a gated shared expert

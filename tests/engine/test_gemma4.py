@@ -47,7 +47,8 @@ def test_random_maps_with_differing_block_scales_equal_the_definition():
             assert (fast[real] - ref[real]).abs().max().item() <= 1e-10
             assert (ref[real] - models[0](input_ids=ids, attention_mask=mask).logits[real]).abs().max().item() > 1e-1
         for m, model in enumerate(models):  # a uniform map is each model, bit for bit
-            assert torch.equal(wg.graft_forward(models, ids, torch.full((*ids.shape, n), m)), model(input_ids=ids).logits)
+            uniform = wg.graft_forward(models, ids, torch.full((*ids.shape, n), m))
+            assert torch.equal(uniform, model(input_ids=ids).logits)
 
 
 @torch.no_grad()

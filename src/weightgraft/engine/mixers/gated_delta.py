@@ -69,7 +69,8 @@ def olmo_gated_delta_forward(targets: list[nn.Module], maps: Mapping[str, torch.
     return _forward(_OLMO_HYBRID, targets, maps)
 
 
-def _forward(family: _Family, targets: list[nn.Module], maps: Mapping[str, torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _forward(family: _Family, targets: list[nn.Module],
+             maps: Mapping[str, torch.Tensor]) -> Callable[..., torch.Tensor]:
     mixers: list[Any] = targets  # transformers modules: their submodules and sizes are plain attributes
     base, whole, norms = mixer_models(targets, list(maps.values()), norm=family.norm)
 
