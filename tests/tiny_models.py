@@ -190,6 +190,14 @@ HYBRID_CONFIGS: dict[str, T.PretrainedConfig] = {
         linear_num_key_heads=2, linear_num_value_heads=4,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         **_COMMON),
+    # Falcon-H1: attention and a Mamba2 mixer side by side in every layer (4 heads in 2 groups, an inner width
+    # of its own, chunks of 4), muP multipliers away from one, the mixer's gated norm on
+    "falcon_h1": T.FalconH1Config(
+        **_LLAMA | {"num_hidden_layers": 2}, num_key_value_heads=2, head_dim=8, mamba_d_ssm=24, mamba_n_heads=4,
+        mamba_d_head=6, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=4, mamba_rms_norm=True,
+        embedding_multiplier=1.5, lm_head_multiplier=0.8, attention_in_multiplier=0.9, attention_out_multiplier=1.1,
+        ssm_in_multiplier=1.2, ssm_out_multiplier=0.7, key_multiplier=0.9, mlp_multipliers=[1.1, 0.9],
+        ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3], **_COMMON),
     # All three layer kinds in one family: mixer and attention layers, mixtures of experts (the MoE matrix runs them too)
     "qwen3_5_moe_text": T.Qwen3_5MoeTextConfig(  # Qwen3.5's layers, every MLP 4 experts and a gated shared expert
         **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8,
@@ -247,7 +255,8 @@ def make_tiny(
         text.num_hidden_layers = n_layers
         for per_layer in ("layer_types", "no_rope_layers"):  # per-layer kinds: repeat the pattern
             kinds = getattr(text, per_layer, None)
-            if kinds:
+            settable = not isinstance(getattr(type(text), text.attribute_map.get(per_layer, per_layer), None), property)
+            if kinds and settable:  # Falcon-H1's is computed: one "hybrid" per layer
                 setattr(text, per_layer, [kinds[i % len(kinds)] for i in range(n_layers)])
     torch.manual_seed(seed)
     auto = T.AutoModelForImageTextToText if model_type in VL_CONFIGS else T.AutoModelForCausalLM

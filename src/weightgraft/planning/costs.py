@@ -246,6 +246,8 @@ def _cache_layers(fp: ModelFootprint) -> tuple[int, int, int] | None:
         "olmo_gated_delta_net": delta,
         "mamba2": int(getattr(config, "mamba_num_heads", 0)) * int(getattr(config, "mamba_head_dim", 0))
         * int(getattr(config, "ssm_state_size", 0)),
+        "falcon_mamba2": int(getattr(config, "mamba_n_heads", 0)) * int(getattr(config, "mamba_d_head", 0))
+        * int(getattr(config, "mamba_d_state", 0)),
     }
     conv = 0
     for slot in slots:

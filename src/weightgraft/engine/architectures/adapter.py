@@ -76,11 +76,11 @@ LAYER_COMPONENTS: tuple[str, ...] = (
 GLOBAL_SLOTS: tuple[str, ...] = ("embed", "pos_embed", "final_norm", "unembed")
 
 Layout = Literal["qkv_blocks", "qkv_per_head", "halves", "thirds", "linear_qkv_blocks", "q_gate_per_head",
-                 "mamba2_blocks"]
+                 "mamba2_blocks", "falcon_mamba2_blocks"]
 # Which batched forward computes a mixer (``weightgraft.engine.mixers``): LFM2's short
 # convolution, Qwen3.5's Gated DeltaNet (OLMo Hybrid's: q, k, v projected apart, beta doubled),
-# Mamba2's state space scan (Nemotron-H).
-MixerKind = Literal["short_conv", "gated_delta_net", "olmo_gated_delta_net", "mamba2"]
+# Mamba2's state space scan (Nemotron-H; Falcon-H1's, with muP multipliers and an optional norm).
+MixerKind = Literal["short_conv", "gated_delta_net", "olmo_gated_delta_net", "mamba2", "falcon_mamba2"]
 
 # The module a text family's decoder (layers, embedding, final norm) sits in: every wrappable
 # family keeps it at ``model`` and the unembedding at ``lm_head``.
@@ -99,7 +99,8 @@ class Fused:
     ``in_proj_qkv``);
     ``q_gate_per_head``: per head [q_h | gate_h] (Qwen3.5 attention's ``q_proj``);
     ``mamba2_blocks``: [z | x | B | C | dt] sized by the config's Mamba2 heads, groups and state
-    (Nemotron-H's mixer ``in_proj``; parts "z", "x", "b", "c", "dt").
+    (Nemotron-H's mixer ``in_proj``; parts "z", "x", "b", "c", "dt");
+    ``falcon_mamba2_blocks``: the same blocks sized by Falcon-H1's config (``mamba_d_ssm``, ``mamba_n_groups``, ...).
     """
 
     module: str
@@ -127,6 +128,9 @@ class Mixer:
     module: str
     kind: MixerKind
     components: dict[str, str | Fused | Tensors]
+    # the mixer runs beside attention in every layer (Falcon-H1: both read the layer's one input and
+    # their outputs add): a mixer layer keeps its attention components
+    beside_attention: bool = False
 
 
 @dataclass(frozen=True)

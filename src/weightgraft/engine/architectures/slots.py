@@ -43,9 +43,14 @@ def fused_columns(fused: Fused, config: Any, out_features: int) -> torch.Tensor:
                 "from the config's linear-attention heads")
         start, size = {"q": (0, key), "k": (key, key), "v": (2 * key, value)}[fused.part]
         return torch.arange(start, start + size)
-    if fused.layout == "mamba2_blocks":  # Mamba2's [z | x | B | C | dt], sized by its heads, groups and state
-        heads = int(config.mamba_num_heads)
-        inner, state = heads * int(config.mamba_head_dim), int(config.n_groups) * int(config.ssm_state_size)
+    if fused.layout in ("mamba2_blocks", "falcon_mamba2_blocks"):  # Mamba2's [z | x | B | C | dt]
+        if fused.layout == "mamba2_blocks":  # sized by its heads, groups and state
+            heads = int(config.mamba_num_heads)
+            inner, state = heads * int(config.mamba_head_dim), int(config.n_groups) * int(config.ssm_state_size)
+        else:  # Falcon-H1's: an inner width of its own (mamba_d_ssm, else mamba_expand times the hidden size)
+            heads = int(config.mamba_n_heads)
+            inner = int(config.mamba_d_ssm or int(config.mamba_expand) * int(config.hidden_size))
+            state = int(config.mamba_n_groups) * int(config.mamba_d_state)
         sizes = {"z": inner, "x": inner, "b": state, "c": state, "dt": heads}
         if sum(sizes.values()) != out_features:
             raise UnsupportedArchitectureError(
@@ -148,6 +153,8 @@ def _build_slots(model: nn.Module) -> list[Slot]:
                 continue
             axis = axes.get(comp, 1)
             if mixer is not None and comp in mixer.components:
+                if isinstance(spec, str) and not _has_parameters(model.get_submodule(f"{prefix}.{spec}")):
+                    continue  # a part the config leaves without weights (Falcon-H1's norm where mamba_rms_norm is off)
                 site = MixerSite(f"{prefix}.{mixer.module}", mixer.kind, comp)
                 if isinstance(spec, Tensors):
                     bound_part = part(f"{prefix}.{spec.module}", tensors=spec.names)
@@ -226,7 +233,8 @@ def _layer_kind(adapter: Adapter, block: nn.Module, kind: str | None) -> tuple[d
         adapter.components if adapter.blocks is None or kind is None else adapter.blocks.kinds[kind])
     mixer = _mixer_of(adapter, block, kind)
     if mixer is not None:
-        base = {k: v for k, v in base.items() if k not in ATTENTION_COMPONENTS} | mixer.components
+        kept = base if mixer.beside_attention else {k: v for k, v in base.items() if k not in ATTENTION_COMPONENTS}
+        base = kept | mixer.components
     moe = adapter.experts
     if moe is None or not _holds(block, moe.experts):
         return base, adapter.pos_axis

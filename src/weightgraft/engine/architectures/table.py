@@ -119,6 +119,18 @@ _GEMMA4_EMBED = ("model.embed_tokens", "model.embed_tokens_per_layer", "model.pe
                  "model.per_layer_projection_norm")
 
 
+# Falcon-H1: in every layer attention and a Mamba2 mixer read the one normed input side by side (the
+# mixer ``beside_attention``) and their outputs add; muP multipliers are the config's, alike in every
+# model; the mixer's gated norm only where ``mamba_rms_norm``
+_FALCON_MAMBA2 = Mixer("mamba", "falcon_mamba2", {
+    **{f"mixer_{p}": Fused("mamba.in_proj", "falcon_mamba2_blocks", p) for p in ("z", "x", "b", "c", "dt")},
+    "mixer_conv": "mamba.conv1d", "mixer_decay": Tensors("mamba", ("A_log", "dt_bias")),
+    "mixer_skip": Tensors("mamba", ("D",)), "mixer_norm": "mamba.norm", "mixer_out": "mamba.out_proj"},
+    beside_attention=True)
+_FALCON_H1 = {**_llama_like(), "mlp_norm": "pre_ff_layernorm", "gate": "feed_forward.gate_proj",
+              "up": "feed_forward.up_proj", "down": "feed_forward.down_proj"}
+
+
 def _llama_family(components: dict[str, str | Fused], **kw: Any) -> Adapter:
     return Adapter(
         layers="model.layers",
@@ -271,6 +283,11 @@ ADAPTERS: dict[str, Adapter] = {
         layers="model.layers", embed=_GEMMA4_EMBED, final_norm="model.norm", unembed="lm_head", components={},
         blocks=_GEMMA4_BLOCKS, optional=frozenset({*_GEMMA4_EMBED[1:], "ple_gate", "ple_proj", "ple_norm"}),
         requires={"enable_moe_block": False, "use_bidirectional_attention": frozenset({None, "vision"})}),
+    # the step floor of its scan is (0, inf) by default: its one-token decode step agrees with it (with
+    # a floor it would not, as Nemotron-H's: refused until that is modelled)
+    "falcon_h1": Adapter(
+        layers="model.layers", embed=("model.embed_tokens",), final_norm="model.final_layernorm", unembed="lm_head",
+        components=_FALCON_H1, mixer=_FALCON_MAMBA2, requires={"time_step_limit": (0.0, float("inf"))}),
     "olmo_hybrid": _llama_family({}, mixer=_OLMO_DELTA, blocks=_OLMO_HYBRID_BLOCKS),
     "nemotron_h": Adapter(layers="model.layers", embed=("model.embeddings",), final_norm="model.norm_f",
                           unembed="lm_head", components={}, mixer=_MAMBA2, blocks=_NEMOTRON_H_BLOCKS),
@@ -312,9 +329,6 @@ WRAPPERS: dict[str, Wrapper] = {
 
 # Families looked at and not grafted yet, each refused in one line (before any weight loads) saying why.
 REFUSED: dict[str, str] = {
-    "falcon_h1": "every Falcon-H1 layer runs attention and a Mamba2 mixer in parallel on one input, "
-                 "scaled by muP multipliers (a config-derived mup_vector on the mixer's in_proj output), "
-                 "which the one-token-mixer-per-layer slot table does not model",
     "qwen3_next": "Qwen3-Next's Gated DeltaNet fuses q, k, v and the output gate in in_proj_qkvz interleaved "
                   "per key head (beta and the decay input in in_proj_ba), and its layers are mixtures of "
                   "experts with a gated shared expert; its mixer forward is not written yet",
@@ -367,12 +381,13 @@ def adapter_for(config: Any) -> Adapter:
         )
     adapter = ADAPTERS[model_type]
     for attr, wanted in adapter.requires.items():
-        allowed = wanted if isinstance(wanted, frozenset) else frozenset([wanted])
-        value = getattr(config, attr, next(iter(allowed)))
+        allowed = tuple(wanted) if isinstance(wanted, frozenset) else (wanted,)
+        value = getattr(config, attr, allowed[0])
+        value = tuple(value) if isinstance(value, list) else value  # a config read from JSON holds lists
         if value not in allowed:
             raise UnsupportedArchitectureError(
                 f"{model_type}: config.{attr}={value!r} changes the computation in a way "
-                f"weightgraft does not model; only {attr}={' or '.join(map(repr, sorted(allowed, key=repr)))} is supported."
+                f"weightgraft does not model; only {attr}={' or '.join(sorted(map(repr, allowed)))} is supported."
             )
     if adapter.blocks is not None:
         _check_block_kinds(model_type, adapter.blocks, config)

@@ -43,6 +43,9 @@ MIXER_FORWARDS: dict[MixerKind, MixerForward] = {
     "gated_delta_net": MixerForward(gated_delta.gated_delta_forward, gated_delta.OWN),
     "olmo_gated_delta_net": MixerForward(gated_delta.olmo_gated_delta_forward, gated_delta.OWN),
     "mamba2": MixerForward(mamba2.mamba2_forward, mamba2.OWN, always=True),
+    # Falcon-H1's step limit is (0, inf) by default: its decode step and its scan agree, as the
+    # per-token reference checks; a config with a floor would need ``always`` too (refused until then)
+    "falcon_mamba2": MixerForward(mamba2.falcon_mamba2_forward, mamba2.OWN),
 }
 
 

@@ -1,4 +1,6 @@
-"""Mamba2's state space mixer (Nemotron-H's ``NemotronHMamba2Mixer``) with every weight per position.
+"""Mamba2's state space mixer (Nemotron-H's ``NemotronHMamba2Mixer``; Falcon-H1's ``FalconH1Mixer``,
+which scales its input by ``ssm_in_multiplier`` and ``in_proj``'s output by the config's muP vector,
+and gates by ``silu(z)`` where it has no norm) with every weight per position.
 
 Per token: ``in_proj`` (``[z | x | B | C | dt]``: the gate, the input, the state's write and read
 projections, the step input; column groups the engine's module swaps serve) and ``out_proj``. Here:
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -26,18 +30,42 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
+from transformers.models.falcon_h1 import modeling_falcon_h1 as falcon_h1
 from transformers.models.nemotron_h import modeling_nemotron_h as nemotron_h
 
 from weightgraft.engine.mixers.pieces import by_rows, gathered, kernels, mixer_models, per_position_conv, zero_pads
 
-__all__ = ["OWN", "decode_step_floor", "mamba2_forward"]
+__all__ = ["OWN", "decode_step_floor", "falcon_mamba2_forward", "mamba2_forward"]
 
 OWN = frozenset({"mixer_conv", "mixer_decay", "mixer_skip", "mixer_norm"})  # the projections go through the swaps
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What one family's Mamba2 mixer does around the shared steps: its scan, and its muP scales."""
+
+    scan: ModuleType  # the family's modeling module, whose ``mamba2_chunk_scan`` runs the scan
+    normed: Callable[[Any], bool]  # whether the mixer gates through its norm (else by ``silu(z)``)
+    muP: bool = False  # input times ``ssm_in_multiplier``, in_proj's output times ``mup_vector`` (Falcon-H1)
+
+
+_NEMOTRON_H = _Family(nemotron_h, lambda base: True)
+_FALCON_H1 = _Family(falcon_h1, lambda base: bool(base.mamba_rms_norm), muP=True)
 
 
 def mamba2_forward(targets: list[nn.Module], maps: Mapping[str, torch.Tensor]) -> Callable[..., torch.Tensor]:
     """A forward for the base's Mamba2 mixer: ``targets`` are each model's, ``maps`` (component ->
     ``[batch, seq]``) name the model serving each component at each position."""
+    return _forward(_NEMOTRON_H, targets, maps)
+
+
+def falcon_mamba2_forward(targets: list[nn.Module], maps: Mapping[str, torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The same for Falcon-H1's mixer (its multipliers are the config's: every model's alike)."""
+    return _forward(_FALCON_H1, targets, maps)
+
+
+def _forward(family: _Family, targets: list[nn.Module],
+             maps: Mapping[str, torch.Tensor]) -> Callable[..., torch.Tensor]:
     mixers: list[Any] = targets  # transformers modules: their submodules and sizes are plain attributes
     base, whole, norms = mixer_models(targets, list(maps.values()))
 
@@ -52,7 +80,8 @@ def mamba2_forward(targets: list[nn.Module], maps: Mapping[str, torch.Tensor]) -
         dtype = hidden_states.dtype
         x = zero_pads(hidden_states, attention_mask)
         heads, head_dim, groups, state = base.num_heads, base.head_dim, base.n_groups, base.ssm_state_size
-        gate, xbc, dt = base.in_proj(x).split([base.intermediate_size, base.conv_dim, heads], dim=-1)
+        projected = base.in_proj(x * base.ssm_in_multiplier) * base.mup_vector if family.muP else base.in_proj(x)
+        gate, xbc, dt = projected.split([base.intermediate_size, base.conv_dim, heads], dim=-1)
         mixed = zero_pads(xbc, attention_mask).transpose(1, 2)  # with an in_proj bias a pad's input is not zero
         previous = None
         if cache_params is not None:  # earlier positions' conv inputs first, then the new ones
@@ -65,7 +94,7 @@ def mamba2_forward(targets: list[nn.Module], maps: Mapping[str, torch.Tensor]) -
         xs = xs.reshape(batch, seq, heads, head_dim)
         A = -gathered([t.A_log for t in mixers], here["mixer_decay"]).float().exp()  # [batch, seq, heads]: p's
         dt_bias = gathered([t.dt_bias for t in mixers], here["mixer_decay"])
-        scanned = nemotron_h.mamba2_chunk_scan(
+        scanned = family.scan.mamba2_chunk_scan(
             xs, dt, A, B.reshape(batch, seq, groups, state), C.reshape(batch, seq, groups, state),
             chunk_size=base.chunk_size, D=None, dt_bias=dt_bias, dt_softplus=True, initial_states=previous,
             dt_limit=base.time_step_limit, return_final_states=cache_params is not None)
@@ -74,7 +103,10 @@ def mamba2_forward(targets: list[nn.Module], maps: Mapping[str, torch.Tensor]) -
             cache_params.update_recurrent_state(scanned[1], layer_idx=base.layer_idx)
         D = gathered([t.D for t in mixers], here["mixer_skip"])  # [batch, seq, heads]
         y = (y + D[..., None] * xs.float()).reshape(batch, seq, -1)
-        y = by_rows(norms, here["mixer_norm"], y, gate)
+        if family.normed(base):  # Nemotron-H always; Falcon-H1 where its config says
+            y = by_rows(norms, here["mixer_norm"], y, gate)
+        else:  # no norm: the gate alone, as Falcon-H1 applies it
+            y = y * F.silu(gate)
         projected: torch.Tensor = base.out_proj(y.to(dtype))
         return projected
 
