@@ -204,6 +204,11 @@ HYBRID_CONFIGS: dict[str, T.PretrainedConfig] = {
         layer_types=["linear_attention", "full_attention", "linear_attention"], linear_conv_kernel_dim=4,
         linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=20, **_COMMON),
+    "qwen3_next": T.Qwen3NextConfig(  # Qwen3.5-MoE's layers, its DeltaNet's q/k/v/z and b/a interleaved per key head
+        **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8,
+        layer_types=["linear_attention", "full_attention", "linear_attention"], linear_conv_kernel_dim=4,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=20, **_COMMON),
     "lfm2_moe": T.Lfm2MoeConfig(  # LFM2's layers, layer 0 dense, a sigmoid router shifted by the block's expert_bias
         **_LLAMA | {"num_hidden_layers": 3}, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv"],
         conv_L_cache=3, num_dense_layers=1, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, **_COMMON),
@@ -218,7 +223,7 @@ WITH_MIXERS = frozenset({*HYBRID_CONFIGS, *(m for m, c in VL_CONFIGS.items()
 # Gemma 4 and its wrapper: a block's output scale, which partial grafts refuse (tests/engine/test_gemma4.py)
 WITH_BLOCK_SCALES = frozenset({"gemma4_text", "gemma4"})
 RUNS_WHOLE = WITH_MIXERS | WITH_BLOCK_SCALES
-for _name in ("qwen3_5_moe_text", "lfm2_moe"):
+for _name in ("qwen3_5_moe_text", "lfm2_moe", "qwen3_next"):
     MOE_CONFIGS[_name] = HYBRID_CONFIGS[_name]
     MOE_CONFIGS[_name]._experts_implementation = "eager"
 # a wrapper over an MoE runs its banks eagerly too (grouped_mm refuses the float64 matrices)

@@ -25,7 +25,8 @@ KINDS = {
     "falcon_h1": ["attention + mixer (falcon_mamba2)"] * 4,  # side by side in every layer
     "olmo_hybrid": ["mixer (olmo_gated_delta_net)", "attention", "mixer (olmo_gated_delta_net)", "mixer (olmo_gated_delta_net)"],
 }
-KINDS |= {"lfm2_moe": KINDS["lfm2"], "qwen3_5_moe_text": KINDS["qwen3_5_text"]}  # mixtures of experts in every layer's MLP
+KINDS |= {"lfm2_moe": KINDS["lfm2"], "qwen3_5_moe_text": KINDS["qwen3_5_text"],
+          "qwen3_next": [k.replace("gated_delta_net", "next_gated_delta_net") for k in KINDS["qwen3_5_text"]]}  # mixtures of experts in every layer's MLP
 
 
 def _pair(arch: str, tok) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -244,6 +244,7 @@ def _cache_layers(fp: ModelFootprint) -> tuple[int, int, int] | None:
         "short_conv": 0,
         "gated_delta_net": delta,
         "olmo_gated_delta_net": delta,
+        "next_gated_delta_net": delta,
         "mamba2": int(getattr(config, "mamba_num_heads", 0)) * int(getattr(config, "mamba_head_dim", 0))
         * int(getattr(config, "ssm_state_size", 0)),
         "falcon_mamba2": int(getattr(config, "mamba_n_heads", 0)) * int(getattr(config, "mamba_d_head", 0))

@@ -76,11 +76,12 @@ LAYER_COMPONENTS: tuple[str, ...] = (
 GLOBAL_SLOTS: tuple[str, ...] = ("embed", "pos_embed", "final_norm", "unembed")
 
 Layout = Literal["qkv_blocks", "qkv_per_head", "halves", "thirds", "linear_qkv_blocks", "q_gate_per_head",
-                 "mamba2_blocks", "falcon_mamba2_blocks"]
+                 "mamba2_blocks", "falcon_mamba2_blocks", "qkvz_per_key_head", "ba_per_key_head"]
 # Which batched forward computes a mixer (``weightgraft.engine.mixers``): LFM2's short
 # convolution, Qwen3.5's Gated DeltaNet (OLMo Hybrid's: q, k, v projected apart, beta doubled),
 # Mamba2's state space scan (Nemotron-H; Falcon-H1's, with muP multipliers and an optional norm).
-MixerKind = Literal["short_conv", "gated_delta_net", "olmo_gated_delta_net", "mamba2", "falcon_mamba2"]
+MixerKind = Literal["short_conv", "gated_delta_net", "olmo_gated_delta_net", "next_gated_delta_net", "mamba2",
+                    "falcon_mamba2"]
 
 # The module a text family's decoder (layers, embedding, final norm) sits in: every wrappable
 # family keeps it at ``model`` and the unembedding at ``lm_head``.
@@ -100,7 +101,10 @@ class Fused:
     ``q_gate_per_head``: per head [q_h | gate_h] (Qwen3.5 attention's ``q_proj``);
     ``mamba2_blocks``: [z | x | B | C | dt] sized by the config's Mamba2 heads, groups and state
     (Nemotron-H's mixer ``in_proj``; parts "z", "x", "b", "c", "dt");
-    ``falcon_mamba2_blocks``: the same blocks sized by Falcon-H1's config (``mamba_d_ssm``, ``mamba_n_groups``, ...).
+    ``falcon_mamba2_blocks``: the same blocks sized by Falcon-H1's config (``mamba_d_ssm``, ``mamba_n_groups``, ...);
+    ``qkvz_per_key_head``: per linear-attention key head [q_h | k_h | v_h | z_h], its value heads' v and z
+    (Qwen3-Next's ``in_proj_qkvz``; parts "q", "k", "v", "z"); ``ba_per_key_head``: per key head [b_h | a_h]
+    (``in_proj_ba``; parts "b", "a").
     """
 
     module: str

@@ -43,6 +43,8 @@ def fused_columns(fused: Fused, config: Any, out_features: int) -> torch.Tensor:
                 "from the config's linear-attention heads")
         start, size = {"q": (0, key), "k": (key, key), "v": (2 * key, value)}[fused.part]
         return torch.arange(start, start + size)
+    if fused.layout in ("qkvz_per_key_head", "ba_per_key_head"):  # Qwen3-Next: grouped by key head
+        return _per_key_head(fused, config, out_features)
     if fused.layout in ("mamba2_blocks", "falcon_mamba2_blocks"):  # Mamba2's [z | x | B | C | dt]
         if fused.layout == "mamba2_blocks":  # sized by its heads, groups and state
             heads = int(config.mamba_num_heads)
@@ -86,6 +88,25 @@ def fused_columns(fused: Fused, config: Any, out_features: int) -> torch.Tensor:
         grid = torch.arange(out_features).view(n_heads, 3, hd)
         return grid[:, which, :].reshape(-1)
     raise UnsupportedArchitectureError(f"unknown fused layout {fused.layout!r}")
+
+
+def _per_key_head(fused: Fused, config: Any, out_features: int) -> torch.Tensor:
+    """A part's columns where a projection is grouped by linear-attention key head, each group the
+    head's q and k and the v and z (or b and a) of the value heads it serves."""
+    n_k, n_v = int(config.linear_num_key_heads), int(config.linear_num_value_heads)
+    per = n_v // n_k  # value heads per key head
+    if fused.layout == "qkvz_per_key_head":
+        head_k, head_v = int(config.linear_key_head_dim), int(config.linear_value_head_dim)
+        sizes = {"q": head_k, "k": head_k, "v": per * head_v, "z": per * head_v}
+    else:
+        sizes = {"b": per, "a": per}
+    width = sum(sizes.values())
+    if n_k * width != out_features:
+        raise UnsupportedArchitectureError(
+            f"fused projection {fused.module} has {out_features} outputs, expected {n_k * width} from the config's "
+            "linear-attention heads")
+    start = sum(list(sizes.values())[:list(sizes).index(fused.part)])
+    return torch.arange(out_features).view(n_k, width)[:, start:start + sizes[fused.part]].reshape(-1)
 
 
 def _has_parameters(module: nn.Module) -> bool:

@@ -131,6 +131,16 @@ _FALCON_H1 = {**_llama_like(), "mlp_norm": "pre_ff_layernorm", "gate": "feed_for
               "up": "feed_forward.up_proj", "down": "feed_forward.down_proj"}
 
 
+# Qwen3-Next: Qwen3.5's layers before it, its Gated DeltaNet projecting q, k, v and z interleaved per
+# key head (``in_proj_qkvz``) and b and a likewise (``in_proj_ba``); a gated shared expert beside each bank
+_NEXT_DELTA = Mixer("linear_attn", "next_gated_delta_net", {
+    **{f"mixer_{p}": Fused("linear_attn.in_proj_qkvz", "qkvz_per_key_head", p) for p in "qkvz"},
+    "mixer_beta": Fused("linear_attn.in_proj_ba", "ba_per_key_head", "b"),
+    "mixer_dt": Fused("linear_attn.in_proj_ba", "ba_per_key_head", "a"),
+    "mixer_conv": "linear_attn.conv1d", "mixer_decay": Tensors("linear_attn", ("A_log", "dt_bias")),
+    "mixer_norm": "linear_attn.norm", "mixer_out": "linear_attn.out_proj"})
+
+
 def _llama_family(components: dict[str, str | Fused], **kw: Any) -> Adapter:
     return Adapter(
         layers="model.layers",
@@ -288,6 +298,7 @@ ADAPTERS: dict[str, Adapter] = {
     "falcon_h1": Adapter(
         layers="model.layers", embed=("model.embed_tokens",), final_norm="model.final_layernorm", unembed="lm_head",
         components=_FALCON_H1, mixer=_FALCON_MAMBA2, requires={"time_step_limit": (0.0, float("inf"))}),
+    "qwen3_next": _llama_family(_QWEN3_5, mixer=_NEXT_DELTA, experts=_GATED_SHARED_MOE),
     "olmo_hybrid": _llama_family({}, mixer=_OLMO_DELTA, blocks=_OLMO_HYBRID_BLOCKS),
     "nemotron_h": Adapter(layers="model.layers", embed=("model.embeddings",), final_norm="model.norm_f",
                           unembed="lm_head", components={}, mixer=_MAMBA2, blocks=_NEMOTRON_H_BLOCKS),
@@ -329,9 +340,6 @@ WRAPPERS: dict[str, Wrapper] = {
 
 # Families looked at and not grafted yet, each refused in one line (before any weight loads) saying why.
 REFUSED: dict[str, str] = {
-    "qwen3_next": "Qwen3-Next's Gated DeltaNet fuses q, k, v and the output gate in in_proj_qkvz interleaved "
-                  "per key head (beta and the decay input in in_proj_ba), and its layers are mixtures of "
-                  "experts with a gated shared expert; its mixer forward is not written yet",
     "kimi_linear": "Kimi Linear's delta attention decays per channel through low-rank projections in its own "
                    "scan, beside MLA attention and a mixture of experts, none of which is modelled yet",
 }

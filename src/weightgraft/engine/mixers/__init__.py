@@ -42,6 +42,7 @@ MIXER_FORWARDS: dict[MixerKind, MixerForward] = {
     "short_conv": MixerForward(short_conv.short_conv_forward, short_conv.OWN),
     "gated_delta_net": MixerForward(gated_delta.gated_delta_forward, gated_delta.OWN),
     "olmo_gated_delta_net": MixerForward(gated_delta.olmo_gated_delta_forward, gated_delta.OWN),
+    "next_gated_delta_net": MixerForward(gated_delta.next_gated_delta_forward, gated_delta.OWN),
     "mamba2": MixerForward(mamba2.mamba2_forward, mamba2.OWN, always=True),
     # Falcon-H1's step limit is (0, inf) by default: its decode step and its scan agree, as the
     # per-token reference checks; a config with a floor would need ``always`` too (refused until then)

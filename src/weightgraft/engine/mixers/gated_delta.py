@@ -1,5 +1,5 @@
-"""Gated DeltaNet with every weight per position: Qwen3.5's (``Qwen3_5GatedDeltaNet``) and OLMo
-Hybrid's (``OlmoHybridGatedDeltaNet``), which differ only in how their per-token inputs are
+"""Gated DeltaNet with every weight per position: Qwen3.5's (``Qwen3_5GatedDeltaNet``), Qwen3-Next's
+and OLMo Hybrid's (``OlmoHybridGatedDeltaNet``), which differ only in how their per-token inputs are
 projected and named.
 
 Per token, through the engine's module swaps: q, k and v into the conv (Qwen3.5 fuses them in
@@ -25,10 +25,11 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.models.olmo_hybrid import modeling_olmo_hybrid as olmo_hybrid
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
+from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
 
 from weightgraft.engine.mixers.pieces import by_rows, gathered, kernels, mixer_models, per_position_conv, zero_pads
 
-__all__ = ["OWN", "gated_delta_forward", "olmo_gated_delta_forward"]
+__all__ = ["OWN", "gated_delta_forward", "next_gated_delta_forward", "olmo_gated_delta_forward"]
 
 OWN = frozenset({"mixer_conv", "mixer_decay", "mixer_norm"})  # computed here; projections go through the swaps
 
@@ -48,12 +49,19 @@ def _qwen_inputs(base: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return base.in_proj_qkv(x), base.in_proj_z(x), base.in_proj_b(x), base.in_proj_a(x)
 
 
+def _next_inputs(base: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    q, k, v, z, b, a = base.fix_query_key_value_ordering(base.in_proj_qkvz(x), base.in_proj_ba(x))
+    mixed = torch.cat([t.reshape(*t.shape[:2], -1) for t in (q, k, v)], dim=-1)
+    return mixed, z, b, a
+
+
 def _olmo_inputs(base: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     mixed = torch.cat([base.q_proj(x), base.k_proj(x), base.v_proj(x)], dim=-1)
     return mixed, base.g_proj(x), base.b_proj(x), base.a_proj(x)
 
 
 _QWEN3_5 = _Family(_qwen_inputs, "norm", "out_proj", qwen3_5, lambda base: 1.0)
+_QWEN3_NEXT = _Family(_next_inputs, "norm", "out_proj", qwen3_next, lambda base: 1.0)
 _OLMO_HYBRID = _Family(_olmo_inputs, "o_norm", "o_proj", olmo_hybrid,
                        lambda base: 2.0 if base.allow_neg_eigval else 1.0)
 
@@ -62,6 +70,12 @@ def gated_delta_forward(targets: list[nn.Module], maps: Mapping[str, torch.Tenso
     """A forward for the base's Qwen3.5 Gated DeltaNet: ``targets`` are each model's, ``maps``
     (component -> ``[batch, seq]``) name the model serving each component at each position."""
     return _forward(_QWEN3_5, targets, maps)
+
+
+def next_gated_delta_forward(targets: list[nn.Module], maps: Mapping[str, torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The same for Qwen3-Next's (q, k, v and z interleaved per key head in ``in_proj_qkvz``, b and a in
+    ``in_proj_ba``: the module's own reordering splits them)."""
+    return _forward(_QWEN3_NEXT, targets, maps)
 
 
 def olmo_gated_delta_forward(targets: list[nn.Module], maps: Mapping[str, torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -80,8 +80,8 @@ def _forward(family: _Family, targets: list[nn.Module],
         dtype = hidden_states.dtype
         x = zero_pads(hidden_states, attention_mask)
         heads, head_dim, groups, state = base.num_heads, base.head_dim, base.n_groups, base.ssm_state_size
-        projected = base.in_proj(x * base.ssm_in_multiplier) * base.mup_vector if family.muP else base.in_proj(x)
-        gate, xbc, dt = projected.split([base.intermediate_size, base.conv_dim, heads], dim=-1)
+        inputs = base.in_proj(x * base.ssm_in_multiplier) * base.mup_vector if family.muP else base.in_proj(x)
+        gate, xbc, dt = inputs.split([base.intermediate_size, base.conv_dim, heads], dim=-1)
         mixed = zero_pads(xbc, attention_mask).transpose(1, 2)  # with an in_proj bias a pad's input is not zero
         previous = None
         if cache_params is not None:  # earlier positions' conv inputs first, then the new ones
