@@ -17,6 +17,7 @@ import weightgraft as wg
 from weightgraft.engine import reference
 from weightgraft.engine.forward import graft_call
 from weightgraft.engine.precision import float64_exact
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError
 from tiny_models import MOE_CONFIGS, make_donor, random_ids
 
@@ -105,15 +106,15 @@ def test_a_pass_continued_from_its_cache_equals_the_whole_pass():
     with float64_exact(models):
         whole = wg.graft_forward(models, ids, source)
         cache = T.DynamicCache(config=models[0].config)
-        first = graft_call(models, ids[:, :5], source[:, :5], past_key_values=cache).logits
-        rest = graft_call(models, ids[:, 5:], source[:, 5:], past_key_values=cache,
+        first = graft_call(models, ids[:, :5], SourceMap(source[:, :5]), past_key_values=cache).logits
+        rest = graft_call(models, ids[:, 5:], SourceMap(source[:, 5:]), past_key_values=cache,
                           attention_mask=torch.ones(2, 8, dtype=torch.long)).logits
         assert (torch.cat([first, rest], dim=1) - whole).abs().max().item() <= 1e-10
         assert cache.layers[0].keys.shape == (2, 4, 8, 12)  # [batch, heads, seq, nope + rope]
         latents = T.DynamicCache(config=models[0].config)
         models[0](input_ids=ids[:, :5], past_key_values=latents, use_cache=True)  # transformers' own cache
         with pytest.raises(GraftArgumentError, match="cache holds .* keys, not the decompressed"):
-            graft_call(models, ids[:, 5:], source[:, 5:], past_key_values=latents,
+            graft_call(models, ids[:, 5:], SourceMap(source[:, 5:]), past_key_values=latents,
                        attention_mask=torch.ones(2, 8, dtype=torch.long))
 
 

@@ -23,6 +23,7 @@ from weightgraft.engine.forward import graft_call, position_ids_from_mask
 from weightgraft.engine.mixers import mamba2
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.precision import float64_exact
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.engine.reference import per_token_forward
 from weightgraft.errors import GraftArgumentTypeError
 from weightgraft.models.lean import donor_view, memory_report, needed_parameters
@@ -133,10 +134,10 @@ def test_continuing_from_a_cache_equals_one_pass(model_type):
     with float64_exact(models):
         whole = wg.graft_forward(models, ids, source)
         cache = DynamicCache(config=models[0].config)
-        first = graft_call(models, ids[:, :4], source[:, :4], past_key_values=cache, use_cache=True).logits
+        first = graft_call(models, ids[:, :4], SourceMap(source[:, :4]), past_key_values=cache, use_cache=True).logits
         parts = [first]
         for t in range(4, ids.shape[1]):  # one token at a time, as generation runs
-            parts.append(graft_call(models, ids[:, t:t + 1], source[:, t:t + 1], past_key_values=cache,
+            parts.append(graft_call(models, ids[:, t:t + 1], SourceMap(source[:, t:t + 1]), past_key_values=cache,
                                     attention_mask=torch.ones(2, t + 1, dtype=torch.long), use_cache=True).logits)
     assert (torch.cat(parts, dim=1) - whole).abs().max().item() <= 1e-10
 
@@ -145,13 +146,22 @@ def test_continuing_from_a_cache_equals_one_pass(model_type):
 def test_slots_groups_and_refusals(model_type):
     base = make_tiny(model_type)
     slots = model_slots(base)
-    for i, kind in enumerate(base.config.layer_types):  # a mixer layer has no attention components, and back
-        names = {s.name.split(".", 2)[2] for s in slots if s.name.startswith(f"layers.{i}.")}
+    if model_type == "falcon_h1":  # attention and the mixer side by side in every layer
+        for i in range(base.config.num_hidden_layers):
+            names = {s.name.split(".", 2)[2] for s in slots if s.name.startswith(f"layers.{i}.")}
+            assert {"q", "k", "v", "o", "mixer_conv", "mixer_out", "attn_norm", "mlp_norm"} <= names
+    for i, kind in enumerate(base.config.layer_types if model_type != "falcon_h1" else ()):
+        names = {s.name.split(".", 2)[2] for s in slots if s.name.startswith(f"layers.{i}.")}  # a mixer layer: no attention
         mixer = kind not in ("full_attention", "mlp")  # Nemotron-H's MLP blocks hold neither
         assert {"mixer_conv", "mixer_out"} <= names if mixer else not any(n.startswith("mixer_") for n in names)
         attention = {"q", "k", "v", "o"}
         assert not attention & names if kind != "full_attention" else attention <= names
-        assert ("mlp_norm" in names) == (model_type != "nemotron_h" or kind == "mlp")  # one norm a block there
+        if model_type == "olmo_hybrid":  # pre-norm mixer layers, post-norm attention layers
+            post_norm = kind == "full_attention"
+            assert ({"post_attn_norm", "post_mlp_norm"} <= names) == post_norm
+            assert bool({"attn_norm", "mlp_norm"} & names) != post_norm
+        else:
+            assert ("mlp_norm" in names) == (model_type != "nemotron_h" or kind == "mlp")  # one norm a block there
     available = {s.name.split(".", 2)[2] for s in slots if s.name.startswith("layers.")}
     assert "mixer_conv" in select_components("mixer", available)
     assert select_components("mixer-mixer_conv", available) == select_components("mixer", available) - {"mixer_conv"}
@@ -282,9 +292,10 @@ def test_mamba2_step_floor_follows_the_batched_scan():
         assert (fast - per_token_forward(models, ids, source)).abs().max().item() <= 1e-10
         for chosen in (source, uniform):  # a graft, and one model alone, continued token by token
             cache = DynamicCache(config=base.config)
-            parts = [graft_call(models, ids[:, :4], chosen[:, :4], past_key_values=cache, use_cache=True).logits]
+            parts = [graft_call(models, ids[:, :4], SourceMap(chosen[:, :4]), past_key_values=cache,
+                                use_cache=True).logits]
             for t in range(4, ids.shape[1]):
-                parts.append(graft_call(models, ids[:, t:t + 1], chosen[:, t:t + 1], past_key_values=cache,
+                parts.append(graft_call(models, ids[:, t:t + 1], SourceMap(chosen[:, t:t + 1]), past_key_values=cache,
                                         attention_mask=torch.ones(2, t + 1, dtype=torch.long), use_cache=True).logits)
             whole = fast if chosen is source else batched
             assert (torch.cat(parts, dim=1) - whole).abs().max().item() <= 1e-10
@@ -294,9 +305,36 @@ def test_mamba2_step_floor_follows_the_batched_scan():
 def test_families_not_grafted_are_refused_in_one_line_from_their_config():
     moe = copy.deepcopy(HYBRID_CONFIGS["nemotron_h"])
     moe.layers_block_type = ["linear_attention", "moe"]
-    refusals = {"falcon_h1": "in parallel", "qwen3_next": "interleaved per key head", "kimi_linear": "low-rank",
-                "olmo_hybrid": "separate q/k/v"}
+    refusals = {"qwen3_next": "interleaved per key head", "kimi_linear": "low-rank"}
     for config, words in [(moe, "'moe' blocks"), *((T.AutoConfig.for_model(m), w) for m, w in refusals.items())]:
         with pytest.raises(UnsupportedArchitectureError, match=words) as caught:
             adapter_for(config)
         assert "\n" not in str(caught.value)
+
+
+@torch.no_grad()
+def test_falcon_h1_without_the_mixers_norm_gates_by_silu_and_a_step_floor_is_refused():
+    """Falcon-H1's default: no gated norm in the mixer (``mamba_rms_norm`` False, the output gated by
+    ``silu(z)``): equal to the definition on a random map; a config whose scan floors the step (its
+    decode step would not) is refused from the config."""
+    config = copy.deepcopy(HYBRID_CONFIGS["falcon_h1"])
+    config.mamba_rms_norm = False
+    base = _randomized(T.FalconH1ForCausalLM(config)).double()
+    models = [base, make_donor(base, 1), make_donor(base, 2)]
+    assert not any(n.endswith("mixer_norm") for n in wg.slots(base))
+    ids, mask = padded_ids()
+    source = _random_map(tuple(ids.shape), len(wg.slots(base)), seed=7)
+    with float64_exact(models):
+        fast = wg.graft_forward(models, ids, source, attention_mask=mask)
+        ref = per_token_forward(models, ids, source, attention_mask=mask)
+    assert _diff(fast, ref, mask) <= 1e-10
+    assert _diff(ref, base(input_ids=ids, attention_mask=mask).logits, mask) > 1e-1
+    floored = copy.deepcopy(config)
+    floored.time_step_limit = (0.001, float("inf"))
+    with pytest.raises(UnsupportedArchitectureError, match="time_step_limit"):
+        adapter_for(floored)
+
+
+def _randomized(model: torch.nn.Module) -> torch.nn.Module:
+    _randomize(model, torch.Generator().manual_seed(0))
+    return model.eval()

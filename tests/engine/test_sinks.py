@@ -16,6 +16,7 @@ import weightgraft as wg
 from weightgraft.engine.forward import graft_call
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 from test_moe import _models
 from tiny_models import last_token_reference, make_donor, make_tiny, padded_ids, random_ids
 
@@ -71,8 +72,8 @@ def test_a_donor_differing_only_in_its_sinks_is_grafted_as_itself_through_the_ca
         assert (everywhere - base(input_ids=ids).logits).abs().max().item() > 1e-2
         whole = wg.graft_forward([base, donor], ids, source)
         cache = T.DynamicCache(config=base.config)
-        graft_call([base, donor], ids[:, :5], source[:, :5], past_key_values=cache, use_cache=True)
-        rest = graft_call([base, donor], ids[:, 5:], source[:, 5:], past_key_values=cache,
+        graft_call([base, donor], ids[:, :5], SourceMap(source[:, :5]), past_key_values=cache, use_cache=True)
+        rest = graft_call([base, donor], ids[:, 5:], SourceMap(source[:, 5:]), past_key_values=cache,
                              attention_mask=torch.ones_like(ids)).logits
         ref = per_token_forward([base, donor], ids, source)
     assert (whole - ref).abs().max().item() <= 1e-10

@@ -18,10 +18,10 @@ from weightgraft.data.prompts import DatasetError, TestPrompt, load_test_prompts
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.architectures.adapter import ATTENTION_COMPONENTS
+from weightgraft.engine.source_map import SlotName
 from weightgraft.schemes.binding import GraftInputError, Rules, as_scheme, check_tokenizer, compile_for, input_errors
 from weightgraft.schemes.labels import FIRST_ENTITY, first_entity, position_labels, token_span
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, get_protocol
-from weightgraft.schemes.selectors import select_layers
 from weightgraft.training.outputs import MANIFEST_NAME
 
 if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
@@ -48,34 +48,36 @@ def explain(rules: Rules, model: nn.Module, *, protocol: str = DEFAULT_PROTOCOL,
     rows = []
     for k, (rule, done) in enumerate(zip(scheme.rules, compiled.rules, strict=True)):
         names = [compiled.slot_names[i] for i in done.slots.tolist()]
-        in_layers = [n.split(".", 2) for n in names if n.startswith("layers.")]
+        in_layers = [(slot.layer, slot.component) for slot in map(SlotName.parse, names) if slot.layer is not None]
         heads = {compiled.slot_names[s]: h.tolist() for s, h in (done.heads or {}).items()}
         rows.append({
             "rule": k, "model": rule.model, "scale": rule.scale, "positions": rule.positions,
-            "layers": sorted({int(p[1]) for p in in_layers}),
-            "components": sorted({p[2] for p in in_layers}),
-            "global_slots": [n for n in names if not n.startswith("layers.")],
+            "layers": sorted({layer for layer, _ in in_layers}),
+            "components": sorted({component for _, component in in_layers}),
+            "global_slots": [n for n in names if SlotName.parse(n).layer is None],
             "n_slots": len(names), "heads": heads or None, "slots": names,
-            "layer_kinds": {i: kinds[i] for i in select_layers(rule.layers, len(kinds), floor_quarters=floor)},
+            "layer_kinds": {i: kinds[i] for i in rule.layer_selection.resolve(len(kinds), floor_quarters=floor)},
         })
     return pd.DataFrame(rows)
 
 
 def layer_kinds(model: nn.Module) -> dict[int, str]:
     """Each layer's kind, read from its slots: ``attention``, ``mixer (KIND)`` (a hybrid's
-    recurrent token mixer: ``short_conv``, ``gated_delta_net``, ``olmo_gated_delta_net``, ``mamba2``) or ``mlp`` (a
+    recurrent token mixer: ``short_conv``, ``gated_delta_net``, ``olmo_gated_delta_net``, ``mamba2``,
+    ``falcon_mamba2``), ``attention + mixer (KIND)`` (Falcon-H1: both side by side) or ``mlp`` (a
     Nemotron-H block holding neither). A hybrid's presets graft attention's ``q``/``k``/``v``/``o``
     in its attention layers only; this says which those are."""
     comps: dict[int, set[str]] = {}
     mixers: dict[int, str] = {}
     for slot in model_slots(model):
-        if slot.name.startswith("layers."):
-            _, layer, comp = slot.name.split(".", 2)
-            comps.setdefault(int(layer), set()).add(comp)
+        name = SlotName.parse(slot.name)
+        if name.layer is not None:
+            comps.setdefault(name.layer, set()).add(name.component)
             if slot.mixer is not None:
-                mixers[int(layer)] = f"mixer ({slot.mixer.kind})"
-    return {i: mixers.get(i) or ("attention" if here & set(ATTENTION_COMPONENTS) else "mlp")
-            for i, here in sorted(comps.items())}
+                mixers[name.layer] = f"mixer ({slot.mixer.kind})"
+    attention = {i for i, here in comps.items() if here & set(ATTENTION_COMPONENTS)}
+    return {i: (f"attention + {mixers[i]}" if i in attention else mixers[i]) if i in mixers  # Falcon-H1: side by side
+            else "attention" if i in attention else "mlp" for i in sorted(comps)}
 
 
 def tokens(tokenizer: PreTrainedTokenizerBase, prompt: str, spans: Mapping[str, SpanSpec] | None = None) -> pd.DataFrame:

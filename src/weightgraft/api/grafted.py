@@ -22,6 +22,7 @@ import torch
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.engine.forward import graft_call
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.schemes.binding import GraftInputError, Rules, prepare_graft
 from weightgraft.schemes.scheme import CompiledScheme
@@ -164,7 +165,7 @@ def grafted(
                 head_source[name][b, new_mask[b]] = h[-n_real_new:]
         state.inside = True
         try:
-            return graft_call(ordered, input_ids, source, attention_mask=mask, head_source=head_source or None,
+            return graft_call(ordered, input_ids, SourceMap(source, head_source), attention_mask=mask,
                               past_key_values=cache, use_cache=use_cache)
         finally:
             state.inside = False

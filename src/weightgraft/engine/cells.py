@@ -33,7 +33,7 @@ from weightgraft.engine.attribution import Metric, metric_values
 from weightgraft.engine.metric_table import localize_metric
 from weightgraft.engine.sharing.depth import UNIT_BUDGET, DepthStats, Reduce, depth_forward
 from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
-from weightgraft.engine.source_map import SourceMap
+from weightgraft.engine.source_map import SlotName, SourceMap
 from weightgraft.errors import GraftArgumentError
 
 __all__ = ["Cell", "ScoredExample", "contrast_tokens", "exact_effects", "exact_effects_in", "example_cells", "group_cells", "cell_name",
@@ -61,7 +61,7 @@ def cell_name(slot_name: str, unit: int = WHOLE) -> str:
         return slot_name
     if unit == REST:
         return f"{slot_name}/bias"
-    component = slot_name.rsplit(".", 1)[-1]
+    component = SlotName.parse(slot_name).component
     return f"{slot_name}/{'e' if component == 'experts' else 'n' if component in NEURON_COMPONENTS else 'h'}{unit}"
 
 
@@ -140,12 +140,11 @@ def group_cells(model: nn.Module, example: ScoredExample, positions: Sequence[in
     for c in example_cells(model, example):
         if c.position not in positions:
             continue
-        name = model_slots(model)[c.slot].name
-        if name.startswith("layers."):
-            _, layer, comp = name.split(".", 2)
-            if int(layer) in wanted_layers and comp in wanted:
+        slot = SlotName.parse(model_slots(model)[c.slot].name)
+        if slot.layer is not None:
+            if slot.layer in wanted_layers and slot.component in wanted:
                 chosen.append(c)
-        elif name in wanted:
+        elif slot.component in wanted:
             chosen.append(c)
     return chosen
 

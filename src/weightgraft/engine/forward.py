@@ -12,20 +12,20 @@ model that serves it (not by the base and then again by the donor).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
-from weightgraft.engine import attention, mixers, moe, projections
-from weightgraft.engine.architectures import Slot, Units, model_slots
+from weightgraft.engine import attention, blocks, mixers, moe, projections
+from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.architectures.vision_language import refuse_media
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.precision import one_cpu_path
-from weightgraft.engine.source_map import SourceMap, check_units, merge_identical, position_ids_from_mask
-from weightgraft.engine.swaps import own_forward, swaps
+from weightgraft.engine.source_map import SourceMap, merge_identical, position_ids_from_mask
+from weightgraft.engine.swaps import Swaps, own_forward, swaps
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
 __all__ = ["slots", "graft_forward", "graft_call", "position_ids_from_mask"]
@@ -68,18 +68,21 @@ def _callers(targets: list[nn.Module]) -> list[Callable[..., Any]]:
     return [own_forward(t) if i == 0 else t for i, t in enumerate(targets)]
 
 
-class _OnDevice:
-    """Index tensors moved once to each device a module runs on (``device_map`` placement
-    puts layers on several GPUs; the source map lives on the embedding's)."""
+_Rows = TypeVar("_Rows")
 
-    def __init__(self, tensors: dict[str, Any], device: torch.device) -> None:
-        self.by_device = {device: tensors}
 
-    def get(self, device: torch.device) -> dict[str, Any]:
+@dataclass
+class _OnDevice(Generic[_Rows]):
+    """Index tensors moved once to each device a module runs on (``device_map`` spreads layers)."""
+
+    by_device: dict[torch.device, _Rows]
+
+    def get(self, device: torch.device) -> _Rows:
         found = self.by_device.get(device)
         if found is None:
-            first = next(iter(self.by_device.values()))
-            found = self.by_device[device] = {k: _move(v, device) for k, v in first.items()}
+            first: Any = next(iter(self.by_device.values()))
+            found = self.by_device[device] = replace(first, **{f.name: _move(getattr(first, f.name), device)
+                                                                for f in fields(first)})
         return found
 
 
@@ -96,6 +99,24 @@ def _move(value: object, device: torch.device) -> object:
 
 _RowSet = tuple[int, torch.Tensor, torch.Tensor]  # (model, rows b, rows t)
 _Split = tuple[int | None, list[_RowSet], tuple[torch.Tensor, ...]]
+
+
+@dataclass
+class _DispatchRows:  # what a dispatching forward reads per call
+
+    row_sets: list[_RowSet]
+    mixed: tuple[torch.Tensor, ...]
+    groups: list[_Group]
+
+
+@dataclass
+class _InUnitRows:  # what an input-side unit forward reads per call: mixed rows with their unit and bias models
+
+    row_sets: list[_RowSet]
+    b_mix: torch.Tensor
+    t_mix: torch.Tensor
+    mix_units: torch.Tensor
+    mix_bias: torch.Tensor
 
 
 def _rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,19 +158,17 @@ def _dispatch_forward(path: str, lookup: _Lookup, groups: list[_Group], pos_axis
     fns = _callers(targets)
     single, row_sets, mixed = lookup.split(groups)
 
-    placed = _OnDevice({"row_sets": row_sets, "mixed": mixed, "groups": groups}, groups[0].models.device)
+    placed = _OnDevice({groups[0].models.device: _DispatchRows(row_sets, mixed, groups)})
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if single is not None:
             whole: torch.Tensor = fns[single](x, *args, **kwargs)
             return whole
         here = placed.get(x.device)
-        row_sets: list[_RowSet] = here["row_sets"]
-        mixed: tuple[torch.Tensor, ...] = here["mixed"]
-        groups: list[_Group] = here["groups"]
+        mixed, groups = here.mixed, here.groups
         xv = moe.by_position(x, pos_axis, groups[0].models.shape[:2])
         out: torch.Tensor | None = None
-        for m, b, t in row_sets:
+        for m, b, t in here.row_sets:
             if b.numel() == 0:
                 continue
             y = fns[m](xv[b, t], *args, **kwargs)
@@ -211,19 +230,14 @@ def _in_unit_forward(
     mix_units = unit_models[b_mix, t_mix]  # [n, units]
     mix_bias = bias_models[b_mix, t_mix]
 
-    placed = _OnDevice({"row_sets": row_sets, "b_mix": b_mix, "t_mix": t_mix,
-                        "mix_units": mix_units, "mix_bias": mix_bias}, unit_models.device)
+    placed = _OnDevice({unit_models.device: _InUnitRows(row_sets, b_mix, t_mix, mix_units, mix_bias)})
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         here = placed.get(x.device)
-        row_sets: list[_RowSet] = here["row_sets"]
-        b_mix: torch.Tensor = here["b_mix"]
-        t_mix: torch.Tensor = here["t_mix"]
-        mix_units: torch.Tensor = here["mix_units"]
-        mix_bias: torch.Tensor = here["mix_bias"]
+        b_mix, t_mix, mix_units, mix_bias = here.b_mix, here.t_mix, here.mix_units, here.mix_bias
         xv = moe.by_position(x, pos_axis, unit_models.shape[:2])
         out: torch.Tensor | None = None
-        for m, b, t in row_sets:
+        for m, b, t in here.row_sets:
             if b.numel():
                 y = fns[m](xv[b, t], *args, **kwargs)
                 if out is None:
@@ -274,7 +288,7 @@ def _plan(base: nn.Module, slot_list: list[Slot], columns: list[torch.Tensor], u
             groups, _ = by_module.setdefault(part.path, ([], part.pos_axis))
             if s in units:
                 kind = slot.unit_kind()
-                assert kind is not None  # _check_units took unit maps of unit slots only
+                assert kind is not None  # SourceMap.checked took unit maps of unit slots only
                 unit_cols = slot.unit_columns(base.get_submodule(part.path), kind)
                 groups.append(_Group(torch.stack(unit_cols).to(columns[s].device), units[s]))
                 continue
@@ -297,51 +311,34 @@ def graft_forward(
     neuron_source: Mapping[str, torch.Tensor] | None = None,
     expert_source: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Logits ``[batch, seq, vocab]`` of the grafted pass: see :func:`graft_call`."""
-    logits: torch.Tensor = graft_call(models, input_ids, source, attention_mask=attention_mask,
-                                      logit_positions=logit_positions, head_source=head_source,
-                                      past_key_values=past_key_values, neuron_source=neuron_source,
-                                      expert_source=expert_source).logits
+    """Logits ``[batch, seq, vocab]`` of the grafted pass (:func:`graft_call`). The public edge: ``source``
+    and the loose unit maps ``head_source``, ``neuron_source``, ``expert_source`` (slot name ->
+    ``[batch, seq, units]``) become one :class:`SourceMap` here, so the engine has one input."""
+    maps = SourceMap.of(source, heads=head_source, neurons=neuron_source, experts=expert_source)
+    logits: torch.Tensor = graft_call(models, input_ids, maps, attention_mask=attention_mask,
+                                      logit_positions=logit_positions, past_key_values=past_key_values).logits
     return logits
 
 
 def graft_call(
     models: Sequence[nn.Module],
     input_ids: torch.Tensor,
-    source: torch.Tensor | SourceMap,
+    source: SourceMap,
     *,
     attention_mask: torch.Tensor | None = None,
     logit_positions: torch.Tensor | None = None,
-    head_source: Mapping[str, torch.Tensor] | None = None,
     past_key_values: Cache | None = None,
     use_cache: bool | None = None,
-    neuron_source: Mapping[str, torch.Tensor] | None = None,
-    expert_source: Mapping[str, torch.Tensor] | None = None,
 ) -> Any:
     """The base model's output (``.logits`` ``[batch, seq, vocab]``, ``.past_key_values``) of
     one batched forward pass in which slot ``s`` at position ``t`` of row ``b`` uses the
-    weights of ``models[source[b, t, s]]``.
+    weights of ``models[source.slots[b, t, s]]``, and each unit map of ``source`` (heads,
+    neurons, experts: :class:`SourceMap` says how each grafts) overrides its slot unit by unit.
 
     ``models[0]`` is the base; all models must share architecture and shapes. Padding (left
     or right) is handled through ``attention_mask``. With ``logit_positions`` (``[batch, k]``
     position indices) only those logits are computed and ``[batch, k, vocab]`` is returned:
     the unembedding, usually the largest matrix, then runs on k rows instead of seq.
-
-    ``head_source`` grafts attention head by head: ``{"layers.3.o": [batch, seq, heads]}``
-    names, per head, the model whose weights serve it, and overrides ``source`` for that slot
-    (q/k/v: the head's output columns, bias included; o: the head's input columns, while o's
-    bias, which belongs to no head, comes from ``source``). Under grouped-query attention k
-    and v have ``num_key_value_heads`` heads: a k/v head is one shared key/value head, serving
-    its whole group of q heads.
-
-    ``neuron_source`` grafts the MLP neuron by neuron: ``{"layers.3.up": [batch, seq,
-    neurons]}`` (gate/up: the neuron's output column, bias entry included; down: its input
-    column, while down's bias, which belongs to no neuron, comes from ``source``). GPT-2's
-    ``c_fc`` and GPT-NeoX's ``dense_h_to_4h`` are ``up``; Phi-3's fused ``gate_up_proj`` is
-    split into its gate and up halves first.
-
-    ``source`` may be a :class:`~weightgraft.engine.source_map.SourceMap` carrying the slot map
-    and its head and neuron maps together (then ``head_source`` and ``neuron_source`` stay None).
 
     ``past_key_values`` (a ``transformers.DynamicCache``) continues rows whose earlier
     positions an earlier call computed (prefix sharing, ``weightgraft.engine.sharing.prefix``): the cache is
@@ -349,38 +346,59 @@ def graft_call(
     ``attention_mask`` covers cached and new ones (``[batch, cached + seq]``), so that
     positions continue from the cached ones.
     """
-    if isinstance(source, SourceMap):
-        if head_source is not None or neuron_source is not None:
-            raise GraftArgumentError("give unit maps in the SourceMap or as head_source / neuron_source, not both")
-        maps = source
-        source, head_source, neuron_source = maps.slots, maps.heads, maps.neurons
+    base, slot_list = _base_of(models)
+    inputs = _inputs(base, input_ids, attention_mask, past_key_values)
+    batch, seq = inputs.input_ids.shape
+    device = inputs.input_ids.device
+    maps = source.checked(slot_list, batch, seq, n_models=len(models), device=device)
+    models, slot_map, units = merge_identical(models, maps.slots, maps.units)
+    banks = {s: units.pop(s) for s in list(units) if slot_list[s].experts}  # expert by expert
+    columns = [slot_map[:, :, s] for s in range(len(slot_list))]
+    with swaps() as swap:
+        if logit_positions is not None:  # "unembed" is always the last slot
+            logit_positions = swap.logit_rows(base.get_submodule(slot_list[-1].parts[0].path),
+                                              logit_positions.to(device), (batch, seq))
+            columns[-1] = columns[-1].gather(1, logit_positions)
+        padded = bool(inputs.attention_mask[:, inputs.cached:].eq(0).any())
+        _swap_grafted(swap, base, slot_list, _Lookup(models), slot_map, columns, units, banks, padded=padded)
+        swap.eval_mode(models)
+        swap.eager_attention(models)
+        return base(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            position_ids=inputs.position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None if use_cache is None else use_cache,
+        )
+
+
+def _base_of(models: Sequence[nn.Module]) -> tuple[nn.Module, list[Slot]]:
+    """The base (``models[0]``) and its slot table, once the models are known to fit together."""
     if len(models) == 0:
         raise GraftArgumentError("graft_forward needs at least one model (the base)")
-    base = models[0]
     check_compatible(models)
     one_cpu_path(models)
-    slot_list = model_slots(base)
-    head_source, neuron_source, expert_source = moe.route_unit_maps(head_source, neuron_source, expert_source, slot_list)
+    return models[0], model_slots(models[0])
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """A pass's token inputs on the base's device (the mask covers cached and new positions)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cached: int
+
+
+def _inputs(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+            past_key_values: Cache | None) -> _Inputs:
+    """The pass's token inputs checked and placed where the source map lives (the embedding's device)."""
     if input_ids.dim() != 2:
         raise GraftArgumentError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
     refuse_media(base, input_ids, attention_mask)
     batch, seq = input_ids.shape
-    expected = (batch, seq, len(slot_list))
-    if tuple(source.shape) != expected:
-        raise GraftArgumentError(
-            f"source must have shape [batch, seq, n_slots] = {list(expected)}, "
-            f"got {list(source.shape)} (see weightgraft.slots(model))"
-        )
-    if source.dtype.is_floating_point or source.dtype == torch.bool:
-        raise GraftArgumentTypeError(f"source must be an integer tensor, got {source.dtype}")
     device = projections.input_embedding_weight(base).device
-    source = source.to(device=device, dtype=torch.long)
-    if source.numel() and (int(source.min()) < 0 or int(source.max()) >= len(models)):
-        raise GraftArgumentError(
-            f"source values must index the {len(models)} models (0..{len(models) - 1}), "
-            f"found range {int(source.min())}..{int(source.max())}"
-        )
-    input_ids = input_ids.to(device)
     cached = past_key_values.get_seq_length() if past_key_values is not None else 0
     if attention_mask is None:
         attention_mask = torch.ones(batch, cached + seq, dtype=torch.long, device=device)
@@ -390,51 +408,43 @@ def graft_call(
             "attention_mask must have the shape of input_ids"
             + (f" plus the {cached} cached positions" if cached else "")
         )
-    position_ids = position_ids_from_mask(attention_mask)[:, cached:]
+    return _Inputs(input_ids.to(device), attention_mask, position_ids_from_mask(attention_mask)[:, cached:], cached)
 
-    units = check_units(head_source or {}, slot_list, batch, seq=seq, n_models=len(models), device=device, kind=Units.HEAD)
-    units.update(check_units(neuron_source or {}, slot_list, batch, seq=seq, n_models=len(models), device=device, kind=Units.NEURON))
-    units.update(moe.check_expert_maps(dict(expert_source or {}), slot_list, batch, seq, len(models), device))
-    models, source, units = merge_identical(models, source, units)
-    banks = {s: units.pop(s) for s in list(units) if slot_list[s].experts}  # expert by expert
-    columns = [source[:, :, s] for s in range(len(slot_list))]
-    with swaps() as swap:
-        if logit_positions is not None:  # "unembed" is always the last slot
-            logit_positions = swap.logit_rows(base.get_submodule(slot_list[-1].parts[0].path),
-                                              logit_positions.to(device), (batch, seq))
-            columns[-1] = columns[-1].gather(1, logit_positions)
-        lookup = _Lookup(models)
-        swapped_in: set[str] = set()  # modules grafted unit by unit on their input side (o, down)
-        out_units = {}
-        for s, unit_models in units.items():
-            slot = slot_list[s]
-            kind = slot.unit_kind()
-            assert kind is not None  # _check_units took unit maps of unit slots only
-            if slot.unit_side(kind) == "out":
-                out_units[s] = unit_models
-            elif bool((unit_models != columns[s][..., None]).any()):  # else the slot's map serves
-                (part,) = slot.parts
-                module = base.get_submodule(part.path)
-                width = len(slot.unit_columns(module, kind)[0])
-                swap.forward(module, _in_unit_forward(part.path, lookup, unit_models, columns[s], width, part.pos_axis))
-                swapped_in.add(part.path)
-        donors = source.ne(0).flatten(0, 1).any(dim=0).tolist()  # one reduction, not one per slot
-        donors[-1] = bool(columns[-1].ne(0).any())  # the unembedding at the logit rows only
-        # layer kinds with a forward of their own: a mixture of experts' router and bank, a recurrent mixer
-        swapped_in |= moe.swap_banks(swap, lookup.targets, base, slot_list, columns, banks, donors)
-        swapped_in |= attention.swap_sinks(swap, lookup.targets, base, slot_list, columns, donors)
-        attention.swap_latent_caches(swap, base, slot_list)  # MLA: a cache holds keys decompressed at their positions
-        swapped_in |= mixers.swap_mixers(swap, lookup.targets, base, slot_list, columns, donors,
-                                         padded=bool(attention_mask[:, cached:].eq(0).any()))
-        for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_units, donors).items():
-            if path not in swapped_in:
-                swap.forward(base.get_submodule(path), _dispatch_forward(path, lookup, groups, pos_axis))
-        swap.eval_mode(models)
-        swap.eager_attention(models)
-        return base(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=past_key_values is not None if use_cache is None else use_cache,
-        )
+
+def _swap_grafted(swap: Swaps, base: nn.Module, slot_list: list[Slot], lookup: _Lookup, slot_map: torch.Tensor,
+                  columns: list[torch.Tensor], units: dict[int, torch.Tensor], banks: dict[int, torch.Tensor], *,
+                  padded: bool) -> None:
+    """Swap in a dispatching forward for every base module a donor serves: input-side unit grafts first,
+    then layer kinds with a forward of their own (experts, sinks, mixers), then the rest by rows and columns."""
+    swapped_in, out_units = _swap_in_units(swap, base, slot_list, lookup, columns, units)
+    donors = slot_map.ne(0).flatten(0, 1).any(dim=0).tolist()  # one reduction, not one per slot
+    donors[-1] = bool(columns[-1].ne(0).any())  # the unembedding at the logit rows only
+    swapped_in |= moe.swap_banks(swap, lookup.targets, base, slot_list, columns, banks, donors)
+    swapped_in |= attention.swap_sinks(swap, lookup.targets, base, slot_list, columns, donors)
+    attention.swap_latent_caches(swap, base, slot_list)  # MLA: a cache holds keys decompressed at their positions
+    swapped_in |= mixers.swap_mixers(swap, lookup.targets, base, slot_list, columns, donors, padded=padded)
+    swapped_in |= blocks.swap_scalars(swap, lookup.targets, base, slot_list, columns, donors)
+    for path, (groups, pos_axis) in _plan(base, slot_list, columns, out_units, donors).items():
+        if path not in swapped_in:
+            swap.forward(base.get_submodule(path), _dispatch_forward(path, lookup, groups, pos_axis))
+
+
+def _swap_in_units(swap: Swaps, base: nn.Module, slot_list: list[Slot], lookup: _Lookup,
+                   columns: list[torch.Tensor], units: dict[int, torch.Tensor]) -> tuple[set[str], dict[int, torch.Tensor]]:
+    """Swap in the input-side unit grafts (o by head, down by neuron) where a unit's model differs
+    from its slot's; returns the modules so swapped and the output-side unit maps, left to ``_plan``."""
+    swapped_in: set[str] = set()
+    out_units = {}
+    for s, unit_models in units.items():
+        slot = slot_list[s]
+        kind = slot.unit_kind()
+        assert kind is not None  # SourceMap.checked took unit maps of unit slots only
+        if slot.unit_side(kind) == "out":
+            out_units[s] = unit_models
+        elif bool((unit_models != columns[s][..., None]).any()):  # else the slot's map serves
+            (part,) = slot.parts
+            module = base.get_submodule(part.path)
+            width = len(slot.unit_columns(module, kind)[0])
+            swap.forward(module, _in_unit_forward(part.path, lookup, unit_models, columns[s], width, part.pos_axis))
+            swapped_in.add(part.path)
+    return swapped_in, out_units

@@ -14,7 +14,7 @@ never a sentinel index).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,10 +23,9 @@ from torch import nn
 from weightgraft.engine.architectures import Slot
 from weightgraft.engine.architectures.units import FLAT
 from weightgraft.engine.swaps import Swaps, own_forward
-from weightgraft.engine.source_map import model_indices
 from weightgraft.errors import GraftArgumentError
 
-__all__ = ["HELD_ATTR", "held_experts", "hold_experts", "by_position", "check_expert_maps", "experts_forward", "from_positions", "route_unit_maps", "router_forward",
+__all__ = ["HELD_ATTR", "held_experts", "hold_experts", "by_position", "experts_forward", "from_positions", "router_forward",
            "swap_banks"]
 
 
@@ -138,25 +137,6 @@ def _passed(targets: Callable[[str], list[nn.Module]], slot: Slot) -> list[tuple
     return [tuple(getattr(block, n) for n in part.tensors) for block in targets(part.path)]
 
 
-def check_expert_maps(expert_source: dict[str, torch.Tensor], slot_list: list[Slot], batch: int, seq: int,
-                      n_models: int, device: torch.device) -> dict[int, torch.Tensor]:
-    """``expert_source`` (experts slot name -> ``[batch, seq, experts]``) keyed by slot index,
-    validated: expert banks only, right shapes, model indices in range."""
-    index = {slot.name: s for s, slot in enumerate(slot_list)}
-    out: dict[int, torch.Tensor] = {}
-    for name, tensor in expert_source.items():
-        slot = slot_list[index[name]] if name in index else None
-        if slot is None or not slot.experts:
-            banks = [s.name for s in slot_list if s.experts][:3]
-            raise GraftArgumentError(f"expert_source names {name!r}, which is no expert bank of this model"
-                                     + (f" (e.g. {', '.join(banks)})" if banks else " (it has none)"))
-        if tuple(tensor.shape) != (batch, seq, slot.experts):
-            raise GraftArgumentError(f"expert_source[{name!r}] must have shape [batch, seq, experts] = "
-                                     f"{[batch, seq, slot.experts]}, got {list(tensor.shape)}")
-        out[index[name]] = model_indices(f"expert_source[{name!r}]", tensor, n_models, device)
-    return out
-
-
 def by_position(x: torch.Tensor, pos_axis: int, rows: torch.Size) -> torch.Tensor:
     """``x`` with the token position on axis 1 (``[batch, seq, ...]``): moved there, or, for a
     module that sees ``[batch * seq, ...]`` rows (``FLAT``: a shared expert), unflattened."""
@@ -170,21 +150,6 @@ def from_positions(out: torch.Tensor, pos_axis: int) -> torch.Tensor:
     if pos_axis == FLAT:
         return out.flatten(0, 1)
     return out if pos_axis == 1 else out.movedim(1, pos_axis)
-
-
-UnitMaps = Mapping[str, torch.Tensor] | None
-
-
-def route_unit_maps(head_source: UnitMaps, neuron_source: UnitMaps, expert_source: UnitMaps,
-                    slot_list: list[Slot]) -> tuple[UnitMaps, UnitMaps, UnitMaps]:
-    """Unit maps as a compiled scheme gives them (keyed by slot name, whatever the unit) sorted by
-    the slot table: an expert bank's map goes to ``expert_source``, the others stay."""
-    banks = {slot.name for slot in slot_list if slot.experts}
-    moved = {n: m for maps in (head_source, neuron_source) for n, m in (maps or {}).items() if n in banks}
-    if not moved:
-        return head_source, neuron_source, expert_source
-    keep = [{n: m for n, m in (maps or {}).items() if n not in banks} or None for maps in (head_source, neuron_source)]
-    return keep[0], keep[1], {**(expert_source or {}), **moved}
 
 
 # A lean donor's expert bank holding some experts only (``hold_experts``): their global indices.

@@ -23,6 +23,7 @@ from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.attribution import Metric
 from weightgraft.engine.cells import Cell, ScoredExample, exact_effects_in
 from weightgraft.engine.reference import CompositeModel, per_token_forward
+from weightgraft.engine.source_map import SlotName
 from weightgraft.errors import GraftArgumentError, WeightgraftError
 from weightgraft.expert_maps.picks import routing_picks
 
@@ -38,7 +39,9 @@ class SkippedCellMoved(WeightgraftError, RuntimeError):
 
 
 def _layer(name: str) -> int:
-    return int(name.split(".")[1])
+    layer = SlotName.parse(name).layer
+    assert layer is not None  # an expert bank's slot is in a layer
+    return layer
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ from torch import nn
 from weightgraft import atomic
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import Cell, exact_effects_in, example_cells
+from weightgraft.engine.source_map import SlotName
 from weightgraft.configfile import ConfigError
 from weightgraft.expert_maps.cells import PLAIN, expert_map
 from weightgraft.expert_maps.summary import REGIONS, concentration, region_of, summarize, top_cells
@@ -71,7 +72,7 @@ def region_grafts(models: Sequence[nn.Module], examples: Sequence[LocalizeExampl
                     cells = [c for c in example_cells(models[0], ex.scored) if c.position in where]
                 else:
                     cells = [Cell(p, s) for p in where for s, slot in enumerate(slots)
-                             if slot.name.startswith("layers.") and slot.name.rsplit(".", 1)[-1] in components]
+                             if (name := SlotName.parse(slot.name)).layer is not None and name.component in components]
                 mine.append(cells)
                 keys.append((ex.prompt.id, ex.prompt.template, region, graft))
         sets.append(mine)

@@ -12,7 +12,6 @@ scaled role of the models (``scaled(sft, 2)``, as a scaled rule's map names it: 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,12 +19,10 @@ import torch
 
 from weightgraft.engine.architectures import NEURON_COMPONENTS, Slot, Units
 from weightgraft.engine.cells import REST, WHOLE, parse_cell_name
-from weightgraft.engine.source_map import SourceMap
+from weightgraft.engine.source_map import SlotName, SourceMap
 from weightgraft.errors import WeightgraftError
 from weightgraft.explore.requests import Cell, RequestError
-from weightgraft.models.spec import ScaledSpec, parse_scaled
-
-_SCALED = re.compile(r"\s*scaled\s*\(")
+from weightgraft.models.spec import ScaledSpec, parse_scaled, written_scaled
 
 
 def scaled_role(text: str, roles: Sequence[str], where: str) -> ScaledSpec | str:
@@ -34,7 +31,7 @@ def scaled_role(text: str, roles: Sequence[str], where: str) -> ScaledSpec | str
     and at 0 the base's, as a rule's ``role_under``. Only a text that starts ``scaled(`` is read
     as a spec (so no text a client sends is looked up as a path)."""
     try:
-        spec = parse_scaled(text) if _SCALED.match(text) else None
+        spec = parse_scaled(text) if written_scaled(text) else None
     except (WeightgraftError, ValueError) as exc:
         raise RequestError(f"{where}: {exc}") from None
     if spec is None:
@@ -42,12 +39,12 @@ def scaled_role(text: str, roles: Sequence[str], where: str) -> ScaledSpec | str
     unknown = next((r for r in (spec.donor, spec.base) if r not in roles), None)
     if unknown is not None:
         raise RequestError(f"{where}: {text!r} scales role {unknown!r}; the models are {', '.join(roles)}")
-    return spec.donor if spec.scale == 1 else spec.base if spec.scale == 0 else ScaledSpec(spec.donor, spec.scale, spec.base)
+    return spec.serving_role()
 
 
 def is_scaled(text: str) -> bool:
     """Whether ``text`` is written as a scaled role (``scaled(...)``, well formed or not)."""
-    return _SCALED.match(text) is not None
+    return written_scaled(text)
 
 
 def scaled_cells(cells: Sequence[Cell], roles: Sequence[str], base: str) -> tuple[list[Cell], str, dict[str, ScaledSpec]]:
@@ -91,7 +88,7 @@ def _unit(k: int, cell: Cell, slot: Slot, unit: int) -> None:
     if split is None:
         raise RequestError(f"cells.{k}: {slot.name} has no heads or neurons and is no expert bank; {cell.slot!r} names a unit of it")
     kind, n = split
-    letter = "e" if slot.experts else "n" if slot.name.rsplit(".", 1)[-1] in NEURON_COMPONENTS else "h"
+    letter = "e" if slot.experts else "n" if SlotName.parse(slot.name).component in NEURON_COMPONENTS else "h"
     if unit == REST and slot.experts:
         raise RequestError(f"cells.{k}: {slot.name} is a bank of {n} experts with no part outside them: "
                            f"write {slot.name}/e<index>")

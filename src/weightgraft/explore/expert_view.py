@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from weightgraft.engine.architectures import Slot
+from weightgraft.engine.source_map import SlotName
 from weightgraft.explore.artifacts import _clean, _examples, _prompts_by_id
 from weightgraft.expert_maps.summary import REGIONS
 from weightgraft.report.run import ReportError
@@ -77,7 +78,7 @@ class ExpertMapView:
 
     def check(self, slot_list: Sequence[Slot]) -> None:
         """Refuse, in one line, a map whose layers or experts the loaded models' banks lack."""
-        banks = {int(s.name.split(".")[1]): s.experts for s in slot_list if s.experts}
+        banks = {SlotName.parse(s.name).layer: s.experts for s in slot_list if s.experts}
         wrong = [layer for layer in self.layers if banks.get(layer, 0) < self.n_experts]
         if wrong:
             have = ", ".join(f"{layer}: {n}" for layer, n in sorted(banks.items())) or "none"

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from weightgraft.engine.architectures import MIXER_COMPONENTS
+from weightgraft.engine.source_map import SlotName
 
 # group -> (title, components); a component the architecture lacks is simply absent
 LAYER_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -32,10 +33,8 @@ GLOBAL_ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 def slot_parts(name: str) -> tuple[int | None, str]:
     """``layers.3.o`` -> (3, "o"); ``embed`` -> (None, "embed")."""
-    if name.startswith("layers."):
-        _, layer, component = name.split(".", 2)
-        return int(layer), component
-    return None, name
+    slot = SlotName.parse(name)
+    return slot.layer, slot.component
 
 
 def layout(slot_names: Sequence[str]) -> dict[str, Any]:

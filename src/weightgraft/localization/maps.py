@@ -22,6 +22,7 @@ from weightgraft.engine.attribution import Metric, graft_attribution
 from weightgraft.engine.cells import (OUTPUT_ONLY, REST, WHOLE, Cell, contrast_tokens, exact_effects, example_cells,
                                      has_rest)
 from weightgraft.engine.partial import PartialGraft
+from weightgraft.engine.source_map import SlotName
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.attribution import graft_unit_attribution
 from weightgraft.engine.cells import parse_cell_name
@@ -37,11 +38,8 @@ def whole_cells(frame: pd.DataFrame) -> pd.DataFrame:
 def slot_parts(name: str) -> tuple[int | None, str]:
     """``layers.3.o`` -> (3, "o"); ``embed`` -> (None, "embed"); a unit cell's name
     (``layers.3.o/h2``) -> its slot's."""
-    name = name.partition("/")[0]
-    if name.startswith("layers."):
-        _, layer, component = name.split(".", 2)
-        return int(layer), component
-    return None, name
+    slot = SlotName.parse(parse_cell_name(name)[0])
+    return slot.layer, slot.component
 
 
 def _batch(examples: Sequence[LocalizeExample], metric: Metric):

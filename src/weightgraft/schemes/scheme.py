@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,16 +14,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, get_protocol
 from weightgraft.schemes.selectors import (
+    ComponentSelection,
+    LayerSelection,
+    PositionSelection,
     SelectorError,
     SpanNotFound,
-    check_component_selector,
-    check_layer_selector,
-    select_components,
-    select_heads,
-    select_layers,
-    select_positions,
+    parse_components,
+    parse_heads,
+    parse_layers,
+    parse_positions,
 )
 from weightgraft.engine.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
+from weightgraft.engine.source_map import SlotName
 from weightgraft.errors import validation_line
 from weightgraft.models.spec import ScaledSpec
 from weightgraft.schemes.errors import SchemeInputError as SchemeInputError
@@ -82,23 +83,33 @@ class Rule(_Checked):
     def role_under(self, base: str) -> str:
         """The role serving this rule's cells in a scheme over ``base``: the rule's model at
         scale 1, the base at 0, else the scaled role's spec text."""
-        if self.scale == 1:
-            return self.model
-        if self.scale == 0:
-            return base
-        return ScaledSpec(self.model, self.scale, base).text
+        role = ScaledSpec(self.model, self.scale, base).serving_role()
+        return role if isinstance(role, str) else role.text
 
     @field_validator("layers")
     @classmethod
     def _layers_can_select(cls, value: str) -> str:
-        check_layer_selector(value)
+        parse_layers(value)
         return value
 
     @field_validator("components")
     @classmethod
     def _components_are_known(cls, value: str) -> str:
-        check_component_selector(value)
+        parse_components(value)
         return value
+
+    # The rule's selectors as the parser reads them (parsed once per text): what compiling reads.
+    @property
+    def position_selection(self) -> PositionSelection:
+        return parse_positions(self.positions)
+
+    @property
+    def layer_selection(self) -> LayerSelection:
+        return parse_layers(self.layers)
+
+    @property
+    def component_selection(self) -> ComponentSelection:
+        return parse_components(self.components)
 
 
 class Scheme(_Checked):
@@ -162,7 +173,7 @@ class TokenDropout:
 
 @dataclass(frozen=True)
 class CompiledRule:
-    positions: str
+    positions: PositionSelection
     slots: torch.Tensor  # slot indices
     model: int
     heads: dict[int, torch.Tensor] | None = None  # per-head rule: slot index -> head indices
@@ -206,9 +217,9 @@ class CompiledScheme:
         src = torch.full((len(offsets), self.n_slots), self.base, dtype=torch.long)
         heads: dict[int, torch.Tensor] = {}
         for rule in self.rules:
-            positions = select_positions(rule.positions, offsets, spans, answer_field)
+            positions = rule.positions.select(offsets, spans, answer_field)
             if not positions:
-                raise SpanNotFound(f"positions {rule.positions!r} select no token here")
+                raise SpanNotFound(f"positions {rule.positions.expr!r} select no token here")
             rows = torch.tensor(positions)
             if rule.dropout is not None:
                 for t in positions:
@@ -236,12 +247,12 @@ def _slot_index(slot_names: Sequence[str]) -> tuple[dict[tuple[int, str], int], 
     globals_: dict[str, int] = {}
     n_layers = 0
     for i, name in enumerate(slot_names):
-        if name in GLOBAL_SLOTS:
+        slot = SlotName.parse(name)
+        if slot.layer is None:
             globals_[name] = i
         else:
-            _, layer, comp = name.split(".", 2)
-            per_layer[(int(layer), comp)] = i
-            n_layers = max(n_layers, int(layer) + 1)
+            per_layer[(slot.layer, slot.component)] = i
+            n_layers = max(n_layers, slot.layer + 1)
     return per_layer, globals_, n_layers
 
 
@@ -272,8 +283,9 @@ def compile_scheme(
     for k, rule in enumerate(scheme.rules):
         where = f"scheme {scheme.name!r}, rule {k}"
         try:
-            comps = select_components(rule.components, available, proto.component_groups)
-            layers = select_layers(rule.layers, n_layers, floor_quarters=proto.floor_quarters)
+            positions = rule.position_selection
+            comps = rule.component_selection.resolve(available, proto.component_groups)
+            layers = rule.layer_selection.resolve(n_layers, floor_quarters=proto.floor_quarters)
         except SelectorError as exc:
             raise SelectorError(f"{where}: {exc}") from exc
         per_token = bool(rule.layer_dropout) and proto.dropout_per_token
@@ -297,7 +309,7 @@ def compile_scheme(
                 raise SelectorError(f"{where}: per-token layer dropout cannot be combined with heads or experts")
             heads = _compile_heads(scheme.name, k, rule, comps=comps, idx=idx, slot_names=slot_names, slot_heads=slot_heads)
         dropout = TokenDropout(rule.layer_dropout, rule.seed, tuple(sorted(set(kept))), tuple(by_layer)) if per_token else None
-        rules.append(CompiledRule(rule.positions, torch.tensor(idx, dtype=torch.long), role(rule.role_under(scheme.base)),
+        rules.append(CompiledRule(positions, torch.tensor(idx, dtype=torch.long), role(rule.role_under(scheme.base)),
                                   heads, dropout))
     counts = tuple((slot_heads or {}).get(name, 0) for name in slot_names)
     return CompiledScheme(scheme.name, role(scheme.base), tuple(rules), len(slot_names), tuple(slot_names), counts)
@@ -311,10 +323,9 @@ def _global_slots_kept(rule: Rule) -> set[str]:
     ``components=body+unembed`` adds the unembedding). With ``layers=all`` the groups' global
     slots come too (``body`` = embed + every layer + final_norm), as in the paper's position
     schemes."""
-    if rule.layers.strip() == "all":
+    if rule.layer_selection.is_all:
         return set(GLOBAL_SLOTS)
-    named = re.findall(r"(?:^|\+)\s*([A-Za-z_]+)", rule.components.replace(" ", ""))
-    return {n.lower() for n in named} & set(GLOBAL_SLOTS)
+    return rule.component_selection.named() & set(GLOBAL_SLOTS)
 
 
 def _compile_heads(
@@ -338,7 +349,7 @@ def _compile_heads(
     for s in idx:
         name = slot_names[s]
         try:
-            chosen = select_heads(expr or "", slot_heads[name], name.rsplit(".", 1)[-1])
+            chosen = parse_heads(expr or "").resolve(slot_heads[name], SlotName.parse(name).component)
         except SelectorError as exc:
             raise SelectorError(f"{where}: {exc}") from exc
         out[s] = torch.tensor(chosen, dtype=torch.long)

@@ -6,20 +6,36 @@ each: ``first_entity_last``, ``first_entity_last-2``, ``relation_last+1``, ``tok
 ``schemes.labels``), unions ``a+b``, intersections ``a&b``, complements ``~a``, parentheses. A
 label's offset is written without spaces (``relation_last+1``); a union with a token index takes
 spaces or parentheses (``relation_last + 1``).
-Layers: ``all``, ``3``, ``-1``, ``2..5`` (inclusive), ``2:6`` (half-open), ``first_half``,
-``last_quarter``, ``quarter:2``, ``eighth:7``, ``k/n`` (the k-th of n equal groups), unions ``+``;
-under protocol ``authors`` named quarters are ``n//4`` wide with the remainder in the fourth.
+Layers and heads: ``weightgraft.schemes.layer_selectors`` (re-exported here).
 Components: names and groups joined by ``+`` and ``-`` (``attn+o``, ``all-unembed``).
+
+Each selector is parsed once (``parse_positions``, ``parse_layers``, ``parse_heads``,
+``parse_components``, cached by text) into a selection object that every consumer reads;
+nothing outside this parser splits a selector's text.
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from weightgraft.engine.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS, MIXER_COMPONENTS
 from weightgraft.engine.architectures.adapter import LATENT_COMPONENTS
 from weightgraft.schemes.errors import SelectorError as SelectorError
+from weightgraft.schemes.layer_selectors import (
+    HeadSelection as HeadSelection,
+    LayerSelection as LayerSelection,
+    check_layer_selector as check_layer_selector,
+    floor_quarter as floor_quarter,
+    layer_group as layer_group,
+    parse_heads as parse_heads,
+    parse_layers as parse_layers,
+    select_heads as select_heads,
+    select_layers as select_layers,
+)
 from weightgraft.schemes.labels import (
     FIRST_ENTITY,
     LABEL_ATOM,
@@ -57,14 +73,15 @@ def _tokenize(expr: str, pattern: re.Pattern[str], what: str) -> list[tuple[str,
 
 MAX_DEPTH = 64  # nested ``~`` and parentheses a selector may hold (deeper: refused, not a RecursionError)
 
+# A position selector's tree: ("atom", kind, value) | ("~", node) | ("+" or "&", left, right)
+_Node = tuple[Any, ...]
+
 
 class _Parser:
-    """Recursive descent over ``+`` (lowest), ``&``, prefix ``~``, atoms."""
+    """Recursive descent over ``+`` (lowest), ``&``, prefix ``~``, atoms, into a tree."""
 
-    def __init__(self, tokens: list[tuple[str, str]], expr: str, atom: Callable[[str, str], set[int]],
-                 universe: set[int]) -> None:
-        self.tokens, self.i, self.expr, self.atom, self.universe = tokens, 0, expr, atom, universe
-        self.depth = 0
+    def __init__(self, tokens: list[tuple[str, str]], expr: str) -> None:
+        self.tokens, self.i, self.expr, self.depth = tokens, 0, expr, 0
 
     def _peek(self) -> tuple[str, str] | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -76,28 +93,21 @@ class _Parser:
         self.i += 1
         return tok
 
-    def parse(self) -> set[int]:
-        result = self._union()
+    def parse(self) -> _Node:
+        result = self._binary("+")
         extra = self._peek()
         if extra is not None:
             raise SelectorError(f"unexpected {extra[1]!r} in selector {self.expr!r}")
         return result
 
-    def _union(self) -> set[int]:
-        result = self._inter()
-        while self._peek() == ("op", "+"):
+    def _binary(self, op: str) -> _Node:
+        result = self._binary("&") if op == "+" else self._unary()
+        while self._peek() == ("op", op):
             self._take()
-            result = result | self._inter()
+            result = (op, result, self._binary("&") if op == "+" else self._unary())
         return result
 
-    def _inter(self) -> set[int]:
-        result = self._unary()
-        while self._peek() == ("op", "&"):
-            self._take()
-            result = result & self._unary()
-        return result
-
-    def _unary(self) -> set[int]:
+    def _unary(self) -> _Node:
         kind, value = self._take()
         if (kind, value) in (("op", "~"), ("op", "(")):
             self.depth += 1
@@ -106,8 +116,8 @@ class _Parser:
                                     f"({len(self.expr)} characters, starting {self.expr[:20]!r})")
             try:
                 if value == "~":
-                    return self.universe - self._unary()
-                result = self._union()
+                    return ("~", self._unary())
+                result = self._binary("+")
                 if self._take() != ("op", ")"):
                     raise SelectorError(f"missing ')' in selector {self.expr[:80]!r}")
                 return result
@@ -115,7 +125,65 @@ class _Parser:
                 self.depth -= 1
         if kind == "op":
             raise SelectorError(f"unexpected {value!r} in selector {self.expr!r}")
-        return self.atom(kind, value)
+        return ("atom", kind, value)
+
+
+@dataclass(frozen=True)
+class PositionSelection:
+    """A position selector parsed once (:func:`parse_positions`): its tree, evaluated per prompt."""
+
+    expr: str
+    tree: _Node
+    atoms: tuple[tuple[str, str], ...]  # (kind, value) of every atom, in order
+
+    def select(self, offsets: Sequence[tuple[int, int]], spans: Mapping[str, tuple[int, int]],
+               answer_field: str | None = None) -> list[int]:
+        """Token positions (0-based, over the real tokens) selected in one prompt: ``SpanNotFound``
+        when a named span is missing or covers no token, or an index falls outside the prompt."""
+        n = len(offsets)
+        universe = set(range(n))
+
+        def atom(kind: str, value: str) -> set[int]:
+            if kind == "num":
+                i = int(value)
+                if not -n <= i < n:
+                    raise SpanNotFound(f"token index {i} is outside a {n}-token prompt")
+                return {i % n}
+            if value == "all":
+                return set(universe)
+            if value == "last":
+                return {n - 1}
+            if value in spans or value == FIRST_ENTITY or not is_label(value):
+                return set(span_tokens(value, offsets, spans, answer_field))
+            return {label_position(value, offsets, spans, answer_field)}
+
+        def walk(node: _Node) -> set[int]:
+            if node[0] == "atom":
+                return atom(node[1], node[2])
+            if node[0] == "~":
+                return universe - walk(node[1])
+            left = walk(node[1])
+            return left | walk(node[2]) if node[0] == "+" else left & walk(node[2])
+
+        return sorted(walk(self.tree))
+
+    def names(self) -> set[str]:
+        """The span / built-in names the selector refers to: a label counts from its span
+        (``relation_last+1`` -> ``relation``); ``tok{i}`` is an index."""
+        names = set()
+        for kind, value in self.atoms:
+            if kind in ("name", "label"):
+                span = label_span(value) if is_label(value) else value
+                if span is not None:
+                    names.add(span)
+        return names
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_positions(expr: str) -> PositionSelection:
+    """``expr`` parsed once into a :class:`PositionSelection`; ``SelectorError`` if malformed."""
+    tokens = _tokenize(expr, _POS_TOKEN, "position")
+    return PositionSelection(expr, _Parser(tokens, expr).parse(), tuple(t for t in tokens if t[0] != "op"))
 
 
 def select_positions(
@@ -124,44 +192,17 @@ def select_positions(
     spans: Mapping[str, tuple[int, int]],
     answer_field: str | None = None,
 ) -> list[int]:
-    """Token positions (0-based, over the real tokens) that ``expr`` selects for one prompt.
-
-    Raises ``SpanNotFound`` when a named span is missing or covers no token, or an index falls
-    outside the prompt; ``SelectorError`` for a malformed expression.
-    """
-    n = len(offsets)
-    universe = set(range(n))
-
-    def atom(kind: str, value: str) -> set[int]:
-        if kind == "num":
-            i = int(value)
-            if not -n <= i < n:
-                raise SpanNotFound(f"token index {i} is outside a {n}-token prompt")
-            return {i % n}
-        if value == "all":
-            return set(universe)
-        if value == "last":
-            return {n - 1}
-        if value in spans or value == FIRST_ENTITY or not is_label(value):
-            return set(span_tokens(value, offsets, spans, answer_field))
-        return {label_position(value, offsets, spans, answer_field)}
-
-    return sorted(_Parser(_tokenize(expr, _POS_TOKEN, "position"), expr, atom, universe).parse())
+    """Token positions (0-based, over the real tokens) that ``expr`` selects for one prompt
+    (:meth:`PositionSelection.select`); ``SelectorError`` for a malformed expression."""
+    return parse_positions(expr).select(offsets, spans, answer_field)
 
 
 BUILTIN_POSITIONS = frozenset({"all", "last", "first_entity"})
 
 
 def position_names(expr: str) -> set[str]:
-    """The span / built-in names a position selector refers to (checked before any run): a
-    label counts from its span (``relation_last+1`` -> ``relation``); ``tok{i}`` is an index."""
-    names = set()
-    for kind, value in _tokenize(expr, _POS_TOKEN, "position"):
-        if kind in ("name", "label"):
-            span = label_span(value) if is_label(value) else value
-            if span is not None:
-                names.add(span)
-    return names
+    """The span / built-in names a position selector refers to (checked before any run)."""
+    return parse_positions(expr).names()
 
 
 def unmarked_spans(expr: str, marked: set[str]) -> list[str]:
@@ -178,144 +219,6 @@ def unmarked_spans(expr: str, marked: set[str]) -> list[str]:
         elif name not in marked:
             missing.append(name)
     return missing
-
-
-# ---------------------------------------------------------------- layers
-
-_FRACTIONS = {
-    "first_half": (1, 2), "last_half": (2, 2), "second_half": (2, 2),
-    "first_third": (1, 3), "second_third": (2, 3), "last_third": (3, 3),
-    "first_quarter": (1, 4), "second_quarter": (2, 4), "third_quarter": (3, 4),
-    "last_quarter": (4, 4), "fourth_quarter": (4, 4),
-}
-_GROUP_WORDS = {"half": 2, "third": 3, "quarter": 4, "eighth": 8}
-
-
-def layer_group(k: int, n_groups: int, n_layers: int) -> list[int]:
-    """Layers of the k-th (1-based) of ``n_groups`` near-equal groups; works for any depth."""
-    if not 1 <= k <= n_groups:
-        raise SelectorError(f"group {k} of {n_groups} does not exist")
-    if n_groups > n_layers:
-        raise SelectorError(f"cannot split {n_layers} layers into {n_groups} groups")
-    lo, hi = (k - 1) * n_layers // n_groups, k * n_layers // n_groups
-    return list(range(lo, hi))
-
-
-def floor_quarter(k: int, n_layers: int) -> list[int]:
-    """The authors' k-th quarter: ``n//4`` layers wide, the remainder in the fourth
-    (18 layers: 0-3, 4-7, 8-11, 12-17)."""
-    if n_layers < 4:
-        raise SelectorError(f"cannot split {n_layers} layers into 4 groups")
-    q = n_layers // 4
-    return list(range((k - 1) * q, n_layers if k == 4 else k * q))
-
-
-def select_layers(expr: str, n_layers: int, *, floor_quarters: bool = False) -> list[int]:
-    """Layer indices that ``expr`` selects in a model of depth ``n_layers``.
-
-    ``floor_quarters`` (protocol ``authors``): named quarters and ``quarter:K`` follow
-    ``floor_quarter``; halves are ``n//2`` either way."""
-    out: set[int] = set()
-    for term in (t.strip() for t in str(expr).split("+")):
-        chosen = _layer_term(term, n_layers, expr, floor_quarters)
-        if not chosen:  # e.g. "29..0" or "5:5": a rule that would graft nothing
-            raise SelectorError(
-                f"layer selector {expr!r} (term {term!r}) selects no layer of this {n_layers}-layer "
-                "model; ranges run low to high (2..5 inclusive, 2:6 half-open)"
-            )
-        out.update(chosen)
-    return sorted(out)
-
-
-def check_layer_selector(expr: str) -> None:
-    """The mistakes a layer selector shows without a model: a term that cannot be parsed, a
-    group that does not exist (``eighth:9``), a range that runs high to low or is empty
-    whatever the depth (``29..0``, ``5:5``). Checked when a rule is made, before any model
-    loads; what depends on the depth (``40`` in a 30-layer model) is checked at compile."""
-    for term in (t.strip() for t in str(expr).split("+")):
-        if term == "all" or term in _FRACTIONS:
-            continue
-        if m := re.fullmatch(r"(half|third|quarter|eighth):(\d+)", term):
-            layer_group(int(m.group(2)), _GROUP_WORDS[m.group(1)], _GROUP_WORDS[m.group(1)])
-            continue
-        if m := re.fullmatch(r"(\d+)/(\d+)", term):
-            layer_group(int(m.group(1)), int(m.group(2)), int(m.group(2)))
-            continue
-        bounds = re.fullmatch(r"(-?\d+)(\.\.|:)(-?\d+)", term)
-        if bounds:
-            lo, sep, hi = int(bounds.group(1)), bounds.group(2), int(bounds.group(3))
-            if (lo < 0) == (hi < 0) and (lo > hi or (sep == ":" and lo == hi)):
-                raise SelectorError(
-                    f"layer selector {expr!r} (term {term!r}) selects no layer of any model; "
-                    "ranges run low to high (2..5 inclusive, 2:6 half-open)"
-                )
-            continue
-        if re.fullmatch(r"-?\d*:-?\d*|-?\d+", term):
-            continue
-        raise SelectorError(
-            f"cannot parse layer selector {expr!r} (term {term!r}); use all, 3, -1, 2..5, 2:6, "
-            f"{', '.join(sorted(_FRACTIONS))}, quarter:K, eighth:K or K/N"
-        )
-
-
-def _layer_index(text: str, n_layers: int, expr: str) -> int:
-    i = int(text)
-    if not -n_layers <= i < n_layers:
-        raise SelectorError(f"layer {i} in {expr!r} is beyond the model's depth ({n_layers} layers)")
-    return i % n_layers
-
-
-def _layer_term(term: str, n: int, expr: str, floor_quarters: bool = False) -> list[int]:
-    if term == "all":
-        return list(range(n))
-    group: tuple[int, int] | None = None
-    if term in _FRACTIONS:
-        group = _FRACTIONS[term]
-    elif m := re.fullmatch(r"(half|third|quarter|eighth):(\d+)", term):
-        group = (int(m.group(2)), _GROUP_WORDS[m.group(1)])
-    if group is not None:
-        if floor_quarters and group[1] == 4 and 1 <= group[0] <= 4:
-            return floor_quarter(group[0], n)
-        return layer_group(*group, n)
-    if m := re.fullmatch(r"(\d+)/(\d+)", term):
-        return layer_group(int(m.group(1)), int(m.group(2)), n)
-    if m := re.fullmatch(r"(-?\d+)\.\.(-?\d+)", term):
-        lo, hi = _layer_index(m.group(1), n, expr), _layer_index(m.group(2), n, expr)
-        return list(range(lo, hi + 1))
-    if m := re.fullmatch(r"(-?\d*):(-?\d*)", term):
-        lo = _layer_index(m.group(1), n, expr) if m.group(1) else 0
-        hi = n if not m.group(2) else (int(m.group(2)) % n if int(m.group(2)) < 0 else int(m.group(2)))
-        if hi > n:
-            raise SelectorError(f"layer range {term!r} goes beyond the model's depth ({n} layers)")
-        return list(range(lo, hi))
-    if re.fullmatch(r"-?\d+", term):
-        return [_layer_index(term, n, expr)]
-    raise SelectorError(
-        f"cannot parse layer selector {expr!r} (term {term!r}); use all, 3, -1, 2..5, 2:6, "
-        f"{', '.join(sorted(_FRACTIONS))}, quarter:K, eighth:K or K/N"
-    )
-
-
-def select_heads(expr: str, n_heads: int, component: str) -> list[int]:
-    """Head indices of one attention component: ``all``, ``3``, ``-1``, ``0..3``, ``0,5,7``
-    (``,`` or ``+`` joins terms)."""
-    out: set[int] = set()
-    for term in (t.strip() for t in re.split(r"[,+]", str(expr))):
-        if term == "all":
-            out.update(range(n_heads))
-            continue
-        m = re.fullmatch(r"(-?\d+)(?:\.\.(-?\d+))?", term)
-        if not m:
-            raise SelectorError(f"cannot parse head selector {expr!r} (term {term!r}); use all, 3, -1, 0..3 or 0,5,7")
-        ends = [int(g) for g in m.groups() if g is not None]
-        for i in ends:
-            if not -n_heads <= i < n_heads:
-                raise SelectorError(f"head {i} in {expr!r}: component {component!r} has {n_heads} heads")
-        lo, hi = ends[0] % n_heads, ends[-1] % n_heads
-        out.update(range(lo, hi + 1))
-    if not out:
-        raise SelectorError(f"head selector {expr!r} selects no head")
-    return sorted(out)
 
 
 # ---------------------------------------------------------------- components
@@ -335,7 +238,8 @@ COMPONENT_GROUPS: dict[str, tuple[str, ...]] = {
     "mlp": ("gate", "up", "act", "down", *_MOE_PARTS),
     "shared": ("shared_expert_gate", "shared_gate", "shared_up", "shared_down"),
     "norms": ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "mixer_norm",
-              "q_a_norm", "kv_a_norm"),
+              "q_a_norm", "kv_a_norm", "ple_norm"),
+    "ple": ("ple_gate", "ple_proj", "ple_norm"),  # Gemma 4's per-layer inputs, after the MLP
     "layer": LAYER_COMPONENTS,
     "body": ("embed", "pos_embed", *LAYER_COMPONENTS, "final_norm"),
     "all": ("embed", "pos_embed", *LAYER_COMPONENTS, "final_norm", "unembed"),
@@ -344,47 +248,65 @@ _KNOWN = set(LAYER_COMPONENTS) | set(GLOBAL_SLOTS)
 _COMPONENT_EXPR = re.compile(r"\s*[+-]?\s*[A-Za-z_]+(\s*[+-]\s*[A-Za-z_]+)*\s*")
 
 
-def _component_terms(expr: str, table: Mapping[str, tuple[str, ...]]) -> list[tuple[str, str]]:
-    """``(sign, name)`` per term; a bad expression or a name neither a component nor a group is
-    an error, whatever the architecture."""
+@dataclass(frozen=True)
+class ComponentSelection:
+    """A component selector parsed once (:func:`parse_components`): its ``(sign, name)`` terms."""
+
+    expr: str
+    terms: tuple[tuple[str, str], ...]
+
+    def named(self) -> set[str]:
+        """The names it adds (terms not subtracted), groups as written."""
+        return {name for sign, name in self.terms if sign != "-"}
+
+    def resolve(self, available: set[str], groups: Mapping[str, tuple[str, ...]] | None = None) -> set[str]:
+        """Canonical component names selected among those the model has.
+
+        A group keeps what the architecture has (``ffn`` on GPT-2 is up+down); a single component
+        the architecture lacks is an error where it is added, and removes nothing where it is
+        subtracted (``body-down`` on a model whose every MLP is an expert bank is ``body``).
+        ``groups`` overrides some groups (a protocol's)."""
+        table = {**COMPONENT_GROUPS, **(groups or {})}
+        out: set[str] = set()
+        for sign, name in self.terms:
+            if name in table:
+                chosen = set(table[name]) & available
+            elif sign == "-" and name not in available:
+                chosen = set()  # removing what the model lacks removes nothing (authors' body-down on an all-MoE model)
+            else:
+                if name not in available:
+                    raise SelectorError(f"this architecture has no component {name!r}")
+                chosen = {name}
+            out = out - chosen if sign == "-" else out | chosen
+        if not out:
+            raise SelectorError(f"component selector {self.expr!r} selects nothing on this architecture")
+        return out
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_components(expr: str) -> ComponentSelection:
+    """``expr`` parsed once: a bad expression or a name neither a component nor a group (a
+    protocol's groups override these names, never add one) is an error, whatever the architecture."""
     if not _COMPONENT_EXPR.fullmatch(str(expr)):
         raise SelectorError(f"cannot parse component selector {expr!r} (e.g. 'attn+o', 'all-unembed')")
-    terms = [(sign, name.lower()) for sign, name in re.findall(r"([+-]?)\s*([A-Za-z_]+)", str(expr))]
+    terms = tuple((sign, name.lower()) for sign, name in re.findall(r"([+-]?)\s*([A-Za-z_]+)", str(expr)))
     for _, name in terms:
-        if name not in table and name not in _KNOWN:
+        if name not in COMPONENT_GROUPS and name not in _KNOWN:
             raise SelectorError(
                 f"unknown component {name!r} in {expr!r}; known: {', '.join(sorted(_KNOWN))}; "
                 f"groups: {', '.join(COMPONENT_GROUPS)}"
             )
-    return terms
+    return ComponentSelection(str(expr), terms)
 
 
 def check_component_selector(expr: str) -> None:
     """Refuse a typo (``o+fnn``) when the rule is made, before any model is loaded."""
-    _component_terms(expr, COMPONENT_GROUPS)
+    parse_components(expr)
 
 
 def select_components(
     expr: str, available: set[str], groups: Mapping[str, tuple[str, ...]] | None = None,
 ) -> set[str]:
-    """Canonical component names selected by ``expr`` among those the model has.
-
-    A group keeps what the architecture has (``ffn`` on GPT-2 is up+down); a single component
-    the architecture lacks is an error where it is added, and removes nothing where it is
-    subtracted (``body-down`` on a model whose every MLP is an expert bank is ``body``). ``groups`` overrides some groups (a protocol's).
-    """
-    table = {**COMPONENT_GROUPS, **(groups or {})}
-    out: set[str] = set()
-    for sign, name in _component_terms(expr, table):
-        if name in table:
-            chosen = set(table[name]) & available
-        elif sign == "-" and name not in available:
-            chosen = set()  # removing what the model lacks removes nothing (authors' body-down on an all-MoE model)
-        else:
-            if name not in available:
-                raise SelectorError(f"this architecture has no component {name!r}")
-            chosen = {name}
-        out = out - chosen if sign == "-" else out | chosen
-    if not out:
-        raise SelectorError(f"component selector {expr!r} selects nothing on this architecture")
-    return out
+    """Canonical component names selected by ``expr`` among those the model has
+    (:meth:`ComponentSelection.resolve`)."""
+    return parse_components(expr).resolve(available, groups)

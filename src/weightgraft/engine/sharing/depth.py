@@ -33,6 +33,7 @@ from transformers.cache_utils import DynamicLayer
 from weightgraft.engine.architectures import adapter_for, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
+from weightgraft.engine.source_map import SlotName
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.engine.sharing.prefix import (
     GraftItem,
@@ -88,8 +89,9 @@ def slot_layers(model: nn.Module) -> list[int]:
     n_layers = len(decoder_blocks(model))
     out = []
     for s in model_slots(model):
-        if s.name.startswith("layers."):
-            out.append(int(s.name.split(".")[1]))
+        layer = SlotName.parse(s.name).layer
+        if layer is not None:
+            out.append(layer)
         elif s.name in ("embed", "pos_embed"):
             out.append(-1)
         else:

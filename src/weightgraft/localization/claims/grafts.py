@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -166,70 +166,148 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
     other way); a map whose whole graft does not move it that way has no effect to localize.
     ``estimates_of``: the share column in the metric the gradient estimates were taken in
     (``share_exact``, ``share_plain``, or "" where neither: no interaction is reported)."""
+    frames = _frames(data)
+    plans = [_plan(c, data, frames, label, seed, draws) for c in claims]
+    columns, kinds = _measure(data, plans, label, seed)
+    judge = _Judge(data, columns, kinds, setting=setting, seed=seed, n_resamples=n_resamples, precondition=precondition,
+                   sign=sign, estimates_of=estimates_of)
+    rows, prompts = [], []
+    for plan in plans:
+        row, record = judge.claim(plan)
+        rows.append(row)
+        prompts.append(record)
+    judged = decide(pd.DataFrame(rows))
+    for row, (_, r) in zip(rows, judged.iterrows()):
+        row.update(p=float(r["p"]), p_parts=r["p_parts"], p_holm=float(r["p_holm"]), verdict=r["verdict"], reason=r["reason"])
+    per_prompt = pd.concat(prompts, ignore_index=True) if prompts else pd.DataFrame()
+    return rows, per_prompt
+
+
+def _frames(data: ClaimMap) -> list[tuple[list[CellKey], pd.DataFrame]]:
+    """Per prompt, its sorted keys and their frame (prompts with the same keys share one frame)."""
     frames, by_cells = [], {}
     for have in data.keys:
         keys = sorted(have)
         if tuple(keys) not in by_cells:
             by_cells[tuple(keys)] = key_frame(keys)
         frames.append((keys, by_cells[tuple(keys)]))
-    plans = [_plan(c, data, frames, label, seed, draws) for c in claims]
-    everything = [sorted(h) for h in data.keys]
-    sets: dict[PromptSet, int] = {}
+    return frames
 
-    def want(per_prompt: Sequence[Sequence[CellKey]]) -> None:
-        sets.setdefault(tuple(_frozen(k) for k in per_prompt), len(sets))
 
-    want(everything)
-    kinds: dict[tuple[str, str], Any] = {}
+class _Columns:
+    """Every per-prompt key set the claims need, measured in one engine call, then read back by
+    set: ``col(sets)`` the claims' metric over prompts, ``col(sets, plain=True)`` the plain effect."""
+
+    def __init__(self) -> None:
+        self.index: dict[PromptSet, int] = {}
+        self.effects = self.plain = np.zeros((0, 0))
+
+    def want(self, per_prompt: Sequence[Sequence[CellKey]]) -> None:
+        self.index.setdefault(tuple(_frozen(k) for k in per_prompt), len(self.index))
+
+    def measure(self, data: ClaimMap) -> None:
+        both = np.asarray(data.effects(list(self.index)), dtype=float) if data.keys else np.zeros((0, len(self.index)))
+        self.effects = both[..., 0] if both.ndim == 3 else both
+        self.plain = both[..., 1] if both.ndim == 3 and both.shape[2] > 1 else self.effects
+
+    def col(self, per_prompt: Sequence[Sequence[CellKey]], *, plain: bool = False) -> np.ndarray:
+        return (self.plain if plain else self.effects)[:, self.index[tuple(_frozen(k) for k in per_prompt)]]
+
+
+# (claim, null kind) -> its null sets [draw][prompt], or why the kind has none
+_Kinds = dict[tuple[str, str], list[list[list[CellKey]]] | str]
+
+
+def _measure(data: ClaimMap, plans: Sequence[_Plan], label: str, seed: int) -> tuple[_Columns, _Kinds]:
+    """The exact effects of the whole graft and of every claim's region, within, rest and null
+    sets, in one call; and each claim's null sets by kind (or why a kind has none)."""
+    columns = _Columns()
+    columns.want([sorted(h) for h in data.keys])
+    kinds: _Kinds = {}
     for plan in plans:
         for part in (plan.region, plan.within, plan.rest):
-            want(part)
+            columns.want(part)
         for kind in plan.nulls:
             got = _kind_sets(plan, kind, f"{seed}:{label}:{plan.claim.name}")
             kinds[(plan.claim.name, kind)] = got
             if not isinstance(got, str):
                 for s in got:
-                    want(s)
-    both = np.asarray(data.effects(list(sets)), dtype=float) if data.keys else np.zeros((0, len(sets)))
-    effects = both[..., 0] if both.ndim == 3 else both
-    plain = both[..., 1] if both.ndim == 3 and both.shape[2] > 1 else effects
+                    columns.want(s)
+    columns.measure(data)
+    return columns, kinds
 
-    def col(per_prompt: Sequence[Sequence[CellKey]], of: np.ndarray = effects) -> np.ndarray:
-        return of[:, sets[tuple(_frozen(k) for k in per_prompt)]]
 
-    whole = col(everything)
-    whole_plain = col(everything, plain)
-    whole_iv = mean_interval(whole) if len(whole) else None  # the donor's whole effect: one per map
-    ids = list(data.prompt_ids) or [str(i) for i in range(len(data.keys))]
-    rows, prompts = [], []
-    for plan in plans:
-        claim = plan.claim
+@dataclass
+class _Judge:
+    """One map's claims judged row by row against the effects measured for them."""
+
+    data: ClaimMap
+    columns: _Columns
+    kinds: _Kinds
+    setting: str
+    seed: int
+    n_resamples: int
+    precondition: str
+    sign: int
+    estimates_of: str
+    whole: np.ndarray = field(init=False)  # the whole graft's effect per prompt (claims' metric, then plain)
+    whole_plain: np.ndarray = field(init=False)
+    whole_iv: Any = field(init=False)
+    ids: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        everything = [sorted(h) for h in self.data.keys]
+        self.whole = self.columns.col(everything)
+        self.whole_plain = self.columns.col(everything, plain=True)
+        self.whole_iv = mean_interval(self.whole) if len(self.whole) else None  # the donor's whole effect: one per map
+        self.ids = list(self.data.prompt_ids) or [str(i) for i in range(len(self.data.keys))]
+
+    def claim(self, plan: _Plan) -> tuple[dict[str, Any], pd.DataFrame]:
+        """The claim's claims.csv row (levels, threshold tests, null tests, estimates) and its per-prompt effects."""
+        claim, col = plan.claim, self.columns.col
         n_region = sum(len(r) for r in plan.region)
         den = col(plan.within)
         num = den - col(plan.rest) if claim.marginal else col(plan.region)
-        den_plain = col(plan.within, plain)
-        num_plain = den_plain - col(plan.rest, plain) if claim.marginal else col(plan.region, plain)
-        p_within = sum(data.params.get(s, 0) for w in plan.within for _, s in w)
-        params_share = (sum(data.params.get(s, 0) for r in plan.region for _, s in r) / p_within
-                        if p_within else np.nan)
+        den_plain = col(plan.within, plain=True)
+        num_plain = den_plain - col(plan.rest, plain=True) if claim.marginal else col(plan.region, plain=True)
+        params = self.data.params
+        p_within = sum(params.get(s, 0) for w in plan.within for _, s in w)
+        params_share = sum(params.get(s, 0) for r in plan.region for _, s in r) / p_within if p_within else np.nan
         threshold = even_spread_threshold(claim, params_share)
+        share = share_interval(num, den) if len(den) else None
+        row = self._levels(plan, num, den, num_plain, den_plain, share, threshold, params_share, n_region)
+        if claim.judged and len(den):
+            row.update(self._threshold_tests(claim, num, den, threshold, share))
+        record = pd.DataFrame({"claim": claim.name, "prompt_id": self.ids, "region_effect": num, "within_effect": den,
+                               "whole_effect": self.whole, "region_effect_plain": num_plain,
+                               "within_effect_plain": den_plain, "whole_effect_plain": self.whole_plain})
+        row.update(self._null_tests(plan, num, den, n_region, record))
+        row.update(self._estimates(plan, row, n_region, params_share))
+        return row, record
+
+    def _levels(self, plan: _Plan, num: np.ndarray, den: np.ndarray, num_plain: np.ndarray, den_plain: np.ndarray,
+                share: Any, threshold: float, params_share: float, n_region: int) -> dict[str, Any]:
+        """The row's statement, threshold and effects: whole, region, within and the share with its interval."""
+        claim, whole, whole_iv = plan.claim, self.whole, self.whole_iv
+        setting = self.setting
         row: dict[str, Any] = {"claim": claim.name, "statement": claim.statement, "setting": setting,
                                "paper_setting": claim.paper_setting, "in_paper_setting": setting == claim.paper_setting,
                                "threshold": threshold, "threshold_stated": claim.threshold,
                                "threshold_note": _threshold_note(claim, threshold, params_share),
                                "side": ">" if claim.above else "<",
-                               "n_prompts": len(data.keys), "n_region_keys": n_region,
-                               "null_kind": claim.null, "null": NULL_KINDS[claim.null], "seed": seed,
-                               "precondition": precondition, "whole_effect": float(whole.mean()) if len(whole) else np.nan,
-                               "expected_sign": sign, "least_p": least_p(len(den), n_resamples=n_resamples)}
-        share = share_interval(num, den) if len(den) else None
+                               "n_prompts": len(self.data.keys), "n_region_keys": n_region,
+                               "null_kind": claim.null, "null": NULL_KINDS[claim.null], "seed": self.seed,
+                               "precondition": self.precondition,
+                               "whole_effect": float(whole.mean()) if len(whole) else np.nan,
+                               "expected_sign": self.sign, "least_p": least_p(len(den), n_resamples=self.n_resamples)}
         within = mean_interval(den) if len(den) else None
         row.update({"whole_ci_low": whole_iv.low if whole_iv else np.nan,
                     "whole_ci_high": whole_iv.high if whole_iv else np.nan,
-                    "whole_effect_plain": float(whole_plain.mean()) if len(whole_plain) else np.nan,
+                    "whole_effect_plain": float(self.whole_plain.mean()) if len(self.whole_plain) else np.nan,
                     "region_effect_plain": float(num_plain.mean()) if len(num_plain) else np.nan,
                     "within_effect_plain": float(den_plain.mean()) if len(den_plain) else np.nan,
-                    "share_plain": float(num_plain.sum() / den_plain.sum()) if len(den_plain) and den_plain.sum() else np.nan})
+                    "share_plain": (float(num_plain.sum() / den_plain.sum()) if len(den_plain) and den_plain.sum()
+                                    else np.nan)})
         row.update({"region_effect": float(num.mean()) if len(num) else np.nan,
                     "within_effect": within.value if within else np.nan,
                     "within_ci_low": within.low if within else np.nan,
@@ -239,57 +317,62 @@ def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: 
                     "ci_high": share.high if share else np.nan,
                     # the level the bounds are at: 0.99 where skew widened them (``share.widened``)
                     "ci_level": share.level if share else np.nan, "interval_note": share.declined if share else ""})
-        if claim.judged and len(den):  # where skew declines the interval: on how many prompts is it past the threshold?
-            past = num - threshold * den
-            # declined (unbounded at the level skew calls for): no threshold test, the row is undecided
-            row["threshold_p"] = (share_threshold_p(num, den, threshold, above=claim.above)
-                                  if share is not None and not np.isnan(share.low) else np.nan)
-            row.update(n_past_threshold=int((past > 0).sum() if claim.above else (past < 0).sum()),
-                       sign_p_past=sign_test_p(past, alternative="greater" if claim.above else "less"),
-                       sign_p_short=sign_test_p(past, alternative="less" if claim.above else "greater"))
-            past_side = share is not None and (share.low > threshold if claim.above else share.high < threshold)
-            # an undecided row's reason says about how many prompts like these would decide it
-            row["prompts_needed"] = (np.nan if past_side else
-                                     prompts_needed(num, den, threshold, above=claim.above, seed=seed))
+        return row
+
+    def _threshold_tests(self, claim: Claim, num: np.ndarray, den: np.ndarray, threshold: float,
+                         share: Any) -> dict[str, Any]:
+        """Where skew declines the interval: on how many prompts is the share past the threshold,
+        and about how many prompts like these would decide an undecided row."""
+        past = num - threshold * den
+        # declined (unbounded at the level skew calls for): no threshold test, the row is undecided
+        out: dict[str, Any] = {"threshold_p": (share_threshold_p(num, den, threshold, above=claim.above)
+                                               if share is not None and not np.isnan(share.low) else np.nan)}
+        out.update(n_past_threshold=int((past > 0).sum() if claim.above else (past < 0).sum()),
+                   sign_p_past=sign_test_p(past, alternative="greater" if claim.above else "less"),
+                   sign_p_short=sign_test_p(past, alternative="less" if claim.above else "greater"))
+        past_side = share is not None and (share.low > threshold if claim.above else share.high < threshold)
+        out["prompts_needed"] = (np.nan if past_side else
+                                 prompts_needed(num, den, threshold, above=claim.above, seed=self.seed))
+        return out
+
+    def _null_tests(self, plan: _Plan, num: np.ndarray, den: np.ndarray, n_region: int,
+                    record: pd.DataFrame) -> dict[str, Any]:
+        """The region against each kind of its null (paired across prompts; a region must beat
+        every kind: the larger p, an intersection-union test); each kind's per-prompt mean goes to ``record``."""
+        claim = plan.claim
         p_values, null_shares, drawn, unmatched, notes = [], [], [], 0, []
-        record = pd.DataFrame({"claim": claim.name, "prompt_id": ids, "region_effect": num, "within_effect": den,
-                               "whole_effect": whole, "region_effect_plain": num_plain,
-                               "within_effect_plain": den_plain, "whole_effect_plain": whole_plain})
         for kind in plan.nulls:
-            got = kinds[(claim.name, kind)]
+            got = self.kinds[(claim.name, kind)]
             if isinstance(got, str):
                 notes.append(f"{kind}: {got}")
                 p_values.append(np.nan)
                 continue
-            null = np.stack([col(s) for s in got], axis=1)  # [prompts, draws]
+            null = np.stack([self.columns.col(s) for s in got], axis=1)  # [prompts, draws]
             if claim.marginal:
                 null = den[:, None] - null
-            p_values.append(paired_p(num, null, alternative="greater" if claim.above else "less", seed=seed,
-                                     n_resamples=n_resamples) if n_region else np.nan)
+            p_values.append(paired_p(num, null, alternative="greater" if claim.above else "less", seed=self.seed,
+                                     n_resamples=self.n_resamples) if n_region else np.nan)
             null_shares.append(float(null.mean(1).sum() / den.sum()) if den.sum() else np.nan)
             ratio = float(np.mean([n.param_ratio for n in plan.nulls[kind]]))
             drawn.append(f"{kind} ({null.shape[1]} per prompt" + (f", {ratio:.2f}x the region's parameters)"
                                                                     if kind == "other components" else ")"))
             unmatched += sum(n.n_unmatched for n in plan.nulls[kind])
             record[f"null_mean_{kind.replace(' ', '_')}"] = null.mean(1)
-        # a region must beat every kind of its null: the larger p (an intersection-union test)
         judged = claim.judged and p_values and not np.isnan(p_values).any()
-        row["null_p"] = float(max(p_values)) if judged else np.nan
-        row.update({"null_p_by_kind": "; ".join(f"{k}: {p:.4g}" for k, p in zip(plan.nulls, p_values)),
-                    "null_mean": float(np.mean(null_shares)) if null_shares else np.nan,
-                    "null_drawn": "; ".join(drawn + notes) or "none", "n_null_unmatched": unmatched})
+        return {"null_p": float(max(p_values)) if judged else np.nan,
+                "null_p_by_kind": "; ".join(f"{k}: {p:.4g}" for k, p in zip(plan.nulls, p_values)),
+                "null_mean": float(np.mean(null_shares)) if null_shares else np.nan,
+                "null_drawn": "; ".join(drawn + notes) or "none", "n_null_unmatched": unmatched}
+
+    def _estimates(self, plan: _Plan, row: Mapping[str, Any], n_region: int, params_share: float) -> dict[str, Any]:
+        """The gradient estimates' share of the region, its ratio to the exact share (the
+        interaction), and the region's share of the within cells and of their parameters."""
+        data = self.data
         est_num = sum(e.get(k, 0.0) for e, r in zip(data.estimates, plan.region) for k in r)
         est_den = sum(e.get(k, 0.0) for e, w in zip(data.estimates, plan.within) for k in w)
         share_est = est_num / est_den if est_den else np.nan
         n_within = sum(len(w) for w in plan.within)
-        row.update({"share_estimate": share_est, "share_exact_cells": _exact_cells_share(data, plan.region, plan.within),
-                    "interaction": row[estimates_of] / share_est if share_est and estimates_of else np.nan,
-                    "region_cells_share": n_region / n_within if n_within else np.nan,
-                    "region_params_share": params_share})
-        rows.append(row)
-        prompts.append(record)
-    judged = decide(pd.DataFrame(rows))
-    for row, (_, r) in zip(rows, judged.iterrows()):
-        row.update(p=float(r["p"]), p_parts=r["p_parts"], p_holm=float(r["p_holm"]), verdict=r["verdict"], reason=r["reason"])
-    per_prompt = pd.concat(prompts, ignore_index=True) if prompts else pd.DataFrame()
-    return rows, per_prompt
+        return {"share_estimate": share_est, "share_exact_cells": _exact_cells_share(data, plan.region, plan.within),
+                "interaction": row[self.estimates_of] / share_est if share_est and self.estimates_of else np.nan,
+                "region_cells_share": n_region / n_within if n_within else np.nan,
+                "region_params_share": params_share}

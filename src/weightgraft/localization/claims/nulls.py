@@ -9,10 +9,11 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from weightgraft.engine.source_map import SlotName
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey
 
@@ -73,8 +74,7 @@ def _layer(slot: str) -> int | None:
 
 
 def _with_layer(slot: str, layer: int) -> str:
-    parts = slot.split(".")
-    return ".".join([parts[0], str(layer), *parts[2:]])
+    return str(replace(SlotName.parse(slot), layer=layer))
 
 
 def block_nulls(region: Sequence[CellKey], have: set[CellKey], n_layers: int) -> NullSets:

@@ -27,6 +27,7 @@ from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
 from weightgraft.engine.architectures import model_slots, part_state
 from weightgraft.engine.metric_table import localize_metric
+from weightgraft.engine.source_map import SlotName
 
 DECIDED = ["p", "p_parts", "p_holm", "verdict", "reason"]
 PLAIN = "first_logprob"  # the plain effect kept beside the claims' own in every row
@@ -79,7 +80,7 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
     params = slot_params(models[0])
     metrics = (settings.metric, PLAIN)
     estimates_of = {settings.metric: "share_exact", PLAIN: "share_plain"}.get(metric, "")
-    n_layers = 1 + max(int(name.split(".")[1]) for name in index if name.startswith("layers."))
+    n_layers = 1 + max(layer for name in index if (layer := SlotName.parse(name).layer) is not None)
     frame = whole_cells(estimates)
     frame = frame[frame["direction"] == direction]
     rows, prompts = [], []

@@ -28,6 +28,7 @@ from weightgraft.models.spec.parse import (
     parse_spec,
     quantized,
     spec_error_of,
+    written_scaled,
 )
 from weightgraft.models.spec.quantized import QuantizedSpec, QuantizedSpecError
 from weightgraft.models.spec.roles import check_models, check_roles, parse_roles, random_roles, refuse_random
@@ -38,5 +39,5 @@ __all__ = [
     "QuantizedSpecError", "RandomSpec", "RandomSpecError", "RoleSource", "ScaledSpec", "SpecText", "Vectors",
     "check_models", "check_roles", "embedded_name", "looks_like_path", "parse_lowrank", "parse_peft", "parse_roles",
     "parse_scaled", "parse_spec", "quantized", "random_roles", "refuse_random", "resolve_demo_spec", "saved_steps", "scale_text",
-    "snapshot_dir", "spec_error_of",
+    "snapshot_dir", "spec_error_of", "written_scaled",
 ]

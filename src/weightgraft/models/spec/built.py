@@ -148,6 +148,14 @@ class ScaledSpec(ModelSpec):
         """The roles this role is built from (the base first, as it loads)."""
         return (self.base, self.donor)
 
+    def serving_role(self) -> str | ScaledSpec:
+        """The role whose weights serve this spec's cells: the donor at scale 1, the base at 0
+        (so those load nothing new), else this spec in its one spelling (``text`` as written
+        by ``scaled``, however the spec was typed), the role built from the two."""
+        if self.scale in (0, 1):
+            return self.donor if self.scale == 1 else self.base
+        return ScaledSpec(self.donor, self.scale, self.base)
+
     def shape_role(self) -> str | None:
         return self.donor
 

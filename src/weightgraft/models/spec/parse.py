@@ -28,6 +28,7 @@ _PEFT = re.compile(r"^\s*peft\s*\((?P<args>.*)\)\s*$", re.S)
 _PEFT_START = re.compile(r"\s*peft\s*\(")  # "peft_models/x" is a directory, "peft(..." a spec
 _LOWRANK = re.compile(r"^\s*lowrank\s*\((?P<args>.*)\)\s*$")
 _SCALED = re.compile(r"^\s*scaled\s*\((?P<args>.*)\)\s*$")
+_SCALED_START = re.compile(r"\s*scaled\s*\(")  # written as a scaled role, well formed or not
 _QUANTIZED = re.compile(r"^\s*quantized\s*\((?P<args>.*)\)\s*$", re.S)
 _PEFT_HINT = "write peft(BASE_ROLE, ADAPTER_DIR), e.g. peft(pre, models/lora)"
 
@@ -73,7 +74,7 @@ def _lowrank(text: str) -> LowRankSpec | None:
 def _scaled(text: str) -> ScaledSpec | None:
     m, hint = _SCALED.match(text), "write scaled(ROLE, S[, base=ROLE]), e.g. scaled(sft, 2)"
     if m is None:
-        if re.match(r"\s*scaled\s*\(", text):
+        if written_scaled(text):
             raise ModelSpecError(f"model spec {text!r}: {hint}")
         return None
     parts = [p.strip() for p in m.group("args").split(",")]
@@ -144,6 +145,12 @@ def parse_lowrank(text: str | ModelSpec) -> LowRankSpec | None:
 def parse_scaled(text: str | ModelSpec) -> ScaledSpec | None:
     """The scaled spec, None for any other model spec; a malformed one is an error."""
     return spec if isinstance(spec := parse_spec(text), ScaledSpec) else None
+
+
+def written_scaled(text: str) -> bool:
+    """Whether ``text`` is written as a scaled role (``scaled(...)``, well formed or not), so a
+    caller reads it as a spec only then (no other text is looked up as a path)."""
+    return _SCALED_START.match(text) is not None
 
 
 def _valid_text(text: str) -> str:
