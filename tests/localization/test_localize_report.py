@@ -36,6 +36,15 @@ def test_report_has_a_header_controls_and_the_global_slots(page):
     assert "font-family:system-ui" in text  # the run report's style
 
 
+def test_the_claims_are_written_as_a_docs_block_beside_the_page(page):
+    from weightgraft.localization.claims import RULES_VERSION
+    from weightgraft.report.blocks import generated_blocks
+
+    (block,) = generated_blocks((page.parent / "claims.md").read_text())
+    assert (block.name, block.rules) == ("localize-tiny-report", RULES_VERSION)
+    assert "| donor | setting | template | claim |" in block.body and "fe_lt" in block.body
+
+
 def test_heatmaps_include_embed_final_norm_and_unembed(page):
     import pandas as pd
 

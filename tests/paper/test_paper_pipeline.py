@@ -73,6 +73,20 @@ def full_run(base_model, tmp_path_factory):
     return run, out
 
 
+def test_the_report_is_one_generated_block_with_the_rules_and_its_command(full_run):
+    from weightgraft.localization.claims import RULES_VERSION
+    from weightgraft.paper.report import PAPER_TITLE, block_name, paper_command
+    from weightgraft.report.blocks import generated_blocks
+
+    run, out = full_run
+    text = (out / "paper.md").read_text()
+    (block,) = generated_blocks(text)
+    assert (block.name, block.rules, block.command) == (block_name(run.settings), RULES_VERSION,
+                                                        paper_command(run.settings))
+    assert PAPER_TITLE in text and "Nief et al., \"Multiple Streams" not in text
+    assert run.claims["outputs"]["rules"] == RULES_VERSION
+
+
 def _stage_dirs(out: Path, kind: str) -> list[Path]:
     return sorted(p for p in (out / f"{kind}s").iterdir() if p.is_dir())
 

@@ -1,6 +1,7 @@
 """The report's figures, drawn as the paper draws them: one bar per scheme of a figure (top-5 with
 its 95% interval as error bars; the mean rank for Figs. 8-9), the paper's stated values marked
-on their bars and its stated drops named beside them. Drawn from a sweep's summary rows (its
+on their bars and its stated drops named beside them, each legend entry naming the paper's model
+whose level it is (another model's, unless the run's model is the paper's). Drawn from a sweep's summary rows (its
 ``stage.json``) with the project's bar charts (``weightgraft.report.charts``)."""
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weightgraft.paper.figures import DROP, RANK, TOP5, FigureRows
-from weightgraft.paper.numbers import PaperNumber
+from weightgraft.paper.numbers import PAPER_NAMES, PaperNumber
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 MARKERS = ("D", "o", "s", "^")  # one per paper model whose value is stated on a figure
-CHART_FORMAT = "weightgraft-paper-chart/1"  # a change to how charts are drawn changes every digest
+CHART_FORMAT = "weightgraft-paper-chart/2"  # a change to how charts are drawn changes every digest
 
 
 def figure_rows(fig: FigureRows, summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -61,7 +62,7 @@ def figure_chart(fig: FigureRows, summary: Sequence[dict[str, Any]], numbers: Se
         marks = [(x[n.scheme], float(n.value)) for n in stated
                  if n.model == paper_model and n.metric == TOP5 and n.scheme in x]
         ax.plot([m[0] for m in marks], [m[1] for m in marks], linestyle="none", marker=marker, ms=7, color="black",
-                markerfacecolor="white", label=f"the paper: {paper_model}", zorder=5)
+                markerfacecolor="white", label=textwrap.fill(_other_model(paper_model, model), 46), zorder=5)
     handles, labels = ax.get_legend_handles_labels()
     drops: dict[str, list[str]] = {}
     for n in stated:
@@ -71,12 +72,21 @@ def figure_chart(fig: FigureRows, summary: Sequence[dict[str, Any]], numbers: Se
         without, with_ = scheme.split(" vs ")
         handles.append(Line2D([], [], linestyle="none"))
         labels.append(textwrap.fill(f"the paper: {with_} -> {without} drops top-5 by {', '.join(said)}; "
-                                    "points or relative, not said", 46))
+                                    f"points or relative, not said; its models', not {model}'s", 46))
     old = ax.get_legend()
     note = old.get_title().get_text() if old is not None else ""
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False,
               title=note, title_fontsize="x-small", alignment="left")
     return chart
+
+
+def _other_model(paper_model: str, model: str) -> str:
+    """A stated value's legend entry: whose level it is, and that it is not the bar's model's
+    (the same model says so too: the bar is then ours on the paper's model)."""
+    name = f"{PAPER_NAMES[paper_model]} ({paper_model})" if paper_model in PAPER_NAMES else paper_model
+    if paper_model.lower() == model.rstrip("/").rsplit("/", 1)[-1].lower():
+        return f"the paper's value on {name}, this model"
+    return f"the paper's value on {name}: another model's level, drawn for its place only, not {model}'s"
 
 
 def write_chart(chart: Figure, path: Path) -> Path:

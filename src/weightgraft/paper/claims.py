@@ -23,6 +23,7 @@ from rich.console import Console
 from weightgraft.paper.figures import FINETUNES, HEADLINE, QA
 from weightgraft.paper.settings import PaperRun, PaperSettings, precondition
 from weightgraft.paper.stages import Stage, stage_path
+from weightgraft.localization.claims.regions import RULES_VERSION
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.run import run_localize
 from weightgraft.planning.localize import partial_grafts_refused
@@ -79,7 +80,10 @@ def claims_stage(settings: PaperSettings, data: dict[str, Any], finetunes: dict[
     if a2b is not None:
         keyed["a2b"] = [f"finetune:{r['key']}" for r in a2b]
         paths["a2b"] = [str(stage_path(r, settings.out, "model")) for r in a2b]
-    stage = Stage("claims", "claims", {"config": claims_config(settings, keyed, f"data:{data['key']}")}, settings.out)
+    inputs: dict[str, Any] = {"config": claims_config(settings, keyed, f"data:{data['key']}")}
+    if RULES_VERSION != 8:  # the rules are part of the key from 9 on (8's keys, the runs made with it, unchanged)
+        inputs["rules"] = RULES_VERSION
+    stage = Stage("claims", "claims", inputs, settings.out)
     return stage, claims_config(settings, paths, str(stage_path(data, settings.out, "dir")))
 
 
@@ -140,7 +144,7 @@ def run_claims(settings: PaperSettings, run: PaperRun, console: Console) -> None
                  + (f", on training seeds {', '.join(map(str, met))}" if several else ""))
     result = run_localize(parse_localize_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
     table = pd.read_csv(result.run_dir / "claims.csv")
-    outputs: dict[str, Any] = {"run": "run", "claims": claim_rows(table)}
+    outputs: dict[str, Any] = {"run": "run", "claims": claim_rows(table), "rules": RULES_VERSION}
     if several:
         outputs["sft_seeds"] = met  # models.sft[i] is the a2b finetune of training seed sft_seeds[i]
     run.claims = stage.finish(outputs, time.time() - started)

@@ -54,6 +54,9 @@ PAPER_TEXT_SHA256 = "9c131f00ae24b66e444ddaefd270bcd4fdf0bdd146da5f79673856c98e8
 
 MeasuredKey = tuple[str, str, str]  # (figure_id, scheme, metric)
 PAPER_MODELS = ("gemma-1.1-2b-it", "gpt2-xl", "Llama-3.2-1B", "pythia-2.8b")
+# The paper's names of its models (its Table 2) beside the ids of the authors' code, which the rows use.
+PAPER_NAMES = {"gemma-1.1-2b-it": "Gemma 2B", "gpt2-xl": "GPT-2 XL", "Llama-3.2-1B": "LLaMA 3.2 1B",
+               "pythia-2.8b": "Pythia 2.8B"}
 EQUIVALENCE_LEVEL = 0.90  # the interval of a TOST at 5% a side
 SAME_EQUIVALENT = "same model: equivalent"
 SAME_NOT_EQUIVALENT = "same model: not equivalent"

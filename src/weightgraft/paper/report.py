@@ -22,12 +22,21 @@ from typing import TYPE_CHECKING, Any
 from weightgraft import atomic
 from weightgraft.paper.charts import chart_digest, figure_chart, figure_rows, write_chart
 from weightgraft.data.general_text import CORPUS
-from weightgraft.paper.figures import DROP, FINETUNES, Finetune, FigureRows, sweeps_for
-from weightgraft.paper.numbers import EQUIVALENCE_LEVEL, PAPER_MODELS, Measured, PaperNumber, paper_numbers
+from weightgraft.paper.figures import (
+    DEFAULT_SWEEPS,
+    DROP,
+    FINETUNES,
+    MAIN_WORLD,
+    SWEEP_NAMES,
+    FigureRows,
+    Finetune,
+    sweeps_for,
+)
+from weightgraft.paper.numbers import EQUIVALENCE_LEVEL, PAPER_MODELS, PAPER_NAMES, Measured, PaperNumber, paper_numbers
 from weightgraft.paper.appendix import appendix_blocks
 from weightgraft.paper.trajectory import trajectory_blocks
 from weightgraft.paper.page import Block, Image, Table, to_html, to_markdown
-from weightgraft.paper.report_claims import claims_blocks
+from weightgraft.paper.report_claims import claims_blocks, rules_of
 from weightgraft.paper.seed_tables import (
     DIFFERS,
     LIST_SEEDS,
@@ -38,6 +47,7 @@ from weightgraft.paper.seed_tables import (
     seed_table,
 )
 from weightgraft.paper.settings import PaperSettings, precondition, seed_label, seeds_text
+from weightgraft.report.blocks import wrap
 
 if TYPE_CHECKING:
     from weightgraft.paper.settings import PaperRun
@@ -45,6 +55,15 @@ if TYPE_CHECKING:
 TIMES_HEADING = "Stage times"
 CHART_DIGESTS = "paper-charts.json"  # each PNG's digest (charts.chart_digest): one already drawn is kept
 STATED_HEADING = "The numbers the paper states"
+# The paper as arXiv v3 and ICLR 2026 title it; the authors' blog post (and arXiv v1-v2) had another.
+PAPER_TITLE = ("Nief, Reber, Richardson, Holtzman, \"Dynamic Weight Grafting: Localizing Finetuned Factual Knowledge "
+               "in Transformers\" (arXiv 2506.20746 v3, ICLR 2026; earlier titled \"Multiple Streams of Knowledge "
+               "Retrieval\")")
+
+
+def paper_models_text() -> str:
+    """``Gemma 2B (gemma-1.1-2b-it), ...``: each model as the paper names it, then as its code does."""
+    return ", ".join(f"{PAPER_NAMES.get(m, m)} ({m})" for m in PAPER_MODELS)
 
 
 def _pct(x: float | None) -> str:
@@ -60,7 +79,8 @@ def _intro(run: PaperRun) -> list[Block]:
                   "before the run; the finetune's recipe and world size are this run's, named above); a number "
                   "stated for another of the paper's models is compared in shape only (`other model: shape only`)."
                   if same else
-                  f"The run's model is none of the paper's ({', '.join(PAPER_MODELS)}): no level is compared with "
+                  f"The run's model is none of the paper's ({paper_models_text()}; the rows name each by the "
+                  "authors' code's id): no level is compared with "
                   "the paper's; each stated number says `other model: shape only` (read the order of the schemes "
                   "and which recover the answer, not the levels).")
     first = s.train_seed
@@ -79,7 +99,7 @@ def _intro(run: PaperRun) -> list[Block]:
     return [
         ("h1", f"The paper's numbers beside ours: {s.model}"),
         ("p", seeds_line),
-        ("p", f"Nief et al., \"Multiple Streams of Knowledge Retrieval\": each number the paper states (or a bar it "
+        ("p", f"{PAPER_TITLE}: each number the paper states (or a bar it "
               f"shows without stating a value) beside ours on {s.model}, finetuned on world {s.world} "
               f"({s.relations} relations, world seed {s.seed}, {trained}, preset {s.preset}"
               f"{f', at most {s.max_steps} steps' if s.max_steps else ''}; device {s.device}) and swept under the "
@@ -204,7 +224,8 @@ def _extra_table(run: PaperRun, name: str) -> Table:
 def _image(fig: FigureRows, summary: list[dict[str, Any]], numbers: Sequence[PaperNumber], model: str,
            seed: int | None = None) -> Image:
     marks = [n for n in numbers if n.figure_id == fig.figure_id and n.stated]
-    said = ("; the paper's stated values marked" if any(n.metric != DROP for n in marks) else "") + \
+    said = ("; the paper's stated values marked, each its own model's level (named in the legend)"
+            if any(n.metric != DROP for n in marks) else "") + \
            ("; its stated drop named in the legend" if any(n.metric == DROP for n in marks) else "")
     what = "mean target rank per scheme" if fig.metric != "top-5 accuracy" else \
         "top-5 accuracy per scheme with its 95% interval"
@@ -253,10 +274,53 @@ def _reused(run: PaperRun, name: str) -> str:
     return "reused" if name in run.reused else "ran"
 
 
+def block_name(settings: PaperSettings) -> str:
+    """The name of the report's generated block (``paper-smollm2-135m``; an appendix world's run
+    adds its world): the name docs/paper.md gives the block it splices in."""
+    model = "".join(c if c.isalnum() or c in "._-" else "-" for c in settings.model.rstrip("/").rsplit("/", 1)[-1])
+    return f"paper-{model}" + ("" if settings.world == MAIN_WORLD else f"-{settings.world}")
+
+
+def paper_command(settings: PaperSettings) -> str:
+    """The ``weightgraft paper`` command that makes this report again: its options that differ from
+    the defaults (finished stages are reused, keyed by their inputs, so it only writes the report
+    where every stage finished)."""
+    d = PaperSettings(model=settings.model)
+    parts = ["weightgraft paper", f"--model {settings.model}"]
+    for flag, value, default in (("--world", settings.world, d.world), ("--relations", settings.relations, d.relations),
+                                 ("--seed", settings.seed, d.seed), ("--train-seed", settings.train_seed, d.train_seed),
+                                 ("--seeds", settings.seeds, d.seeds), ("--device", settings.device, d.device),
+                                 ("--preset", settings.preset, d.preset), ("--max-steps", settings.max_steps, None),
+                                 ("--batch-size", settings.batch_size, None), ("--margin", settings.margin, d.margin),
+                                 ("--paper-model", settings.paper_model, None),
+                                 ("--trajectory", settings.trajectory, None),
+                                 ("--gentle-preset", settings.gentle_preset, None)):
+        if value != default:
+            parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
+    if settings.worlds:
+        parts.append(f"--worlds {','.join(settings.worlds)}")
+    if tuple(settings.sweeps) != (SWEEP_NAMES if settings.worlds else DEFAULT_SWEEPS):
+        parts.append(f"--sweeps {','.join(settings.sweeps)}")
+    if not settings.claims:
+        parts.append("--no-claims")
+    parts.append(f"--out {settings.out}")
+    return " ".join(parts)
+
+
+def report_rules(run: PaperRun) -> int:
+    """The claims' rules version the report's rows were made with: its claims records' (the
+    oldest, where a resumed run reused one judged under older rules), else the code's."""
+    from weightgraft.localization.claims.regions import RULES_VERSION
+
+    versions = [v for v in (rules_of(run.claims), rules_of(run.trajectory_claims)) if v is not None]
+    return min(versions, default=RULES_VERSION)
+
+
 def write_paper_report(run: PaperRun) -> Path:
     """``paper.md``, ``paper.html`` and each figure's PNG in the run's folder (a PNG already drawn
     from the same inputs, by its digest in ``paper-charts.json``, is kept); returns the markdown's
-    path."""
+    path. ``paper.md`` is one generated block (``report.blocks``: its name, the claims' rules
+    version and the command that makes it again), as docs/paper.md holds it."""
     blocks = report_blocks(run)
     folder = Path(run.settings.out)
     try:
@@ -269,7 +333,8 @@ def write_paper_report(run: PaperRun) -> Path:
             drawn[b.name] = b.digest
             atomic.write_json(folder / CHART_DIGESTS, drawn, indent=1, sort_keys=True)
     path = folder / "paper.md"
-    atomic.write_text(path, to_markdown(blocks))
+    atomic.write_text(path, wrap(block_name(run.settings), report_rules(run), paper_command(run.settings),
+                                 to_markdown(blocks)))
     atomic.write_text(path.with_suffix(".html"), to_html(blocks, folder))
     return path
 

@@ -18,6 +18,19 @@ if TYPE_CHECKING:
     from weightgraft.paper.settings import PaperRun
 
 
+def rules_of(record: dict[str, Any] | None) -> int | None:
+    """The claims' rules version a claims record (or the claims-by-step record) was judged
+    with: as recorded (``outputs.rules``), else read off its rows (8 recorded each row's
+    interval level, ``ci_level``; a record without it is older, counted as 7); None without a record."""
+    if record is None:
+        return None
+    outputs = record.get("outputs", {})
+    if "rules" in outputs:
+        return int(outputs["rules"])
+    rows = outputs.get("claims") or outputs.get("steps") or []
+    return 8 if any("ci_level" in row for row in rows) else 7
+
+
 def _share(row: dict[str, Any]) -> str:
     """The share, its interval and the interval's own level (99% where skew widened it; a record
     written before the level was kept says "level not recorded")."""

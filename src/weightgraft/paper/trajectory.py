@@ -17,6 +17,7 @@ from rich.console import Console
 from weightgraft.configfile import json_digest
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
+from weightgraft.localization.claims.regions import RULES_VERSION
 from weightgraft.localization.claims.steps import first_held_text, verdicts_text
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.run import run_localize
@@ -95,7 +96,7 @@ def run_trajectory_claims(settings: PaperSettings, run: PaperRun, console: Conso
         return
     table = pd.read_csv(path)
     rows = table.astype(object).where(table.notna(), None).to_dict("records")
-    run.trajectory_claims = stage.finish({"run": "run", "steps": rows}, time.time() - started)
+    run.trajectory_claims = stage.finish({"run": "run", "steps": rows, "rules": RULES_VERSION}, time.time() - started)
 
 
 def run_trajectory(settings: PaperSettings, run: PaperRun, console: Console) -> None:

@@ -54,6 +54,13 @@ from weightgraft.schemes.selectors import floor_quarter
 FFN = ("gate", "up", "down")
 QKV = ("q", "k", "v")
 ALPHA = 0.05
+# The version of the claims' rules and metric: the verdicts, thresholds, intervals and nulls of this
+# package and the effect they are judged in. Raise it with any change that can move a row of
+# claims.csv; every generated block of the docs records the version it was made with, and
+# tests/project/test_docs_blocks.py fails on a block made with an older one. 7: the fact-specific
+# metric, one p per row with the control part, thresholds at the parameter share; 8: each row
+# records its interval's level (ci_level).
+RULES_VERSION = 8
 PRE_SFT, BOTH_A2B, NULL_FINETUNE = "pre->sft", "both->a2b", "null finetune"
 VERDICTS = ("holds", "fails", "undecided", "no cells", "no effect", "precondition not met", "shown")
 NullKind = Literal["positions", "complement", "components", "none"]
