@@ -30,7 +30,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "slots": ("weightgraft.engine.forward", "slots"),
     "graft_forward": ("weightgraft.engine.forward", "graft_forward"),
     "generate": ("weightgraft.api.generate", "generate"),
-    "localize": ("weightgraft.api.localize", "localize"),
+    "localize": ("weightgraft.api.pipelines", "localize"),
     "graft": ("weightgraft.api.graft", "graft"),
     "explain": ("weightgraft.api.explain", "explain"),
     "grafted": ("weightgraft.api.grafted", "grafted"),

@@ -20,7 +20,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from weightgraft.data.prompts import DatasetError, TestPrompt
-
 from weightgraft.errors import WeightgraftError, validation_line
 from weightgraft.models.spec import ModelSpec, parse_spec, spec_error_of
 
@@ -127,6 +126,13 @@ def read_yaml_config(path: Path, overrides: list[str] | None = None, what: str =
     return apply_overrides(raw, overrides or [])
 
 
+def _json_default(kind: type[BaseModel], key: str) -> Any:
+    """A field's default as its JSON value."""
+    field = kind.model_fields[key]
+    value = field.get_default(call_default_factory=True)
+    return json.loads(json.dumps(value.model_dump(mode="json") if isinstance(value, BaseModel) else value, default=str))
+
+
 class RunInputs(BaseModel):
     """What every pipeline's config reads the same way (``weightgraft run`` and ``localize``
     extend it): the dataset, which of its prompts (templates, directions, at most ``limit`` per
@@ -144,6 +150,7 @@ class RunInputs(BaseModel):
     # or a tokenizer directory; its vocabulary must fit every model's.
     tokenizer: str | None = None
     seed: int = 0
+    name: str = "run"
     out: Path | None = None
     report: bool = True
 
@@ -159,11 +166,10 @@ class RunInputs(BaseModel):
         except ValidationError as exc:
             line = f"invalid {cls.what} config {source}: {validation_line(exc, cls.field_path, at='at ')}"
             raise spec_error_of(exc, line) or ConfigError(line) from None
-        if base_dir is not None:
-            if not config.data.is_absolute():
-                config.data = base_dir / config.data
-            if config.out is not None and not config.out.is_absolute():
-                config.out = base_dir / config.out
+        if base_dir is not None:  # a new config, not the validated one changed
+            config = config.model_copy(update={
+                "data": config.data if config.data.is_absolute() else base_dir / config.data,
+                "out": config.out if config.out is None or config.out.is_absolute() else base_dir / config.out})
         config.check_whole()
         return config
 
@@ -179,6 +185,21 @@ class RunInputs(BaseModel):
 
     def check_whole(self) -> None:
         """What a config checks once every field is valid (its schemes, say): raise ConfigError."""
+
+    def run_dir(self) -> Path:
+        """Where the run's folder is, for every pipeline: ``out`` itself, else ``runs/{name}``."""
+        return Path(self.out) if self.out is not None else Path("runs") / self.name
+
+    def identity(self, exclude: set[str] | None = None, late: Sequence[str] = (), **replaced: Any) -> str:
+        """The digest of the settings (JSON, keys sorted) less ``exclude``, with ``replaced``
+        values. The one compatibility rule: a ``late`` key (one added after runs were made) is
+        left out while it holds its default, so runs made before the key keep their identity."""
+        data = {**self.model_dump(mode="json", exclude=exclude), **replaced}
+        for key in late:
+            if key in data and data[key] == _json_default(type(self), key):
+                del data[key]
+        return json_digest(data)
+
 
     def select(self, prompts: Sequence[TestPrompt], directions: Sequence[str] | None = None,
                groups: Sequence[str] | None = None) -> list[TestPrompt]:

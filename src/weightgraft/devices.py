@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["device_problem"]
+__all__ = ["device_problem", "require_device"]
 
 
 def device_problem(device: str) -> str | None:
@@ -27,3 +27,11 @@ def device_problem(device: str) -> str | None:
     if device == "mps":
         return None if torch.backends.mps.is_available() else "'mps' is absent on this machine"
     return f"{device!r}: use cpu, cuda, cuda:N or mps"
+
+
+def require_device(device: str, error: type[Exception], flag: str) -> None:
+    """The one device check: ``device`` that is not here raises ``error`` (the command's own
+    class) with ``flag`` (``device=``, ``--device ``) before what is wrong."""
+    problem = device_problem(device)
+    if problem is not None:
+        raise error(f"{flag}{problem}")

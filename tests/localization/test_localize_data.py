@@ -9,13 +9,12 @@ import json
 import pandas as pd
 import pytest
 import yaml
+from tiny_world import FIRST, SECOND, TEMPLATES, loader, write_world
 from typer.testing import CliRunner
 
 from weightgraft.api.localize import localize
 from weightgraft.localization.config import parse_localize_config
-from weightgraft.localization.prompts import choose_directions
-from weightgraft.localization.prompts import select_prompts
-from tiny_world import FIRST, SECOND, TEMPLATES, loader, write_world
+from weightgraft.localization.prompts import choose_directions, select_prompts
 
 MODELS = {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}
 
@@ -134,10 +133,10 @@ def test_the_trained_direction_by_default(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("report", [False, True])
 def test_cli_names_a_report_only_when_there_is_one(tmp_path, monkeypatch, report):
-    import weightgraft.api.localize as loc
+    import weightgraft.api.pipelines as loc
     from weightgraft.cli import app
 
-    real = loc.run_localize  # the CLI's call, with tiny models; the page is still drawn by api.localize
+    real = loc.run_localize  # the CLI's call, with tiny models; the page is still drawn by the front door
     monkeypatch.setattr(loc, "run_localize",
                         lambda cfg, progress=True, load=None: real(cfg, progress=False, load=loader))
     cfg = tmp_path / "loc.yaml"

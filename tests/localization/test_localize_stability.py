@@ -272,10 +272,10 @@ def test_cli_prints_the_stability_summary(tmp_path, monkeypatch):
     import yaml
     from typer.testing import CliRunner
 
-    import weightgraft.api.localize as loc
+    import weightgraft.api.pipelines as loc
     from weightgraft.cli import app
 
-    real = loc.run_localize  # the CLI's call, with tiny models; the page is still drawn by api.localize
+    real = loc.run_localize  # the CLI's call, with tiny models; the page is still drawn by the front door
     monkeypatch.setattr(loc, "run_localize",
                         lambda cfg, progress=True, load=None: real(cfg, progress=False, load=copy_loader))
     cfg = tmp_path / "loc.yaml"

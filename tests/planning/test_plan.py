@@ -15,21 +15,22 @@ from peaks import peak_extra
 from tiny_world import write_world
 from typer.testing import CliRunner
 
-import weightgraft.planning.budget as budget_mod
 import weightgraft.experiments.runner as runner
+import weightgraft.planning.budget as budget_mod
 from weightgraft.cli import app
 from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.plan import plan_experiment
 from weightgraft.localization.config import parse_localize_config
-from weightgraft.experiments.plan import plan_before_run, plan_experiment
 from weightgraft.localization.run import plan_input
+from weightgraft.models import load_model
+from weightgraft.models.lean import memory_report
+from weightgraft.models.random_models import build_random_model, lean_random_donor
+from weightgraft.models.spec import parse_spec
 from weightgraft.planning.costs import delta_bytes, inference_bytes, lean_bytes, param_bytes
 from weightgraft.planning.errors import PlanError
 from weightgraft.planning.localize import plan_localize_work
 from weightgraft.planning.plan import HEADROOM
-from weightgraft.models.spec import parse_spec
-from weightgraft.models.lean import memory_report
-from weightgraft.models.random_models import build_random_model, lean_random_donor
-from weightgraft.models import load_model
+from weightgraft.planning.preflight import Preflight, preflight
 
 SMALL = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,
          "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096,
@@ -210,6 +211,13 @@ def test_batch_size_comes_from_the_plan(run_raw: dict, steady_rss: int, monkeypa
         plan_before_run(parse_config({**run_raw, "batch_size": 8}), prompts)
     monkeypatch.delenv("WEIGHTGRAFT_MEMORY")
     assert plan_before_run(parse_config({**run_raw, "batch_size": 8}), prompts).batch_size == 8
+
+
+def plan_before_run(config, prompts) -> Preflight:
+    """``run``'s pre-load check (the one every pipeline makes) with the sweep's plan."""
+    sets = {f"model set {name!r}": roles for name, roles in config.spec_sets().items()}
+    return preflight(config, sets, {}, plan=lambda: plan_experiment(config, prompts, with_time=False),
+                     command="weightgraft run", batch_size=config.batch_size)
 
 
 def test_cpu_budget_is_shared_by_local_processes(monkeypatch: pytest.MonkeyPatch, steady_rss: int) -> None:

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from weightgraft.configfile import ConfigError
-from weightgraft.devices import device_problem
-from weightgraft.paper.pipeline import check_device
+from weightgraft.devices import device_problem, require_device
 from weightgraft.paper.settings import PaperError
 from weightgraft.training.device import training_device
 from weightgraft.training.errors import TrainingError
@@ -26,13 +25,19 @@ def test_the_check_names_what_is_wrong() -> None:
 
 @pytest.mark.parametrize("device", ["tpu", "cuda:x"] + (["cuda", "cuda:1"] if NO_CUDA else []))
 def test_every_command_refuses_a_device_in_the_same_words(device: str) -> None:
-    from weightgraft.experiments.runner import _check_device
+    from weightgraft.experiments.config import parse_config
+    from weightgraft.localization.config import parse_localize_config
+    from weightgraft.planning.preflight import preflight
 
     said = device_problem(device)
-    with pytest.raises(ConfigError) as run:
-        _check_device(device)
+    models = {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}
+    configs = [parse_config({"data": "d", "models": models, "schemes": [{"preset": "position"}], "device": device}),
+               parse_localize_config({"data": "d", "models": models, "device": device})]
+    for config in configs:  # run's and localize's pre-load check
+        with pytest.raises(ConfigError) as run:
+            preflight(config, {}, {}, plan=lambda: pytest.fail("planned"), command="weightgraft run", batch_size=1)
     with pytest.raises(PaperError) as paper:
-        check_device(device)
+        require_device(device, PaperError, "--device ")  # as paper's check_inputs makes it
     assert str(run.value) == f"device={said}" and str(paper.value) == f"--device {said}"
     if device != "cuda:1":  # a finetune takes the first visible card: cuda:N is its own refusal
         with pytest.raises(TrainingError) as train:

@@ -3,12 +3,13 @@ expanded before any model is loaded."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, model_validator
 
-from weightgraft.configfile import ConfigError, RunInputs, json_digest
+from weightgraft.configfile import ConfigError, RunInputs
 from weightgraft.experiments.pairs import SchemePair, check_pairs
 from weightgraft.models.spec import ModelSpec, SpecText, parse_spec
 from weightgraft.schemes.presets import preset
@@ -178,31 +179,25 @@ class ExperimentConfig(RunInputs):
                     )
         return out
 
+    # excluded from every identity: where and how fast a run computes, not what
+    PLACE: ClassVar[frozenset[str]] = frozenset({"batch_size", "out", "report", "device", "device_map", "lean_donors",
+                                                 "prefix_sharing"})
+
     def identity_core(self) -> str:
         """Hash of the settings every row depends on; what selects rows (schemes, filters,
-        limit) is left out, so a rerun that only adds work extends the run."""
-        data = self.model_dump(mode="json", exclude={
-            "batch_size", "out", "report", "device", "device_map", "lean_donors", "prefix_sharing",
-            "schemes", "templates", "directions", "groups", "limit", "name"})
-        if data["tokenizer"] is None:  # runs made before the key keep their identity
-            del data["tokenizer"]
-        if data["trajectory"] is None:
-            del data["trajectory"]
-        else:  # which snapshots run selects rows, as templates do
-            data["trajectory"] = {"role": data["trajectory"]["role"]}
-        return json_digest(data)
+        limit, which snapshots run) is left out, so a rerun that only adds work extends the run."""
+        trajectory = None if self.trajectory is None else {"role": self.trajectory.role}
+        return self.identity(set(self.PLACE | {"schemes", "templates", "directions", "groups", "limit", "name"}),
+                             late=("tokenizer", "trajectory"), trajectory=trajectory)
 
-    def identity(self) -> str:
-        """Hash of what determines the results (not batch size, device or output place)."""
-        data = self.model_dump(mode="json", exclude={"batch_size", "out", "report", "device", "device_map", "lean_donors", "prefix_sharing"})
-        data["schemes"] = [s.model_dump(mode="json") for s in self.resolved_schemes()]
-        if data["protocol"] == "paper":  # the default: runs made before the key keep their identity
-            del data["protocol"]
-        if data["tokenizer"] is None:
-            del data["tokenizer"]
-        if data["trajectory"] is None:
-            del data["trajectory"]
-        return json_digest(data)
+    def identity(self, exclude: set[str] | None = None, late: Sequence[str] = ("protocol", "tokenizer", "trajectory"),
+                 **replaced: Any) -> str:
+        """Hash of what determines the results (not batch size, device or output place), every
+        scheme as it expands; with ``exclude``, :meth:`RunInputs.identity` itself."""
+        if exclude is not None:
+            return super().identity(exclude, late, **replaced)
+        schemes = [s.model_dump(mode="json") for s in self.resolved_schemes()]
+        return super().identity(set(self.PLACE), late, schemes=schemes)
 
 
 def _snapshot_sets(models: dict[str, str] | None, trajectory: TrajectorySpec) -> dict[str, tuple[int, str]]:

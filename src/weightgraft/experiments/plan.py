@@ -1,4 +1,5 @@
-"""The plan of a ``run`` config, before any weight is read, and the check ``run`` makes with it.
+"""The plan of a ``run`` config, before any weight is read (``run`` checks it in
+:func:`weightgraft.planning.preflight.preflight`, as every pipeline does).
 
 Why: a sweep on a 2B or 8B model that cannot fit should be refused in one line, saying what
 would make it fit (or that nothing in the config would), not die an hour in; and a user should
@@ -16,10 +17,10 @@ from weightgraft.models.spec import ModelSpec
 from weightgraft.planning.cards import Card
 from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.lengths import length_summary, refuse_media, tokenizer_for
-from weightgraft.planning.plan import UNREADABLE_CONFIG, Plan, check_plan
+from weightgraft.planning.plan import Plan
 from weightgraft.planning.run import RoleShape, SetShape, SweepChoices, plan_sweep
 
-__all__ = ["DEFAULT_RUN_BATCH", "plan_before_run", "plan_experiment"]
+__all__ = ["DEFAULT_RUN_BATCH", "plan_experiment"]
 
 DEFAULT_RUN_BATCH = 64  # ExperimentConfig.batch_size's default: the most a plan chooses
 
@@ -88,20 +89,3 @@ def plan_experiment(config: ExperimentConfig, prompts: list[TestPrompt] | None =
                            lean=config.lean_donors, device_map=config.device_map is not None,
                            prefix_sharing=config.prefix_sharing, memory=memory, gpu=gpu, with_time=with_time)
     return plan_sweep(shapes, lengths, choices)
-
-
-def plan_before_run(config: ExperimentConfig, prompts: list[TestPrompt]) -> ExperimentConfig:
-    """What ``run`` does before loading: refuse random models (no tokenizer) and a plan that
-    does not fit, in one line; return the config with the plan's batch size where the config
-    does not fix one."""
-    from weightgraft.models.spec import refuse_random
-
-    for roles in config.spec_sets().values():
-        if config.tokenizer is None:  # the config's tokenizer serves models that have none
-            refuse_random(roles, "weightgraft run")
-    try:
-        plan = plan_experiment(config, prompts, with_time=False)
-    except UNREADABLE_CONFIG:  # the loader then says what is wrong in its own words
-        return config
-    check_plan(plan)
-    return config if plan.batch_size == config.batch_size else config.model_copy(update={"batch_size": plan.batch_size})

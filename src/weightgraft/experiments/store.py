@@ -8,16 +8,19 @@ canonical order, so a resumed run yields the same file as an uninterrupted one.
 
 from __future__ import annotations
 
-import json
+import functools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
-from weightgraft.errors import ResultsDirConflict, ResultsWriteError as ResultsWriteError
-from weightgraft.resume.claim import changed_entries
-from weightgraft.resume.parts import Parts, write_atomic as write_atomic
+from weightgraft.errors import ResultsDirConflict as ResultsDirConflict
+from weightgraft.errors import ResultsWriteError as ResultsWriteError
+from weightgraft.resume.claim import Conflict, Identity, refuse_conflict
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import SweepClaim
+from weightgraft.resume.parts import write_atomic as write_atomic
 
 KEY = ("model_set", "template", "scheme", "example_id")
 # What a row holds and how it was computed; a folder whose rows were written in an older format
@@ -28,37 +31,30 @@ ROWS_FORMAT = 3
 
 
 class ResultsStore:
-    """Parts under ``run_dir/parts``; ``identity.json`` records what the rows depend on.
+    """Parts under ``run_dir/parts``; ``identity.json`` (:class:`SweepClaim`) records what the
+    rows depend on, claimed through the run folder's one rule
+    (:meth:`~weightgraft.resume.folder.RunFolder.claim`).
 
-    The identity (see :func:`check_identity`) is written with the first saved row, never
-    before: a run that fails before computing anything leaves no claim on the directory.
+    The claim is written with the first saved row, never before: a run that fails before
+    computing anything leaves no claim on the directory.
     """
 
-    def __init__(self, run_dir: Path, identity: dict[str, Any], config: dict[str, Any], writer: str = "") -> None:
+    def __init__(self, run_dir: Path, identity: SweepClaim, writer: str = "") -> None:
         self.run_dir = Path(run_dir)
+        self.folder = RunFolder(self.run_dir)
         self.parts = self.run_dir / "parts"
         # several processes write parts side by side, each its own, and read every one
-        self._rows = Parts(self.parts, f"part-{writer}-" if writer else "part-", shared="part-")
-        self.config = config
-        owner = self.run_dir / "identity.json"
-        found = _read_identity(owner)
-        if found is not None:
-            check_identity(found, identity, self.run_dir)
-            identity = merge_identity(found, identity)
-        self.identity = identity
+        self._rows = self.folder.parts(f"part-{writer}-" if writer else "part-", shared="part-")
+        self.identity = self.folder.claim(SweepClaim, identity, functools.partial(refusal, self.run_dir), write=False)
         self._written = False
 
     def add_model(self, model_set: str, role: str, weights_sha256: str) -> None:
         """Record a model's weights hash; refuse weights other than the ones earlier rows used."""
-        known = self.identity.setdefault("models", {}).setdefault(model_set, {})
-        if known.get(role) not in (None, weights_sha256):
-            raise ResultsDirConflict(
-                f"{self.run_dir} holds rows computed with other weights for model {role!r} of model "
-                f"set {model_set!r} (weights sha256 {known[role][:12]}..., now {weights_sha256[:12]}...); "
-                "results are never mixed: pass another out=... or delete the folder to start afresh"
-            )
+        known = self.identity.models.get(model_set, {})
+        now = Identity(self.identity.rows_format, self.identity.core, {f"models/{model_set}": {role: weights_sha256}})
+        refuse_conflict(self.identity.claim(), now, functools.partial(refusal, self.run_dir))
         if role not in known:
-            known[role] = weights_sha256
+            self.identity.models[model_set] = {**known, role: weights_sha256}
             self._written = False
 
     def _claim(self) -> None:
@@ -68,8 +64,7 @@ class ResultsStore:
             self.parts.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ResultsWriteError(exc.errno, f"cannot create results directory {self.parts}: {exc.strerror}") from exc
-        body = {**self.identity, "config": self.config}
-        write_atomic(self.run_dir / "identity.json", json.dumps(body, indent=2, sort_keys=True).encode())
+        self.folder.write(self.identity)
         self._written = True
 
     def read(self) -> pd.DataFrame:
@@ -102,49 +97,24 @@ class ResultsStore:
         return frame
 
 
-def _read_identity(path: Path) -> dict[str, Any] | None:
-    if not path.exists():
-        return None
-    found = json.loads(path.read_text())
-    if "core" not in found:  # written by an earlier weightgraft: the whole config hash only
-        found = {"core": found.get("identity"), "schemes": {}, "examples": {}, "models": {}}
-    return found
-
-
-def check_identity(found: dict[str, Any], wanted: dict[str, Any], run_dir: Path) -> None:
-    """Refuse when rows already saved depend on inputs that changed; adding work is fine.
-
-    ``core`` (settings that change every number: dtype, seed, models' specs, ...) must match;
-    a scheme or example present in both must have the same definition / content.
-    """
+def refusal(run_dir: Path, problem: Conflict) -> str:
+    """A sweep's one line for a folder that is not this run (``core``: settings that change every
+    number: dtype, seed, models' specs, ...; an entry: a scheme's definition, a prompt's content,
+    a model's weights)."""
     afresh = f"results are never mixed: pass another out=... or delete {run_dir} to start afresh"
-    if found.get("rows_format", 1) != wanted.get("rows_format", 1):
-        raise ResultsDirConflict(
-            f"{run_dir} holds rows in format {found.get('rows_format', 1)} (an earlier weightgraft); this "
-            f"one writes format {wanted.get('rows_format', 1)}, which scores answers differently; {afresh}"
-        )
-    if found.get("core") != wanted["core"]:
-        raise ResultsDirConflict(
-            f"{run_dir} holds results of another experiment config (a setting that changes every "
-            f"row differs: models, dtype, seed, score_answer, target or data folder); {afresh}"
-        )
-    for what, label in (("schemes", "scheme definition(s)"), ("examples", "test prompt(s)")):
-        changed = changed_entries(found.get(what, {}), wanted.get(what, {}))
-        if changed:
-            shown = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
-            raise ResultsDirConflict(
-                f"{run_dir} holds rows computed from {len(changed)} {label} that have changed since "
-                f"({shown}); {afresh}"
-            )
-
-
-def merge_identity(found: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
-    """The identity of a folder after this command adds its work to what it holds."""
-    models = {k: dict(v) for k, v in found.get("models", {}).items()}
-    return {
-        **({"rows_format": wanted["rows_format"]} if "rows_format" in wanted else {}),
-        "core": wanted["core"],
-        "schemes": {**found.get("schemes", {}), **wanted.get("schemes", {})},
-        "examples": {**found.get("examples", {}), **wanted.get("examples", {})},
-        "models": models,
-    }
+    if problem.what == "format":
+        return (f"{run_dir} holds rows in format {problem.found} (an earlier weightgraft); this one writes format "
+                f"{problem.now}, which scores answers differently; {afresh}")
+    if problem.what == "core":
+        return (f"{run_dir} holds results of another experiment config (a setting that changes every row differs: "
+                f"models, dtype, seed, score_answer, target or data folder); {afresh}")
+    if problem.kind.startswith("models/"):
+        role, found, now = problem.names[0], cast(dict, problem.found), cast(dict, problem.now)
+        return (f"{run_dir} holds rows computed with other weights for model {role!r} of model set "
+                f"{problem.kind.removeprefix('models/')!r} (weights sha256 {found[role][:12]}..., "
+                f"now {now[role][:12]}...); results are never mixed: pass another out=... or delete the folder "
+                "to start afresh")
+    label = {"schemes": "scheme definition(s)", "examples": "test prompt(s)"}.get(problem.kind, problem.kind)
+    shown = ", ".join(problem.names[:3]) + (" ..." if len(problem.names) > 3 else "")
+    return (f"{run_dir} holds rows computed from {len(problem.names)} {label} that have changed since ({shown}); "
+            f"{afresh}")

@@ -12,10 +12,12 @@ from typing import Any
 
 import pandas as pd
 
+from weightgraft.data.freeform import load_prompts
 from weightgraft.report.run import ReportError, read_summary
 from weightgraft.report.tables import table_header, table_rows
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import LocalizeManifest, SweepManifest
 from weightgraft.schemes.labels import LABEL_VERSION, upgrade_cells, upgrade_label
-from weightgraft.data.freeform import load_prompts
 
 EXAMPLES_PER_TEMPLATE = 8
 CONTROLS_SHOWN = 2  # control sets per kind offered on the page
@@ -110,10 +112,10 @@ class RunView:
         summary = run_dir / "summary.csv"
         if not summary.is_file():
             raise ReportError(f"--run {run_dir}: no summary.csv there (is it a `weightgraft run` directory?)")
-        manifest = json.loads((run_dir / "manifest.json").read_text()) if (run_dir / "manifest.json").is_file() else {}
+        manifest = RunFolder(run_dir).read(SweepManifest) or SweepManifest()
         self.name = run_dir.name
-        self.protocol = manifest.get("protocol", "paper")
-        self.schemes = {s["name"]: s for s in manifest.get("schemes", []) if isinstance(s, dict) and "name" in s}
+        self.protocol = manifest.protocol
+        self.schemes = {s["name"]: s for s in manifest.schemes if "name" in s}
         self.columns, self.rows = summary_table(read_summary(summary))
         figures = run_dir / "report" / "figures"
         self.figures = sorted(figures.glob("*.png")) if figures.is_dir() else []
@@ -124,7 +126,7 @@ class RunView:
             frame = frame.drop_duplicates("example_id")
             rows = [{"id": r["example_id"], "template": r["template"], "prompt": r["prompt"],
                      "answer": r["answer"], "spans": {}} for r in frame.to_dict("records")]
-        known = _prompts_by_id((manifest.get("config") or {}).get("data"), run_dir)
+        known = _prompts_by_id(manifest.config.get("data"), run_dir)
         self.examples = _examples(rows, known)
 
     def to_json(self) -> dict[str, Any]:
@@ -151,13 +153,13 @@ class LocalizeView:
         cells_path = out_dir / "cells.parquet"
         if not cells_path.is_file():
             raise ReportError(f"--localize {out_dir}: no cells.parquet there (is it a `weightgraft localize` directory?)")
-        manifest = json.loads((out_dir / "manifest.json").read_text()) if (out_dir / "manifest.json").is_file() else {}
+        manifest = RunFolder(out_dir).read(LocalizeManifest) or LocalizeManifest()
         search = json.loads((out_dir / "search.json").read_text()) if (out_dir / "search.json").is_file() else {}
-        old_labels = manifest.get("labels", 1) < LABEL_VERSION  # a span's last token was named by the span
+        old_labels = manifest.labels < LABEL_VERSION  # a span's last token was named by the span
         search = upgrade_cells(search) if old_labels else search
         self.name = out_dir.name
-        self.metric = search.get("metric") or (manifest.get("config") or {}).get("metric", "")
-        self.units = str((manifest.get("config") or {}).get("units") or "cell")
+        self.metric = search.get("metric") or manifest.config.get("metric", "")
+        self.units = str(manifest.config.get("units") or "cell")
         self.searches = [self._search(s) for s in search.get("searches", [])]
         cells = pd.read_parquet(cells_path)
         if old_labels:
@@ -179,7 +181,7 @@ class LocalizeView:
             self.maps.append({"direction": direction, "template": template,
                               "n_examples": int(group["example_id"].nunique()), "values": values})
         ids = cells[["example_id", "template"]].drop_duplicates("example_id")
-        known = _prompts_by_id((manifest.get("config") or {}).get("data"), out_dir)
+        known = _prompts_by_id(manifest.config.get("data"), out_dir)
         rows = [known[i] for i in ids["example_id"] if i in known]
         self.examples = _examples(rows, known)
 

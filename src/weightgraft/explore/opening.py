@@ -7,7 +7,6 @@ command line say where the example came from."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,10 +14,12 @@ from typing import Any
 
 import pandas as pd
 
-from weightgraft.explore.artifacts import _prompts_by_id
 from weightgraft.errors import WeightgraftError
+from weightgraft.explore.artifacts import _prompts_by_id
 from weightgraft.models.demo_models import read_demo_record
 from weightgraft.models.spec import resolve_demo_spec
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import SweepManifest
 
 SFT_ROLE = "sft"
 _COLUMNS = ("model_set", "scheme", "template", "example_id", "prompt", "answer", "rank", "prob",
@@ -104,19 +105,19 @@ def best_known(run_dir: Path, source: str) -> Opening | None:
     keys = [c for c in _ORDER if c in rows]
     best = rows.sort_values(keys, ascending=[_ORDER[k] for k in keys], kind="stable", na_position="last").iloc[0]
     logprob = best.get("answer_logprob")
-    manifest = _manifest(run_dir)
-    known = _prompts_by_id((manifest.get("config") or {}).get("data"), run_dir).get(str(best["example_id"]), {})
+    known = _prompts_by_id(_manifest(run_dir).config.get("data"), run_dir).get(str(best["example_id"]), {})
     spans = known.get("spans", {}) if known.get("prompt") == best["prompt"] else {}
     return Opening(prompt=str(best["prompt"]), answer=str(best["answer"]), spans=spans, source=source,
                    sft_prob=float(best["prob"]), sft_rank=int(best["rank"]),
                    sft_answer_prob=math.exp(float(logprob)) if logprob is not None and math.isfinite(logprob) else None)
 
 
-def _manifest(run_dir: Path) -> dict[str, Any]:
+def _manifest(run_dir: Path) -> SweepManifest:
+    """The run's manifest (an empty one where it has none or it cannot be read)."""
     try:
-        return json.loads((run_dir / "manifest.json").read_text())
+        return RunFolder(run_dir).read(SweepManifest) or SweepManifest()
     except (OSError, ValueError):
-        return {}
+        return SweepManifest()
 
 
 def _same_model(spec: str | None, other: str | Path | None) -> bool:
@@ -141,7 +142,7 @@ def opening_example(run: Path | None, sft: str | None = None) -> Opening:
         found = best_known(Path(run), f"{run} results")
         if found is None:
             return replace(DEFAULT, note=f"--run {run} has no SFT results to choose from; {UNCHECKED}")
-        ran = ((_manifest(Path(run)).get("config") or {}).get("models") or {}).get(SFT_ROLE)
+        ran = (_manifest(Path(run)).config.get("models") or {}).get(SFT_ROLE)
         if isinstance(ran, str) and sft is not None and not _same_model(sft, ran):
             return replace(found, note=f"that run's SFT was {ran}, not the loaded {sft}")
         return found

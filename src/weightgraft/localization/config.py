@@ -3,18 +3,31 @@ maps to compute."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from weightgraft.configfile import RunInputs
 from weightgraft.engine.architectures import Units
 from weightgraft.engine.metric_table import localize_metric
 from weightgraft.errors import GraftArgumentError
-from weightgraft.configfile import RunInputs, json_digest
 from weightgraft.models.spec import ModelSpec, ModelSpecError, parse_spec
 
 Direction = Literal["sufficiency", "necessity"]
+
+
+def _metric_name(value: str) -> str:
+    """One name per quantity: the legacy ``logprob`` is stored as ``first_logprob``; ``kl``
+    (two signs) and names localize cannot measure in are refused."""
+    try:
+        return localize_metric(value).name
+    except GraftArgumentError as e:
+        raise ValueError(str(e)) from None
+
+
+LocalizeMetric = Annotated[str, AfterValidator(_metric_name)]  # the one metric check of a localize config
 
 
 class SearchSettings(BaseModel):
@@ -62,15 +75,7 @@ class ClaimSettings(BaseModel):
     min_prompts: int = Field(20, ge=2)
     # the claims' effect: the answer against the world's other answers (a donor that raises every
     # answer alike has none); the plain first_logprob effect is kept beside it in every row
-    metric: str = "fact_logprob"
-
-    @field_validator("metric")
-    @classmethod
-    def _metric(cls, value: str) -> str:
-        try:
-            return localize_metric(value).name
-        except GraftArgumentError as e:
-            raise ValueError(str(e)) from None
+    metric: LocalizeMetric = "fact_logprob"
 
 
 class ReversalSetting(BaseModel):
@@ -129,7 +134,7 @@ class LocalizeConfig(RunInputs):
     # a name of engine.metric_table.localize_metrics(): first_logprob (the first answer token),
     # logit_diff (minus the next example's first answer token: another relation of the
     # template), neg_kl_donor (-KL(donor || grafted)); higher is always the donor's side
-    metric: str = "first_logprob"
+    metric: LocalizeMetric = "first_logprob"
     graft_directions: list[Direction] = Field(default_factory=lambda: ["sufficiency", "necessity"], min_length=1)
     ig_steps: int = Field(0, ge=0, description="0: gradient only; k > 1: also integrated gradients")
     # false: no gradient estimates (partial grafts, which a model with a slot not affine in its
@@ -150,6 +155,8 @@ class LocalizeConfig(RunInputs):
     batch_size: int = Field(16, ge=1)
     exact_chunk: int = Field(512, ge=1)
     dtype: Literal["float32", "float64"] = "float32"
+
+    _specs: dict[str, ModelSpec] = PrivateAttr(default_factory=dict)
 
     @field_validator("models", mode="before")
     @classmethod
@@ -186,8 +193,12 @@ class LocalizeConfig(RunInputs):
         return value
 
     def role_specs(self) -> dict[str, ModelSpec]:
-        """:meth:`roles`, typed (each text was checked when the config was validated)."""
-        return {role: parse_spec(text) for role, text in self.roles().items()}
+        """:meth:`roles`, typed: parsed once (each text was checked when the config was validated),
+        again only where the models were edited since."""
+        roles = self.roles()
+        if {r: s.text for r, s in self._specs.items()} != roles:
+            self._specs = {role: parse_spec(text) for role, text in roles.items()}
+        return dict(self._specs)
 
     def sft_models(self) -> list[tuple[str, str]]:
         """(role label, spec) of each SFT model, in the config's order."""
@@ -215,16 +226,6 @@ class LocalizeConfig(RunInputs):
         flat = {role: spec for role, spec in self.models.items() if role not in ("sft", "nulls", CONTROL)}
         return {**flat, **dict(self.mapped_models())}
 
-    @field_validator("metric")
-    @classmethod
-    def _metric(cls, value: str) -> str:
-        """One name per quantity: the legacy ``logprob`` is stored as ``first_logprob``; ``kl``
-        (two signs) and names localize cannot measure in are refused."""
-        try:
-            return localize_metric(value).name
-        except GraftArgumentError as e:
-            raise ValueError(str(e)) from None
-
     @model_validator(mode="after")
     def _without_estimates(self) -> LocalizeConfig:
         """``estimates: false`` with what ranks or splits cells by their estimates: refused in one line."""
@@ -246,27 +247,19 @@ class LocalizeConfig(RunInputs):
             raise ValueError("exact must be 'all', 'none' or a positive number of examples per template")
         return value
 
-    def identity(self) -> str:
+    def identity(self, exclude: set[str] | None = None, late: Sequence[str] = ("tokenizer", "estimates"),
+                 **replaced: Any) -> str:
         """Hash of what determines the results (not batch sizes, device, output place, nor
         ``exact``: exact maps are stored per example, so raising it extends a run; nor the claims'
-        settings, whose results are stored under a digest of them; of the SFT
-        models only the first, whose found sets the run searches, and no null model: appending
-        SFT or null models extends a run, and ``run._claim`` refuses any other change of the lists)."""
-        data = self.model_dump(mode="json", exclude={"batch_size", "exact_chunk", "out", "report", "device", "exact",
-                                                   "claims", "reversal"})
-        data["models"]["sft"] = self.sft_models()[0][1]
-        data["models"].pop("nulls", None)
-        data["models"].pop(CONTROL, None)
-        if data["tokenizer"] is None:  # runs made before the key keep their identity
-            del data["tokenizer"]
-        if data["estimates"]:  # so do runs made before ``estimates``; without them the cells differ
-            del data["estimates"]
-        return json_digest(data)
-
-    def run_dir(self) -> Path:
-        """``out`` is the run directory itself, as in ``weightgraft run``; without it,
-        ``runs/{name}``."""
-        return Path(self.out) if self.out is not None else Path("runs") / self.name
+        settings, whose results are stored under a digest of them; of the SFT models only the
+        first, whose found sets the run searches, and no null model: appending SFT or null models
+        extends a run, and the folder's claim refuses any other change of the lists). A run
+        without estimates keeps ``estimates`` in its identity: its cells differ."""
+        if exclude is not None:
+            return super().identity(exclude, late, **replaced)
+        models = {r: s for r, s in self.model_dump(mode="json")["models"].items() if r not in ("nulls", CONTROL)}
+        return super().identity({"batch_size", "exact_chunk", "out", "report", "device", "exact", "claims", "reversal"},
+                                late, models={**models, "sft": self.sft_models()[0][1]})
 
 
 def parse_localize_config(raw: dict, source: str = "<dict>", base_dir: Path | None = None) -> LocalizeConfig:

@@ -9,7 +9,7 @@ killed run, or a raised ``exact:``, computes only the prompts no part holds); ``
 missed-effects estimate, held-out shares); ``stability.csv``; ``parts/claims_*`` per SFT model
 and direction, and ``claims.csv`` / ``claims_prompts.parquet`` (``claims.stage``: the claims as exact
 region grafts against their null, on the SFT and the null models; with ``reversal:``, claims 4-5 in the paper's setting,
-``claims.reversal``); ``report/`` (drawn by ``weightgraft.api.localize``, since ``report``
+``claims.reversal``); ``report/`` (drawn by ``weightgraft.api.pipelines.localize``, since ``report``
 builds on this package). Without ``directions``, the prompts of the trained direction
 (``prompts``).
 
@@ -29,12 +29,12 @@ more than with a null (``stability.null_summary``). Appending null models extend
 
 from __future__ import annotations
 
+import functools
 import gc
-import json
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,35 +42,34 @@ import pandas as pd
 import torch
 
 from weightgraft import atomic
-from weightgraft.data.prompts import DatasetError
+from weightgraft.configfile import ConfigError, json_digest
+from weightgraft.data.prompts import DatasetError, TestPrompt
 from weightgraft.engine.architectures import Units
-from weightgraft.configfile import ConfigError
-from weightgraft.devices import device_problem
+from weightgraft.engine.partial import PartialGraft
 from weightgraft.localization.claims import NULL_FINETUNE, PRE_SFT
 from weightgraft.localization.claims.evidence import claims_evidence
+from weightgraft.localization.claims.reversal import reversal_claims
 from weightgraft.localization.claims.stage import map_claims, write_claims
 from weightgraft.localization.claims.steps import claims_along_steps, snapshot_steps
-from weightgraft.errors import ResultsDirConflict
-from weightgraft.resume.claim import changed_entries, extends
 from weightgraft.localization.config import CONTROL, LocalizeConfig
-from weightgraft.localization.examples import LocalizeExample, build_examples
-from weightgraft.localization.prompts import localize_prompts
 from weightgraft.localization.exact_parts import exact_stage
+from weightgraft.localization.examples import LocalizeExample, build_examples
 from weightgraft.localization.found_sets import find_sets
 from weightgraft.localization.maps import blank_frame, estimate_frame, unit_picks, whole_cells
 from weightgraft.localization.plan_input import plan_input
-from weightgraft.localization.claims.reversal import reversal_claims
-from weightgraft.models.donors import LoadSettings, load_role
-from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.spec import PeftSpec, parse_spec
-from weightgraft.schemes.labels import LABEL_VERSION
-from weightgraft.engine.partial import PartialGraft
+from weightgraft.localization.prompts import DirectionChoice, localize_prompts
 from weightgraft.localization.stability import null_summary, stability_table
+from weightgraft.models.donors import LoadSettings, load_member, load_role
 from weightgraft.models.errors import PeftError
-from weightgraft.models.spec import check_models, check_roles, parse_peft, refuse_random
-from weightgraft.models.tokenization import check_same_tokenizer, config_tokenizer, give_tokenizer
+from weightgraft.models.loaded import LoadedModel, Loader
+from weightgraft.models.spec import PeftSpec, check_roles, parse_peft, parse_spec
 from weightgraft.planning.localize import plan_localize_work, refuse_estimates
-from weightgraft.planning.plan import UNREADABLE_CONFIG, check_plan
+from weightgraft.planning.preflight import preflight
+from weightgraft.resume.claim import Conflict
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import LocalizeManifest
+from weightgraft.resume.stages import kept
+from weightgraft.schemes.labels import LABEL_VERSION
 
 
 @dataclass
@@ -84,61 +83,47 @@ class LocalizeResult:
     directions_note: str = ""  # which prompt directions were mapped, and why
 
 
-def _digests(prompts: list[Any]) -> dict[str, str]:
+def _digests(prompts: list[TestPrompt]) -> dict[str, str]:
     """Per prompt (template/id), a digest of its content: rows of a changed prompt are never mixed in."""
     import dataclasses
-    import hashlib
 
-    return {f"{p.template}/{p.id}": hashlib.sha256(json.dumps(dataclasses.asdict(p), sort_keys=True, default=str)
-                                                   .encode()).hexdigest()[:16] for p in prompts}
+    return {f"{p.template}/{p.id}": json_digest(dataclasses.asdict(p)) for p in prompts}
 
 
-def _spec_list(config: dict[str, Any], role: str) -> list[str]:
-    specs = (config.get("models") or {}).get(role)
-    return [specs] if isinstance(specs, str) else list(specs or [])
+def _refusal(run_dir: Path, problem: Conflict) -> str:
+    """Localize's one line for a folder that is not this run."""
+    if problem.what == "format":  # its cells are keyed by labels that name other tokens
+        return (f"{run_dir} holds cells named by position labels of version {problem.found} (a span's last token "
+                f"was the span's name); this version names them '{{span}}_last' (labels {problem.now}); choose "
+                "another 'out' or delete the folder")
+    if problem.what == "core":
+        return f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'"
+    if problem.what == "list":
+        what = {"sft": "SFT", "nulls": "null"}[problem.kind]
+        return (f"{run_dir} holds maps of the {what} models {problem.found}; a config may append {what} models to "
+                "that list, not change or drop them; choose another 'out' or 'name'")
+    return (f"{run_dir} holds cells of {len(problem.names)} prompt(s) whose content has changed "
+            f"({', '.join(problem.names[:3])}); choose another 'out' or delete the folder")
 
 
-def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[Any]) -> None:
+def _same_config(config: LocalizeConfig, old: LocalizeManifest) -> bool:
+    """The stored config's identity under today's rules (so 'exact' may differ); the stored
+    identity where today's rules cannot read the stored config."""
+    try:
+        return LocalizeConfig.model_validate(old.config).identity() == config.identity()
+    except ValueError:
+        return old.identity == config.identity()
+
+
+def _claim(run_dir: Path, config: LocalizeConfig, prompts: list[TestPrompt]) -> None:
     """A run directory belongs to one config (``exact`` aside: raising it extends the run, and
     SFT models appended to the list extend it too); resuming with another, with the SFT list
     changed or shortened, or with prompts whose content changed, is refused."""
-    manifest = run_dir / "manifest.json"
-    identity, dumped, digests = config.identity(), config.model_dump(mode="json"), _digests(prompts)
-    if not manifest.is_file():
-        (run_dir / "parts").mkdir(parents=True, exist_ok=True)
-        atomic.write_json(manifest, {"identity": identity, "config": dumped, "examples": digests, "labels": LABEL_VERSION})
-        return
-    old = json.loads(manifest.read_text())
-    try:  # the identity of the stored config under today's rules (so 'exact' may differ)
-        same = LocalizeConfig.model_validate(old.get("config", {})).identity() == identity
-    except ValueError:
-        same = old.get("identity") == identity
-    if not same:
-        raise ResultsDirConflict(f"{run_dir} holds a localize run of another config; choose another 'out' or 'name'")
-    if old.get("labels", 1) != LABEL_VERSION:  # its cells are keyed by labels that name other tokens
-        raise ResultsDirConflict(f"{run_dir} holds cells named by position labels of version {old.get('labels', 1)} "
-                                 f"(a span's last token was the span's name); this version names them "
-                                 f"'{{span}}_last' (labels {LABEL_VERSION}); choose another 'out' or delete the folder")
-    for role, what in (("sft", "SFT"), ("nulls", "null")):
-        if not extends(before := _spec_list(old.get("config", {}), role), _spec_list(dumped, role)):
-            raise ResultsDirConflict(f"{run_dir} holds maps of the {what} models {before}; a config may append "
-                                     f"{what} models to that list, not change or drop them; choose another 'out' "
-                                     "or 'name'")
-    known = old.get("examples", {})
-    changed = changed_entries(known, digests)
-    if changed:
-        raise ResultsDirConflict(f"{run_dir} holds cells of {len(changed)} prompt(s) whose content has changed "
-                                 f"({', '.join(changed[:3])}); choose another 'out' or delete the folder")
-    old.update({"identity": identity, "config": dumped, "examples": {**known, **digests}, "labels": LABEL_VERSION})
-    atomic.write_json(manifest, old)
-
-
-def _note(run_dir: Path, **fields: Any) -> None:
-    """Add what this run found out (direction choice, prompt counts) to the manifest."""
-    manifest = run_dir / "manifest.json"
-    data = json.loads(manifest.read_text())
-    data.update(fields)
-    atomic.write_json(manifest, data, default=str)
+    now = LocalizeManifest(identity=config.identity(), config=config.model_dump(mode="json"),
+                           examples=_digests(prompts), labels=LABEL_VERSION)
+    RunFolder(run_dir).claim(LocalizeManifest, now, functools.partial(_refusal, run_dir),
+                             same_core=functools.partial(_same_config, config))
+    (run_dir / "parts").mkdir(parents=True, exist_ok=True)
 
 
 def _check_peft(config: LocalizeConfig) -> list[PeftSpec | None]:
@@ -178,20 +163,17 @@ def _parts_name(i: int, n_sft: int, label: str = "") -> str:
 
 
 def _load_sft(spec: str, label: str, first: bool, *, pre: LoadedModel, adapter: PeftSpec | None,
-              settings: LoadSettings, run_dir: Path) -> LoadedModel:
+              settings: LoadSettings, tokenizer: Any, folder: RunFolder) -> LoadedModel:
     """One donor: loaded by spec, or the LoRA adapter on ``pre`` (recorded in the manifest:
     ``adapters`` by label, and ``adapter`` for the first SFT model)."""
     if adapter is None:
-        return load_role(spec, settings)
-    sft = load_role(adapter, settings, loaded={"pre": pre})
+        return load_member(spec, label, settings, tokenizer=tokenizer, base=pre)
+    sft = load_member(adapter, label, settings, tokenizer=tokenizer, base=pre, loaded={"pre": pre})
     assert sft.adapter is not None
-    manifest = run_dir / "manifest.json"
-    data = json.loads(manifest.read_text())
     info = sft.adapter.as_dict("pre")
-    data.setdefault("adapters", {})[label] = info
-    if first:
-        data["adapter"] = info
-    atomic.write_json(manifest, data)
+    found = folder.read(LocalizeManifest)
+    folder.update(LocalizeManifest, adapters={**(found.adapters if found else {}), label: info},
+                  **({"adapter": info} if first else {}))
     return sft
 
 
@@ -240,22 +222,6 @@ def _exact_subset(config: LocalizeConfig, examples: list[LocalizeExample]) -> li
     return chosen
 
 
-def plan_before_localize(config: LocalizeConfig, prompts: list[Any]) -> LocalizeConfig:
-    """What ``localize`` does before loading: refuse random models (no tokenizer) and a plan
-    that does not fit, in one line; return the config with the plan's batch size where the
-    config does not fix one."""
-
-    if config.tokenizer is None:  # the config's tokenizer serves models that have none
-        refuse_random(config.role_specs(), "weightgraft localize")
-    work = plan_input(config, prompts)
-    try:
-        plan = plan_localize_work(work, with_time=False)
-    except UNREADABLE_CONFIG:  # the loader then says what is wrong in its own words
-        return config
-    check_plan(plan)
-    return config if plan.batch_size == config.batch_size else config.model_copy(update={"batch_size": plan.batch_size})
-
-
 def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: Any, *, sft: Any,
                 pairs: dict[str, list[Any]], pad_id: int, parts: Path, stamp: str, say: Any,
                 seconds: dict[str, float]) -> pd.DataFrame:
@@ -269,16 +235,21 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
         models = pairs[direction]
         path = parts / f"estimates_{direction}.parquet"
         t0 = time.time()
-        if not path.is_file() and graft is None:  # every cell's row, estimate NaN
-            _write(blank_frame(pre, examples, direction), path)
-            tell(f"[{direction}] no estimates (estimates: false): every cell's row, estimate NaN")
-        elif not path.is_file() and graft is not None:
+
+        def estimated(direction: str = direction) -> pd.DataFrame:
+            if graft is None:  # every cell's row, estimate NaN
+                return blank_frame(pre, examples, direction)
             pair = graft if direction == "sufficiency" else graft.swapped()
-            _write(estimate_frame(pair, examples, direction, metric=config.metric, batch_size=config.batch_size, ig_steps=config.ig_steps,
-                                  units=config.units, unit_rows=config.unit_rows), path)
+            return estimate_frame(pair, examples, direction, metric=config.metric, batch_size=config.batch_size,
+                                  ig_steps=config.ig_steps, units=config.units, unit_rows=config.unit_rows)
+
+        _, reused = kept(path, estimated, lambda frame, tmp: frame.to_parquet(tmp, index=False), pd.read_parquet)
+        if not reused and graft is None:
+            tell(f"[{direction}] no estimates (estimates: false): every cell's row, estimate NaN")
+        elif not reused:
             seconds[f"{stamp}estimates_{direction}"] = time.time() - t0
             tell(f"[{direction}] estimates of every cell: {time.time() - t0:.1f}s")
-        estimates = pd.read_parquet(path)
+        estimates = pd.read_parquet(path)  # as a resumed run reads it
         if "unit" not in estimates:  # written before units: whole cells
             estimates.insert(estimates.columns.get_loc("slot") + 1, "unit", -1)
         chosen = _exact_subset(config, examples)
@@ -295,116 +266,175 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
     return pd.concat(frames, ignore_index=True)
 
 
-def run_localize(config: LocalizeConfig, progress: bool = True, load: Any = None) -> LocalizeResult:
-    """Run (or resume) a localize config; see the module docstring for what it writes (all but
-    the report page: ``weightgraft.api.localize.localize`` runs this, then draws it).
+@dataclass
+class _Work:
+    """What localize knows before a model loads: the config it runs (with the plan's batch
+    size), its prompts, the reversal's, the directions chosen and why, the claims' evidence, each
+    mapped model's adapter, the config's tokenizer."""
 
-    ``load(spec, dtype)`` returns an object with ``model`` and ``tokenizer`` (default:
-    ``weightgraft.models.load_model``)."""
-    chosen = localize_prompts(config)  # fail on data before any model loads
-    prompts, reversal, choice = chosen.mapped, chosen.reversal, chosen.choice
-    evidence = claims_evidence(config, prompts, len(reversal)) if config.claims.enabled else None
-    if evidence is not None and evidence.problem:  # claims that cannot reach a verdict: said before any model loads
+    config: LocalizeConfig
+    prompts: list[TestPrompt]
+    reversal: list[TestPrompt]
+    choice: DirectionChoice
+    warning: str | None
+    adapters: list[PeftSpec | None]
+    tokenizer: Any
+
+
+def _preflight(config: LocalizeConfig, load: Loader | None) -> _Work:
+    """Everything refused before a model loads: the data, claims that cannot reach a verdict,
+    LoRA donors, then the one pre-load check (device, models, the plan)."""
+    chosen = localize_prompts(config)
+    evidence = claims_evidence(config, chosen.mapped, len(chosen.reversal)) if config.claims.enabled else None
+    if evidence is not None and evidence.problem:
         raise ConfigError(evidence.problem)
     adapters = _check_peft(config)
+    specs = config.role_specs()
+    checked = preflight(config, {"models": specs}, specs, command="weightgraft localize", custom_loader=load is not None,
+                        batch_size=config.batch_size,
+                        plan=lambda: plan_localize_work(plan_input(config, chosen.mapped), with_time=False))
+    if checked.batch_size != config.batch_size:
+        config = config.model_copy(update={"batch_size": checked.batch_size})
+    return _Work(config, chosen.mapped, chosen.reversal, chosen.choice, evidence.warning if evidence else None,
+                 adapters, checked.tokenizer)
 
-    # before any model loads; a vocabulary too small for it is refused from the models' configs
-    shared_tokenizer = config_tokenizer(config.tokenizer, config.role_specs() if load is None else None)
-    if load is None:  # memory plan from the configs: batch size, or a one-line refusal
-        if (problem := device_problem(config.device)) is not None:
-            raise ConfigError(f"device={problem}")
-        check_models(config.role_specs(), "models")
-        config = plan_before_localize(config, prompts)
-    run_dir = config.run_dir()
-    _claim(run_dir, config, prompts)
-    torch.manual_seed(config.seed)
-    say = print if progress else (lambda *a, **k: None)
-    say(choice.note)
-    if evidence is not None and evidence.warning:
-        say(f"warning: {evidence.warning}")
-    seconds: dict[str, float] = {}
-    t0 = time.time()
-    dtype = getattr(torch, config.dtype)
-    custom = load
-    settings = LoadSettings(device=config.device, dtype=dtype,
-                            loader=None if custom is None else (lambda text: custom(text, dtype)))
 
-    def load(spec: str, dt: torch.dtype) -> LoadedModel:  # the reversal claims' models, as the run's
-        return load_role(spec, settings)
-    pre = load_role(config.role_specs()["pre"], settings)
-    give_tokenizer(pre, shared_tokenizer, "pre")
-    if config.estimates:  # partial grafts: the plan refused them before loading; a custom loader skips the plan
-        refuse_estimates(pre.model)
-    seconds["load"] = time.time() - t0
-    examples, excluded = build_examples(prompts, pre.tokenizer)
-    if excluded:
-        say(f"{len(excluded)} prompt(s) excluded: {excluded[:3]}")
-    sfts = config.mapped_models()
-    nulls = [label for label, _ in config.null_models() + config.control_models()]
-    _note(run_dir, directions=choice.directions, directions_note=choice.note, excluded=excluded,
-          n_prompts={t: sum(e.prompt.template == t for e in examples) for t in dict.fromkeys(e.prompt.template for e in examples)},
-          prompt_directions=sorted({str(e.prompt.direction) for e in examples}),
-          sft_models=[label for label, _ in config.sft_models()], null_models=nulls,
-          search_model=sfts[0][0] if config.search.enabled else None,
-          models={"pre": _model_info(config.models["pre"], pre)})
-    if config.metric == "logit_diff":
-        examples = _with_distractors(examples)
-    pad_id = pre.pad_id
-    frames = []
-    claim_tables: list[pd.DataFrame] = []
-    claim_prompts: list[pd.DataFrame] = []
-    search: dict[str, Any] = {}
-    for i, (label, spec) in enumerate(sfts):  # one SFT (or null) model in memory at a time
-        t0 = time.time()
-        sft = _load_sft(spec, label, i == 0, pre=pre, adapter=adapters[i], settings=settings, run_dir=run_dir)
-        give_tokenizer(sft, shared_tokenizer, label)
-        check_same_tokenizer(pre.tokenizer, sft.tokenizer, f"model {label!r}")
-        seconds["load"] += time.time() - t0
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-        _note(run_dir, models={**manifest.get("models", {}), label: _model_info(spec, sft)})
+@dataclass
+class _Localize:
+    """One localize run in its claimed folder: the base loaded, the examples built, and what
+    each mapped model adds (its cells, claims, the first one's found sets)."""
+
+    work: _Work
+    folder: RunFolder
+    settings: LoadSettings
+    say: Callable[..., None]
+    pre: LoadedModel = field(init=False)
+    examples: list[LocalizeExample] = field(init=False)
+    excluded: list[dict[str, str]] = field(init=False)
+    seconds: dict[str, float] = field(default_factory=dict)
+    frames: list[pd.DataFrame] = field(default_factory=list)
+    claim_tables: list[pd.DataFrame] = field(default_factory=list)
+    claim_prompts: list[pd.DataFrame] = field(default_factory=list)
+    search: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def config(self) -> LocalizeConfig:
+        return self.work.config
+
+    def load_base(self) -> None:
+        """``pre``, the examples on its tokenizer, and what the run found out in the manifest."""
+        config, t0 = self.config, time.time()
+        self.pre = load_member(config.role_specs()["pre"], "pre", self.settings, tokenizer=self.work.tokenizer)
+        if config.estimates:  # partial grafts: the plan refused them before loading; a custom loader skips the plan
+            refuse_estimates(self.pre.model)
+        self.seconds["load"] = time.time() - t0
+        self.examples, self.excluded = build_examples(self.work.prompts, self.pre.tokenizer)
+        if self.excluded:
+            self.say(f"{len(self.excluded)} prompt(s) excluded: {self.excluded[:3]}")
+        templates = dict.fromkeys(e.prompt.template for e in self.examples)
+        self.folder.update(
+            LocalizeManifest, directions=self.work.choice.directions, directions_note=self.work.choice.note,
+            excluded=self.excluded, n_prompts={t: sum(e.prompt.template == t for e in self.examples) for t in templates},
+            prompt_directions=sorted({str(e.prompt.direction) for e in self.examples}),
+            sft_models=[label for label, _ in config.sft_models()], null_models=self.nulls,
+            search_model=config.mapped_models()[0][0] if config.search.enabled else None,
+            models={"pre": _model_info(config.models["pre"], self.pre)})  # type: ignore[arg-type]
+        if config.metric == "logit_diff":
+            self.examples = _with_distractors(self.examples)
+
+    @property
+    def nulls(self) -> list[str]:
+        return [label for label, _ in self.config.null_models() + self.config.control_models()]
+
+    def map_model(self, i: int, label: str, spec: str) -> None:
+        """The i-th mapped model (SFT, null or control; one in memory at a time): its cells in every
+        direction, its claims, and for the first its found sets."""
+        config, t0, sfts = self.config, time.time(), self.config.mapped_models()
+        sft = _load_sft(spec, label, i == 0, pre=self.pre, adapter=self.work.adapters[i], settings=self.settings,
+                        tokenizer=self.work.tokenizer, folder=self.folder)
+        self.seconds["load"] += time.time() - t0
+        found = self.folder.read(LocalizeManifest)
+        models = {k: m.as_json() for k, m in (found.models if found else {}).items()}
+        self.folder.update(LocalizeManifest, models={**models, label: _model_info(spec, sft)})
         if len(sfts) > 1:
-            say(f"[{label}] {spec}")
-        pairs = {"sufficiency": [pre.model, sft.model], "necessity": [sft.model, pre.model]}
-        parts = run_dir / "parts" if i == 0 else run_dir / "parts" / _parts_name(i, len(sfts) - len(nulls), label)
+            self.say(f"[{label}] {spec}")
+        pairs = {"sufficiency": [self.pre.model, sft.model], "necessity": [sft.model, self.pre.model]}
+        run_dir = self.folder.path
+        parts = run_dir / "parts" if i == 0 else run_dir / "parts" / _parts_name(i, len(sfts) - len(self.nulls), label)
         parts.mkdir(parents=True, exist_ok=True)
         stamp = "" if i == 0 else f"{label}/"
-        cells = _model_maps(config, examples, pre.model, sft=sft.model, pairs=pairs, pad_id=pad_id, parts=parts, stamp=stamp, say=say, seconds=seconds)
+        cells = _model_maps(config, self.examples, self.pre.model, sft=sft.model, pairs=pairs, pad_id=self.pre.pad_id,
+                            parts=parts, stamp=stamp, say=self.say, seconds=self.seconds)
         if config.claims.enabled:  # null finetunes too: no fact claim may hold on them
             t0 = time.time()
-            setting = NULL_FINETUNE if label in nulls else PRE_SFT
+            setting = NULL_FINETUNE if label in self.nulls else PRE_SFT
             for direction in config.graft_directions:
-                table, per_prompt = map_claims(pairs[direction], examples, cells, model_label=label, direction=direction, setting=setting,
-                                               settings=config.claims, seed=config.seed, pad_id=pad_id, metric=config.metric, chunk=config.exact_chunk,
-                                               parts=parts, say=say)
-                claim_tables.append(table)
-                claim_prompts.append(per_prompt)
-            seconds[f"{stamp}claims"] = time.time() - t0
+                table, per_prompt = map_claims(pairs[direction], self.examples, cells, model_label=label, direction=direction,
+                                               setting=setting, settings=config.claims, seed=config.seed, pad_id=self.pre.pad_id,
+                                               metric=config.metric, chunk=config.exact_chunk, parts=parts, say=self.say)
+                self.claim_tables.append(table)
+                self.claim_prompts.append(per_prompt)
+            self.seconds[f"{stamp}claims"] = time.time() - t0
         if i == 0:
-            search = find_sets(config, run_dir, examples, cells=cells, pairs=pairs, model=pre.model, pad_id=pad_id, say=say, seconds=seconds)
-            if search:
-                search["model"] = label
-                atomic.write_json(run_dir / "search.json", search)
+            self.search = find_sets(config, run_dir, self.examples, cells=cells, pairs=pairs, model=self.pre.model,
+                                    pad_id=self.pre.pad_id, say=self.say, seconds=self.seconds)
+            if self.search:
+                self.search["model"] = label
+                atomic.write_json(run_dir / "search.json", self.search)
         cells.insert(0, "model", label)
-        frames.append(cells)
+        self.frames.append(cells)
         del sft, pairs, cells
         gc.collect()
-    if reversal and config.claims.enabled:
-        t0 = time.time()
-        table, per_prompt = reversal_claims(config, reversal, load, dtype=dtype, pad_id=pad_id, parts=run_dir / "parts", say=say, pre=pre.model)
-        claim_tables.append(table)
-        claim_prompts.append(per_prompt)
-        seconds["claims_reversal"] = time.time() - t0
-    cells = pd.concat(frames, ignore_index=True)
-    _write(cells, run_dir / "cells.parquet")
 
-    table = stability_table(whole_cells(cells), nulls=nulls)
-    atomic.write_text(run_dir / "stability.csv", table.to_csv(index=False))
-    atomic.write_text(run_dir / "stability_null.csv", null_summary(table).to_csv(index=False))
-    judged = write_claims(run_dir, claim_tables, claim_prompts, control=CONTROL if config.control_models() else None,
-                          seed=config.seed, n_resamples=config.claims.resamples)
-    if judged is not None:
-        for (label, template, direction), rows in judged.groupby(["model", "template", "direction"], sort=False):
-            say(f"[{label}/{direction}/{template}] claims: " + ", ".join(
-                f"{r['claim']} {r['verdict']}" for _, r in rows.iterrows() if r["null_kind"] != "none"))
-        _claims_by_step(config, judged, run_dir, say)
-    return LocalizeResult(run_dir, cells, search, excluded, seconds, None, choice.note)
+    def reversal(self) -> None:
+        """Claims 4-5 in the paper's own setting (``reversal:``), on the run's loader."""
+        if not (self.work.reversal and self.config.claims.enabled):
+            return
+        t0 = time.time()
+        table, per_prompt = reversal_claims(self.config, self.work.reversal, lambda spec, _dtype: load_role(spec, self.settings),
+                                            dtype=self.settings.dtype, pad_id=self.pre.pad_id,
+                                            parts=self.folder.path / "parts", say=self.say, pre=self.pre.model)
+        self.claim_tables.append(table)
+        self.claim_prompts.append(per_prompt)
+        self.seconds["claims_reversal"] = time.time() - t0
+
+    def tables(self) -> pd.DataFrame:
+        """``cells.parquet``, the stability tables, ``claims.csv`` (and the claims by step)."""
+        run_dir, config = self.folder.path, self.config
+        cells = pd.concat(self.frames, ignore_index=True)
+        _write(cells, run_dir / "cells.parquet")
+        table = stability_table(whole_cells(cells), nulls=self.nulls)
+        atomic.write_text(run_dir / "stability.csv", table.to_csv(index=False))
+        atomic.write_text(run_dir / "stability_null.csv", null_summary(table).to_csv(index=False))
+        judged = write_claims(run_dir, self.claim_tables, self.claim_prompts, seed=config.seed,
+                              control=CONTROL if config.control_models() else None, n_resamples=config.claims.resamples)
+        if judged is not None:
+            for (label, template, direction), rows in judged.groupby(["model", "template", "direction"], sort=False):
+                self.say(f"[{label}/{direction}/{template}] claims: " + ", ".join(
+                    f"{r['claim']} {r['verdict']}" for _, r in rows.iterrows() if r["null_kind"] != "none"))
+            _claims_by_step(config, judged, run_dir, self.say)
+        return cells
+
+
+def run_localize(config: LocalizeConfig, progress: bool = True, load: Loader | None = None) -> LocalizeResult:
+    """Run (or resume) a localize config: preflight -> claim -> stages (the base, each mapped
+    model's maps and claims, the reversal's claims) -> tables. The module docstring says what it
+    writes (all but the report page: ``weightgraft.api.pipelines.localize`` runs this, then draws it).
+
+    ``load(spec, settings)`` returns an object with ``model`` and ``tokenizer`` (default: each
+    spec loads itself)."""
+    work = _preflight(config, load)
+    folder = RunFolder(work.config.run_dir())
+    _claim(folder.path, work.config, work.prompts)
+    torch.manual_seed(work.config.seed)
+    say = print if progress else (lambda *a, **k: None)
+    say(work.choice.note)
+    if work.warning:
+        say(f"warning: {work.warning}")
+    run = _Localize(work, folder, LoadSettings.of(work.config, load), say)
+    run.load_base()
+    for i, (label, spec) in enumerate(work.config.mapped_models()):
+        run.map_model(i, label, spec)
+    run.reversal()
+    cells = run.tables()
+    return LocalizeResult(folder.path, cells, run.search, run.excluded, run.seconds, None, work.choice.note)

@@ -21,8 +21,9 @@ import torch
 from weightgraft.models.lean import bank_experts, donor_view, needed_parameters
 from weightgraft.models.loaded import LoadedModel, LoadSettings
 from weightgraft.models.spec import ModelSpec, ModelSpecError, parse_spec
+from weightgraft.models.tokenization import check_same_tokenizer, give_tokenizer
 
-__all__ = ["DTYPES", "LeanSlots", "LoadSettings", "as_loaded", "default_loader", "load_donor", "load_model", "load_role"]
+__all__ = ["DTYPES", "LeanSlots", "LoadSettings", "as_loaded", "default_loader", "load_donor", "load_member", "load_model", "load_role"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -163,6 +164,20 @@ def load_donor(load: Callable[[str, Any], Any], spec: str, config: Any, base: An
                      lean=LeanSlots(as_loaded(base, parse_spec(spec)), slots_served))
 
 
-def default_loader(spec: str, config: Any) -> LoadedModel:
-    """:func:`load_model` with a run config's device, dtype and device_map."""
-    return load_role(spec, LoadSettings.of(config))
+def default_loader(spec: str, settings: LoadSettings) -> LoadedModel:
+    """The spec's own loading with the run's settings (device, dtype, device_map): what a
+    pipeline loads with when it is given no loader."""
+    return load_role(spec, dataclasses.replace(settings, loader=None))
+
+
+def load_member(spec: str | ModelSpec, role: str, settings: LoadSettings, *, tokenizer: Any = None,
+                base: LoadedModel | None = None, roles: Mapping[str, str | ModelSpec] | None = None,
+                loaded: Mapping[str, LoadedModel] | None = None, lean: LeanSlots | None = None) -> LoadedModel:
+    """One model of a pipeline's model set, the one way every pipeline loads it: the role's model
+    (:func:`load_role`), given the config's ``tokenizer`` where it has none, and refused in one
+    line where its tokenizer is not ``base``'s (grafting mixes their ids)."""
+    model = load_role(spec, settings, roles=roles, loaded=loaded, lean=lean)
+    give_tokenizer(model, tokenizer, role)
+    if base is not None:
+        check_same_tokenizer(base.tokenizer, model.tokenizer, f"model {role!r}")
+    return model

@@ -50,6 +50,9 @@ class LoadedModel:
         return int(pad) if isinstance(pad, int) else 0
 
 
+Loader = Callable[[str, "LoadSettings"], Any]  # a custom loader: (spec's text, the run's settings) -> a loaded model
+
+
 @dataclass
 class LoadSettings:
     """How the roles of a run load: where, in which dtype, and with what loader.
@@ -69,9 +72,12 @@ class LoadSettings:
     cache: dict[Any, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, config: Any, load: Callable[[str, Any], Any] | None = None) -> LoadSettings:
-        """The settings of a run config (``device``, ``dtype``, ``device_map``, ``lean_donors``);
-        ``load(text, config)``: a custom loader (None: each spec loads itself)."""
-        return cls(device=config.device, dtype=getattr(torch, config.dtype), device_map=getattr(config, "device_map", None),
-                   lean_donors=bool(getattr(config, "lean_donors", False)),
-                   loader=None if load is None else (lambda text: load(text, config)))
+    def of(cls, config: Any, load: Loader | None = None) -> LoadSettings:
+        """The settings of a pipeline's config (``device``, ``dtype``, ``device_map``,
+        ``lean_donors``); ``load(text, settings)``: a custom loader, the one signature every
+        pipeline takes (None: each spec loads itself)."""
+        settings = cls(device=config.device, dtype=getattr(torch, config.dtype), device_map=getattr(config, "device_map", None),
+                       lean_donors=bool(getattr(config, "lean_donors", False)))
+        if load is not None:
+            settings.loader = lambda text: load(text, settings)
+        return settings

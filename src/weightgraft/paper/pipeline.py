@@ -21,6 +21,14 @@ from typing import Any
 
 from rich.console import Console
 
+from weightgraft.data import build_dataset
+from weightgraft.data.worlds import get_world
+from weightgraft.devices import require_device
+from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.runner import run_experiment
+from weightgraft.models.spec import parse_spec
+from weightgraft.paper.appendix import appendix_settings, run_general_text
+from weightgraft.paper.claims import CLAIM_FINETUNES, run_claims
 from weightgraft.paper.figures import (
     FINETUNES,
     SWEEP_NAMES,
@@ -30,6 +38,9 @@ from weightgraft.paper.figures import (
     sweep_config,
     sweeps_for,
 )
+from weightgraft.paper.measured import drop_rows, summary_rows
+from weightgraft.paper.numbers import PAPER_MODELS
+from weightgraft.paper.report import write_paper_report
 from weightgraft.paper.settings import (
     CHECK_TEMPLATES,
     PaperError,
@@ -39,18 +50,7 @@ from weightgraft.paper.settings import (
     precondition,
     seed_label,
 )
-from weightgraft.paper.claims import CLAIM_FINETUNES, run_claims
 from weightgraft.paper.stages import Stage, file_digest, stage_path
-from weightgraft.data import build_dataset
-from weightgraft.devices import device_problem
-from weightgraft.data.worlds import get_world
-from weightgraft.experiments.config import parse_config
-from weightgraft.experiments.runner import run_experiment
-from weightgraft.models.spec import parse_spec
-from weightgraft.paper.measured import drop_rows, summary_rows
-from weightgraft.paper.numbers import PAPER_MODELS
-from weightgraft.paper.report import write_paper_report
-from weightgraft.paper.appendix import appendix_settings, run_general_text
 from weightgraft.paper.trajectory import run_trajectory
 from weightgraft.training import finetune as train
 from weightgraft.training import get_preset
@@ -82,17 +82,10 @@ def check_inputs(settings: PaperSettings, planning_for: Any = None) -> None:
                          "directory, an embedded name (smollm2-135m) or a cached hub id")
     model.check("--model")
     if planning_for is None:
-        check_device(settings.device)
+        require_device(settings.device, PaperError, "--device ")  # the one device check
         training_device(settings.device)  # the finetunes' (cuda:N with N > 0: one line)
     get_preset(settings.preset)
     get_preset(settings.gentle_recipe)
-
-
-def check_device(device: str) -> None:
-    """``cpu``, ``cuda``/``cuda:N`` (present here) or ``mps`` (present here); else one line."""
-    problem = device_problem(device)
-    if problem is not None:
-        raise PaperError(f"--device {problem}")
 
 
 def planned_sweeps(settings: PaperSettings) -> list[Sweep]:

@@ -69,7 +69,7 @@ def write_figures(run: Run, fig_dir: Path, heatmap_metrics: Sequence[str] | None
 def _trajectory_figures(run: Run, fig_dir: Path) -> list[ReportFigure]:
     """A finetune's snapshots as model sets (``trajectory:``): per template and direction, each
     scheme's top-5 and fact log-probability against the step."""
-    steps: dict[str, int] = run.manifest.get("model_set_steps") or {}
+    steps: dict[str, int] = run.manifest.model_set_steps
     rows = run.summary[run.summary["model_set"].isin(list(steps))]
     out = []
     for (tpl, direction), sub in rows.groupby(["template", "direction"], sort=False):

@@ -90,7 +90,7 @@ def _header(run: Run) -> str:
              else f"{_esc(ms)}/{_esc(role)} <code>{_esc(spec)}</code>"
              for ms, role, spec, _, _ in model_rows(run.manifest)]
     shown = ", ".join(specs[:6]) + (f" and {len(specs) - 6} more" if len(specs) > 6 else "")
-    lead = [f"weightgraft report; protocol <b>{_esc(run.manifest.get('protocol', 'paper'))}</b>"]
+    lead = [f"weightgraft report; protocol <b>{_esc(run.manifest.protocol)}</b>"]
     if shown:
         lead.append(f"models: {shown}")
     lead.append('<a href="#provenance">provenance</a> (hashes, versions, config) at the end')
@@ -106,15 +106,15 @@ def _provenance_section(run: Run) -> str:
     m = run.manifest
     parts = ['<section id="provenance" class="prov"><h2>Provenance</h2>',
              f"<p>directory: <code>{_esc(run.path)}</code>; started "
-             f"{_esc(m.get('started', 'n/a'))}, finished {_esc(m.get('finished', 'n/a'))}</p>",
-             f"<p>protocol: <b>{_esc(m.get('protocol', 'paper'))}</b>; {_esc(ANSWER_NOTE)}</p>"]
+             f"{_esc(m.started or 'n/a')}, finished {_esc(m.finished or 'n/a')}</p>",
+             f"<p>protocol: <b>{_esc(m.protocol)}</b>; {_esc(ANSWER_NOTE)}</p>"]
     models = [(*(_esc(c) for c in row[:4]), _hash_cell(row[4])) for row in model_rows(m)]
     if models:
         parts.append(html_table(("model set", "role", "spec", "source", "weights sha256"), models, raw=True))
-    versions = m.get("versions") or {}
+    versions = m.versions
     if versions:
         parts.append(html_table(("package", "version"), [(k, v) for k, v in versions.items()]))
-    config = json.dumps(m.get("config", {}), indent=2, default=str)
+    config = json.dumps(m.config, indent=2, default=str)
     parts.append(f"<details><summary>config</summary><pre>{_esc(config)}</pre></details></section>")
     return "\n".join(parts)
 

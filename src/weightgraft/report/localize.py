@@ -14,25 +14,29 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from weightgraft import atomic
-from weightgraft.localization.claims.steps import first_held_text, verdicts_text
+from weightgraft.engine.architectures import Units
+from weightgraft.engine.cells import cell_name
 from weightgraft.engine.metric_table import describe
 from weightgraft.localization.agreement import agreement
+from weightgraft.localization.claims import ALPHA, CLAIMS
+from weightgraft.localization.claims.regions import NULL_KINDS
+from weightgraft.localization.claims.steps import first_held_text, verdicts_text
+from weightgraft.localization.claims.verdicts import FLOOR, p_text, share_text
 from weightgraft.localization.config import null_labels, sft_labels
 from weightgraft.localization.stability import COLUMNS as STABILITY_COLUMNS
 from weightgraft.localization.stability import null_summary, stability_table
 from weightgraft.report import localize_figures as figs
+from weightgraft.report.claims_page import write_claims_markdown
 from weightgraft.report.html import CSS, _esc, html_table
-from weightgraft.engine.architectures import Units
-from weightgraft.engine.cells import cell_name
-from weightgraft.localization.claims import ALPHA, CLAIMS
-from weightgraft.localization.claims.regions import NULL_KINDS
-from weightgraft.localization.claims.verdicts import FLOOR, p_text, share_text
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import LocalizeManifest, ModelEntry
 
 
 def value_column(cells: pd.DataFrame) -> str | None:
@@ -55,10 +59,11 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None or x != x else f"{100 * x:.1f}%"
 
 
-def _header(run_dir: Path, manifest: dict[str, Any], cells: pd.DataFrame) -> str:
-    config = manifest.get("config", {})
+def _header(run_dir: Path, manifest: LocalizeManifest | Mapping[str, Any], cells: pd.DataFrame) -> str:
+    manifest = LocalizeManifest.model_validate(manifest) if isinstance(manifest, Mapping) else manifest
+    config = manifest.config
     models = config.get("models", {})
-    loaded = manifest.get("models", {})
+    loaded = manifest.models
     roles: dict[str, str] = {}
     for role, spec in models.items():  # sft: one spec, or a list of them (sft[0], sft[1], ...); nulls: a list
         if role == "sft":
@@ -67,16 +72,16 @@ def _header(run_dir: Path, manifest: dict[str, Any], cells: pd.DataFrame) -> str
             roles.update(dict(zip(null_labels(spec), spec)))
         else:
             roles[role] = spec
-    rows = [(role, spec, (loaded.get(role) or {}).get("source", ""), (loaded.get(role) or {}).get("weights_sha256", ""))
-            for role, spec in roles.items()]
-    n_prompts = manifest.get("n_prompts") or cells.groupby("template")["example_id"].nunique().to_dict()
-    excluded = manifest.get("excluded") or []
+    entries = {role: loaded.get(role) or ModelEntry() for role in roles}
+    rows = [(role, spec, entries[role].source, entries[role].weights_sha256) for role, spec in roles.items()]
+    n_prompts = manifest.n_prompts or cells.groupby("template")["example_id"].nunique().to_dict()
+    excluded = manifest.excluded
     facts = [
         ("metric", describe(config.get("metric", "first_logprob"), localize=True)),
         ("graft directions", ", ".join(config.get("graft_directions", []))),
         ("prompts per template", ", ".join(f"{t}: {n}" for t, n in n_prompts.items())),
-        ("prompt directions", ", ".join(manifest.get("prompt_directions") or []) or "n/a"),
-        ("direction choice", manifest.get("directions_note", "n/a")),
+        ("prompt directions", ", ".join(manifest.prompt_directions) or "n/a"),
+        ("direction choice", manifest.directions_note or "n/a"),
         ("exact maps", f"{config.get('exact', 'all')} (prompts per template)"),
         ("attribution", "none (estimates: false)" if config.get("estimates", True) is False else
          f"gradient{', integrated gradients (%s steps)' % config['ig_steps'] if config.get('ig_steps', 0) > 1 else ''}"),
@@ -165,8 +170,7 @@ def _stability_section(run_dir: Path, cells: pd.DataFrame, out: Path) -> str:
     """``stability.csv`` as a table and a bar figure (computed from the cells where a run made
     before it existed lacks the file)."""
     path = run_dir / "stability.csv"
-    nulls = (json.loads((run_dir / "manifest.json").read_text()).get("null_models") or []
-             if (run_dir / "manifest.json").is_file() else [])
+    nulls = (RunFolder(run_dir).read(LocalizeManifest) or LocalizeManifest()).null_models
     table = pd.read_csv(path) if path.is_file() else stability_table(cells, nulls=nulls)
     intro = ("<h2>Stability</h2><p>Do two maps put the behaviour in the same place? Each row compares two maps of "
              "one graft direction: two SFT models on one template (<i>sft</i>), an SFT model and a null model "
@@ -327,11 +331,11 @@ def _sets_section(search: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def _units_section(unit_rows: pd.DataFrame, manifest: dict) -> str:
+def _units_section(unit_rows: pd.DataFrame, manifest: LocalizeManifest) -> str:
     """The strongest heads or neurons: mean estimate (and exact effect where computed) per
     (direction, template, position label, unit cell), the 20 largest by |mean estimate|."""
 
-    config = manifest.get("config") or {}
+    config = manifest.config
     kind = Units(config["units"]) if config.get("units") else "head | neuron"  # a manifest before units
     frame = unit_rows.assign(cell=[cell_name(s, int(u)) for s, u in zip(unit_rows["slot"], unit_rows["unit"])])
     keys = [k for k in ("model", "direction", "template") if k in frame] + ["position_label", "cell", "unit"]
@@ -358,13 +362,12 @@ def write_localize_report(run_dir: Path) -> Path:
     unit_rows = cells[cells["unit"] != -1] if "unit" in cells else cells.iloc[:0]
     if "unit" in cells:  # the maps, stability and agreement are of whole cells (a split slot's: its units summed)
         cells = cells[cells["unit"] == -1]
-    manifest_path = run_dir / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest = RunFolder(run_dir).read(LocalizeManifest) or LocalizeManifest()
     search_path = run_dir / "search.json"
     search = json.loads(search_path.read_text()) if search_path.is_file() else {}
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
-    name = (manifest.get("config") or {}).get("name", run_dir.name)
+    name = manifest.config.get("name", run_dir.name)
     parts = [f"<h1>weightgraft localize: {_esc(name)}</h1>", _header(run_dir, manifest, cells),
              "<h2>Cell maps</h2><p>Mean effect per cell over the template's prompts (exact where every cell was "
              "computed exactly, else the gradient estimate); sufficiency grafts SFT's cell into PRE, necessity "
@@ -389,6 +392,8 @@ def write_localize_report(run_dir: Path) -> Path:
                      + _img(out / f"last_{stem}.png", f"{name}: the last token"))
     parts.append(_stability_section(run_dir, cells, out))
     parts.append(_claims_section(run_dir))
+    title = str(manifest.config.get("name", run_dir.name))
+    write_claims_markdown(run_dir, out, title)  # report/claims.md, for the docs
     if len(unit_rows):
         parts.append(_units_section(unit_rows, manifest))
     if not cells["estimate"].notna().any():  # estimates: false: nothing to set against the exact effects

@@ -6,15 +6,16 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from weightgraft.errors import WeightgraftError
 from weightgraft.engine.metric_table import chart_labels
-from weightgraft.experiments.metrics import SUMMARY_KEYS, summarize
+from weightgraft.errors import WeightgraftError
 from weightgraft.experiments.config import ExperimentConfig
+from weightgraft.experiments.metrics import SUMMARY_KEYS, summarize
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import SweepManifest
 from weightgraft.schemes.selectors import SelectorError, select_layers
 
 RESULTS_FILE = "results.parquet"
@@ -45,8 +46,12 @@ class Run:
     path: Path
     results: pd.DataFrame
     summary: pd.DataFrame
-    manifest: dict[str, Any]
+    manifest: SweepManifest  # typed; a dict is read as one
     labels: dict[tuple[str, str, str], dict[str, str]]  # (model_set, template, scheme) -> labels
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.manifest, SweepManifest):
+            object.__setattr__(self, "manifest", SweepManifest.model_validate(self.manifest or {}))
 
 
 @dataclass(frozen=True)
@@ -109,8 +114,7 @@ def load_run(run_dir: Path) -> Run:
     results["direction"] = results["direction"].fillna("").astype(str) if "direction" in results else ""
     summary_path = run_dir / SUMMARY_FILE
     summary = read_summary(summary_path) if summary_path.is_file() else summarize(results)
-    manifest_path = run_dir / MANIFEST_FILE
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
+    manifest = RunFolder(run_dir).read(SweepManifest) or SweepManifest()
     return Run(run_dir, results, summary, manifest, scheme_labels(results))
 
 
@@ -168,8 +172,7 @@ def report_title(run: Run) -> str:
     experiment; the folder's name only where the config names none (no ``name:``, so the
     default ``experiment``, or no config recorded)."""
 
-    config = run.manifest.get("config") or {}
-    name = str(config.get("name") or "").strip() if isinstance(config, dict) else ""
+    name = str(run.manifest.config.get("name") or "").strip()
     unnamed = ("", str(ExperimentConfig.model_fields["name"].default))
     return name if name not in unnamed else run.path.name
 
@@ -179,34 +182,28 @@ def group_title(key: tuple[str, str, str], sep: str = " / ") -> str:
     return sep.join(part for part in key if part)
 
 
-def model_rows(manifest: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+def model_rows(manifest: SweepManifest) -> list[tuple[str, str, str, str, str]]:
     """(model set, role, spec, source, weights sha256) of every model the run loaded, from
-    ``manifest["models"]`` (model set -> role -> details)."""
-    models = manifest.get("models") or {}
+    the manifest's ``models`` (model set -> role -> entry)."""
     rows = []
-    for set_name, roles in models.items():
-        if isinstance(roles, dict) and "source" in roles:  # one level: role -> details
-            roles, set_name = {set_name: roles}, ""
-        for role, info in (roles or {}).items():
-            info = info if isinstance(info, dict) else {}
-            rows.append((str(set_name), str(role), str(info.get("spec", "")), str(info.get("source", "")),
-                         str(info.get("weights_sha256", ""))))
+    for set_name, roles in manifest.models.items():
+        for role, info in roles.items():
+            rows.append((str(set_name), str(role), info.spec, info.source, info.weights_sha256))
     return rows
 
 
-def layer_ranges(manifest: dict[str, Any], model_set: str) -> dict[str, tuple[int, int]]:
+def layer_ranges(manifest: SweepManifest, model_set: str) -> dict[str, tuple[int, int]]:
     """Scheme -> (first, last) layer its rules graft in this model set, from the schemes and the
     model depth the manifest records; empty when the depth is not recorded. Schemes with layer
     dropout or layers that are not one contiguous range are left out."""
 
-    roles = (manifest.get("models") or {}).get(model_set) or {}
-    depths = {info.get("n_layers") for info in roles.values() if isinstance(info, dict)}
+    depths = {info.n_layers for info in manifest.models.get(model_set, {}).values()}
     depths.discard(None)
     if len(depths) != 1:
         return {}
     (n_layers,) = depths
     out = {}
-    for scheme in manifest.get("schemes") or []:
+    for scheme in manifest.schemes:
         rules = scheme.get("rules") or []
         if not rules or any(r.get("layer_dropout") for r in rules):
             continue

@@ -8,9 +8,10 @@ from typing import Any
 
 import pandas as pd
 
-from weightgraft.experiments.answer_tokens import weak_line
 from weightgraft.engine.metric_table import MetricSpec, table_metrics
+from weightgraft.experiments.answer_tokens import weak_line
 from weightgraft.report.run import Run, _groups, group_title, report_title
+from weightgraft.resume.manifests import SweepManifest
 from weightgraft.schemes.legend import legend
 
 
@@ -111,8 +112,8 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _exclusions(manifest: dict[str, Any]) -> dict[str, Any]:
-    ex = manifest.get("exclusions") or {}
+def _exclusions(manifest: SweepManifest) -> dict[str, Any]:
+    ex = manifest.exclusions
     return {"total": int(ex.get("total", 0)), "by_reason": dict(ex.get("by_reason") or {}),
             "examples": list(ex.get("examples") or [])}
 
@@ -124,7 +125,7 @@ ANSWER_NOTE = ("answer log-probability: the answer's tokens follow the prompt an
 def summary_markdown(run: Run) -> str:
     """summary.md: a table per (model_set, template), non-finite flags, exclusions."""
     parts = [f"# {report_title(run)}: weightgraft report", "",
-             f"Protocol: {run.manifest.get('protocol', 'paper')}; {ANSWER_NOTE}.", ""]
+             f"Protocol: {run.manifest.protocol}; {ANSWER_NOTE}.", ""]
     names = legend(dict.fromkeys(run.summary["scheme"].astype(str)))
     if names:
         parts += ["Scheme names: " + "; ".join(f"`{abbr}` = {meaning}" for abbr, meaning in names) + ".", ""]
@@ -145,7 +146,7 @@ def summary_markdown(run: Run) -> str:
     if ex["by_reason"]:
         parts += [markdown_table(("reason", "count"),
                                  [(str(k), str(v)) for k, v in ex["by_reason"].items()]), ""]
-    skipped = (run.manifest.get("exclusions") or {}).get("skipped_schemes") or []
+    skipped = run.manifest.exclusions.get("skipped_schemes") or []
     if skipped:
         parts += ["Schemes not run on a template that never has their span: "
                   + "; ".join(f"{s['template']}: {s['scheme']} ({s['span']})" for s in skipped), ""]

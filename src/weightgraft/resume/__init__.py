@@ -1,12 +1,19 @@
-"""Keyed, resumable rows: what lets a killed run resume and never mix rows of other inputs.
+"""The run folder: what lets a killed run resume and never mix rows of other inputs, for every
+pipeline (``run``, ``localize``, ``paper``).
 
+- :mod:`~weightgraft.resume.claim`: the one rule for "this folder is this run, resumable, or
+  refused": an :class:`~weightgraft.resume.claim.Identity` (a format version, a core digest, a
+  digest per entry, lists that may only grow) found against this run's;
+- :mod:`~weightgraft.resume.folder`: :class:`~weightgraft.resume.folder.RunFolder`, the one
+  place a record is read, claimed and written (atomically);
+- :mod:`~weightgraft.resume.manifests`: the records, typed (a sweep's ``identity.json`` and
+  ``manifest.json``, localize's ``manifest.json``, a stage's ``stage.json``), which ``report``
+  and ``explore`` read;
+- :mod:`~weightgraft.resume.stages`: keyed stages (a folder named by its inputs' hash, finished
+  by ``stage.json``: the paper's data, finetunes, sweeps) and stages inside a claimed folder
+  (localize's estimates);
 - :mod:`~weightgraft.resume.parts`: rows saved as atomic parquet parts, read back by their keys,
-  so a resumed run computes only what no part holds (a sweep's rows, localize's exact cells);
-- :mod:`~weightgraft.resume.claim`: a folder's record of the inputs its rows came from, which
-  later work may extend but never change (a sweep's ``identity.json``, localize's manifest).
-
-A whole output keyed by its inputs (a finetune, a sweep, a report of ``weightgraft paper``) is a
-stage: ``weightgraft.paper.stages``, where it is used.
+  so a resumed run computes only what no part holds (a sweep's rows, localize's exact cells).
 
 Floor: with ``atomic``, below every pipeline (``experiments``, ``localization``, ``paper``).
 """
