@@ -305,7 +305,7 @@ def test_mamba2_step_floor_follows_the_batched_scan():
 def test_families_not_grafted_are_refused_in_one_line_from_their_config():
     moe = copy.deepcopy(HYBRID_CONFIGS["nemotron_h"])
     moe.layers_block_type = ["linear_attention", "moe"]
-    refusals = {"qwen3_next": "interleaved per key head", "kimi_linear": "low-rank"}
+    refusals = {"kimi_linear": "low-rank"}
     for config, words in [(moe, "'moe' blocks"), *((T.AutoConfig.for_model(m), w) for m, w in refusals.items())]:
         with pytest.raises(UnsupportedArchitectureError, match=words) as caught:
             adapter_for(config)
