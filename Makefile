@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.weightgraft-installed
 DOCS_STAMP := $(VENV)/.weightgraft-docs-installed
 
-.PHONY: demo test check install bench clean docs
+.PHONY: demo test check lint install bench clean docs
 
 install: $(STAMP)
 
@@ -25,9 +25,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# The fast tier, for every change: the suite without the tests marked slow (the rule: pyproject.toml's
-# marker, docs/development.md). Same install step as `make test`: a no-op once .venv is installed.
-check: $(STAMP)
+# Ruff and mypy, each held to its committed baseline (tests/ruff_baseline.json, tests/mypy_baseline.json:
+# they may only shrink); `$(BIN)/python tests/lint.py --write-baselines` rewrites both (docs/development.md).
+lint: $(STAMP)
+	$(BIN)/python tests/lint.py
+
+# For every change: lint, then the fast tier, the suite without the tests marked slow (the rule:
+# pyproject.toml's marker, docs/development.md). Same install step as `make test`: a no-op once .venv is installed.
+check: lint
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # The docs site (mkdocs.yml, pages under docs/) into site/: first docs/tutorial.ipynb is run on the

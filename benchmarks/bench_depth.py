@@ -29,10 +29,10 @@ def _bucket(name: str, n_layers: int) -> str:
 def single_cells(models: list, examples: list, n_cells: int, seed: int = 0, reps: int = 2) -> list[dict[str, Any]]:
     """Seconds per path for the same sampled single cells, one exact_effects call per bucket and
     repetition (the fastest repetition of each path)."""
-    from weightgraft.engine.cells import example_cells, exact_effects
+    from weightgraft.engine.cells import exact_effects, example_cells
+    from weightgraft.engine.forward import slots
     from weightgraft.engine.sharing.depth import DepthStats
     from weightgraft.planning.depth_states import depth_state_bytes
-    from weightgraft.engine.forward import slots
 
     names = slots(models[0])
     n_layers = models[0].config.num_hidden_layers
@@ -91,11 +91,11 @@ def refinement(args: Any, sft_dir: Path, loaded: dict[str, Any]) -> dict[str, An
     import weightgraft.localization.verify as verify
     from weightgraft.engine.architectures import model_slots
     from weightgraft.engine.cells import exact_effects
-    from weightgraft.localization.run import run_localize
     from weightgraft.localization.config import parse_localize_config
     from weightgraft.localization.examples import build_examples
-    from weightgraft.localization.prompts import select_prompts
     from weightgraft.localization.maps import cell_map
+    from weightgraft.localization.prompts import select_prompts
+    from weightgraft.localization.run import run_localize
 
     raw = yaml.safe_load((ROOT / "docs/localize/sets.yaml").read_text())
     raw.update(data=str(args.data), out=str(args.out / "sets"))

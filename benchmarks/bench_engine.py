@@ -32,8 +32,8 @@ import torch
 
 import weightgraft as wg
 from weightgraft.data.prompts import load_test_prompts
-from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 from weightgraft.engine.reference import CompositeModel, per_token_forward
+from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 
 
 class PeakMemory:

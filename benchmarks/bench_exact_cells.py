@@ -20,7 +20,7 @@ import time
 import torch
 
 from weightgraft.engine.architectures import model_slots
-from weightgraft.engine.cells import ScoredExample, example_cells, exact_effects
+from weightgraft.engine.cells import ScoredExample, exact_effects, example_cells
 from weightgraft.models import load_model
 
 

@@ -56,16 +56,16 @@ def main() -> None:
 
         depth_mode(args, _sft_dir(args.data))
         return
-    from weightgraft.data.prompts import load_test_prompts
     from weightgraft.api.localize import localize
-    from weightgraft.localization.agreement import agreement
-    from weightgraft.localization.config import parse_localize_config
-    from weightgraft.localization.examples import build_examples
-    from weightgraft.localization.maps import estimate_frame
+    from weightgraft.data.prompts import load_test_prompts
     from weightgraft.engine.attribution import graft_attribution
     from weightgraft.engine.cells import exact_effects, example_cells
     from weightgraft.engine.partial import PartialGraft
     from weightgraft.engine.reference import CompositeModel, per_token_forward
+    from weightgraft.localization.agreement import agreement
+    from weightgraft.localization.config import parse_localize_config
+    from weightgraft.localization.examples import build_examples
+    from weightgraft.localization.maps import estimate_frame
     from weightgraft.models import load_model
 
     sft_dir = _sft_dir(args.data)

@@ -153,16 +153,15 @@ def _timed(fn, device: str):
 
 def _budget(args) -> int:
     from weightgraft.planning.budget import budget
-
     from weightgraft.planning.plan import HEADROOM
 
     return int(budget(args.device, args.memory).limit * HEADROOM)
 
 
 def _plans(spec: str, dtype: str, items_rows, served, lengths_attr, args, with_time: bool):
-    from weightgraft.planning.rows import plan_attribution, plan_rows
-    from weightgraft.planning.costs import dtype_bytes, lean_bytes, param_bytes
     from weightgraft.models.spec import parse_spec
+    from weightgraft.planning.costs import dtype_bytes, lean_bytes, param_bytes
+    from weightgraft.planning.rows import plan_attribution, plan_rows
 
     fp = parse_spec(spec).footprint()
     donor_bytes = lean_bytes(fp, served, dtype)
@@ -188,12 +187,12 @@ def run_one(args) -> dict:
     import weightgraft as wg
     from weightgraft.engine.attribution import graft_attribution
     from weightgraft.engine.partial import PartialGraft
-    from weightgraft.engine.sharing.prefix import prefix_forward
     from weightgraft.engine.reference import CompositeModel, per_token_forward
+    from weightgraft.engine.sharing.prefix import prefix_forward
     from weightgraft.models import load_model
-    from weightgraft.models.spec import parse_spec
     from weightgraft.models.lean import memory_report, needed_parameters
     from weightgraft.models.random_models import lean_random_donor
+    from weightgraft.models.spec import parse_spec
     from weightgraft.planning.costs import param_bytes
 
     spec = _spec(args.one)

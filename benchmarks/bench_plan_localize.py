@@ -111,8 +111,8 @@ def main() -> None:
         import weightgraft.engine.cells as cells
 
         cells.depth_forward = own
-    from weightgraft.planning.depth_states import depth_state_bytes
     from weightgraft.models.spec import parse_spec
+    from weightgraft.planning.depth_states import depth_state_bytes
 
     seq = plan.prompts["max_tokens"]
     states = depth_state_bytes(parse_spec(work.pre).footprint().config, work.exact_references, seq, work.exact_chunk,

@@ -57,8 +57,8 @@ def main() -> None:
     from weightgraft.engine.partial import PartialGraft
     from weightgraft.localization.config import parse_localize_config
     from weightgraft.localization.examples import build_examples
-    from weightgraft.localization.prompts import select_prompts
     from weightgraft.localization.maps import estimate_frame
+    from weightgraft.localization.prompts import select_prompts
     from weightgraft.localization.run import plan_input
     from weightgraft.models import load_model
     from weightgraft.planning.localize import plan_localize_work

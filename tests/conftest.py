@@ -6,6 +6,7 @@ docs/development.md) also goes on every test that needs a fixture its module nam
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +15,14 @@ import pytest
 import torch
 from tiny_models import VL_CONFIGS, make_donor, make_tiny, tiny_tokenizer
 from tiny_training import base_dir, data_dir  # noqa: F401 - the tiny finetuning world's module fixtures
+
+# One thread for the suite, unless its runner chose (OMP_NUM_THREADS, WEIGHTGRAFT_THREADS): the models are
+# tiny, so a second thread buys nothing, and beside another job its spinning waits made test_engine.py 7x
+# slower on 2 cores (340 s against 46 s; src/weightgraft/runtime.py measures the same on real forwards).
+# Subprocesses (the CLI, torchrun) inherit it, as weightgraft's own thread default reads it.
+if not (os.environ.get("OMP_NUM_THREADS") or os.environ.get("WEIGHTGRAFT_THREADS")):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def pytest_report_header() -> str:
@@ -31,13 +40,33 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """``slow`` on each test that needs one of its module's ``SLOW_FIXTURES``: an expensive module
     fixture (a localize run, the paper pipeline) is paid by whichever of its tests runs first, so
-    ``make check`` leaves out all of them or its cost only moves to the next."""
+    ``make check`` leaves out all of them or its cost only moves to the next; and on every case of a
+    test function listed in ``tests/slow_tests.txt`` (measured: docs/development.md)."""
+    measured = measured_slow()
     for item in items:
         names = getattr(getattr(item, "module", None), "SLOW_FIXTURES", ())
         if set(names) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if _wrapper_case_beyond_the_engine(item):
             item.add_marker(pytest.mark.slow)
+        if _function_id(item) in measured:
+            item.add_marker(pytest.mark.slow)
+
+
+SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
+
+
+def measured_slow() -> set[str]:
+    """``tests/slow_tests.txt``: the test functions marked slow by their measured time (``path::name``)."""
+    lines = (line.split("#", 1)[0].strip() for line in SLOW_TESTS.read_text().splitlines())
+    return {line for line in lines if line}
+
+
+def _function_id(item: pytest.Item) -> str:
+    """``tests/engine/test_x.py::test_name`` for every case of a test function (no class, no parameters)."""
+    nodeid = getattr(item, "nodeid", "")
+    path, _, rest = nodeid.partition("::")
+    return f"{path}::{rest.split('[', 1)[0].rsplit('::', 1)[-1]}" if rest else nodeid
 
 
 # Where a vision-language wrapper runs in `make check`: its own tests and the engine's matrix against

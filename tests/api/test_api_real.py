@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import make_donor
 
 import weightgraft as wg
-from tiny_models import make_donor
 from weightgraft.models import ModelLoadError
 
 pytestmark = pytest.mark.slow

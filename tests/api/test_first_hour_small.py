@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 import torch
 from rich.console import Console
+from tiny_world import loader, tiny_config
 
 import weightgraft as wg
 import weightgraft.experiments.runner as runner
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.report.console import print_summary
-from tiny_world import loader, tiny_config
 
 PROMPTS = ["Keanu Reeves starred in a movie with", "Paris is in"]
 RULE = wg.Rule(model="sft", positions="last", layers="last_half", components="o+ffn")

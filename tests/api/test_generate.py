@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import TINY_CONFIGS, tiny_models, tiny_tokenizer
 
-from weightgraft.schemes.scheme import Rule, Scheme, compile_scheme
+from weightgraft.api.generate import generate
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.forward import slots
-from weightgraft.api.generate import generate
 from weightgraft.engine.generate import generate_one
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import TINY_CONFIGS, tiny_models, tiny_tokenizer
+from weightgraft.schemes.scheme import Rule, Scheme, compile_scheme
 
 PROMPT = "The Eiffel Tower is in"
 SPANS = {"subject": "Eiffel Tower"}

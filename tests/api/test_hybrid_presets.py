@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import HYBRID_CONFIGS, MOE_CONFIGS, make_donor, make_tiny
 
 import weightgraft as wg
 from weightgraft.api.explain import layer_kinds
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import HYBRID_CONFIGS, MOE_CONFIGS, make_donor, make_tiny
 
 HYBRIDS = sorted(HYBRID_CONFIGS)
 PROMPTS = ["Tom is in", "Ann was at"]

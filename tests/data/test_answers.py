@@ -10,18 +10,19 @@ from types import SimpleNamespace
 
 import pytest
 from starlette.testclient import TestClient
+from tiny_models import make_donor, make_tiny, tiny_spaced_tokenizer
 
 import weightgraft as wg
 from weightgraft.data.counterfact import convert
 from weightgraft.data.freeform import read_freeform
-from weightgraft.data.prompts import TestPrompt as Record, answer_continuation, answer_token_ids
+from weightgraft.data.prompts import TestPrompt as Record
+from weightgraft.data.prompts import answer_continuation, answer_token_ids
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.explore.app import create_app
 from weightgraft.explore.session import Explorer
 from weightgraft.localization.examples import build_examples
 from weightgraft.training.texts import read_split
-from tiny_models import make_donor, make_tiny, tiny_spaced_tokenizer
 
 FIRST = ["Keanu Reeves", "Meryl Streep", "Tom Hanks"]
 SECOND = ["Tilda Swinton", "Nicole Kidman", "Will Smith"]

@@ -7,6 +7,7 @@ import json
 
 import pandas as pd
 import pytest
+from tiny_world import FIRST, SECOND, loader
 from typer.testing import CliRunner
 
 from weightgraft.cli import app
@@ -15,7 +16,6 @@ from weightgraft.data.prompts import DatasetError, load_test_prompts
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.training.texts import read_split
-from tiny_world import FIRST, SECOND, loader
 
 ROME = [
     {"case_id": 10 + i, "pararel_idx": i, "requested_rewrite": {

@@ -6,11 +6,11 @@ import random
 
 import pytest
 import torch
+from tiny_models import HYBRID_CONFIGS, MOE_CONFIGS, TINY_CONFIGS, make_donor, make_tiny
 
 import weightgraft as wg
-from weightgraft.engine.cells import Cell, ScoredExample, example_cells, exact_effects
+from weightgraft.engine.cells import Cell, ScoredExample, exact_effects, example_cells
 from weightgraft.engine.reference import CompositeModel, per_token_forward
-from tiny_models import HYBRID_CONFIGS, MOE_CONFIGS, TINY_CONFIGS, make_donor, make_tiny
 
 ARCHS = sorted(TINY_CONFIGS)
 

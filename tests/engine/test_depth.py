@@ -6,17 +6,22 @@ import random
 
 import pytest
 import torch
+from tiny_models import RUNS_WHOLE, TINY_CONFIGS, make_donor, make_tiny
 
 import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
-from weightgraft.engine.cells import Cell, ScoredExample, example_cells, exact_effects
-from weightgraft.engine.sharing.depth import (
-    MIN_ROWS, SLACK, DepthStats, cost_batches, depth_forward, item_starts,
-)
+from weightgraft.engine.cells import Cell, ScoredExample, exact_effects, example_cells
 from weightgraft.engine.precision import float64_exact
+from weightgraft.engine.sharing.depth import (
+    MIN_ROWS,
+    SLACK,
+    DepthStats,
+    cost_batches,
+    depth_forward,
+    item_starts,
+)
 from weightgraft.engine.sharing.prefix import GraftItem
 from weightgraft.planning.depth_states import depth_state_bytes
-from tiny_models import RUNS_WHOLE, TINY_CONFIGS, make_donor, make_tiny
 
 # the hybrids' caches hold recurrent layers, which depth sharing does not share: their rows run whole
 # (exact: tests/engine/test_mixers.py)

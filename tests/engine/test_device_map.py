@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+from tiny_models import make_donor, make_tiny
 
 import weightgraft as wg
-from weightgraft.models import ModelLoadError, load_model
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import make_donor, make_tiny
+from weightgraft.models import ModelLoadError, load_model
 
 
 def _hook_layers(model):
@@ -68,10 +68,10 @@ def test_lora_donor_on_a_dispatched_base_grafts_exactly_with_adapters_on_their_d
     """accelerate's dispatch_model (every block "cpu", hooks forced, as a multi-GPU map attaches
     them): the LoRA donor built on it equals the per-token definition on the merged model."""
     from accelerate import dispatch_model
+    from tiny_models import make_lora_adapter
 
     from weightgraft.engine import lora
     from weightgraft.engine.precision import float64_exact
-    from tiny_models import make_lora_adapter
 
     base = make_tiny("llama", seed=0).double()
     path, merged = make_lora_adapter(base, _LORA_TARGETS, tmp_path / "lora")
@@ -104,9 +104,9 @@ def test_lora_donor_on_a_dispatched_base_grafts_exactly_with_adapters_on_their_d
 
 def test_a_lora_donor_refuses_a_base_offloaded_by_its_device_map(tmp_path):
     from accelerate import dispatch_model
+    from tiny_models import make_lora_adapter
 
     from weightgraft.models.peft_donor import PeftError
-    from tiny_models import make_lora_adapter
 
     base = make_tiny("llama", seed=0)
     path, _ = make_lora_adapter(base, ["q_proj"], tmp_path / "lora")

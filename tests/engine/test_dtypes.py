@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 import weightgraft as wg
 from weightgraft.engine.check import ORACLE_TOLERANCE, check_engine
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -7,12 +7,12 @@ import copy
 import pytest
 import torch
 import transformers as T
+from tiny_models import HYBRID_CONFIGS, MOE_CONFIGS, TINY_CONFIGS, make_donor, make_tiny, random_ids, tiny_models
 
 import weightgraft as wg
 from weightgraft.engine.architectures import UnsupportedArchitectureError, model_slots
 from weightgraft.engine.compat import ModelMismatchError
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import HYBRID_CONFIGS, MOE_CONFIGS, TINY_CONFIGS, make_donor, make_tiny, random_ids, tiny_models
 
 ARCHS = sorted(TINY_CONFIGS)
 TOL = 1e-4

@@ -11,8 +11,8 @@ import torch
 from tiny_models import make_donor, make_tiny
 
 import weightgraft as wg
-from weightgraft.cli import main
 from weightgraft.api.activations import record
+from weightgraft.cli import main
 from weightgraft.engine.attribution import metric_values
 from weightgraft.engine.cells import exact_effects, parse_cell_name
 from weightgraft.engine.partial import PartialGraft

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from pytest import approx
 import torch
+from pytest import approx
 
 from weightgraft.experiments.metrics import summarize
 from weightgraft.experiments.prediction import answer_logprob, score_next_token

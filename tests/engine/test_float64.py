@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 from transformers import DynamicCache
 
 import weightgraft as wg
 from weightgraft.engine.check import check_engine
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny
 
 IDS = torch.tensor([[5, 9, 14, 22, 31, 40, 47, 53, 60]])
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as T
+from tiny_models import TINY_CONFIGS, make_donor, make_tiny, padded_ids
 
 import weightgraft as wg
 from weightgraft.engine.architectures import UnsupportedArchitectureError, adapter_for, model_slots
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny, padded_ids
 
 
 @torch.no_grad()

@@ -9,13 +9,13 @@ import copy
 import pandas as pd
 import pytest
 import torch
-
-import weightgraft as wg
-from weightgraft.experiments.config import parse_config
-from weightgraft.experiments.runner import run_experiment
-from weightgraft.engine.check import check_engine
 from tiny_models import make_donor, make_tiny
 from tiny_world import loader, write_world
+
+import weightgraft as wg
+from weightgraft.engine.check import check_engine
+from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.runner import run_experiment
 
 COLUMNS = ["rank", "prob", "answer_logprob"]
 

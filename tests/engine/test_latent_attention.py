@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 import transformers as T
+from tiny_models import MOE_CONFIGS, make_donor, random_ids
 
 import weightgraft as wg
 from weightgraft.engine import reference
@@ -19,7 +20,6 @@ from weightgraft.engine.forward import graft_call
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError
-from tiny_models import MOE_CONFIGS, make_donor, random_ids
 
 
 def _models(q_lora_rank: int | None = 16) -> list[torch.nn.Module]:

@@ -9,15 +9,15 @@ import math
 
 import numpy as np
 import pytest
+from tiny_world import FIRST, SECOND, loader
 
 from weightgraft.engine import metric_table
-from weightgraft.experiments.config import parse_config
 from weightgraft.engine.metric_table import METRIC_TABLE, MetricSpec, paired_metrics
+from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.metrics import summarize
 from weightgraft.experiments.pairs import SchemePair, paired_differences
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.report.tables import table_header, table_rows
-from tiny_world import FIRST, SECOND, loader
 
 TWICE = MetricSpec(name="twice_prob", meaning="2 p(answer): higher is better", higher_is_better=True, compute=lambda s: 2 * s.prediction.prob, aggregate="mean_ci", paired=True,
                    header="2 x probability", shown="mean_ci")

@@ -12,23 +12,27 @@ import copy
 import pytest
 import torch
 import transformers as T
+from tiny_models import HYBRID_CONFIGS, _randomize, make_donor, make_tiny, padded_ids, random_ids, tiny_tokenizer
 from transformers import DynamicCache
 
 import weightgraft as wg
 from weightgraft.engine.architectures import (
-    MIXER_COMPONENTS, UnsupportedArchitectureError, adapter_for, model_slots, part_state,
+    MIXER_COMPONENTS,
+    UnsupportedArchitectureError,
+    adapter_for,
+    model_slots,
+    part_state,
 )
 from weightgraft.engine.check import check_engine
 from weightgraft.engine.forward import graft_call, position_ids_from_mask
 from weightgraft.engine.mixers import mamba2
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.precision import float64_exact
-from weightgraft.engine.source_map import SourceMap
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentTypeError
 from weightgraft.models.lean import donor_view, memory_report, needed_parameters
 from weightgraft.schemes.selectors import select_components
-from tiny_models import HYBRID_CONFIGS, _randomize, make_donor, make_tiny, padded_ids, random_ids, tiny_tokenizer
 
 HYBRIDS = sorted(HYBRID_CONFIGS)
 TOL32 = 1e-4

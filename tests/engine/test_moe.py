@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 import transformers as T
+from tiny_models import MOE_CONFIGS, last_token_reference, make_donor, make_tiny, padded_ids, random_ids
 
 import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
@@ -19,7 +20,6 @@ from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
-from tiny_models import MOE_CONFIGS, last_token_reference, make_donor, make_tiny, padded_ids, random_ids
 
 MOE = sorted(MOE_CONFIGS)
 SHARED = [m for m in MOE if any(n.endswith("shared_up") for n in wg.slots(make_tiny(m, randomize=False)))]

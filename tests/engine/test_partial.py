@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import TINY_CONFIGS, WITH_BLOCK_SCALES, WITH_MIXERS, random_ids, tiny_models
 
 import weightgraft as wg
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.reference import per_token_mixed_forward
-from tiny_models import WITH_BLOCK_SCALES, WITH_MIXERS, TINY_CONFIGS, random_ids, tiny_models
 
 # Apertus' xIELU activation is not affine in its weights: partial grafts refuse it
 # (test_non_affine_activation_is_refused_in_one_line in test_partial.py)

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_models import make_donor, make_tiny
 
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.prediction import answer_logprob, whole_character_prefix
 from weightgraft.experiments.runner import run_experiment
-from tiny_models import make_donor, make_tiny
 
 NAMES = {"Иван Петров": 2, "Σωκράτης": 2, "王小明": 3, "Nguyễn Văn An": 1, "Tom Hanks": 1}
 

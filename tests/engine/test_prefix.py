@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import TINY_CONFIGS, WITH_MIXERS, tiny_models
 
 import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
-from weightgraft.engine.sharing.prefix import GraftItem, PrefixGroup, prefix_forward, shared_prefix_groups
 from weightgraft.engine.reference import CompositeModel, per_token_forward
-from tiny_models import WITH_MIXERS, TINY_CONFIGS, tiny_models
+from weightgraft.engine.sharing.prefix import GraftItem, PrefixGroup, prefix_forward, shared_prefix_groups
 
 # the hybrids' caches hold recurrent layers, which prefix sharing does not share: their items run whole
 # (exact: tests/engine/test_mixers.py)

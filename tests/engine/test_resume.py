@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from tiny_models import make_donor, make_tiny
 
 import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
@@ -14,7 +15,6 @@ from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.sharing.prefix import GraftItem
 from weightgraft.engine.sharing.resume import keep_states, resumable, resume, resume_start
 from weightgraft.errors import GraftArgumentError
-from tiny_models import make_donor, make_tiny
 
 N_LAYERS = 4
 

@@ -11,14 +11,14 @@ import copy
 import pytest
 import torch
 import transformers as T
+from test_moe import _models
+from tiny_models import last_token_reference, make_donor, make_tiny, padded_ids, random_ids
 
 import weightgraft as wg
 from weightgraft.engine.forward import graft_call
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
 from weightgraft.engine.source_map import SourceMap
-from test_moe import _models
-from tiny_models import last_token_reference, make_donor, make_tiny, padded_ids, random_ids
 
 
 def _sinks_only(base: torch.nn.Module, shape: tuple[int, int], positions: torch.Tensor) -> torch.Tensor:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import random_ids, tiny_models
 
 import weightgraft as wg
 from weightgraft.engine.architectures import Units, model_slots
 from weightgraft.engine.sharing.prefix import GraftItem, pad_segments, prefix_forward, segment
 from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError
-from tiny_models import random_ids, tiny_models
 
 
 def _maps(models, batch: int, seq: int, seed: int) -> SourceMap:

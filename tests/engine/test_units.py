@@ -8,14 +8,13 @@ import copy
 
 import pytest
 import torch
+from tiny_models import TINY_CONFIGS, make_tiny, random_ids, tiny_models
 
 import weightgraft as wg
-from weightgraft.engine import projections
+from weightgraft.engine import attribution, projections
 from weightgraft.engine.architectures import model_slots
-from weightgraft.engine import attribution
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.reference import per_token_forward
-from tiny_models import TINY_CONFIGS, make_tiny, random_ids, tiny_models
 
 ARCHS = sorted(TINY_CONFIGS)
 TOL = 1e-4
@@ -215,7 +214,13 @@ def test_bad_unit_alpha_is_refused():
 # ---- exact effects of unit cells ----------------------------------------------------------------
 
 from weightgraft.engine.cells import (  # noqa: E402
-    REST, Cell, ScoredExample, cell_name, exact_effects, has_rest, parse_cell_name,
+    REST,
+    Cell,
+    ScoredExample,
+    cell_name,
+    exact_effects,
+    has_rest,
+    parse_cell_name,
 )
 from weightgraft.engine.sharing.depth import cost_batches, item_starts  # noqa: E402
 

@@ -12,14 +12,19 @@ import warnings
 import pytest
 import torch
 import transformers as T
+from tiny_models import VL_CONFIGS, make_donor, make_tiny, random_ids
 
 import weightgraft as wg
-from weightgraft.engine.architectures import UnsupportedArchitectureError, adapter_for, model_slots, supported_model_types
+from weightgraft.engine.architectures import (
+    UnsupportedArchitectureError,
+    adapter_for,
+    model_slots,
+    supported_model_types,
+    wrapper_of,
+)
 from weightgraft.engine.architectures.vision_language import OutsideDifference, outside_differences
 from weightgraft.errors import GraftArgumentError
-from weightgraft.engine.architectures import wrapper_of
 from weightgraft.models.vision_language import load_form
-from tiny_models import VL_CONFIGS, make_donor, make_tiny, random_ids
 
 VL = sorted(VL_CONFIGS)
 TEXT_ONLY = [m for m in VL if load_form(VL_CONFIGS[m]).language_model_only]

@@ -12,6 +12,7 @@ import math
 import pandas as pd
 import pytest
 from rich.console import Console
+from tiny_world import loader
 
 from weightgraft.experiments.answer_tokens import add_answer_flags, distractor_flag, logit_diff_note
 from weightgraft.experiments.config import parse_config
@@ -21,7 +22,6 @@ from weightgraft.report.console import print_summary
 from weightgraft.report.html import report_html
 from weightgraft.report.run import load_run
 from weightgraft.report.tables import summary_markdown, table_header
-from tiny_world import loader
 
 # (answer, distractor): two answers share their first token ("Emma"), one begins with a
 # 2-character token ("An"), two distractors share or begin with the answer's first token

@@ -10,12 +10,12 @@ import json
 import pandas as pd
 import pytest
 import torch
+from tiny_world import loader, tiny_config
 
 from weightgraft.experiments import runner
 from weightgraft.experiments.batches import OutOfMemory, in_halves
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
-from tiny_world import loader, tiny_config
 
 
 def test_halves_until_each_part_fits_and_counts_the_splits():

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny_world import FIRST, SECOND, loader, write_world
 
 from weightgraft.data.freeform import load_prompts, read_freeform
 from weightgraft.data.prompts import DatasetError
@@ -16,7 +17,6 @@ from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.metrics import add_recovery, ratio_of_means
 from weightgraft.experiments.pairs import SchemePair, paired_differences
 from weightgraft.experiments.runner import run_experiment
-from tiny_world import FIRST, SECOND, loader, write_world
 
 
 def _write(path, records) -> str:
@@ -202,9 +202,9 @@ def test_report_shows_behaviour_columns_and_continuations(tmp_path):
 
 
 def test_the_donor_of_each_scheme():
+    from weightgraft.experiments.scoring import baselines
     from weightgraft.schemes.presets import preset
     from weightgraft.schemes.scheme import Rule, Scheme
-    from weightgraft.experiments.scoring import baselines
 
     fwd = preset("position", direction="pre2sft")
     back = [s.model_copy(update={"name": f"{s.name}/back"}) for s in preset("position", direction="sft2pre")

@@ -11,9 +11,9 @@ import transformers as T
 from tiny_models import TINY_CONFIGS
 
 import weightgraft as wg
+from weightgraft.engine.architectures import model_slots
 from weightgraft.experiments.config import load_config
 from weightgraft.schemes.scheme import compile_scheme
-from weightgraft.engine.architectures import model_slots
 
 CONFIGS = sorted((Path(__file__).parent.parent.parent / "configs").rglob("*.yaml"))
 PAPER = [p for p in CONFIGS if p.parent.name == "paper"]

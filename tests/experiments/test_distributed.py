@@ -10,10 +10,10 @@ import sys
 import pandas as pd
 import pytest
 import yaml
+from tiny_world import write_world
 
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
-from tiny_world import write_world
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: a torchrun sweep
 

@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import yaml
+from tiny_world import loader, tiny_config
 
 from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.experiments.store import ResultsDirConflict
 from weightgraft.models import ModelNotFoundError
-from tiny_world import loader, tiny_config
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: runs killed, changed, resumed; each over 1 s
 

@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from tiny_world import loader, tiny_config
 
 from weightgraft.experiments.config import ConfigError, load_config, parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.experiments.store import ResultsDirConflict
-from tiny_world import loader, tiny_config
 
 TESTS = Path(__file__).parent.parent
 

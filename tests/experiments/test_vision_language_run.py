@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as T
+from tiny_models import make_donor, make_tiny
+from tiny_world import tiny_config, tokenizer, write_world
 
 from weightgraft.api.localize import localize
+from weightgraft.engine.architectures import wrapper_of
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.localization.config import parse_localize_config
-from weightgraft.engine.architectures import wrapper_of
 from weightgraft.models.vision_language import load_form
-from tiny_models import make_donor, make_tiny
-from tiny_world import tiny_config, tokenizer, write_world
 
 
 def _text_twin(wrapper: torch.nn.Module) -> torch.nn.Module:

@@ -8,6 +8,8 @@ import json
 import pandas as pd
 import pytest
 import torch
+from tiny_models import make_donor, make_tiny, random_ids
+from tiny_world import write_world
 from typer.testing import CliRunner
 
 import weightgraft as wg
@@ -17,8 +19,6 @@ from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
 from weightgraft.expert_maps.cells import SkippedCellMoved, expert_map
 from weightgraft.expert_maps.summary import region_of, summarize
-from tiny_models import make_donor, make_tiny, random_ids
-from tiny_world import write_world
 
 TARGET = 5
 

@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 from weightgraft.cli import app
 from weightgraft.report.experts import write_experts_report
 
-
 FIGURES = {f"experts_{t}_{r}.png" for t in ("headline", "qa") for r in ("first_entity", "last")}
 
 

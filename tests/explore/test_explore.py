@@ -313,10 +313,10 @@ def outputs(tmp_path_factory):
     """A tiny position sweep and a tiny localize run (with report and search) on the tiny world."""
     from tiny_world import loader, tiny_config, write_world
 
-    from weightgraft.experiments.config import parse_config
     from weightgraft.api.localize import localize
-    from weightgraft.localization.config import parse_localize_config
+    from weightgraft.experiments.config import parse_config
     from weightgraft.experiments.runner import run_experiment
+    from weightgraft.localization.config import parse_localize_config
     from weightgraft.report import write_report
 
     root = tmp_path_factory.mktemp("explore_outputs")

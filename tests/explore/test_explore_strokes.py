@@ -15,8 +15,8 @@ import torch
 import weightgraft as wg
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.sharing.depth import decoder_blocks
-from weightgraft.engine.sharing.resume import resume_start
 from weightgraft.engine.sharing.prefix import GraftItem
+from weightgraft.engine.sharing.resume import resume_start
 from weightgraft.explore.cells import cell_maps
 from weightgraft.explore.requests import Cell, GraftRequest, RequestError
 from weightgraft.explore.session import Explorer

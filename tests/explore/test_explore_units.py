@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from starlette.testclient import TestClient
+from tiny_world import loader64, write_world
 
 import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
@@ -19,7 +20,6 @@ from weightgraft.explore.artifacts import LocalizeView
 from weightgraft.explore.cells import cell_maps
 from weightgraft.explore.requests import Cell, RequestError
 from weightgraft.explore.session import Explorer
-from tiny_world import loader64, write_world
 
 SERVED = "http://127.0.0.1:8765"
 TOL = 1e-12  # float64 models

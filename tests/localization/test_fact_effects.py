@@ -159,6 +159,7 @@ def test_a_runs_rows_carry_the_fact_metric_and_an_answer_raiser_moves_it_by_noth
     from types import SimpleNamespace
 
     from tiny_world import tiny_config
+
     from weightgraft.experiments.config import parse_config
     from weightgraft.experiments.runner import run_experiment
 

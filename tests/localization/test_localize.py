@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny_world import loader, write_world
 
-from weightgraft.experiments.config import ConfigError
 from weightgraft.api.localize import localize
+from weightgraft.engine.cells import exact_effects
+from weightgraft.experiments.config import ConfigError
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.examples import position_labels
-from weightgraft.engine.cells import exact_effects
-from tiny_world import loader, write_world
 
 COLUMNS = ["example_id", "template", "direction", "position", "position_label", "layer", "component", "estimate", "exact"]
 
@@ -81,10 +81,10 @@ def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     result = localize(config, progress=False, load=loader)
     entry = result.search["searches"][0]
     pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
+    from weightgraft.engine.architectures import model_slots
     from weightgraft.localization.examples import build_examples
     from weightgraft.localization.maps import cell_map
     from weightgraft.localization.prompts import select_prompts
-    from weightgraft.engine.architectures import model_slots
 
     examples, _ = build_examples(select_prompts(config), pre.tokenizer)
     index = {s.name: i for i, s in enumerate(model_slots(pre.model))}

@@ -323,8 +323,8 @@ def test_too_few_prompts_are_refused_before_any_model_loads(tmp_path):
            "models": {"pre": "tiny-llama:pre", "sft": "tiny-llama:sft"}, "search": {"enabled": False}}
     with pytest.raises(ConfigError, match=r"4 prompts per map .*fewer than claims.min_prompts \(20\).*'limit'"):
         localize(parse_localize_config(raw), progress=False, load=no_load)
-    from typer.testing import CliRunner
     import yaml
+    from typer.testing import CliRunner
 
     from weightgraft.cli import app
     from weightgraft.localization.claims.evidence import claims_notes

@@ -11,6 +11,8 @@ import copy
 import numpy as np
 import pandas as pd
 import pytest
+from tiny_models import MOE_CONFIGS, TINY_CONFIGS, tiny_tokenizer
+from tiny_world import loader, write_world
 
 from weightgraft.api.localize import localize
 from weightgraft.configfile import ConfigError
@@ -19,8 +21,6 @@ from weightgraft.localization.claims import VERDICTS
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.plan_input import plan_input
 from weightgraft.planning.localize import plan_localize_work
-from tiny_models import MOE_CONFIGS, TINY_CONFIGS, tiny_tokenizer
-from tiny_world import loader, write_world
 
 CLAIMS = {"min_prompts": 2, "null_draws": 3, "resamples": 99}
 READ_ESTIMATES = ["share_estimate", "interaction"]  # the claims' only columns that read the estimates

@@ -12,6 +12,8 @@ import copy
 import numpy as np
 import pandas as pd
 import pytest
+from tiny_models import HYBRID_CONFIGS, make_tiny, tiny_tokenizer
+from tiny_world import loader, write_world
 
 from weightgraft.api.localize import localize
 from weightgraft.engine.architectures import model_slots
@@ -23,8 +25,6 @@ from weightgraft.localization.claims.stage import slot_params
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.plan_input import plan_input
 from weightgraft.planning.localize import plan_localize_work
-from tiny_models import HYBRID_CONFIGS, make_tiny, tiny_tokenizer
-from tiny_world import loader, write_world
 
 READ_ESTIMATES = ["share_estimate", "interaction"]
 

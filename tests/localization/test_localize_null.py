@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from tiny_world import loader, write_world
 
 from weightgraft.api.localize import localize
 from weightgraft.experiments.config import ConfigError
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.stability import null_summary, stability_table
-from tiny_world import loader, write_world
 
 SFTS = ["tiny-llama:sft", "tiny-llama:sft-copy"]  # the second: the first's weights again
 

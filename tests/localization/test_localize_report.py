@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 from browser import chromium
+from tiny_world import loader, write_world
 
 from weightgraft.api.localize import localize
 from weightgraft.localization.config import parse_localize_config
-from tiny_world import loader, write_world
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: localize end to end, and headless Chromium
 

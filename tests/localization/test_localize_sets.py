@@ -12,18 +12,18 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from tiny_world import loader, loader64, write_world
 
+from weightgraft.api.localize import localize
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import exact_effects
-from weightgraft.api.localize import localize
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.controls import draw_control, mix_key
 from weightgraft.localization.examples import build_examples
-from weightgraft.localization.prompts import select_prompts
 from weightgraft.localization.maps import cell_map
+from weightgraft.localization.prompts import select_prompts
 from weightgraft.localization.search import minimal_graft_search, rank_keys
 from weightgraft.localization.verify import SetVerifier, received_summary
-from tiny_world import loader, loader64, write_world
 
 TOL = 1e-12  # float64 models: a share regrafted outside localize agrees to float precision
 

@@ -11,11 +11,11 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 import pytest
-
-from weightgraft.experiments.config import ConfigError
-from weightgraft.api.localize import localize
-from weightgraft.localization.config import parse_localize_config
 from tiny_world import loader, write_world
+
+from weightgraft.api.localize import localize
+from weightgraft.experiments.config import ConfigError
+from weightgraft.localization.config import parse_localize_config
 
 SFTS = ["tiny-llama:sft", "tiny-llama:task", "tiny-llama:sft-copy"]  # the third: the first's weights again
 

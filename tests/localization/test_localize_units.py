@@ -7,16 +7,16 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
+from tiny_world import loader64, write_world
 
+from weightgraft.api.localize import localize
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import WHOLE, Cell, exact_effects, parse_cell_name
 from weightgraft.experiments.config import ConfigError
-from weightgraft.api.localize import localize
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.examples import build_examples
-from weightgraft.localization.prompts import select_prompts
 from weightgraft.localization.maps import UnitCellMap, cell_map, whole_cells
-from tiny_world import loader64, write_world
+from weightgraft.localization.prompts import select_prompts
 
 TOL = 1e-12  # float64 models
 

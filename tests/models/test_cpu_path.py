@@ -20,9 +20,9 @@ import torch
 import weightgraft as wg
 from weightgraft.engine.precision import one_cpu_path
 from weightgraft.errors import GraftArgumentError
+from weightgraft.models import load_model
 from weightgraft.models.donors import LoadSettings, load_role
 from weightgraft.models.hashing import weights_sha256
-from weightgraft.models import load_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
                                 reason="needs the quant extra: pip install 'weightgraft[quant]'")
@@ -90,7 +90,6 @@ def test_wg_load_and_spec_and_random_keep_one_path(wants_repack: None, saved: tu
 
 def test_qlora_base_keeps_one_path(wants_repack: None, saved: tuple[Path, Path], tmp_path: Path) -> None:
     from peft import LoraConfig, get_peft_model
-
     from transformers import AutoModelForCausalLM
 
     adapter = get_peft_model(AutoModelForCausalLM.from_pretrained(saved[0]), LoraConfig(r=2, target_modules=["q_proj", "down_proj"],

@@ -10,15 +10,15 @@ import pandas as pd
 import pytest
 import torch
 import transformers as T
+from tiny_models import TINY_CONFIGS, make_donor, make_tiny
+from tiny_world import write_world
 
 import weightgraft as wg
 from weightgraft.engine.compat import ModelMismatchError
 from weightgraft.experiments.config import parse_config
-from weightgraft.models.lean import donor_view, lean_from_safetensors, memory_report, needed_parameters
-from weightgraft.models import load_model
 from weightgraft.experiments.runner import run_experiment
-from tiny_models import TINY_CONFIGS, make_donor, make_tiny
-from tiny_world import write_world
+from weightgraft.models import load_model
+from weightgraft.models.lean import donor_view, lean_from_safetensors, memory_report, needed_parameters
 
 
 def _save(model, path):

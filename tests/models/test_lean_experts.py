@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny_models import MOE_CONFIGS, make_donor, make_tiny, random_ids
+from tiny_world import tokenizer, write_world
 
 import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
@@ -21,8 +23,6 @@ from weightgraft.experiments.plan import plan_experiment
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import bank_experts, lean_from_safetensors, memory_report, needed_parameters
-from tiny_models import MOE_CONFIGS, make_donor, make_tiny, random_ids
-from tiny_world import tokenizer, write_world
 
 HELD = (1, 3)
 

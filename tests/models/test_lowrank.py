@@ -7,16 +7,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny_models import TINY_CONFIGS, tiny_models
+from tiny_world import loader, write_world
 
 import weightgraft as wg
 from weightgraft.engine.precision import float64_exact
+from weightgraft.engine.reference import per_token_forward
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
-from weightgraft.engine.reference import per_token_forward
 from weightgraft.models.derived import LowRankDelta, LowRankError, lowrank_model
 from weightgraft.models.spec import LowRankSpec, check_roles, parse_lowrank
-from tiny_models import TINY_CONFIGS, tiny_models
-from tiny_world import loader, write_world
 
 ARCHS = ["gpt2", "llama", "gemma", "phi3", "qwen2", "gpt_neox"]
 

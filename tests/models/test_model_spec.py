@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from tiny_models import make_lora_adapter
+
 from weightgraft.errors import WeightgraftError
 from weightgraft.models.donors import LeanSlots, LoadSettings, load_role
 from weightgraft.models.loaded import LoadedModel

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tiny_models import make_tiny
-from weightgraft.models import embedded as M
+
 from weightgraft.models import (
     CorruptCheckpointError,
     EmbeddedModel,
@@ -30,6 +29,7 @@ from weightgraft.models import (
     load_model,
     weights_sha256,
 )
+from weightgraft.models import embedded as M
 
 _TEXTS = [
     "Keanu Reeves starred in The Silver Road with Meryl Streep.",

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from peft.utils import load_peft_weights
+from tiny_models import TINY_CONFIGS, make_lora_adapter, make_tiny
+from tiny_world import loader
 
 import weightgraft as wg
 from weightgraft.engine.architectures import Fused, adapter_for, model_slots
 from weightgraft.engine.attribution import graft_attribution
-from weightgraft.engine.cells import ScoredExample, example_cells, exact_effects
+from weightgraft.engine.cells import ScoredExample, exact_effects, example_cells
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
@@ -22,8 +24,6 @@ from weightgraft.models import weights_sha256
 from weightgraft.models.errors import PeftError
 from weightgraft.models.lean import memory_report
 from weightgraft.models.peft_donor import adapter_info, merged_copy
-from tiny_models import TINY_CONFIGS, make_lora_adapter, make_tiny
-from tiny_world import loader
 
 ARCHS = sorted(TINY_CONFIGS)
 TOL = 1e-10

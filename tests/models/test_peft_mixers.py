@@ -12,13 +12,13 @@ import copy
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from tiny_models import make_lora_adapter, make_tiny, random_ids
 
 import weightgraft as wg
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
 from weightgraft.errors import UnsupportedLora
 from weightgraft.models.peft_donor import adapter_info
-from tiny_models import make_lora_adapter, make_tiny, random_ids
 
 PROJECTIONS = {
     "lfm2": ["in_proj", "out_proj"],  # out_proj is the attention layer's o too

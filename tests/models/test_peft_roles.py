@@ -13,12 +13,12 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from peft.utils import load_peft_weights
+from tiny_models import make_lora_adapter, make_tiny
+from tiny_world import loader, write_world
 
 import weightgraft as wg
 from weightgraft.models import weights_sha256
 from weightgraft.models.spec import PeftError, PeftSpec, check_roles, parse_peft
-from tiny_models import make_lora_adapter, make_tiny
-from tiny_world import loader, write_world
 
 
 def _world_adapter(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
@@ -251,8 +251,8 @@ def test_a_relative_adapter_dir_in_a_config_file_is_taken_from_its_folder(tmp_pa
 
 def test_memory_plans_count_a_lora_role_as_its_adapter(tmp_path):
     from weightgraft.experiments.config import parse_config
-    from weightgraft.localization.config import parse_localize_config
     from weightgraft.experiments.plan import plan_experiment
+    from weightgraft.localization.config import parse_localize_config
     from weightgraft.localization.run import plan_input
     from weightgraft.planning.localize import plan_localize_work
 

@@ -11,8 +11,8 @@ import torch
 
 from weightgraft.models import load_model
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
-from weightgraft.models.spec import parse_spec
 from weightgraft.models.random_models import lean_random_donor, parse_random_spec, shipped_configs
+from weightgraft.models.spec import parse_spec
 
 # public parameter counts of the models (tied embeddings counted once)
 PUBLIC_COUNTS = {
@@ -169,9 +169,9 @@ def test_commands_that_tokenize_refuse_random_models_before_loading(tmp_path: Pa
     from tiny_world import write_world
 
     import weightgraft.experiments.runner as runner
+    from weightgraft.api.localize import localize
     from weightgraft.experiments.config import parse_config
     from weightgraft.localization.config import parse_localize_config
-    from weightgraft.api.localize import localize
 
     def no_load(*a, **k):
         raise AssertionError("a model was loaded")

@@ -7,13 +7,13 @@ from __future__ import annotations
 import copy
 
 import pytest
+from tiny_models import TINY_CONFIGS, tiny_tokenizer
+from tiny_world import tiny_config
 
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.models.errors import ModelLoadError
 from weightgraft.models.tokenization import TokenizerMismatchError, load_tokenizer
-from tiny_models import TINY_CONFIGS, tiny_tokenizer
-from tiny_world import tiny_config
 
 VOCAB = 200  # above the character tokenizer's size, below the byte fallback's 259
 
@@ -68,9 +68,10 @@ def test_the_byte_fallback_round_trips_text_with_offsets():
 
 @pytest.mark.slow
 def test_localize_runs_on_a_random_pair_with_a_tokenizer(tmp_path, random_specs):
+    from tiny_world import write_world
+
     from weightgraft.api.localize import localize as run_localize
     from weightgraft.localization.config import parse_localize_config
-    from tiny_world import write_world
 
     raw = {"name": "loc", "data": str(write_world(tmp_path / "data", n=2)),
            "models": {"pre": random_specs["pre"], "sft": random_specs["sft"]}, "out": str(tmp_path / "loc"),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import VL_CONFIGS, make_donor, make_tiny, random_ids, tiny_tokenizer
 
 import weightgraft as wg
 from weightgraft.engine.architectures import adapter_for
@@ -22,7 +23,6 @@ from weightgraft.models.footprint import location_footprint
 from weightgraft.models.lean import lean_from_safetensors, memory_report, needed_parameters
 from weightgraft.models.vision_language import load_form
 from weightgraft.planning.lengths import refuse_media, tokenizer_for
-from tiny_models import VL_CONFIGS, make_donor, make_tiny, random_ids, tiny_tokenizer
 
 VL = sorted(VL_CONFIGS)
 

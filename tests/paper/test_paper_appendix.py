@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from test_paper_pipeline import base_model, settings  # noqa: F401 - the tiny model fixture
 
 from weightgraft.data.general_text import CORPUS, stdlib_paragraphs, write_general_text
 from weightgraft.paper.settings import PaperError, PaperSettings
 from weightgraft.training.presets import PRESETS
-from test_paper_pipeline import base_model, settings  # noqa: F401 - the tiny model fixture
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: finetunes, the paper pipeline, the stdlib's sources
 

@@ -204,7 +204,7 @@ def test_the_control_finetune_is_the_a2b_recipe_on_the_shuffled_answers_and_judg
 
 
 def test_a_control_that_knows_the_facts_is_flagged(full_run):
-    from weightgraft.paper.report import to_markdown, report_blocks
+    from weightgraft.paper.report import report_blocks, to_markdown
 
     run, _ = full_run
     knows = dataclasses.replace(run, settings=dataclasses.replace(run.settings, control_top5=-0.01))
@@ -217,7 +217,7 @@ def test_a_control_that_knows_the_facts_is_flagged(full_run):
 def test_on_the_papers_own_model_a_planted_level_is_judged_by_its_interval_and_the_margin(full_run, hits, n, verdict):
     """The run's records with Gemma's LT planted (212 of 400: 90% interval within 53 +- 10; 4 of
     8: not), the run's model taken as gemma-1.1-2b-it by its settings."""
-    from weightgraft.paper.report import to_markdown, report_blocks
+    from weightgraft.paper.report import report_blocks, to_markdown
 
     run, _ = full_run
     planted = copy.deepcopy(run)
@@ -446,8 +446,8 @@ def test_the_finetunes_device_is_the_runs_and_a_card_they_cannot_take_is_one_lin
     import torch
 
     from weightgraft.paper.pipeline import check_inputs
-    from weightgraft.training.errors import TrainingError
     from weightgraft.training.device import training_device
+    from weightgraft.training.errors import TrainingError
 
     assert training_device("cpu") == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -612,7 +612,6 @@ def test_seeds_are_planned_k_times_and_the_cli_takes_seeds_margin_and_paper_mode
     from weightgraft.cli.paper import paper
     from weightgraft.paper.plan import plan_paper
     from weightgraft.paper.settings import PaperError
-
     from weightgraft.planning import budget
     from weightgraft.planning.cards import CARDS
 

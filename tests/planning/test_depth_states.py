@@ -8,13 +8,13 @@ import random
 
 import pytest
 import torch
+from tiny_models import make_donor, make_tiny
 
 import weightgraft.engine.cells as cells_mod
 from weightgraft.engine.architectures import Units, model_slots
-from weightgraft.engine.cells import Cell, ScoredExample, example_cells, exact_effects
+from weightgraft.engine.cells import Cell, ScoredExample, exact_effects, example_cells
 from weightgraft.engine.sharing.depth import DepthStats
 from weightgraft.planning.depth_states import cached_positions, depth_state_bytes
-from tiny_models import make_donor, make_tiny
 
 LENGTHS = (12, 12, 11)
 CHUNK = 16  # below every call's items: passes hold CHUNK rows, as at real scale (chunk 512, 30 layers)

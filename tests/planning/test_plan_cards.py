@@ -66,6 +66,7 @@ def test_a_gpu_plan_adds_reading_the_weights_from_disk_and_over_the_host_link(
     no such part; a localize plan for a card counts its roles' bytes too."""
     import json
 
+    from tiny_world import write_world
     from typer.testing import CliRunner
 
     from weightgraft.cli import app
@@ -75,7 +76,6 @@ def test_a_gpu_plan_adds_reading_the_weights_from_disk_and_over_the_host_link(
     from weightgraft.localization.run import plan_input
     from weightgraft.planning.errors import PlanError
     from weightgraft.planning.localize import plan_localize_work
-    from tiny_world import write_world
 
     monkeypatch.setattr(budget_mod, "cuda_here", lambda: False)
     data = str(write_world(tmp_path / "data"))

@@ -13,7 +13,6 @@ from tiny_world import write_world
 from typer.testing import CliRunner
 
 from weightgraft.cli import app
-from weightgraft.planning.depth_states import depth_state_bytes
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.found_sets import split_prompts
 from weightgraft.localization.prompts import select_prompts
@@ -21,6 +20,7 @@ from weightgraft.localization.run import plan_input
 from weightgraft.models.spec import parse_spec
 from weightgraft.models.tokenization import load_tokenizer
 from weightgraft.planning.costs import attribution_bytes, inference_bytes
+from weightgraft.planning.depth_states import depth_state_bytes
 from weightgraft.planning.localize import DEPTH_STATES, EXACT_BATCH, plan_localize_work
 
 SMALL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
@@ -117,7 +117,7 @@ def test_the_graft_maps_term_is_what_exact_effects_builds(tiny_model_dirs: dict[
     (``_graft_map_bytes``): the items ``exact_effects`` builds, counted on a real call, are one
     byte per (position, slot) of every cell's map (int64 maps were 8x that)."""
     from weightgraft.engine import cells as cells_mod
-    from weightgraft.engine.cells import ScoredExample, example_cells, exact_effects
+    from weightgraft.engine.cells import ScoredExample, exact_effects, example_cells
     from weightgraft.models import load_model
     from weightgraft.planning.localize import _graft_map_bytes
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import HYBRID_CONFIGS, MOE_CONFIGS, TINY_CONFIGS, make_tiny
 
 from weightgraft.engine import projections
 from weightgraft.engine.architectures import model_slots
 from weightgraft.models.spec import parse_spec
 from weightgraft.planning.costs import cache_bytes, delta_bytes, inference_bytes
-from tiny_models import HYBRID_CONFIGS, MOE_CONFIGS, TINY_CONFIGS, make_tiny
 
 
 def _footprint(tmp_path: Path, arch: str):

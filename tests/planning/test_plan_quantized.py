@@ -29,8 +29,8 @@ from tiny_world import write_world
 import weightgraft.planning.budget as budget_mod
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.plan import plan_experiment
-from weightgraft.models.spec import parse_spec
 from weightgraft.models.quantization.schemes import QuantizationError
+from weightgraft.models.spec import parse_spec
 from weightgraft.planning.cards import CARDS
 from weightgraft.planning.costs import param_bytes, quantized_parts
 from weightgraft.planning.sizes import gib

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import make_tiny, tiny_tokenizer
 
 import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
 from weightgraft.schemes.presets import preset
 from weightgraft.schemes.scheme import Rule, Scheme, compile_scheme
 from weightgraft.schemes.selectors import (
-    SelectorError, SpanNotFound, layer_group, select_components, select_layers, select_positions,
+    SelectorError,
+    SpanNotFound,
+    layer_group,
+    select_components,
+    select_layers,
+    select_positions,
 )
-from tiny_models import make_tiny, tiny_tokenizer
 
 PROMPT = "Keanu Reeves starred in a movie with"
 SPANS = {"first_actor": (0, 12), "relation": (13, 30), "preposition": (31, 35)}

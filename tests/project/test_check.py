@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from tiny_models import make_donor, make_tiny, tiny_tokenizer
 from typer.testing import CliRunner
 
 import weightgraft.engine.check as check_mod
 from weightgraft.cli import app
-from tiny_models import make_donor, make_tiny, tiny_tokenizer
 
 runner = CliRunner()
 

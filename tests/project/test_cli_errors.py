@@ -25,11 +25,11 @@ def _lines(err: str) -> list[str]:
 
 
 def test_every_error_class_has_the_root_and_keeps_its_builtin_base():
-    from weightgraft.schemes.binding import GraftInputError
     from weightgraft.data.errors import TemplateFieldError
     from weightgraft.experiments.config import ConfigError
     from weightgraft.experiments.store import ResultsWriteError
     from weightgraft.models.errors import ModelNotFoundError
+    from weightgraft.schemes.binding import GraftInputError
     from weightgraft.schemes.selectors import SpanNotFound
 
     for cls, builtin in ((GraftInputError, ValueError), (TemplateFieldError, ValueError), (ConfigError, ValueError),

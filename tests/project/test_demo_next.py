@@ -227,6 +227,7 @@ def test_the_moe_demo_upcycles_finetunes_and_ends_with_the_expert_map(no_demo, t
     import pandas as pd
     import transformers as T
     from rich.console import Console
+    from tiny_models import make_donor
 
     import weightgraft.demo
     import weightgraft.experiments.runner
@@ -234,7 +235,6 @@ def test_the_moe_demo_upcycles_finetunes_and_ends_with_the_expert_map(no_demo, t
     import weightgraft.report
     import weightgraft.report.console
     import weightgraft.training
-    from tiny_models import make_donor
     from weightgraft.demo import run_demo
     from weightgraft.training.upcycle import Upcycling, upcycle_to_folder
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]

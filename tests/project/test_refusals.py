@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_world import loader, tiny_config
 from typer.testing import CliRunner
 
 from weightgraft import atomic
@@ -12,7 +13,6 @@ from weightgraft.cli.data import app as data_app
 from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.schemes.selectors import SelectorError
-from tiny_world import loader, tiny_config
 
 
 def _raw(tmp_path, **extra) -> dict:

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 import yaml
+from tiny_world import tiny_config
 
 import weightgraft as wg
 from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 from weightgraft.models.spec import parse_spec
-from tiny_world import tiny_config
 
 
 @pytest.fixture

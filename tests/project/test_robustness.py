@@ -13,15 +13,15 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import torch
+from tiny_models import make_donor, make_tiny, tiny_tokenizer, tiny_word_tokenizer
+from tiny_world import loader, tiny_config, write_world
 
 from weightgraft import atomic
 from weightgraft.experiments.config import ConfigError, parse_config
 from weightgraft.experiments.runner import DatasetError, run_experiment
-from weightgraft.schemes.selectors import SelectorError
 from weightgraft.experiments.store import ResultsWriteError
 from weightgraft.models.tokenization import TokenizerMismatchError
-from tiny_models import make_donor, make_tiny, tiny_tokenizer, tiny_word_tokenizer
-from tiny_world import loader, tiny_config, write_world
+from weightgraft.schemes.selectors import SelectorError
 
 
 def _raw(tmp_path, **extra) -> dict:
@@ -184,9 +184,9 @@ def test_same_seed_twice_gives_identical_results(tmp_path):
 
 def test_checkpoint_missing_a_tensor_is_refused_not_filled_at_random(tmp_path):
     from safetensors.torch import load_file, save_file
+    from tiny_models import make_tiny, tiny_tokenizer
 
     from weightgraft.models import CorruptCheckpointError, load_model
-    from tiny_models import make_tiny, tiny_tokenizer
 
     for arch in ("llama", "gemma"):  # gemma: tied embeddings are not "missing"
         directory = tmp_path / arch

@@ -1,7 +1,8 @@
-"""The two tiers: ``make test`` runs the whole suite, ``make check`` the tests not marked ``slow``
-(the rule: docs/development.md). The marker is registered, the Makefile's expression is the one the
-docs name, the modules that are slow by kind are marked whole, every ``SLOW_FIXTURES`` name is a
-fixture of its module, and pytest's own selection keeps the engine's tests and leaves those out."""
+"""The two tiers: ``make test`` runs the whole suite, ``make check`` runs ``make lint`` and then the
+tests not marked ``slow`` (the rule: docs/development.md). The marker is registered, the Makefile's
+targets are the ones the docs name, the modules that are slow by kind are marked whole, every
+``SLOW_FIXTURES`` name is a fixture of its module, every line of ``tests/slow_tests.txt`` (slow by
+measured time) names a test, and pytest's own selection keeps the engine's tests and leaves those out."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import pytest_collection_modifyitems
+from conftest import measured_slow, pytest_collection_modifyitems
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -59,9 +60,11 @@ def test_the_slow_marker_is_registered():
     assert any(m.split(":", 1)[0].strip() == "slow" for m in config["markers"])
 
 
-def test_make_check_is_the_suite_without_slow_and_make_test_all_of_it():
-    check, test = _recipe("check"), _recipe("test")
-    assert check[0] == test[0] == "$(STAMP)"  # the same install step
+def test_make_check_is_lint_then_the_suite_without_slow_and_make_test_all_of_it():
+    check, lint, test = _recipe("check"), _recipe("lint"), _recipe("test")
+    assert lint[0] == test[0] == "$(STAMP)"  # the same install step
+    assert lint[1:] == ["$(BIN)/python tests/lint.py"], lint  # as tests/project/test_lint.py in `make test`
+    assert check[0] == "lint", check  # lint first, then the fast tier
     assert check[1:] == ['$(BIN)/python -m pytest -q -m "not slow"'], check
     assert test[1:] == ["$(BIN)/python -m pytest -q"], test  # CI's command (.ci/run): the whole suite
 
@@ -97,6 +100,28 @@ def test_every_slow_fixture_is_a_fixture_of_its_module():
         assert isinstance(names, tuple) and set(names) <= fixtures, f"{path.name}: {names} not among {fixtures}"
         named += len(names)
     assert named >= 1
+
+
+def test_every_measured_slow_test_names_a_test_function_of_its_file():
+    """``tests/slow_tests.txt`` (the tests marked slow by their measured time) names only test functions that
+    exist, so a renamed test does not fall silently into the fast tier."""
+    measured = measured_slow()
+    assert measured
+    for entry in sorted(measured):
+        path, _, name = entry.partition("::")
+        assert path.startswith("tests/") and name.startswith("test_") and "[" not in name, entry
+        tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+        defs = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+        assert name in defs, f"tests/slow_tests.txt: {entry} is not a test of {path}: rename or remove its line"
+
+
+def test_a_measured_slow_test_is_marked_in_every_case():
+    marks: dict[str, list] = {"case": [], "other": []}
+    entry = sorted(measured_slow())[0]
+    pytest_collection_modifyitems([
+        SimpleNamespace(nodeid=f"{entry}[a-b]", module=None, fixturenames=[], add_marker=marks["case"].append),
+        SimpleNamespace(nodeid=f"{entry}_not[a]", module=None, fixturenames=[], add_marker=marks["other"].append)])
+    assert [m.name for m in marks["case"]] == ["slow"] and marks["other"] == []
 
 
 def test_a_test_that_needs_a_slow_fixture_is_marked():

@@ -19,13 +19,13 @@ from typer.testing import CliRunner
 import weightgraft as wg
 from weightgraft.cli import app
 from weightgraft.experiments.config import parse_config
-from weightgraft.schemes.families import PRESET_FAMILIES
 from weightgraft.experiments.metrics import summarize
 from weightgraft.experiments.runner import run_experiment
 from weightgraft.report import FAMILY_FIGURES, MAX_BARS, write_report
 from weightgraft.report.console import print_summary
 from weightgraft.report.families import FigureContext, family_bars, group_figures
 from weightgraft.report.run import load_run
+from weightgraft.schemes.families import PRESET_FAMILIES
 
 
 def _every_preset() -> list[wg.Scheme]:

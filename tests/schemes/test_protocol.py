@@ -11,6 +11,8 @@ import transformers as T
 from tiny_models import TINY_CONFIGS, _randomize, make_donor, tiny_tokenizer
 
 import weightgraft as wg
+from weightgraft.engine.architectures import model_slots
+from weightgraft.engine.reference import per_token_forward
 from weightgraft.experiments.config import parse_config
 from weightgraft.schemes.presets import preset
 from weightgraft.schemes.protocol import (
@@ -20,8 +22,6 @@ from weightgraft.schemes.protocol import (
 )
 from weightgraft.schemes.scheme import Rule, Scheme, compile_scheme
 from weightgraft.schemes.selectors import SelectorError, select_layers
-from weightgraft.engine.architectures import model_slots
-from weightgraft.engine.reference import per_token_forward
 
 TOL = 1e-9  # float64
 PROMPT = "Al Bo in in Up by"

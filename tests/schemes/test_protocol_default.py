@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 from rich.console import Console
+from tiny_world import tiny_config
 from typer.testing import CliRunner
 
 import weightgraft as wg
@@ -20,7 +21,6 @@ from weightgraft.report.console import print_summary
 from weightgraft.schemes.presets import preset
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, PROTOCOLS
 from weightgraft.schemes.scheme import compile_scheme
-from tiny_world import tiny_config
 
 PROMPTS = ["Keanu Reeves starred in a movie with", "Q: Who starred in a movie alongside Tom Hanks? A: An actor named"]
 

@@ -11,8 +11,15 @@ from scipy import stats as sps
 
 import weightgraft.stats as st
 from weightgraft.stats import means
-from weightgraft.stats.simulation import (FAMILIES, miss_bound, null_rejection, rate_coverage, seeded_share_designs,
-                                          share_misses, skewed_region_rejection)
+from weightgraft.stats.simulation import (
+    FAMILIES,
+    miss_bound,
+    null_rejection,
+    rate_coverage,
+    seeded_share_designs,
+    share_misses,
+    skewed_region_rejection,
+)
 
 pytestmark = pytest.mark.slow  # `make check` leaves these out: seeded simulations of coverage and error rates
 

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_training import ACTORS, FAST, TEMPLATES, _write_jsonl
 from transformers import TrainerCallback
 
 from weightgraft.models import load_model, weights_sha256
 from weightgraft.training import PRESETS, TrainingError, finetune, get_preset, read_split
 from weightgraft.training.text_loss import loss_by_template, unlearned_templates
 from weightgraft.training.texts import _collator, _TokenizedTexts, train_texts_by_template
-
-from tiny_training import ACTORS, FAST, TEMPLATES, _write_jsonl
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:

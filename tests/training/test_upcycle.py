@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 import transformers as T
+from tiny_models import make_donor, make_tiny, random_ids
 from typer.testing import CliRunner
 
 import weightgraft as wg
 from weightgraft.cli import app
 from weightgraft.engine.reference import per_token_forward
 from weightgraft.training.upcycle import UpcycleError, Upcycling, check_upcyclable, upcycle
-from tiny_models import make_donor, make_tiny, random_ids
 
 
 def _dense(tied: bool = True) -> torch.nn.Module:

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.data.prompts import TestPrompt
 from weightgraft.experiments.examples import Exclusions, prepare
 from weightgraft.experiments.metrics import add_recovery
-from weightgraft.schemes.scheme import Scheme
 from weightgraft.experiments.scoring import baselines, compute_logits, score_rows
 from weightgraft.schemes.binding import GraftInputError, Rules, Spans, one_or_many, prepare_graft
-
-
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
+from weightgraft.schemes.scheme import Scheme
 
 if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
     from torch import nn

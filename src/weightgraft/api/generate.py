@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.data.spans import SpanSpec
 from weightgraft.engine.generate import generate_one
 from weightgraft.schemes.binding import GraftInputError, Rules, prepare_graft
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.schemes.selectors import SpanNotFound
 
 DEFAULT_ROLES = ("pre", "sft")

@@ -15,20 +15,18 @@ import itertools
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.engine.forward import graft_call
 from weightgraft.engine.source_map import SourceMap
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.schemes.binding import GraftInputError, Rules, prepare_graft
+from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 from weightgraft.schemes.scheme import CompiledScheme
 from weightgraft.schemes.selectors import SpanNotFound
-
-
 
 if TYPE_CHECKING:  # annotations only: importing weightgraft does not import transformers
     from torch import nn

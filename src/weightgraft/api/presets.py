@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from weightgraft.schemes import families
+
 # re-exported as wg.presets.<name> (explicitly, for ruff and mypy)
 from weightgraft.schemes.paper_presets import COMPONENT_SETS as COMPONENT_SETS
 from weightgraft.schemes.paper_presets import LAYER_GROUPS as LAYER_GROUPS

@@ -39,10 +39,10 @@ def check(
     allow_pickle: bool = typer.Option(False, help="Allow pickle (.bin) checkpoints."),
 ) -> None:
     """Check the fast engine against the per-token KV-cache definition on YOUR models."""
-    from weightgraft.engine.check import DEFAULT_PROMPTS, check_engine
-    from weightgraft.models.donors import LoadSettings, load_role
     from weightgraft.engine.architectures import text_config
+    from weightgraft.engine.check import DEFAULT_PROMPTS, check_engine
     from weightgraft.engine.projections import hf_config
+    from weightgraft.models.donors import LoadSettings, load_role
     from weightgraft.models.random_models import random_token_batch
     from weightgraft.models.spec import parse_spec
     from weightgraft.models.tokenization import batch_encode, check_same_tokenizer

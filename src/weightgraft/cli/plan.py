@@ -57,11 +57,10 @@ def plan(
         chosen = replace(chosen, disk_bytes_per_second=disk_gbps * 1e9)
     raw = read_yaml_config(config, overrides or [], "experiment or localize")
     if isinstance(raw, dict) and "schemes" not in raw:
+        from weightgraft.localization.claims.evidence import claims_notes
         from weightgraft.localization.config import parse_localize_config
         from weightgraft.localization.run import plan_input
         from weightgraft.planning.localize import plan_localize_work
-
-        from weightgraft.localization.claims.evidence import claims_notes
 
         localize_config = parse_localize_config(raw, str(config))
         result = plan_localize_work(plan_input(localize_config), memory=memory, gpu=chosen, with_time=time)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+
 import torch
 from torch import nn
 
 from weightgraft.engine.architectures import UnitKind, Units
-from weightgraft.engine.projections import input_embedding_weight
 from weightgraft.engine.metric_table import Batch, localize_metric
 from weightgraft.engine.partial import PartialGraft
+from weightgraft.engine.projections import input_embedding_weight
 from weightgraft.errors import GraftArgumentError
 
 __all__ = ["Metric", "graft_attribution", "graft_unit_attribution", "graft_metric", "metric_values", "unit_slots"]

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from weightgraft.engine.architectures import model_slots
-from weightgraft.engine.sharing.depth import depth_forward
 from weightgraft.engine.forward import graft_forward, slots
 from weightgraft.engine.precision import eager_attention, float64_exact
-from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 from weightgraft.engine.reference import CompositeModel, per_token_forward
+from weightgraft.engine.sharing.depth import depth_forward
+from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 
 DEFAULT_PROMPTS = (
     "Keanu Reeves starred in a movie with",

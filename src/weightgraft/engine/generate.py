@@ -19,8 +19,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from weightgraft.data.spans import SpanSpec, resolve_spans
-from weightgraft.engine.projections import hf_config, input_embedding_weight
 from weightgraft.engine.forward import graft_forward
+from weightgraft.engine.projections import hf_config, input_embedding_weight
 from weightgraft.errors import GraftArgumentError
 
 if TYPE_CHECKING:

@@ -25,12 +25,12 @@ from torch import nn
 from transformers import DynamicCache
 
 from weightgraft.engine import lora, projections
-from weightgraft.engine.attention.latent import decompressed_forward, latent_attention_paths
-from weightgraft.engine.moe import HELD_ATTR
 from weightgraft.engine.architectures import Slot, model_slots
 from weightgraft.engine.architectures.slots import graftable_state, part_state
+from weightgraft.engine.attention.latent import decompressed_forward, latent_attention_paths
 from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.mixers.mamba2 import decode_step_floor
+from weightgraft.engine.moe import HELD_ATTR
 from weightgraft.engine.precision import batch_invariant_attention, one_cpu_path
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from weightgraft.engine.generate import generate_one
 from weightgraft.experiments.examples import Prepared
 from weightgraft.schemes.scheme import CompiledScheme
-from weightgraft.engine.generate import generate_one
 
 
 def sweep_continuations(

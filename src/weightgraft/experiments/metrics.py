@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from weightgraft.engine import metric_table
-from weightgraft.experiments.answer_tokens import add_answer_flags, logit_diff_note
 from weightgraft.engine.metric_table import MetricSpec
+from weightgraft.experiments.answer_tokens import add_answer_flags, logit_diff_note
 from weightgraft.stats import mean_ci, rate_cis, share_interval
 
 # |SFT - PRE| below which a per-example recovery is flagged (and left out of paired

@@ -18,7 +18,6 @@ from weightgraft.engine.metric_table import pair_skips, paired_metrics
 from weightgraft.stats import mean_ci
 
 
-
 class SchemePair(BaseModel):
     """Scheme ``a`` minus scheme ``b``; a config may write ``{a: FE+LT, b: LT}`` or
     ``[FE+LT, LT]``."""

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 
 from weightgraft.data.prompts import answer_token_ids
+from weightgraft.engine.metric_table import ScoreInputs, row_metrics
+from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 from weightgraft.experiments.answer_tokens import REFUSED, distractor_flag, scored_on
 from weightgraft.experiments.examples import Prepared
-from weightgraft.engine.metric_table import ScoreInputs, row_metrics
 from weightgraft.experiments.prediction import answer_logprob, score_next_token, whole_character_prefix
 from weightgraft.schemes.scheme import Scheme
-from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from weightgraft import atomic
+from weightgraft.configfile import ConfigError
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import Cell, exact_effects_in, example_cells
 from weightgraft.engine.source_map import SlotName
-from weightgraft.configfile import ConfigError
 from weightgraft.expert_maps.cells import PLAIN, expert_map
 from weightgraft.expert_maps.summary import REGIONS, concentration, region_of, summarize, top_cells
 from weightgraft.localization.examples import LocalizeExample

@@ -24,9 +24,9 @@ from starlette.staticfiles import StaticFiles
 
 from weightgraft.explore.artifacts import LocalizeView, RunView
 from weightgraft.explore.expert_view import ExpertMapView
-from weightgraft.explore.same_origin import Guard, served_hosts
 from weightgraft.explore.opening import DEFAULT, Opening
 from weightgraft.explore.requests import GraftRequest, Limits, RequestError, TokensRequest, parse
+from weightgraft.explore.same_origin import Guard, served_hosts
 from weightgraft.explore.session import Explorer
 from weightgraft.explore.stroke_line import StrokeLine
 

@@ -22,8 +22,8 @@ import pandas as pd
 
 from weightgraft.engine.architectures import Slot
 from weightgraft.engine.source_map import SlotName
-from weightgraft.explore.artifacts import _clean, _examples, _prompts_by_id
 from weightgraft.expert_maps.summary import REGIONS
+from weightgraft.explore.artifacts import _clean, _examples, _prompts_by_id
 from weightgraft.report.run import ReportError
 
 FORMAT = "weightgraft.experts/1"

@@ -11,7 +11,6 @@ from weightgraft.schemes.presets import preset
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import position_names
 
-
 # what each protocol means, in one line beside every result (schemes/protocol.py lists every difference)
 PROTOCOL_MEANING = {
     "paper": "the paper's text: embedding and unembedding graft separately; position schemes graft the final norm with the body",

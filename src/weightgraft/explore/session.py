@@ -25,11 +25,11 @@ from weightgraft.explore.cells import cell_maps, is_scaled, scaled_cells, split_
 from weightgraft.explore.layout import layout
 from weightgraft.explore.prompt_passes import BASELINES, Check, Passes, ScaledModels
 from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
+from weightgraft.explore.schemes import page_schemes
 from weightgraft.models.spec import ScaledSpec
 from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import first_entity, token_span
-from weightgraft.explore.schemes import page_schemes
 
 
 class Explorer:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from weightgraft.data.prompts import DatasetError, TestPrompt, answer_token_ids
-from weightgraft.schemes.labels import position_labels
 from weightgraft.engine.cells import ScoredExample
+from weightgraft.schemes.labels import position_labels
 
 
 @dataclass(frozen=True)

@@ -26,16 +26,15 @@ from torch import nn
 
 from weightgraft import atomic
 from weightgraft.configfile import ConfigError
+from weightgraft.engine.architectures import Units, model_slots
+from weightgraft.engine.cells import WHOLE, cell_name
 from weightgraft.localization.controls import set_controls
 from weightgraft.localization.examples import LocalizeExample
-from weightgraft.engine.architectures import Units
-from weightgraft.engine.cells import WHOLE, cell_name
 from weightgraft.localization.maps import UnitCellMap, cell_map, whole_cells
 from weightgraft.localization.missed import missed_estimate
 from weightgraft.localization.refine import refine_set
 from weightgraft.localization.search import minimal_graft_search, rank_keys
 from weightgraft.localization.verify import CellKey, SetVerifier, received_summary
-from weightgraft.engine.architectures import model_slots
 
 
 def _keys(cells: list[dict[str, str]]) -> list[CellKey]:

@@ -16,16 +16,22 @@ import numpy as np
 import pandas as pd
 import torch
 
-from weightgraft.localization.examples import LocalizeExample
-from weightgraft.engine.architectures import Units
-from weightgraft.engine.attribution import Metric, graft_attribution
-from weightgraft.engine.cells import (OUTPUT_ONLY, REST, WHOLE, Cell, contrast_tokens, exact_effects, example_cells,
-                                     has_rest)
+from weightgraft.engine.architectures import Units, model_slots
+from weightgraft.engine.attribution import Metric, graft_attribution, graft_unit_attribution
+from weightgraft.engine.cells import (
+    OUTPUT_ONLY,
+    REST,
+    WHOLE,
+    Cell,
+    contrast_tokens,
+    exact_effects,
+    example_cells,
+    has_rest,
+    parse_cell_name,
+)
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.source_map import SlotName
-from weightgraft.engine.architectures import model_slots
-from weightgraft.engine.attribution import graft_unit_attribution
-from weightgraft.engine.cells import parse_cell_name
+from weightgraft.localization.examples import LocalizeExample
 
 CELL_KEYS = ["example_id", "template", "direction", "position", "slot", "unit"]
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from weightgraft.models.errors import DemoNotFoundError as DemoNotFoundError
 from weightgraft import atomic
+from weightgraft.models.errors import DemoNotFoundError as DemoNotFoundError
 
 __all__ = ["DemoNotFoundError", "DemoRecord", "demo_target", "read_demo_record", "record_path", "write_demo_record"]
 _CALL = re.compile(r"^\s*\w+\s*\(")  # a spec built from roles (peft(...)), not a folder

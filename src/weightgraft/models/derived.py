@@ -33,10 +33,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from weightgraft.models.errors import LowRankError, ModelSpecError
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.loaded import LoadedModel
 from weightgraft.models.peft_donor import adapter_info, merged_copy
-from weightgraft.models.errors import LowRankError, ModelSpecError
 
 __all__ = ["LowRankDelta", "LowRankError", "Vectors", "build_lowrank", "build_scaled", "lowrank_delta", "lowrank_model",
            "scaled_model"]

@@ -11,13 +11,14 @@ nothing is ever fetched from a hub, and remote code runs only with ``trust_remot
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from weightgraft.engine.precision import batch_invariant_attention, one_cpu_path
+from weightgraft.models import vision_language
 from weightgraft.models.embedded import (
     EMBEDDED_MODELS,
     _embedded,
@@ -33,11 +34,9 @@ from weightgraft.models.errors import (
 )
 from weightgraft.models.footprint import cached_snapshot
 from weightgraft.models.hashing import weights_sha256
-from weightgraft.models import vision_language
 from weightgraft.models.lean import lean_from_safetensors
 from weightgraft.models.loaded import LoadedModel, LoadSettings
 from weightgraft.models.quantization.load import require_quantized
-
 
 
 def _check_safetensors(path: Path) -> None:

@@ -33,11 +33,11 @@ from typing import Any
 from torch import nn
 
 from weightgraft.engine import lora
-from weightgraft.models.loaded import LoadedModel
-from weightgraft.models.errors import PeftError
 from weightgraft.engine.architectures import model_slots
+from weightgraft.models.errors import PeftError
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import _structural_copy, memory_report
+from weightgraft.models.loaded import LoadedModel
 
 __all__ = [
     "AdapterInfo",

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from weightgraft.models.errors import TokenizerMismatchError as TokenizerMismatchError
 from weightgraft.data.prompts import DatasetError
 from weightgraft.engine.architectures import text_config
 from weightgraft.engine.projections import hf_config
 from weightgraft.models.embedded import ensure_converted
 from weightgraft.models.errors import ModelLoadError
+from weightgraft.models.errors import TokenizerMismatchError as TokenizerMismatchError
 from weightgraft.models.spec import embedded_name, parse_spec
 
 if TYPE_CHECKING:

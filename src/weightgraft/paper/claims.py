@@ -20,12 +20,12 @@ from typing import Any
 
 from rich.console import Console
 
-from weightgraft.paper.figures import FINETUNES, HEADLINE, QA
-from weightgraft.paper.settings import PaperRun, PaperSettings, precondition
-from weightgraft.paper.stages import Stage, stage_path
 from weightgraft.localization.claims.regions import RULES_VERSION
 from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.run import run_localize
+from weightgraft.paper.figures import FINETUNES, HEADLINE, QA
+from weightgraft.paper.settings import PaperRun, PaperSettings, precondition
+from weightgraft.paper.stages import Stage, stage_path
 from weightgraft.planning.localize import partial_grafts_refused
 
 CLAIM_FINETUNES = ("a2b", "both", "control")

@@ -9,14 +9,21 @@ finetune and sweep is planned K times, once per training seed."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
-import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from weightgraft.data import build_dataset
 from weightgraft.data.general_text import CORPUS, PAPER_SIZE, stdlib_paragraphs
+from weightgraft.experiments.config import parse_config
+from weightgraft.experiments.plan import plan_experiment
+from weightgraft.localization.claims.evidence import claims_notes
+from weightgraft.localization.config import parse_localize_config
+from weightgraft.localization.plan_input import plan_input
+from weightgraft.models.spec import parse_spec
 from weightgraft.paper.appendix import appendix_settings, general_text_stage
 from weightgraft.paper.claims import CLAIM_FINETUNES, claims_config, claims_stage
 from weightgraft.paper.figures import FINETUNES, Finetune, check_config, sweep_config
@@ -29,16 +36,9 @@ from weightgraft.paper.pipeline import (
     sweep_stage,
 )
 from weightgraft.paper.settings import CHECK_TEMPLATES, PaperSettings
-from weightgraft.planning.cards import Card
-from weightgraft.data import build_dataset
-from weightgraft.experiments.config import parse_config
-from weightgraft.experiments.plan import plan_experiment
-from weightgraft.localization.claims.evidence import claims_notes
-from weightgraft.localization.config import parse_localize_config
-from weightgraft.localization.plan_input import plan_input
 from weightgraft.planning.calibration import module_calls
+from weightgraft.planning.cards import Card
 from weightgraft.planning.costs import forward_flops, param_bytes
-from weightgraft.models.spec import parse_spec
 from weightgraft.planning.lengths import tokenizer_for
 from weightgraft.planning.localize import plan_localize_work
 from weightgraft.planning.timing import rate_for

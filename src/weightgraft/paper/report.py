@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weightgraft import atomic
-from weightgraft.paper.charts import chart_digest, figure_chart, figure_rows, write_chart
 from weightgraft.data.general_text import CORPUS
+from weightgraft.paper.appendix import appendix_blocks
+from weightgraft.paper.charts import chart_digest, figure_chart, figure_rows, write_chart
 from weightgraft.paper.figures import (
     DEFAULT_SWEEPS,
     DROP,
@@ -33,8 +34,6 @@ from weightgraft.paper.figures import (
     sweeps_for,
 )
 from weightgraft.paper.numbers import EQUIVALENCE_LEVEL, PAPER_MODELS, PAPER_NAMES, Measured, PaperNumber, paper_numbers
-from weightgraft.paper.appendix import appendix_blocks
-from weightgraft.paper.trajectory import trajectory_blocks
 from weightgraft.paper.page import Block, Image, Table, to_html, to_markdown
 from weightgraft.paper.report_claims import claims_blocks, rules_of
 from weightgraft.paper.seed_tables import (
@@ -47,6 +46,7 @@ from weightgraft.paper.seed_tables import (
     seed_table,
 )
 from weightgraft.paper.settings import PaperSettings, precondition, seed_label, seeds_text
+from weightgraft.paper.trajectory import trajectory_blocks
 from weightgraft.report.blocks import wrap
 
 if TYPE_CHECKING:

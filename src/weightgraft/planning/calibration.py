@@ -159,8 +159,8 @@ def _measure(device: str, dtype: str, key: str) -> Throughput:
     from weightgraft.engine.attribution import graft_attribution
     from weightgraft.engine.forward import graft_forward
     from weightgraft.engine.partial import PartialGraft
-    from weightgraft.models.spec import parse_spec
     from weightgraft.models.random_models import build_random_model
+    from weightgraft.models.spec import parse_spec
 
     torch_dtype = getattr(torch, dtype)
     with tempfile.TemporaryDirectory(prefix="wg-calibrate-") as tmp:

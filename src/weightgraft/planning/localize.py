@@ -7,21 +7,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from torch import nn
 
 from weightgraft.engine.architectures import Units, model_slots
 from weightgraft.engine.partial import refuse_non_affine
 from weightgraft.errors import GraftArgumentTypeError, WeightgraftError
-from weightgraft.planning.depth_states import depth_state_bytes
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import parse_spec
-from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.budget import budget
 from weightgraft.planning.cards import Card
-from weightgraft.planning.costs import adapter_bytes, attribution_bytes, delta_bytes, dtype_bytes, inference_bytes, param_bytes
+from weightgraft.planning.costs import (
+    adapter_bytes,
+    attribution_bytes,
+    delta_bytes,
+    dtype_bytes,
+    inference_bytes,
+    param_bytes,
+)
+from weightgraft.planning.depth_states import depth_state_bytes
+from weightgraft.planning.graftable import check_graftable
 from weightgraft.planning.lengths import length_summary, refuse_media, tokenizer_for
 from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch, smaller_batch
 from weightgraft.planning.run import DEQUANTIZED, dequantized_bytes, role_notes

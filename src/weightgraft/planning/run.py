@@ -5,15 +5,21 @@ config that this arithmetic says would make it fit."""
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import ModelSpec, parse_spec
-from weightgraft.planning.costs import SCHEME_LAYOUT, dtype_bytes, holding_bytes, inference_bytes, param_bytes, quantized_parts
 from weightgraft.planning.budget import budget, cuda_here
 from weightgraft.planning.cards import Card
+from weightgraft.planning.costs import (
+    SCHEME_LAYOUT,
+    dtype_bytes,
+    holding_bytes,
+    inference_bytes,
+    param_bytes,
+    quantized_parts,
+)
 from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch
 from weightgraft.planning.sizes import gib
 from weightgraft.planning.timing import card_for, forward_seconds, rate_for, weight_read_seconds

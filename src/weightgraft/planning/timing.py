@@ -7,9 +7,8 @@ import math
 from collections.abc import Sequence
 
 from weightgraft.engine.cells import OUTPUT_ONLY
-from weightgraft.planning.calibration import Throughput, module_calls
-from weightgraft.planning.costs import forward_flops
 from weightgraft.models.footprint import ModelFootprint
+from weightgraft.planning.calibration import Throughput, module_calls
 from weightgraft.planning.cards import (
     ATTRIBUTION_RATIO,
     CARDS,
@@ -18,6 +17,7 @@ from weightgraft.planning.cards import (
     Card,
     card_of_device,
 )
+from weightgraft.planning.costs import forward_flops
 
 __all__ = ["attribution_seconds", "card_for", "exact_cell_seconds", "forward_seconds", "rate_for", "weight_read_seconds"]
 

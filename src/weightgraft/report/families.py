@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from weightgraft.engine.metric_table import figure_defaults
-from weightgraft.schemes.families import FAMILIES, Figures, drawn_as
-from weightgraft.schemes.scheme import BASELINE
 from weightgraft.report.charts import (
     _grid,
     _labelled,
@@ -21,9 +19,10 @@ from weightgraft.report.charts import (
     rank_bar_figure,
     scale_line_figure,
 )
-from weightgraft.report.run import Run
+from weightgraft.report.run import Run, group_title, layer_ranges
 from weightgraft.report.tables import format_pct_ci
-from weightgraft.report.run import group_title, layer_ranges
+from weightgraft.schemes.families import FAMILIES, Figures, drawn_as
+from weightgraft.schemes.scheme import BASELINE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -17,10 +17,10 @@ import torch
 from weightgraft.data.spans import SpanError, SpanSpec, resolve_spans
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.forward import slots
+from weightgraft.schemes.errors import GraftInputError as GraftInputError
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, PROTOCOLS, embeddings_tied
 from weightgraft.schemes.scheme import CompiledScheme, Rule, Scheme, compile_scheme, with_scaled_roles
 from weightgraft.schemes.selectors import SpanNotFound
-from weightgraft.schemes.errors import GraftInputError as GraftInputError
 
 Rules = Rule | Sequence[Rule] | Scheme
 Spans = Sequence[Mapping[str, SpanSpec] | None] | None

@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from weightgraft.schemes.selectors import SelectorError
 from weightgraft.engine.architectures import LAYER_COMPONENTS
+from weightgraft.schemes.selectors import SelectorError
 
 ProtocolName = Literal["paper", "authors"]
 # One default for the API, configs, the CLI and explore: the method as the paper's text

@@ -12,6 +12,11 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from weightgraft.engine.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
+from weightgraft.engine.source_map import SlotName
+from weightgraft.errors import validation_line
+from weightgraft.models.spec import ScaledSpec
+from weightgraft.schemes.errors import SchemeInputError as SchemeInputError
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL, get_protocol
 from weightgraft.schemes.selectors import (
     ComponentSelection,
@@ -24,11 +29,6 @@ from weightgraft.schemes.selectors import (
     parse_layers,
     parse_positions,
 )
-from weightgraft.engine.architectures import GLOBAL_SLOTS, HEAD_COMPONENTS
-from weightgraft.engine.source_map import SlotName
-from weightgraft.errors import validation_line
-from weightgraft.models.spec import ScaledSpec
-from weightgraft.schemes.errors import SchemeInputError as SchemeInputError
 
 # The two families a scheme has without a preset (the presets' are in weightgraft.schemes.families):
 BASELINE = "baseline"  # a model alone, as ``baselines()`` makes them

@@ -25,28 +25,52 @@ from typing import Any
 from weightgraft.engine.architectures import GLOBAL_SLOTS, LAYER_COMPONENTS, MIXER_COMPONENTS
 from weightgraft.engine.architectures.adapter import LATENT_COMPONENTS
 from weightgraft.schemes.errors import SelectorError as SelectorError
-from weightgraft.schemes.layer_selectors import (
-    HeadSelection as HeadSelection,
-    LayerSelection as LayerSelection,
-    check_layer_selector as check_layer_selector,
-    floor_quarter as floor_quarter,
-    layer_group as layer_group,
-    parse_heads as parse_heads,
-    parse_layers as parse_layers,
-    select_heads as select_heads,
-    select_layers as select_layers,
-)
 from weightgraft.schemes.labels import (
     FIRST_ENTITY,
     LABEL_ATOM,
-    LITERAL_SPANS as LITERAL_SPANS,
-    SpanNotFound as SpanNotFound,
-    first_entity as first_entity,
     is_label,
     label_position,
     label_span,
     span_tokens,
+)
+from weightgraft.schemes.labels import (
+    LITERAL_SPANS as LITERAL_SPANS,
+)
+from weightgraft.schemes.labels import (
+    SpanNotFound as SpanNotFound,
+)
+from weightgraft.schemes.labels import (
+    first_entity as first_entity,
+)
+from weightgraft.schemes.labels import (
     token_span as token_span,
+)
+from weightgraft.schemes.layer_selectors import (
+    HeadSelection as HeadSelection,
+)
+from weightgraft.schemes.layer_selectors import (
+    LayerSelection as LayerSelection,
+)
+from weightgraft.schemes.layer_selectors import (
+    check_layer_selector as check_layer_selector,
+)
+from weightgraft.schemes.layer_selectors import (
+    floor_quarter as floor_quarter,
+)
+from weightgraft.schemes.layer_selectors import (
+    layer_group as layer_group,
+)
+from weightgraft.schemes.layer_selectors import (
+    parse_heads as parse_heads,
+)
+from weightgraft.schemes.layer_selectors import (
+    parse_layers as parse_layers,
+)
+from weightgraft.schemes.layer_selectors import (
+    select_heads as select_heads,
+)
+from weightgraft.schemes.layer_selectors import (
+    select_layers as select_layers,
 )
 
 # LITERAL_SPANS, SpanNotFound, first_entity and token_span live in schemes.labels; imported from here too

@@ -23,8 +23,15 @@ where docs/statistics.md says it holds (``tests/stats/test_stats.py``; the figur
 
 from weightgraft.stats.empirical import empirical_p
 from weightgraft.stats.labels import model_label_p, models_needed
-from weightgraft.stats.means import (Interval, level_text, mean_ci, mean_interval, share_ci, share_interval,
-                                    share_threshold_p)
+from weightgraft.stats.means import (
+                                    Interval,
+                                    level_text,
+                                    mean_ci,
+                                    mean_interval,
+                                    share_ci,
+                                    share_interval,
+                                    share_threshold_p,
+)
 from weightgraft.stats.multiple import holm
 from weightgraft.stats.needed import prompts_needed
 from weightgraft.stats.paired import least_p, paired_p

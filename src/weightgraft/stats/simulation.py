@@ -19,12 +19,22 @@ import numpy as np
 
 from weightgraft.stats.paired import Alternative, paired_p
 from weightgraft.stats.rates import paired_table_ci, rate_ci
-from weightgraft.stats.signs import sign_test_p
 
 # the share designs live in share_designs; the suite and main() read these names here too
 from weightgraft.stats.share_designs import (  # noqa: F401
-    FAMILIES, noise, SHARE_NS, METHODS, ShareDesign, share_designs, share_misses, miss_bound, passes, compare_share_rules, choose_rule,
+    FAMILIES,
+    METHODS,
+    SHARE_NS,
+    ShareDesign,
+    choose_rule,
+    compare_share_rules,
+    miss_bound,
+    noise,
+    passes,
+    share_designs,
+    share_misses,
 )
+from weightgraft.stats.signs import sign_test_p
 
 
 def null_rejection(family: str, n: int, sims: int, *, draws: int = 20, alpha: float = 0.05, seed: int = 0,

@@ -43,8 +43,17 @@ from weightgraft.models import LoadedModel, weights_sha256
 from weightgraft.training import steps
 from weightgraft.training.embeddings import freeze_embeddings
 from weightgraft.training.lora import LoraSettings, parameter_counts, wrap_lora
-from weightgraft.training.outputs import (CHECKPOINTS, LOG_NAME, MANIFEST_NAME, RUN_CONFIG_NAME, TrainResult, _check_out_dir,
-                                          _compare_run_config, _is_main_process, _say)
+from weightgraft.training.outputs import (
+    CHECKPOINTS,
+    LOG_NAME,
+    MANIFEST_NAME,
+    RUN_CONFIG_NAME,
+    TrainResult,
+    _check_out_dir,
+    _compare_run_config,
+    _is_main_process,
+    _say,
+)
 from weightgraft.training.presets import TrainPreset
 from weightgraft.training.steps import FinetuneOptions
 from weightgraft.training.text_loss import loss_by_template, token_mean_loss, unlearned_templates

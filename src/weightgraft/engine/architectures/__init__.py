@@ -7,14 +7,32 @@ the vision-language checkpoints over them), ``units.py`` the slot and its heads 
 """
 
 from weightgraft.engine.architectures.adapter import (
-    GLOBAL_SLOTS, LAYER_COMPONENTS, MIXER_COMPONENTS, Adapter, Fused, Mixer, Tensors, Wrapper,
+    GLOBAL_SLOTS,
+    LAYER_COMPONENTS,
+    MIXER_COMPONENTS,
+    Adapter,
+    Fused,
+    Mixer,
+    Tensors,
+    Wrapper,
 )
 from weightgraft.engine.architectures.slots import fused_columns, model_slots, part_state
 from weightgraft.engine.architectures.table import (
-    ADAPTERS, WRAPPERS, adapter_for, supported_model_types, text_config, wrapper_of,
+    ADAPTERS,
+    WRAPPERS,
+    adapter_for,
+    supported_model_types,
+    text_config,
+    wrapper_of,
 )
 from weightgraft.engine.architectures.units import (
-    HEAD_COMPONENTS, NEURON_COMPONENTS, MixerSite, Part, Slot, UnitKind, Units,
+    HEAD_COMPONENTS,
+    NEURON_COMPONENTS,
+    MixerSite,
+    Part,
+    Slot,
+    UnitKind,
+    Units,
 )
 from weightgraft.errors import UnsupportedArchitectureError
 

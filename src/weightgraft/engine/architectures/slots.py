@@ -11,11 +11,23 @@ from torch import nn
 
 from weightgraft.engine import projections
 from weightgraft.engine.architectures.adapter import (
-    ATTENTION_COMPONENTS, LAYER_COMPONENTS, Adapter, Fused, Mixer, Tensors,
+    ATTENTION_COMPONENTS,
+    LAYER_COMPONENTS,
+    Adapter,
+    Fused,
+    Mixer,
+    Tensors,
 )
 from weightgraft.engine.architectures.table import adapter_for, text_config
 from weightgraft.engine.architectures.units import (
-    FLAT, HEAD_COMPONENTS, NEURON_COMPONENTS, MixerSite, Part, Slot, _in_features, _out_features,
+    FLAT,
+    HEAD_COMPONENTS,
+    NEURON_COMPONENTS,
+    MixerSite,
+    Part,
+    Slot,
+    _in_features,
+    _out_features,
 )
 from weightgraft.errors import UnsupportedArchitectureError
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -33,8 +33,6 @@ from transformers.cache_utils import DynamicLayer
 from weightgraft.engine.architectures import adapter_for, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
-from weightgraft.engine.source_map import SlotName
-from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.engine.sharing.prefix import (
     GraftItem,
     Segment,
@@ -45,6 +43,8 @@ from weightgraft.engine.sharing.prefix import (
     shareable_cache,
     wanted_positions,
 )
+from weightgraft.engine.source_map import SlotName
+from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.errors import GraftArgumentError
 
 if TYPE_CHECKING:

@@ -29,7 +29,15 @@ from weightgraft.localization.claims.regions import CLAIMS, NULL_KINDS, PRE_SFT,
 from weightgraft.localization.claims.verdicts import decide
 from weightgraft.localization.maps import slot_parts
 from weightgraft.localization.verify import CellKey
-from weightgraft.stats import least_p, mean_interval, paired_p, prompts_needed, share_interval, share_threshold_p, sign_test_p
+from weightgraft.stats import (
+    least_p,
+    mean_interval,
+    paired_p,
+    prompts_needed,
+    share_interval,
+    share_threshold_p,
+    sign_test_p,
+)
 
 PromptSet = tuple[tuple[CellKey, ...], ...]  # one sorted key tuple per prompt
 # sets -> [n_prompts, n_sets] exact effects in the claims' metric, or [n_prompts, n_sets, 2]: the

@@ -16,13 +16,13 @@ import pandas as pd
 import torch
 
 from weightgraft.data.prompts import TestPrompt
+from weightgraft.engine.partial import PartialGraft
 from weightgraft.localization.claims.regions import BOTH_A2B, CLAIMS
 from weightgraft.localization.claims.stage import map_claims
 from weightgraft.localization.config import LocalizeConfig
-from weightgraft.engine.partial import PartialGraft
-from weightgraft.localization.prompts import roles_checked
 from weightgraft.localization.examples import build_examples
 from weightgraft.localization.maps import blank_frame, estimate_frame
+from weightgraft.localization.prompts import roles_checked
 from weightgraft.models.tokenization import check_same_tokenizer
 
 LABEL = "reversal"  # the model column of the reversal rows

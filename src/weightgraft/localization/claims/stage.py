@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
-from weightgraft.configfile import json_digest
 from torch import nn
 
 from weightgraft import atomic
-
+from weightgraft.configfile import json_digest
+from weightgraft.engine.architectures import model_slots, part_state
 from weightgraft.engine.attribution import Metric
+from weightgraft.engine.metric_table import localize_metric
+from weightgraft.engine.source_map import SlotName
 from weightgraft.localization.claims.control import against_control
 from weightgraft.localization.claims.grafts import ClaimMap, judge_claims
 from weightgraft.localization.claims.regions import CLAIMS, Claim
@@ -25,9 +26,6 @@ from weightgraft.localization.claims.verdicts import MIN_PROMPTS, decide, p_text
 from weightgraft.localization.examples import LocalizeExample
 from weightgraft.localization.maps import cell_map, whole_cells
 from weightgraft.localization.verify import SetVerifier
-from weightgraft.engine.architectures import model_slots, part_state
-from weightgraft.engine.metric_table import localize_metric
-from weightgraft.engine.source_map import SlotName
 
 DECIDED = ["p", "p_parts", "p_holm", "verdict", "reason"]
 PLAIN = "first_logprob"  # the plain effect kept beside the claims' own in every row

@@ -18,7 +18,15 @@ from weightgraft.models.errors import (
 from weightgraft.models.spec.base import Holding, ModelSpec, RoleSource
 from weightgraft.models.spec.built import LowRankSpec, PeftSpec, ScaledSpec, Vectors, scale_text
 from weightgraft.models.spec.checkpoint import CheckpointSpec, saved_steps, snapshot_dir
-from weightgraft.models.spec.named import DemoSpec, EmbeddedSpec, FolderSpec, HubSpec, RandomSpec, looks_like_path, resolve_demo_spec
+from weightgraft.models.spec.named import (
+    DemoSpec,
+    EmbeddedSpec,
+    FolderSpec,
+    HubSpec,
+    RandomSpec,
+    looks_like_path,
+    resolve_demo_spec,
+)
 from weightgraft.models.spec.parse import (
     SpecText,
     embedded_name,
