@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_world import save_paper_base
 
 from weightgraft.paper.figures import DEFAULT_SWEEPS, FINETUNES, MAIN_WORLD, sweeps_for
 from weightgraft.paper.numbers import NOT_RUN, OTHER_MODEL, metric_text, paper_numbers
@@ -28,30 +29,7 @@ ALL_MET = dict(trained_top5=0.0, both_b2a_top5=0.0)
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory) -> Path:
     """A tiny tied 4-layer Llama and a byte-level BPE tokenizer trained on a small paper world."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    from weightgraft.data import build_dataset
-
-    ds = build_dataset(MAIN_WORLD, n=8, seed=0)
-    texts = [r["text"] for r in ds.split("train")] + [r["prompt"] for r in ds.split("test_prompts")]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                        show_progress=False))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id))
-    path = tmp_path_factory.mktemp("paper_base")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_paper_base(tmp_path_factory.mktemp("paper_base"))
 
 
 def settings(base: Path, out: Path, **extra) -> PaperSettings:

@@ -44,30 +44,9 @@ def make_localize(root: Path) -> None:
 
 
 def _base(path: Path) -> None:
-    """A tiny tied 4-layer Llama with a byte-level BPE tokenizer (as tests/paper's fixture)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from tiny_world import save_paper_base
 
-    from weightgraft.data import build_dataset
-    from weightgraft.paper.figures import MAIN_WORLD
-
-    ds = build_dataset(MAIN_WORLD, n=8, seed=0)
-    texts = [r["text"] for r in ds.split("train")] + [r["prompt"] for r in ds.split("test_prompts")]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                        show_progress=False))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id))
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_paper_base(path)
 
 
 def make_paper(root: Path) -> None:
