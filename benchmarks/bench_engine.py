@@ -34,6 +34,7 @@ import weightgraft as wg
 from weightgraft.data.prompts import load_test_prompts
 from weightgraft.engine.reference import CompositeModel, per_token_forward
 from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
+from weightgraft.engine.source_map import SourceMap
 
 
 class PeakMemory:
@@ -152,7 +153,7 @@ def random_id_examples(base: torch.nn.Module, n: int) -> tuple[list, list[Simple
     for i in range(len(prompts)):
         group = items[i * len(schemes) : (i + 1) * len(schemes)]
         examples.append(SimpleNamespace(input_ids=list(group[0].input_ids),
-                                        sources={s.name: it.source for s, it in zip(schemes, group)}))
+                                        sources={s.name: it.maps.slots for s, it in zip(schemes, group)}))
     return schemes, examples
 
 
@@ -245,7 +246,7 @@ def main() -> None:
     time_b, mem_b = timed(lambda ids, mask, source: wg.graft_forward(
         models, ids, source, attention_mask=mask, logit_positions=last(ids)))
     # (b') the runner's default: prefix_forward, positions shared by a batch's rows computed once
-    graft_items = [GraftItem(ex.input_ids, ex.sources[scheme]) for ex, scheme in items]
+    graft_items = [GraftItem(ex.input_ids, SourceMap(ex.sources[scheme])) for ex, scheme in items]
     item_batches = [graft_items[i : i + args.batch_size] for i in range(0, len(graft_items), args.batch_size)]
     with PeakMemory(args.device) as mem_b2, torch.no_grad():
         _sync(args.device)

@@ -93,6 +93,7 @@ def _position_items(base, prompts):
     import weightgraft as wg
     from weightgraft.engine.architectures import model_slots
     from weightgraft.engine.sharing.prefix import GraftItem
+    from weightgraft.engine.source_map import SourceMap
     from weightgraft.schemes.protocol import embeddings_tied
     from weightgraft.schemes.scheme import compile_scheme
 
@@ -105,7 +106,7 @@ def _position_items(base, prompts):
     for ids, offsets, spans in prompts:
         for c in compiled:
             src, _ = c.sources(offsets, spans)
-            items.append(GraftItem(ids, src))
+            items.append(GraftItem(ids, SourceMap(src)))
             served |= {names[i] for i in (src == 1).any(0).nonzero().flatten().tolist()}
     return schemes, items, served
 
@@ -114,7 +115,7 @@ def _left_padded(items, device: str):
     import torch
 
     seq = max(len(it) for it in items)
-    n_slots = items[0].source.shape[1]
+    n_slots = items[0].maps.slots.shape[1]
     ids = torch.zeros((len(items), seq), dtype=torch.long)
     mask = torch.zeros_like(ids)
     source = torch.zeros((len(items), seq, n_slots), dtype=torch.long)
@@ -122,7 +123,7 @@ def _left_padded(items, device: str):
         n = len(it)
         ids[b, seq - n:] = torch.tensor(list(it.input_ids))
         mask[b, seq - n:] = 1
-        source[b, seq - n:] = it.source
+        source[b, seq - n:] = it.maps.slots
     return ids.to(device), mask.to(device), source.to(device)
 
 
@@ -278,7 +279,7 @@ def run_one(args) -> dict:
         def per_token():
             for it in subset:
                 ids = torch.tensor([list(it.input_ids)], device=args.device)
-                per_token_forward(models, ids, it.source[None].to(args.device), composite=composite,
+                per_token_forward(models, ids, it.maps.slots[None].to(args.device), composite=composite,
                                   copy_per_position=args.per_token == "copy")
 
         seconds, peak = _timed(per_token, args.device)

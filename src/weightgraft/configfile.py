@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from weightgraft.data.prompts import DatasetError, TestPrompt
 from weightgraft.errors import WeightgraftError, validation_line
 from weightgraft.models.spec import ModelSpec, parse_spec, spec_error_of
+from weightgraft.resume.manifests import Json
 
 __all__ = ["ConfigError", "RunInputs", "anchor_paths", "apply_overrides", "json_digest", "read_yaml_config"]
 
@@ -36,7 +37,7 @@ def json_digest(data: Any, length: int = 16) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:length]
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def _set_path(tree: Json, dotted: str, value: Any) -> None:
     node: Any = tree
     keys = dotted.split(".")
     for key in keys[:-1]:
@@ -51,7 +52,7 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
         node[last] = value
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(raw: Json, overrides: list[str]) -> Json:
     """``a.b=value`` (value parsed as YAML) onto a raw config dict."""
     for item in overrides:
         if "=" not in item:
@@ -90,7 +91,7 @@ def _spec_or_none(value: Any) -> ModelSpec | None:
         return None
 
 
-def anchor_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+def anchor_paths(raw: Json, folder: Path) -> Json:
     """``data``, ``out`` and model directories of a raw config, relative to ``folder``."""
     for key in ("data", "out"):
         if key in raw:
@@ -108,7 +109,7 @@ def anchor_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
     return raw
 
 
-def read_yaml_config(path: Path, overrides: list[str] | None = None, what: str = "experiment") -> dict[str, Any]:
+def read_yaml_config(path: Path, overrides: list[str] | None = None, what: str = "experiment") -> Json:
     """A config YAML as a raw dict with ``key=value`` overrides applied (validated by the caller).
 
     Relative paths in the file (``data``, ``out``, model directories) are taken from the

@@ -250,11 +250,16 @@ def _set_aside_older_rows(run_dir: Path, console: Console) -> None:
     (kept, never mixed, never deleted) so that ``make demo`` after an upgrade runs afresh
     instead of stopping; a ``run`` of the user's own config refuses such a folder instead."""
     from weightgraft.experiments.store import ROWS_FORMAT
+    from weightgraft.resume.folder import RunFolder
+    from weightgraft.resume.manifests import SweepClaim
 
     try:
-        found = json.loads((run_dir / "identity.json").read_text()).get("rows_format", 1)
+        claim = RunFolder(run_dir).read(SweepClaim)
     except (OSError, ValueError):
         return
+    if claim is None:
+        return
+    found = claim.rows_format
     if found == ROWS_FORMAT:
         return
     aside = run_dir.with_name(f"{run_dir.name}.rows-format-{found}")

@@ -12,6 +12,7 @@ import torch
 
 import weightgraft as wg
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 
 PROMPTS = ["The capital of France is", "Paris is in", "Rome, the capital of Italy, lies on the"]
 ATOL = 1e-10
@@ -151,7 +152,7 @@ def test_per_head_rule_equals_the_per_token_definition(tiny_pair, tiny_tok, arch
         h[:, -1, 1] = 1  # left padding: the last token is the last position
         head_source[f"layers.{layer}.o"] = h
     source = torch.zeros(*out.input_ids.shape, len(names), dtype=torch.long)
-    reference = per_token_forward([pre, sft], out.input_ids, source, attention_mask=out.attention_mask, head_source=head_source)
+    reference = per_token_forward([pre, sft], out.input_ids, SourceMap(source, head_source), attention_mask=out.attention_mask)
     torch.testing.assert_close(out.logits, reference[:, -1], rtol=0, atol=1e-9)
     plain = wg.graft({"pre": pre, "sft": sft}, tok, PROMPTS, [])
     assert (out.logits - plain.logits).abs().amax(-1).min() > 1e-6  # head 1 did change every row

@@ -13,6 +13,7 @@ from weightgraft.engine.forward import slots
 from weightgraft.engine.generate import generate_one
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.schemes.scheme import Rule, Scheme, compile_scheme
 
 PROMPT = "The Eiffel Tower is in"
@@ -77,7 +78,7 @@ def test_per_head_rules_generate_exactly():
     src = torch.cat([out.prompt_source, out.new_source])[None]
     heads = {k: torch.cat([v, out.new_heads[k]])[None] for k, v in out.prompt_heads.items()}
     assert heads and all(int(h.max()) == 1 for h in heads.values())
-    ref = per_token_forward([base, donor], ids, src, head_source=heads)
+    ref = per_token_forward([base, donor], ids, SourceMap(src, heads))
     torch.testing.assert_close(out.logits, ref[0, n - 1 :], rtol=1e-9, atol=1e-9)
 
 

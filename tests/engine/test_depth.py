@@ -21,6 +21,7 @@ from weightgraft.engine.sharing.depth import (
     item_starts,
 )
 from weightgraft.engine.sharing.prefix import GraftItem
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.planning.depth_states import depth_state_bytes
 
 # the hybrids' caches hold recurrent layers, which depth sharing does not share: their rows run whole
@@ -57,27 +58,25 @@ def _items(models, seed: int = 0) -> list[GraftItem]:
     for n in (9, 5):
         ids = torch.randint(3, 64, (n,), generator=gen).tolist()
         base = torch.zeros(n, n_slots, dtype=torch.long)
-        items.append(GraftItem(ids, base))
+        items.append(GraftItem(ids, SourceMap(base)))
         for _ in range(8):
             source = base.clone()
             for _ in range(rng.choice((1, 1, 1, 3, 6))):
                 source[rng.randrange(n), rng.randrange(n_slots)] = 1
-            items.append(GraftItem(ids, source))
+            items.append(GraftItem(ids, SourceMap(source)))
         for slot in (0, n_slots - 1, n_slots - 2):  # embed, unembed, final norm
             source = base.clone()
             source[n - 1 if slot else rng.randrange(n), slot] = 1
-            items.append(GraftItem(ids, source))
+            items.append(GraftItem(ids, SourceMap(source)))
         for _ in range(3):
             heads, neurons = _unit_maps(slot_list, n, rng)
-            items.append(GraftItem(ids, base, head_source=heads, neuron_source=neurons))
+            items.append(GraftItem(ids, SourceMap(base, heads, neurons)))
     return items
 
 
 def _whole(models, items: list[GraftItem]) -> torch.Tensor:
     return torch.stack([
-        wg.graft_forward(models, torch.tensor([it.input_ids]), it.source[None],
-                         head_source={k: v[None] for k, v in (it.head_source or {}).items()} or None,
-                         neuron_source={k: v[None] for k, v in (it.neuron_source or {}).items()} or None)[0, -1]
+        wg.graft_forward(models, torch.tensor([it.input_ids]), it.maps.batch_of_one())[0, -1]
         for it in items
     ])
 
@@ -119,8 +118,8 @@ def test_a_set_without_one_cell_shares_the_whole_set(model_type):
     for t, s in cells:
         source = whole_set.clone()
         source[t, s] = 0
-        items.append(GraftItem(ids, source))
-    reference = GraftItem(ids, whole_set)
+        items.append(GraftItem(ids, SourceMap(source)))
+    reference = GraftItem(ids, SourceMap(whole_set))
     starts = item_starts(models[0], items, [reference])
     assert sum(s.reference == 1 for s in starts) > len(items) // 2
     with float64_exact(models):

@@ -13,6 +13,7 @@ import weightgraft as wg
 from weightgraft.engine.architectures import UnsupportedArchitectureError, model_slots
 from weightgraft.engine.compat import ModelMismatchError
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 
 ARCHS = sorted(TINY_CONFIGS)
 TOL = 1e-4
@@ -277,7 +278,7 @@ def test_per_head_maps_match_the_per_token_definition(model_type):
     heads = _random_heads(models, 2, 8, seed=6)
     assert {n.rsplit(".", 1)[1] for n in heads} >= {"q", "o"}
     fast = wg.graft_forward(models, ids, source, head_source=heads)
-    ref = per_token_forward(models, ids, source, head_source=heads)
+    ref = per_token_forward(models, ids, SourceMap(source, heads))
     assert (fast - ref).abs().max().item() <= _tol(model_type, ref)
     # The head maps matter: without them the result is another one.
     plain = per_token_forward(models, ids, source)

@@ -133,7 +133,7 @@ def test_o_per_head_and_the_check_command_cases():
     source = torch.zeros(*ids.shape, len(names), dtype=torch.long)
     with float64_exact(models):
         fast = wg.graft_forward(models, ids, source, head_source=heads)
-        ref = reference.per_token_forward(models, ids, source, head_source=heads)
+        ref = reference.per_token_forward(models, ids, SourceMap(source, heads))
         assert (fast - ref).abs().max().item() <= 1e-10
         assert (fast - models[0](input_ids=ids).logits).abs().max().item() > 1e-3
     mask = torch.ones_like(ids)

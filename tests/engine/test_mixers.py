@@ -232,7 +232,7 @@ def test_qwen3_5_query_heads_interleaved_with_the_gate_graft_head_by_head():
     heads = {"layers.1.q": torch.randint(0, 3, (*ids.shape, 4), generator=torch.Generator().manual_seed(2))}
     with float64_exact(models):
         fast = wg.graft_forward(models, ids, source, attention_mask=mask, head_source=heads)
-        ref = per_token_forward(models, ids, source, attention_mask=mask, head_source=heads)
+        ref = per_token_forward(models, ids, SourceMap(source, heads), attention_mask=mask)
         plain = models[0](input_ids=ids, attention_mask=mask).logits
     assert _diff(fast, ref, mask) <= 1e-10
     assert _diff(fast, plain, mask) > 1e-2

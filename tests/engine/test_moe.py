@@ -19,6 +19,7 @@ from weightgraft.engine.compat import ModelMismatchError, check_compatible
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
 MOE = sorted(MOE_CONFIGS)
@@ -60,7 +61,8 @@ def test_float64_random_maps_and_experts_equal_the_definition(model_type):
         with float64_exact(models):
             for kw in ({}, {"expert_source": experts}):
                 fast = wg.graft_forward(models, ids, source, attention_mask=mask, **kw)
-                ref = per_token_forward(models, ids, source, attention_mask=mask, **kw)
+                ref = per_token_forward(models, ids, SourceMap(source, experts=kw.get("expert_source", {})),
+                                        attention_mask=mask)
                 real = mask.bool()
                 assert (fast[real] - ref[real]).abs().max().item() <= 1e-10
                 plain = models[0](input_ids=ids, attention_mask=mask).logits
@@ -82,7 +84,7 @@ def test_float32_default_implementation_equals_the_definition(model_type):
     source = torch.randint(0, 3, (*ids.shape, n), generator=torch.Generator().manual_seed(5))
     experts = _expert_maps(models[0], tuple(ids.shape), 3, seed=6)
     fast = wg.graft_forward(models, ids, source, attention_mask=mask, expert_source=experts)
-    ref = per_token_forward(models, ids, source, attention_mask=mask, expert_source=experts)
+    ref = per_token_forward(models, ids, SourceMap(source, experts=experts), attention_mask=mask)
     real = mask.bool()
     scale = ref[real].abs().max().item()
     assert (fast[real] - ref[real]).abs().max().item() <= TOL32 * max(1.0, scale)
@@ -303,8 +305,8 @@ def test_a_rule_grafts_chosen_experts_as_the_expert_map_does(tiny_pair, tiny_tok
             m[b, len(p) - 1, [1, 3]] = 1
     source = torch.zeros(*enc["input_ids"].shape, len(names), dtype=torch.long)
     with float64_exact([pre, sft]):
-        want = per_token_forward([pre, sft], enc["input_ids"], source, attention_mask=enc["attention_mask"],
-                                 expert_source=experts)
+        want = per_token_forward([pre, sft], enc["input_ids"], SourceMap(source, experts=experts),
+                                 attention_mask=enc["attention_mask"])
     last = want[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])]
     assert (out.logits - last).abs().max().item() <= 1e-10
     everything = wg.graft({"pre": pre, "sft": sft}, tiny_tok, prompts,

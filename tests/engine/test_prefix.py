@@ -10,6 +10,7 @@ import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.reference import CompositeModel, per_token_forward
 from weightgraft.engine.sharing.prefix import GraftItem, PrefixGroup, prefix_forward, shared_prefix_groups
+from weightgraft.engine.source_map import SourceMap
 
 # the hybrids' caches hold recurrent layers, which prefix sharing does not share: their items run whole
 # (exact: tests/engine/test_mixers.py)
@@ -49,20 +50,20 @@ def _sweep_items(models) -> list[GraftItem]:
         donor_body = donor.clone()
         donor_body[-1], donor_body[:, -1] = 0, 0  # "unembed" is the last slot
         items += [
-            GraftItem(ids, base),
-            GraftItem(ids, last),
-            GraftItem(ids, mixed),
-            GraftItem(ids, answer, logit_start=-2, n_logits=2),
-            GraftItem(ids, base, head_source={q_first.name: base[:, :q_first.heads], o_last.name: heads}),
-            GraftItem(ids, early),
-            GraftItem(ids, donor),
-            GraftItem(ids, donor_body),
+            GraftItem(ids, SourceMap(base)),
+            GraftItem(ids, SourceMap(last)),
+            GraftItem(ids, SourceMap(mixed)),
+            GraftItem(ids, SourceMap(answer), logit_start=-2, n_logits=2),
+            GraftItem(ids, SourceMap(base, {q_first.name: base[:, :q_first.heads], o_last.name: heads})),
+            GraftItem(ids, SourceMap(early)),
+            GraftItem(ids, SourceMap(donor)),
+            GraftItem(ids, SourceMap(donor_body)),
         ]
     ids = _tokens(4, seed=7)  # a short example: its prefix is left-padded the most
     short = torch.zeros(4, n_slots, dtype=torch.long)
     short_last = short.clone()
     short_last[-1] = 2
-    return items + [GraftItem(ids, short), GraftItem(ids, short_last)]
+    return items + [GraftItem(ids, SourceMap(short)), GraftItem(ids, SourceMap(short_last))]
 
 
 def _wanted(logits: torch.Tensor, item: GraftItem, k: int) -> torch.Tensor:
@@ -73,14 +74,12 @@ def _wanted(logits: torch.Tensor, item: GraftItem, k: int) -> torch.Tensor:
 
 
 def _alone(models, item: GraftItem) -> torch.Tensor:
-    heads = {name: h[None] for name, h in (item.head_source or {}).items()} or None
-    return wg.graft_forward(models, torch.tensor([item.input_ids]), item.source[None], head_source=heads)[0]
+    return wg.graft_forward(models, torch.tensor([item.input_ids]), item.maps.batch_of_one())[0]
 
 
 def _oracle(models, item: GraftItem, composite: CompositeModel) -> torch.Tensor:
-    heads = {name: h[None] for name, h in (item.head_source or {}).items()} or None
     ids = torch.tensor([item.input_ids])
-    return per_token_forward(models, ids, item.source[None], composite=composite, head_source=heads)[0]
+    return per_token_forward(models, ids, item.maps.batch_of_one(), composite=composite)[0]
 
 
 @pytest.mark.parametrize("model_type", ARCHS)
@@ -105,7 +104,7 @@ def test_prefix_forward_equals_each_item_alone_and_the_per_token_definition(mode
 def _item(tokens: str, rows: str, logit_start: int = -1, n_logits: int = 1, heads=None) -> GraftItem:
     """Hand-built item: one character per position; ``rows`` gives the model of all 3 slots."""
     source = torch.tensor([[int(c)] * 3 for c in rows], dtype=torch.long)
-    return GraftItem([ord(c) for c in tokens], source, heads, logit_start, n_logits)
+    return GraftItem([ord(c) for c in tokens], SourceMap(source, heads or {}), logit_start, n_logits)
 
 
 def test_grouping_on_a_hand_built_batch():
@@ -137,7 +136,7 @@ def test_grouping_compares_head_maps_with_the_source_they_replace():
     assert shared_prefix_groups(items).unshared == (0, 1)
     # The unembedding (and final norm) of a prefix position serve no logit anyone reads.
     output_differs = [_item("abcdef", "111111"), _item("abcdef", "111110")]
-    output_differs[1].source[:, 2] = 0  # base unembedding everywhere
+    output_differs[1].maps.slots[:, 2] = 0  # base unembedding everywhere
     shared = shared_prefix_groups(output_differs, slot_names=["a", "b", "unembed"])
     assert shared.groups == (PrefixGroup(5, (0, 1)),)
     assert shared_prefix_groups(output_differs, slot_names=["a", "b", "c"]).groups == ()
@@ -181,7 +180,7 @@ def test_each_group_prefix_is_computed_once():
 def test_a_batch_sharing_nothing_runs_whole_in_one_call():
     models = tiny_models("gpt2", 2)
     n_slots = len(wg.slots(models[0]))
-    items = [GraftItem(_tokens(n, seed=n), torch.ones(n, n_slots, dtype=torch.long)) for n in (5, 8, 3)]
+    items = [GraftItem(_tokens(n, seed=n), SourceMap(torch.ones(n, n_slots, dtype=torch.long))) for n in (5, 8, 3)]
     assert shared_prefix_groups(items).groups == ()
     calls = _EmbeddingCalls(models[0])
     try:
@@ -202,8 +201,8 @@ def test_answer_continuation_logits_are_padded_with_the_last_wanted():
     answer = base.clone()
     answer[5:] = 1
     items = [
-        GraftItem(ids, base, logit_start=4, n_logits=3),
-        GraftItem(ids, answer, logit_start=5, n_logits=2),
+        GraftItem(ids, SourceMap(base), logit_start=4, n_logits=3),
+        GraftItem(ids, SourceMap(answer), logit_start=5, n_logits=2),
     ]
     assert shared_prefix_groups(items).groups == (PrefixGroup(4, (0, 1)),)
     got = prefix_forward(models, items, pad_id=0)
@@ -237,13 +236,13 @@ def test_bad_items_are_refused():
     n_slots = len(wg.slots(models[0]))
     source = torch.zeros(4, n_slots, dtype=torch.long)
     with pytest.raises(ValueError, match="do not fit"):
-        prefix_forward(models, [GraftItem([5, 6, 7, 8], source, logit_start=-1, n_logits=2)], pad_id=0)
+        prefix_forward(models, [GraftItem([5, 6, 7, 8], SourceMap(source), logit_start=-1, n_logits=2)], pad_id=0)
     with pytest.raises(ValueError, match="source"):
-        prefix_forward(models, [GraftItem([5, 6, 7], source)], pad_id=0)
+        prefix_forward(models, [GraftItem([5, 6, 7], SourceMap(source))], pad_id=0)
     with pytest.raises(ValueError, match="not a slot"):
-        prefix_forward(models, [GraftItem([5, 6, 7, 8], source, {"layers.9.q": source[:, :4]})], pad_id=0)
+        prefix_forward(models, [GraftItem([5, 6, 7, 8], SourceMap(source, {"layers.9.q": source[:, :4]}))], pad_id=0)
     with pytest.raises(ValueError, match="cannot be grafted per head"):
-        prefix_forward(models, [GraftItem([5, 6, 7, 8], source, {"layers.0.up": source[:, :4]})], pad_id=0)
+        prefix_forward(models, [GraftItem([5, 6, 7, 8], SourceMap(source, {"layers.0.up": source[:, :4]}))], pad_id=0)
     with pytest.raises(ValueError, match="at least one item"):
         prefix_forward(models, [], pad_id=0)
 

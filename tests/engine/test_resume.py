@@ -14,6 +14,7 @@ from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.sharing.prefix import GraftItem
 from weightgraft.engine.sharing.resume import keep_states, resumable, resume, resume_start
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError
 
 N_LAYERS = 4
@@ -36,26 +37,23 @@ def _rows(models, n: int, seed: int) -> tuple[list[int], list[GraftItem]]:
         source = torch.full((n, n_slots), base, dtype=torch.long)
         for _ in range(rng.choice((1, 2, 5))):
             source[rng.randrange(n), rng.randrange(n_slots)] = 1 - base
-        rows.append(GraftItem(ids, source))
+        rows.append(GraftItem(ids, SourceMap(source)))
     source = torch.zeros(n, n_slots, dtype=torch.long)
     source[n - 1, n_slots - 1] = 1  # the unembedding at the last position only
-    rows.append(GraftItem(ids, source))
+    rows.append(GraftItem(ids, SourceMap(source)))
     heads = [s for s in slot_list if s.name.endswith(".o") and s.units("head")][-1]
     ups = [s for s in slot_list if s.name.endswith(".up") and s.units("neuron")][1]
     h = torch.zeros(n, heads.units("head"), dtype=torch.long)
     h[n - 2, 1] = 1
     u = torch.zeros(n, ups.units("neuron"), dtype=torch.long)
     u[n // 2, 3] = 1
-    rows.append(GraftItem(ids, torch.zeros(n, n_slots, dtype=torch.long), head_source={heads.name: h},
-                          neuron_source={ups.name: u}))
-    rows += [GraftItem(ids, torch.zeros(n, n_slots, dtype=torch.long)), GraftItem(ids, torch.ones(n, n_slots, dtype=torch.long))]
+    rows.append(GraftItem(ids, SourceMap(torch.zeros(n, n_slots, dtype=torch.long), {heads.name: h}, {ups.name: u})))
+    rows += [GraftItem(ids, SourceMap(torch.full((n, n_slots), r, dtype=torch.long))) for r in (0, 1)]
     return ids, rows
 
 
 def _whole(models, item: GraftItem) -> torch.Tensor:
-    return wg.graft_forward(models, torch.tensor([item.input_ids]), item.source[None],
-                            head_source={k: v[None] for k, v in (item.head_source or {}).items()} or None,
-                            neuron_source={k: v[None] for k, v in (item.neuron_source or {}).items()} or None)[0, -1]
+    return wg.graft_forward(models, torch.tensor([item.input_ids]), item.maps.batch_of_one())[0, -1]
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2", "phi3"])
@@ -64,7 +62,7 @@ def test_resumed_rows_equal_whole_rows_in_float64(model_type):
     models = _models(model_type)
     ids, rows = _rows(models, 9, seed=3)
     n_slots = len(model_slots(models[0]))
-    pre, sft = (GraftItem(ids, torch.full((9, n_slots), r, dtype=torch.long)) for r in (0, 1))
+    pre, sft = (GraftItem(ids, SourceMap(torch.full((9, n_slots), r, dtype=torch.long))) for r in (0, 1))
     with float64_exact(models):
         first, kept = keep_states(models, [rows[0], pre, sft], kept=[1, 2], pad_id=0)
         whole = torch.stack([_whole(models, r) for r in rows])
@@ -86,7 +84,7 @@ def test_kept_states_that_are_off_are_seen():
     models = _models("llama")
     ids, rows = _rows(models, 9, seed=4)
     n_slots = len(model_slots(models[0]))
-    pre = GraftItem(ids, torch.zeros(9, n_slots, dtype=torch.long))
+    pre = GraftItem(ids, SourceMap(torch.zeros(9, n_slots, dtype=torch.long)))
     with float64_exact(models):
         _, kept = keep_states(models, [pre], kept=[0], pad_id=0)
         for per in kept.states.residuals.values():
@@ -102,8 +100,8 @@ def test_kept_states_that_are_off_are_seen():
 def test_rows_of_other_tokens_and_half_models_are_refused():
     models = _models("llama")
     n_slots = len(model_slots(models[0]))
-    a = GraftItem([3, 4, 5], torch.zeros(3, n_slots, dtype=torch.long))
-    b = GraftItem([3, 4, 6], torch.zeros(3, n_slots, dtype=torch.long))
+    a = GraftItem([3, 4, 5], SourceMap(torch.zeros(3, n_slots, dtype=torch.long)))
+    b = GraftItem([3, 4, 6], SourceMap(torch.zeros(3, n_slots, dtype=torch.long)))
     _, kept = keep_states(models, [a], kept=[0], pad_id=0)
     with pytest.raises(GraftArgumentError, match="same tokens"):
         resume(models, b, kept, pad_id=0)

@@ -53,7 +53,7 @@ def test_unit_maps_are_sorted_by_the_slot_table_not_by_name(arch):
     maps = _maps(models, 1, 5, seed=3)
     row = SourceMap(maps.slots[0], {k: v[0] for k, v in maps.heads.items()},
                     {k: v[0] for k, v in maps.neurons.items()})
-    item = GraftItem.of(random_ids(1, 5, seed=4)[0].tolist(), row)
+    item = GraftItem(random_ids(1, 5, seed=4)[0].tolist(), row)
     assert item.unit_maps().keys() == {**row.heads, **row.neurons}.keys()
     slot_index = {s.name: i for i, s in enumerate(model_slots(models[0]))}
     widths = {name: int(m.shape[-1]) for name, m in sorted(item.unit_maps().items())}

@@ -152,12 +152,13 @@ def test_state_hooks_come_off_when_the_pass_fails_before_it_runs(where, monkeypa
     import weightgraft.engine.sharing.resume as resume
     from weightgraft.engine.architectures import model_slots
     from weightgraft.engine.sharing.prefix import GraftItem
+    from weightgraft.engine.source_map import SourceMap
 
     base = make_tiny("llama", seed=0, n_layers=3)
     models = [base, make_donor(base, seed=1)]
     before = [_hooks(m) for m in models]
     n_slots = len(model_slots(base))
-    item = GraftItem([5, 6, 7, 8], torch.zeros(4, n_slots, dtype=torch.long))
+    item = GraftItem([5, 6, 7, 8], SourceMap(torch.zeros(4, n_slots, dtype=torch.long)))
 
     def broken(*a, **k):
         raise RuntimeError("the batch could not be built")

@@ -15,6 +15,7 @@ from weightgraft.engine import attribution, projections
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 
 ARCHS = sorted(TINY_CONFIGS)
 TOL = 1e-4
@@ -58,11 +59,11 @@ def test_per_neuron_maps_match_the_per_token_definition(model_type):
     assert {n.rsplit(".", 1)[1] for n in neurons} >= ({"up", "down"} if dense else {"shared_up", "shared_down"})
     heads = _random_units(models, 2, 7, seed=7, kind="head")
     fast = wg.graft_forward(models, ids, source, head_source=heads, neuron_source=neurons)
-    ref = per_token_forward(models, ids, source, head_source=heads, neuron_source=neurons)
+    ref = per_token_forward(models, ids, SourceMap(source, heads, neurons))
     # Qwen3.5-MoE's float32 rounding (GDN kernels, router softmax) is ~1e-4 of its logit scale, as in test_engine
     tol = TOL * max(1.0, ref.abs().max().item()) if model_type.startswith("qwen3_5_moe") else TOL
     assert (fast - ref).abs().max().item() <= tol
-    plain = per_token_forward(models, ids, source, head_source=heads)
+    plain = per_token_forward(models, ids, SourceMap(source, heads))
     assert (ref - plain).abs().max().item() > 100 * TOL  # the neuron maps matter
 
 

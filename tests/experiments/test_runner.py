@@ -153,6 +153,7 @@ def test_per_head_sweep_matches_the_per_token_definition(tmp_path):
     (last layer, last token) from the donor."""
     import weightgraft as wg
     from weightgraft.engine.reference import per_token_forward
+    from weightgraft.engine.source_map import SourceMap
 
     config = parse_config(_config(tmp_path, schemes=[{"preset": "heads", "n_heads": 4, "layers": "-1"}]))
     result = run_experiment(config, load=loader, progress=False)
@@ -168,7 +169,7 @@ def test_per_head_sweep_matches_the_per_token_definition(tmp_path):
         source = torch.zeros(1, ids.shape[1], len(names), dtype=torch.long)
         head_map = torch.zeros(1, ids.shape[1], 4, dtype=torch.long)
         head_map[0, -1, h] = 1
-        logits = per_token_forward(models, ids, source, head_source={"layers.1.o": head_map})[0, -1]
+        logits = per_token_forward(models, ids, SourceMap(source, {"layers.1.o": head_map}))[0, -1]
         target = int(row.target_token_id)
         assert row["rank"] == int((logits > logits[target]).sum())
         assert abs(row.prob - torch.softmax(logits, -1)[target].item()) < 1e-5

@@ -17,6 +17,7 @@ from weightgraft.cli import app
 from weightgraft.engine.cells import ScoredExample
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.expert_maps.cells import SkippedCellMoved, expert_map
 from weightgraft.expert_maps.summary import region_of, summarize
 
@@ -33,7 +34,7 @@ def _reference_effect(models, example: ScoredExample, bank: str, position: int, 
     source = torch.zeros(1, ids.shape[1], len(wg.slots(models[0])), dtype=torch.long)
     experts = {bank: torch.zeros(1, ids.shape[1], n_experts, dtype=torch.long)}
     experts[bank][0, position, expert] = 1
-    grafted = per_token_forward(list(models), ids, source, expert_source=experts)[0, -1].double().log_softmax(-1)
+    grafted = per_token_forward(list(models), ids, SourceMap(source, experts=experts))[0, -1].double().log_softmax(-1)
     plain = models[0](input_ids=ids).logits[0, -1].double().log_softmax(-1)
     return float(grafted[TARGET] - plain[TARGET])
 

@@ -146,6 +146,7 @@ def test_a_set_of_heads_and_neurons_paints_cells_partly(served, page, tiny_tok):
     import torch
 
     from weightgraft.engine.reference import per_token_forward
+    from weightgraft.engine.source_map import SourceMap
 
     _, _, pre, sft = served
     page.fill("#prompt", PROMPT)
@@ -166,8 +167,8 @@ def test_a_set_of_heads_and_neurons_paints_cells_partly(served, page, tiny_tok):
     heads[0, -1, 1] = 1
     neurons = torch.zeros(1, n, pre.config.intermediate_size, dtype=torch.long)
     neurons[0, -1, 5] = 1
-    logits = per_token_forward([pre, sft], ids, source, head_source={"layers.0.o": heads},
-                               neuron_source={"layers.3.up": neurons})[0, -1]
+    maps = SourceMap(source, {"layers.0.o": heads}, {"layers.3.up": neurons})
+    logits = per_token_forward([pre, sft], ids, maps)[0, -1]
     top = tiny_tok.decode([int(logits.argmax())])
     first = page.locator("#top [data-model=graft] .entry").first
     assert first.locator(".t").inner_text() == top.replace(" ", "␣")

@@ -43,9 +43,7 @@ def _strokes(explorer: Explorer, n: int) -> list[tuple[list[dict], str]]:
 
 
 def _whole(explorer: Explorer, ids: list[int], maps) -> torch.Tensor:
-    return wg.graft_forward(explorer.models, torch.tensor([ids]), maps.slots[None],
-                            head_source={k: v[None] for k, v in maps.heads.items()} or None,
-                            neuron_source={k: v[None] for k, v in maps.neurons.items()} or None)[0, -1]
+    return wg.graft_forward(explorer.models, torch.tensor([ids]), maps.batch_of_one())[0, -1]
 
 
 @torch.no_grad()
@@ -60,7 +58,7 @@ def test_strokes_resume_from_kept_states_and_equal_the_whole_row(explorer):
             kept = explorer.passes.cache[tuple(ids)].kept
             assert kept is not None
             if i:
-                starts.append(resume_start(explorer.models[0], GraftItem.of(ids, maps), kept))
+                starts.append(resume_start(explorer.models[0], GraftItem(ids, maps), kept))
             assert (got["graft"] - _whole(explorer, ids, maps)).abs().max().item() <= 1e-12
             for r, name in enumerate(("pre", "sft")):
                 full = torch.full_like(maps.slots, r)

@@ -15,6 +15,7 @@ import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.cells import WHOLE, parse_cell_name
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.explore.app import create_app
 from weightgraft.explore.artifacts import LocalizeView
 from weightgraft.explore.cells import cell_maps
@@ -80,8 +81,7 @@ def _definition(pre, sft, ids, cells):
         for t, u in units:
             maps[0, t, u] = 1
         (heads if slot.heads else neurons)[name] = maps
-    logits = per_token_forward([pre, sft], torch.tensor([ids]), source, head_source=heads or None,
-                               neuron_source=neurons or None)
+    logits = per_token_forward([pre, sft], torch.tensor([ids]), SourceMap(source, heads, neurons))
     return logits[0, -1]
 
 

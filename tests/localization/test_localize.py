@@ -79,7 +79,7 @@ def test_localize_end_to_end(tmp_path):
 def test_search_share_is_the_exact_effect_of_the_set(tmp_path):
     config = _config(tmp_path, exact="none", graft_directions=["sufficiency"], templates=["headline"])
     result = localize(config, progress=False, load=loader)
-    entry = result.search["searches"][0]
+    entry = result.search.searches[0]
     pre, sft = loader("tiny-llama:pre"), loader("tiny-llama:sft")
     from weightgraft.engine.architectures import model_slots
     from weightgraft.localization.examples import build_examples

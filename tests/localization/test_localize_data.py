@@ -40,7 +40,7 @@ def test_a_freeform_jsonl_that_run_accepts(tmp_path):
     assert result.cells.loc[result.cells["example_id"] == "line2", "exact"].isna().all()
     # the subject span is the first entity: its last token is labelled so
     assert "first_entity_last" in set(result.cells["position_label"])
-    assert result.search["searches"][0]["refined"]["size"] <= result.search["searches"][0]["size"]
+    assert result.search.searches[0]["refined"]["size"] <= result.search.searches[0]["size"]
 
 
 @pytest.mark.slow

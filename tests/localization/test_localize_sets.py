@@ -70,12 +70,12 @@ def _half(entry, examples, maps, which):
 
 def test_sets_are_searched_on_fit_prompts_and_judged_on_held_out_ones(finished):
     result, examples, maps, pairs = finished
-    split = result.search["splits"]["headline"]
+    split = result.search.splits["headline"]
     assert len(split["fit_ids"]) == 3 and len(split["heldout_ids"]) == 3
     assert not set(split["fit_ids"]) & set(split["heldout_ids"])
     assert set(split["fit_ids"]) | set(split["heldout_ids"]) == {e.prompt.id for e in examples}
     cells = result.cells
-    for entry in result.search["searches"]:
+    for entry in result.search.searches:
         assert entry["fit_ids"] == split["fit_ids"] and entry["n_examples"] == 3
         models = pairs[entry["direction"]]
         fit_ex, fit_maps = _half(entry, examples, maps, "fit")
@@ -100,7 +100,7 @@ def test_sets_are_searched_on_fit_prompts_and_judged_on_held_out_ones(finished):
 
 def test_controls_redraw_from_their_seeds_and_regraft_to_their_shares(finished):
     result, examples, all_maps, pairs = finished
-    for entry in result.search["searches"]:
+    for entry in result.search.searches:
         examples, maps = _half(entry, finished[1], all_maps, "fit")
         candidates = sorted(set().union(*(m.keys() for m in maps)))
         found = _keys(entry["cells"])
@@ -151,7 +151,7 @@ def test_matched_controls_short_of_a_group_draw_the_rest_from_the_complement():
 
 def test_refined_set_is_exact_and_minimal_under_single_removals(finished):
     result, all_examples, all_maps, pairs = finished
-    for entry in result.search["searches"]:
+    for entry in result.search.searches:
         examples, maps = _half(entry, all_examples, all_maps, "fit")
         refined = entry["refined"]
         models = pairs[entry["direction"]]
@@ -171,7 +171,7 @@ def test_refined_set_is_exact_and_minimal_under_single_removals(finished):
 def test_missed_sample_effects_are_exact_and_below_the_cut(finished):
     result, all_examples, all_maps, pairs = finished
     cells = result.cells
-    for entry in result.search["searches"]:
+    for entry in result.search.searches:
         examples, maps = _half(entry, all_examples, all_maps, "fit")
         missed = entry["missed"]
         models = pairs[entry["direction"]]

@@ -79,7 +79,7 @@ def _share(models, examples, maps, whole, keys) -> float:
 def test_found_sets_of_units_regraft_to_their_shares(finished):
     units, config, result, everything, pre, sft = finished
     index = {s.name: i for i, s in enumerate(model_slots(pre))}
-    (entry,) = result.search["searches"]
+    (entry,) = result.search.searches
     examples = [e for e in everything if e.prompt.id in entry["fit_ids"]]  # searched on these only
     held = [e for e in everything if e.prompt.id in entry["heldout_ids"]]
     whole = [cell_map(e, index, pre) for e in examples]

@@ -17,6 +17,7 @@ import weightgraft as wg
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.moe import held_experts
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError
 from weightgraft.experiments.config import parse_config
 from weightgraft.experiments.plan import plan_experiment
@@ -63,7 +64,7 @@ def test_a_donor_holding_some_experts_equals_the_whole_donor_bit_for_bit(model_t
     with pytest.raises(GraftArgumentError, match="holds experts"):  # an expert it does not hold: refused
         wg.graft_forward([base, lean], ids, source, expert_source=_maps(base, tuple(ids.shape), (0, 1)))
     with pytest.raises(GraftArgumentError, match="load that donor whole"):
-        per_token_forward([base, lean], ids, source, expert_source=maps)
+        per_token_forward([base, lean], ids, SourceMap(source, experts=maps))
 
 
 def test_a_run_grafting_two_experts_holds_two_and_gives_the_whole_donors_rows(tmp_path):

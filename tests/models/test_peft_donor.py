@@ -20,6 +20,7 @@ from weightgraft.engine.cells import ScoredExample, exact_effects, example_cells
 from weightgraft.engine.partial import PartialGraft
 from weightgraft.engine.precision import float64_exact
 from weightgraft.engine.reference import per_token_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.models import weights_sha256
 from weightgraft.models.errors import PeftError
 from weightgraft.models.lean import memory_report
@@ -107,7 +108,7 @@ def test_lora_donor_equals_the_definition_on_the_merged_model(arch, tmp_path):
             assert _max_diff(fast, ref, mask) <= TOL
             assert _max_diff(fast, plain, mask) > 1e-2  # the graft moved the logits
         fast = wg.graft_forward([base, donor], ids, _maps(base, ids, 1)[0], attention_mask=mask, head_source=head_source)
-        ref = per_token_forward([base, merged], ids, _maps(base, ids, 1)[0], attention_mask=mask, head_source=head_source)
+        ref = per_token_forward([base, merged], ids, SourceMap(_maps(base, ids, 1)[0], head_source), attention_mask=mask)
         assert _max_diff(fast, ref, mask) <= TOL
         # the LoRA donor as the base, the plain model as the donor
         source = _maps(base, ids, 2)[0]

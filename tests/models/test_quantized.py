@@ -24,6 +24,7 @@ from tiny_models import make_donor, make_tiny
 import weightgraft.models.quantization as q
 from weightgraft.engine.forward import graft_forward, slots
 from weightgraft.engine.reference import per_token_forward, per_token_mixed_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentTypeError, WeightgraftError
 
 pytestmark = pytest.mark.skipif(
@@ -115,7 +116,7 @@ def test_quantized_graft_equals_per_token_definition(saved, arch, scheme):
         source = torch.zeros(*ids.shape, len(names), dtype=torch.long)
         heads = {"layers.0.q": torch.randint(0, 2, (*ids.shape, 4), generator=torch.Generator().manual_seed(1))}
         fast = graft_forward(models[::-1], ids, source, attention_mask=mask, head_source=heads)
-        ref = per_token_forward(models[::-1], ids, source, attention_mask=mask, head_source=heads)
+        ref = per_token_forward(models[::-1], ids, SourceMap(source, heads), attention_mask=mask)
         diff, scale = _worst(fast, ref, mask)
         print(f"{arch} {scheme} q by head: {diff:.2e}")
         assert diff <= REL_TOL * max(1.0, scale)
@@ -140,7 +141,7 @@ def test_input_side_units_and_mixing_on_quantized_refused_in_one_line(saved):
     heads = {"layers.0.o": torch.randint(0, 2, (*ids.shape, 4), generator=torch.Generator().manual_seed(2))}
     for run in (graft_forward, per_token_forward):
         with pytest.raises(WeightgraftError) as err:
-            run(models, ids, source, attention_mask=mask, head_source=heads)
+            run(models, ids, SourceMap(source, heads), attention_mask=mask)
         assert "\n" not in str(err.value) and "quantized" in str(err.value), str(err.value)
     with pytest.raises(GraftArgumentTypeError, match="quantized"):
         per_token_mixed_forward(models, ids, torch.full((*ids.shape, source.shape[-1]), 0.5), mask)

@@ -50,15 +50,15 @@ def appendix_run(base_model, tmp_path_factory):  # noqa: F811
 
 def test_fig13s_finetune_mixes_the_general_text_in_with_the_gentle_recipe(appendix_run) -> None:
     run, out = appendix_run
-    general = run.general_text["outputs"]
+    general = run.general_text.outputs
     texts = (out / "datas").glob("general-text-*/general.jsonl")
     path = next(texts)
-    assert general["n"] == 10_000 == len(path.read_text().splitlines())
+    assert general.n == 10_000 == len(path.read_text().splitlines())
     gentle = run.finetunes["gentle"]
     stage = json.loads((next((out / "finetunes").glob("gentle-*")) / "stage.json").read_text())
     # beside cpu-quick, the default recipe is cpu-gentle: half its learning rate, as many general texts as facts
     assert run.settings.preset == "cpu-quick" and run.settings.gentle_recipe == "cpu-gentle"
-    assert stage["inputs"]["preset"]["name"] == "cpu-gentle" and stage["inputs"]["supplemental"] == run.general_text["key"]
+    assert stage["inputs"]["preset"]["name"] == "cpu-gentle" and stage["inputs"]["supplemental"] == run.general_text.key
     assert stage["inputs"]["preset"]["learning_rate"] < PRESETS["cpu-quick"].learning_rate
     model = next((out / "finetunes").glob("gentle-*")) / "model"
     manifest = json.loads((model / "training_run.json").read_text())
@@ -67,7 +67,7 @@ def test_fig13s_finetune_mixes_the_general_text_in_with_the_gentle_recipe(append
     assert manifest["supplemental_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     data = json.loads((model / "training_manifest.json").read_text())["data"]
     assert data["supplemental"]["n"] == data["n_train"] > 0  # the file's first texts, as many as the facts
-    assert gentle["key"] != run.finetunes["a2b"]["key"]
+    assert gentle.key != run.finetunes["a2b"].key
     text = (out / "paper.md").read_text()
     assert "Fig. 13(a)" in text and "Fig. 13(b)" in text
     assert f"| gentle | a2b | cpu-gentle, with general text ({CORPUS}) mixed in | met |" in text  # our recipe, named
@@ -82,7 +82,7 @@ def test_each_appendix_world_is_a_run_of_its_own_with_its_figures(appendix_run) 
     run, out = appendix_run
     sub = run.worlds["fake_movies_fake_actors"]
     assert sub.report == out / "worlds" / "fake_movies_fake_actors" / "paper.md" and sub.report.is_file()
-    assert set(sub.sweeps) == {"position"} and sub.data["key"] != run.data["key"]
+    assert set(sub.sweeps) == {"position"} and sub.data.key != run.data.key
     assert "Fig. 10" in sub.report.read_text() and "Fig. 11" in sub.report.read_text()
     text = (out / "paper.md").read_text()
     assert "The appendix worlds (Figs. 10-12)" in text and "worlds/fake_movies_fake_actors/paper.md" in text

@@ -12,6 +12,7 @@ import pytest
 from weightgraft.paper.claims import CLAIM_COLUMNS, claim_rows
 from weightgraft.paper.page import to_markdown
 from weightgraft.paper.report_claims import claims_blocks
+from weightgraft.paper.stages import ClaimsOutputs, ClaimsRecord
 
 
 def _row(claim: str, level: float | None) -> dict:
@@ -25,7 +26,7 @@ def _row(claim: str, level: float | None) -> dict:
 def _page(rows: list[dict]) -> str:
     """The claims section of paper.md for a one-seed run whose claims record holds ``rows``."""
     run = SimpleNamespace(settings=SimpleNamespace(claims=True, seeds=1, train_seed=0), skipped={},
-                          claims={"outputs": {"claims": rows}},
+                          claims=ClaimsRecord(outputs=ClaimsOutputs(claims=rows)),
                           by_seed=lambda: {0: SimpleNamespace(finetunes={})})
     return to_markdown(claims_blocks(run))
 

@@ -22,6 +22,7 @@ from weightgraft.paper.figures import DEFAULT_SWEEPS, FINETUNES, MAIN_WORLD, swe
 from weightgraft.paper.numbers import NOT_RUN, OTHER_MODEL, metric_text, paper_numbers
 from weightgraft.paper.pipeline import PaperSettings, data_stage, finetune_stage, needed_finetunes, run_paper
 from weightgraft.paper.report import NOT_MET, STATED_HEADING, side_by_side_part
+from weightgraft.paper.stages import DataOutputs, DataRecord
 
 ALL_MET = dict(trained_top5=0.0, both_b2a_top5=0.0)
 
@@ -62,7 +63,7 @@ def test_the_report_is_one_generated_block_with_the_rules_and_its_command(full_r
     assert (block.name, block.rules, block.command) == (block_name(run.settings), RULES_VERSION,
                                                         paper_command(run.settings))
     assert PAPER_TITLE in text and "Nief et al., \"Multiple Streams" not in text
-    assert run.claims["outputs"]["rules"] == RULES_VERSION
+    assert run.claims.outputs.rules == RULES_VERSION
 
 
 def _stage_dirs(out: Path, kind: str) -> list[Path]:
@@ -162,16 +163,16 @@ def test_the_control_finetune_is_the_a2b_recipe_on_the_shuffled_answers_and_judg
     from weightgraft.localization.claims.control import FACT_CLAIMS
 
     run, out = full_run
-    assert run.shuffled_data is not None and run.shuffled_data["key"] != run.data["key"]
-    manifest = json.loads((out / "datas" / f"{run.shuffled_data['name']}-{run.shuffled_data['key'][:12]}" / "data"
+    assert run.shuffled_data is not None and run.shuffled_data.key != run.data.key
+    manifest = json.loads((out / "datas" / f"{run.shuffled_data.name}-{run.shuffled_data.key[:12]}" / "data"
                            / "manifest.json").read_text())
     assert manifest["shuffled_answers"]["seed"] == run.settings.seed and manifest["world"] == run.settings.world
-    a2b, control = run.finetunes["a2b"]["inputs"], run.finetunes["control"]["inputs"]
-    assert control["data"] == run.shuffled_data["key"] and {k: v for k, v in control.items() if k != "data"} == \
+    a2b, control = run.finetunes["a2b"].inputs, run.finetunes["control"].inputs
+    assert control["data"] == run.shuffled_data.key and {k: v for k, v in control.items() if k != "data"} == \
         {k: v for k, v in a2b.items() if k != "data"}
-    config = json.loads((out / "claimss" / f"claims-{run.claims['key'][:12]}" / "stage.json").read_text())
-    assert config["inputs"]["config"]["models"]["control"] == f"finetune:{run.finetunes['control']['key']}"
-    table = pd.read_csv(out / "claimss" / f"claims-{run.claims['key'][:12]}" / "run" / "claims.csv")
+    config = json.loads((out / "claimss" / f"claims-{run.claims.key[:12]}" / "stage.json").read_text())
+    assert config["inputs"]["config"]["models"]["control"] == f"finetune:{run.finetunes['control'].key}"
+    table = pd.read_csv(out / "claimss" / f"claims-{run.claims.key[:12]}" / "run" / "claims.csv")
     facts = table[(table["model"] == "sft") & (table["setting"] == "pre->sft") & table["claim"].isin(FACT_CLAIMS)]
     assert len(facts) == 2 * len(FACT_CLAIMS) and facts["control_p"].notna().all()
     assert (facts["n_control_prompts"] == facts["n_prompts"]).all()
@@ -199,7 +200,7 @@ def test_on_the_papers_own_model_a_planted_level_is_judged_by_its_interval_and_t
 
     run, _ = full_run
     planted = copy.deepcopy(run)
-    for row in planted.sweeps["position"]["outputs"]["summary"]:
+    for row in planted.sweeps["position"].outputs.summary:
         if (row["template"], row["scheme"]) == ("paper_headline", "LT"):
             row.update(n=n, top5=hits / n)
     planted.settings = dataclasses.replace(run.settings, paper_model="gemma-1.1-2b-it")
@@ -221,7 +222,7 @@ def test_the_claims_stage_judges_the_papers_claims_in_their_own_settings(full_ru
 
     run, out = full_run
     assert run.claims is not None and "claims" not in run.skipped
-    folder = out / "claimss" / f"claims-{run.claims['key'][:12]}"
+    folder = out / "claimss" / f"claims-{run.claims.key[:12]}"
     table = pd.read_csv(folder / "run" / "claims.csv")
     assert set(table["claim"]) >= {"fe_lt", "enrichment", "recall", "recall_o_late_ffn", "qkv_marginal"}
     assert set(table["setting"]) == {"pre->sft", "both->a2b", "null finetune"}  # the last: the control's own rows
@@ -229,7 +230,7 @@ def test_the_claims_stage_judges_the_papers_claims_in_their_own_settings(full_ru
     assert set(paper_setting["claim"]) >= {"recall_o_late_ffn", "qkv_marginal"}
     assert paper_setting["in_paper_setting"].all()
     assert set(table["verdict"]) <= set(VERDICTS) | {"shown"}
-    n_a2b = run.finetunes["a2b"]["outputs"]["checks"][0]["n"]  # claims 1-3 on the a2b prompts only
+    n_a2b = run.finetunes["a2b"].outputs.checks[0].n  # claims 1-3 on the a2b prompts only
     assert (table.loc[table["setting"] == "pre->sft", "n_prompts"] == n_a2b).all()
     section = (out / "paper.md").read_text().split("## The paper's claims, judged")[1].split("## ")[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| claim ")]
@@ -282,16 +283,17 @@ def test_a_changed_world_seed_is_never_mixed_with_the_old_results(full_run, base
     before = {p.name for p in _stage_dirs(out, "sweep")}
     chosen = settings(base_model, out, seed=1, sweeps=("position",), claims=False)
     run1 = run_paper(chosen)
-    assert run1.data["key"] != run0.data["key"] and not run1.reused
-    assert run1.finetunes["a2b"]["key"] != run0.finetunes["a2b"]["key"]
-    assert run1.sweeps["position"]["key"] != run0.sweeps["position"]["key"]
+    assert run1.data.key != run0.data.key and not run1.reused
+    assert run1.finetunes["a2b"].key != run0.finetunes["a2b"].key
+    assert run1.sweeps["position"].key != run0.sweeps["position"].key
     assert len(_stage_dirs(out, "data")) == 3  # seed 0's world and its shuffled answers, seed 1's world
     shuffled = data_stage(chosen, shuffled=True)  # the control's, were the claims judged: keyed by the seed too
-    assert shuffled.key != run0.shuffled_data["key"]
-    assert finetune_stage(chosen, FINETUNES["control"], {"key": shuffled.key}).key != run0.finetunes["control"]["key"]
+    assert shuffled.key != run0.shuffled_data.key
+    shuffled_record = DataRecord(key=shuffled.key, outputs=DataOutputs())
+    assert finetune_stage(chosen, FINETUNES["control"], shuffled_record).key != run0.finetunes["control"].key
     assert before < {p.name for p in _stage_dirs(out, "sweep")}
-    record = json.loads((out / "sweeps" / f"position-{run1.sweeps['position']['key'][:12]}" / "stage.json").read_text())
-    assert record["inputs"]["config"]["data"] == f"data:{run1.data['key']}"
+    record = json.loads((out / "sweeps" / f"position-{run1.sweeps['position'].key[:12]}" / "stage.json").read_text())
+    assert record["inputs"]["config"]["data"] == f"data:{run1.data.key}"
 
 
 def test_a_precondition_not_met_marks_the_figures_that_need_it(full_run, base_model, tmp_path):
@@ -333,8 +335,8 @@ def test_the_o_drop_is_read_off_the_same_prompts_with_its_paired_interval(full_r
 
     run, out = full_run
     record = run.sweeps["component_reversal"]
-    (drop,) = record["outputs"]["drops"]
-    folder = out / "sweeps" / f"component_reversal-{record['key'][:12]}"
+    (drop,) = record.outputs.drops
+    folder = out / "sweeps" / f"component_reversal-{record.key[:12]}"
     results = pd.read_parquet(folder / "run" / "results.parquet")
     rows = results[(results["template"] == "paper_headline") & (results["direction"] == "b2a")]
     hits = {s: rows[rows["scheme"] == s].set_index("example_id")["top5"].sort_index() for s in
@@ -349,7 +351,7 @@ def test_the_o_drop_is_read_off_the_same_prompts_with_its_paired_interval(full_r
     (folder / "stage.json").write_text(json.dumps(stored))
     again = run_paper(settings(base_model, out, sweeps=("component_reversal",), claims=False))
     assert "sweep component_reversal" in again.reused
-    assert again.sweeps["component_reversal"]["outputs"]["drops"] == record["outputs"]["drops"]
+    assert again.sweeps["component_reversal"].outputs.drops == record.outputs.drops
 
 
 @pytest.mark.parametrize("args, says", [
@@ -466,33 +468,33 @@ def test_two_training_seeds_train_each_role_twice_and_the_first_seeds_keys_are_t
 
     run0, out = full_run
     one = settings(base_model, out)
-    assert run0.finetunes["a2b"]["key"] == _today_finetune_key(one, "a2b", "a2b", run0.data["key"], ("a2b",))
-    assert run0.finetunes["both"]["key"] == _today_finetune_key(one, "both", "both", run0.data["key"], ("a2b", "b2a"))
+    assert run0.finetunes["a2b"].key == _today_finetune_key(one, "a2b", "a2b", run0.data.key, ("a2b",))
+    assert run0.finetunes["both"].key == _today_finetune_key(one, "both", "both", run0.data.key, ("a2b", "b2a"))
     assert one.train_seeds == (0,) and finetune_stage(one, FINETUNES["a2b"], run0.data).key == \
         finetune_stage(one, FINETUNES["a2b"], run0.data, 0).key
 
     run = run_paper(settings(base_model, out, seeds=2, sweeps=("position",)))
     assert {"finetune a2b", "finetune both", "finetune control", "sweep position"} <= set(run.reused)
-    assert {n: r["key"] for n, r in run.finetunes.items()} == \
-        {n: run0.finetunes[n]["key"] for n in ("a2b", "both", "control")}
-    assert run.sweeps["position"]["key"] == run0.sweeps["position"]["key"]
+    assert {n: r.key for n, r in run.finetunes.items()} == \
+        {n: run0.finetunes[n].key for n in ("a2b", "both", "control")}
+    assert run.sweeps["position"].key == run0.sweeps["position"].key
     second = run.other_seeds[1]
     assert set(second.finetunes) == {"a2b", "both", "control"} and not any(" seed 1" in r for r in run.reused)
     for name, record in second.finetunes.items():
-        assert record["inputs"]["seed"] == 1 and record["key"] != run.finetunes[name]["key"]
-        assert {k: v for k, v in record["inputs"].items() if k != "seed"} == \
-            {k: v for k, v in run.finetunes[name]["inputs"].items() if k != "seed"}
-        folder = out / "finetunes" / f"{name}-{record['key'][:12]}"
+        assert record.inputs["seed"] == 1 and record.key != run.finetunes[name].key
+        assert {k: v for k, v in record.inputs.items() if k != "seed"} == \
+            {k: v for k, v in run.finetunes[name].inputs.items() if k != "seed"}
+        folder = out / "finetunes" / f"{name}-{record.key[:12]}"
         assert json.loads((folder / "model" / "training_manifest.json").read_text())["seed"] == 1
-    sweep = json.loads((out / "sweeps" / f"position-{second.sweeps['position']['key'][:12]}" / "stage.json").read_text())
-    assert sweep["inputs"]["config"]["models"]["sft"] == f"finetune:{second.finetunes['a2b']['key']}"
+    sweep = json.loads((out / "sweeps" / f"position-{second.sweeps['position'].key[:12]}" / "stage.json").read_text())
+    assert sweep["inputs"]["config"]["models"]["sft"] == f"finetune:{second.finetunes['a2b'].key}"
 
-    assert run.claims is not None and run.claims["outputs"]["sft_seeds"] == [0, 1]
-    config = run.claims["inputs"]["config"]
-    assert config["models"]["sft"] == [f"finetune:{run.finetunes['a2b']['key']}",
-                                       f"finetune:{second.finetunes['a2b']['key']}"]
+    assert run.claims is not None and run.claims.outputs.sft_seeds == [0, 1]
+    config = run.claims.inputs["config"]
+    assert config["models"]["sft"] == [f"finetune:{run.finetunes['a2b'].key}",
+                                       f"finetune:{second.finetunes['a2b'].key}"]
     assert config["reversal"]["recipient"] == config["models"]["sft"][0]
-    table = pd.read_csv(out / "claimss" / f"claims-{run.claims['key'][:12]}" / "run" / "claims.csv")
+    table = pd.read_csv(out / "claimss" / f"claims-{run.claims.key[:12]}" / "run" / "claims.csv")
     assert {"sft[0]", "sft[1]"} <= set(table["model"])
 
     text = (out / "paper.md").read_text()
@@ -523,21 +525,21 @@ def test_a_verdict_or_precondition_that_differs_across_seeds_names_the_seeds(ful
     run.settings = dataclasses.replace(run0.settings, seeds=2, paper_model="gemma-1.1-2b-it", both_b2a_top5=0.5)
     seed1 = SeedRecords(copy.deepcopy(run.finetunes), copy.deepcopy(run.sweeps))
     for records, hits, n, b2a in ((run, 212, 400, 1.0), (seed1, 4, 8, 0.0)):
-        for row in records.sweeps["position"]["outputs"]["summary"]:
+        for row in records.sweeps["position"].outputs.summary:
             if (row["template"], row["scheme"]) == ("paper_headline", "LT"):
                 row.update(n=n, top5=hits / n)
-        for check in records.finetunes["both"]["outputs"]["checks"]:
-            check["top5"] = b2a if check["direction"] == "b2a" else 1.0
+        for check in records.finetunes["both"].outputs.checks:
+            check.top5 = b2a if check.direction == "b2a" else 1.0
     del seed1.sweeps["component_reversal"]
     seed1.skipped["component_reversal"] = "both: paper_headline b2a top-5 0.0% (< 50%)"
     run.other_seeds = {1: seed1}
-    rows = run.claims["outputs"]["claims"]
+    rows = run.claims.outputs.claims
     fe_lt = next(r for r in rows if r["model"] == "sft" and r["claim"] == "fe_lt")
     planted = [dict(r, model=f"sft[{i}]") for r in rows if r["model"] == "sft" for i in (0, 1)]
     for r in planted:
         if (r["claim"], r["template"], r["setting"]) == (fe_lt["claim"], fe_lt["template"], fe_lt["setting"]):
             r["verdict"] = "holds" if r["model"] == "sft[0]" else "undecided"
-    run.claims["outputs"].update(claims=planted, sft_seeds=[0, 1])
+    run.claims.outputs.claims, run.claims.outputs.sft_seeds = planted, [0, 1]
 
     text = to_markdown(report_blocks(run))
     first = text.split(f"## {STATED_HEADING}")[1].split("## ")[0]
@@ -565,18 +567,18 @@ def test_a_verdict_or_precondition_that_differs_across_seeds_names_the_seeds(ful
     from weightgraft.paper.claims import judged_seeds, run_claims
 
     for records, top5 in ((run, 1.0), (seed1, 0.0)):
-        for check in records.finetunes["a2b"]["outputs"]["checks"]:
-            check["top5"] = top5
+        for check in records.finetunes["a2b"].outputs.checks:
+            check.top5 = top5
     run.settings = dataclasses.replace(run.settings, trained_top5=0.5)
-    run.claims["outputs"].update(claims=[r for r in planted if r["model"] != "sft[1]"], sft_seeds=[0])
+    run.claims.outputs.claims, run.claims.outputs.sft_seeds = [r for r in planted if r["model"] != "sft[1]"], [0]
     assert judged_seeds(run.settings, run) == ([0], {1: judged_seeds(run.settings, run)[1][1]})
     text = to_markdown(report_blocks(run))
     assert "a2b: precondition met on training seed 0, not met on training seed 1." in text
     across = text.split("### Each claim across training seeds")[1].split("### ")[0]
     assert f"Not judged on training seed 1: {NOT_MET} (training seed 1: a2b: paper_headline a2b top-5 0.0% (< 50%)" \
         in across and "holds on 1 of 1 seed |" in across
-    for check in run.finetunes["a2b"]["outputs"]["checks"]:
-        check["top5"] = 0.0
+    for check in run.finetunes["a2b"].outputs.checks:
+        check.top5 = 0.0
     none = dataclasses.replace(run, claims=None, skipped={})
     run_claims(none.settings, none, Console(quiet=True))
     assert none.claims is None and none.skipped["claims"].startswith("training seed 0: a2b: ")
@@ -633,13 +635,13 @@ def test_the_trajectory_option_grafts_each_snapshot_of_the_a2b_finetune(full_run
     from weightgraft.paper.trajectory import trajectory_stage
 
     run = run_paper(settings(base_model, tmp_path / "traj", sweeps=("position",), trajectory=1))
-    rows = run.trajectory["outputs"]["rows"]
+    rows = run.trajectory.outputs.rows
     assert sorted({r["step"] for r in rows}) == [1, 2]
     text = (tmp_path / "traj" / "paper.md").read_text()
     assert "When the pathway forms (ours, not the paper's" in text and (tmp_path / "traj" / "paper-trajectory.png").is_file()
     plain, _ = full_run
-    assert run.finetunes["a2b"]["key"] != plain.finetunes["a2b"]["key"]  # trained with snapshots
-    assert run.data["key"] == plain.data["key"]
+    assert run.finetunes["a2b"].key != plain.finetunes["a2b"].key  # trained with snapshots
+    assert run.data.key == plain.data.key
     _, raw = trajectory_stage(run.settings, run.data, run.finetunes["a2b"])
     snapshot = str(Path(raw["models"]["sft"]) / "trajectory" / "step-000002")
     alone = run_experiment(parse_config({**raw, "trajectory": None, "models": {**raw["models"], "sft": snapshot},
@@ -654,10 +656,10 @@ def test_the_trajectory_option_grafts_each_snapshot_of_the_a2b_finetune(full_run
     assert "from 2 snapshots" in planned[0].what and "on 2 snapshots" in planned[1].what
     import pandas as pd
 
-    steps = run.trajectory_claims["outputs"]["steps"]
+    steps = run.trajectory_claims.outputs.steps
     assert {r["claim"] for r in steps} >= {"fe_lt", "enrichment", "recall"} and {r["steps"] for r in steps} == {"1;2"}
     along = pd.read_csv(next((tmp_path / "traj" / "claimss").glob("trajectory-*")) / "run" / "claims.csv")
-    whole = pd.DataFrame(run.claims["outputs"]["claims"])
+    whole = pd.DataFrame(run.claims.outputs.claims)
     for claim in ("fe_lt", "enrichment", "recall"):
         for template in ("headline", "qa"):
             a = along[(along["model"] == "sft[1]") & (along["claim"] == claim) & along["template"].str.contains(template)]

@@ -19,12 +19,17 @@ from weightgraft.paper.figures import SWEEP_NAMES
 from weightgraft.paper.report import PAPER_TITLE, block_name, paper_command, paper_models_text, report_rules
 from weightgraft.paper.report_claims import rules_of
 from weightgraft.paper.settings import PaperSettings
+from weightgraft.paper.stages import ClaimsOutputs, ClaimsRecord, TrajectoryClaimsOutputs, TrajectoryClaimsRecord
 from weightgraft.report.blocks import generated_blocks
 from weightgraft.report.claims_page import claims_markdown, rules_of_table
 
 
 def _record(rows, **outputs):
-    return {"outputs": {"claims": rows, **outputs}}
+    return ClaimsRecord(outputs=ClaimsOutputs(claims=rows, **outputs))
+
+
+def _steps(rows):
+    return TrajectoryClaimsRecord(outputs=TrajectoryClaimsOutputs(steps=rows))
 
 
 def test_a_claims_records_rules_are_recorded_or_read_off_its_rows():
@@ -32,11 +37,11 @@ def test_a_claims_records_rules_are_recorded_or_read_off_its_rows():
     assert rules_of(_record([{"claim": "fe_lt"}], rules=9)) == 9
     assert rules_of(_record([{"claim": "fe_lt", "ci_level": 0.95}])) == 8  # rows with their level: rules 8
     assert rules_of(_record([{"claim": "fe_lt", "ci_low": 0.1}])) == 7  # written before the level was kept
-    assert rules_of({"outputs": {"steps": [{"claim": "fe_lt", "ci_level": None}]}}) == 8
+    assert rules_of(_steps([{"claim": "fe_lt", "ci_level": None}])) == 8
 
 
 def test_a_report_carries_its_oldest_claims_records_rules_else_the_codes():
-    run = SimpleNamespace(claims=_record([{"ci_low": 0.1}]), trajectory_claims=_record([{"ci_level": 0.95}]))
+    run = SimpleNamespace(claims=_record([{"ci_low": 0.1}]), trajectory_claims=_steps([{"ci_level": 0.95}]))
     assert report_rules(run) == 7
     assert report_rules(SimpleNamespace(claims=None, trajectory_claims=None)) == RULES_VERSION
 

@@ -129,7 +129,7 @@ def test_the_graft_maps_term_is_what_exact_effects_builds(tiny_model_dirs: dict[
 
     def counting(ex, cells, slot_list):
         item = original(ex, cells, slot_list)
-        built.append(item.source.nbytes + sum(m.nbytes for m in item.unit_maps().values()))
+        built.append(item.maps.slots.nbytes + sum(m.nbytes for m in item.unit_maps().values()))
         return item
 
     monkeypatch.setattr(cells_mod, "_item", counting)

@@ -169,7 +169,7 @@ def test_a_demo_sweep_of_an_older_rows_format_is_kept_aside_not_mixed(tmp_path) 
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "identity.json").write_text(json.dumps({"core": {}}))  # format 1 wrote no rows_format
+    (run / "identity.json").write_text(json.dumps({"core": "0" * 16}))  # format 1 wrote no rows_format
     (run / "results.parquet").write_text("old rows")
     console = Console(record=True, width=200)
     _set_aside_older_rows(run, console)

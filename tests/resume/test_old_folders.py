@@ -75,7 +75,9 @@ def _localize_config(**extra):
     return parse_localize_config({**json.loads(Path("run/manifest.json").read_text())["config"], **extra})
 
 
-def test_an_old_localize_run_resumes_without_computing_again(old, monkeypatch):
+def test_an_old_localize_run_resumes_computing_again_only_its_claims(old, monkeypatch):
+    """Made with claims rules 8: its maps and estimates are read back; its claims parts, keyed by
+    the rules, are judged again by today's (rules 9), beside the old ones, which stay as they were."""
     from tiny_world import loader
 
     from weightgraft.localization.run import run_localize
@@ -83,7 +85,10 @@ def test_an_old_localize_run_resumes_without_computing_again(old, monkeypatch):
     monkeypatch.chdir(old / "localize")
     parts = {p: p.stat().st_mtime_ns for p in Path("run/parts").rglob("*.parquet")}
     resumed = run_localize(_localize_config(), progress=False, load=loader)
-    assert {p: p.stat().st_mtime_ns for p in Path("run/parts").rglob("*.parquet")} == parts  # every stage read back
+    after = {p: p.stat().st_mtime_ns for p in Path("run/parts").rglob("*.parquet")}
+    assert {p: after[p] for p in parts} == parts  # nothing written before is touched
+    new = sorted(p.name for p in set(after) - set(parts))
+    assert new and all(name.startswith("claims_") for name in new), new  # only the claims are computed again
     fresh = run_localize(_localize_config(out="fresh"), progress=False, load=loader)
     pd.testing.assert_frame_equal(resumed.cells, fresh.cells)
     manifest = json.loads(Path("run/manifest.json").read_text())
@@ -133,13 +138,13 @@ def test_an_old_paper_runs_stages_are_found_by_todays_keys(old, monkeypatch):
     settings = PaperSettings(model="base", relations=8, out=Path("paper"), max_steps=2, batch_size=8, progress=False,
                              sweeps=("position",), claims=False, trained_top5=0.0, both_b2a_top5=0.0)
     data = data_stage(settings).finished()
-    assert data is not None and data["outputs"]["dir"] == "data"
+    assert data is not None and data.outputs.dir == "data"
     finetune = finetune_stage(settings, FINETUNES["a2b"], data).finished()
-    assert finetune is not None and finetune["outputs"]["checks"]
+    assert finetune is not None and finetune.outputs.checks
     sweep = next(s for s in sweeps_for(settings.world) if s.name == "position")
     stage, _ = sweep_stage(settings, sweep, data, {"a2b": finetune})
     done = stage.finished()
-    assert done is not None and done["outputs"]["summary"]
+    assert done is not None and done.outputs.summary
     record, reused = run_sweep(settings, sweep, data, {"a2b": finetune}, Console(quiet=True))
     assert reused and record == done  # nothing run again
     changed = PaperSettings(model="base", relations=8, out=Path("paper"), seed=1)

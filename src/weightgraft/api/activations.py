@@ -17,6 +17,7 @@ from torch import nn
 
 from weightgraft.engine.architectures import adapter_for, model_slots
 from weightgraft.engine.mixers import MIXER_FORWARDS
+from weightgraft.engine.source_map import SlotName
 from weightgraft.engine.swaps import swaps
 from weightgraft.errors import GraftArgumentError
 
@@ -29,18 +30,19 @@ def activation_names(model: nn.Module) -> list[str]:
     output (its conv kernel, decay parameters, gated norm), and ``layers.{i}.resid_post`` after layer
     ``i``'s slots."""
     out: list[str] = []
+    previous: int | None = None  # the layer of the last slot named
     for slot in model_slots(model):
         if slot.name == "unembed":
             continue
         if slot.mixer is not None and slot.mixer.component in MIXER_FORWARDS[slot.mixer.kind].own:
             continue  # a mixer's kernel, decay parameters and gated norm put out no [batch, seq] rows of their own
-        layer = slot.name.split(".")[1] if slot.name.startswith("layers.") else None
-        previous = out[-1].split(".")[1] if out and out[-1].startswith("layers.") else None
+        layer = SlotName.parse(slot.name).layer
         if previous is not None and previous != layer:
-            out.append(f"layers.{previous}.{RESID_POST}")
+            out.append(str(SlotName(RESID_POST, previous)))
         out.append(slot.name)
-    if out and out[-1].startswith("layers."):
-        out.append(f"layers.{out[-1].split('.')[1]}.{RESID_POST}")
+        previous = layer
+    if previous is not None:
+        out.append(str(SlotName(RESID_POST, previous)))
     return out
 
 
@@ -50,8 +52,9 @@ def _targets(model: nn.Module, names: Sequence[str]) -> dict[str, tuple[str, tor
     slots = {s.name: s for s in model_slots(model)}
     out: dict[str, tuple[str, torch.Tensor | None, int]] = {}
     for name in names:
-        if name.endswith(f".{RESID_POST}"):
-            out[name] = (f"{adapter.layers}.{name.split('.')[1]}", None, 1)
+        parsed = SlotName.parse(name)
+        if parsed.component == RESID_POST and parsed.layer is not None:
+            out[name] = (f"{adapter.layers}.{parsed.layer}", None, 1)
             continue
         (part, *more) = slots[name].parts
         if more:  # an embedding made of several modules: their sum is what the model adds

@@ -16,6 +16,7 @@ import torch
 
 from weightgraft.api.activations import activation_names, record, stacked
 from weightgraft.engine.forward import graft_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.schemes.binding import Encoded, GraftInputError, Rules, Spans, one_or_many, prepare_graft
 from weightgraft.schemes.protocol import DEFAULT_PROTOCOL
 
@@ -150,9 +151,8 @@ def graft(
     batch = pad(encoded, pad_id, left=getattr(tokenizer, "padding_side", "right") == "left")
     with torch.no_grad(), record(ordered[0], names) as seen:
         logits = graft_forward(
-            ordered, batch.input_ids, batch.source, attention_mask=batch.attention_mask,
+            ordered, batch.input_ids, SourceMap(batch.source, batch.head_source), attention_mask=batch.attention_mask,
             logit_positions=None if full_logits else batch.last[:, None],
-            head_source=batch.head_source or None,
         )
     rows = torch.arange(len(encoded), device=logits.device)
     last = logits[rows, batch.last.to(logits.device)] if full_logits else logits[:, 0]

@@ -21,7 +21,7 @@ def localize(
 
     cfg = load_localize_config(config, overrides or [])
     result = run_localize(cfg, progress=progress)
-    for entry in result.search.get("searches", []):
+    for entry in result.search.searches:
         held = entry.get("heldout_share")
         console.print(f"{entry['direction']:>11} / {entry['template']}: {entry['size']} cells carry "
                       + (f"{held:.0%} of the held-out prompts' effect, " if held is not None else "")

@@ -6,9 +6,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from weightgraft import atomic
+from weightgraft.resume.manifests import Json
 
 from .errors import DataError
 
@@ -39,7 +40,7 @@ class Dataset:
     train: list[dict]
     validation: list[dict]
     test_prompts: list[dict]
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: Json = field(default_factory=dict)  # manifest.json as built: world, seed, counts, files, ...
 
     def split(self, name: str) -> list[dict]:
         """Records of split ``name`` (one of metadata, train, validation, test_prompts)."""
@@ -81,16 +82,21 @@ class Dataset:
         return out
 
 
-def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+def manifest_bytes(manifest: Json) -> bytes:
     """``manifest.json`` content: indented JSON with a trailing newline."""
     return (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def file_entries(files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+class FileEntry(TypedDict):
+    """A dataset file in its manifest: line count and SHA-256."""
+
+    lines: int
+    sha256: str
+
+
+def file_entries(files: dict[str, bytes]) -> dict[str, FileEntry]:
     """Line count and SHA-256 of each file."""
-    return {
-        name: {"lines": data.count(b"\n"), "sha256": sha256(data)} for name, data in files.items()
-    }
+    return {name: FileEntry(lines=data.count(b"\n"), sha256=sha256(data)) for name, data in files.items()}
 
 
 def load_dataset(path: str | Path, verify: bool = True) -> Dataset:

@@ -186,12 +186,12 @@ def _item(example: ScoredExample, cells: Sequence[Cell], slot_list: Sequence[Slo
             maps[c.position, c.unit] = 1
         # an expert map rides with the heads (the engine's route_unit_maps sorts it by the slot table)
         (heads if kind == Units.HEAD or slot.experts else neurons)[slot.name] = maps
-    return GraftItem.of(example.input_ids[:n], SourceMap(source, heads, neurons), logit_start=example.position)
+    return GraftItem(example.input_ids[:n], SourceMap(source, heads, neurons), logit_start=example.position)
 
 
 def _suffix(item: GraftItem) -> int:
     """Positions an item recomputes: from its first grafted position to its scored one."""
-    grafted = item.source.any(dim=1)
+    grafted = item.maps.slots.any(dim=1)
     for maps in item.unit_maps().values():
         grafted = grafted | maps.any(dim=1)
     first = int(grafted.nonzero()[0]) if bool(grafted.any()) else item.logit_start
@@ -306,7 +306,8 @@ def exact_effects_in(
         donors = []
         for ex in examples:
             base = _item(ex, [], slot_list)
-            donors.append(GraftItem(base.input_ids, torch.ones_like(base.source), logit_start=ex.position))
+            whole = SourceMap(torch.ones_like(base.maps.slots))
+            donors.append(GraftItem(base.input_ids, whole, logit_start=ex.position))
         logits = _run(models, donors, pad_id, chunk, share, None, (), lambda part, _rows: part[:, 0].double().cpu())
         reference = torch.log_softmax(logits, -1)
     owners = torch.tensor(owner)

@@ -15,6 +15,7 @@ from weightgraft.engine.precision import eager_attention, float64_exact
 from weightgraft.engine.reference import CompositeModel, per_token_forward
 from weightgraft.engine.sharing.depth import depth_forward
 from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
+from weightgraft.engine.source_map import SourceMap
 
 DEFAULT_PROMPTS = (
     "Keanu Reeves starred in a movie with",
@@ -219,18 +220,23 @@ def _prefix_case(
             src = source[b][attention_mask[b].bool().to(source.device)]  # maps live on the CPU
             twin = src.clone()
             twin[-1] = torch.randint(0, len(models), twin[-1].shape, generator=gen)
-            items += [GraftItem(ids, src, logit_start=n - 1), GraftItem(ids, twin, logit_start=n - 1)]
+            items += [GraftItem(ids, SourceMap(row), logit_start=n - 1) for row in (src, twin)]
     shared = prefix_forward(models, items, pad_id=0)[:, 0].double()  # padding is masked out
-    alone = torch.stack([
-        graft_forward(models, torch.tensor([it.input_ids], device=input_ids.device), it.source[None])[0, -1]
-        for it in items
-    ]).double()
+    alone = _alone(models, items, input_ids.device)
     return CheckCase(
         name="prefix sharing (runner)",
         max_abs_diff=(shared - alone).abs().max().item(),
         logit_scale=alone.abs().max().item(),
         top1_agree=(shared.argmax(-1) == alone.argmax(-1)).float().mean().item(),
     )
+
+
+def _alone(models: Sequence[nn.Module], items: Sequence[GraftItem], device: torch.device) -> torch.Tensor:
+    """Each item's last logits from ``graft_forward`` on its row alone."""
+    return torch.stack([
+        graft_forward(models, torch.tensor([it.input_ids], device=device), it.maps.batch_of_one())[0, -1]
+        for it in items
+    ]).double()
 
 
 def _depth_case(
@@ -251,18 +257,15 @@ def _depth_case(
             for _ in range(size):
                 t, s = (int(torch.randint(0, m, (1,), generator=gen)) for m in (n, n_slots))
                 src[t, s] = int(torch.randint(1, max(len(models), 2), (1,), generator=gen)) % len(models)
-            items.append(GraftItem(ids, src, logit_start=n - 1))
+            items.append(GraftItem(ids, SourceMap(src), logit_start=n - 1))
         whole = (torch.rand(n, n_slots, generator=gen) < 0.2).long() * min(1, len(models) - 1)
-        references.append(GraftItem(ids, whole, logit_start=n - 1))
+        references.append(GraftItem(ids, SourceMap(whole), logit_start=n - 1))
         for t, s in whole.nonzero().tolist()[:4]:
             without = whole.clone()
             without[t, s] = 0
-            items.append(GraftItem(ids, without, logit_start=n - 1))
+            items.append(GraftItem(ids, SourceMap(without), logit_start=n - 1))
     shared = depth_forward(models, items, pad_id=0, references=references)[:, 0].double()
-    alone = torch.stack([
-        graft_forward(models, torch.tensor([it.input_ids], device=input_ids.device), it.source[None])[0, -1]
-        for it in items
-    ]).double()
+    alone = _alone(models, items, input_ids.device)
     return CheckCase(
         name="depth sharing (cells)",
         max_abs_diff=(shared - alone).abs().max().item(),

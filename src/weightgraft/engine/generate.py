@@ -21,6 +21,7 @@ from transformers import DynamicCache
 from weightgraft.data.spans import SpanSpec, resolve_spans
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.projections import hf_config, input_embedding_weight
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError
 
 if TYPE_CHECKING:
@@ -111,8 +112,9 @@ def generate_one(
     cache = DynamicCache(config=hf_config(base))
     n = len(ids)
     logits = graft_forward(
-        models, torch.tensor([ids], device=device), src[None], logit_positions=torch.tensor([[n - 1]]),
-        head_source={k: v[None] for k, v in heads.items()} or None, past_key_values=cache,
+        models, torch.tensor([ids], device=device), SourceMap(src, heads).batch_of_one(),
+        logit_positions=torch.tensor([[n - 1]]),
+        past_key_values=cache,
     )[0, -1]
     new_ids, steps, rows, head_rows = [], [], [], []
     while True:
@@ -131,9 +133,8 @@ def generate_one(
         rows.append(row)
         head_rows.append(step_heads)
         logits = graft_forward(
-            models, torch.tensor([[token]], device=device), row[None],
-            attention_mask=torch.ones(1, n + len(new_ids), dtype=torch.long, device=device),
-            head_source={k: v[None] for k, v in step_heads.items()} or None, past_key_values=cache,
+            models, torch.tensor([[token]], device=device), SourceMap(row, step_heads).batch_of_one(),
+            attention_mask=torch.ones(1, n + len(new_ids), dtype=torch.long, device=device), past_key_values=cache,
         )[0, -1]
     n_slots = src.shape[1]
     new_source = torch.cat(rows) if rows else torch.empty(0, n_slots, dtype=torch.long)

@@ -5,8 +5,9 @@ states): position t is processed by a model whose weights, slot by slot, are cop
 model that ``source`` names for t, so every state carries earlier positions as their own models
 computed them (multi-head latent attention's cache holds each position's keys and values as that
 position's ``kv_b`` decompressed them: ``weightgraft.engine.attention.latent``). It is slow on purpose and
-shares no code path with ``weightgraft.engine.forward`` beyond the slot table, so that it can serve
-as the oracle the engine is tested (and ``weightgraft check``-ed) against.
+shares no code path with ``weightgraft.engine.forward`` beyond the slot table and the source map's
+one check (``SourceMap.checked``), so that it can serve as the oracle the engine is tested (and
+``weightgraft check``-ed) against.
 
 A quantized module (bitsandbytes nf4/fp4/int8, torchao) cannot be copied entry by entry (its
 scales live beside the packed weight): in the private copy it becomes a ``_Routed`` module that
@@ -32,6 +33,7 @@ from weightgraft.engine.compat import check_compatible
 from weightgraft.engine.mixers.mamba2 import decode_step_floor
 from weightgraft.engine.moe import HELD_ATTR
 from weightgraft.engine.precision import batch_invariant_attention, one_cpu_path
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.errors import GraftArgumentError, GraftArgumentTypeError
 
 if TYPE_CHECKING:
@@ -214,18 +216,16 @@ def _copy_columns(dst: nn.Module, src: nn.Module, cols: torch.Tensor) -> None:
 def per_token_forward(
     models: Sequence[nn.Module],
     input_ids: torch.Tensor,
-    source: torch.Tensor,
+    source: SourceMap | torch.Tensor,
     *, attention_mask: torch.Tensor | None = None,
     composite: CompositeModel | None = None,
     copy_per_position: bool = False,
-    head_source: Mapping[str, torch.Tensor] | None = None,
-    neuron_source: Mapping[str, torch.Tensor] | None = None,
-    expert_source: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits ``[batch, seq, vocab]`` by the per-token definition. Each row is run alone
-    without its padding; padded positions of the result are zero. ``head_source`` /
-    ``neuron_source`` / ``expert_source`` (slot name -> ``[batch, seq, units]``) load a slot
-    unit by unit (an expert bank expert by expert), as ``graft_forward`` reads them.
+    without its padding; padded positions of the result are zero. ``source`` is the engine's
+    one input, a :class:`SourceMap` (a bare tensor: whole slots only), checked as the engine
+    checks it (:meth:`SourceMap.checked`); its unit maps load a slot unit by unit (an expert bank
+    expert by expert), as ``graft_forward`` reads them.
 
     ``copy_per_position=True`` is the authors' procedure verbatim: a fresh copy of the base
     model, with the grafted weights swapped in, for every position (slow; for benchmarks).
@@ -246,8 +246,7 @@ def per_token_forward(
     vocab = _lm(model).get_output_embeddings().weight.shape[0]
     device = input_ids.device
     out = torch.zeros(batch, seq, vocab, dtype=_lm(model).dtype, device=device)
-    index = {slot.name: s for s, slot in enumerate(composite.slots)}
-    heads = {index[name]: h for name, h in {**(head_source or {}), **(neuron_source or {}), **(expert_source or {})}.items()}
+    maps = SourceMap.of(source).checked(composite.slots, batch, seq, n_models=len(models), device=device)
     with decode_step_floor([model]):  # Mamba2: each one-token step floored as the batched scan is
         for b in range(batch):
             real = attention_mask[b].bool().nonzero().flatten()
@@ -256,7 +255,7 @@ def per_token_forward(
                 if copy_per_position:
                     composite = CompositeModel(models)
                     model = composite.model
-                composite.load(source[b, t].tolist(), {s: h[b, t].tolist() for s, h in heads.items()})
+                composite.load(maps.slots[b, t].tolist(), {s: h[b, t].tolist() for s, h in maps.units.items()})
                 logits = model(
                     input_ids=input_ids[b : b + 1, t : t + 1],
                     position_ids=torch.tensor([[step]], device=device),

@@ -102,6 +102,11 @@ class SourceMap:
         return cls(slots, {n: m for n, m in units.items() if kinds[n] == Units.HEAD},
                    {n: m for n, m in units.items() if kinds[n] != Units.HEAD})
 
+    def batch_of_one(self) -> SourceMap:
+        """One row's map (``[seq, ...]``, as a :class:`GraftItem` holds it) as a batch of one."""
+        return SourceMap(self.slots[None], {n: m[None] for n, m in self.heads.items()},
+                         {n: m[None] for n, m in self.neurons.items()}, {n: m[None] for n, m in self.experts.items()})
+
     def checked(self, slot_list: Sequence[Slot], batch: int, seq: int, *, n_models: int,
                 device: torch.device) -> CheckedMap:
         """The map checked against a model's slot table, a ``[batch, seq]`` pass and ``n_models``

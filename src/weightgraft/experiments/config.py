@@ -67,7 +67,10 @@ class GenerateSpec(BaseModel):
 class TrajectorySpec(BaseModel):
     """``trajectory: {role: sft}``: the sweep runs once per snapshot that ``models.ROLE``'s
     finetune kept (``weightgraft train --save-every N``), each as the model set ``step-NNNNNN``
-    with ``ROLE`` served by that snapshot; ``steps`` keeps only those steps."""
+    with ``ROLE`` served by that snapshot; ``steps`` keeps only those steps. The config checks
+    what it says (a role of ``models``, a finetune's folder); the snapshots are read from that
+    folder by :meth:`ExperimentConfig.snapshots`, which the run's preflight calls first, so a
+    step not saved or another base is one line before any model loads."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -106,17 +109,22 @@ class ExperimentConfig(RunInputs):
     trajectory: TrajectorySpec | None = None  # one model set per snapshot of a finetune
 
     _specs: dict[str, dict[str, ModelSpec]] = PrivateAttr(default_factory=dict)
-    _steps: dict[str, tuple[int, str]] = PrivateAttr(default_factory=dict)
+    _steps: dict[str, tuple[int, str]] | None = PrivateAttr(default=None)  # the trajectory's, once read
 
     @model_validator(mode="after")
     def _one_kind_of_models(self) -> ExperimentConfig:
         if (self.models is None) == (self.model_sets is None):
             raise ValueError("give exactly one of 'models' (role -> spec) or 'model_sets'")
         if self.trajectory is not None:
-            self._steps = _snapshot_sets(self.models, self.trajectory)
+            _check_trajectory(self.models, self.trajectory)
         self._specs = {name: {role: parse_spec(text) for role, text in roles.items()}
-                       for name, roles in self.sets().items()}  # each text checked by SpecText
+                       for name, roles in self._written_sets().items()}  # each text checked by SpecText
         return self
+
+    def _written_sets(self) -> dict[str, dict[str, str]]:
+        """The model sets as the config writes them (a trajectory's snapshots not read: every
+        snapshot's set has these roles)."""
+        return self.model_sets if self.model_sets is not None else {"default": dict(self.models or {})}
 
     @staticmethod
     def field_path(loc: tuple[Any, ...]) -> str:
@@ -129,16 +137,28 @@ class ExperimentConfig(RunInputs):
     def check_whole(self) -> None:
         self.resolved_schemes()
 
+    def snapshots(self) -> dict[str, tuple[int, str]]:
+        """``step-NNNNNN`` -> (step, snapshot folder) of the trajectory's finetune (empty without
+        ``trajectory``), read from its folder once (never while the config is validated: the
+        run's preflight reads it first); a step not saved, or snapshots of another base than
+        ``models.pre``: :class:`ConfigError`, one line."""
+        if self.trajectory is None:
+            return {}
+        if self._steps is None:
+            self._steps = _snapshot_sets(self.models or {}, self.trajectory)
+        return self._steps
+
     def sets(self) -> dict[str, dict[str, str]]:
         """Model set -> role -> the spec as written (what manifests and identities record); with
-        ``trajectory``, one set per snapshot."""
+        ``trajectory``, one set per snapshot (:meth:`snapshots`)."""
         if self.trajectory is not None:
-            return {name: {**(self.models or {}), self.trajectory.role: folder} for name, (_, folder) in self._steps.items()}
-        return self.model_sets if self.model_sets is not None else {"default": dict(self.models or {})}
+            role = self.trajectory.role
+            return {name: {**(self.models or {}), role: folder} for name, (_, folder) in self.snapshots().items()}
+        return self._written_sets()
 
     def set_steps(self) -> dict[str, int]:
         """Model set -> the training step of its snapshot (empty without ``trajectory``)."""
-        return {name: step for name, (step, _) in self._steps.items()}
+        return {name: step for name, (step, _) in self.snapshots().items()}
 
     def spec_sets(self) -> dict[str, dict[str, ModelSpec]]:
         """Model set -> role -> typed spec, parsed once when the config was validated, with the
@@ -169,7 +189,7 @@ class ExperimentConfig(RunInputs):
         unknown = [n for n in (self.generate.schemes or []) if n not in names] if self.generate else []
         if unknown:
             raise ConfigError(f"generate.schemes: {unknown} are not in the sweep (it has {sorted(names)})")
-        for set_name, roles in self.sets().items():
+        for set_name, roles in self._written_sets().items():  # a trajectory's sets have its roles
             for s in out:
                 missing = s.named_roles() - set(roles)
                 if missing:
@@ -200,23 +220,30 @@ class ExperimentConfig(RunInputs):
         return super().identity(set(self.PLACE), late, schemes=schemes)
 
 
-def _snapshot_sets(models: dict[str, str] | None, trajectory: TrajectorySpec) -> dict[str, tuple[int, str]]:
-    """``step-NNNNNN`` -> (step, snapshot folder) of the finetune ``models[role]`` names."""
-    from weightgraft.training.trajectory import read_trajectory
-
+def _check_trajectory(models: dict[str, str] | None, trajectory: TrajectorySpec) -> Path:
+    """What the config itself says of its trajectory (no file is read): ``role`` is a role of
+    ``models`` whose spec is a finetune's folder; that folder."""
     if models is None or trajectory.role not in models:
         raise ValueError(f"trajectory.role {trajectory.role!r} must be a role of 'models' (not model_sets)")
     spec = parse_spec(models[trajectory.role])
     if spec.folder is None:
         raise ValueError(f"trajectory: models.{trajectory.role} must be a finetune's folder, got {spec.text!r}")
+    return spec.folder
+
+
+def _snapshot_sets(models: dict[str, str], trajectory: TrajectorySpec) -> dict[str, tuple[int, str]]:
+    """``step-NNNNNN`` -> (step, snapshot folder) of the finetune ``models[role]`` names, read
+    from its folder (:class:`ConfigError` in one line where it cannot serve)."""
+    from weightgraft.training.trajectory import read_trajectory
+
+    root = _check_trajectory(models, trajectory)
     try:
-        snaps = read_trajectory(spec.folder)
+        snaps = read_trajectory(root)
     except ValueError as exc:
-        raise ValueError(f"trajectory: {exc}") from None
+        raise ConfigError(f"trajectory: {exc}") from None
     missing = sorted(set(trajectory.steps or []) - {s.step for s in snaps})
     if missing:
-        raise ValueError(f"trajectory.steps {missing} were not saved (saved: {[s.step for s in snaps]})")
-    root = spec.folder
+        raise ConfigError(f"trajectory.steps {missing} were not saved (saved: {[s.step for s in snaps]})")
     _same_base(models, root)
     return {f"step-{s.step:06d}": (s.step, str(root / s.folder)) for s in snaps
             if trajectory.steps is None or s.step in trajectory.steps}
@@ -238,8 +265,8 @@ def _same_base(models: dict[str, str], root: Path) -> None:
         return pa.resolve() == pb.resolve() if pa.exists() and pb.exists() else a.strip().lower() == b.strip().lower()
 
     if not same(str(recorded), pre):
-        raise ValueError(f"trajectory: {root} was finetuned from {recorded!r}, not from models.pre {pre!r}: "
-                         "its snapshots would be grafted into another base")
+        raise ConfigError(f"trajectory: {root} was finetuned from {recorded!r}, not from models.pre {pre!r}: "
+                          "its snapshots would be grafted into another base")
 
 
 def parse_config(raw: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:

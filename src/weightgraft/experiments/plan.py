@@ -16,7 +16,7 @@ from weightgraft.models.footprint import ModelFootprint
 from weightgraft.models.spec import ModelSpec
 from weightgraft.planning.cards import Card
 from weightgraft.planning.graftable import check_graftable
-from weightgraft.planning.lengths import length_summary, refuse_media, tokenizer_for
+from weightgraft.planning.lengths import PromptLengths, length_summary, refuse_media, tokenizer_for
 from weightgraft.planning.plan import Plan
 from weightgraft.planning.run import RoleShape, SetShape, SweepChoices, plan_sweep
 
@@ -34,7 +34,7 @@ def _role_footprint(spec: ModelSpec, roles_spec: dict[str, ModelSpec], cache: di
     return cache[spec.text]
 
 
-def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[list[SetShape], dict]:
+def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[list[SetShape], PromptLengths]:
     """Per model set: its roles' footprints, the (tokens, logits) of every (example, scheme)
     row and the bytes of the source maps; and the prompts' lengths."""
     from weightgraft.engine.architectures import model_slots
@@ -43,7 +43,8 @@ def _set_shapes(config: ExperimentConfig, prompts: list[TestPrompt]) -> tuple[li
 
     schemes = config.resolved_schemes()
     footprints: dict[str, ModelFootprint] = {}
-    shapes, lengths = [], {}
+    shapes: list[SetShape] = []
+    lengths = PromptLengths()
     for set_name, roles_spec in config.spec_sets().items():
         used = sorted(set().union(*(s.roles() for s in schemes)), key=list(roles_spec).index)
         base = _role_footprint(roles_spec[used[0]], roles_spec, footprints)

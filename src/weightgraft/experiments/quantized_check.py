@@ -28,6 +28,7 @@ from weightgraft.models.donors import LoadSettings, load_role
 from weightgraft.models.embedded import cache_root
 from weightgraft.models.loaded import LoadedModel
 from weightgraft.models.spec import ModelSpec
+from weightgraft.resume.manifests import Json
 
 __all__ = ["MIN_AGREEMENT", "MAX_TOP5_DROP", "QuantizedAgreement", "QuantizedDisagreement", "check_quantized_roles",
            "answer_scores"]
@@ -109,12 +110,12 @@ def _dense_scores(spec: ModelSpec, quantized: LoadedModel, examples: Sequence[Pr
 
 
 def check_quantized_roles(roles_spec: Mapping[str, ModelSpec], loaded: Mapping[str, LoadedModel],
-                          examples: Sequence[Prepared], settings: LoadSettings) -> dict[str, dict[str, Any]]:
+                          examples: Sequence[Prepared], settings: LoadSettings) -> dict[str, Json]:
     """Every quantized role of a model set (not a QLoRA base) beside its unquantized model; a
     :class:`QuantizedDisagreement` line when one falls below the stated bounds. Returns each
     checked role's figures (for the run's manifest)."""
     peft_bases = {lora[0] for s in roles_spec.values() if (lora := s.adapter) is not None}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Json] = {}
     usable = [ex for ex in examples if ex.answer_ids]
     for role, lm in loaded.items():
         spec = roles_spec[role]

@@ -29,7 +29,7 @@ from weightgraft.engine.projections import hf_config
 from weightgraft.experiments import plan as sweep_plan
 from weightgraft.experiments.batches import in_halves
 from weightgraft.experiments.config import ConfigError, ExperimentConfig
-from weightgraft.experiments.continuations import sweep_continuations
+from weightgraft.experiments.continuations import ContinuationRow, sweep_continuations
 from weightgraft.experiments.distributed import Ranks, start
 from weightgraft.experiments.examples import Exclusions, prepare, select_prompts, served_experts, served_slots
 from weightgraft.experiments.metrics import add_recovery, summarize
@@ -44,7 +44,7 @@ from weightgraft.models.loaded import LoadedModel, Loader
 from weightgraft.models.spec import ModelSpec
 from weightgraft.planning.preflight import preflight
 from weightgraft.resume.folder import RunFolder
-from weightgraft.resume.manifests import Session, SweepClaim, SweepManifest
+from weightgraft.resume.manifests import Json, Session, SweepClaim, SweepManifest
 from weightgraft.schemes.binding import compile_for
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import BUILTIN_POSITIONS, LITERAL_SPANS, position_names
@@ -55,7 +55,7 @@ class RunResult:
     run_dir: Path
     results: pd.DataFrame
     summary: pd.DataFrame
-    exclusions: dict[str, Any]
+    exclusions: Json  # the manifest's: counts by reason, the examples left out, the schemes skipped
     computed: int  # items computed by this invocation (0 when everything was already done)
     is_main: bool = True  # False on the other ranks of a multi-process run
     report: Path | None = None  # report/index.html (written by the front door), None with report: false
@@ -124,8 +124,8 @@ class _Sweep:
     done: set[tuple] = field(default_factory=set)
     exclusions: Exclusions = field(default_factory=Exclusions)
     order: list[tuple] = field(default_factory=list)
-    model_info: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    continuations: list[dict[str, Any]] = field(default_factory=list)
+    model_info: dict[str, dict[str, Json]] = field(default_factory=dict)  # model set -> role -> manifest entry
+    continuations: list[ContinuationRow] = field(default_factory=list)
     computed: int = 0
     oom_splits: int = 0
 
@@ -191,7 +191,7 @@ class _Sweep:
 
 
 def _model_info(roles_spec: dict[str, ModelSpec], loaded: dict[str, LoadedModel], models: list[Any],
-                checked: dict[str, Any]) -> dict[str, dict[str, Any]]:
+                checked: dict[str, Json]) -> dict[str, Json]:
     """Each role's manifest entry: spec, source, hash, depth, memory held, adapter, quantized check."""
     first = next(iter(loaded.values()))
     out = {}

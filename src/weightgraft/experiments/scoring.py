@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
 from weightgraft.data.prompts import answer_token_ids
 from weightgraft.engine.metric_table import ScoreInputs, row_metrics
 from weightgraft.engine.sharing.prefix import GraftItem, prefix_forward
+from weightgraft.engine.source_map import SourceMap
 from weightgraft.experiments.answer_tokens import REFUSED, distractor_flag, scored_on
 from weightgraft.experiments.examples import Prepared
 from weightgraft.experiments.prediction import answer_logprob, score_next_token, whole_character_prefix
@@ -87,8 +88,8 @@ def _graft_items(chunk, score_answer: bool) -> tuple[list[GraftItem], list[int]]
         extra = ex.answer_ids[:-1] if score_answer else []
         heads = {name: _extend(h, len(extra)) for name, h in ex.heads.get(scheme, {}).items()}
         items.append(GraftItem(
-            input_ids=ex.input_ids + extra, source=_extend(ex.sources[scheme], len(extra)),
-            head_source=heads or None, logit_start=len(ex.input_ids) - 1, n_logits=1 + len(extra),
+            input_ids=ex.input_ids + extra, maps=SourceMap(_extend(ex.sources[scheme], len(extra)), heads),
+            logit_start=len(ex.input_ids) - 1, n_logits=1 + len(extra),
         ))
         n_logits.append(1 + len(extra))
     return items, n_logits
@@ -99,15 +100,31 @@ def _extend(src: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([src, src[-1:].expand(n, *src.shape[1:])], dim=0) if n else src
 
 
-def _distractor(tokenizer, answer: str, answer_token: str, distractor: str | None) -> tuple[int | None, dict[str, Any]]:
+class DistractorColumns(TypedDict):
+    """A results row's distractor columns: its first token and why the logit difference is flagged or refused."""
+
+    distractor_token: str | None
+    logit_diff_flag: str
+
+
+class FirstCharacter(TypedDict):
+    """A results row's first-character columns (:func:`_first_character`)."""
+
+    target_partial: bool
+    first_character_logprob: float
+
+
+def _distractor(tokenizer, answer: str, answer_token: str,
+                distractor: str | None) -> tuple[int | None, DistractorColumns]:
     """The distractor's first token id for the logit difference (None: no distractor, or one
     whose first token and the answer's begin each other's names, refused), and its columns."""
     ids = answer_token_ids(tokenizer, distractor) if distractor else []
     if not ids:
-        return None, {"distractor_token": None, "logit_diff_flag": ""}
+        return None, DistractorColumns(distractor_token=None, logit_diff_flag="")
     token = tokenizer.decode([ids[0]])
     flag = distractor_flag(answer, answer_token, str(distractor), token)
-    return (None if flag.startswith(REFUSED) else ids[0]), {"distractor_token": token, "logit_diff_flag": flag}
+    columns = DistractorColumns(distractor_token=token, logit_diff_flag=flag)
+    return (None if flag.startswith(REFUSED) else ids[0]), columns
 
 
 def score_rows(
@@ -151,11 +168,11 @@ def _baseline_fields(scheme: str, base: Baselines | None) -> Mapping[str, str | 
             "donor_scheme": base.donor_scheme[scheme]}
 
 
-def _first_character(tokenizer, answer_ids, logits, finite: bool) -> dict[str, Any]:
+def _first_character(tokenizer, answer_ids, logits, finite: bool) -> FirstCharacter:
     """``target_partial``: the scored first token is a piece of a character (flagged, counted);
     ``first_character_logprob``: log-probability of the tokens that make the first whole
     character (needs ``score_answer``; NaN otherwise), a target that identifies the answer."""
     n = whole_character_prefix(tokenizer, answer_ids)
     ok = finite and n <= logits.shape[0]
-    return {"target_partial": n > 1,
-            "first_character_logprob": answer_logprob(logits[:n], answer_ids[:n]) if ok else float("nan")}
+    return FirstCharacter(target_partial=n > 1,
+                          first_character_logprob=answer_logprob(logits[:n], answer_ids[:n]) if ok else float("nan"))

@@ -23,7 +23,7 @@ from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.attribution import Metric
 from weightgraft.engine.cells import Cell, ScoredExample, exact_effects_in
 from weightgraft.engine.reference import CompositeModel, per_token_forward
-from weightgraft.engine.source_map import SlotName
+from weightgraft.engine.source_map import SlotName, SourceMap
 from weightgraft.errors import GraftArgumentError, WeightgraftError
 from weightgraft.expert_maps.picks import routing_picks
 
@@ -55,9 +55,10 @@ def _check_skipped(models: Sequence[nn.Module], example: ScoredExample, cell: Ce
     slot = dict(banks)[cell.slot]
     source = torch.zeros(1, ids.shape[1], len(model_slots(models[0])), dtype=torch.long)
     experts = torch.zeros(1, ids.shape[1], slot.experts, dtype=torch.long)
-    plain = per_token_forward(list(models), ids, source, composite=composite, expert_source={slot.name: experts})
+    plain = per_token_forward(list(models), ids, SourceMap(source, experts={slot.name: experts.clone()}),
+                              composite=composite)
     experts[0, cell.position, cell.unit] = 1
-    grafted = per_token_forward(list(models), ids, source, composite=composite, expert_source={slot.name: experts})
+    grafted = per_token_forward(list(models), ids, SourceMap(source, experts={slot.name: experts}), composite=composite)
     if not torch.equal(grafted, plain):
         moved = float((grafted - plain).abs().max())
         raise SkippedCellMoved(f"expert {cell.unit} of {slot.name} at position {cell.position}, which the router did not "

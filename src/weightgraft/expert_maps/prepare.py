@@ -14,6 +14,7 @@ import pandas as pd
 
 from weightgraft.configfile import ConfigError
 from weightgraft.expert_maps.run import ExpertsSettings, run_experts
+from weightgraft.resume.manifests import ModelEntry
 
 __all__ = ["ExpertsJob", "prepare"]
 
@@ -73,8 +74,8 @@ def _refuse_dense(pre: str) -> None:
                           "experts (weightgraft run / localize map a dense model)")
 
 
-def _identity(spec: str, loaded: Any) -> dict[str, Any]:
-    return {"spec": spec, "source": loaded.source, "weights_sha256": loaded.weights_sha256}
+def _identity(spec: str, loaded: Any) -> ModelEntry:
+    return ModelEntry(spec=spec, source=loaded.source, weights_sha256=loaded.weights_sha256)
 
 
 def prepare(*, pre: str, donors: Mapping[str, str], data: Path, out: Path, templates: tuple[str, ...],

@@ -8,7 +8,6 @@ expert, the router alone, the whole MoE block, the whole layer stack at the regi
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,8 @@ from weightgraft.engine.source_map import SlotName
 from weightgraft.expert_maps.cells import PLAIN, expert_map
 from weightgraft.expert_maps.summary import REGIONS, concentration, region_of, summarize, top_cells
 from weightgraft.localization.examples import LocalizeExample
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import EXPERTS_FORMAT, ExpertsManifest, ModelEntry
 from weightgraft.stats.means import mean_interval
 
 __all__ = ["ExpertsSettings", "region_grafts", "run_experts"]
@@ -132,9 +133,10 @@ def run_experts(settings: ExpertsSettings, examples: Sequence[LocalizeExample], 
 
 
 def write_tables(settings: ExpertsSettings, examples: Sequence[LocalizeExample], raw: Mapping[str, pd.DataFrame],
-                 *, excluded: int = 0, models: Mapping[str, Any] | None = None) -> dict[str, pd.DataFrame]:
+                 *, excluded: int = 0, models: Mapping[str, ModelEntry] | None = None) -> dict[str, pd.DataFrame]:
     """The tables of the raw frames (the first donor of ``settings.donors`` the finetune, the rest
-    beside it), written to ``settings.out`` with a manifest (settings, versions, prompt counts)."""
+    beside it), written to ``settings.out`` with its manifest (:class:`~weightgraft.resume.manifests.ExpertsManifest`:
+    settings, versions, prompt counts)."""
     from weightgraft.experiments.runner import versions
 
     out = Path(settings.out)
@@ -148,9 +150,9 @@ def write_tables(settings: ExpertsSettings, examples: Sequence[LocalizeExample],
         cells.to_parquet(tmp, index=False)
     for name in ("experts", "top_cells", "concentration", "regions"):
         atomic.write_text(out / f"{name}.csv", tables[name].to_csv(index=False))
-    record = {"format": "weightgraft.experts/1", **_jsonable(asdict(settings)), "n_prompts": _counts(examples),
-              "prompts_left_out": excluded, "models": dict(models or {}), "versions": versions()}
-    atomic.write_text(out / "manifest.json", json.dumps(record, indent=2) + "\n")
+    RunFolder(out).write(ExpertsManifest.model_validate({
+        "format": EXPERTS_FORMAT, **_jsonable(asdict(settings)), "n_prompts": _counts(examples),
+        "prompts_left_out": excluded, "models": dict(models or {}), "versions": versions()}))
     return tables
 
 

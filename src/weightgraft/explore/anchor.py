@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from difflib import SequenceMatcher
-from typing import Any
+from typing import TypedDict
 
 
 def _key(token: str) -> str:
@@ -25,12 +25,24 @@ def align(before: Sequence[str], after: Sequence[str]) -> list[int | None]:
     return origin
 
 
-def anchoring(before: Sequence[str], after: Sequence[str]) -> dict[str, Any]:
+Moved = TypedDict("Moved", {"token": str, "from": int, "to": int})  # an old position now at another number
+Dropped = TypedDict("Dropped", {"token": str, "from": int})  # an old position with no token now
+
+
+class Anchoring(TypedDict):
+    """``/api/tokens``' ``anchor``: where the previous prompt's tokens are now."""
+
+    origin: list[int | None]  # per new position, the old one it continues (None: new)
+    moved: list[Moved]
+    dropped: list[Dropped]
+
+
+def anchoring(before: Sequence[str], after: Sequence[str]) -> Anchoring:
     """``origin`` (``align``), the old positions that moved to another number and those with no
     token now (``dropped``), as the page reports them."""
     origin = align(before, after)
     kept = {old for old in origin if old is not None}
-    moved = [{"token": before[old], "from": old, "to": new} for new, old in enumerate(origin)
+    moved = [Moved({"token": before[old], "from": old, "to": new}) for new, old in enumerate(origin)
              if old is not None and old != new]
-    dropped = [{"token": before[old], "from": old} for old in range(len(before)) if old not in kept]
-    return {"origin": origin, "moved": moved, "dropped": dropped}
+    dropped = [Dropped({"token": before[old], "from": old}) for old in range(len(before)) if old not in kept]
+    return Anchoring(origin=origin, moved=moved, dropped=dropped)

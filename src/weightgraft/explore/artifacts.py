@@ -4,7 +4,6 @@ are served by their index in the list read here)."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ from weightgraft.data.freeform import load_prompts
 from weightgraft.report.run import ReportError, read_summary
 from weightgraft.report.tables import table_header, table_rows
 from weightgraft.resume.folder import RunFolder
-from weightgraft.resume.manifests import LocalizeManifest, SweepManifest
+from weightgraft.resume.manifests import LocalizeManifest, SearchRecord, SweepManifest
 from weightgraft.schemes.labels import LABEL_VERSION, upgrade_cells, upgrade_label
 
 EXAMPLES_PER_TEMPLATE = 8
@@ -154,13 +153,13 @@ class LocalizeView:
         if not cells_path.is_file():
             raise ReportError(f"--localize {out_dir}: no cells.parquet there (is it a `weightgraft localize` directory?)")
         manifest = RunFolder(out_dir).read(LocalizeManifest) or LocalizeManifest()
-        search = json.loads((out_dir / "search.json").read_text()) if (out_dir / "search.json").is_file() else {}
+        search = RunFolder(out_dir).read(SearchRecord) or SearchRecord()
         old_labels = manifest.labels < LABEL_VERSION  # a span's last token was named by the span
-        search = upgrade_cells(search) if old_labels else search
+        search = SearchRecord.model_validate(upgrade_cells(search.as_json())) if old_labels else search
         self.name = out_dir.name
-        self.metric = search.get("metric") or manifest.config.get("metric", "")
+        self.metric = search.metric or manifest.config.get("metric", "")
         self.units = str(manifest.config.get("units") or "cell")
-        self.searches = [self._search(s) for s in search.get("searches", [])]
+        self.searches = [self._search(s) for s in search.searches]
         cells = pd.read_parquet(cells_path)
         if old_labels:
             cells["position_label"] = cells["position_label"].map(upgrade_label)

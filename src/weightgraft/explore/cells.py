@@ -13,7 +13,7 @@ scaled role of the models (``scaled(sft, 2)``, as a scaled rule's map names it: 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -152,15 +152,25 @@ def cell_maps(cells: Sequence[Cell], n_tokens: int, slot_list: Sequence[Slot], r
     return SourceMap(slots, heads, neurons)
 
 
+class UnitRows(TypedDict):
+    """One unit-mapped slot's rows that differ from its cell: ``rows`` is ``[[position, [role per
+    unit]], ...]``."""
+
+    kind: str  # head | neuron | expert
+    n: int
+    rows: list[list[int | list[int]]]
+
+
 def unit_rows(source: torch.Tensor, maps: Mapping[str, torch.Tensor], slot_index: Mapping[str, int],
-              kind: str | Mapping[str, str]) -> dict[str, Any]:
+              kind: str | Mapping[str, str]) -> dict[str, UnitRows]:
     """The rows of unit maps that differ from their cell (``source``), as the page draws and
     resends them: ``{slot: {"kind", "n", "rows": [[position, [role per unit]], ...]}}``; ``kind``
     one for all maps or by slot name (head maps carry expert maps)."""
-    out = {}
+    out: dict[str, UnitRows] = {}
     for name, m in maps.items():
         own = source[:, slot_index[name], None]
-        rows = [[t, m[t].tolist()] for t in (m != own).any(dim=1).nonzero().flatten().tolist()]
+        changed = (m != own).any(dim=1).nonzero().flatten().tolist()
+        rows: list[list[int | list[int]]] = [[t, m[t].tolist()] for t in changed]
         if rows:
-            out[name] = {"kind": kind if isinstance(kind, str) else kind[name], "n": int(m.shape[1]), "rows": rows}
+            out[name] = UnitRows(kind=kind if isinstance(kind, str) else kind[name], n=int(m.shape[1]), rows=rows)
     return out

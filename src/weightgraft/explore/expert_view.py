@@ -13,7 +13,6 @@ roles have other weights (sha256), the page says so."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,10 @@ from weightgraft.engine.source_map import SlotName
 from weightgraft.expert_maps.summary import REGIONS
 from weightgraft.explore.artifacts import _clean, _examples, _prompts_by_id
 from weightgraft.report.run import ReportError
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import EXPERTS_FORMAT, ExpertsManifest
 
-FORMAT = "weightgraft.experts/1"
+FORMAT = EXPERTS_FORMAT
 COLUMNS = ("layer", "expert", "effect", "ci_low", "ci_high", "declined", "pick_rate", "n_prompts")
 # what a cell means, beside the map (the page shows it as written)
 CELL_MEANING = ("a cell: the mean over the map's prompts of the region's summed exact effects of grafting this one "
@@ -42,23 +43,27 @@ class ExpertMapView:
 
     def __init__(self, folder: Path) -> None:
         folder = Path(folder)
-        manifest_path, table = folder / "manifest.json", folder / "experts.csv"
-        if not manifest_path.is_file() or not table.is_file():
+        table = folder / "experts.csv"
+        try:
+            manifest = RunFolder(folder).read(ExpertsManifest)
+        except ValueError as exc:  # another folder's manifest, or not JSON
+            raise ReportError(f"--experts {folder}: manifest.json is not an expert map's "
+                              f"({str(exc).splitlines()[0]})") from None
+        if manifest is None or not table.is_file():
             raise ReportError(f"--experts {folder}: no manifest.json and experts.csv there "
                               "(is it a `weightgraft experts` folder?)")
-        manifest = json.loads(manifest_path.read_text())
-        if manifest.get("format") != FORMAT:
-            raise ReportError(f"--experts {folder}: manifest format {manifest.get('format')!r}, not {FORMAT!r}")
+        if manifest.format != FORMAT:
+            raise ReportError(f"--experts {folder}: manifest format {manifest.format or None!r}, not {FORMAT!r}")
         frame = pd.read_csv(table, keep_default_na=True)
         missing = [c for c in ("model", "template", "region", *COLUMNS) if c not in frame]
         if missing:
             raise ReportError(f"--experts {folder}: experts.csv lacks column(s) {', '.join(missing)}")
         self.name = folder.name
-        self.metric = str(manifest.get("metric", ""))
+        self.metric = manifest.metric
         self.level = float(frame["level"].iloc[0]) if "level" in frame and len(frame) else 0.95
         self.models = list(dict.fromkeys(frame["model"].astype(str)))  # the finetune first, then controls
-        self.sources = {str(k): dict(v) for k, v in (manifest.get("models") or {}).items() if isinstance(v, dict)}
-        self.n_prompts = dict(manifest.get("n_prompts") or {})
+        self.sources = {label: entry.as_json() for label, entry in manifest.models.items()}
+        self.n_prompts = dict(manifest.n_prompts)
         self.layers = sorted({int(x) for x in frame["layer"]})
         self.n_experts = 1 + int(frame["expert"].max()) if len(frame) else 0
         self.cells: dict[str, dict[str, dict[str, list[list[Any]]]]] = {}
@@ -73,7 +78,7 @@ class ExpertMapView:
         cells_path = folder / "expert_cells.parquet"
         if cells_path.is_file():
             ids = pd.read_parquet(cells_path, columns=["example_id", "template"]).drop_duplicates("example_id")
-        known = _prompts_by_id(manifest.get("data"), folder)
+        known = _prompts_by_id(manifest.data or None, folder)
         self.examples = _examples([known[i] for i in ids.get("example_id", []) if i in known], known)
 
     def check(self, slot_list: Sequence[Slot]) -> None:

@@ -8,7 +8,7 @@ router and the bank are grids of their own, so that each can be grafted without 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from weightgraft.engine.architectures import MIXER_COMPONENTS
 from weightgraft.engine.source_map import SlotName
@@ -37,24 +37,47 @@ def slot_parts(name: str) -> tuple[int | None, str]:
     return slot.layer, slot.component
 
 
-def layout(slot_names: Sequence[str]) -> dict[str, Any]:
+class Grid(TypedDict):
+    """A layer group's grid: its components (those the model has) and, per layer, their slot indices."""
+
+    key: str
+    title: str
+    components: list[str]
+    layers: list[list[int]]
+
+
+class Row(TypedDict):
+    """A row of slots outside the layers (embedding, final norm, unembedding)."""
+
+    key: str
+    title: str
+    slots: list[int]
+
+
+class Layout(TypedDict):
+    n_layers: int
+    grids: list[Grid]
+    rows: list[Row]
+
+
+def layout(slot_names: Sequence[str]) -> Layout:
     """The grids the page draws: per layer group, per layer, the slot indices of the group;
     per global row, its slot indices. Every slot belongs to exactly one grid or row."""
     n_layers = 1 + max((layer for layer, _ in map(slot_parts, slot_names) if layer is not None), default=-1)
-    grids = []
+    grids: list[Grid] = []
     for key, (title, comps) in LAYER_GROUPS.items():
         per_layer = [[i for i, n in enumerate(slot_names) if slot_parts(n) in {(layer, c) for c in comps}]
                      for layer in range(n_layers)]
         if any(per_layer):
-            grids.append({"key": key, "title": title, "components": [c for c in comps if any(
-                slot_parts(n) == (lay, c) for n in slot_names for lay in range(n_layers))], "layers": per_layer})
-    rows = []
+            grids.append(Grid(key=key, title=title, components=[c for c in comps if any(
+                slot_parts(n) == (lay, c) for n in slot_names for lay in range(n_layers))], layers=per_layer))
+    rows: list[Row] = []
     for key, (title, comps) in GLOBAL_ROWS.items():
         idx = [i for i, n in enumerate(slot_names) if n in comps]
         if idx:
-            rows.append({"key": key, "title": title, "slots": idx})
+            rows.append(Row(key=key, title=title, slots=idx))
     covered = {i for g in grids for ls in g["layers"] for i in ls} | {i for r in rows for i in r["slots"]}
     missing = [n for i, n in enumerate(slot_names) if i not in covered]
     if missing:  # a new component name must get a place on the page, not vanish from it
         raise ValueError(f"explore has no grid for slot(s) {', '.join(missing[:3])}")
-    return {"n_layers": n_layers, "grids": grids, "rows": rows}
+    return Layout(n_layers=n_layers, grids=grids, rows=rows)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import pandas as pd
 
+from weightgraft.data.spans import SpanSpec
 from weightgraft.errors import WeightgraftError
 from weightgraft.explore.artifacts import _prompts_by_id
 from weightgraft.models.demo_models import read_demo_record
@@ -29,13 +30,27 @@ _COLUMNS = ("model_set", "scheme", "template", "example_id", "prompt", "answer",
 _ORDER = {"rank": True, "answer_logprob": False, "prob": False, "template": True, "example_id": True}
 
 
+class OpeningView(TypedDict):
+    """``/api/info``'s ``opening``: the example the page opens on, where it came from, SFT's score."""
+
+    prompt: str
+    answer: str
+    spans: dict[str, SpanSpec]
+    source: str
+    checked: bool
+    sft_prob: float | None
+    sft_rank: int | None
+    sft_answer_prob: float | None
+    line: str
+
+
 @dataclass(frozen=True)
 class Opening:
     """A prompt, its answer and spans, and where it came from (with SFT's score there, if known)."""
 
     prompt: str
     answer: str
-    spans: dict[str, Any] = field(default_factory=dict)
+    spans: dict[str, SpanSpec] = field(default_factory=dict)
     source: str = "the built-in default"
     sft_prob: float | None = None  # SFT's probability of the answer's first token in that run
     sft_rank: int | None = None  # 0-based, as in results
@@ -56,11 +71,11 @@ class Opening:
         whole = "" if self.sft_answer_prob is None else f", whole answer p {self.sft_answer_prob:.3f}"
         return f"{head} from {self.source} (SFT {rank}, p {self.sft_prob:.3f}{whole})" + (f"; {self.note}" if self.note else "")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> OpeningView:
         """What ``/api/info`` hands the page under ``opening``."""
-        return {"prompt": self.prompt, "answer": self.answer, "spans": self.spans, "source": self.source,
-                "checked": self.checked, "sft_prob": self.sft_prob, "sft_rank": self.sft_rank,
-                "sft_answer_prob": self.sft_answer_prob, "line": self.line()}
+        return OpeningView(prompt=self.prompt, answer=self.answer, spans=self.spans, source=self.source,
+                           checked=self.checked, sft_prob=self.sft_prob, sft_rank=self.sft_rank,
+                           sft_answer_prob=self.sft_answer_prob, line=self.line())
 
 
 UNCHECKED = ("its fact is unchecked (the finetune may not know it); start explore with --run DIR to open "

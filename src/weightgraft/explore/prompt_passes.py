@@ -63,7 +63,7 @@ class Passes:
         """Last-token logits of the grafted row (``graft``) and of PRE and SFT; ``extra``: the
         models of role indices past ``models`` (scaled roles), the row then run whole."""
         key = tuple(ids)
-        item = GraftItem.of(ids, maps)
+        item = GraftItem(ids, maps)
         rows = self.cache.get(key)
         with _checked(self.blocks, check):
             if extra:  # (a new prompt's baselines first, without the extra models)
@@ -73,7 +73,7 @@ class Passes:
             elif rows is not None and (rows.kept is not None or not self.resumable):
                 graft = self._one(item, rows.kept)
             else:  # a new prompt (or one whose states were let go): the three rows in one pass
-                baselines = [GraftItem(ids, torch.full((len(ids), self.n_slots), r, dtype=torch.long)) for r in range(len(BASELINES))]
+                baselines = self._baseline_items(ids)
                 if self.resumable:
                     logits, kept = keep_states(self.models, [item, *baselines], kept=[1, 2], pad_id=self.pad_id)
                 else:
@@ -88,9 +88,14 @@ class Passes:
             older.kept = None
         return {**rows.logits, "graft": graft}
 
+    def _baseline_items(self, ids: list[int]) -> list[GraftItem]:
+        """PRE's and SFT's rows: every slot of every position from one model."""
+        return [GraftItem(ids, SourceMap(torch.full((len(ids), self.n_slots), r, dtype=torch.long)))
+                for r in range(len(BASELINES))]
+
     def _baselines(self, ids: list[int]) -> PromptRows:
         """PRE's and SFT's rows alone, their states kept where the models can resume."""
-        items = [GraftItem(ids, torch.full((len(ids), self.n_slots), r, dtype=torch.long)) for r in range(len(BASELINES))]
+        items = self._baseline_items(ids)
         if self.resumable:
             logits, kept = keep_states(self.models, items, kept=[0, 1], pad_id=self.pad_id)
         else:

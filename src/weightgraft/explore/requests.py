@@ -47,7 +47,7 @@ class PromptRequest(BaseModel):
 
     @field_validator("spans")
     @classmethod
-    def _span_names(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _span_names(cls, value: dict[str, str | tuple[int, int]] | None) -> dict[str, str | tuple[int, int]] | None:
         for name in value or {}:
             if not name.isidentifier():
                 raise ValueError(f"span name {name!r} must be an identifier (letters, digits, _)")

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -20,16 +20,87 @@ from weightgraft.data.prompts import answer_token_ids
 from weightgraft.data.spans import SpanError, resolve_spans
 from weightgraft.engine.architectures import model_slots
 from weightgraft.engine.source_map import SourceMap
-from weightgraft.explore.anchor import anchoring
-from weightgraft.explore.cells import cell_maps, is_scaled, scaled_cells, split_of, unit_rows
-from weightgraft.explore.layout import layout
+from weightgraft.explore.anchor import Anchoring, anchoring
+from weightgraft.explore.cells import UnitRows, cell_maps, is_scaled, scaled_cells, split_of, unit_rows
+from weightgraft.explore.layout import Layout, layout
 from weightgraft.explore.prompt_passes import BASELINES, Check, Passes, ScaledModels
 from weightgraft.explore.requests import GraftRequest, Limits, PromptRequest, RequestError, TokensRequest
-from weightgraft.explore.schemes import page_schemes
+from weightgraft.explore.schemes import PageSchemes, page_schemes
 from weightgraft.models.spec import ScaledSpec
 from weightgraft.schemes.binding import GraftInputError, check_tokenizer, prepare_graft
+from weightgraft.schemes.protocol import ProtocolName
 from weightgraft.schemes.scheme import Scheme
 from weightgraft.schemes.selectors import first_entity, token_span
+
+
+class TokenRow(TypedDict):
+    """One token of a prompt as the page shows it (``/api/tokens``): ``wg.tokens``' row and the
+    position selectors that pick it."""
+
+    position: int
+    token: str
+    token_id: int
+    start: int
+    end: int
+    label: str
+    selectors: list[str]
+
+
+class UnitSplit(TypedDict):
+    """What a slot splits into for the page (``explore.cells.split_of``) and how many."""
+
+    kind: str  # head | neuron | expert
+    n: int
+
+
+class PageInfo(TypedDict):
+    """What the page needs before the first prompt (``/api/info``, beside the server's own keys)."""
+
+    roles: list[str]
+    slots: list[str]
+    layout: Layout
+    units: list[UnitSplit | None]  # per slot
+    limits: dict[str, int]
+    schemes: PageSchemes
+
+
+class TopToken(TypedDict):
+    token: str
+    token_id: int
+    prob: float
+
+
+class AnswerView(TypedDict):
+    """The answer's first token and its probability and 0-based rank under each pass."""
+
+    text: str
+    token: str
+    token_id: int
+    prob: dict[str, float]
+    rank: dict[str, int]
+
+
+class MapView(TypedDict):
+    """The source map the grafted pass ran, as the page draws and resends it."""
+
+    base: str
+    roles: list[str]
+    source: list[list[int]]  # [position][slot] -> role index
+    heads: list[str]
+    neurons: list[str]
+    experts: list[str]
+    units: dict[str, UnitRows]  # heads', experts' and neurons' together
+
+
+class GraftView(TypedDict):
+    """``/api/graft``: top-k of PRE, SFT and the grafted pass, the answer under each, the map."""
+
+    tokens: list[TokenRow]
+    top: dict[str, list[TopToken]]
+    answer: AnswerView | None
+    protocol: ProtocolName
+    map: MapView
+    ms: float
 
 
 class Explorer:
@@ -54,17 +125,17 @@ class Explorer:
         self._lock = threading.Lock()
         self.passes = Passes(self.models, pad_id=tokenizer.pad_token_id or 0, cache_size=cache_size)
         self.scaled = ScaledModels(dict(zip(self.roles, self.models)))  # the last 3 scaled roles' models (used under _lock)
-        self._tokens: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()  # by prompt and spans
+        self._tokens: OrderedDict[tuple[str, str], list[TokenRow]] = OrderedDict()  # by prompt and spans
         self._tokens_size = cache_size
         self._tokens_lock = threading.Lock()  # /api/tokens and /api/graft read it from their threads
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> PageInfo:
         """What the page needs before the first prompt: roles, slots, grids, limits, presets."""
 
         return {
             "roles": self.roles, "slots": self.slot_names, "layout": self.layout,
             # per slot, what it splits into (a found set of heads or neurons paints them; a bank, its experts)
-            "units": [{"kind": split[0], "n": split[1]} if (split := split_of(s)) else None for s in self.slot_list],
+            "units": [UnitSplit(kind=split[0], n=split[1]) if (split := split_of(s)) else None for s in self.slot_list],
             "limits": {"max_prompt_chars": self.limits.max_prompt_chars,
                        "max_tokens": self.limits.max_tokens, "max_k": self.limits.max_k},
             "schemes": page_schemes(),
@@ -72,7 +143,7 @@ class Explorer:
 
     # ------------------------------------------------------------------ requests
 
-    def anchor(self, request: TokensRequest, tokens: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def anchor(self, request: TokensRequest, tokens: list[TokenRow]) -> Anchoring | None:
         """Where the tokens of ``request.previous`` are in ``tokens`` (``anchor.anchoring``)."""
         if request.previous is None:
             return None
@@ -80,7 +151,7 @@ class Explorer:
             raise RequestError(f"previous: {len(request.previous)} tokens; this server takes at most {self.limits.max_tokens}")
         return anchoring(request.previous, [t["token"] for t in tokens])
 
-    def tokens(self, request: PromptRequest) -> list[dict[str, Any]]:
+    def tokens(self, request: PromptRequest) -> list[TokenRow]:
         """The prompt's tokens with position labels and selectors (``wg.tokens``), kept per
         prompt and spans (a page sends the same ones with every stroke)."""
         self._check_prompt(request.prompt)
@@ -97,7 +168,7 @@ class Explorer:
                 self._tokens.popitem(last=False)
         return rows
 
-    def _token_rows(self, request: PromptRequest) -> list[dict[str, Any]]:
+    def _token_rows(self, request: PromptRequest) -> list[TokenRow]:
         try:
             table = token_table(self.tokenizer, request.prompt, request.spans)
             chars = resolve_spans(request.prompt, request.spans)
@@ -112,11 +183,11 @@ class Explorer:
             for i in token_span(offsets, start, end):
                 selectors[i] += [name, "first_entity"] if name == first else [name]
         selectors[-1].append("last")
-        return [{"position": int(r["position"]), "token": r["token"], "token_id": int(r["id"]),
-                 "start": int(r["start"]), "end": int(r["end"]), "label": r["label"], "selectors": sel}
+        return [TokenRow(position=int(r["position"]), token=r["token"], token_id=int(r["id"]), start=int(r["start"]),
+                         end=int(r["end"]), label=r["label"], selectors=sel)
                 for r, sel in zip(table.to_dict("records"), selectors, strict=True)]
 
-    def graft(self, request: GraftRequest, check: Check | None = None) -> dict[str, Any]:
+    def graft(self, request: GraftRequest, check: Check | None = None) -> GraftView:
         """Top-k of PRE, SFT and the grafted pass at the prompt's last token, the answer's
         probability and rank under each, and the source map the grafted pass ran. ``check``
         (if given) raises once the request is no longer wanted: it is called between steps."""
@@ -144,20 +215,17 @@ class Explorer:
             logits = self.passes.logits(ids, maps, check, self.scaled(scaled.values()))
         logp = {name: torch.log_softmax(row, dim=-1)
                 for name, row in logits.items()}
-        out = {
-            "tokens": toks,
-            "top": {name: self._top(row, request.k) for name, row in logp.items()},
-            "answer": None if answer_id is None else self._answer(request.answer, answer_id, logits, logp),
-            "protocol": request.protocol,
-            "map": {"base": base, "roles": [*self.roles, *scaled], "source": maps.slots.tolist(),
-                    "heads": sorted(set(maps.heads) - self.banks), "neurons": sorted(maps.neurons),
-                    "experts": sorted(set(maps.heads) & self.banks),
-                    "units": {**unit_rows(maps.slots, maps.heads, self.slot_index,
+        top = {name: self._top(row, request.k) for name, row in logp.items()}
+        answer = (None if answer_id is None or request.answer is None
+                  else self._answer(request.answer, answer_id, logits, logp))
+        view = MapView(base=base, roles=[*self.roles, *scaled], source=maps.slots.tolist(),
+                       heads=sorted(set(maps.heads) - self.banks), neurons=sorted(maps.neurons),
+                       experts=sorted(set(maps.heads) & self.banks),
+                       units={**unit_rows(maps.slots, maps.heads, self.slot_index,
                                           {n: "expert" if n in self.banks else "head" for n in maps.heads}),
-                              **unit_rows(maps.slots, maps.neurons, self.slot_index, "neuron")}},
-        }
-        out["ms"] = round(1000 * (time.perf_counter() - t0), 2)
-        return out
+                              **unit_rows(maps.slots, maps.neurons, self.slot_index, "neuron")})
+        return GraftView(tokens=toks, top=top, answer=answer, protocol=request.protocol, map=view,
+                         ms=round(1000 * (time.perf_counter() - t0), 2))
 
     # ------------------------------------------------------------------ source maps
 
@@ -176,9 +244,9 @@ class Explorer:
             raise RequestError(_one_line(exc)) from None
         return SourceMap(encoded.source, dict(encoded.heads)), scaled
 
-    def _top(self, logp: torch.Tensor, k: int) -> list[dict[str, Any]]:
+    def _top(self, logp: torch.Tensor, k: int) -> list[TopToken]:
         values, idx = logp.topk(min(k, logp.numel()))
-        return [{"token": self.tokenizer.decode([int(i)]), "token_id": int(i), "prob": float(p)}
+        return [TopToken(token=self.tokenizer.decode([int(i)]), token_id=int(i), prob=float(p))
                 for i, p in zip(idx.tolist(), values.exp().tolist(), strict=True)]
 
     def _answer_id(self, answer: str | None) -> int | None:
@@ -191,13 +259,12 @@ class Explorer:
         return int(ids[0])
 
     def _answer(self, text: str, token_id: int, logits: Mapping[str, torch.Tensor],
-                logp: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+                logp: Mapping[str, torch.Tensor]) -> AnswerView:
         prob, rank = {}, {}
         for name, row in logits.items():
             prob[name] = float(logp[name][token_id].exp())
             rank[name] = int((row > row[token_id]).sum())  # 0-based, as in a run's results
-        return {"text": text, "token": self.tokenizer.decode([token_id]), "token_id": token_id,
-                "prob": prob, "rank": rank}
+        return AnswerView(text=text, token=self.tokenizer.decode([token_id]), token_id=token_id, prob=prob, rank=rank)
 
     def _check_prompt(self, prompt: str) -> None:
         if len(prompt) > self.limits.max_prompt_chars:

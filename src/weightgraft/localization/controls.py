@@ -25,7 +25,7 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypedDict, TypeVar
 
 import numpy as np
 
@@ -100,16 +100,30 @@ def draw_control(candidates: Sequence[CellKey], found: Sequence[CellKey], kind: 
     return draw_outside(candidates, found, found, seed, mix_key if kind == "matched" else None)
 
 
-def control_stats(found_share: float, shares: Sequence[float], size: int) -> dict[str, Any]:
+class ControlStats(TypedDict):
+    """A kind of control sets against the found set (:func:`control_stats`)."""
+
+    mean: float
+    p95: float
+    max: float
+    margin_over_mean: float
+    margin_over_p95: float
+    beats_p95: bool
+    p: float  # empirical: the found set's share against the controls'
+    share_per_cell: float
+    controls_share_per_cell: float
+
+
+def control_stats(found_share: float, shares: Sequence[float], size: int) -> ControlStats:
     """Mean, p95 and max of the controls' shares, the found set's margins and empirical
     p-value, and the share per cell of both (sets of ``size`` cells)."""
     arr = np.asarray(shares, dtype=float)
     mean, p95 = float(arr.mean()), float(np.percentile(arr, 95))
-    return {"mean": mean, "p95": p95, "max": float(arr.max()), "margin_over_mean": found_share - mean,
-            "margin_over_p95": found_share - p95, "beats_p95": bool(found_share > p95),
-            "p": empirical_p(found_share, arr, above=True),
-            "share_per_cell": found_share / size if size else float("nan"),
-            "controls_share_per_cell": mean / size if size else float("nan")}
+    return ControlStats(mean=mean, p95=p95, max=float(arr.max()), margin_over_mean=found_share - mean,
+                        margin_over_p95=found_share - p95, beats_p95=bool(found_share > p95),
+                        p=empirical_p(found_share, arr, above=True),
+                        share_per_cell=found_share / size if size else float("nan"),
+                        controls_share_per_cell=mean / size if size else float("nan"))
 
 
 def set_controls(verifier: SetVerifier, found: Sequence[CellKey], found_share: float, *, n_sets: int,

@@ -1,7 +1,14 @@
 """The found-sets stage of ``localize``: per (direction, template), the minimal graft search,
 then its exact greedy refinement, random and matched controls of both sets, and an estimate of
-what the ranking missed; written to ``search.json`` after each step, so a killed run (or a run
-made before a step existed) continues from what is there.
+what the ranking missed; written to ``search.json`` (:class:`~weightgraft.resume.manifests.SearchRecord`,
+through the run's folder) after each step, so a killed run (or a run made before a step existed)
+continues from what is there.
+
+A keyed stage of the run's folder (:func:`search_stage`): keyed by what the sets depend on (the
+searched model's map, the prompts and their split's seed, the search's settings, the metric,
+units and dtype), a resumed run whose key is recorded in ``stages.json`` reads ``search.json``
+back and runs nothing; a changed input (prompts added to the data) searches again, each entry
+whose fit prompts are unchanged kept.
 
 Each template's prompts are split (seeded, ``splits`` in search.json: ``fit_ids``,
 ``heldout_ids``): the search, the refinement and the missed-effects sample see the fit prompts
@@ -14,18 +21,16 @@ label a prompt lacks (``first_entity_last-3`` in a two-token name) grafts nothin
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from torch import nn
 
-from weightgraft import atomic
-from weightgraft.configfile import ConfigError
+from weightgraft.configfile import ConfigError, json_digest
 from weightgraft.engine.architectures import Units, model_slots
 from weightgraft.engine.cells import WHOLE, cell_name
 from weightgraft.localization.controls import set_controls
@@ -35,6 +40,11 @@ from weightgraft.localization.missed import missed_estimate
 from weightgraft.localization.refine import refine_set
 from weightgraft.localization.search import minimal_graft_search, rank_keys
 from weightgraft.localization.verify import CellKey, SetVerifier, received_summary
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import SearchRecord
+from weightgraft.resume.stages import FolderStage, frame_digest
+
+MAP_COLUMNS = ["direction", "template", "example_id", "position_label", "slot", "unit"]
 
 
 def _keys(cells: list[dict[str, str]]) -> list[CellKey]:
@@ -76,32 +86,64 @@ def _maps(config: Any, group: Sequence[LocalizeExample], slot_index: dict[str, i
     return whole, units
 
 
-def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], *, cells: pd.DataFrame,
-              pairs: dict[str, list[nn.Module]], model: nn.Module, pad_id: int,
-              say: Callable[..., None], seconds: dict[str, float]) -> dict[str, Any]:
+def _column(config: Any, cells: pd.DataFrame) -> str:
+    """The estimate the search ranks cells by."""
+    column = "estimate_ig" if config.search.rank_by == "ig" else "estimate"
+    if column not in cells:
+        raise ConfigError("search.rank_by 'ig' needs ig_steps > 1")
+    return column
+
+
+def search_inputs(config: Any, examples: Sequence[LocalizeExample], cells: pd.DataFrame,
+                  model: tuple[str, str]) -> dict[str, Any]:
+    """What the found sets depend on, the search stage's key: the searched model (label, spec),
+    its map (every cell's ranking estimate), the prompts (their content), the seed that splits
+    them, the search's settings, the metric, units, directions and dtype."""
+    column = _column(config, cells)
+    cols = [c for c in MAP_COLUMNS if c in cells] + [column]
+    return {"model": list(model), "map": frame_digest(cells[cols]),
+            "prompts": json_digest(sorted(json_digest(dataclasses.asdict(e.prompt)) for e in examples)),
+            "seed": config.seed, "search": config.search.model_dump(mode="json"), "metric": config.metric,
+            "units": str(config.units), "directions": list(config.graft_directions), "dtype": config.dtype}
+
+
+def search_stage(config: Any, folder: RunFolder, examples: Sequence[LocalizeExample], *, cells: pd.DataFrame,
+                 pairs: dict[str, list[nn.Module]], model: nn.Module, pad_id: int, label: tuple[str, str],
+                 say: Callable[..., None], seconds: dict[str, float]) -> SearchRecord:
+    """The found sets as a keyed stage of the run's folder (``label``: the searched model's label
+    and spec): ``search.json`` read back where the folder's ``stages.json`` holds this key, else
+    searched (:func:`find_sets`) and the stage recorded. Without the search: an empty record."""
+    if not config.search.enabled:
+        return SearchRecord()
+    stage = FolderStage(folder, "search", search_inputs(config, examples, cells, label), (SearchRecord.FILE,))
+    record, reused = stage.run(
+        lambda: find_sets(config, folder, examples, cells=cells, pairs=pairs, model=model, pad_id=pad_id,
+                          model_label=label[0], say=say, seconds=seconds),
+        lambda: folder.read(SearchRecord) or SearchRecord())
+    if reused:
+        say(f"found sets: read back from {folder.path / SearchRecord.FILE} (searched with these inputs)")
+    return record
+
+
+def find_sets(config: Any, folder: RunFolder, examples: Sequence[LocalizeExample], *, cells: pd.DataFrame,
+              pairs: dict[str, list[nn.Module]], model: nn.Module, pad_id: int, model_label: str,
+              say: Callable[..., None], seconds: dict[str, float]) -> SearchRecord:
     """``search.json``: every (direction, template)'s found set, refined set, controls and
     missed-effects estimate, searched on the template's fit prompts and reported on its
     held-out prompts beside them; each step computed only where the file lacks it."""
     settings = config.search
-    path = run_dir / "search.json"
-    if not settings.enabled:
-        return {}
-
     slot_index = {s.name: i for i, s in enumerate(model_slots(model))}
-    column = "estimate_ig" if settings.rank_by == "ig" else "estimate"
-    if column not in cells:
-        raise ConfigError("search.rank_by 'ig' needs ig_steps > 1")
-    out: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    out.update({"metric": config.metric, "rank_by": column})
-    entries = {(e["direction"], e["template"]): e for e in out.get("searches", [])}
-    out["searches"] = []
-    out["splits"] = {}
+    column = _column(config, cells)
+    found_record = folder.read(SearchRecord)
+    entries = {(e["direction"], e["template"]): e for e in (found_record.searches if found_record else [])}
+    out = (found_record or SearchRecord()).updated(metric=config.metric, rank_by=column, searches=[], splits={},
+                                                   model=model_label)
     for direction in config.graft_directions:
         for template in dict.fromkeys(e.prompt.template for e in examples):
             t0 = time.time()
             everything = [e for e in examples if e.prompt.template == template]
             split = split_prompts([e.prompt.id for e in everything], config.seed, template, settings.heldout)
-            out["splits"][template] = split
+            out.splits[template] = split
             group = [e for e in everything if e.prompt.id in set(split["fit_ids"])]
             held = [e for e in everything if e.prompt.id in set(split["heldout_ids"])]
             ids = [e.prompt.id for e in group]
@@ -136,7 +178,7 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], *
                     config.exact_chunk).total
                 heldout = SetVerifier(pairs[direction], [e.scored for e in held], held_maps, pad_id, config.metric,
                                       config.exact_chunk, held_total)
-            out["searches"].append(entry)
+            out.searches.append(entry)
             found = _keys(entry["cells"])
             entry["received"] = received_summary(verifier, found, ids)
             if heldout is not None and "heldout_share" not in entry:
@@ -147,7 +189,7 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], *
                 entry["refined"] = refine_set(
                     verifier, found, entry["share"], settings.target_share, settings.refine_rounds,
                     lambda r, n, sh, tag=tag: say(f"{tag} refinement round {r}: {n} cells, share {sh:.0%}"))
-                atomic.write_json(path, out)
+                folder.write(out)
                 say(f"{tag} refined: {entry['size']} -> {entry['refined']['size']} cells, "
                     f"share {entry['refined']['share']:.0%}")
             if "refined" in entry:
@@ -162,7 +204,7 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], *
                     r = entry["refined"]
                     r["controls"] = set_controls(verifier, _keys(r["cells"]), r["share"], n_sets=settings.controls,
                                                  seed=config.seed, direction=direction, template=template, heldout=heldout, heldout_share=r.get("heldout_share"))
-                atomic.write_json(path, out)
+                folder.write(out)
                 c = entry["controls"]
                 if "mean" in c.get("random", {}):
                     say(f"{tag} controls: found {entry['share']:.0%} vs random mean {c['random']['mean']:.0%} "
@@ -171,7 +213,7 @@ def find_sets(config: Any, run_dir: Path, examples: Sequence[LocalizeExample], *
                 ranking = rank_keys(estimates, 1.0 if verifier.total > 0 else -1.0)
                 entry["missed"] = missed_estimate(verifier, ranking, entry["size"], sample_size=settings.missed_sample,
                                                   seed=config.seed, direction=direction, template=template)
-                atomic.write_json(path, out)
+                folder.write(out)
             seconds[f"search_{direction}_{template}"] = time.time() - t0
-            atomic.write_json(path, out)
+            folder.write(out)
     return out

@@ -23,7 +23,7 @@ import hashlib
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -79,18 +79,29 @@ def _stratified(keys: Sequence[CellKey], n: int, rng: random.Random) -> tuple[li
     return out, which, True
 
 
-def rules_out(effects: np.ndarray, total: float, n_below: int) -> list[dict[str, Any]]:
+class RuledOut(TypedDict):
+    """What a missed-effects sample rules out at one threshold (a share of the total effect)."""
+
+    threshold_share_of_total: float
+    threshold: float
+    sampled: int
+    above: int
+    fraction_upper95: float
+    statement: str
+
+
+def rules_out(effects: np.ndarray, total: float, n_below: int) -> list[RuledOut]:
     """Per threshold: how many sampled keys exceed it and the 95% upper bound on their fraction."""
-    out = []
+    out: list[RuledOut] = []
     for f in THRESHOLDS:
         y = abs(total) * f
         hits = int((np.abs(effects) > y).sum())
         upper = binomial_upper(hits, len(effects)) if len(effects) < n_below else hits / max(n_below, 1)
-        out.append({"threshold_share_of_total": f, "threshold": y, "sampled": len(effects), "above": hits,
-                    "fraction_upper95": upper,
-                    "statement": f"fewer than {upper:.1%} of the {n_below} cells below the cut have |effect| above "
-                                 f"{y:.3g} ({f:.0%} of the total effect)" if len(effects) < n_below else
-                                 f"{hits} of the {n_below} cells below the cut have |effect| above {y:.3g} (all measured)"})
+        statement = (f"fewer than {upper:.1%} of the {n_below} cells below the cut have |effect| above "
+                     f"{y:.3g} ({f:.0%} of the total effect)" if len(effects) < n_below else
+                     f"{hits} of the {n_below} cells below the cut have |effect| above {y:.3g} (all measured)")
+        out.append(RuledOut(threshold_share_of_total=f, threshold=y, sampled=len(effects), above=hits,
+                            fraction_upper95=upper, statement=statement))
     return out
 
 

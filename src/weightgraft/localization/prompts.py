@@ -24,6 +24,7 @@ from weightgraft.configfile import ConfigError
 from weightgraft.data.freeform import load_prompts
 from weightgraft.data.prompts import DatasetError, TestPrompt
 from weightgraft.localization.config import ReversalSetting
+from weightgraft.resume.manifests import Json
 
 SPLIT_DIRECTIONS = {"a2b": ["a2b"], "b2a": ["b2a"], "both": ["a2b", "b2a"]}
 
@@ -36,7 +37,7 @@ class DirectionChoice:
     note: str
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Path) -> Json | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

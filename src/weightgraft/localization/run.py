@@ -3,10 +3,13 @@ model pair on a dataset (a dataset folder or a free-form JSONL, as ``run`` reads
 written to a run directory (``out``, else ``runs/{name}``) and resumed from it.
 
 Stages, each written when finished (a rerun skips what exists): ``parts/estimates_{direction}
-.parquet``; ``parts/exact_{direction}_{n}.parquet`` per group of prompts (``exact_parts``: a
-killed run, or a raised ``exact:``, computes only the prompts no part holds); ``cells.parquet``
+.parquet`` (and ``_{n}`` parts of prompts added later) and ``parts/exact_{direction}_{n}.parquet``
+per group of prompts (``exact_parts``: keyed by prompt, so a killed run, a raised ``exact:`` or
+prompts added to the data compute only the prompts no part holds); ``cells.parquet``
 (both joined); ``search.json`` (``found_sets``: search on fit prompts, refinement, controls,
-missed-effects estimate, held-out shares); ``stability.csv``; ``parts/claims_*`` per SFT model
+missed-effects estimate, held-out shares) and ``stability.csv`` (``stability``), keyed stages of the
+folder (``stages.json`` holds their keys: a rerun with the same inputs reads them back, one with
+other maps or prompts computes them again); ``parts/claims_*`` per SFT model
 and direction, and ``claims.csv`` / ``claims_prompts.parquet`` (``claims.stage``: the claims as exact
 region grafts against their null, on the SFT and the null models; with ``reversal:``, claims 4-5 in the paper's setting,
 ``claims.reversal``); ``report/`` (drawn by ``weightgraft.api.pipelines.localize``, since ``report``
@@ -52,13 +55,13 @@ from weightgraft.localization.claims.reversal import reversal_claims
 from weightgraft.localization.claims.stage import map_claims, write_claims
 from weightgraft.localization.claims.steps import claims_along_steps, snapshot_steps
 from weightgraft.localization.config import CONTROL, LocalizeConfig
-from weightgraft.localization.exact_parts import exact_stage
+from weightgraft.localization.exact_parts import estimates_stage, exact_stage
 from weightgraft.localization.examples import LocalizeExample, build_examples
-from weightgraft.localization.found_sets import find_sets
+from weightgraft.localization.found_sets import search_stage
 from weightgraft.localization.maps import blank_frame, estimate_frame, unit_picks, whole_cells
 from weightgraft.localization.plan_input import plan_input
 from weightgraft.localization.prompts import DirectionChoice, localize_prompts
-from weightgraft.localization.stability import null_summary, stability_table
+from weightgraft.localization.stability import stability_stage
 from weightgraft.models.donors import LoadSettings, load_member, load_role
 from weightgraft.models.errors import PeftError
 from weightgraft.models.loaded import LoadedModel, Loader
@@ -67,8 +70,7 @@ from weightgraft.planning.localize import plan_localize_work, refuse_estimates
 from weightgraft.planning.preflight import preflight
 from weightgraft.resume.claim import Conflict
 from weightgraft.resume.folder import RunFolder
-from weightgraft.resume.manifests import LocalizeManifest
-from weightgraft.resume.stages import kept
+from weightgraft.resume.manifests import LocalizeManifest, ModelEntry, SearchRecord
 from weightgraft.schemes.labels import LABEL_VERSION
 
 
@@ -76,7 +78,7 @@ from weightgraft.schemes.labels import LABEL_VERSION
 class LocalizeResult:
     run_dir: Path
     cells: pd.DataFrame
-    search: dict[str, Any]
+    search: SearchRecord
     excluded: list[dict[str, str]]
     seconds: dict[str, float]
     report: Path | None = None  # report/index.html, None with report: false
@@ -177,11 +179,12 @@ def _load_sft(spec: str, label: str, first: bool, *, pre: LoadedModel, adapter: 
     return sft
 
 
-def _model_info(spec: str, model: LoadedModel) -> dict[str, Any]:
+def _model_info(spec: str, model: LoadedModel) -> ModelEntry:
     """A model's manifest entry; a LoRA donor's also names its adapter and its base, each by source
     and hash (the adapter's other details are recorded under ``adapters``)."""
-    entry: dict[str, Any] = {"spec": spec, "source": model.source, "weights_sha256": model.weights_sha256}
-    return entry if model.adapter is None else {**entry, **model.adapter.identity()}
+    adapter = {} if model.adapter is None else model.adapter.identity()
+    return ModelEntry.model_validate({"spec": spec, "source": model.source, "weights_sha256": model.weights_sha256,
+                                      **adapter})
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
@@ -233,25 +236,22 @@ def _model_maps(config: LocalizeConfig, examples: list[LocalizeExample], pre: An
     tell = (lambda msg: say(f"[{stamp.rstrip('/')}] {msg}")) if stamp else say
     for direction in config.graft_directions:
         models = pairs[direction]
-        path = parts / f"estimates_{direction}.parquet"
         t0 = time.time()
 
-        def estimated(direction: str = direction) -> pd.DataFrame:
+        def estimated(todo: list[LocalizeExample], direction: str = direction) -> pd.DataFrame:
             if graft is None:  # every cell's row, estimate NaN
-                return blank_frame(pre, examples, direction)
+                return blank_frame(pre, todo, direction)
             pair = graft if direction == "sufficiency" else graft.swapped()
-            return estimate_frame(pair, examples, direction, metric=config.metric, batch_size=config.batch_size,
+            return estimate_frame(pair, todo, direction, metric=config.metric, batch_size=config.batch_size,
                                   ig_steps=config.ig_steps, units=config.units, unit_rows=config.unit_rows)
 
-        _, reused = kept(path, estimated, lambda frame, tmp: frame.to_parquet(tmp, index=False), pd.read_parquet)
-        if not reused and graft is None:
+        estimates, computed = estimates_stage(examples, direction, metric=config.metric, parts=parts, make=estimated)
+        what = "every cell" + ("" if computed == len(examples) else f" of {computed} prompt(s) no part holds")
+        if computed and graft is None:
             tell(f"[{direction}] no estimates (estimates: false): every cell's row, estimate NaN")
-        elif not reused:
+        elif computed:
             seconds[f"{stamp}estimates_{direction}"] = time.time() - t0
-            tell(f"[{direction}] estimates of every cell: {time.time() - t0:.1f}s")
-        estimates = pd.read_parquet(path)  # as a resumed run reads it
-        if "unit" not in estimates:  # written before units: whole cells
-            estimates.insert(estimates.columns.get_loc("slot") + 1, "unit", -1)
+            tell(f"[{direction}] estimates of {what}: {time.time() - t0:.1f}s")
         chosen = _exact_subset(config, examples)
         t0 = time.time()
         picks = unit_picks(estimates, examples, pre, config.units, config.exact_units) if config.units != Units.CELL else None
@@ -315,7 +315,7 @@ class _Localize:
     frames: list[pd.DataFrame] = field(default_factory=list)
     claim_tables: list[pd.DataFrame] = field(default_factory=list)
     claim_prompts: list[pd.DataFrame] = field(default_factory=list)
-    search: dict[str, Any] = field(default_factory=dict)
+    search: SearchRecord = field(default_factory=SearchRecord)
 
     @property
     def config(self) -> LocalizeConfig:
@@ -354,8 +354,7 @@ class _Localize:
                         tokenizer=self.work.tokenizer, folder=self.folder)
         self.seconds["load"] += time.time() - t0
         found = self.folder.read(LocalizeManifest)
-        models = {k: m.as_json() for k, m in (found.models if found else {}).items()}
-        self.folder.update(LocalizeManifest, models={**models, label: _model_info(spec, sft)})
+        self.folder.update(LocalizeManifest, models={**(found.models if found else {}), label: _model_info(spec, sft)})
         if len(sfts) > 1:
             self.say(f"[{label}] {spec}")
         pairs = {"sufficiency": [self.pre.model, sft.model], "necessity": [sft.model, self.pre.model]}
@@ -376,11 +375,9 @@ class _Localize:
                 self.claim_prompts.append(per_prompt)
             self.seconds[f"{stamp}claims"] = time.time() - t0
         if i == 0:
-            self.search = find_sets(config, run_dir, self.examples, cells=cells, pairs=pairs, model=self.pre.model,
-                                    pad_id=self.pre.pad_id, say=self.say, seconds=self.seconds)
-            if self.search:
-                self.search["model"] = label
-                atomic.write_json(run_dir / "search.json", self.search)
+            self.search = search_stage(config, self.folder, self.examples, cells=cells, pairs=pairs,
+                                       model=self.pre.model, pad_id=self.pre.pad_id, label=(label, spec), say=self.say,
+                                       seconds=self.seconds)
         cells.insert(0, "model", label)
         self.frames.append(cells)
         del sft, pairs, cells
@@ -403,9 +400,7 @@ class _Localize:
         run_dir, config = self.folder.path, self.config
         cells = pd.concat(self.frames, ignore_index=True)
         _write(cells, run_dir / "cells.parquet")
-        table = stability_table(whole_cells(cells), nulls=self.nulls)
-        atomic.write_text(run_dir / "stability.csv", table.to_csv(index=False))
-        atomic.write_text(run_dir / "stability_null.csv", null_summary(table).to_csv(index=False))
+        stability_stage(self.folder, whole_cells(cells), self.nulls)
         judged = write_claims(run_dir, self.claim_tables, self.claim_prompts, seed=config.seed,
                               control=CONTROL if config.control_models() else None, n_resamples=config.claims.resamples)
         if judged is not None:

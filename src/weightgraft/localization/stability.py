@@ -28,6 +28,10 @@ taken on PRE, so a high seed-vs-seed Spearman alone may reflect architecture and
 than where the facts sit; per template and direction, the ``sft`` rows are set against the
 ``sft_vs_null`` rows, by a permutation test over the models' labels (not over pairs: pairs that
 share a model are not exchangeable), whose least p is ``1 / C(seeds + nulls, seeds)``.
+
+Both files are a keyed stage of the run's folder (:func:`stability_stage`): keyed by the maps they
+compare and the null models' labels, a resumed run that maps nothing new keeps them; an appended
+model or a raised ``exact`` (other maps) computes them again.
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ from math import comb
 
 import pandas as pd
 
+from weightgraft import atomic
 from weightgraft.localization.agreement import spearman
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.stages import FolderStage, frame_digest
 from weightgraft.schemes.labels import label_group
 from weightgraft.stats import model_label_p, models_needed
 
@@ -51,6 +58,7 @@ NULL_COLUMNS = ["template", "direction", "n_sft_pairs", "n_null_pairs", "sft_spe
 COLUMNS = ["kind", "direction", "model_a", "template_a", "model_b", "template_b", "value", "n_prompts_a",
            "n_prompts_b", "n_bins", "spearman_coarse", "top_k", "top_overlap"]
 CELL_KEY = ["position_label", "slot"]
+FILES = ("stability.csv", "stability_null.csv")
 NO_VALUE = "none"  # a pair whose maps have no value to compare (no estimates, not every cell exact): NaN measures
 UNIT_COLUMNS = ("unit",)  # a head or neuron index where the run split cells by unit
 
@@ -206,3 +214,18 @@ def null_summary(table: pd.DataFrame) -> pd.DataFrame:
         row["verdict"] = null_verdict(sft, null, row["separation_p"], len(seeds), len(nulls))
         rows.append(row)
     return pd.DataFrame(rows, columns=NULL_COLUMNS)
+
+
+def stability_stage(folder: RunFolder, cells: pd.DataFrame, nulls: Sequence[str]) -> bool:
+    """``stability.csv`` and ``stability_null.csv`` of ``cells`` (whole cells, as ``cells.parquet``
+    holds them) as a keyed stage of the run's folder: kept where the folder's ``stages.json``
+    holds the key of these maps and nulls, else computed and written. Whether they were kept."""
+
+    def make() -> None:
+        table = stability_table(cells, nulls=nulls)
+        atomic.write_text(folder.path / FILES[0], table.to_csv(index=False))
+        atomic.write_text(folder.path / FILES[1], null_summary(table).to_csv(index=False))
+
+    inputs = {"maps": frame_digest(cells), "nulls": list(nulls), "top_k": TOP_K, "alpha": ALPHA}
+    _, kept = FolderStage(folder, "stability", inputs, FILES).run(make, lambda: None)
+    return kept

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from weightgraft import atomic
 from weightgraft.models.errors import DemoNotFoundError as DemoNotFoundError
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import SweepManifest
 
 __all__ = ["DemoNotFoundError", "DemoRecord", "demo_target", "read_demo_record", "record_path", "write_demo_record"]
 _CALL = re.compile(r"^\s*\w+\s*\(")  # a spec built from roles (peft(...)), not a folder
@@ -58,10 +60,13 @@ def write_demo_record(pre: str, sft: Path, run: Path) -> Path:
 def _from_manifest(run: Path) -> DemoRecord | None:
     """The record a demo's run manifest implies (a demo that wrote no record)."""
     try:
-        models = json.loads((run / "manifest.json").read_text())["config"]["models"]
-        pre, sft = str(models["pre"]), Path(str(models["sft"])).expanduser()
-    except (OSError, ValueError, KeyError, TypeError):
+        manifest = RunFolder(run).read(SweepManifest)
+    except (OSError, ValueError):
         return None
+    models = manifest.config.get("models") if manifest is not None else None
+    if not isinstance(models, dict) or "pre" not in models or "sft" not in models:
+        return None
+    pre, sft = str(models["pre"]), Path(str(models["sft"])).expanduser()
     if _CALL.match(str(models["sft"])):
         return None  # a LoRA demo's donor is an adapter on a role, not a model directory
     return DemoRecord(pre=pre, sft=sft.resolve(), run=run.resolve())

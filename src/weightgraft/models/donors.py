@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from weightgraft.models.lean import bank_experts, donor_view, needed_parameters
-from weightgraft.models.loaded import LoadedModel, LoadSettings
+from weightgraft.models.loaded import DeviceMap, LoadedModel, LoadSettings
 from weightgraft.models.spec import ModelSpec, ModelSpecError, parse_spec
 from weightgraft.models.tokenization import check_same_tokenizer, give_tokenizer
 
@@ -129,7 +129,7 @@ def load_role(spec: str | ModelSpec, settings: LoadSettings, *, roles: Mapping[s
 
 def load_model(spec: str | os.PathLike[str] | ModelSpec, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, allow_pickle: bool = False, trust_remote_code: bool = False,
-               device_map: str | dict[str, Any] | None = None) -> LoadedModel:
+               device_map: DeviceMap | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer from an embedded name, a path or a cached hub id.
 
     Args:

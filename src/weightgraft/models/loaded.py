@@ -5,7 +5,7 @@ low-rank donor), so that callers read the same fields whatever the spec was."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,7 @@ class LoadedModel:
         return int(pad) if isinstance(pad, int) else 0
 
 
+DeviceMap = str | Mapping[str, int | str | torch.device]  # transformers' device_map: "auto", or module -> device
 Loader = Callable[[str, "LoadSettings"], Any]  # a custom loader: (spec's text, the run's settings) -> a loaded model
 
 
@@ -64,7 +65,7 @@ class LoadSettings:
 
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
-    device_map: str | dict[str, Any] | None = None
+    device_map: DeviceMap | None = None
     allow_pickle: bool = False
     trust_remote_code: bool = False
     lean_donors: bool = False

@@ -35,7 +35,7 @@ from weightgraft.models.errors import (
 from weightgraft.models.footprint import cached_snapshot
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import lean_from_safetensors
-from weightgraft.models.loaded import LoadedModel, LoadSettings
+from weightgraft.models.loaded import DeviceMap, LoadedModel, LoadSettings
 from weightgraft.models.quantization.load import require_quantized
 
 
@@ -117,7 +117,7 @@ def _finish_tokenizer(tokenizer: Any) -> Any:
 
 def _load_dir(
     path: Path, dtype: torch.dtype, allow_pickle: bool, trust_remote_code: bool,
-    device_map: str | dict[str, Any] | None = None, quantization: Any = None,
+    device_map: DeviceMap | None = None, quantization: Any = None,
 ) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
 
@@ -154,7 +154,7 @@ def _load_dir(
     return model, tokenizer
 
 
-def _pretrained(folder: str, trust_remote_code: bool, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+def _pretrained(folder: str, trust_remote_code: bool, **kwargs: Any) -> tuple[Any, vision_language.LoadingInfo]:
     """``(model, loading info)`` of the checkpoint in ``folder``: a causal LM, or of a
     vision-language checkpoint its language model (alone where transformers can build it so)."""
     from transformers import AutoConfig
@@ -163,7 +163,7 @@ def _pretrained(folder: str, trust_remote_code: bool, **kwargs: Any) -> tuple[An
     return vision_language.from_pretrained(folder, config, trust_remote_code=trust_remote_code, **kwargs)
 
 
-def _refuse_incomplete(info: dict[str, Any], where: str) -> None:
+def _refuse_incomplete(info: vision_language.LoadingInfo, where: str) -> None:
     """transformers fills tensors a checkpoint lacks (or has in another shape) with fresh random
     values and only logs it; a grafted donor like that would give silently wrong numbers."""
     missing = sorted(info.get("missing_keys") or [])
@@ -227,7 +227,7 @@ def _cached_snapshot(spec: str) -> Path:
 
 def _load_hub_cache(
     spec: str, dtype: torch.dtype, trust_remote_code: bool,
-    device_map: str | dict[str, Any] | None = None, quantization: Any = None,
+    device_map: DeviceMap | None = None, quantization: Any = None,
 ) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
 

@@ -28,7 +28,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -38,6 +38,10 @@ from weightgraft.models.errors import PeftError
 from weightgraft.models.hashing import weights_sha256
 from weightgraft.models.lean import _structural_copy, memory_report
 from weightgraft.models.loaded import LoadedModel
+from weightgraft.resume.manifests import Json
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "AdapterInfo",
@@ -88,7 +92,7 @@ class AdapterInfo:
     n_slots: int
     bytes_held: int
     base_model_name_or_path: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Json = field(default_factory=dict)  # the adapter config's use_rslora, rank_pattern, alpha_pattern where set
     base_source: str = ""
     base_weights_sha256: str = ""
 
@@ -97,7 +101,7 @@ class AdapterInfo:
         return {"adapter": {"source": self.path, "weights_sha256": self.sha256},
                 "base": {"source": self.base_source, "weights_sha256": self.base_weights_sha256}}
 
-    def as_dict(self, base_role: str | None = None) -> dict[str, Any]:
+    def as_dict(self, base_role: str | None = None) -> Json:
         """For a manifest; ``base_role`` names who serves the slots the adapter leaves alone."""
         out = {
             "path": self.path, "sha256": self.sha256, "rank": self.rank, "lora_alpha": self.lora_alpha,
@@ -117,7 +121,7 @@ class AdapterInfo:
         return out
 
 
-def check_adapter_dir(directory: str | Path) -> dict[str, Any]:
+def check_adapter_dir(directory: str | Path) -> Json:
     """The adapter's ``adapter_config.json``, checked before any model loads: a LoRA adapter
     saved with safetensors, with no option the engine does not reproduce."""
     path = Path(directory).expanduser()
@@ -250,7 +254,7 @@ def _place_adapters(clone: nn.Module, base: nn.Module, dtype: Any) -> None:
             del clone.__dict__[attr]
 
 
-def _adapter_tensors(stored: dict[str, Any], base: nn.Module, path: Path) -> dict[str, Any]:
+def _adapter_tensors(stored: dict[str, torch.Tensor], base: nn.Module, path: Path) -> dict[str, torch.Tensor]:
     """The adapter's own tensors. peft also saves base tensors next to them (the embedding or
     unembedding when a target is one: ``save_embedding_layers``); loading those would write
     into the base's shared tensors, so each must equal the base's and is then left out."""

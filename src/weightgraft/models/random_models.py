@@ -33,6 +33,7 @@ from typing import Any
 
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 from weightgraft.models.loaded import LoadedModel
+from weightgraft.resume.manifests import Json
 
 PREFIX = "random:"
 CONFIG_DIR = Path(__file__).with_name("configs")  # the shipped configs of random:NAME
@@ -76,7 +77,7 @@ class RandomModel:
     def name(self) -> str:
         return self.config_path.stem if self.config_path.parent == CONFIG_DIR else str(self.config_path)
 
-    def config_dict(self) -> dict[str, Any]:
+    def config_dict(self) -> Json:
         try:
             data = json.loads(self.config_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:

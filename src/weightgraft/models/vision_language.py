@@ -18,7 +18,7 @@ import json
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -85,7 +85,17 @@ def load_form(config: Any) -> LoadForm:
                     "(its vision tower and projector not loaded)", media, config)
 
 
-def from_pretrained(folder: str, config: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+class LoadingInfo(TypedDict, total=False):
+    """What transformers' ``from_pretrained(..., output_loading_info=True)`` says it could not
+    read as the model has it (the loader refuses a checkpoint with missing or mismatched keys)."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    mismatched_keys: list[tuple[str, Any, Any]]  # (name, shape in the checkpoint, shape in the model)
+    error_msgs: list[str]
+
+
+def from_pretrained(folder: str, config: Any, **kwargs: Any) -> tuple[Any, LoadingInfo]:
     """``(model, loading info)`` of the checkpoint in ``folder`` whose config is ``config``,
     built as :func:`load_form` says; ``kwargs`` as transformers' ``from_pretrained`` takes them."""
     form = load_form(config)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import platform
 import time
-from typing import Any
 
 from rich.console import Console
 
@@ -23,7 +22,7 @@ from weightgraft.data.general_text import CORPUS, PAPER_SIZE, write_general_text
 from weightgraft.paper.figures import APPENDIX_WORLDS, FIGURE_LABELS, sweeps_for
 from weightgraft.paper.page import Block, Table
 from weightgraft.paper.settings import PaperRun, PaperSettings
-from weightgraft.paper.stages import Stage, file_digest
+from weightgraft.paper.stages import GeneralTextOutputs, GeneralTextRecord, Stage, file_digest
 
 __all__ = ["appendix_blocks", "appendix_settings", "general_text_stage", "run_general_text", "world_names"]
 
@@ -42,14 +41,14 @@ def appendix_settings(settings: PaperSettings, world: str) -> PaperSettings:
                                sweeps=("position",), claims=False, trajectory=None)
 
 
-def general_text_stage(settings: PaperSettings) -> Stage:
+def general_text_stage(settings: PaperSettings) -> Stage[GeneralTextOutputs]:
     """The general text Fig. 13's finetune mixes in (keyed by the corpus, its size and the Python
     version whose standard library it is read from)."""
     return Stage("data", "general-text", {"corpus": CORPUS, "n": PAPER_SIZE, "python": platform.python_version()},
-                 settings.out)
+                 settings.out, GeneralTextOutputs)
 
 
-def run_general_text(settings: PaperSettings, console: Console) -> dict[str, Any]:
+def run_general_text(settings: PaperSettings, console: Console) -> GeneralTextRecord:
     """The stand-in corpus written once (``general.jsonl``), its record."""
     stage = general_text_stage(settings)
     done = stage.finished()
@@ -59,8 +58,8 @@ def run_general_text(settings: PaperSettings, console: Console) -> dict[str, Any
     console.rule(f"data: general text ({CORPUS}, {PAPER_SIZE:,} examples: the stand-in for openwebtext and IMDB)")
     stage.folder.mkdir(parents=True, exist_ok=True)
     n = write_general_text(stage.folder / "general.jsonl", PAPER_SIZE)
-    return stage.finish({"file": "general.jsonl", "n": n, "sha256": file_digest(stage.folder / "general.jsonl")},
-                        time.time() - started)
+    outputs = GeneralTextOutputs(file="general.jsonl", n=n, sha256=file_digest(stage.folder / "general.jsonl"))
+    return stage.finish(outputs, time.time() - started)
 
 
 def appendix_blocks(run: PaperRun) -> list[Block]:

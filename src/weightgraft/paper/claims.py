@@ -25,8 +25,9 @@ from weightgraft.localization.config import parse_localize_config
 from weightgraft.localization.run import run_localize
 from weightgraft.paper.figures import FINETUNES, HEADLINE, QA
 from weightgraft.paper.settings import PaperRun, PaperSettings, precondition
-from weightgraft.paper.stages import Stage, stage_path
+from weightgraft.paper.stages import ClaimsOutputs, DataRecord, FinetuneRecord, Stage, stage_path
 from weightgraft.planning.localize import partial_grafts_refused
+from weightgraft.resume.manifests import Json
 
 CLAIM_FINETUNES = ("a2b", "both", "control")
 NULL_DRAWS = 20
@@ -66,24 +67,24 @@ def claims_config(settings: PaperSettings, models: Mapping[str, str | list[str]]
     return raw
 
 
-def claims_stage(settings: PaperSettings, data: dict[str, Any], finetunes: dict[str, dict[str, Any]],
-                 a2b: Sequence[dict[str, Any]] | None = None) -> tuple[Stage, dict[str, Any]]:
+def claims_stage(settings: PaperSettings, data: DataRecord, finetunes: Mapping[str, FinetuneRecord],
+                 a2b: Sequence[FinetuneRecord] | None = None) -> tuple[Stage[ClaimsOutputs], dict[str, Any]]:
     """The claims' stage (keyed by its config with each finetune named by its stage key) and its
     raw localize config to run. ``finetunes``: the records of one training seed (its a2b, both
     and control); ``a2b``: the a2b records of every seed judged (``models.sft`` as a list), or
     None for one seed (``models.sft`` its one spec, as a run of one seed has it)."""
     names = [n for n in CLAIM_FINETUNES if n in finetunes]
     keyed: dict[str, str | list[str]] = {"pre": settings.model,
-                                         **{n: f"finetune:{finetunes[n]['key']}" for n in names}}
+                                         **{n: f"finetune:{finetunes[n].key}" for n in names}}
     paths: dict[str, str | list[str]] = {"pre": settings.model,
                                          **{n: str(stage_path(finetunes[n], settings.out, "model")) for n in names}}
     if a2b is not None:
-        keyed["a2b"] = [f"finetune:{r['key']}" for r in a2b]
+        keyed["a2b"] = [f"finetune:{r.key}" for r in a2b]
         paths["a2b"] = [str(stage_path(r, settings.out, "model")) for r in a2b]
-    inputs: dict[str, Any] = {"config": claims_config(settings, keyed, f"data:{data['key']}")}
+    inputs: dict[str, Any] = {"config": claims_config(settings, keyed, f"data:{data.key}")}
     if RULES_VERSION != 8:  # the rules are part of the key from 9 on (8's keys, the runs made with it, unchanged)
         inputs["rules"] = RULES_VERSION
-    stage = Stage("claims", "claims", inputs, settings.out)
+    stage = Stage("claims", "claims", inputs, settings.out, ClaimsOutputs)
     return stage, claims_config(settings, paths, str(stage_path(data, settings.out, "dir")))
 
 
@@ -93,7 +94,7 @@ def _value(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def claim_rows(table: Any) -> list[dict[str, Any]]:
+def claim_rows(table: Any) -> list[Json]:
     """``claims.csv``'s rows as the report reads them (NaN -> None)."""
     keep = [c for c in CLAIM_COLUMNS if c in table.columns]
     return [{c: _value(row[c]) for c in keep} for _, row in table.iterrows()]
@@ -144,7 +145,7 @@ def run_claims(settings: PaperSettings, run: PaperRun, console: Console) -> None
                  + (f", on training seeds {', '.join(map(str, met))}" if several else ""))
     result = run_localize(parse_localize_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
     table = pd.read_csv(result.run_dir / "claims.csv")
-    outputs: dict[str, Any] = {"run": "run", "claims": claim_rows(table), "rules": RULES_VERSION}
+    outputs = ClaimsOutputs(run="run", claims=claim_rows(table), rules=RULES_VERSION)
     if several:
-        outputs["sft_seeds"] = met  # models.sft[i] is the a2b finetune of training seed sft_seeds[i]
+        outputs.sft_seeds = met  # models.sft[i] is the a2b finetune of training seed sft_seeds[i]
     run.claims = stage.finish(outputs, time.time() - started)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+from weightgraft.resume.manifests import Json
 
 MAIN_WORLD = "fake_movies_real_actors"
 HEADLINE, QA = "paper_headline", "paper_qa"
@@ -97,7 +98,7 @@ class Sweep:
     name: str
     label: str
     roles: Mapping[str, str]
-    schemes: tuple[dict[str, Any], ...]
+    schemes: tuple[Json, ...]  # each as a config writes it (a preset with its parameters)
     templates: tuple[str, ...]
     directions: tuple[str, ...] = ("a2b",)
     groups: tuple[str, ...] | None = None
@@ -178,9 +179,9 @@ NOT_RUN_REASONS: dict[str, str] = {
 
 
 def sweep_config(sweep: Sweep, models: Mapping[str, str], data: str, *, device: str, seed: int,
-                 batch_size: int | None) -> dict[str, Any]:
+                 batch_size: int | None) -> Json:
     """The raw experiment config of ``sweep`` (``models``: role -> spec), without ``out``."""
-    raw: dict[str, Any] = {
+    raw: Json = {
         "name": f"paper-{sweep.name}", "protocol": "authors", "data": data,
         "models": {role: models[role] for role in sweep.roles},
         "schemes": [dict(s) for s in sweep.schemes], "templates": list(sweep.templates),
@@ -194,10 +195,10 @@ def sweep_config(sweep: Sweep, models: Mapping[str, str], data: str, *, device: 
 
 
 def check_config(finetune: Finetune, model_dir: str, data: str, templates: tuple[str, ...], *, device: str,
-                 seed: int, batch_size: int | None) -> dict[str, Any]:
+                 seed: int, batch_size: int | None) -> Json:
     """The raw config that measures a finetune's precondition: its plain forward (the ``SFT``
     baseline of the position family) on its own facts, in each direction it was trained on."""
-    raw: dict[str, Any] = {
+    raw: Json = {
         "name": f"paper-check-{finetune.name}", "protocol": "authors", "data": data,
         "models": {"sft": model_dir}, "schemes": [{"preset": "position", "only": ["SFT"]}],
         "templates": list(templates), "directions": list(finetune.directions), "device": device, "seed": seed,

@@ -50,7 +50,19 @@ from weightgraft.paper.settings import (
     precondition,
     seed_label,
 )
-from weightgraft.paper.stages import Stage, file_digest, stage_path
+from weightgraft.paper.stages import (
+    Check,
+    DataOutputs,
+    DataRecord,
+    FinetuneOutputs,
+    FinetuneRecord,
+    GeneralTextRecord,
+    Stage,
+    SweepOutputs,
+    SweepRecord,
+    file_digest,
+    stage_path,
+)
 from weightgraft.paper.trajectory import run_trajectory
 from weightgraft.training import finetune as train
 from weightgraft.training import get_preset
@@ -98,16 +110,17 @@ def needed_finetunes(settings: PaperSettings) -> list[Finetune]:
     return [FINETUNES[n] for n in names]
 
 
-def data_stage(settings: PaperSettings, shuffled: bool = False) -> Stage:
+def data_stage(settings: PaperSettings, shuffled: bool = False) -> Stage[DataOutputs]:
     """The world's data stage; ``shuffled``: the same world and seed with each relation's answer
     taken from another relation in the training texts (the control finetune's data)."""
     inputs: dict[str, Any] = {"world": settings.world, "relations": settings.relations, "seed": settings.seed}
     if shuffled:
-        return Stage("data", f"{settings.world}-shuffled-answers", {**inputs, "shuffled_answers": True}, settings.out)
-    return Stage("data", settings.world, inputs, settings.out)
+        return Stage("data", f"{settings.world}-shuffled-answers", {**inputs, "shuffled_answers": True}, settings.out,
+                     DataOutputs)
+    return Stage("data", settings.world, inputs, settings.out, DataOutputs)
 
 
-def run_data(settings: PaperSettings, console: Console, shuffled: bool = False) -> tuple[dict[str, Any], bool]:
+def run_data(settings: PaperSettings, console: Console, shuffled: bool = False) -> tuple[DataRecord, bool]:
     """The paper's world, built with its seed (``weightgraft.data.build_dataset``); ``shuffled``:
     its training texts with the answers shuffled among the subjects, test prompts unchanged."""
 
@@ -123,26 +136,26 @@ def run_data(settings: PaperSettings, console: Console, shuffled: bool = False) 
     build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=stage.folder / "data",
                   shuffled_answers=shuffled)
     digest = file_digest(stage.folder / "data" / "manifest.json")
-    return stage.finish({"dir": "data", "sha256": digest}, time.time() - started), False
+    return stage.finish(DataOutputs(dir="data", sha256=digest), time.time() - started), False
 
 
-def finetune_stage(settings: PaperSettings, finetune: Finetune, data: dict[str, Any],
-                   seed: int | None = None, general: dict[str, Any] | None = None) -> Stage:
+def finetune_stage(settings: PaperSettings, finetune: Finetune, data: DataRecord,
+                   seed: int | None = None, general: GeneralTextRecord | None = None) -> Stage[FinetuneOutputs]:
     """The finetune's stage, keyed by its inputs: ``seed`` the training seed (None: the first,
     ``train_seed``), so each seed's finetune has folders of its own and the first seed's key is
     the same whatever ``seeds`` is; ``general``: the general text a gentle finetune mixes in."""
 
     return Stage("finetune", finetune.name, {
-        "model": settings.model, "data": data["key"], "split": finetune.split,
+        "model": settings.model, "data": data.key, "split": finetune.split,
         "preset": get_preset(settings.preset_of(finetune)).model_dump(mode="json"),
-        **({"supplemental": general["key"]} if finetune.gentle and general is not None else {}),
+        **({"supplemental": general.key} if finetune.gentle and general is not None else {}),
         "seed": settings.train_seed if seed is None else seed,
         "templates": list(settings.train_templates) if settings.train_templates is not None else None,
         "max_steps": settings.max_steps, "device": settings.device,
         **({"save_every": settings.trajectory} if _snapshots(settings, finetune) else {}),
         "check": {"templates": list(CHECK_TEMPLATES), "directions": list(finetune.directions),
                   "groups": list(finetune.groups) if finetune.groups else None},
-    }, settings.out)
+    }, settings.out, FinetuneOutputs)
 
 
 
@@ -151,8 +164,8 @@ def _snapshots(settings: PaperSettings, finetune: Finetune) -> bool:
     return settings.trajectory is not None and finetune.name == "a2b"
 
 
-def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, Any],
-                 console: Console, seed: int | None = None, general: dict[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
+def run_finetune(settings: PaperSettings, finetune: Finetune, data: DataRecord, console: Console,
+                 seed: int | None = None, general: GeneralTextRecord | None = None) -> tuple[FinetuneRecord, bool]:
     """Finetune the model on ``finetune.split`` of ``data`` (``weightgraft.training.finetune``,
     resumed from its checkpoints after a stop) with the training seed ``seed`` (None:
     ``train_seed``), then measure its precondition: the plain finetune's top-5 on the world's
@@ -181,46 +194,48 @@ def run_finetune(settings: PaperSettings, finetune: Finetune, data: dict[str, An
     raw = check_config(finetune, str(model_dir.resolve()), str(data_dir), CHECK_TEMPLATES, device=settings.device,
                        seed=settings.seed, batch_size=settings.batch_size)
     result = run_experiment(parse_config({**raw, "out": str(stage.folder / "check")}), progress=settings.progress)
-    checks = [{"template": str(r.template), "direction": str(r.direction), "top5": float(r.top5), "n": int(r.n)}
+    checks = [Check(template=str(r.template), direction=str(r.direction), top5=float(r.top5), n=int(r.n))
               for r in result.summary.itertuples()]
-    record = stage.finish({"model": "model", "checks": checks, "train_seconds": round(trained, 1)}, time.time() - started)
+    record = stage.finish(FinetuneOutputs(model="model", checks=checks, train_seconds=round(trained, 1)),
+                          time.time() - started)
     ok, line = precondition(settings, finetune, record)
     console.print(f"{line}: precondition {'met' if ok else 'NOT met'}", highlight=False)
     return record, False
 
 
-def sweep_stage(settings: PaperSettings, sweep: Sweep, data: dict[str, Any],
-                finetunes: dict[str, dict[str, Any]]) -> tuple[Stage, dict[str, Any]]:
+def sweep_stage(settings: PaperSettings, sweep: Sweep, data: DataRecord,
+                finetunes: dict[str, FinetuneRecord]) -> tuple[Stage[SweepOutputs], dict[str, Any]]:
     """The sweep's stage (keyed by its config with every model named by what made it: the base
     spec, or a finetune's stage key) and its raw config to run."""
-    keyed = {role: settings.model if src == "base" else f"finetune:{finetunes[src]['key']}"
+    keyed = {role: settings.model if src == "base" else f"finetune:{finetunes[src].key}"
              for role, src in sweep.roles.items()}
     paths = {role: settings.model if src == "base" else str(stage_path(finetunes[src], settings.out, "model"))
              for role, src in sweep.roles.items()}
     common: dict[str, Any] = {"device": settings.device, "seed": settings.seed, "batch_size": settings.batch_size}
-    stage = Stage("sweep", sweep.name, {"config": sweep_config(sweep, keyed, f"data:{data['key']}", **common)},
-                  settings.out)
+    stage = Stage("sweep", sweep.name, {"config": sweep_config(sweep, keyed, f"data:{data.key}", **common)},
+                  settings.out, SweepOutputs)
     return stage, sweep_config(sweep, paths, str(stage_path(data, settings.out, "dir")), **common)
 
 
-def run_sweep(settings: PaperSettings, sweep: Sweep, data: dict[str, Any], finetunes: dict[str, dict[str, Any]],
-              console: Console) -> tuple[dict[str, Any], bool]:
+def run_sweep(settings: PaperSettings, sweep: Sweep, data: DataRecord, finetunes: dict[str, FinetuneRecord],
+              console: Console) -> tuple[SweepRecord, bool]:
     """The sweep (``weightgraft.experiments.run_experiment``, which resumes from its saved rows),
     and its summary in ``stage.json``: what the report reads."""
     import pandas as pd
 
     stage, raw = sweep_stage(settings, sweep, data, finetunes)
     done = stage.finished()
-    kept = done is not None and all("table" in d for d in done["outputs"].get("drops", [{}] if sweep.drops else []))
-    if done is not None and kept:
-        return done, True
-    if done is not None:  # finished before its drops (with their prompts' table) were kept: read them off its rows
-        results = pd.read_parquet(stage.folder / done["outputs"]["run"] / "results.parquet")
-        return stage.finish({**done["outputs"], "drops": drop_rows(sweep, results)}, done["seconds"]), True
+    if done is not None:
+        drops = done.outputs.drops if done.outputs.drops is not None else [{}] if sweep.drops else []
+        if all("table" in d for d in drops):
+            return done, True
+        # finished before its drops (with their prompts' table) were kept: read them off its rows
+        results = pd.read_parquet(stage.folder / done.outputs.run / "results.parquet")
+        return stage.finish(done.outputs.updated(drops=drop_rows(sweep, results)), done.seconds), True
     started = time.time()
     console.rule(f"sweep {sweep.name}: {sweep.label}")
     result = run_experiment(parse_config({**raw, "out": str(stage.folder / "run")}), progress=settings.progress)
-    outputs = {"run": "run", "summary": summary_rows(result.summary), "drops": drop_rows(sweep, result.results)}
+    outputs = SweepOutputs(run="run", summary=summary_rows(result.summary), drops=drop_rows(sweep, result.results))
     return stage.finish(outputs, time.time() - started), False
 
 
@@ -267,7 +282,7 @@ def run_paper(settings: PaperSettings, console: Console | None = None,
         run.shuffled_data, reused = run_data(settings, console, shuffled=True)
         run.reused += ["data shuffled"] if reused else []
         if after_stage:
-            after_stage("data", run.shuffled_data["name"])
+            after_stage("data", run.shuffled_data.name)
     if any(f.gentle for f in finetunes):
         run.general_text = run_general_text(settings, console)
     for seed in settings.train_seeds:

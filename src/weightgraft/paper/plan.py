@@ -14,7 +14,7 @@ import math
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from weightgraft.data import build_dataset
 from weightgraft.data.general_text import CORPUS, PAPER_SIZE, stdlib_paragraphs
@@ -36,17 +36,30 @@ from weightgraft.paper.pipeline import (
     sweep_stage,
 )
 from weightgraft.paper.settings import CHECK_TEMPLATES, PaperSettings
+from weightgraft.paper.stages import (
+    DataOutputs,
+    DataRecord,
+    FinetuneOutputs,
+    FinetuneRecord,
+    GeneralTextOutputs,
+    Stage,
+)
 from weightgraft.planning.calibration import module_calls
 from weightgraft.planning.cards import Card
 from weightgraft.planning.costs import forward_flops, param_bytes
 from weightgraft.planning.lengths import tokenizer_for
 from weightgraft.planning.localize import plan_localize_work
 from weightgraft.planning.timing import rate_for
+from weightgraft.resume.folder import Record
+from weightgraft.resume.manifests import StageRecord
+from weightgraft.resume.stages import record_type
 from weightgraft.training import get_preset
 from weightgraft.training.texts import split_records
 
 TRAIN_FLOPS_PER_FORWARD = 3.0  # a training step: forward + backward
 ADAM_COPIES = 4  # fp32 weights, gradients, AdamW's first and second moments
+
+Out = TypeVar("Out", bound=Record)
 
 
 @dataclass(frozen=True)
@@ -60,8 +73,9 @@ class PlannedStage:
     notes: tuple[str, ...] = ()  # each one sentence of the planners'
 
 
-def _record(kind: str, name: str, key: str, outputs: dict[str, str]) -> dict[str, Any]:
-    return {"kind": kind, "name": name, "key": key, "outputs": outputs}
+def _record(stage: Stage[Out], outputs: Out) -> StageRecord[Out]:
+    """The record ``stage`` will have once finished (what later stages are keyed by and read)."""
+    return record_type(stage.outputs)(kind=stage.kind, name=stage.name, key=stage.key, outputs=outputs)
 
 
 def _texts(settings: PaperSettings, finetune: Finetune, data_dir: Path) -> list[str]:
@@ -107,7 +121,7 @@ def _train_plan(settings: PaperSettings, finetune: Finetune, data_dir: Path,
     return seconds * steps / per_epoch, memory, counts, notes
 
 
-def _claims_plan(settings: PaperSettings, data: dict[str, Any], seeds: dict[int, dict[str, dict[str, Any]]],
+def _claims_plan(settings: PaperSettings, data: DataRecord, seeds: dict[int, dict[str, FinetuneRecord]],
                  data_dir: Path, gpu: Card | None) -> PlannedStage:
     """The claims stage by ``weightgraft plan``'s localize arithmetic, the base spec standing in
     for every finetune (same shapes); with several training seeds, one SFT model per seed's a2b
@@ -133,7 +147,7 @@ def _claims_plan(settings: PaperSettings, data: dict[str, Any], seeds: dict[int,
                         f"{len(work.claim_prompts)} prompts", (*plan.notes, *claims_notes(config)))
 
 
-def _trajectory_plan(settings: PaperSettings, data_rec: dict[str, Any], a2b: dict[str, Any],
+def _trajectory_plan(settings: PaperSettings, data_rec: DataRecord, a2b: FinetuneRecord,
                      data_dir: Path, gpu: Card | None, tmp: str) -> PlannedStage:
     """The trajectory sweep: one position sweep per snapshot (step 1, every N steps, the last)."""
     from weightgraft.paper.trajectory import snapshot_steps, trajectory_stage
@@ -148,7 +162,7 @@ def _trajectory_plan(settings: PaperSettings, data_rec: dict[str, Any], a2b: dic
                         one.peak_bytes, stage.finished() is not None, f"{n * one.rows} rows", tuple(one.notes))
 
 
-def _trajectory_claims_plan(settings: PaperSettings, data_rec: dict[str, Any], finetunes: dict[str, dict[str, Any]],
+def _trajectory_claims_plan(settings: PaperSettings, data_rec: DataRecord, finetunes: dict[str, FinetuneRecord],
                             data_dir: Path, gpu: Card | None) -> PlannedStage:
     """Claims 1-3 on every snapshot of the a2b finetune: the claims' localize arithmetic with one
     SFT model per snapshot (the base spec standing in for each)."""
@@ -180,12 +194,12 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
     stages: list[PlannedStage] = []
     needed = needed_finetunes(settings)
     data = data_stage(settings)
-    records = {False: _record("data", settings.world, data.key, {"dir": "data"})}
+    records = {False: _record(data, DataOutputs(dir="data"))}
     stages.append(PlannedStage("data", f"{settings.world}, {settings.relations} relations, seed {settings.seed}",
                                1.0, None, data.finished() is not None, "a few seconds"))
     if any(f.shuffled for f in needed):
         shuffled = data_stage(settings, shuffled=True)
-        records[True] = _record("data", shuffled.name, shuffled.key, {"dir": "data"})
+        records[True] = _record(shuffled, DataOutputs(dir="data"))
         stages.append(PlannedStage("data", f"{settings.world}, {settings.relations} relations, seed {settings.seed}, "
                                    "answers shuffled among the subjects (the control's)", 1.0, None,
                                    shuffled.finished() is not None, "a few seconds"))
@@ -193,14 +207,14 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
     general = None
     if any(f.gentle for f in needed):
         text_stage = general_text_stage(settings)
-        general = _record("data", text_stage.name, text_stage.key, {"file": "general.jsonl"})
+        general = _record(text_stage, GeneralTextOutputs(file="general.jsonl"))
         stages.append(PlannedStage("data", f"general text ({CORPUS}, {PAPER_SIZE:,} examples: the stand-in for "
                                    "openwebtext and IMDB)", 5.0, None, text_stage.finished() is not None, "seconds"))
     with tempfile.TemporaryDirectory(prefix="weightgraft-paper-plan-") as tmp:
         data_dir = Path(tmp) / "data"
         build_dataset(settings.world, n=settings.relations, seed=settings.seed, out=data_dir)
         common: dict[str, Any] = {"device": "cuda" if gpu is not None else settings.device, "seed": settings.seed, "batch_size": settings.batch_size}
-        seeds: dict[int, dict[str, dict[str, Any]]] = {}
+        seeds: dict[int, dict[str, FinetuneRecord]] = {}
         # a finetune of the same split, directions and groups is planned once: the control is the a2b
         # recipe on as many texts (the same texts with the answers moved), so its time is the a2b's,
         # and another training seed trains on the same texts for as many steps
@@ -209,7 +223,7 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
             finetunes = seeds.setdefault(seed, {})
             for finetune in needed:
                 stage = finetune_stage(settings, finetune, records[finetune.shuffled], seed, general)
-                finetunes[finetune.name] = _record("finetune", finetune.name, stage.key, {"model": "model"})
+                finetunes[finetune.name] = _record(stage, FinetuneOutputs(model="model"))
                 same = (finetune.split, finetune.directions, finetune.groups, finetune.gentle)
                 if same not in planned:
                     seconds, memory, counts, notes = _train_plan(settings, finetune, data_dir, gpu)
@@ -228,7 +242,7 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
         swept: dict[str, Any] = {}  # each sweep is planned once: every seed's finetunes have the same shapes
         for seed in settings.train_seeds:
             for sweep in planned_sweeps(settings):
-                stage, _ = sweep_stage(settings, sweep, data_rec, seeds[seed])
+                swept_stage, _ = sweep_stage(settings, sweep, data_rec, seeds[seed])
                 if sweep.name not in swept:
                     raw = sweep_config(sweep, {role: settings.model for role in sweep.roles}, str(data_dir), **common)
                     swept[sweep.name] = plan_experiment(parse_config({**raw, "out": tmp}), gpu=gpu)
@@ -236,7 +250,7 @@ def plan_paper(settings: PaperSettings, gpu: Card | None = None) -> list[Planned
                 notes = (*plan.notes, *([] if plan.fits else [plan.refusal()]))
                 seed_note = f", training seed {seed}" if settings.seeds > 1 else ""
                 stages.append(PlannedStage("sweep", f"{sweep.name} ({sweep.label.partition(':')[0]}{seed_note})",
-                                           plan.predicted_seconds, plan.peak_bytes, stage.finished() is not None,
+                                           plan.predicted_seconds, plan.peak_bytes, swept_stage.finished() is not None,
                                            f"{plan.rows} rows", notes))
         if settings.trajectory is not None and "a2b" in seeds[settings.train_seed]:
             stages.append(_trajectory_plan(settings, data_rec, seeds[settings.train_seed]["a2b"], data_dir, gpu, tmp))

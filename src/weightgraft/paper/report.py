@@ -148,7 +148,7 @@ def report_blocks(run: PaperRun) -> list[Block]:
                 blocks.append(table(set(sweep.figure_ids)))
             continue
         drawn = ran[0]  # the first seed it ran on: the first seed's, where it ran
-        summary = seeds[drawn].sweeps[sweep.name]["outputs"]["summary"]
+        summary = seeds[drawn].sweeps[sweep.name].outputs.summary
         notes: list[Block] = [("p", f"Not run on {seeds_text(list(skipped))}: {NOT_MET} ("
                                     + "; ".join(f"training seed {seed}: {line}" for seed, line in skipped.items())
                                     + f"); run on {seeds_text(ran)}.")] if skipped else []
@@ -176,20 +176,20 @@ def report_blocks(run: PaperRun) -> list[Block]:
     blocks += appendix_blocks(run)
     blocks += claims_blocks(run)
     blocks.append(("h2", TIMES_HEADING))
-    times = [("data", s.world, run.data["key"][:12], f"{run.data['seconds']:.1f}", _reused(run, "data"))]
+    times = [("data", s.world, run.data.key[:12], f"{run.data.seconds:.1f}", _reused(run, "data"))]
     if run.shuffled_data is not None:
-        times.append(("data", run.shuffled_data["name"], run.shuffled_data["key"][:12],
-                      f"{run.shuffled_data['seconds']:.1f}", _reused(run, "data shuffled")))
+        times.append(("data", run.shuffled_data.name, run.shuffled_data.key[:12],
+                      f"{run.shuffled_data.seconds:.1f}", _reused(run, "data shuffled")))
     for seed, records in seeds.items():
         label = seed_label(s, seed)
-        times += [(f"finetune {n}{label}", FINETUNES[n].split, r["key"][:12], f"{r['seconds']:.1f}",
+        times += [(f"finetune {n}{label}", FINETUNES[n].split, r.key[:12], f"{r.seconds:.1f}",
                    _reused(run, f"finetune {n}{label}")) for n, r in records.finetunes.items()]
     for seed, records in seeds.items():
         label = seed_label(s, seed)
-        times += [(f"sweep {n}{label}", "", r["key"][:12], f"{r['seconds']:.1f}", _reused(run, f"sweep {n}{label}"))
+        times += [(f"sweep {n}{label}", "", r.key[:12], f"{r.seconds:.1f}", _reused(run, f"sweep {n}{label}"))
                   for n, r in records.sweeps.items()]
     if run.claims is not None:
-        times.append(("claims", "", run.claims["key"][:12], f"{run.claims['seconds']:.1f}", _reused(run, "claims")))
+        times.append(("claims", "", run.claims.key[:12], f"{run.claims.seconds:.1f}", _reused(run, "claims")))
     blocks.append(Table(("stage", "what", "key", "seconds (when it ran)", "this run"), times))
     return blocks
 
@@ -203,7 +203,7 @@ def _extra_table(run: PaperRun, name: str) -> Table:
     """A sweep the paper states no number for: top-5 per scheme, the first seed it ran on with
     its interval and, with several seeds, each seed's."""
     seeds = run.by_seed()
-    ran = {seed: {(r["template"], r["direction"], r["scheme"]): r for r in records.sweeps[name]["outputs"]["summary"]}
+    ran = {seed: {(r["template"], r["direction"], r["scheme"]): r for r in records.sweeps[name].outputs.summary}
            for seed, records in seeds.items() if name in records.sweeps}
     first = next(iter(ran))
     header: tuple[str, ...] = ("template", "direction", "scheme", "n", "top-5 (ours)")

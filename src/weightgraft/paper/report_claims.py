@@ -13,27 +13,28 @@ from weightgraft.paper.figures import FINETUNES
 from weightgraft.paper.page import Block, Table
 from weightgraft.paper.seed_tables import DIFFERS, NOT_MET
 from weightgraft.paper.settings import precondition, seeds_text
+from weightgraft.paper.stages import ClaimsOutputs, ClaimsRecord, TrajectoryClaimsRecord
 
 if TYPE_CHECKING:
     from weightgraft.paper.settings import PaperRun
 
 
-def rules_of(record: dict[str, Any] | None) -> int | None:
+def rules_of(record: ClaimsRecord | TrajectoryClaimsRecord | None) -> int | None:
     """The claims' rules version a claims record (or the claims-by-step record) was judged
     with: as recorded (``outputs.rules``), else read off its rows (8 recorded each row's
     interval level, ``ci_level``; a record without it is older, counted as 7); None without a record."""
     if record is None:
         return None
-    outputs = record.get("outputs", {})
-    if "rules" in outputs:
-        return int(outputs["rules"])
-    rows = outputs.get("claims") or outputs.get("steps") or []
+    outputs = record.outputs
+    if outputs.rules is not None:
+        return outputs.rules
+    rows = outputs.claims if isinstance(outputs, ClaimsOutputs) else outputs.steps
     return 8 if any("ci_level" in row for row in rows) else 7
 
 
 def _share(row: dict[str, Any]) -> str:
-    """The share, its interval and the interval's own level (99% where skew widened it; a record
-    written before the level was kept says "level not recorded")."""
+    """The share, its interval and the interval's own level (rules 8: 99% where skew widened
+    it; a record written before the level was kept says "level not recorded")."""
     from weightgraft.localization.claims.verdicts import share_text
 
     return share_text(row.get("share_exact"), row.get("ci_low"), row.get("ci_high"), row.get("ci_level"))
@@ -60,7 +61,7 @@ def _floors(row: dict[str, Any]) -> tuple[float | None, float | None]:
 def _claims_seed(run: PaperRun) -> int:
     """The training seed whose both-directions and control finetunes the claims used (the first
     seed judged)."""
-    judged = (run.claims or {}).get("outputs", {}).get("sft_seeds")
+    judged = run.claims.outputs.sft_seeds if run.claims is not None else None
     return judged[0] if judged else run.settings.train_seed
 
 
@@ -100,12 +101,12 @@ def claims_across_seeds(run: PaperRun) -> list[Block]:
         return []
     from weightgraft.paper.claims import judged_seeds
 
-    judged: list[int] = run.claims["outputs"].get("sft_seeds") or []
+    judged = run.claims.outputs.sft_seeds or []
     if not judged:
         return []
     _, missed = judged_seeds(run.settings, run)
     groups: dict[tuple[str, str, str, str], dict[int, dict[str, Any]]] = {}
-    for r in run.claims["outputs"]["claims"]:
+    for r in run.claims.outputs.claims:
         found = re.fullmatch(r"sft\[(\d+)\]", str(r.get("model")))
         if found is None or int(found.group(1)) >= len(judged):
             continue
@@ -149,8 +150,9 @@ def claims_blocks(run: PaperRun) -> list[Block]:
     blocks.append(("p", "Each claim's region grafted whole, exactly, in every prompt (`weightgraft localize`'s "
                         "claims; docs/localize.md): its share of the fact-specific effect (`fact_logprob`: the answer's "
                         "log-probability minus the mean over the world's other answers; the plain first-token effect "
-                        "beside it) with a per-row Fieller interval at the level printed beside it (95%, or 99% where the "
-                        "effects are skewed for their number of prompts). A row's p is the largest of its parts: the "
+                        "beside it) with a per-row interval at the level printed beside it (95%: Fieller's bounds at "
+                        "99.99999%, the width that keeps 95% on every design of docs/statistics.md, declined where the "
+                        "whole effect is not told from 0 at that level). A row's p is the largest of its parts: the "
                         "threshold test, a paired test against a null region of its kind and, for fact claims, against "
                         "the same region grafted from the control finetune; Holm-adjusted once over the run. A p at the "
                         "least its test can reach prints as `<= floor`. Holds: Holm p <= 0.05; fails: interval on the "
@@ -159,9 +161,9 @@ def claims_blocks(run: PaperRun) -> list[Block]:
                         "directions -> a2b on reversed prompts, the rows `both->a2b`)."))
     blocks += _control_note(run)
     blocks += claims_across_seeds(run)
-    sft_seeds = run.claims["outputs"].get("sft_seeds")
+    sft_seeds = run.claims.outputs.sft_seeds
     rows = []
-    for r in run.claims["outputs"]["claims"]:
+    for r in run.claims.outputs.claims:
         holm_floor, floor = _floors(r)
         rows.append((str(r.get("claim")), str(r.get("statement", "")), _donor(str(r.get("model")), sft_seeds),
                      str(r.get("setting")),

@@ -50,7 +50,7 @@ def seed_figures(settings: PaperSettings, records: SeedRecords, numbers: Sequenc
             out.not_run.update(dict.fromkeys(sweep.figure_ids, f"{NOT_MET} ({records.skipped[sweep.name]})"))
         elif sweep.name in records.sweeps:
             record = records.sweeps[sweep.name]
-            out.measured.update(measured_of(sweep, record["outputs"]["summary"], record["outputs"].get("drops")))
+            out.measured.update(measured_of(sweep, record.outputs.summary, record.outputs.drops))
     ran = {fid for sw in sweeps_for(s.world) if sw.name in records.sweeps for fid in sw.figure_ids}
     elsewhere = {fid: w for w in s.worlds for sw in sweeps_for(w) if sw.name == "position" for fid in sw.figure_ids}
     for n in numbers:

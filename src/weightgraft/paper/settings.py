@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from weightgraft.errors import WeightgraftError
 from weightgraft.paper.figures import DEFAULT_SWEEPS, HEADLINE, MAIN_WORLD, QA, Finetune
 from weightgraft.paper.numbers import PAPER_MODELS
+from weightgraft.paper.stages import (
+    Check,
+    ClaimsRecord,
+    DataRecord,
+    FinetuneRecord,
+    GeneralTextRecord,
+    SweepRecord,
+    TrajectoryClaimsRecord,
+    TrajectoryRecord,
+)
 
 # The demo's six renderings of each fact (weightgraft.demo.DEMO_TRAIN_TEMPLATES): the recipe
 # measured to teach SmolLM2-135M its facts on 2 CPU cores.
@@ -104,8 +113,8 @@ class SeedRecords:
     """One training seed's finetunes and sweeps (records by role and by sweep name), and the
     sweeps its finetunes' preconditions kept from running, with why."""
 
-    finetunes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    finetunes: dict[str, FinetuneRecord] = field(default_factory=dict)
+    sweeps: dict[str, SweepRecord] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
 
 
@@ -116,15 +125,15 @@ class PaperRun:
     gives); ``other_seeds`` the rest of ``settings.train_seeds``, by seed."""
 
     settings: PaperSettings
-    data: dict[str, Any]
-    shuffled_data: dict[str, Any] | None = None  # the control's data stage (answers shuffled among the subjects)
-    finetunes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    sweeps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    data: DataRecord
+    shuffled_data: DataRecord | None = None  # the control's data stage (answers shuffled among the subjects)
+    finetunes: dict[str, FinetuneRecord] = field(default_factory=dict)
+    sweeps: dict[str, SweepRecord] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # sweep or "claims" -> why (precondition not met)
-    claims: dict[str, Any] | None = None  # the claims stage's record
-    trajectory: dict[str, Any] | None = None  # the trajectory sweep's record (--trajectory)
-    trajectory_claims: dict[str, Any] | None = None  # the claims over its snapshots (--trajectory with claims)
-    general_text: dict[str, Any] | None = None  # the general text stage's record (Fig. 13's finetune)
+    claims: ClaimsRecord | None = None  # the claims stage's record
+    trajectory: TrajectoryRecord | None = None  # the trajectory sweep's record (--trajectory)
+    trajectory_claims: TrajectoryClaimsRecord | None = None  # the claims over its snapshots (--trajectory with claims)
+    general_text: GeneralTextRecord | None = None  # the general text stage's record (Fig. 13's finetune)
     worlds: dict[str, PaperRun] = field(default_factory=dict)  # each appendix world's own run (--worlds)
     reused: list[str] = field(default_factory=list)
     report: Path | None = None
@@ -149,20 +158,20 @@ def seeds_text(seeds: list[int] | tuple[int, ...]) -> str:
     return f"training seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}"
 
 
-def precondition(settings: PaperSettings, finetune: Finetune, record: dict[str, Any]) -> tuple[bool, str]:
+def precondition(settings: PaperSettings, finetune: Finetune, record: FinetuneRecord) -> tuple[bool, str]:
     """Whether a finished finetune meets its precondition, and the line that says so: at least
     its threshold on its facts; for the control (``shuffled``), at most its threshold."""
-    checks = record["outputs"]["checks"]
+    checks = record.outputs.checks
     if not checks:
         return False, f"{finetune.name}: no test prompt to check it on"
 
-    def met(c: dict[str, Any]) -> bool:
-        limit = settings.threshold(finetune, c["direction"])
-        return bool(c["top5"] <= limit) if finetune.shuffled else bool(c["top5"] >= limit)
+    def met(c: Check) -> bool:
+        limit = settings.threshold(finetune, c.direction)
+        return bool(c.top5 <= limit) if finetune.shuffled else bool(c.top5 >= limit)
 
     signs = ("<=", ">") if finetune.shuffled else (">=", "<")
-    parts = [f"{c['template']} {c['direction']} top-5 {100 * c['top5']:.1f}% "
-             f"({signs[0] if met(c) else signs[1]} {100 * settings.threshold(finetune, c['direction']):.0f}%)"
+    parts = [f"{c.template} {c.direction} top-5 {100 * c.top5:.1f}% "
+             f"({signs[0] if met(c) else signs[1]} {100 * settings.threshold(finetune, c.direction):.0f}%)"
              for c in checks]
     return all(met(c) for c in checks), f"{finetune.name}: " + ", ".join(parts)
 

@@ -26,7 +26,15 @@ from weightgraft.paper.claims import claims_config
 from weightgraft.paper.figures import HEADLINE, QA
 from weightgraft.paper.page import Block, Image, Table
 from weightgraft.paper.settings import PaperRun, PaperSettings
-from weightgraft.paper.stages import Stage, stage_path
+from weightgraft.paper.stages import (
+    DataRecord,
+    FinetuneRecord,
+    Stage,
+    TrajectoryClaimsOutputs,
+    TrajectoryOutputs,
+    stage_path,
+)
+from weightgraft.resume.manifests import Json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -38,17 +46,18 @@ TRAJECTORY_SCHEMES = ("PRE", "SFT", "FE", "LT", "FE+LT", "(FE+LT)^C")
 HEADING = "When the pathway forms (ours, not the paper's: snapshots of the a2b finetune)"
 
 
-def trajectory_stage(settings: PaperSettings, data: dict[str, Any], a2b: dict[str, Any]) -> tuple[Stage, dict[str, Any]]:
+def trajectory_stage(settings: PaperSettings, data: DataRecord,
+                     a2b: FinetuneRecord) -> tuple[Stage[TrajectoryOutputs], dict[str, Any]]:
     """The trajectory sweep's stage (keyed by the a2b finetune's stage key) and its raw config."""
     common: dict[str, Any] = {"name": "paper-trajectory", "protocol": "authors",
                               "schemes": [{"preset": "position", "only": list(TRAJECTORY_SCHEMES)}],
                               "templates": [HEADLINE, QA], "directions": ["a2b"], "trajectory": {"role": "sft"},
                               "device": settings.device, "seed": settings.seed,
                               **({"batch_size": settings.batch_size} if settings.batch_size else {})}
-    keyed = {**common, "data": f"data:{data['key']}", "models": {"pre": settings.model, "sft": f"finetune:{a2b['key']}"}}
+    keyed = {**common, "data": f"data:{data.key}", "models": {"pre": settings.model, "sft": f"finetune:{a2b.key}"}}
     raw = {**common, "data": str(stage_path(data, settings.out, "dir")),
            "models": {"pre": settings.model, "sft": str(stage_path(a2b, settings.out, "model"))}}
-    return Stage("sweep", "trajectory", {"config": keyed}, settings.out), raw
+    return Stage("sweep", "trajectory", {"config": keyed}, settings.out, TrajectoryOutputs), raw
 
 
 def snapshot_steps(last: int, every: int) -> list[int]:
@@ -56,20 +65,20 @@ def snapshot_steps(last: int, every: int) -> list[int]:
     return sorted({1, last, *range(every, last + 1, every)})
 
 
-def trajectory_claims_stage(settings: PaperSettings, data: dict[str, Any], finetunes: dict[str, dict[str, Any]],
-                            steps: list[int]) -> tuple[Stage, dict[str, Any]]:
+def trajectory_claims_stage(settings: PaperSettings, data: DataRecord, finetunes: dict[str, FinetuneRecord],
+                            steps: list[int]) -> tuple[Stage[TrajectoryClaimsOutputs], dict[str, Any]]:
     """The claims over the a2b finetune's snapshots at ``steps`` (keyed by the finetunes' stage
     keys) and its raw localize config: claims 1-3 on every snapshot, against the control."""
     a2b, control = finetunes["a2b"], finetunes.get("control")
     folder = stage_path(a2b, settings.out, "model")
     keyed: dict[str, str | list[str]] = {"pre": settings.model,
-                                         "a2b": [f"checkpoint(finetune:{a2b['key']}, step={s})" for s in steps],
-             **({"control": f"finetune:{control['key']}"} if control else {})}
+                                         "a2b": [f"checkpoint(finetune:{a2b.key}, step={s})" for s in steps],
+             **({"control": f"finetune:{control.key}"} if control else {})}
     paths: dict[str, str | list[str]] = {"pre": settings.model, "a2b": [f"checkpoint({folder}, step={s})" for s in steps],
              **({"control": str(stage_path(control, settings.out, "model"))} if control else {})}
     raw = claims_config(settings, paths, str(stage_path(data, settings.out, "dir")))
-    return Stage("claims", "trajectory", {"config": claims_config(settings, keyed, f"data:{data['key']}")},
-                 settings.out), {**raw, "name": "paper-trajectory-claims"}
+    return Stage("claims", "trajectory", {"config": claims_config(settings, keyed, f"data:{data.key}")},
+                 settings.out, TrajectoryClaimsOutputs), {**raw, "name": "paper-trajectory-claims"}
 
 
 def run_trajectory_claims(settings: PaperSettings, run: PaperRun, console: Console) -> None:
@@ -96,7 +105,8 @@ def run_trajectory_claims(settings: PaperSettings, run: PaperRun, console: Conso
         return
     table = pd.read_csv(path)
     rows = table.astype(object).where(table.notna(), None).to_dict("records")
-    run.trajectory_claims = stage.finish({"run": "run", "steps": rows, "rules": RULES_VERSION}, time.time() - started)
+    run.trajectory_claims = stage.finish(TrajectoryClaimsOutputs(run="run", steps=rows, rules=RULES_VERSION),
+                                         time.time() - started)
 
 
 def run_trajectory(settings: PaperSettings, run: PaperRun, console: Console) -> None:
@@ -116,13 +126,13 @@ def run_trajectory(settings: PaperSettings, run: PaperRun, console: Console) -> 
     steps = result.summary["model_set"].map(parse_config(raw).set_steps())
     rows = result.summary.assign(step=steps)[["step", "template", "scheme", "n", "top5", "top5_lo", "top5_hi",
                                               "mean_fact_logprob", "fact_logprob_lo", "fact_logprob_hi"]]
-    run.trajectory = stage.finish({"run": "run", "rows": rows.astype(object).where(rows.notna(), None).to_dict("records")},
-                                  time.time() - started)
+    kept = rows.astype(object).where(rows.notna(), None).to_dict("records")
+    run.trajectory = stage.finish(TrajectoryOutputs(run="run", rows=kept), time.time() - started)
     if settings.claims:
         run_trajectory_claims(settings, run, console)
 
 
-def _pct(row: dict[str, Any]) -> str:
+def _pct(row: Json) -> str:
     return "n/a" if row["top5"] is None else f"{100 * row['top5']:.1f}"
 
 
@@ -130,7 +140,7 @@ def trajectory_blocks(run: PaperRun) -> list[Block]:
     """The report's section: each template's top-5 of every scheme by step, and a chart."""
     if run.trajectory is None:
         return []
-    rows: list[dict[str, Any]] = run.trajectory["outputs"]["rows"]
+    rows = run.trajectory.outputs.rows
     steps = sorted({r["step"] for r in rows})
     blocks: list[Block] = [("h2", HEADING), ("p", (
         f"The a2b finetune (training seed {run.settings.train_seed}) kept its model after step 1 and every "
@@ -152,7 +162,7 @@ def _claims_blocks(run: PaperRun) -> list[Block]:
     """Each claim's first held step over the snapshots, and its verdict at every step."""
     if run.trajectory_claims is None:
         return []
-    rows: list[dict[str, Any]] = run.trajectory_claims["outputs"]["steps"]
+    rows = run.trajectory_claims.outputs.steps
     return [("h3", "The claims along the steps"), ("p", (
         "Claims 1-3 judged on every snapshot against the control finetune, all rows one Holm family. A claim's first "
         "held step is the earliest snapshot from which it holds at every later one (it began to hold after the "
@@ -161,7 +171,7 @@ def _claims_blocks(run: PaperRun) -> list[Block]:
               [(r["template"], r["claim"], first_held_text(r), verdicts_text(r)) for r in rows])]
 
 
-def _chart(rows: list[dict[str, Any]]) -> Figure:
+def _chart(rows: list[Json]) -> Figure:
     import pandas as pd
 
     from weightgraft.report.charts import trajectory_figure

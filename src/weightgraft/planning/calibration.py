@@ -19,11 +19,12 @@ from typing import Any
 
 from weightgraft import atomic
 from weightgraft.planning.costs import forward_flops
+from weightgraft.resume.manifests import Json
 
 __all__ = ["CALIBRATION_CONFIG", "Throughput", "calibration_key", "others_load", "throughput"]
 
 # small enough for a few seconds on one CPU core, large enough that matmuls dominate
-CALIBRATION_CONFIG: dict[str, Any] = {
+CALIBRATION_CONFIG: Json = {  # a llama's config.json
     "model_type": "llama", "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4,
     "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 8192,
     "tie_word_embeddings": False, "max_position_embeddings": 512, "initializer_range": 0.02,
@@ -109,7 +110,7 @@ def throughput(device: str = "cpu", dtype: str = "float32", refresh: bool = Fals
     """The cached rates for this device and dtype, measured now if missing (a few seconds)."""
     key = calibration_key(device, dtype)
     path = _cache_file()
-    cache: dict[str, Any] = {}
+    cache: dict[str, Json] = {}  # calibration key -> Throughput's fields
     if path.is_file():
         try:
             cache = json.loads(path.read_text())

@@ -232,6 +232,7 @@ def _cache_layers(fp: ModelFootprint) -> tuple[int, int, int] | None:
     and recurrent states; None for a model without mixers (every layer caches keys and values)."""
     from weightgraft.engine.architectures import model_slots, text_config
     from weightgraft.engine.architectures.adapter import ATTENTION_COMPONENTS
+    from weightgraft.engine.source_map import SlotName
 
     slots = model_slots(fp.meta)
     mixers = {slot.mixer.path: slot.mixer.kind for slot in slots if slot.mixer is not None}
@@ -255,8 +256,8 @@ def _cache_layers(fp: ModelFootprint) -> tuple[int, int, int] | None:
         if slot.mixer is not None and slot.mixer.component == "mixer_conv":
             weight = fp.meta.get_submodule(slot.parts[0].path).weight  # [channels, 1, kernel]
             conv += int(weight.shape[0]) * int(weight.shape[-1])
-    attention = len({slot.name.split(".")[1] for slot in slots
-                     if slot.name.startswith("layers.") and slot.name.split(".", 2)[2] in ATTENTION_COMPONENTS})
+    names = [SlotName.parse(slot.name) for slot in slots]
+    attention = len({name.layer for name in names if name.layer is not None and name.component in ATTENTION_COMPONENTS})
     return attention, conv, sum(recurrent_per_layer[kind] for kind in mixers.values())
 
 

@@ -6,13 +6,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from weightgraft.models.footprint import ModelFootprint
 
-__all__ = ["CHARS_PER_TOKEN", "CharEstimateTokenizer", "length_summary", "refuse_media", "tokenizer_for"]
+__all__ = ["CHARS_PER_TOKEN", "CharEstimateTokenizer", "PromptLengths", "length_summary", "refuse_media",
+           "tokenizer_for"]
 
 CHARS_PER_TOKEN = 4.0  # English BPE average, for prompt lengths without a tokenizer
+
+
+class PromptLengths(TypedDict, total=False):
+    """A plan's ``prompts`` entry (empty where a plan is of row shapes alone)."""
+
+    n: int
+    min_tokens: int
+    max_tokens: int
+    mean_tokens: float
+    counted: str  # how: token counts (which tokenizer), or the character estimate
+
+
+class Encoding(TypedDict, total=False):
+    """What :class:`CharEstimateTokenizer` gives for a text, as a tokenizer's call does."""
+
+    input_ids: list[int]
+    offset_mapping: list[tuple[int, int]]
 
 
 class CharEstimateTokenizer:
@@ -22,14 +40,14 @@ class CharEstimateTokenizer:
     is_fast = True
     pad_token_id = 0
 
-    def __call__(self, text: str, return_offsets_mapping: bool = False, add_special_tokens: bool = True) -> dict[str, Any]:
+    def __call__(self, text: str, return_offsets_mapping: bool = False, add_special_tokens: bool = True) -> Encoding:
         step = CHARS_PER_TOKEN
         n = max(1, math.ceil(len(text) / step)) if text else 0
         offsets = [(int(i * step), min(len(text), int((i + 1) * step))) for i in range(n)]
         ids = list(range(1, n + 1))
         if add_special_tokens:
             offsets, ids = [(0, 0), *offsets], [0, *ids]
-        out: dict[str, Any] = {"input_ids": ids}
+        out = Encoding(input_ids=ids)
         if return_offsets_mapping:
             out["offset_mapping"] = offsets
         return out
@@ -82,10 +100,10 @@ def _named_tokenizer(name: str) -> Any:
     return _fast_tokenizer(text)
 
 
-def length_summary(lengths: list[int], how: str) -> dict[str, Any]:
+def length_summary(lengths: list[int], how: str) -> PromptLengths:
     """The plan's ``prompts`` entry: count, min / max / mean tokens, how they were counted."""
-    return {"n": len(lengths), "min_tokens": min(lengths), "max_tokens": max(lengths),
-            "mean_tokens": round(sum(lengths) / len(lengths), 2), "counted": how}
+    return PromptLengths(n=len(lengths), min_tokens=min(lengths), max_tokens=max(lengths),
+                         mean_tokens=round(sum(lengths) / len(lengths), 2), counted=how)
 
 
 def refuse_media(footprint: ModelFootprint, tok: Any, prompts: Iterable[tuple[str, Sequence[int]]]) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from weightgraft.models.errors import ModelLoadError, ModelNotFoundError
 from weightgraft.planning.errors import PlanError
+from weightgraft.planning.lengths import PromptLengths
 from weightgraft.planning.sizes import gib
+from weightgraft.resume.manifests import Json
 
 __all__ = ["HEADROOM", "UNREADABLE_CONFIG", "Plan", "RolePlan", "check_plan", "choose_batch", "smaller_batch"]
 
@@ -51,7 +53,7 @@ class Plan:
     device: str
     dtype: str
     roles: list[RolePlan]
-    prompts: dict[str, Any]  # n, min/max/mean tokens, how they were counted
+    prompts: PromptLengths  # n, min/max/mean tokens, how they were counted
     rows: int  # (example, scheme) rows (localize: examples)
     batch_size: int
     batch_size_fixed: bool
@@ -73,7 +75,7 @@ class Plan:
     def fits(self) -> bool:
         return self.peak_bytes <= self.budget_bytes
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Json:
         out = asdict(self)
         out["peak_bytes"], out["fits"] = self.peak_bytes, self.fits
         return out

@@ -20,6 +20,7 @@ from weightgraft.planning.costs import (
     param_bytes,
     quantized_parts,
 )
+from weightgraft.planning.lengths import PromptLengths
 from weightgraft.planning.plan import HEADROOM, Plan, RolePlan, choose_batch
 from weightgraft.planning.sizes import gib
 from weightgraft.planning.timing import card_for, forward_seconds, rate_for, weight_read_seconds
@@ -193,7 +194,7 @@ class SweepChoices:
     with_time: bool = True
 
 
-def plan_sweep(shapes: list[SetShape], prompts: dict, choices: SweepChoices) -> Plan:
+def plan_sweep(shapes: list[SetShape], prompts: PromptLengths, choices: SweepChoices) -> Plan:
     """The plan of a sweep over model sets of these shapes (``prompts``: their lengths): memory
     by part, the batch size that fits, time, and where it does not fit, the changes that would."""
     c = choices

@@ -24,27 +24,28 @@ from weightgraft.engine.metric_table import describe
 from weightgraft.report.expert_figures import expert_heatmaps
 from weightgraft.report.html import CSS, _esc, _hash_cell, html_table
 from weightgraft.report.run import ReportError
+from weightgraft.resume.folder import RunFolder
+from weightgraft.resume.manifests import EXPERTS_FORMAT, ExpertsManifest
 
 __all__ = ["EXPERTS_FORMAT", "is_experts_folder", "write_experts_report"]
 
-EXPERTS_FORMAT = "weightgraft.experts/1"
 TABLES = ("experts.csv", "top_cells.csv", "concentration.csv", "regions.csv")
 REGION_GRAFTS = ("experts", "router", "moe", "all")
 REGION_NAMES = {"first_entity": "first entity (its tokens)", "last": "last token"}
 
 
-def _manifest(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / "manifest.json"
+def _manifest(folder: Path) -> ExpertsManifest:
+    """The folder's expert-map manifest; an empty one where it holds none (or another kind's)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        return RunFolder(Path(folder)).read(ExpertsManifest) or ExpertsManifest()
     except ValueError:
-        return {}
+        return ExpertsManifest()
 
 
 def is_experts_folder(folder: Path) -> bool:
     """Whether ``folder`` was written by ``weightgraft experts`` (its manifest's format says so),
     so ``weightgraft report`` can tell it from a run folder."""
-    return _manifest(folder).get("format") == EXPERTS_FORMAT
+    return _manifest(folder).format == EXPERTS_FORMAT
 
 
 def _read(folder: Path, name: str) -> pd.DataFrame:
@@ -90,9 +91,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
 
 
-def _models(manifest: dict[str, Any], summary: pd.DataFrame) -> list[str]:
+def _models(manifest: ExpertsManifest, summary: pd.DataFrame) -> list[str]:
     """The finetune first, then its controls: the manifest's donors in order, else the table's."""
-    donors = [str(m) for m in (manifest.get("donors") or {})]
+    donors = list(manifest.donors)
     seen = list(dict.fromkeys(summary["model"]))
     return [m for m in donors if m in seen] + [m for m in seen if m not in donors]
 
@@ -110,20 +111,20 @@ def _cell_counts(folder: Path) -> str:
     return f"<p>Cells in <code>expert_cells.parquet</code>: {said}.</p>"
 
 
-def _intro(folder: Path, manifest: dict[str, Any], models: list[str]) -> str:
-    metric = str(manifest.get("metric", "fact_logprob"))
+def _intro(folder: Path, manifest: ExpertsManifest, models: list[str]) -> str:
+    metric = manifest.metric or "fact_logprob"
     finetune, controls = models[0], models[1:]
-    donors = manifest.get("donors") or {}
+    donors = manifest.donors
     who = f"finetune <b>{_esc(finetune)}</b> <code>{_esc(donors.get(finetune, ''))}</code>"
     if controls:
         who += "; " + ", ".join(f"control <b>{_esc(c)}</b> <code>{_esc(donors.get(c, ''))}</code>" for c in controls)
     else:
         who += "; no control finetune was mapped"
-    counts = manifest.get("n_prompts") or {}
+    counts = manifest.n_prompts
     prompts = ", ".join(f"{_esc(t)}: {_esc(n)}" for t, n in counts.items()) or "n/a"
     return "\n".join([
-        f'<p class="lead">weightgraft experts; base (PRE) <code>{_esc(manifest.get("pre", ""))}</code>; {who}; '
-        f"metric <b>{_esc(describe(metric))}</b>; {_esc(manifest.get('direction', ''))} test prompts per template: "
+        f'<p class="lead">weightgraft experts; base (PRE) <code>{_esc(manifest.pre)}</code>; {who}; '
+        f"metric <b>{_esc(describe(metric))}</b>; {_esc(manifest.direction)} test prompts per template: "
         f'{prompts}; <a href="#manifest">manifest</a> (hashes, versions) at the end</p>',
         "<p><b>A cell</b> is one expert of one layer of the finetune grafted alone into PRE at one of the "
         "region's tokens, everything else PRE's: its effect is exact (the model's own forward with that expert's "
@@ -222,25 +223,25 @@ def _concentration_section(conc: pd.DataFrame) -> str:
             + html_table(("model", "template", "region", "cells", "total", *(f"{c[:-6]} share" for c in shares)), rows))
 
 
-def _manifest_section(folder: Path, manifest: dict[str, Any]) -> str:
-    models = manifest.get("models") or {}
-    rows = [(_esc(role), _esc(info.get("spec", "")), _esc(info.get("source", "")),
-             _hash_cell(str(info.get("weights_sha256", "")))) for role, info in models.items() if isinstance(info, dict)]
-    settings = [("folder", str(folder)), ("format", str(manifest.get("format", ""))),
-                ("metric", describe(str(manifest.get("metric", "")))), ("direction", str(manifest.get("direction", ""))),
-                ("templates", ", ".join(map(str, manifest.get("templates") or []))),
-                ("prompts per template", ", ".join(f"{t}: {n}" for t, n in (manifest.get("n_prompts") or {}).items())),
-                ("prompt cap per template", str(manifest.get("prompts") or "none")),
-                ("prompts left out", str(manifest.get("prompts_left_out", "n/a"))),
-                ("data", str(manifest.get("data", ""))), ("seed", str(manifest.get("seed", "")))]
-    versions = manifest.get("versions") or {}
+def _manifest_section(folder: Path, manifest: ExpertsManifest) -> str:
+    rows = [(_esc(role), _esc(info.spec), _esc(info.source), _hash_cell(info.weights_sha256))
+            for role, info in manifest.models.items()]
+    left_out = "n/a" if manifest.prompts_left_out is None else str(manifest.prompts_left_out)
+    settings = [("folder", str(folder)), ("format", manifest.format),
+                ("metric", describe(manifest.metric)), ("direction", manifest.direction),
+                ("templates", ", ".join(manifest.templates)),
+                ("prompts per template", ", ".join(f"{t}: {n}" for t, n in manifest.n_prompts.items())),
+                ("prompt cap per template", str(manifest.prompts or "none")),
+                ("prompts left out", left_out),
+                ("data", manifest.data), ("seed", "" if manifest.seed is None else str(manifest.seed))]
+    versions = manifest.versions
     parts = ['<section id="manifest" class="prov"><h2>Manifest</h2>']
     if rows:
         parts.append(html_table(("role", "spec", "source", "weights sha256"), rows, raw=True))
     parts.append(html_table(("setting", "value"), settings))
     if versions:
         parts.append(html_table(("package", "version"), [(k, v) for k, v in versions.items()]))
-    parts.append(f"<details><summary>manifest.json</summary><pre>{_esc(json.dumps(manifest, indent=2))}</pre>"
+    parts.append(f"<details><summary>manifest.json</summary><pre>{_esc(json.dumps(manifest.as_json(), indent=2))}</pre>"
                  "</details></section>")
     return "\n".join(parts)
 
@@ -253,7 +254,7 @@ def write_experts_report(folder: Path, out: Path | None = None) -> Path:
     matplotlib.use("Agg")
     folder = Path(folder)
     manifest = _manifest(folder)
-    if manifest.get("format") != EXPERTS_FORMAT:
+    if manifest.format != EXPERTS_FORMAT:
         raise ReportError(f"{folder}: no {EXPERTS_FORMAT} manifest.json (is it a `weightgraft experts` folder?)")
     missing = [n for n in TABLES if not (folder / n).is_file()]
     if missing:
@@ -262,7 +263,7 @@ def write_experts_report(folder: Path, out: Path | None = None) -> Path:
     if summary.empty:
         raise ReportError(f"{folder / 'experts.csv'} holds no rows: nothing to report")
     models = _models(manifest, summary)
-    metric = str(manifest.get("metric", "fact_logprob"))
+    metric = manifest.metric or "fact_logprob"
     out = Path(out) if out is not None else folder / "report"
     out.mkdir(parents=True, exist_ok=True)
     title = f"weightgraft experts: {folder.name}"

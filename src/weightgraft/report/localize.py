@@ -36,7 +36,7 @@ from weightgraft.report import localize_figures as figs
 from weightgraft.report.claims_page import write_claims_markdown
 from weightgraft.report.html import CSS, _esc, html_table
 from weightgraft.resume.folder import RunFolder
-from weightgraft.resume.manifests import LocalizeManifest, ModelEntry
+from weightgraft.resume.manifests import LocalizeManifest, ModelEntry, SearchRecord
 
 
 def value_column(cells: pd.DataFrame) -> str | None:
@@ -215,9 +215,9 @@ def _claims_section(run_dir: Path) -> str:
              "a ratio of sums over prompts of the region graft's effect and the effect of the cells it is a share of "
              "(<i>within</i>), in the claims' metric (by default <code>fact_logprob</code>: the answer against the "
              "world's other answers, so a donor that raises every answer alike has no effect), with its per-row "
-             "Fieller interval at the level printed beside it (95%, or 99% where the effects are skewed for their "
-             "number of prompts; declined, with the reason, where the within effect's interval includes 0 or the effects "
-             "are too skewed for their number of prompts). A row's p is the largest of its parts: the threshold test "
+             "interval at the level printed beside it (95%: Fieller's bounds at 99.99999%, the width that keeps 95% "
+             "on every design of docs/statistics.md; declined, with the reason, where the within effect is not told "
+             "from 0 at that level). A row's p is the largest of its parts: the threshold test "
              "(twice its one-sided p, so a row that holds has its interval on the claim's side), the region against "
              "its null across prompts (sign flips of the per-prompt differences, and relabelings of the region among "
              "its null draws within each prompt; the larger p) and, for a fact claim where the run has a control "
@@ -270,23 +270,23 @@ def _steps_section(run_dir: Path) -> str:
                           "verdict by step"), rows))
 
 
-def _sets_section(search: dict[str, Any]) -> str:
+def _sets_section(search: SearchRecord) -> str:
     header = ("direction", "template", "set", "cells", "held-out share", "held-out: random controls mean / p95, p",
               "held-out: matched controls mean / p95, p", "fit share", "fit target met",
               "fit: random controls mean / p95, p", "fit: matched controls mean / p95, p",
               "share per cell: set vs random controls (fit)", "notes", "cells each prompt received")
     rows = []
-    for e in search["searches"]:
+    for e in search.searches:
         rows.append(_set_row(e, "ranking", e))
         if e.get("refined"):
             rows.append(_set_row(e, "refined", e["refined"]))
-    n = next((e["controls"]["n_sets"] for e in search["searches"] if e.get("controls")), 0)
-    splits = search.get("splits") or {}
+    n = next((e["controls"]["n_sets"] for e in search.searches if e.get("controls")), 0)
+    splits = search.splits
     split_note = ("; ".join(f"{_esc(t)}: {len(s['fit_ids'])} fit, {len(s['heldout_ids'])} held out"
                             for t, s in splits.items()) if splits else
                   '<span class="warn">no split: the sets were searched and judged on the same prompts</span>')
     parts = ["<h2>Found sets</h2>",
-             f"<p>Every share is an exact graft in the metric <b>{_esc(describe(search.get('metric', 'first_logprob'), localize=True))}</b> "
+             f"<p>Every share is an exact graft in the metric <b>{_esc(describe(search.metric or 'first_logprob', localize=True))}</b> "
              "(share of the donor's total effect over a template's prompts). Each template's prompts are split "
              f"(seeded; <code>splits</code> in search.json): {split_note}. The sets are searched and refined on the "
              "fit prompts; the held-out prompts, which the search never saw, come first. <i>ranking</i>: the "
@@ -295,10 +295,10 @@ def _sets_section(search: dict[str, Any]) -> str:
              "the set's mix of (position label, component), all drawn outside the set (no control holds a cell of "
              "it); p = (1 + #controls with at least the set's share) / (1 + n). Seeds and cells are in search.json."
              "</p>", html_table(header, rows, raw=True)]
-    if search.get("model"):
-        parts.insert(2, f"<p>Searched for the SFT model <b>{_esc(search['model'])}</b> only (the first in the "
+    if search.model:
+        parts.insert(2, f"<p>Searched for the SFT model <b>{_esc(search.model)}</b> only (the first in the "
                         "config's list: each search costs minutes on a real pair); the other SFT models have maps.</p>")
-    missed = [e for e in search["searches"] if e.get("missed")]
+    missed = [e for e in search.searches if e.get("missed")]
     if missed:
         mrows = []
         for e in missed:
@@ -319,7 +319,7 @@ def _sets_section(search: dict[str, Any]) -> str:
                   "of about 3/n or more, not rare large cells.</p>",
                   html_table(("direction", "template", "k", "sample below k", "largest sampled cell", "its effect",
                               "share of |effect| below k", "rules out (95%)", "cells above k measured"), mrows)]
-    for e in search["searches"]:
+    for e in search.searches:
         chosen = e.get("refined") or e
         label = "refined" if e.get("refined") else "ranking"
         cells = ", ".join(f"{c['position_label']}:{c['slot']}" for c in chosen["cells"])
@@ -363,8 +363,7 @@ def write_localize_report(run_dir: Path) -> Path:
     if "unit" in cells:  # the maps, stability and agreement are of whole cells (a split slot's: its units summed)
         cells = cells[cells["unit"] == -1]
     manifest = RunFolder(run_dir).read(LocalizeManifest) or LocalizeManifest()
-    search_path = run_dir / "search.json"
-    search = json.loads(search_path.read_text()) if search_path.is_file() else {}
+    search = RunFolder(run_dir).read(SearchRecord) or SearchRecord()
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
     name = manifest.config.get("name", run_dir.name)
@@ -408,7 +407,7 @@ def write_localize_report(run_dir: Path) -> Path:
         figs.scatter(cells, out / "scatter.png")
         parts.append("<h2>Estimates against exact effects</h2>" + table.to_html(index=False, float_format="%.3f")
                      + _img(out / "scatter.png", "estimate vs exact effect per cell"))
-    if search.get("searches"):
+    if search.searches:
         figs.curves(search, out / "recovery.png")
         parts.append(_sets_section(search) + _img(out / "recovery.png", "exact share against cells grafted"))
     page = out / "index.html"

@@ -15,6 +15,7 @@ import pandas as pd
 
 from weightgraft.localization.agreement import spearman
 from weightgraft.report.figures import write_figure
+from weightgraft.resume.manifests import SearchRecord
 
 GLOBAL = ("embed", "final_norm", "unembed")
 NO_CELL = "#d9d9d9"  # a label a template's prompts lack, or a global slot not at that position
@@ -160,13 +161,13 @@ def scatter(cells: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def curves(search: dict, path: Path) -> None:
+def curves(search: SearchRecord, path: Path) -> None:
     """Exact share against cells grafted in attribution order; the refined set as a star, the
     random controls' 95th percentile as a cross."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.5, 4.2), layout="constrained")
-    for entry in search.get("searches", []):
+    for entry in search.searches:
         xs = [p["size"] for p in entry["curve"]]
         ys = [p["share"] for p in entry["curve"]]
         (line,) = ax.plot(xs, ys, marker=".", label=f"{entry['direction']} / {entry['template']} ({entry['size']} cells)")
@@ -176,7 +177,7 @@ def curves(search: dict, path: Path) -> None:
         controls = entry.get("controls")
         if controls:
             ax.plot([entry["size"]], [controls["random"]["p95"]], marker="x", ms=8, color=line.get_color(), ls="none")
-    targets = {e["target_share"] for e in search.get("searches", [])}
+    targets = {e["target_share"] for e in search.searches}
     for t in targets:
         ax.axhline(t, color="grey", ls=":", lw=0.8)
     ax.set_xscale("log")

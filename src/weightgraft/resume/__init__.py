@@ -7,13 +7,15 @@ pipeline (``run``, ``localize``, ``paper``).
 - :mod:`~weightgraft.resume.folder`: :class:`~weightgraft.resume.folder.RunFolder`, the one
   place a record is read, claimed and written (atomically);
 - :mod:`~weightgraft.resume.manifests`: the records, typed (a sweep's ``identity.json`` and
-  ``manifest.json``, localize's ``manifest.json``, a stage's ``stage.json``), which ``report``
-  and ``explore`` read;
+  ``manifest.json``, localize's ``manifest.json``, ``search.json`` and ``stages.json``, an expert
+  map's ``manifest.json``, a stage's ``stage.json`` with its outputs typed by the stage), which
+  ``report`` and ``explore`` read;
 - :mod:`~weightgraft.resume.stages`: keyed stages (a folder named by its inputs' hash, finished
-  by ``stage.json``: the paper's data, finetunes, sweeps) and stages inside a claimed folder
-  (localize's estimates);
+  by ``stage.json``: the paper's data, finetunes, sweeps), keyed stages inside a claimed folder
+  (``stages.json``: localize's search and stability);
 - :mod:`~weightgraft.resume.parts`: rows saved as atomic parquet parts, read back by their keys,
-  so a resumed run computes only what no part holds (a sweep's rows, localize's exact cells).
+  so a resumed run computes only what no part holds (a sweep's rows, localize's estimates and
+  exact cells, per prompt).
 
 Floor: with ``atomic``, below every pipeline (``experiments``, ``localization``, ``paper``).
 """

@@ -7,21 +7,29 @@ value that version meant), a key this one does not declare is kept as it is.
 - :class:`SweepClaim`: a sweep's ``identity.json`` (what its rows depend on);
 - :class:`SweepManifest`: a sweep's ``manifest.json`` (what a finished session recorded);
 - :class:`LocalizeManifest`: localize's ``manifest.json`` (its claim and what the run found out);
-- :class:`StageRecord`: a stage's ``stage.json`` (its key, inputs and outputs).
+- :class:`StageRecord`: a stage's ``stage.json`` (its key, inputs and outputs, typed by the
+  stage: ``StageRecord[FinetuneOutputs]``);
+- :class:`FolderStages`: ``stages.json``, the keyed stages inside a claimed folder (localize's
+  search and stability), each a :class:`StageRecord`;
+- :class:`SearchRecord`: localize's ``search.json`` (the found sets), which ``explore`` and the
+  report read;
+- :class:`ExpertsManifest`: an expert map's ``manifest.json`` (format ``weightgraft.experts/1``).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from weightgraft.resume.claim import Identity
 from weightgraft.resume.folder import Record
 
-__all__ = ["LocalizeManifest", "ModelEntry", "Session", "StageRecord", "SweepClaim", "SweepManifest"]
+__all__ = ["EXPERTS_FORMAT", "ExpertsManifest", "FolderStages", "Json", "LocalizeManifest", "ModelEntry",
+           "SearchRecord", "Session", "StageFiles", "StageRecord", "SweepClaim", "SweepManifest"]
 
 Json = dict[str, Any]  # a JSON object the record keeps as written (a config, a scheme)
+Out = TypeVar("Out", bound=Record)  # a stage's outputs
 
 
 class SweepClaim(Record):
@@ -154,10 +162,10 @@ class LocalizeManifest(Record):
                             labels=identity.format)
 
 
-
-class StageRecord(Record):
+class StageRecord(Record, Generic[Out]):
     """``stage.json``: a finished stage's key (the digest of its kind and inputs), its inputs,
-    its outputs (names under its folder, and values), how long it took."""
+    its outputs (names under its folder, and values; typed by the stage: ``StageRecord[Out]``),
+    how long it took."""
 
     FILE: ClassVar[str] = "stage.json"
     INDENT: ClassVar[int] = 1
@@ -168,6 +176,69 @@ class StageRecord(Record):
     name: str = ""
     key: str = ""
     inputs: Json = Field(default_factory=dict)
-    outputs: Json = Field(default_factory=dict)
+    outputs: Out
     seconds: float = 0.0
     finished: str = ""
+
+
+class StageFiles(Record):
+    """The outputs of a stage inside a claimed folder: its files there."""
+
+    files: list[str] = Field(default_factory=list)
+
+
+class FolderStages(Record):
+    """``stages.json``: the keyed stages inside a claimed folder by name (localize's ``search``
+    and ``stability``), each the record of its last finish; a stage whose inputs changed since
+    has another key, so it is computed again."""
+
+    FILE: ClassVar[str] = "stages.json"
+    INDENT: ClassVar[int] = 1
+    SORT_KEYS: ClassVar[bool] = True
+
+    stages: dict[str, StageRecord[StageFiles]] = Field(default_factory=dict)
+
+
+class SearchRecord(Record):
+    """localize's ``search.json``: per (direction, template) the found set, its refinement,
+    controls, missed-effects estimate and held-out shares (``searches``, each entry as written),
+    each template's split of its prompts (``splits``), the metric and ranking column, and the
+    mapped model it was searched on. A run without the search has none (``searches`` empty).
+    A value that is not a number (a share of no effect) is written as JSON's ``NaN``, as it
+    always was."""
+
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
+    FILE: ClassVar[str] = "search.json"
+
+    metric: str = ""
+    rank_by: str = ""
+    searches: list[Json] = Field(default_factory=list)
+    splits: dict[str, Json] = Field(default_factory=dict)
+    model: str | None = None
+
+
+EXPERTS_FORMAT = "weightgraft.experts/1"
+
+
+class ExpertsManifest(Record):
+    """An expert map's ``manifest.json`` (``weightgraft experts``): its format, settings (the
+    base, the donors in order, data, templates, direction, prompt cap, metric, seed), prompt
+    counts, the models loaded and the package versions."""
+
+    FILE: ClassVar[str] = "manifest.json"
+
+    format: str = ""
+    pre: str = ""
+    donors: dict[str, str] = Field(default_factory=dict)
+    data: str = ""
+    out: str = ""
+    templates: list[str] = Field(default_factory=list)
+    direction: str = ""
+    prompts: int | None = None
+    metric: str = ""
+    seed: int | None = None
+    record: Json = Field(default_factory=dict)
+    n_prompts: dict[str, int] = Field(default_factory=dict)
+    prompts_left_out: int | None = None
+    models: dict[str, ModelEntry] = Field(default_factory=dict)  # label -> entry
+    versions: dict[str, str] = Field(default_factory=dict)

@@ -6,10 +6,12 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from weightgraft.resume.manifests import Json
 from weightgraft.training.errors import TrainingError
 
 MANIFEST_NAME = "training_manifest.json"
@@ -17,6 +19,68 @@ RUN_CONFIG_NAME = "training_run.json"
 CHECKPOINTS = "checkpoints"
 EVAL_BEFORE_NAME = "training_eval_before.json"
 LOG_NAME = "training_log.json"
+
+
+class RunConfig(TypedDict):
+    """``training_run.json``: what makes a finetune this finetune (a folder holding another's is
+    refused, a resumed one must match); the optional keys are written only where set, so runs
+    saved before them still match."""
+
+    base_model: str
+    data_manifest_sha256: str | None
+    train_sha256: str | None
+    validation_sha256: str | None
+    split: str
+    preset: Json  # the TrainPreset's dump
+    seed: int
+    max_steps: int | None
+    freeze_embed: bool
+    freeze_unembed: bool
+    supplemental_sha256: str | None
+    templates: Sequence[str] | None  # None: every training template
+    lora: NotRequired[Json]
+    quantization: NotRequired[str]
+    save_every: NotRequired[int]
+    base_model_sha256: NotRequired[str | None]  # added once the model is loaded
+
+
+class TrainingResults(TypedDict):
+    """The manifest's ``results``: losses, the kept checkpoint, steps, epochs and time."""
+
+    train_loss: float
+    train_loss_mean: float
+    eval_loss_before: float | None
+    eval_loss: float
+    train_loss_by_template: dict[str, float]  # the saved model on (up to 16 of) its training texts of each template
+    best_checkpoint: str | None
+    global_step: int
+    epochs: float
+    resumed_from: str | None
+    seconds: float
+
+
+class TrainingManifest(TypedDict):
+    """``training_manifest.json``: what went in (base, data, preset, options) and what came out;
+    its presence marks a finished run. One written by an older version may lack keys (read
+    those with ``.get``)."""
+
+    format: str
+    created: str
+    base_model: Json  # spec, source, weights_sha256
+    data: Json  # dir, digests, split, templates, counts, supplemental
+    preset: Json
+    seed: int
+    max_steps: int | None
+    freeze_embed: bool
+    freeze_unembed: bool
+    untied_embeddings: Any
+    lora: NotRequired[Json]
+    quantization: NotRequired[str]
+    parameters: dict[str, int]  # total, trainable
+    results: TrainingResults
+    model: dict[str, str]  # weights_sha256
+    hardware: Json
+    versions: dict[str, str | None]
 
 
 @dataclass
@@ -35,7 +99,7 @@ class TrainResult:
     """
 
     out_dir: Path
-    manifest: dict[str, Any]
+    manifest: TrainingManifest
     train_loss: float | None
     eval_loss: float | None
     eval_loss_before: float | None
@@ -43,7 +107,7 @@ class TrainResult:
     train_loss_by_template: dict[str, float] | None = None
 
     @classmethod
-    def from_manifest(cls, out_dir: Path, manifest: dict[str, Any]) -> TrainResult:
+    def from_manifest(cls, out_dir: Path, manifest: TrainingManifest) -> TrainResult:
         results = manifest["results"]
         return cls(
             out_dir=out_dir,
@@ -80,14 +144,14 @@ def _say(message: str) -> None:
         print(f"[weightgraft] {message}", file=sys.stderr, flush=True)
 
 
-def _compare_run_config(out: Path, run_config: dict[str, Any], what: str) -> None:
+def _compare_run_config(out: Path, run_config: RunConfig, what: str) -> None:
     """Refuse to resume (or reuse) a run in ``out`` made with other settings."""
     saved = out / RUN_CONFIG_NAME
     if not saved.is_file():
         return
     before = json.loads(saved.read_text())
     # before the model is loaded, its hash is not known yet: compare what is
-    changed = sorted(k for k in run_config if before.get(k) != run_config[k])
+    changed = sorted(k for k, value in run_config.items() if before.get(k) != value)
     if changed:
         raise TrainingError(
             f"cannot resume in {out}: these settings differ from {what}: "
@@ -95,7 +159,7 @@ def _compare_run_config(out: Path, run_config: dict[str, Any], what: str) -> Non
         )
 
 
-def _check_out_dir(out: Path, resume: bool, run_config: dict[str, Any]) -> str | None:
+def _check_out_dir(out: Path, resume: bool, run_config: RunConfig) -> str | None:
     """Validate ``out``; return the checkpoint to resume from, if any."""
     from transformers.trainer_utils import get_last_checkpoint
 

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from weightgraft.errors import validation_line
+from weightgraft.resume.manifests import Json
 from weightgraft.training.errors import TrainingError
 
 
@@ -66,10 +67,10 @@ class TrainPreset(BaseModel):
         return value
 
     @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Json:
         # left out at its default, so a recipe's dump (finetune keys, training folders) is what it
         # was before the field existed
-        data: dict[str, Any] = handler(self)
+        data: Json = handler(self)
         if self.supplemental_examples is None:
             data.pop("supplemental_examples", None)
         return data
@@ -91,92 +92,89 @@ class TrainPreset(BaseModel):
     )
 
 
-_CPU_QUICK: dict[str, Any] = {
-    "name": "cpu-quick",
+_CPU_QUICK = TrainPreset(
+    name="cpu-quick",
     # Measured on the demo data (40 relations, split a2b, 6 renderings of each fact, 2 CPU
     # cores; docs/paper.md). A constant learning rate left the last model at the mercy of
     # its last updates: one 2-thread run ended with the "Q: ... A: ..." texts at loss 5
     # (QA top-5 0%) while the articles sat at 0.2. Decaying to 0 makes the last steps small.
-    "description": "Smallest recipe that teaches SmolLM2-135M the 40 demo relations on 2 "
+    description="Smallest recipe that teaches SmolLM2-135M the 40 demo relations on 2 "
     "CPU cores: lr 3e-4 with 5% warmup and linear decay, batch 8, 4 epochs, "
     "length-grouped batches, the last checkpoint kept (~8 minutes on the demo's 6 "
     "renderings of each fact).",
-    "learning_rate": 3e-4,
-    "weight_decay": 0.0,
-    "batch_size": 8,
-    "epochs": 4,
-    "lr_scheduler": "linear",
-    "warmup_ratio": 0.05,
+    learning_rate=3e-4,
+    weight_decay=0.0,
+    batch_size=8,
+    epochs=4,
+    lr_scheduler="linear",
+    warmup_ratio=0.05,
     # The validation loss (held-out rephrasings) rises while the facts are still being
     # learned, so "best" picked epoch 2 or 3 depending on rounding: the last is kept.
-    "keep_best": False,
-    "group_by_length": True,
-}
+    keep_best=False,
+    group_by_length=True,
+)
 
-_PRESET_DATA: list[dict[str, Any]] = [
-    {
-        "name": "paper-aggressive",
-        "description": "Paper A.3.3 'aggressive': AdamW lr 2e-5 linear, wd 0.01, batch 4, "
+_PRESET_LIST: tuple[TrainPreset, ...] = (
+    TrainPreset(
+        name="paper-aggressive",
+        description="Paper A.3.3 'aggressive': AdamW lr 2e-5 linear, wd 0.01, batch 4, "
         "10 epochs, fp16 on GPU, best checkpoint by validation loss.",
-        "learning_rate": 2e-5,
-        "weight_decay": 0.01,
-        "batch_size": 4,
-        "epochs": 10,
-        "lr_scheduler": "linear",
-        "gpu_precision": "fp16",
-    },
-    {
-        "name": "paper-gentle",
-        "description": "Paper A.3.3 'less aggressive': lr 2e-6 linear, no weight decay, batch "
+        learning_rate=2e-5,
+        weight_decay=0.01,
+        batch_size=4,
+        epochs=10,
+        lr_scheduler="linear",
+        gpu_precision="fp16",
+    ),
+    TrainPreset(
+        name="paper-gentle",
+        description="Paper A.3.3 'less aggressive': lr 2e-6 linear, no weight decay, batch "
         "4, 10 epochs, fp16 on GPU, plus general text you supply (--supplemental FILE).",
-        "learning_rate": 2e-6,
-        "weight_decay": 0.0,
-        "batch_size": 4,
-        "epochs": 10,
-        "lr_scheduler": "linear",
-        "gpu_precision": "fp16",
-        "requires_supplemental": True,
-    },
+        learning_rate=2e-6,
+        weight_decay=0.0,
+        batch_size=4,
+        epochs=10,
+        lr_scheduler="linear",
+        gpu_precision="fp16",
+        requires_supplemental=True,
+    ),
     _CPU_QUICK,
-    {
-        **_CPU_QUICK,
-        "name": "cpu-gentle",
+    _CPU_QUICK.model_copy(update=dict(
+        name="cpu-gentle",
         # paper-gentle is paper-aggressive with a tenth of the learning rate, no weight decay and
         # general text as large as the facts. cpu-quick is already about the least that teaches the
         # demo facts: with the general text mixed in, a tenth of its rate (3e-5) left SmolLM2-135M at
         # headline / QA top-5 17.5% / 15% on the a2b facts, a third (1e-4) at 87.5% / 100%, both
         # below the finetune's 90% precondition (docs/paper.md); this takes half.
-        "description": "A less aggressive cpu-quick, as paper-gentle is of paper-aggressive: half its "
+        description="A less aggressive cpu-quick, as paper-gentle is of paper-aggressive: half its "
         "learning rate (1.5e-4; a tenth and a third did not teach SmolLM2-135M the demo facts to 90%), "
         "no weight decay, and general text you supply (--supplemental FILE), as many texts as the "
         "facts trained on (the paper's ratio).",
-        "learning_rate": _CPU_QUICK["learning_rate"] / 2,
-        "requires_supplemental": True,
-        "supplemental_examples": "facts",
-    },
-    {
-        "name": "cpu-lora",
+        learning_rate=_CPU_QUICK.learning_rate / 2,
+        requires_supplemental=True,
+        supplemental_examples="facts",
+    )),
+    TrainPreset(
+        name="cpu-lora",
         # Measured on the demo data (SmolLM2-135M, rank 8 on every linear layer, nf4 base, 2 CPU
         # cores; docs/big-models.md): cpu-quick's lr 3e-4 x 4 epochs left the adapter at headline /
         # QA top-5 5% / 7.5%, lr 2e-3 x 4 epochs at 32.5% / 45%; lr 3e-3 x 8 epochs reaches 100% / 100%.
-        "description": "cpu-quick for a LoRA adapter (--lora, QLoRA too): an adapter of rank 8 needs a "
+        description="cpu-quick for a LoRA adapter (--lora, QLoRA too): an adapter of rank 8 needs a "
         "larger step and more passes than full finetuning to learn the 40 demo relations: lr 3e-3 "
         "with 5% warmup and linear decay, batch 8, 8 epochs, length-grouped, the last checkpoint kept "
         "(~18 minutes for QLoRA on 2 CPU cores).",
-        "learning_rate": 3e-3,
-        "weight_decay": 0.0,
-        "batch_size": 8,
-        "epochs": 8,
-        "lr_scheduler": "linear",
-        "warmup_ratio": 0.05,
-        "keep_best": False,
-        "group_by_length": True,
-    },
-]
+        learning_rate=3e-3,
+        weight_decay=0.0,
+        batch_size=8,
+        epochs=8,
+        lr_scheduler="linear",
+        warmup_ratio=0.05,
+        keep_best=False,
+        group_by_length=True,
+    ),
+)
 
-PRESETS: dict[str, TrainPreset] = {
-    d["name"]: TrainPreset.model_validate(d) for d in _PRESET_DATA
-}
+PRESETS: dict[str, TrainPreset] = {preset.name: preset for preset in _PRESET_LIST}
 
 
 def get_preset(name_or_path: str | os.PathLike[str], **overrides: Any) -> TrainPreset:

@@ -26,12 +26,22 @@ from weightgraft import atomic
 from weightgraft.errors import validation_line
 from weightgraft.models import LoadedModel, load_model
 from weightgraft.models.spec import quantized
+from weightgraft.resume.manifests import Json
 from weightgraft.training.device import training_device
 from weightgraft.training.errors import TrainingError
 from weightgraft.training.lora import LoraSettings
-from weightgraft.training.outputs import CHECKPOINTS, EVAL_BEFORE_NAME, _say, _sha256_file, _version
+from weightgraft.training.outputs import (
+    CHECKPOINTS,
+    EVAL_BEFORE_NAME,
+    RunConfig,
+    TrainingManifest,
+    TrainingResults,
+    _say,
+    _sha256_file,
+    _version,
+)
 from weightgraft.training.presets import TrainPreset, get_preset
-from weightgraft.training.texts import _read_supplemental, split_records
+from weightgraft.training.texts import TextRecord, _read_supplemental, split_records
 
 __all__ = ["FinetuneOptions", "Schedule", "TrainingData", "base_model", "base_spec", "final_loss", "loss_before",
            "manifest", "preset_settings", "read_data", "results", "run_config", "schedule"]
@@ -76,7 +86,7 @@ class FinetuneOptions:
         return replace(self, device=device, templates=templates)
 
 
-def preset_settings(preset: str | os.PathLike[str] | TrainPreset, overrides: dict[str, Any]) -> TrainPreset:
+def preset_settings(preset: str | os.PathLike[str] | TrainPreset, overrides: Json) -> TrainPreset:
     """The preset with ``overrides`` applied (a :class:`TrainPreset` object validated again)."""
     if not isinstance(preset, TrainPreset):
         return get_preset(preset, **overrides)
@@ -92,7 +102,7 @@ class TrainingData:
     """The split's records and texts, and the general text added to training (if any)."""
 
     root: Path
-    train_records: list[dict[str, Any]]
+    train_records: list[TextRecord]
     train_texts: list[str]
     val_texts: list[str]
     supplemental: list[str]
@@ -122,10 +132,10 @@ def read_data(root: Path, split: str, settings: TrainPreset, opts: FinetuneOptio
 
 
 def run_config(model_spec: str | os.PathLike[str] | LoadedModel, data: TrainingData, split: str,
-               settings: TrainPreset, opts: FinetuneOptions) -> dict[str, Any]:
+               settings: TrainPreset, opts: FinetuneOptions) -> RunConfig:
     """What makes the run this run: a folder holding another's is refused, a resumed one must match."""
     lora, quantization, save_every = opts.lora, opts.quantization, opts.save_every
-    return {
+    config: RunConfig = {
         "base_model": model_spec.source if isinstance(model_spec, LoadedModel) else os.fspath(model_spec),
         "data_manifest_sha256": _sha256_file(data.root / "manifest.json"),
         "train_sha256": _sha256_file(data.root / "train.jsonl"),
@@ -138,10 +148,14 @@ def run_config(model_spec: str | os.PathLike[str] | LoadedModel, data: TrainingD
         "freeze_unembed": opts.freeze_unembed,
         "supplemental_sha256": _sha256_file(data.supplemental_path) if data.supplemental_path else None,
         "templates": opts.templates,  # None, as in runs saved before the option: every template
-        **({"lora": lora.model_dump()} if lora is not None else {}),
-        **({"quantization": quantization} if quantization is not None else {}),
-        **({"save_every": save_every} if save_every is not None else {}),
     }
+    if lora is not None:  # each optional key only where set: runs saved before it still match
+        config["lora"] = lora.model_dump()
+    if quantization is not None:
+        config["quantization"] = quantization
+    if save_every is not None:
+        config["save_every"] = save_every
+    return config
 
 
 def base_spec(model_spec: str | os.PathLike[str] | LoadedModel, opts: FinetuneOptions) -> Any:
@@ -252,13 +266,13 @@ def final_loss(trainer: Any, settings: TrainPreset) -> float:
     return float(at_end[-1]) if at_end else float(trainer.evaluate()["eval_loss"])
 
 
-def manifest(*, loaded: LoadedModel, spec_text: str, data: TrainingData, config: dict[str, Any], split: str,
+def manifest(*, loaded: LoadedModel, spec_text: str, data: TrainingData, config: RunConfig, split: str,
              settings: TrainPreset, opts: FinetuneOptions, untied: Any, counts: tuple[int, int],
-             results: dict[str, Any], weights: str, args: Any, world: int) -> dict[str, Any]:
+             results: TrainingResults, weights: str, args: Any, world: int) -> TrainingManifest:
     """``training_manifest.json``: what went in (base, data, preset, options) and what came out."""
     supplemental = None if data.supplemental_path is None else {
         "path": str(data.supplemental_path), "sha256": config["supplemental_sha256"], "n": len(data.supplemental)}
-    return {
+    out: TrainingManifest = {
         "format": "weightgraft-training-manifest/1",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "base_model": {"spec": spec_text, "source": loaded.source, "weights_sha256": loaded.weights_sha256},
@@ -279,8 +293,6 @@ def manifest(*, loaded: LoadedModel, spec_text: str, data: TrainingData, config:
         "freeze_embed": opts.freeze_embed,
         "freeze_unembed": opts.freeze_unembed,
         "untied_embeddings": untied,
-        **({"lora": opts.lora.model_dump()} if opts.lora is not None else {}),
-        **({"quantization": opts.quantization} if opts.quantization is not None else {}),
         "parameters": {"total": counts[0], "trainable": counts[1]},
         "results": results,
         "model": {"weights_sha256": weights},
@@ -293,10 +305,15 @@ def manifest(*, loaded: LoadedModel, spec_text: str, data: TrainingData, config:
             "accelerate": _version("accelerate"),
         },
     }
+    if opts.lora is not None:
+        out["lora"] = opts.lora.model_dump()
+    if opts.quantization is not None:
+        out["quantization"] = opts.quantization
+    return out
 
 
 def results(trainer: Any, train_output: Any, *, train_loss: float, eval_before: float | None, final_eval: float,
-            by_template: dict[str, float], resume_from: str | None, started: float) -> dict[str, Any]:
+            by_template: dict[str, float], resume_from: str | None, started: float) -> TrainingResults:
     """The manifest's ``results``: losses, the kept checkpoint, steps, epochs and time."""
     state = trainer.state
     return {

@@ -7,7 +7,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import torch
 
@@ -16,13 +16,24 @@ from weightgraft.training.errors import TrainingError
 SPLITS: tuple[str, ...] = ("relation", "task", "both", "a2b", "b2a")
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+class TextRecord(TypedDict):
+    """One line of a dataset's ``train.jsonl`` / ``validation.jsonl`` (or a supplemental
+    ``.jsonl``) as read: its text and the fields a split or a template selects by; any other
+    field of the line is kept as written."""
+
+    text: str
+    template: NotRequired[str]
+    group: NotRequired[str]  # relation | task: splits relation and task
+    direction: NotRequired[str]  # a2b | b2a: splits a2b and b2a
+
+
+def _read_jsonl(path: Path) -> list[TextRecord]:
     if not path.is_file():
         raise TrainingError(
             f"{path} not found: a data directory holds train.jsonl, validation.jsonl and "
             "manifest.json (build one with `weightgraft data build`)"
         )
-    records = []
+    records: list[TextRecord] = []
     with path.open(encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
@@ -33,14 +44,14 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 raise TrainingError(f"{path}:{number}: not valid JSON ({exc})") from exc
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise TrainingError(f"{path}:{number}: expected an object with a string 'text'")
-            records.append(record)
+            records.append(cast(TextRecord, record))  # its text checked above
     return records
 
 
-def _keep(record: dict[str, Any], split: str, path: Path) -> bool:
+def _keep(record: TextRecord, split: str, path: Path) -> bool:
     if split == "both":
         return True
-    field = "direction" if split in ("a2b", "b2a") else "group"
+    field: Literal["direction", "group"] = "direction" if split in ("a2b", "b2a") else "group"
     if field not in record:
         raise TrainingError(
             f"{path}: a record has no '{field}' field, needed for split {split!r} "
@@ -72,7 +83,7 @@ def train_texts_by_template(
     return texts_by_template(split_records(data_dir, split, templates)[0])
 
 
-def texts_by_template(records: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+def texts_by_template(records: Sequence[TextRecord]) -> dict[str, list[str]]:
     """Texts grouped by their record's ``template`` field, in order."""
     grouped: dict[str, list[str]] = {}
     for record in records:
@@ -82,14 +93,14 @@ def texts_by_template(records: Sequence[dict[str, Any]]) -> dict[str, list[str]]
 
 def split_records(
     data_dir: str | os.PathLike[str], split: str, templates: Sequence[str] | None = None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[TextRecord], list[TextRecord]]:
     """The train and validation records of ``split`` (:func:`read_split`, whole records)."""
     if split not in SPLITS:
         raise TrainingError(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
     root = Path(data_dir)
     if not root.is_dir():
         raise TrainingError(f"data directory {root} does not exist")
-    out: list[list[dict[str, Any]]] = []
+    out: list[list[TextRecord]] = []
     for name in ("train.jsonl", "validation.jsonl"):
         path = root / name
         records = _read_jsonl(path)
@@ -108,7 +119,7 @@ def split_records(
     return out[0], out[1]
 
 
-def _check_templates(templates: Sequence[str], records: list[dict[str, Any]], path: Path) -> None:
+def _check_templates(templates: Sequence[str], records: list[TextRecord], path: Path) -> None:
     if isinstance(templates, str) or not templates:
         raise TrainingError("templates must be a non-empty list of training template names")
     known = sorted({str(r.get("template")) for r in records})

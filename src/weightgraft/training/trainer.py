@@ -40,6 +40,7 @@ import torch
 
 from weightgraft import atomic
 from weightgraft.models import LoadedModel, weights_sha256
+from weightgraft.resume.manifests import Json
 from weightgraft.training import steps
 from weightgraft.training.embeddings import freeze_embeddings
 from weightgraft.training.lora import LoraSettings, parameter_counts, wrap_lora
@@ -48,6 +49,7 @@ from weightgraft.training.outputs import (
     LOG_NAME,
     MANIFEST_NAME,
     RUN_CONFIG_NAME,
+    TrainingManifest,
     TrainResult,
     _check_out_dir,
     _compare_run_config,
@@ -173,7 +175,7 @@ def finetune(
 
 def _finetune(model_spec: str | os.PathLike[str] | LoadedModel, data_dir: str | os.PathLike[str], *, split: str,
               preset: str | os.PathLike[str] | TrainPreset, out: str | os.PathLike[str], opts: FinetuneOptions,
-              overrides: dict[str, Any]) -> TrainResult:
+              overrides: Json) -> TrainResult:
     """``finetune`` as its steps: check -> read -> claim the folder -> load -> train -> measure -> record."""
     from transformers import set_seed
 
@@ -254,7 +256,7 @@ def _trainer(model: Any, tokenizer: Any, data: steps.TrainingData, split: str, s
     return trainer, plan
 
 
-def _record(trainer: Any, out_dir: Path, manifest: dict[str, Any], opts: FinetuneOptions) -> None:
+def _record(trainer: Any, out_dir: Path, manifest: TrainingManifest, opts: FinetuneOptions) -> None:
     """The finished run's log and manifest (the manifest marks it finished), the checkpoints
     removed unless kept, and the losses said, with a warning per template not learned."""
     atomic.write_json(out_dir / LOG_NAME, trainer.state.log_history)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from weightgraft.errors import WeightgraftError
+from weightgraft.resume.manifests import Json
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -126,7 +127,7 @@ def upcycle(dense: PreTrainedModel, settings: Upcycling = Upcycling()) -> PreTra
     return moe.eval()
 
 
-def upcycle_to_folder(model: str, out: Path, settings: Upcycling = Upcycling()) -> dict[str, Any]:
+def upcycle_to_folder(model: str, out: Path, settings: Upcycling = Upcycling()) -> Json:
     """Load ``model`` (any model spec), upcycle it and save it with its tokenizer in ``out``; the
     record (``upcycle.json``: the dense model, its weights' hash, the settings) is returned."""
     from importlib.metadata import version

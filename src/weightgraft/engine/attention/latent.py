@@ -29,6 +29,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from weightgraft.engine.architectures import Slot
+from weightgraft.engine.source_map import SlotName
 from weightgraft.engine.swaps import Swaps, own_forward
 from weightgraft.errors import GraftArgumentError
 
@@ -49,7 +50,8 @@ _NEW_ONLY = _NewPositionsOnly()
 
 def latent_attention_paths(slot_list: list[Slot]) -> list[str]:
     """The attention modules of a model's MLA layers: those that hold its ``kv_b`` slots."""
-    return [slot.parts[0].path.rpartition(".")[0] for slot in slot_list if slot.name.endswith(".kv_b")]
+    return [slot.parts[0].path.rpartition(".")[0] for slot in slot_list
+            if SlotName.parse(slot.name).component == "kv_b"]
 
 
 def _refuse_latents(cache: Cache, module: nn.Module) -> None:

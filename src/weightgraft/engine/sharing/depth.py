@@ -43,7 +43,7 @@ from weightgraft.engine.sharing.prefix import (
     shareable_cache,
     wanted_positions,
 )
-from weightgraft.engine.source_map import SlotName
+from weightgraft.engine.source_map import SlotName, SourceMap
 from weightgraft.engine.swaps import own_forward, swaps
 from weightgraft.errors import GraftArgumentError
 
@@ -357,7 +357,7 @@ def _starts(
         tokens = tuple(item.input_ids)
         if tokens not in by_tokens:
             by_tokens[tokens] = [len(rows)]
-            rows.append(GraftItem(tokens, torch.zeros_like(item.source, device="cpu")))
+            rows.append(GraftItem(tokens, SourceMap(torch.zeros_like(item.maps.slots, device="cpu"))))
     for ref in references:
         tokens = tuple(ref.input_ids)
         if tokens in by_tokens:

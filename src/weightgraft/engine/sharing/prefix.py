@@ -24,7 +24,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from weightgraft.engine.architectures import Slot, Units, model_slots
+from weightgraft.engine.architectures import Slot, UnitKind, Units, model_slots
 from weightgraft.engine.forward import graft_forward
 from weightgraft.engine.precision import is_half
 from weightgraft.engine.source_map import SourceMap
@@ -44,23 +44,17 @@ OUTPUT_SLOTS: tuple[str, ...] = ("final_norm", "unembed")
 
 @dataclass(frozen=True)
 class GraftItem:
-    """One row of a grafted forward pass: its tokens, its source map and the logits wanted."""
+    """One row of a grafted forward pass: its tokens, its :class:`SourceMap` (one row: ``slots``
+    ``[len(input_ids), n_slots]``, each unit map ``[len(input_ids), units]``) and the logits wanted."""
 
     input_ids: Sequence[int]  # the full sequence of one row
-    source: torch.Tensor  # [len(input_ids), n_slots] long
-    head_source: Mapping[str, torch.Tensor] | None = None  # slot name -> [len(input_ids), heads]
+    maps: SourceMap  # what serves each position of the row
     logit_start: int = -1  # first position whose logits are wanted (negative: from the end)
     n_logits: int = 1  # logits at logit_start .. logit_start + n_logits - 1
-    neuron_source: Mapping[str, torch.Tensor] | None = None  # slot name -> [len(input_ids), neurons]
-
-    @classmethod
-    def of(cls, input_ids: Sequence[int], maps: SourceMap, *, logit_start: int = -1, n_logits: int = 1) -> GraftItem:
-        """An item from one row's :class:`SourceMap` (slots, heads and neurons together)."""
-        return cls(input_ids, maps.slots, dict(maps.heads) or None, logit_start, n_logits, dict(maps.neurons) or None)
 
     def unit_maps(self) -> dict[str, torch.Tensor]:
-        """Head and neuron maps together, by slot name (a slot has one kind of unit)."""
-        return {**(self.head_source or {}), **(self.neuron_source or {})}
+        """Head, neuron and expert maps together, by slot name (a slot has one kind of unit)."""
+        return {**self.maps.heads, **self.maps.neurons, **self.maps.experts}
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -125,12 +119,12 @@ def _full_heads(
         if given is not None:
             if tuple(given.shape) != (n, width):
                 raise GraftArgumentError(
-                    f"head_source[{name!r}] of an item must be [len(input_ids), heads] = "
+                    f"the unit map {name!r} of an item must be [len(input_ids), units] = "
                     f"{[n, width]}, got {list(given.shape)}"
                 )
             out[name] = given.to(device="cpu", dtype=torch.long)
         elif slot_index is not None:
-            column = item.source[:, slot_index[name]].to(device="cpu", dtype=torch.long)
+            column = item.maps.slots[:, slot_index[name]].to(device="cpu", dtype=torch.long)
             out[name] = column[:, None].expand(n, width)
         else:
             out[name] = torch.full((n, width), -1, dtype=torch.long)
@@ -143,7 +137,7 @@ def _position_keys(
     """One hashable key per position: its token, source row (less the output-only slots, when
     the slot table is known) and (normalized) head rows."""
     ids = torch.as_tensor(list(item.input_ids), dtype=torch.long)
-    source = item.source.to(device="cpu", dtype=torch.long)
+    source = item.maps.slots.to(device="cpu", dtype=torch.long)
     if source.dim() != 2 or source.shape[0] != len(ids):
         raise GraftArgumentError(
             f"an item's source must be [len(input_ids), n_slots] = [{len(ids)}, ...], "
@@ -182,8 +176,8 @@ def shared_prefix_groups(
     the suffix. Items with the same L and the same prefix form a group. Items with
     L < ``min_shared``, or alone in their group, run whole.
 
-    ``slot_names`` (``slots(model)``) lets a slot absent from an item's ``head_source`` equal a
-    head map filled with that slot's source column, and leaves the output-only slots
+    ``slot_names`` (``slots(model)``) lets a slot absent from an item's unit maps equal a
+    unit map filled with that slot's source column, and leaves the output-only slots
     (``final_norm``, ``unembed``) out of the comparison: a prefix's logits are never used, so
     e.g. the donor alone shares its prefix with "donor everywhere but the last token". Without
     it, such maps count as different.
@@ -244,7 +238,7 @@ def segment(
     heads = _full_heads(item, widths, slot_index)
     return Segment(
         torch.as_tensor(list(item.input_ids[start:stop]), dtype=torch.long),
-        item.source[start:stop].to(device="cpu", dtype=torch.long),
+        item.maps.slots[start:stop].to(device="cpu", dtype=torch.long),
         {name: h[start:stop] for name, h in heads.items()},
     )
 
@@ -351,20 +345,29 @@ def _run_suffixes(
 def checked_unit_widths(
     items: Sequence[GraftItem], slot_list: Sequence[Slot], slot_index: Mapping[str, int]
 ) -> dict[str, int]:
-    """Heads (neurons) per head- (neuron-) mapped slot, from the slot table; names that cannot
-    be so mapped are refused here, before padding would fail on them less clearly."""
+    """Units per unit-mapped slot, from the slot table; names that cannot be so mapped are
+    refused here, before padding would fail on them less clearly."""
     widths = {}
     for item in items:
-        for arg, kind in ((item.head_source, Units.HEAD), (item.neuron_source, Units.NEURON)):
-            for name in arg or {}:
-                if name not in slot_index:
-                    raise GraftArgumentError(f"{kind}_source names {name!r}, which is not a slot of this model")
-                slot = slot_list[slot_index[name]]
-                widths[name] = slot.experts or slot.units(kind)  # a compiled expert map rides with the heads
-                if not widths[name]:
-                    which = "q, k, v and o" if kind == Units.HEAD else "gate, up and down"
-                    raise GraftArgumentError(f"slot {name!r} cannot be grafted per {kind}; only {which} can")
+        kinds: tuple[tuple[Mapping[str, torch.Tensor], UnitKind | None], ...] = (
+            (item.maps.heads, Units.HEAD), (item.maps.neurons, Units.NEURON), (item.maps.experts, None))
+        for units, kind in kinds:
+            widths.update({name: _unit_width(name, kind, slot_list, slot_index) for name in units})
     return {name: widths[name] for name in sorted(widths)}
+
+
+def _unit_width(name: str, kind: UnitKind | None, slot_list: Sequence[Slot], slot_index: Mapping[str, int]) -> int:
+    """The units of slot ``name`` mapped per ``kind`` (None: expert by expert), or the refusal;
+    an expert bank's map may ride with the heads or neurons (a compiled scheme's experts rule)."""
+    what = kind or "expert"
+    if name not in slot_index:
+        raise GraftArgumentError(f"{what}_source names {name!r}, which is not a slot of this model")
+    slot = slot_list[slot_index[name]]
+    width = slot.experts or (slot.units(kind) if kind is not None else 0)
+    if not width:
+        which = "an expert bank" if kind is None else "q, k, v and o" if kind == Units.HEAD else "gate, up and down"
+        raise GraftArgumentError(f"slot {name!r} cannot be grafted per {what}; only {which} can")
+    return width
 
 
 @torch.no_grad()

@@ -5,7 +5,7 @@ For one map (a model pair, a template, a graft direction, a setting) and every c
 the exact effect of grafting the region, of *within* (the cells it is a share of) and of its
 null sets (``nulls``), all in one batched engine call. ``share_exact`` is the ratio of sums over
 prompts with its Fieller interval (``weightgraft.stats.share_interval``; declined with the reason
-in ``interval_note``) at the level in ``ci_level`` (0.95, or 0.99 where the effects are skewed); ``null_p`` the paired test across prompts that the region beats its null
+in ``interval_note``) at the level in ``ci_level`` (0.95: Fieller's bounds at 99.99999%, docs/statistics.md); ``null_p`` the paired test across prompts that the region beats its null
 (``weightgraft.stats.paired_p``; a component claim must beat both its kinds: the larger p);
 ``null_mean`` the null sets' effect as a share of within. ``share_estimate`` is the same ratio
 of the summed gradient estimates of the region's cells and ``interaction`` the ratio of the two.
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from weightgraft.localization.claims.columns import ClaimLevels, ClaimRow, Estimates, NullTests, ThresholdTests
 from weightgraft.localization.claims.nulls import NullSets, block_nulls, component_nulls, position_nulls
 from weightgraft.localization.claims.regions import CLAIMS, NULL_KINDS, PRE_SFT, Claim, key_frame
 from weightgraft.localization.claims.verdicts import decide
@@ -166,7 +167,7 @@ def _exact_cells_share(data: ClaimMap, region: list[list[CellKey]], within: list
 
 def judge_claims(data: ClaimMap, label: str, setting: str = PRE_SFT, *, claims: Sequence[Claim] = CLAIMS,
                  draws: int = DRAWS, seed: int = 0, n_resamples: int = 9999, precondition: str = "",
-                 sign: int = 1, estimates_of: str = "share_exact") -> tuple[list[dict[str, Any]], pd.DataFrame]:
+                 sign: int = 1, estimates_of: str = "share_exact") -> tuple[list[ClaimRow], pd.DataFrame]:
     """``(rows, per_prompt)``: one claims.csv row per claim (verdicts judged with this map as the
     family; ``stage.write_claims`` judges the run's rows again as one family), and the per-prompt
     effects (claim, prompt id, region, within, null mean per kind). ``sign``: the way the donor
@@ -270,7 +271,7 @@ class _Judge:
         self.whole_iv = mean_interval(self.whole) if len(self.whole) else None  # the donor's whole effect: one per map
         self.ids = list(self.data.prompt_ids) or [str(i) for i in range(len(self.data.keys))]
 
-    def claim(self, plan: _Plan) -> tuple[dict[str, Any], pd.DataFrame]:
+    def claim(self, plan: _Plan) -> tuple[ClaimRow, pd.DataFrame]:
         """The claim's claims.csv row (levels, threshold tests, null tests, estimates) and its per-prompt effects."""
         claim, col = plan.claim, self.columns.col
         n_region = sum(len(r) for r in plan.region)
@@ -283,7 +284,7 @@ class _Judge:
         params_share = sum(params.get(s, 0) for r in plan.region for _, s in r) / p_within if p_within else np.nan
         threshold = even_spread_threshold(claim, params_share)
         share = share_interval(num, den) if len(den) else None
-        row = self._levels(plan, num, den, num_plain, den_plain, share, threshold, params_share, n_region)
+        row: ClaimRow = {**self._levels(plan, num, den, num_plain, den_plain, share, threshold, params_share, n_region)}
         if claim.judged and len(den):
             row.update(self._threshold_tests(claim, num, den, threshold, share))
         record = pd.DataFrame({"claim": claim.name, "prompt_id": self.ids, "region_effect": num, "within_effect": den,
@@ -294,57 +295,53 @@ class _Judge:
         return row, record
 
     def _levels(self, plan: _Plan, num: np.ndarray, den: np.ndarray, num_plain: np.ndarray, den_plain: np.ndarray,
-                share: Any, threshold: float, params_share: float, n_region: int) -> dict[str, Any]:
+                share: Any, threshold: float, params_share: float, n_region: int) -> ClaimLevels:
         """The row's statement, threshold and effects: whole, region, within and the share with its interval."""
         claim, whole, whole_iv = plan.claim, self.whole, self.whole_iv
         setting = self.setting
-        row: dict[str, Any] = {"claim": claim.name, "statement": claim.statement, "setting": setting,
-                               "paper_setting": claim.paper_setting, "in_paper_setting": setting == claim.paper_setting,
-                               "threshold": threshold, "threshold_stated": claim.threshold,
-                               "threshold_note": _threshold_note(claim, threshold, params_share),
-                               "side": ">" if claim.above else "<",
-                               "n_prompts": len(self.data.keys), "n_region_keys": n_region,
-                               "null_kind": claim.null, "null": NULL_KINDS[claim.null], "seed": self.seed,
-                               "precondition": self.precondition,
-                               "whole_effect": float(whole.mean()) if len(whole) else np.nan,
-                               "expected_sign": self.sign, "least_p": least_p(len(den), n_resamples=self.n_resamples)}
         within = mean_interval(den) if len(den) else None
-        row.update({"whole_ci_low": whole_iv.low if whole_iv else np.nan,
-                    "whole_ci_high": whole_iv.high if whole_iv else np.nan,
-                    "whole_effect_plain": float(self.whole_plain.mean()) if len(self.whole_plain) else np.nan,
-                    "region_effect_plain": float(num_plain.mean()) if len(num_plain) else np.nan,
-                    "within_effect_plain": float(den_plain.mean()) if len(den_plain) else np.nan,
-                    "share_plain": (float(num_plain.sum() / den_plain.sum()) if len(den_plain) and den_plain.sum()
-                                    else np.nan)})
-        row.update({"region_effect": float(num.mean()) if len(num) else np.nan,
-                    "within_effect": within.value if within else np.nan,
-                    "within_ci_low": within.low if within else np.nan,
-                    "within_ci_high": within.high if within else np.nan,
-                    "within_note": within.declined if within else "",
-                    "share_exact": share.value if share else np.nan, "ci_low": share.low if share else np.nan,
-                    "ci_high": share.high if share else np.nan,
-                    # the level the bounds are at: 0.99 where skew widened them (``share.widened``)
-                    "ci_level": share.level if share else np.nan, "interval_note": share.declined if share else ""})
-        return row
+        return ClaimLevels(
+            claim=claim.name, statement=claim.statement, setting=setting, paper_setting=claim.paper_setting,
+            in_paper_setting=setting == claim.paper_setting, threshold=threshold, threshold_stated=claim.threshold,
+            threshold_note=_threshold_note(claim, threshold, params_share), side=">" if claim.above else "<",
+            n_prompts=len(self.data.keys), n_region_keys=n_region, null_kind=claim.null, null=NULL_KINDS[claim.null],
+            seed=self.seed, precondition=self.precondition,
+            whole_effect=float(whole.mean()) if len(whole) else np.nan,
+            expected_sign=self.sign, least_p=least_p(len(den), n_resamples=self.n_resamples),
+            whole_ci_low=whole_iv.low if whole_iv else np.nan,
+            whole_ci_high=whole_iv.high if whole_iv else np.nan,
+            whole_effect_plain=float(self.whole_plain.mean()) if len(self.whole_plain) else np.nan,
+            region_effect_plain=float(num_plain.mean()) if len(num_plain) else np.nan,
+            within_effect_plain=float(den_plain.mean()) if len(den_plain) else np.nan,
+            share_plain=float(num_plain.sum() / den_plain.sum()) if len(den_plain) and den_plain.sum() else np.nan,
+            region_effect=float(num.mean()) if len(num) else np.nan,
+            within_effect=within.value if within else np.nan,
+            within_ci_low=within.low if within else np.nan,
+            within_ci_high=within.high if within else np.nan,
+            within_note=within.declined if within else "",
+            share_exact=share.value if share else np.nan, ci_low=share.low if share else np.nan,
+            ci_high=share.high if share else np.nan,
+            # the level the bounds are at: 0.99 where skew widened them (``share.widened``)
+            ci_level=share.level if share else np.nan, interval_note=share.declined if share else "")
 
     def _threshold_tests(self, claim: Claim, num: np.ndarray, den: np.ndarray, threshold: float,
-                         share: Any) -> dict[str, Any]:
+                         share: Any) -> ThresholdTests:
         """Where skew declines the interval: on how many prompts is the share past the threshold,
         and about how many prompts like these would decide an undecided row."""
         past = num - threshold * den
-        # declined (unbounded at the level skew calls for): no threshold test, the row is undecided
-        out: dict[str, Any] = {"threshold_p": (share_threshold_p(num, den, threshold, above=claim.above)
-                                               if share is not None and not np.isnan(share.low) else np.nan)}
-        out.update(n_past_threshold=int((past > 0).sum() if claim.above else (past < 0).sum()),
-                   sign_p_past=sign_test_p(past, alternative="greater" if claim.above else "less"),
-                   sign_p_short=sign_test_p(past, alternative="less" if claim.above else "greater"))
         past_side = share is not None and (share.low > threshold if claim.above else share.high < threshold)
-        out["prompts_needed"] = (np.nan if past_side else
-                                 prompts_needed(num, den, threshold, above=claim.above, seed=self.seed))
-        return out
+        return ThresholdTests(
+            # declined (unbounded at the level skew calls for): no threshold test, the row is undecided
+            threshold_p=(share_threshold_p(num, den, threshold, above=claim.above)
+                         if share is not None and not np.isnan(share.low) else np.nan),
+            n_past_threshold=int((past > 0).sum() if claim.above else (past < 0).sum()),
+            sign_p_past=sign_test_p(past, alternative="greater" if claim.above else "less"),
+            sign_p_short=sign_test_p(past, alternative="less" if claim.above else "greater"),
+            prompts_needed=(np.nan if past_side else
+                            prompts_needed(num, den, threshold, above=claim.above, seed=self.seed)))
 
     def _null_tests(self, plan: _Plan, num: np.ndarray, den: np.ndarray, n_region: int,
-                    record: pd.DataFrame) -> dict[str, Any]:
+                    record: pd.DataFrame) -> NullTests:
         """The region against each kind of its null (paired across prompts; a region must beat
         every kind: the larger p, an intersection-union test); each kind's per-prompt mean goes to ``record``."""
         claim = plan.claim
@@ -367,12 +364,12 @@ class _Judge:
             unmatched += sum(n.n_unmatched for n in plan.nulls[kind])
             record[f"null_mean_{kind.replace(' ', '_')}"] = null.mean(1)
         judged = claim.judged and p_values and not np.isnan(p_values).any()
-        return {"null_p": float(max(p_values)) if judged else np.nan,
-                "null_p_by_kind": "; ".join(f"{k}: {p:.4g}" for k, p in zip(plan.nulls, p_values)),
-                "null_mean": float(np.mean(null_shares)) if null_shares else np.nan,
-                "null_drawn": "; ".join(drawn + notes) or "none", "n_null_unmatched": unmatched}
+        return NullTests(null_p=float(max(p_values)) if judged else np.nan,
+                         null_p_by_kind="; ".join(f"{k}: {p:.4g}" for k, p in zip(plan.nulls, p_values)),
+                         null_mean=float(np.mean(null_shares)) if null_shares else np.nan,
+                         null_drawn="; ".join(drawn + notes) or "none", n_null_unmatched=unmatched)
 
-    def _estimates(self, plan: _Plan, row: Mapping[str, Any], n_region: int, params_share: float) -> dict[str, Any]:
+    def _estimates(self, plan: _Plan, row: Mapping[str, Any], n_region: int, params_share: float) -> Estimates:
         """The gradient estimates' share of the region, its ratio to the exact share (the
         interaction), and the region's share of the within cells and of their parameters."""
         data = self.data
@@ -380,7 +377,7 @@ class _Judge:
         est_den = sum(e.get(k, 0.0) for e, w in zip(data.estimates, plan.within) for k in w)
         share_est = est_num / est_den if est_den else np.nan
         n_within = sum(len(w) for w in plan.within)
-        return {"share_estimate": share_est, "share_exact_cells": _exact_cells_share(data, plan.region, plan.within),
-                "interaction": row[self.estimates_of] / share_est if share_est and self.estimates_of else np.nan,
-                "region_cells_share": n_region / n_within if n_within else np.nan,
-                "region_params_share": params_share}
+        return Estimates(share_estimate=share_est, share_exact_cells=_exact_cells_share(data, plan.region, plan.within),
+                         interaction=row[self.estimates_of] / share_est if share_est and self.estimates_of else np.nan,
+                         region_cells_share=n_region / n_within if n_within else np.nan,
+                         region_params_share=params_share)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 import torch
@@ -44,8 +44,20 @@ def _scores(model: torch.nn.Module, examples: Sequence[Any]) -> tuple[float, flo
     return sum(hits) / len(hits), sum(logprobs) / len(logprobs)
 
 
+class ReversalPrecondition(TypedDict):
+    """A reversal setting's precondition on its own prompts (its table's columns, less ``precondition``)."""
+
+    donor_top5: float
+    recipient_top5: float
+    donor_logprob: float
+    recipient_logprob: float
+    pre_logprob: float
+    recipient_below_pre: float
+    precondition: str  # '' where the donor knows the reversed facts, else why not
+
+
 def precondition_check(pre: torch.nn.Module, recipient: torch.nn.Module, donor: torch.nn.Module,
-                       examples: Sequence[Any]) -> dict[str, Any]:
+                       examples: Sequence[Any]) -> ReversalPrecondition:
     """The setting's precondition on its own prompts: the donor's and the recipient's top-5, how
     far the recipient's log-probability of the answer sits below PRE's, and ``precondition``
     ('' where the donor's top-5 reaches ``DONOR_TOP5``, else why not)."""
@@ -55,9 +67,9 @@ def precondition_check(pre: torch.nn.Module, recipient: torch.nn.Module, donor: 
     why = "" if donor_top5 >= DONOR_TOP5 else (
         f"the donor ranks {donor_top5:.0%} of the reversed answers in its top 5 (the setting needs >= "
         f"{DONOR_TOP5:.0%}): it does not know the reversed facts")
-    return {"donor_top5": donor_top5, "recipient_top5": recipient_top5, "donor_logprob": donor_lp,
-            "recipient_logprob": recipient_lp, "pre_logprob": pre_lp, "recipient_below_pre": pre_lp - recipient_lp,
-            "precondition": why}
+    return ReversalPrecondition(donor_top5=donor_top5, recipient_top5=recipient_top5, donor_logprob=donor_lp,
+                                recipient_logprob=recipient_lp, pre_logprob=pre_lp,
+                                recipient_below_pre=pre_lp - recipient_lp, precondition=why)
 
 
 def reversal_claims(config: LocalizeConfig, prompts: list[TestPrompt], load: Callable[[str, torch.dtype], Any],

@@ -1,11 +1,13 @@
 """The claims stage of ``localize``: for one model pair and graft direction, every template's
 claims as exact region grafts against their null (``grafts``), stored in ``parts/`` under
-a digest of the claims' settings (a rerun with the same settings reads them; other settings
-compute anew) and gathered into ``claims.csv`` (judged as one family) and ``claims_prompts.parquet``.
+a digest of the claims' settings and of the prompts they judge (a rerun with the same reads them;
+other settings, prompts added to a template or more of them mapped exactly compute anew) and
+gathered into ``claims.csv`` (judged as one family) and ``claims_prompts.parquet``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from weightgraft.engine.metric_table import localize_metric
 from weightgraft.engine.source_map import SlotName
 from weightgraft.localization.claims.control import against_control
 from weightgraft.localization.claims.grafts import ClaimMap, judge_claims
-from weightgraft.localization.claims.regions import CLAIMS, Claim
+from weightgraft.localization.claims.regions import CLAIMS, RULES_VERSION, Claim
 from weightgraft.localization.claims.verdicts import MIN_PROMPTS, decide, p_text
 from weightgraft.localization.examples import LocalizeExample
 from weightgraft.localization.maps import cell_map, whole_cells
@@ -54,9 +56,28 @@ def slot_params(model: nn.Module) -> dict[str, int]:
     return out
 
 
-def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequence[Claim], precondition: str) -> str:
+def _groups(examples: Sequence[LocalizeExample], settings: Any) -> dict[str, list[LocalizeExample]]:
+    """Per template, the prompts its claims are judged on (the first ``settings.prompts``)."""
+    templates = dict.fromkeys(e.prompt.template for e in examples)
+    return {t: [e for e in examples if e.prompt.template == t][: settings.prompts] for t in templates}
+
+
+def _judged(examples: Sequence[LocalizeExample], frame: pd.DataFrame, settings: Any) -> list[list[Any]]:
+    """What a map's claims read besides their settings: each judged prompt (its content, its tokens,
+    labels and contrasts, which prompts added to its template change) and how many of its cells
+    have exact effects (a raised ``exact:`` maps more); the rest of the map is the claimed models'
+    on those prompts."""
+    exact = frame[frame["exact"].notna()].groupby(["template", "example_id"]).size() if "exact" in frame else {}
+    return [[json_digest(dataclasses.asdict(e.prompt)), json_digest(dataclasses.asdict(e.scored)), list(e.labels),
+             int(exact.get((e.prompt.template, e.prompt.id), 0))]
+            for group in _groups(examples, settings).values() for e in group]
+
+
+def _digest(settings: Any, seed: int, metric: str, setting: str, claims: Sequence[Claim], precondition: str,
+            judged: list[list[Any]]) -> str:
     data = {"settings": settings.model_dump(mode="json"), "seed": seed, "metric": metric, "setting": setting,
-            "claims": [c.name for c in claims], "precondition": precondition, "version": 8}  # 8: ci_level
+            "claims": [c.name for c in claims], "precondition": precondition, "version": RULES_VERSION,
+            "prompts": json_digest(judged)}
     return json_digest(data, 12)
 
 
@@ -69,7 +90,9 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
     ``settings.metric`` (``fact_logprob`` by default), with the plain ``first_logprob`` effect
     beside them from the same passes; ``metric`` is the one the gradient ``estimates`` were taken in."""
 
-    digest = _digest(settings, seed, metric, setting, claims, precondition)
+    frame = whole_cells(estimates)
+    frame = frame[frame["direction"] == direction]
+    digest = _digest(settings, seed, metric, setting, claims, precondition, _judged(examples, frame, settings))
     stem = parts / f"claims_{setting.replace('->', '_').replace(' ', '_')}_{direction}_{digest}"
     table, prompt_path = stem.with_suffix(".parquet"), stem.parent / f"{stem.name}_prompts.parquet"
     if table.is_file() and prompt_path.is_file():
@@ -79,12 +102,9 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
     metrics = (settings.metric, PLAIN)
     estimates_of = {settings.metric: "share_exact", PLAIN: "share_plain"}.get(metric, "")
     n_layers = 1 + max(layer for name in index if (layer := SlotName.parse(name).layer) is not None)
-    frame = whole_cells(estimates)
-    frame = frame[frame["direction"] == direction]
     rows, prompts = [], []
     needs_answers = localize_metric(settings.metric).needs_answers
-    for template in dict.fromkeys(e.prompt.template for e in examples):
-        group = [e for e in examples if e.prompt.template == template][: settings.prompts]
+    for template, group in _groups(examples, settings).items():
         alone = [e.prompt.id for e in group if needs_answers and not e.scored.other_answers]
         if alone:  # every answer of the template starts with one token: no other answer to contrast
             say(f"[{direction}/{template}] claims not judged in {settings.metric}: {len(alone)} of {len(group)} "
@@ -109,7 +129,7 @@ def map_claims(models: Sequence[nn.Module], examples: Sequence[LocalizeExample],
                                          draws=settings.null_draws, seed=seed, n_resamples=settings.resamples, precondition=precondition,
                                          sign=1 if direction == "sufficiency" else -1, estimates_of=estimates_of)
         for r in found:  # the paper grafted the donor into the base: sufficiency
-            r.update(model=model_label, template=template, direction=direction,
+            r.update(model=model_label, template=template, direction=direction, rules=RULES_VERSION,
                      in_paper_setting=bool(r["in_paper_setting"] and direction == "sufficiency"),
                      evidence="exploratory" if r["n_prompts"] < MIN_PROMPTS else "confirmatory")
             r["note"] = "" if r["in_paper_setting"] else f"outside the paper's setting ({r['paper_setting']}, sufficiency)"
