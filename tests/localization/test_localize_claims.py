@@ -376,21 +376,22 @@ def test_verdicts_from_rows_one_holm_family():
     assert p_text(0.0001, 0.0001) == "<= 0.0001" and p_text(0.002, 0.0001) == "0.002"
 
 
-def test_a_skew_declined_interval_leaves_the_row_undecided_and_shows_the_sign_test():
+def test_a_declined_interval_leaves_the_row_undecided_whatever_the_sign_test_says():
     import pandas as pd
 
     from weightgraft.localization.claims.verdicts import decide
 
-    skewed = dict(ci_low=float("nan"), ci_high=float("nan"), threshold=0.5,
-                  interval_note="effects too skewed for 40 prompts (skewness 5.8; an interval needs n >= 270)")
+    declined = dict(ci_low=float("nan"), ci_high=float("nan"), threshold=0.5,
+                    interval_note="the whole effect's interval at 99.99999% includes 0 (a share of it has no "
+                                  "bounded interval)")
     out = decide(pd.DataFrame([
-        _row(**skewed, n_past_threshold=40, sign_p_past=0.5 ** 40, sign_p_short=1.0),
-        _row(**skewed, n_past_threshold=3, sign_p_past=1.0, sign_p_short=1e-8),
-        _row(**skewed, n_past_threshold=24, sign_p_past=0.13, sign_p_short=0.92),
-        _row(**{**skewed, "interval_note": "fewer than 3 prompts"}, n_past_threshold=2, sign_p_past=0.25,
+        _row(**declined, n_past_threshold=40, sign_p_past=0.5 ** 40, sign_p_short=1.0),
+        _row(**declined, n_past_threshold=3, sign_p_past=1.0, sign_p_short=1e-8),
+        _row(**{**declined, "interval_note": "fewer than 3 prompts"}, n_past_threshold=2, sign_p_past=0.25,
              sign_p_short=1.0),
     ]))
-    # the sign test speaks of the median prompt: shown in the reason, never the verdict
-    assert list(out["verdict"]) == ["undecided", "undecided", "undecided", "undecided"]
-    assert "on 40 of 40 prompts the region is past 0.5 of within" in out["reason"].iloc[0]
-    assert "shown, not judged" in out["reason"].iloc[0]
+    # the sign test speaks of the median prompt: kept in claims.csv, never the verdict
+    assert list(out["verdict"]) == ["undecided", "undecided", "undecided"]
+    assert out["reason"].iloc[0] == ("no interval: the whole effect's interval at 99.99999% includes 0 (a share of "
+                                     "it has no bounded interval)")
+    assert out["reason"].iloc[2] == "no interval: fewer than 3 prompts"

@@ -15,10 +15,11 @@ from weightgraft.stats import share_rules as sr
 from weightgraft.stats.share_designs import ShareDesign, criterion_designs
 
 
-def test_the_vectorized_shipped_rule_is_share_interval_sample_for_sample():
-    for j, d in enumerate(criterion_designs((20,))[::5]):
+@pytest.mark.parametrize("n", [20, 80])
+def test_the_vectorized_shipped_rule_is_share_interval_sample_for_sample(n: int) -> None:
+    for j, d in enumerate(criterion_designs((n,))[::5]):
         b = sr.draw_batch(d, 60, 10 + j)
-        low, high, level = sr.moment_skew_rule()(b)
+        low, high, level = sr.shipped_rule()(b)
         rng = np.random.default_rng(10 + j)
         for i in range(60):
             iv = st.share_interval(*d.draw(rng))
@@ -54,9 +55,9 @@ def test_prompts_needed_is_seeded_and_nan_where_the_share_is_not_past_the_thresh
     rng = np.random.default_rng(1)
     w = 1 + 0.8 * rng.standard_normal(20)
     r = 0.4 * w + 0.3 * rng.standard_normal(20)
-    need = st.prompts_needed(r, w, 0.3, above=True)
-    assert 20 < need <= 640 and need == st.prompts_needed(r, w, 0.3, above=True)
-    assert st.prompts_needed(r, w, 0.35, above=True) >= need  # nearer the threshold: more prompts
+    need = st.prompts_needed(r, w, 0.2, above=True)
+    assert 20 < need <= 640 and need == st.prompts_needed(r, w, 0.2, above=True)
+    assert st.prompts_needed(r, w, 0.25, above=True) >= need  # nearer the threshold: more prompts
     assert math.isnan(st.prompts_needed(r, w, 0.5, above=True))  # the share is below 0.5: never `> 0.5`
     assert math.isnan(st.prompts_needed(r[:2], w[:2], 0.3, above=True))
 
@@ -72,11 +73,26 @@ def test_an_undecided_row_says_how_many_prompts_would_decide_it():
     assert "prompts like these" not in _one(row.drop("prompts_needed"))[1]
 
 
+def test_the_vectorized_p_rates_are_share_threshold_p_sample_for_sample() -> None:
+    d = ShareDesign("gamma", 40, 0.25, shape=0.5)
+    b = sr.draw_batch(d, 200, 5)
+    rates = sr.p_rates(b, alphas=(0.05,))
+    rng = np.random.default_rng(5)
+    ps = [(st.share_threshold_p(r, w, d.truth, above=True), st.share_threshold_p(r, w, d.truth, above=False))
+          for r, w in (d.draw(rng) for _ in range(200))]
+    assert rates["above_0.05"] == pytest.approx(np.mean([a <= 0.05 for a, _ in ps]))
+    assert rates["below_0.05"] == pytest.approx(np.mean([b <= 0.05 for _, b in ps]))
+
+
 @pytest.mark.slow
-def test_no_candidate_keeps_its_bound_on_d6_gamma_shape_half_at_every_n() -> None:
-    """The comparison's finding, on the suite's seeds (3000): where a true ratio of 0.25 rests on
-    the few largest prompts (D6, shape 0.5) every candidate rule misses above its bound at 20, 40
-    or 80 prompts, so none passes every design; a rule that does fails this test and can be adopted."""
-    batches = [sr.draw_batch(ShareDesign("gamma", n, 0.25, shape=0.5), 2000, 3000 + n) for n in (20, 40, 80)]
-    keeping = [name for name, rule in sr.candidates().items() if all(sr.passes(sr.rates(b, rule)) for b in batches)]
-    assert not keeping, keeping
+def test_the_widening_is_needed_where_the_ratio_rests_on_a_few_large_prompts() -> None:
+    """The comparison's finding, on the suite's seeds (3000): where a true ratio rests on the few
+    largest prompts (D6 shape 0.5, D4 sigma 1.5) Fieller's interval at 99.99% still misses above its
+    bound at some n, and the rule before issue 66 (99% where skewed) too; the adopted widening keeps
+    it (tests/stats/test_stats.py holds it on every design)."""
+    designs = [ShareDesign("gamma", n, t, shape=0.5) for n in (20, 40, 80) for t in (0.25, 0.5)]
+    designs += [ShareDesign("logistic", n, 0.5, sigma=1.5) for n in (40, 80)]
+    batches = [sr.draw_batch(d, 2000, 3000 + j) for j, d in enumerate(designs)]
+    for rule in (sr.fixed_level(0.9999), sr.moment_skew_rule()):
+        assert not all(sr.passes(sr.rates(b, rule)) for b in batches)
+    assert all(sr.passes(sr.rates(b, sr.shipped_rule())) for b in batches)

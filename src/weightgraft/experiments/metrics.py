@@ -59,9 +59,10 @@ def add_recovery(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def ratio_of_means(gain: np.ndarray, gap: np.ndarray, alpha: float = 0.05) -> tuple[float, float, float, int, str]:
-    """``mean(gain) / mean(gap)`` over the examples where both are finite, its Fieller interval
-    (``weightgraft.stats.share_interval``: paired, exact for normal effects, declined where the
-    mean gap's interval includes 0 or the effects are too skewed for their number), the count, and
+    """``mean(gain) / mean(gap)`` over the examples where both are finite, its interval
+    (``weightgraft.stats.share_interval``: paired; held at ``1 - alpha`` on every design of
+    docs/statistics.md by Fieller's bounds at a wider level; declined where the mean gap is not told
+    from 0 at that level), the count, and
     a note where the number is unstable (few examples, a small mean gap, a declined interval).
 
     A mean of per-example ratios lets one example with a small gap dominate; the ratio of

@@ -120,7 +120,7 @@ def _provenance_section(run: Run) -> str:
 
 
 def _summary_section(run: Run) -> str:
-    parts = ['<section id="summary"><h2>Summary</h2>', "<p class='note'>Rates in percent with 95% Clopper-Pearson intervals (other means: t intervals; recovery: Fieller; an interval too few or too skewed rows cannot give is left out and the note says why); n counts "
+    parts = ['<section id="summary"><h2>Summary</h2>', "<p class='note'>Rates in percent with 95% Clopper-Pearson intervals (other means: t intervals; recovery: 95% held on every design of docs/statistics.md, Fieller's bounds at 99.99999%; an interval too few or too skewed rows cannot give is left out and the note says why); n counts "
              "rows with finite logits; non-finite rows are flagged and left out of every average.</p>"]
     for key, group in _groups(run.summary):
         parts.append(f"<h3>{_esc(group_title(key))}</h3>")

@@ -2,9 +2,9 @@
 is measured by a seeded simulation at the sample sizes the defaults use, and the suite holds it
 where docs/statistics.md says it holds (``tests/stats/test_stats.py``; the figures are in the docs).
 
-- :func:`share_ci`: a share ``sum(region) / sum(whole)`` over prompts with its Fieller interval
-  (99% where the effects are skewed for their number: the interval's ``level`` and ``widened``
-  say which), or NaN bounds and the reason (:func:`share_interval`) where none can be given;
+- :func:`share_ci`: a share ``sum(region) / sum(whole)`` over prompts with its interval held at
+  95% on every design of docs/statistics.md (Fieller's bounds at 99.99999%: ``level`` is the level
+  held, ``widened`` Fieller's own), or NaN bounds and the reason (:func:`share_interval`) where none can be given;
 - :func:`level_text`: an interval's level as tables print it beside each row;
 - :func:`mean_ci`: a mean over prompts with its t interval, declined with fewer than 3 prompts or
   effects too skewed for their number;

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from weightgraft.stats.means import MIN_N
-from weightgraft.stats.share_rules import Batch, moment_skew_rule, pieces
+from weightgraft.stats.share_rules import Batch, pieces, shipped_rule
 
 SIZES = (20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640)
 POWER = 0.8
@@ -31,7 +31,7 @@ def prompts_needed(region: np.ndarray, whole: np.ndarray, threshold: float, *, a
     if not (share > threshold if above else share < threshold):
         return float("nan")
     rng = np.random.default_rng(seed)
-    rule = moment_skew_rule()
+    rule = shipped_rule()
     for m in (s for s in sizes if s > n):
         idx = rng.integers(0, n, size=(sims, m))
         low, high, _ = rule(Batch(m, math.nan, *pieces(r[idx], w[idx])))

@@ -15,7 +15,6 @@ import numpy as np
 from scipy import stats
 
 from weightgraft.stats import means
-from weightgraft.stats.means import share_interval
 from weightgraft.stats.signs import sign_test_p
 
 FAMILIES = ("normal", "lognormal", "mirrored lognormal", "t3")
@@ -170,37 +169,6 @@ def criterion_designs(ns: tuple[int, ...] = CRITERION_NS) -> list[ShareDesign]:
         out += [ShareDesign("carriers", n, 0.1, place=place) for place in ("off", "on")]
         out += [ShareDesign("gamma", n, t, shape=k) for k in (1.0, 0.5) for t in (0.25, 0.5)]
     return out
-
-
-def share_misses(design: ShareDesign, sims: int, seed: int = 0) -> dict[str, float]:
-    """:func:`share_interval` on ``sims`` seeded samples of ``design``: of the intervals given, the
-    share that cover the true ratio and that miss it on each side, the share declined, and how
-    often a ``<`` and a ``>`` claim at the true ratio would hold (on the interval; and with the
-    sign test where the note says skew, as the claims' verdicts do)."""
-    rng = np.random.default_rng(seed)
-    below = above = declined = less = greater = less_sign = greater_sign = 0
-    for _ in range(sims):
-        r, w = design.draw(rng)
-        iv = share_interval(r, w)
-        if iv.declined:
-            declined += 1
-            if iv.declined.startswith("effects too skewed"):
-                past = r - design.truth * w
-                p_less, p_greater = sign_test_p(past, alternative="less"), sign_test_p(past, alternative="greater")
-                less_sign += p_less <= SIGN_ALPHA < p_greater
-                greater_sign += p_greater <= SIGN_ALPHA < p_less
-            continue
-        below += design.truth < iv.low
-        above += design.truth > iv.high
-        less += iv.high < design.truth
-        greater += iv.low > design.truth
-    given = sims - declined
-    nan = float("nan")
-    return {"given": given, "coverage_given": (given - below - above) / given if given else nan,
-            "miss_low": below / given if given else nan, "miss_high": above / given if given else nan,
-            "declined": declined / sims, "bound": miss_bound(given), "false_less": less / sims,
-            "false_greater": greater / sims, "false_less_sign": (less + less_sign) / sims,
-            "false_greater_sign": (greater + greater_sign) / sims}
 
 
 def _resamples(n: int, n_resamples: int, seed: int) -> np.ndarray:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
+from weightgraft.stats.means import SHARE_WIDENING, share_level
 from weightgraft.stats.share_designs import ShareDesign, criterion_designs, miss_bound
 
 
@@ -72,8 +73,8 @@ def pieces(r: np.ndarray, w: np.ndarray) -> tuple:
 
 
 def draw_batch(design: ShareDesign, sims: int, seed: int) -> Batch:
-    """``sims`` samples of ``design`` from one generator seeded ``seed`` (the samples
-    :func:`~weightgraft.stats.share_designs.share_misses` draws from the same seed)."""
+    """``sims`` samples of ``design`` from one generator seeded ``seed``, drawn one after another
+    as ``design.draw`` gives them (a loop over ``share_interval`` on the same seed sees the same)."""
     rng = np.random.default_rng(seed)
     drawn = [design.draw(rng) for _ in range(sims)]
     r, w = np.stack([d[0] for d in drawn]), np.stack([d[1] for d in drawn])
@@ -121,8 +122,18 @@ def fixed_level(level: float, skew_corrected: bool = False) -> Rule:
     return lambda b: _at_levels(b, np.full(b.share.shape, level), skew_corrected=skew_corrected)
 
 
+def shipped_rule(level: float = 0.95) -> Rule:
+    """The rule adopted (:func:`~weightgraft.stats.means.share_interval`): Fieller's bounds at
+    ``share_level(level)`` on every sample, the printed level ``level``."""
+    def rule(b: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        low, high, _ = _at_levels(b, np.full(b.share.shape, share_level(level)))
+        return low, high, np.full(b.share.shape, level)
+
+    return rule
+
+
 def moment_skew_rule(factor: float = 100.0, wide: float = 0.99) -> Rule:
-    """The rule shipped before issue 66: 95%, ``wide`` where ``n < factor * g**2``."""
+    """The rule shipped before issue 66's adoption: 95%, ``wide`` where ``n < factor * g**2``."""
     return lambda b: _at_levels(b, np.where(b.n < factor * b.g ** 2, wide, 0.95))
 
 
@@ -160,6 +171,32 @@ def rates(b: Batch, rule: Rule) -> dict[str, float]:
             "declined": 1 - k / len(low), "bound": miss_bound(k), "width": float(np.median(width)) if width.size else nan}
 
 
+P_ALPHAS = (0.05, 0.01, 0.05 / 26)  # a row's own level, a stricter one, Holm's first step over the paper's 26 tests
+
+
+def p_rates(b: Batch, widening: float = SHARE_WIDENING, alphas: tuple[float, ...] = P_ALPHAS) -> dict[str, float]:
+    """The threshold p (:func:`~weightgraft.stats.means.share_threshold_p` with ``widening``) at the
+    true ratio, on each side: how often ``p <= alpha`` (a claim at the truth holding falsely), per
+    alpha and side, with ``bound_<alpha>`` the most it may be (alpha plus three Monte Carlo errors)."""
+    mr, mw, vrr, vww, vrw = b.moments
+    th = b.truth
+    se = np.sqrt(np.maximum(vrr - 2 * th * vrw + th * th * vww, 1e-300))
+    stat = (mr - th * mw) / se
+    out: dict[str, float] = {}
+    for side, s in (("above", stat), ("below", -stat)):
+        p = np.minimum(1.0, 2.0 * sps.t.sf(s, b.n - 1) * widening)
+        for a in alphas:
+            out[f"{side}_{a:.4g}"] = float((p <= a).mean())
+    for a in alphas:
+        out[f"bound_{a:.4g}"] = a + 3 * float(np.sqrt(a * (1 - a) / len(b.share)))
+    return out
+
+
+def p_passes(r: dict[str, float], alphas: tuple[float, ...] = P_ALPHAS) -> bool:
+    """Each side's false-hold rate within its bound at every alpha."""
+    return all(r[f"{side}_{a:.4g}"] <= r[f"bound_{a:.4g}"] for side in ("above", "below") for a in alphas)
+
+
 def passes(r: dict[str, float]) -> bool:
     """Each one-sided miss rate within its bound (none given passes)."""
     return not r["given"] or max(r["miss_low"], r["miss_high"]) <= r["bound"]
@@ -179,9 +216,10 @@ def compare(rules: dict[str, Rule], sims: int, seed: int, designs: list[ShareDes
 
 def candidates() -> dict[str, Rule]:
     """Every rule the comparison runs (docs/statistics.md lists them), by the name its tables print."""
-    out: dict[str, Rule] = {"fieller 95%": fixed_level(0.95), "shipped (99% where n < 100 g^2)": moment_skew_rule()}
-    for level in (0.99, 0.999, 0.9999):
-        out[f"fieller {100 * level:g}%"] = fixed_level(level)
+    out: dict[str, Rule] = {"fieller 95%": fixed_level(0.95),
+                            "before issue 66 (99% where n < 100 g^2)": moment_skew_rule()}
+    for level in (0.99, 0.999, 0.9999, 0.99999, 0.999999, 0.9999999):  # the last three added while comparing
+        out[f"fieller {100 * level:.10g}%"] = fixed_level(level)
     for level in (0.95, 0.99, 0.999):
         out[f"skew-corrected quantiles {100 * level:g}%"] = fixed_level(level, skew_corrected=True)
     for cut in (2.0, 3.0, 4.0):
@@ -191,6 +229,22 @@ def candidates() -> dict[str, Rule]:
             out[f"fieller {100 * level:g}%, declined where abs(trend) >= {z:g}"] = trend_rule(level, z)
             out[f"fieller {100 * level:g}%, declined where abs(trend) >= {z:g} and tail ratio >= 2"] = trend_rule(level, z, 2.0)
     return out
+
+
+WIDENINGS = (5_000.0, 50_000.0, 500_000.0)  # 99.999%, 99.9999%, 99.99999% for 95%: the levels that pass the intervals
+
+
+def compare_p(sims: int, seed: int, widenings: tuple[float, ...] = WIDENINGS, designs: list[ShareDesign] | None = None
+              ) -> tuple[list[ShareDesign], dict[float, list[dict[str, float]]]]:
+    """The threshold p's false-hold rates (:func:`p_rates`) at each widening, on every design
+    (design j seeded ``seed + j``, the samples :func:`compare` draws)."""
+    designs = criterion_designs() if designs is None else designs
+    out: dict[float, list[dict[str, float]]] = {w: [] for w in widenings}
+    for j, d in enumerate(designs):
+        b = draw_batch(d, sims, seed + j)
+        for w in widenings:
+            out[w].append(p_rates(b, w))
+    return designs, out
 
 
 def family(d: ShareDesign) -> str:
@@ -233,6 +287,20 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - prints do
         failed = [f"{d.label} n {d.n} ratio {d.truth:g}: {r['miss_low']:.3f}/{r['miss_high']:.3f} ({r['given']})"
                   for d, r in zip(designs, rs) if not passes(r)]
         print(f"\n{name}: fails {len(failed)}: " + "; ".join(failed))
+    _, p_results = compare_p(args.sims, args.seed, designs=designs)
+    print("\n| widening (Fieller's level for 95%) | designs passed | " + " | ".join(
+        f"worst p <= {a:.3g} (bound at 2,000)" for a in P_ALPHAS) + " |")
+    print("|---|---:|" + "---:|" * len(P_ALPHAS))
+    for w, rs in p_results.items():
+        worst = [max(max(r[f"above_{a:.4g}"], r[f"below_{a:.4g}"]) for r in rs) for a in P_ALPHAS]
+        bounds = [rs[0][f"bound_{a:.4g}"] for a in P_ALPHAS]
+        print(f"| {w:,.0f} ({100 * (1 - 0.05 / w):.8g}%) | {sum(p_passes(r) for r in rs)} of {len(rs)} | "
+              + " | ".join(f"{x:.4f} ({b:.4f})" for x, b in zip(worst, bounds)) + " |")
+        for d, r in zip(designs, rs):
+            if not p_passes(r):
+                bad = [f"{side} {a:.3g}: {r[f'{side}_{a:.4g}']:.4f}" for side in ("above", "below") for a in P_ALPHAS
+                       if r[f"{side}_{a:.4g}"] > r[f"bound_{a:.4g}"]]
+                print(f"    {w:,.0f} fails {d.label} n {d.n} ratio {d.truth:g}: " + ", ".join(bad))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,9 +3,12 @@ al., sections 4.1 and 4.3), each with the null it must beat.
 
 A claim names a *region* (the cells it says carry the effect), the cells it is a share of
 (*within*), a threshold and a side, and its null kind (``NULL_KINDS``). Its effect is in the
-claims' metric (``fact_logprob`` by default: the answer against the world's other answers), and a
-fact claim of a finetune must also beat the same region grafted from the control finetune
-(``control.py``):
+claims' metric (``fact_logprob`` by default: the answer's first token against the other answers of
+its template among the run's prompts, ``localization/examples.py``). Its share is the region's
+effect summed over prompts over within's (``grafts.py``, with its interval's level); its p is the
+largest of the threshold test, the null test and, for a fact claim of a finetune in a run with a
+control finetune, the test against the same region grafted from the control (``control.py``),
+Holm-adjusted once over every judged row of the run (``verdicts.py``). The null kinds:
 
 - ``positions``: the region's slots at as many other whole positions of the prompt (random sets of
   the same token count, the same layers and components), drawn per prompt from the positions no
@@ -27,7 +30,8 @@ The claims:
   ``recall_no_unembed`` the same without the unembedding (a direct logit boost, not a recall).
 - ``recall_o_late_ffn``: at the last token, O and the FFN of the last quarter (the authors'
   quarter: ``n//4`` wide, the remainder in the fourth) carry most of the quarter's attention + O +
-  FFN graft (> 0.5, or > their share of its parameters where larger: ``grafts.even_spread_threshold``).
+  FFN graft (> 0.5, or > their share of its parameters where larger: ``grafts.even_spread_threshold``;
+  the share is the region's cells' parameters over within's, summed over prompts).
 - ``qkv_marginal``: given O + FFN there, q/k/v add little (< 0.25, or < their parameter share where
   smaller): the paper's "grafting the O
   matrix and the full FFN nearly recovers the results of grafting the full attention mechanism
@@ -59,8 +63,9 @@ ALPHA = 0.05
 # claims.csv; every generated block of the docs records the version it was made with, and
 # tests/project/test_docs_blocks.py fails on a block made with an older one. 7: the fact-specific
 # metric, one p per row with the control part, thresholds at the parameter share; 8: each row
-# records its interval's level (ci_level).
-RULES_VERSION = 8
+# records its interval's level (ci_level); 9: the share's interval held at 95% on every design of
+# docs/statistics.md (Fieller's bounds at 99.99999%) and the threshold p that inverts it.
+RULES_VERSION = 9
 PRE_SFT, BOTH_A2B, NULL_FINETUNE = "pre->sft", "both->a2b", "null finetune"
 VERDICTS = ("holds", "fails", "undecided", "no cells", "no effect", "precondition not met", "shown")
 NullKind = Literal["positions", "complement", "components", "none"]

@@ -3,20 +3,20 @@ over one family (every judged row a run prints), and the interval beside it.
 
 The parts of a row's p (``p_parts``), each one-sided on the claim's side:
 - the threshold test (``threshold_p``, ``stats.share_threshold_p``): Fieller's pivot, the test whose
-  inversion is the share's interval, at the interval's own level (twice its one-sided p, five
-  times more where skew widens the interval to 99%), so a row that holds has its printed interval
-  on the claim's side of the threshold;
+  inversion is the share's interval (twice its one-sided p, times ``stats.means.SHARE_WIDENING``:
+  the interval printed as 95% has Fieller's bounds at 99.99999%, the rule docs/statistics.md
+  adopted), so a row that holds has its printed interval on the claim's side of the threshold;
 - the null test: the region against its null draws (``null_p``);
 - the control test, on a fact claim of an SFT model where the run has a control finetune: the
   region against the same region grafted from the control donor (``control_p``).
 
 - *holds*: the Holm-adjusted p (``p_holm``) <= ``ALPHA``;
 - *fails*: the interval lies wholly on the other side of the threshold;
-- *undecided*: otherwise; the reason names the largest part. Where skew declines the interval
-  (its 99% interval is unbounded) the row is undecided: the sign test across prompts
-  (``n_past_threshold``, ``sign_p_past``) is shown in the reason, not used, since it speaks of the
-  median prompt, which at a true share past the threshold need not be past it (a `<` claim held
-  falsely in up to 0.55 of samples that way, docs/statistics.md). An undecided row whose share lies
+- *undecided*: otherwise; the reason names the largest part. Where the interval is declined (the
+  whole effect's interval at the wider level includes 0) the row is undecided; the sign test
+  across prompts (``n_past_threshold``, ``sign_p_past``) is kept in claims.csv, not used, since it
+  speaks of the median prompt, which at a true share past the threshold need not be past it (a `<`
+  claim held falsely in up to 0.55 of samples that way, docs/statistics.md). An undecided row whose share lies
   past the threshold says about how many prompts like its own would decide it
   (``prompts_needed``, ``stats.prompts_needed``: its prompts resampled, seeded);
 - *no effect*: the whole graft's interval does not lie on the side the finetune moves the answer
@@ -27,7 +27,8 @@ The parts of a row's p (``p_parts``), each one-sided on the claim's side:
 - *precondition not met*: the setting's donor does not know the facts (``precondition`` says how).
 
 The intervals printed beside the verdict are per-row intervals, not simultaneous ones, each at its
-row's own level (``ci_level``: 95%, or 99% where skew widens it), printed beside it (``share_text``).
+row's own level (``ci_level``: the level the rule holds on docs/statistics.md's designs), printed
+beside it (``share_text``).
 """
 
 from __future__ import annotations
@@ -87,13 +88,7 @@ def _judge(row: pd.Series) -> tuple[str, str]:
     holds = not _nan(p_holm) and p_holm <= ALPHA
     largest = str(row.get("p_largest", ""))
     if _nan(row["ci_low"]):
-        note = str(row.get("interval_note", ""))
-        if not note.startswith("effects too skewed") or _nan(row.get("sign_p_past", float("nan"))):
-            return "undecided", f"no interval: {note}"
-        n, k = int(row["n_prompts"]), int(row["n_past_threshold"])
-        return "undecided", (f"no interval ({note}); on {k} of {n} prompts the region is past {threshold:g} of "
-                             f"within (sign test p {row['sign_p_past']:.2g}, shown, not judged: it speaks of the "
-                             "median prompt)")
+        return "undecided", f"no interval: {row.get('interval_note', '')}"
     if _nan(row["null_p"]):
         drawn = str(row.get("null_drawn", ""))
         why = drawn.split(": ", 1)[1] if ": " in drawn else "no null set"
@@ -157,7 +152,8 @@ def p_text(p: float, floor: float) -> str:
 
 def share_text(share: float | None, low: float | None, high: float | None, level: float | None) -> str:
     """A share with its interval and that interval's own level, ``0.88 [0.79, 0.96] (95%)``: a row
-    widened for skew says 99%, and one written before the level was kept says so rather than 95%."""
+    of rules 8 widened for skew says 99%, and one written before the level was kept says so rather
+    than 95%."""
     if _nan(share):
         return "n/a"
     if _nan(low) or _nan(high):
