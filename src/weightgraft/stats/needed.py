@@ -4,12 +4,11 @@ rule computed vectorized) read at each, so a report can say "about N prompts" ra
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+from scipy import stats as sps
 
-from weightgraft.stats.means import MIN_N
-from weightgraft.stats.share_rules import Batch, pieces, shipped_rule
+from weightgraft.stats.means import MIN_N, share_level
+from weightgraft.stats.share_rules import fieller, moments
 
 SIZES = (20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640)
 POWER = 0.8
@@ -31,10 +30,10 @@ def prompts_needed(region: np.ndarray, whole: np.ndarray, threshold: float, *, a
     if not (share > threshold if above else share < threshold):
         return float("nan")
     rng = np.random.default_rng(seed)
-    rule = shipped_rule()
     for m in (s for s in sizes if s > n):
         idx = rng.integers(0, n, size=(sims, m))
-        low, high, _ = rule(Batch(m, math.nan, *pieces(r[idx], w[idx])))
+        t = sps.t.ppf(0.5 + share_level(0.95) / 2, m - 1)  # the shipped interval: Fieller's bounds at share_level
+        low, high = fieller(moments(r[idx], w[idx]), np.asarray(-t), np.asarray(t))
         past = (low > threshold) if above else (high < threshold)
         if float(past.mean()) >= power:
             return float(m)

@@ -58,18 +58,26 @@ def _trend(resid: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.nan_to_num(rho) * np.sqrt(w.shape[-1] - 1)
 
 
+def moments(r: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Mean region, mean whole, var/n of each and their covariance, of samples ``[..., n]``, both
+    negated where the whole's mean is below 0 (the same ratio): what Fieller's bounds read."""
+    n = r.shape[-1]
+    flip = np.where(w.mean(-1) < 0, -1.0, 1.0)[..., None]
+    r, w = r * flip, w * flip
+    mr, mw = r.mean(-1), w.mean(-1)
+    dr, dw = r - mr[..., None], w - mw[..., None]
+    return mr, mw, (dr * dr).sum(-1) / (n - 1) / n, (dw * dw).sum(-1) / (n - 1) / n, (dr * dw).sum(-1) / (n - 1) / n
+
+
 def pieces(r: np.ndarray, w: np.ndarray) -> tuple:
     """Moments, share, moment skewness, tail ratio, residual skewness and trend of samples ``[..., n]``."""
-    n = r.shape[-1]
     flip = np.where(w.mean(-1) < 0, -1.0, 1.0)[..., None]
     r, w = r * flip, w * flip
     share = r.sum(-1) / w.sum(-1)
     resid = r - share[..., None] * w
-    mr, mw = r.mean(-1), w.mean(-1)
-    dr, dw = r - mr[..., None], w - mw[..., None]
-    moments = (mr, mw, (dr * dr).sum(-1) / (n - 1) / n, (dw * dw).sum(-1) / (n - 1) / n, (dr * dw).sum(-1) / (n - 1) / n)
+    moments_ = moments(r, w)
     g = np.maximum(np.abs(_skew(w)), np.abs(_skew(resid)))
-    return moments, share, g, np.maximum(tail_ratio(w), tail_ratio(resid)), _skew(resid), _trend(resid, w)
+    return moments_, share, g, np.maximum(tail_ratio(w), tail_ratio(resid)), _skew(resid), _trend(resid, w)
 
 
 def draw_batch(design: ShareDesign, sims: int, seed: int) -> Batch:
