@@ -71,7 +71,8 @@ def main() -> None:
     try:
         app(standalone_mode=True)
     except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted: the rows saved so far are kept; the same command resumes from them")
+        Console(stderr=True, soft_wrap=True).print(
+            "interrupted: the rows saved so far are kept; the same command resumes from them")
         raise SystemExit(130) from None
     except Exception as exc:  # noqa: BLE001 - every error ends here: one line or a bug report
         if os.environ.get("WEIGHTGRAFT_DEBUG"):
@@ -98,7 +99,7 @@ def _bug(exc: BaseException) -> None:
     from weightgraft import __version__
 
     traceback.print_exception(exc)
-    Console(stderr=True).print(
+    Console(stderr=True, soft_wrap=True).print(
         f"[red]internal error:[/] {escape(f'{type(exc).__name__}: {exc}')}\n"
         f"This is a bug in weightgraft {__version__}, not in your input: please report it with the "
         f"traceback above and the command you ran."

@@ -99,7 +99,7 @@ def build(
     force: bool = typer.Option(False, "--force", help="Overwrite the files of a non-empty --out folder."),
 ) -> None:
     """Build a dataset: metadata, train / validation text, test prompts and a manifest."""
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     problem = _refuse_out(out, force) or (
         "--metadata needs --templates (a template YAML file or a built-in set) to turn its rows into prompts"
         if metadata is not None and templates is None and world is None else None

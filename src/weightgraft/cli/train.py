@@ -14,7 +14,7 @@ from rich.markup import escape
 from weightgraft.errors import WeightgraftError
 from weightgraft.training.presets import PRESETS
 
-_err = Console(stderr=True)
+_err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long its path
 
 
 class Split(str, Enum):
