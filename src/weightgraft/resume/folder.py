@@ -14,12 +14,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from weightgraft.resume.claim import Identity, Wording, refuse_conflict
-from weightgraft.resume.parts import Parts, write_atomic
+
+if TYPE_CHECKING:  # parts reads pandas; a folder's records do not (the CLI starts without pandas)
+    from weightgraft.resume.parts import Parts
 
 __all__ = ["Record", "RunFolder"]
 
@@ -75,6 +77,8 @@ class RunFolder:
         self.path.mkdir(parents=True, exist_ok=True)
         kind = type(record)
         text = json.dumps(record.as_json(), indent=kind.INDENT, sort_keys=kind.SORT_KEYS, default=str) + "\n"
+        from weightgraft.resume.parts import write_atomic
+
         write_atomic(self.file(type(record)), text.encode())
 
     def update(self, kind: type[R], **fields: Any) -> R:
@@ -102,4 +106,6 @@ class RunFolder:
 
     def parts(self, prefix: str, *, under: str = "parts", digits: int = 6, shared: str | None = None) -> Parts:
         """The parts ``{prefix}{n}.parquet`` under ``under`` (:class:`~weightgraft.resume.parts.Parts`)."""
+        from weightgraft.resume.parts import Parts
+
         return Parts(self.path / under, prefix, digits, shared)
