@@ -154,7 +154,7 @@ _PRESET_LIST: tuple[TrainPreset, ...] = (
         requires_supplemental=True,
         supplemental_examples="facts",
     )),
-    TrainPreset(
+    _CPU_QUICK.model_copy(update=dict(
         name="cpu-lora",
         # Measured on the demo data (SmolLM2-135M, rank 8 on every linear layer, nf4 base, 2 CPU
         # cores; docs/big-models.md): cpu-quick's lr 3e-4 x 4 epochs left the adapter at headline /
@@ -164,14 +164,8 @@ _PRESET_LIST: tuple[TrainPreset, ...] = (
         "with 5% warmup and linear decay, batch 8, 8 epochs, length-grouped, the last checkpoint kept "
         "(~18 minutes for QLoRA on 2 CPU cores).",
         learning_rate=3e-3,
-        weight_decay=0.0,
-        batch_size=8,
         epochs=8,
-        lr_scheduler="linear",
-        warmup_ratio=0.05,
-        keep_best=False,
-        group_by_length=True,
-    ),
+    )),
 )
 
 PRESETS: dict[str, TrainPreset] = {preset.name: preset for preset in _PRESET_LIST}
