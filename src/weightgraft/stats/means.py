@@ -10,8 +10,9 @@ The level: the interval printed as 95% is Fieller's at ``1 - (1 - level) / SHARE
 fixed before the comparison (each one-sided miss rate, over the intervals given, at most 2.5% plus
 three Monte Carlo errors, on every one of 114 designs at 20, 40 and 80 prompts, including effects
 whose ratio rests on a few large prompts), the Fieller intervals from 99.999% on pass; the p
-:func:`share_threshold_p` inverts keeps its error rate at 0.05, 0.01 and 0.05 / 26 (the first step
-of Holm over the paper's 26 tests) on every design from this widening on, and not below it. So
+:func:`share_threshold_p` inverts keeps its error rate at 0.05, 0.01 and 0.05 / 26 (the first
+step of Holm over 26 judged rows, more than either shipped paper run has) on every design from
+this widening on, and not below it. So
 "95%" is the level held on those designs, which is what a row prints; on normal effects the
 coverage is far higher, and a share whose whole effect is not told from 0 at the wider level is
 declined (undecided): a row pays in width and declines for never holding falsely on those designs.

@@ -179,7 +179,7 @@ def rates(b: Batch, rule: Rule) -> dict[str, float]:
             "declined": 1 - k / len(low), "bound": miss_bound(k), "width": float(np.median(width)) if width.size else nan}
 
 
-P_ALPHAS = (0.05, 0.01, 0.05 / 26)  # a row's own level, a stricter one, Holm's first step over the paper's 26 tests
+P_ALPHAS = (0.05, 0.01, 0.05 / 26)  # a row's own level, a stricter one, Holm's first step over 26 judged rows
 
 
 def p_rates(b: Batch, widening: float = SHARE_WIDENING, alphas: tuple[float, ...] = P_ALPHAS) -> dict[str, float]:

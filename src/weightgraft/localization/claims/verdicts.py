@@ -151,7 +151,7 @@ def p_text(p: float, floor: float) -> str:
 
 
 def share_text(share: float | None, low: float | None, high: float | None, level: float | None) -> str:
-    """A share with its interval and that interval's own level, ``0.88 [0.79, 0.96] (95%)``: a row
+    """A share with its interval and that interval's own level, ``0.90 [0.79, 0.98] (95%)``: a row
     of rules 8 widened for skew says 99%, and one written before the level was kept says so rather
     than 95%."""
     if _nan(share):
