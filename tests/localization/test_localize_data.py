@@ -103,7 +103,8 @@ def _two_directions(data_dir, manifest):
     return data_dir
 
 
-def test_the_trained_direction_by_default(tmp_path):
+def test_the_trained_direction_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("WEIGHTGRAFT_CACHE", str(tmp_path / "cache"))
     data = _two_directions(tmp_path / "data", {"directions": ["a2b"]})
     config = parse_localize_config({"data": str(data), "models": MODELS})
     assert {p.direction for p in select_prompts(config)} == {"a2b"}
@@ -120,6 +121,13 @@ def test_the_trained_direction_by_default(tmp_path):
     config = parse_localize_config({"data": str(data), "models": {"pre": "p", "sft": str(sft)}})
     assert {p.direction for p in select_prompts(config)} == {"b2a"}
     assert "training split" in choose_directions(config).note
+    # `demo` names the demo's finetune folder: its training split, as for the folder itself
+    from weightgraft.models.demo_models import write_demo_record
+
+    (sft / "config.json").write_text("{}")  # a model folder to the demo's record
+    write_demo_record("smollm2-135m", sft, tmp_path)
+    config = parse_localize_config({"data": str(data), "models": {"pre": "p", "sft": "demo"}})
+    assert choose_directions(config).directions == ["b2a"] and str(sft) in choose_directions(config).note
     # named in the config: as named
     config = parse_localize_config({"data": str(data), "models": {"pre": "p", "sft": str(sft)}, "directions": ["a2b", "b2a"]})
     assert {p.direction for p in select_prompts(config)} == {"a2b", "b2a"}

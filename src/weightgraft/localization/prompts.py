@@ -47,7 +47,9 @@ def _read_json(path: Path) -> Json | None:
 
 def _sft_folder(spec: str) -> Path | None:
     from weightgraft.models.spec import parse_spec
+    from weightgraft.models.spec.named import resolve_demo_spec
 
+    spec = resolve_demo_spec(spec)  # `demo`: the demo's finetune folder, whose manifest names its split
     parsed = parse_spec(spec)
     folder = Path(parsed.adapter[1]) if parsed.adapter is not None else parsed.folder or Path(spec).expanduser()
     return folder if folder.is_dir() else None
