@@ -237,6 +237,9 @@ def test_finetune_lowers_loss_and_writes_manifest(
     assert m["preset"]["name"] == "cpu-quick" and m["preset"]["learning_rate"] == 1e-2
     assert m["seed"] == 0 and m["results"]["global_step"] == 60
     assert m["versions"]["transformers"] and m["versions"]["torch"]
+    import torch  # the thread count and the CPU set the sums' order, so the weights: both recorded
+
+    assert m["hardware"]["threads"] == torch.get_num_threads() and m["hardware"]["processor"]
     assert m["results"]["train_loss"] < m["results"]["eval_loss_before"]
     trained = load_model(out)
     assert trained.weights_sha256 == m["model"]["weights_sha256"] == result.weights_sha256

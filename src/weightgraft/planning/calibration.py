@@ -47,7 +47,8 @@ class Throughput:
         return module_calls * self.seconds_per_module_call + flops / self.flops_per_second
 
 
-def _device_name(device: str) -> str:
+def device_name(device: str) -> str:
+    """The device's model name (the GPU's, else the CPU's from /proc/cpuinfo): what a rate or a sum order depends on."""
     import torch
 
     if device.startswith("cuda"):
@@ -66,7 +67,7 @@ def calibration_key(device: str, dtype: str) -> str:
     import torch
 
     threads = torch.get_num_threads() if not device.startswith("cuda") else 0
-    return f"{device.split(':')[0]}|{_device_name(device)}|torch {torch.__version__}|{dtype}|threads {threads}"
+    return f"{device.split(':')[0]}|{device_name(device)}|torch {torch.__version__}|{dtype}|threads {threads}"
 
 
 def _cache_file() -> Path:

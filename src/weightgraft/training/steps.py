@@ -26,6 +26,7 @@ from weightgraft import atomic
 from weightgraft.errors import validation_line
 from weightgraft.models import LoadedModel, load_model
 from weightgraft.models.spec import quantized
+from weightgraft.planning.calibration import device_name
 from weightgraft.resume.manifests import Json
 from weightgraft.training.device import training_device
 from weightgraft.training.errors import TrainingError
@@ -296,7 +297,11 @@ def manifest(*, loaded: LoadedModel, spec_text: str, data: TrainingData, config:
         "parameters": {"total": counts[0], "trainable": counts[1]},
         "results": results,
         "model": {"weights_sha256": weights},
-        "hardware": {"device": opts.device, "world_size": world, "fp16": args.fp16, "bf16": args.bf16},
+        # the thread count and CPU set the order of float sums: the same recipe and seed on another
+        # thread count trains other weights (docs/paper.md, "The demo"), so both are recorded
+        "hardware": {"device": opts.device, "world_size": world, "fp16": args.fp16, "bf16": args.bf16,
+                     "threads": torch.get_num_threads(), "machine": platform.machine(),
+                     "processor": device_name(opts.device or "cpu")},
         "versions": {
             "python": platform.python_version(),
             "weightgraft": _version("weightgraft"),
