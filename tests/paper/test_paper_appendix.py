@@ -86,6 +86,9 @@ def test_each_appendix_world_is_a_run_of_its_own_with_its_figures(appendix_run) 
     assert "Fig. 10" in sub.report.read_text() and "Fig. 11" in sub.report.read_text()
     text = (out / "paper.md").read_text()
     assert "The appendix worlds (Figs. 10-12)" in text and "worlds/fake_movies_fake_actors/paper.md" in text
+    link = "worlds/fake_movies_fake_actors/paper.md"
+    assert f"[{link}]({link})" in text  # a link docs/splice.py follows, copying the world's report with the page
+    assert f'<a href="{link}">{link}</a>' in (out / "paper.html").read_text()
     from weightgraft.paper.plan import plan_paper
 
     planned = plan_paper(run.settings)

@@ -65,8 +65,10 @@ def to_markdown(blocks: Sequence[Block]) -> str:
 
 
 def _code(escaped: str) -> str:
-    """Markdown's `code` spans of a paragraph as ``<code>`` in the page."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
+    """Markdown's `code` spans and ``[text](relative link)`` of a paragraph as ``<code>`` and ``<a>``
+    in the page (a linked report is a file beside the page, as in ``paper.md``)."""
+    linked = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', escaped)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", linked)
 
 
 def _img(folder: Path, image: Image) -> str:
