@@ -74,7 +74,8 @@ def appendix_blocks(run: PaperRun) -> list[Block]:
         rows.append((world, "; ".join(FIGURE_LABELS[i].split(" (")[0] for i in ids) or "none",
                      str(report), skipped or "-"))
     links = "; ".join(f"[{r[2]}]({r[2]})" for r in rows if r[2] != "not written")
-    return [("h2", "The appendix worlds (Figs. 10-12)"), ("p", (
+    blocks: list[Block] = [("h2", "The appendix worlds (Figs. 10-12)"), ("p", (
         "Each appendix world ran as a run of its own (its data, its a2b finetune, its position sweep, with this "
         "run's model, recipe and seeds); its report sets the figures the appendix shows for it beside the paper's.")),
-        Table(("world", "figures", "report", "not run"), rows)] + ([("p", f"Their reports: {links}.")] if links else [])
+        Table(("world", "figures", "report", "not run"), rows)]
+    return blocks + ([("p", f"Their reports: {links}.")] if links else [])
