@@ -66,16 +66,19 @@ def appendix_blocks(run: PaperRun) -> list[Block]:
     """The report's pointer to each appendix world's own report, with the figures it holds."""
     if not run.worlds:
         return []
-    rows = []
+    rows: list[tuple[str, ...]] = []
+    written: list[str] = []  # the reports written, as links docs/splice.py follows
     for world, sub in run.worlds.items():
         ids = [f.figure_id for s in sweeps_for(world) if s.name == "position" for f in s.figures]
-        report = sub.report.relative_to(run.settings.out) if sub.report is not None else "not written"
+        report = "not written"
+        if sub.report is not None:
+            report = str(sub.report.relative_to(run.settings.out))
+            written.append(f"[{report}]({report})")
         skipped = "; ".join(f"{k}: {v}" for k, v in sub.skipped.items())
         rows.append((world, "; ".join(FIGURE_LABELS[i].split(" (")[0] for i in ids) or "none",
-                     str(report), skipped or "-"))
-    links = "; ".join(f"[{r[2]}]({r[2]})" for r in rows if r[2] != "not written")
+                     report, skipped or "-"))
     blocks: list[Block] = [("h2", "The appendix worlds (Figs. 10-12)"), ("p", (
         "Each appendix world ran as a run of its own (its data, its a2b finetune, its position sweep, with this "
         "run's model, recipe and seeds); its report sets the figures the appendix shows for it beside the paper's.")),
         Table(("world", "figures", "report", "not run"), rows)]
-    return blocks + ([("p", f"Their reports: {links}.")] if links else [])
+    return blocks + ([("p", f"Their reports: {'; '.join(written)}.")] if written else [])
